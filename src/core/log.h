@@ -1,0 +1,24 @@
+// One logger for the process: rank-prefixed lines on stderr, rank 0 only unless asked.
+// Level from config or SHARDTRAIN_LOG_LEVEL (debug, info, warn, error).
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace shardtrain::log {
+
+enum class Level { kDebug, kInfo, kWarn, kError };
+
+void set_level(Level level);
+Level level();
+Level parse_level(std::string_view name);  // throws Error on an unknown name
+// rank < 0 means "not distributed": no prefix.
+void set_rank(int rank, bool all_ranks);
+
+void write(Level level, std::string_view message);
+inline void debug(std::string_view m) { write(Level::kDebug, m); }
+inline void info(std::string_view m) { write(Level::kInfo, m); }
+inline void warn(std::string_view m) { write(Level::kWarn, m); }
+inline void error(std::string_view m) { write(Level::kError, m); }
+
+}  // namespace shardtrain::log

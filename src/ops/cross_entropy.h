@@ -1,0 +1,42 @@
+// Fused output projection + cross-entropy, forward and backward in one pass over chunks of
+// tokens, so only [chunk x V] logits ever exist (never [T x V]). Loss math in stats_dtype.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/dispatch.h"
+
+namespace shardtrain::ops {
+
+struct CrossEntropyOptions {
+  int32_t ignore_index = -100;  // targets equal to this contribute no loss and no gradient
+  // Multiplies the gradients: pass 1 / (number of counted tokens over the whole global
+  // batch) to get the gradient of the mean loss across micro-batches and ranks.
+  double grad_scale = 1.0;
+  int64_t chunk_tokens = 256;  // tokens per logits chunk
+  bool compute_grad = true;    // false: loss only (evaluation)
+};
+
+namespace cpu {
+void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
+                          const Tensor& weight_VD, const Tensor& targets_T, const CrossEntropyOptions& options);
+}  // namespace cpu
+
+// For logits = h_TD · weight_VD^T and integer targets_T (i32, each in [0, V) or ignore_index):
+//   loss_sum_1 += sum over counted t of (logsumexp(logits[t]) - logits[t, target[t]])
+//     (accumulates; 1-element tensor of stats_dtype(h))
+//   if compute_grad:
+//     dh_TD = grad_scale · (softmax(logits) - onehot(target)) · weight   (overwrites; rows of
+//             ignored tokens are zero)
+//     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates)
+// h, weight, dh, dweight share one dtype (f32/f64 on the CPU).
+inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
+                                 const Tensor& weight_VD, const Tensor& targets_T,
+                                 const CrossEntropyOptions& options, Stream = {}) {
+  if (h_TD.device().is_cpu())
+    return cpu::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options);
+  no_kernel("linear_cross_entropy", h_TD);
+}
+
+}  // namespace shardtrain::ops

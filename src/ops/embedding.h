@@ -1,0 +1,29 @@
+// Token embedding lookup and its (deterministic) backward.
+#pragma once
+
+#include "core/tensor.h"
+#include "ops/dispatch.h"
+
+namespace shardtrain::ops {
+
+namespace cpu {
+void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD);
+void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T);
+}  // namespace cpu
+
+// out_TD = table_VD[ids_T] (overwrites). ids_T: i32, every id in [0, V) (checked, naming the
+// position and the id). table and out: same float dtype (f32/f64 on the CPU). T = all tokens
+// of the batch (B*T flattened).
+inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, Stream = {}) {
+  if (table_VD.device().is_cpu()) return cpu::embedding_forward(out_TD, ids_T, table_VD);
+  no_kernel("embedding_forward", table_VD);
+}
+
+// dtable_VD += dout_TD scattered by ids_T (accumulates: parameter gradient). Deterministic:
+// rows are added in token order.
+inline void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, Stream = {}) {
+  if (dtable_VD.device().is_cpu()) return cpu::embedding_backward(dtable_VD, dout_TD, ids_T);
+  no_kernel("embedding_backward", dtable_VD);
+}
+
+}  // namespace shardtrain::ops
