@@ -1,0 +1,27 @@
+// The tokenizer interface the data pipeline and generation use. Implementations: the
+// byte-level tokenizer of the built-in default job (byte_tokenizer.h) and Hugging Face
+// tokenizer.json byte-level BPE (bpe_tokenizer.h).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace shardtrain::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+  // Token ids of `text`; special tokens written in the text are recognised. No BOS/EOS added.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // Text of `ids`; special tokens are written out as their text.
+  virtual std::string decode(std::span<const int32_t> ids) const = 0;
+  virtual int64_t vocab_size() const = 0;
+  // -1 when the tokenizer has no such token.
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+};
+
+}  // namespace shardtrain::data
