@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what shardtrain needs on Debian 12 (idempotent): compilers, libraries, test tools,
 # and the default training corpus (Debian's `fortunes` package, plain English text).
+# With --tests it also makes .venv/ with the PyPI packages that cross-check tests use.
 set -euo pipefail
 
 packages=(
@@ -10,7 +11,7 @@ packages=(
   libgtest-dev libgmock-dev
   openmpi-bin libopenmpi-dev
   fortunes
-  python3 python3-pip
+  python3 python3-venv
 )
 
 missing=()
@@ -28,4 +29,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else
   echo "shardtrain setup: all Debian packages present"
+fi
+
+if [ "${1:-}" = "--tests" ]; then
+  here="$(cd "$(dirname "$0")/.." && pwd)"
+  if [ ! -x "$here/.venv/bin/python3" ]; then
+    python3 -m venv "$here/.venv"
+  fi
+  # numpy + safetensors read files we write; tokenizers is the reference BPE implementation
+  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers
 fi

@@ -1,7 +1,35 @@
-// The `shardtrain` command: parse, validate, run, report. Logic lives in the modules.
+// The `shardtrain` command: pick the subcommand, run it, print any error chain once.
 #include <cstdio>
+#include <string>
+#include <vector>
 
-int main() {
-  std::puts("shardtrain");
-  return 0;
+#include "cli/commands.h"
+#include "core/error.h"
+#include "train/config.h"
+
+int main(int argc, char** argv) {
+  using namespace shardtrain;
+  const std::vector<std::string> all(argv + 1, argv + argc);
+  const std::string command = all.empty() ? "help" : all[0];
+  const std::vector<std::string> rest(all.begin() + (all.empty() ? 0 : 1), all.end());
+  try {
+    if (command == "train") return cli::run_train(rest);
+    if (command == "print-config") return cli::run_print_config(rest);
+    if (command == "help" || command == "-h" || command == "--help") {
+      if (!rest.empty() && rest[0] == "config") {
+        std::fputs(train::reference_table().c_str(), stdout);
+      } else {
+        std::fputs(cli::usage().c_str(), stdout);
+      }
+      return 0;
+    }
+    std::fprintf(stderr, "error: unknown command `%s`\n\n%s", command.c_str(), cli::usage().c_str());
+    return 2;
+  } catch (const Error& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "error: %s\n", e.what());
+    return 1;
+  }
 }

@@ -86,8 +86,10 @@ std::string format_bytes(int64_t bytes) {
     std::snprintf(buf, sizeof buf, "%.2f KiB", b / 1024);
   } else if (b < 1024.0 * 1024 * 1024) {
     std::snprintf(buf, sizeof buf, "%.2f MiB", b / (1024.0 * 1024));
-  } else {
+  } else if (b < 1024.0 * 1024 * 1024 * 1024) {
     std::snprintf(buf, sizeof buf, "%.2f GiB", b / (1024.0 * 1024 * 1024));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f TiB", b / (1024.0 * 1024 * 1024 * 1024));
   }
   return buf;
 }

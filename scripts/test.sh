@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Installs what the tests need, builds with warnings as errors, and runs every test.
+# CUDA tests (label `cuda`) report SKIPPED without a GPU; run them on a GPU machine with
+#   ctest --test-dir build -L cuda --output-on-failure
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh --tests
+export PATH="$PWD/.venv/bin:$PATH"
+bash scripts/build.sh -DSHARDTRAIN_WERROR=ON
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+export OMPI_MCA_btl=self,vader
+ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)"

@@ -1,0 +1,14 @@
+// The `shardtrain` subcommands. Each takes the arguments after its name and returns the
+// process exit status; errors propagate as shardtrain::Error to main().
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shardtrain::cli {
+
+int run_train(const std::vector<std::string>& args);
+int run_print_config(const std::vector<std::string>& args);
+std::string usage();
+
+}  // namespace shardtrain::cli

@@ -1,0 +1,103 @@
+// Document loaders for the training data.
+#include "data/corpus.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace shardtrain::data {
+namespace {
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open `", path, "`");
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool blank(std::string_view line) {
+  return std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
+}
+
+// Splits text into lines and groups lines into documents at separator lines.
+template <typename IsSeparator>
+std::vector<std::string> split_documents(const std::string& text, IsSeparator is_separator) {
+  std::vector<std::string> docs;
+  std::string current;
+  size_t pos = 0;
+  while (pos <= text.size()) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string_view line(text.data() + pos, end - pos);
+    if (is_separator(line)) {
+      if (!current.empty()) docs.push_back(std::move(current));
+      current.clear();
+    } else {
+      if (!current.empty()) current += '\n';
+      current += line;
+    }
+    pos = end + 1;
+  }
+  if (!current.empty() && !blank(current)) docs.push_back(std::move(current));
+  return docs;
+}
+
+}  // namespace
+
+std::vector<std::string> load_fortunes(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  ST_CHECK(fs::is_directory(dir, ec), "built-in corpus: folder `", dir,
+           "` not found; install Debian's `fortunes` package (scripts/setup.sh does) or set "
+           "data.source to a text file");
+  std::vector<std::string> files;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    const std::string ext = e.path().extension().string();
+    if (!e.is_regular_file() || ext == ".dat" || ext == ".u8") continue;
+    files.push_back(e.path().string());
+  }
+  std::sort(files.begin(), files.end());
+  std::vector<std::string> docs;
+  for (const std::string& f : files) {
+    std::vector<std::string> d = split_documents(read_file(f), [](std::string_view l) { return l == "%"; });
+    for (std::string& s : d)
+      if (!blank(s)) docs.push_back(std::move(s));
+  }
+  ST_CHECK(!docs.empty(), "built-in corpus: no fortunes found in `", dir, "`");
+  return docs;
+}
+
+std::vector<std::string> load_text_documents(const std::string& path) {
+  std::vector<std::string> docs = split_documents(read_file(path), blank);
+  ST_CHECK(!docs.empty(), "text file `", path, "` holds no documents");
+  return docs;
+}
+
+std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field) {
+  std::ifstream in(path);
+  ST_CHECK(in.good(), "cannot open `", path, "`");
+  std::vector<std::string> docs;
+  std::string line;
+  int64_t line_no = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (blank(line)) continue;
+    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    ST_CHECK(!j.is_discarded() && j.is_object(), "`", path, "` line ", line_no, ": not a JSON object");
+    auto it = j.find(field);
+    ST_CHECK(it != j.end(), "`", path, "` line ", line_no, ": no field `", field,
+             "` (set data.text_field to the field holding the text)");
+    ST_CHECK(it->is_string(), "`", path, "` line ", line_no, ": field `", field, "` is not a string");
+    docs.push_back(it->get<std::string>());
+  }
+  ST_CHECK(!docs.empty(), "JSONL file `", path, "` holds no documents");
+  return docs;
+}
+
+}  // namespace shardtrain::data

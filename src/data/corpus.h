@@ -1,0 +1,25 @@
+// Reading documents: the built-in corpus (Debian's `fortunes` package, plain English text
+// installed by scripts/setup.sh) and user text / JSONL files.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace shardtrain::data {
+
+// Where Debian installs the fortune files.
+constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
+
+// Every fortune (the text between lines holding only "%") of every plain fortune file in
+// `dir` (files without the .dat / .u8 suffixes), in file-name order. Throws, naming the
+// folder and how to install it, when it is missing or empty.
+std::vector<std::string> load_fortunes(const std::string& dir = kFortunesDir);
+
+// A plain text file: documents separated by one or more blank lines.
+std::vector<std::string> load_text_documents(const std::string& path);
+
+// A JSONL file: one JSON object per line, the document in string field `field`.
+// Errors name the file, the line number and the field.
+std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field);
+
+}  // namespace shardtrain::data

@@ -1,0 +1,166 @@
+// Llama block forward and backward as a fixed sequence of ops (HF LlamaDecoderLayer).
+#include "model/block.h"
+
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
+#include "ops/rmsnorm.h"
+#include "ops/rope.h"
+#include "ops/swiglu.h"
+
+namespace shardtrain::model {
+namespace {
+
+Tensor param_view(const Tensor& flat, const UnitLayout& unit, const std::string& name) {
+  const ParamSpec* p = unit.find(name);
+  ST_ASSERT(p != nullptr, "unit ", unit.name, " has no ", name);
+  return flat.flat_range(p->offset, p->numel()).view(p->shape);
+}
+
+Tensor optional_view(const Tensor& flat, const UnitLayout& unit, const std::string& name) {
+  const ParamSpec* p = unit.find(name);
+  return p ? flat.flat_range(p->offset, p->numel()).view(p->shape) : Tensor();
+}
+
+Tensor like(const Shape& shape, const Tensor& proto, const char* what) {
+  return Tensor::empty(shape, proto.dtype(), proto.device(), what);
+}
+
+}  // namespace
+
+BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig&) {
+  const int64_t l = unit.layer;
+  auto n = [&](const char* suffix) { return block_param_name(l, suffix); };
+  BlockWeights w;
+  w.attn_norm_D = param_view(flat, unit, n("input_layernorm.weight"));
+  w.wq_QD = param_view(flat, unit, n("self_attn.q_proj.weight"));
+  w.wk_KD = param_view(flat, unit, n("self_attn.k_proj.weight"));
+  w.wv_KD = param_view(flat, unit, n("self_attn.v_proj.weight"));
+  w.bq_Q = optional_view(flat, unit, n("self_attn.q_proj.bias"));
+  w.bk_K = optional_view(flat, unit, n("self_attn.k_proj.bias"));
+  w.bv_K = optional_view(flat, unit, n("self_attn.v_proj.bias"));
+  w.wo_DQ = param_view(flat, unit, n("self_attn.o_proj.weight"));
+  w.ffn_norm_D = param_view(flat, unit, n("post_attention_layernorm.weight"));
+  w.w_gate_FD = param_view(flat, unit, n("mlp.gate_proj.weight"));
+  w.w_up_FD = param_view(flat, unit, n("mlp.up_proj.weight"));
+  w.w_down_DF = param_view(flat, unit, n("mlp.down_proj.weight"));
+  return w;
+}
+
+void BlockActivations::release_all_but_input() {
+  Tensor keep = x_BTD;
+  *this = BlockActivations();
+  x_BTD = keep;
+}
+
+void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx) {
+  const LlamaConfig& c = *ctx.config;
+  const int64_t B = ctx.batch, T = ctx.seq, D = c.dim, N = c.n_heads, M = c.n_kv_heads, H = c.head_dim(),
+                F = c.ffn_dim;
+  const DType stats = ops::stats_dtype(x_BTD.dtype());
+  const Device dev = x_BTD.device();
+  a.x_BTD = x_BTD;
+  const Tensor x_TD = x_BTD.view({B * T, D});
+
+  a.xn1_BTD = like({B, T, D}, x_BTD, "xn1");
+  a.rstd1_BT = Tensor::empty({B, T}, stats, dev, "rstd1");
+  Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
+  Tensor rstd1_T = a.rstd1_BT.view({B * T});
+  ops::rmsnorm_forward(xn1_TD, rstd1_T, x_TD, w.attn_norm_D, {c.norm_eps});
+
+  a.q_BTNH = like({B, T, N, H}, x_BTD, "q");
+  a.k_BTMH = like({B, T, M, H}, x_BTD, "k");
+  a.v_BTMH = like({B, T, M, H}, x_BTD, "v");
+  Tensor q_TQ = a.q_BTNH.view({B * T, N * H});
+  Tensor k_TK = a.k_BTMH.view({B * T, M * H});
+  Tensor v_TK = a.v_BTMH.view({B * T, M * H});
+  ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
+  ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
+  ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
+  ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK);
+  ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK);
+
+  a.attn_BTNH = like({B, T, N, H}, x_BTD, "attn");
+  a.lse_BNT = Tensor::empty({B, N, T}, stats, dev, "lse");
+  ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, {});
+
+  a.x2_BTD = like({B, T, D}, x_BTD, "x2");
+  Tensor x2_TD = a.x2_BTD.view({B * T, D});
+  ops::linear_forward(x2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ);
+  ops::add(x2_TD, x2_TD, x_TD);
+
+  a.xn2_BTD = like({B, T, D}, x_BTD, "xn2");
+  a.rstd2_BT = Tensor::empty({B, T}, stats, dev, "rstd2");
+  Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
+  Tensor rstd2_T = a.rstd2_BT.view({B * T});
+  ops::rmsnorm_forward(xn2_TD, rstd2_T, x2_TD, w.ffn_norm_D, {c.norm_eps});
+
+  a.gate_BTF = like({B, T, F}, x_BTD, "gate");
+  a.up_BTF = like({B, T, F}, x_BTD, "up");
+  a.h_BTF = like({B, T, F}, x_BTD, "h");
+  Tensor gate_TF = a.gate_BTF.view({B * T, F});
+  Tensor up_TF = a.up_BTF.view({B * T, F});
+  Tensor h_TF = a.h_BTF.view({B * T, F});
+  ops::linear_forward(gate_TF, xn2_TD, w.w_gate_FD);
+  ops::linear_forward(up_TF, xn2_TD, w.w_up_FD);
+  ops::swiglu_forward(h_TF, gate_TF, up_TF);
+
+  a.y_BTD = like({B, T, D}, x_BTD, "y");
+  Tensor y_TD = a.y_BTD.view({B * T, D});
+  ops::linear_forward(y_TD, h_TF, w.w_down_DF);
+  ops::add(y_TD, y_TD, x2_TD);
+}
+
+void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, const BlockActivations& a,
+                    const BlockWeights& w, const BlockContext& ctx) {
+  const LlamaConfig& c = *ctx.config;
+  const int64_t B = ctx.batch, T = ctx.seq, D = c.dim, N = c.n_heads, M = c.n_kv_heads, H = c.head_dim(),
+                F = c.ffn_dim;
+  const Tensor dy_TD = dy_BTD.view({B * T, D});
+  Tensor none;
+
+  // MLP: y = x2 + down(h); dy flows to x2 unchanged and through down_proj.
+  Tensor dh_TF = like({B * T, F}, dy_BTD, "dh");
+  ops::linear_backward(dh_TF, g.w_down_DF, none, dy_TD, a.h_BTF.view({B * T, F}), w.w_down_DF);
+  Tensor dgate_TF = like({B * T, F}, dy_BTD, "dgate");
+  Tensor dup_TF = like({B * T, F}, dy_BTD, "dup");
+  ops::swiglu_backward(dgate_TF, dup_TF, dh_TF, a.gate_BTF.view({B * T, F}), a.up_BTF.view({B * T, F}));
+  dh_TF = Tensor();
+  Tensor dxn2_TD = like({B * T, D}, dy_BTD, "dxn2");
+  const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
+  ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD);
+  ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, {.accumulate_dx = true});
+  dgate_TF = Tensor();
+  dup_TF = Tensor();
+  Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
+  ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
+                        a.rstd2_BT.view({B * T}));
+  ops::add(dx2_TD, dx2_TD, dy_TD);
+
+  // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj.
+  Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
+  Tensor dattn_TQ = dattn_BTNH.view({B * T, N * H});
+  ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ);
+  Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
+  Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
+  Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
+  ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
+                          a.lse_BNT, {});
+  dattn_BTNH = Tensor();
+  ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
+  ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);
+
+  Tensor dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
+  const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
+  ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD);
+  ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD,
+                       {.accumulate_dx = true});
+  ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD,
+                       {.accumulate_dx = true});
+  Tensor dx_TD = dx_BTD.view({B * T, D});
+  ops::rmsnorm_backward(dx_TD, g.attn_norm_D, dxn1_TD, a.x_BTD.view({B * T, D}), w.attn_norm_D,
+                        a.rstd1_BT.view({B * T}));
+  ops::add(dx_TD, dx_TD, dx2_TD);
+}
+
+}  // namespace shardtrain::model

@@ -1,0 +1,64 @@
+// LlamaConfig validation and parameter / FLOP counts.
+#include "model/config.h"
+
+#include <sstream>
+
+#include "core/error.h"
+
+namespace shardtrain::model {
+
+void LlamaConfig::validate(const std::string& p) const {
+  ST_CHECK(vocab_size > 0, "`", p, "vocab_size` must be > 0, found ", vocab_size);
+  ST_CHECK(dim > 0, "`", p, "dim` must be > 0, found ", dim);
+  ST_CHECK(n_layers > 0, "`", p, "n_layers` must be > 0, found ", n_layers);
+  ST_CHECK(n_heads > 0, "`", p, "n_heads` must be > 0, found ", n_heads);
+  ST_CHECK(n_kv_heads > 0, "`", p, "n_kv_heads` must be > 0, found ", n_kv_heads);
+  ST_CHECK(ffn_dim > 0, "`", p, "ffn_dim` must be > 0, found ", ffn_dim);
+  ST_CHECK(max_seq_len > 0, "`", p, "max_seq_len` must be > 0, found ", max_seq_len);
+  ST_CHECK(dim % n_heads == 0, "`", p, "n_heads` (", n_heads, ") must divide `", p, "dim` (", dim,
+           "): the head dimension is dim / n_heads");
+  ST_CHECK(head_dim() % 2 == 0, "head dimension `", p, "dim` / `", p, "n_heads` = ", head_dim(),
+           " must be even for rotary embeddings");
+  ST_CHECK(n_heads % n_kv_heads == 0, "`", p, "n_kv_heads` (", n_kv_heads, ") must divide `", p,
+           "n_heads` (", n_heads, ")");
+  ST_CHECK(norm_eps > 0, "`", p, "norm_eps` must be > 0, found ", norm_eps);
+  ST_CHECK(rope.theta > 0, "`", p, "rope_theta` must be > 0, found ", rope.theta);
+  ST_CHECK(init_std > 0, "`", p, "init_std` must be > 0, found ", init_std);
+  if (rope.scaling.type == ops::RopeScalingType::kLlama3) {
+    ST_CHECK(rope.scaling.factor >= 1, "`", p, "rope_scaling_factor` must be >= 1, found ", rope.scaling.factor);
+    ST_CHECK(rope.scaling.high_freq_factor > rope.scaling.low_freq_factor, "`", p,
+             "rope_high_freq_factor` (", rope.scaling.high_freq_factor, ") must exceed `", p,
+             "rope_low_freq_factor` (", rope.scaling.low_freq_factor, ")");
+    ST_CHECK(rope.scaling.original_max_positions > 0, "`", p,
+             "rope_original_max_positions` must be > 0, found ", rope.scaling.original_max_positions);
+  }
+}
+
+int64_t LlamaConfig::num_non_embedding_parameters() const {
+  const int64_t h = head_dim();
+  int64_t block = 2 * dim;                                       // two norms
+  block += dim * n_heads * h + 2 * dim * n_kv_heads * h;         // q, k, v
+  if (attention_bias) block += n_heads * h + 2 * n_kv_heads * h;
+  block += n_heads * h * dim;                                    // o
+  block += 3 * dim * ffn_dim;                                    // gate, up, down
+  return n_layers * block + dim + vocab_size * dim;              // final norm + head
+}
+
+int64_t LlamaConfig::num_parameters() const {
+  return num_non_embedding_parameters() + (tie_embeddings ? 0 : vocab_size * dim);
+}
+
+double LlamaConfig::flops_per_token(int64_t seq_len) const {
+  return 6.0 * static_cast<double>(num_non_embedding_parameters()) +
+         12.0 * static_cast<double>(n_layers * head_dim() * n_heads * seq_len);
+}
+
+std::string LlamaConfig::summary() const {
+  std::ostringstream s;
+  s << "Llama: " << n_layers << " layers, dim " << dim << ", " << n_heads << " heads / " << n_kv_heads
+    << " kv heads (head dim " << head_dim() << "), ffn " << ffn_dim << ", vocab " << vocab_size
+    << (tie_embeddings ? " (tied)" : "") << ", " << num_parameters() << " parameters";
+  return s.str();
+}
+
+}  // namespace shardtrain::model

@@ -1,0 +1,39 @@
+// The Llama model shape. Covers Llama 2 / 3 / 3.1 (llama3 rope scaling) / 3.2 (tied
+// embeddings) and Llama-architecture variants (Qwen2-style q/k/v bias as a flag).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "ops/rope.h"
+
+namespace shardtrain::model {
+
+struct LlamaConfig {
+  int64_t vocab_size = 0;    // V
+  int64_t dim = 0;           // D, hidden_size
+  int64_t n_layers = 0;      // L
+  int64_t n_heads = 0;       // N, query heads
+  int64_t n_kv_heads = 0;    // M, key/value heads (M == N: multi-head; M < N: grouped-query)
+  int64_t ffn_dim = 0;       // F, intermediate_size
+  int64_t max_seq_len = 0;   // longest sequence the rope table covers
+  double norm_eps = 1e-5;
+  ops::RopeOptions rope;
+  bool tie_embeddings = false;  // lm_head shares model.embed_tokens.weight
+  bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
+  double init_std = 0.02;       // normal init of matrices (HF initializer_range)
+
+  int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }  // H
+  // Throws Error naming the offending field (`prefix` + field name, e.g. "model.n_heads").
+  void validate(const std::string& prefix) const;
+  // Parameters in the model (a tied head counted once), and without the input embedding
+  // (the N of the 6·N FLOPs-per-token estimate; a tied head still counts there).
+  int64_t num_parameters() const;
+  int64_t num_non_embedding_parameters() const;
+  // Training FLOPs per token: 6·N_non_embedding + 12·L·H·N·T (torchtitan's estimate; the
+  // attention term counts the full T x T scores, without halving for causality).
+  double flops_per_token(int64_t seq_len) const;
+  std::string summary() const;
+};
+
+}  // namespace shardtrain::model

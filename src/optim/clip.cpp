@@ -1,0 +1,26 @@
+// Gradient-norm clipping.
+#include "optim/clip.h"
+
+#include <cmath>
+
+#include "ops/elementwise.h"
+
+namespace shardtrain::optim {
+
+double global_grad_norm(const std::vector<const Tensor*>& grads) {
+  Tensor sum = Tensor::zeros({1}, DType::kF64, Device::cpu(), "grad norm");
+  for (const Tensor* g : grads) ops::sum_squares(sum, *g);
+  return std::sqrt(sum.data<double>()[0]);
+}
+
+double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm) {
+  std::vector<const Tensor*> c(grads.begin(), grads.end());
+  const double norm = global_grad_norm(c);
+  if (max_norm > 0 && norm > max_norm) {
+    const double factor = max_norm / (norm + 1e-6);
+    for (Tensor* g : grads) ops::scale(*g, factor);
+  }
+  return norm;
+}
+
+}  // namespace shardtrain::optim

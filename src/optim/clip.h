@@ -1,0 +1,18 @@
+// Global gradient-norm clipping over all units (on one rank; sharded runs add the squared
+// norms of their shards over the data-parallel mesh dimension first).
+#pragma once
+
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace shardtrain::optim {
+
+// sqrt(sum over all buffers of sum(g^2)), accumulated in f64.
+double global_grad_norm(const std::vector<const Tensor*>& grads);
+
+// If max_norm > 0 and norm > max_norm, scales every gradient by max_norm / (norm + 1e-6)
+// (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
+double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm);
+
+}  // namespace shardtrain::optim

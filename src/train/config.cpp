@@ -1,0 +1,390 @@
+// The table of every config key, TOML and command-line loading, and validation.
+#include "train/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <initializer_list>
+#include <sstream>
+#include <variant>
+
+#include <toml++/toml.h>
+
+#include "core/error.h"
+
+namespace shardtrain::train {
+namespace {
+
+using Value = std::variant<int64_t, double, bool, std::string>;
+enum class Type { kInt, kFloat, kBool, kString };
+
+const char* type_name(Type t) {
+  switch (t) {
+    case Type::kInt: return "an integer";
+    case Type::kFloat: return "a float";
+    case Type::kBool: return "a boolean";
+    case Type::kString: return "a string";
+  }
+  return "?";
+}
+
+template <typename F> constexpr Type type_of();
+template <> constexpr Type type_of<int64_t>() { return Type::kInt; }
+template <> constexpr Type type_of<uint64_t>() { return Type::kInt; }
+template <> constexpr Type type_of<double>() { return Type::kFloat; }
+template <> constexpr Type type_of<bool>() { return Type::kBool; }
+template <> constexpr Type type_of<std::string>() { return Type::kString; }
+
+// A validator throws Error with a message about `key`.
+using Check = std::function<void(const std::string& key, const Value&)>;
+
+struct KeyDef {
+  std::string name;
+  Type type;
+  std::string doc;
+  std::function<Value(const JobConfig&)> get;
+  std::function<void(JobConfig&, const Value&)> set;
+  Check check;
+};
+
+template <typename S, typename F>
+KeyDef key(const char* name, S JobConfig::*section, F S::*field, const char* doc, Check check = nullptr) {
+  KeyDef k;
+  k.name = name;
+  k.type = type_of<F>();
+  k.doc = doc;
+  k.get = [=](const JobConfig& c) -> Value {
+    if constexpr (std::is_same_v<F, uint64_t>) return static_cast<int64_t>(c.*section.*field);
+    else return c.*section.*field;
+  };
+  k.set = [=](JobConfig& c, const Value& v) {
+    if constexpr (std::is_same_v<F, uint64_t>) c.*section.*field = static_cast<uint64_t>(std::get<int64_t>(v));
+    else c.*section.*field = std::get<F>(v);
+  };
+  k.check = std::move(check);
+  return k;
+}
+
+double as_number(const Value& v) {
+  return std::holds_alternative<int64_t>(v) ? static_cast<double>(std::get<int64_t>(v)) : std::get<double>(v);
+}
+
+Check positive() {
+  return [](const std::string& k, const Value& v) {
+    ST_CHECK(as_number(v) > 0, "`", k, "` must be > 0, found ", as_number(v));
+  };
+}
+Check non_negative() {
+  return [](const std::string& k, const Value& v) {
+    ST_CHECK(as_number(v) >= 0, "`", k, "` must be >= 0, found ", as_number(v));
+  };
+}
+Check in_range(double lo, double hi) {
+  return [=](const std::string& k, const Value& v) {
+    const double x = as_number(v);
+    ST_CHECK(x >= lo && x <= hi, "`", k, "` must be in [", lo, ", ", hi, "], found ", x);
+  };
+}
+Check one_of(std::initializer_list<const char*> options) {
+  std::vector<std::string> opts(options.begin(), options.end());
+  return [=](const std::string& k, const Value& v) {
+    const std::string& s = std::get<std::string>(v);
+    if (std::find(opts.begin(), opts.end(), s) != opts.end()) return;
+    std::string list;
+    for (const std::string& o : opts) list += (list.empty() ? "" : ", ") + o;
+    ST_THROW("`", k, "` must be one of ", list, "; found `", s, "`");
+  };
+}
+
+const std::vector<KeyDef>& keys() {
+  using C = JobConfig;
+  static const std::vector<KeyDef> table = {
+      key("model.vocab_size", &C::model, &ModelSection::vocab_size,
+          "vocabulary size V; 0 takes the tokenizer's", non_negative()),
+      key("model.dim", &C::model, &ModelSection::dim, "width D of the residual stream", positive()),
+      key("model.n_layers", &C::model, &ModelSection::n_layers, "number of transformer blocks L", positive()),
+      key("model.n_heads", &C::model, &ModelSection::n_heads, "query heads N (must divide model.dim)", positive()),
+      key("model.n_kv_heads", &C::model, &ModelSection::n_kv_heads,
+          "key/value heads M (must divide model.n_heads; < N is grouped-query attention)", positive()),
+      key("model.ffn_dim", &C::model, &ModelSection::ffn_dim, "hidden width F of the SwiGLU MLP", positive()),
+      key("model.max_seq_len", &C::model, &ModelSection::max_seq_len,
+          "longest sequence the model supports (rotary table length)", positive()),
+      key("model.norm_eps", &C::model, &ModelSection::norm_eps, "RMSNorm epsilon", positive()),
+      key("model.rope_theta", &C::model, &ModelSection::rope_theta, "rotary base frequency", positive()),
+      key("model.rope_scaling", &C::model, &ModelSection::rope_scaling,
+          "rotary frequency scaling: none, or llama3 (Llama 3.1)", one_of({"none", "llama3"})),
+      key("model.rope_scaling_factor", &C::model, &ModelSection::rope_scaling_factor,
+          "llama3 scaling: factor", positive()),
+      key("model.rope_low_freq_factor", &C::model, &ModelSection::rope_low_freq_factor,
+          "llama3 scaling: low_freq_factor", positive()),
+      key("model.rope_high_freq_factor", &C::model, &ModelSection::rope_high_freq_factor,
+          "llama3 scaling: high_freq_factor", positive()),
+      key("model.rope_original_max_positions", &C::model, &ModelSection::rope_original_max_positions,
+          "llama3 scaling: original_max_position_embeddings", positive()),
+      key("model.tie_embeddings", &C::model, &ModelSection::tie_embeddings,
+          "output head shares the input embedding matrix"),
+      key("model.attention_bias", &C::model, &ModelSection::attention_bias,
+          "q/k/v projections have biases (Qwen2-style)"),
+      key("model.init_std", &C::model, &ModelSection::init_std,
+          "standard deviation of the normal init of weight matrices", positive()),
+      key("model.dtype", &C::model, &ModelSection::dtype,
+          "CPU compute and master dtype: f32, or f64 (for checks)", one_of({"f32", "f64"})),
+
+      key("data.source", &C::data, &DataSection::source,
+          "builtin:fortunes (Debian's fortunes package), or a .txt / .jsonl file"),
+      key("data.format", &C::data, &DataSection::format,
+          "auto (from the file suffix), text (blank-line separated documents) or jsonl",
+          one_of({"auto", "text", "jsonl"})),
+      key("data.text_field", &C::data, &DataSection::text_field, "JSONL field holding each document's text"),
+      key("data.tokenizer", &C::data, &DataSection::tokenizer,
+          "byte (256 bytes + BOS/EOS), or a Hugging Face tokenizer.json path"),
+      key("data.val_fraction", &C::data, &DataSection::val_fraction,
+          "fraction of documents held out for evaluation", in_range(0.0, 0.5)),
+
+      key("training.steps", &C::training, &TrainingSection::steps, "optimizer steps to run", positive()),
+      key("training.batch_size", &C::training, &TrainingSection::batch_size,
+          "sequences per micro-batch", positive()),
+      key("training.seq_len", &C::training, &TrainingSection::seq_len,
+          "tokens per sequence (<= model.max_seq_len)", positive()),
+      key("training.grad_accum_steps", &C::training, &TrainingSection::grad_accum_steps,
+          "micro-batches accumulated per optimizer step", positive()),
+      key("training.seed", &C::training, &TrainingSection::seed,
+          "seed of the initialisation and of the data order", non_negative()),
+      key("training.max_grad_norm", &C::training, &TrainingSection::max_grad_norm,
+          "clip the global gradient norm to this; 0 disables clipping", non_negative()),
+      key("training.activation_checkpointing", &C::training, &TrainingSection::activation_checkpointing,
+          "none, or full (keep only block inputs; recompute in the backward)", one_of({"none", "full"})),
+      key("training.threads", &C::training, &TrainingSection::threads,
+          "CPU threads for the kernels; 0 uses every core", non_negative()),
+      key("training.loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
+          "tokens per chunk of the fused head + cross-entropy (bounds logits memory)", positive()),
+
+      key("optimizer.lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", positive()),
+      key("optimizer.beta1", &C::optimizer, &OptimizerSection::beta1, "AdamW beta1", in_range(0.0, 0.999999)),
+      key("optimizer.beta2", &C::optimizer, &OptimizerSection::beta2, "AdamW beta2", in_range(0.0, 0.999999)),
+      key("optimizer.eps", &C::optimizer, &OptimizerSection::eps, "AdamW epsilon", positive()),
+      key("optimizer.weight_decay", &C::optimizer, &OptimizerSection::weight_decay,
+          "decoupled weight decay (applied to weight matrices)", non_negative()),
+      key("optimizer.decay_1d", &C::optimizer, &OptimizerSection::decay_1d,
+          "also decay norm weights and biases"),
+
+      key("schedule.type", &C::schedule, &ScheduleSection::type,
+          "learning-rate decay after warmup: cosine, linear or constant", one_of({"cosine", "linear", "constant"})),
+      key("schedule.warmup_steps", &C::schedule, &ScheduleSection::warmup_steps,
+          "linear warmup steps from 0 to optimizer.lr", non_negative()),
+      key("schedule.min_lr_ratio", &C::schedule, &ScheduleSection::min_lr_ratio,
+          "final learning rate as a fraction of optimizer.lr", in_range(0.0, 1.0)),
+
+      key("eval.interval_steps", &C::eval, &EvalSection::interval_steps,
+          "evaluate on the held-out split every this many steps (and at the end); 0 only at the end",
+          non_negative()),
+      key("eval.batches", &C::eval, &EvalSection::batches, "held-out batches per evaluation", positive()),
+
+      key("logging.interval_steps", &C::logging, &LoggingSection::interval_steps,
+          "write a log line every this many steps", positive()),
+      key("logging.metrics_file", &C::logging, &LoggingSection::metrics_file,
+          "JSONL metrics file, relative to run.output_dir; empty disables"),
+      key("logging.level", &C::logging, &LoggingSection::level, "debug, info, warn or error",
+          one_of({"debug", "info", "warn", "error"})),
+      key("logging.progress", &C::logging, &LoggingSection::progress,
+          "progress bar: auto (when stderr is a terminal), on or off", one_of({"auto", "on", "off"})),
+
+      key("run.output_dir", &C::run, &RunSection::output_dir, "folder for metrics and outputs"),
+
+      key("sample.prompt", &C::sample, &SampleSection::prompt, "text the final sample continues"),
+      key("sample.tokens", &C::sample, &SampleSection::tokens,
+          "tokens to generate at the end of training; 0 disables", non_negative()),
+      key("sample.temperature", &C::sample, &SampleSection::temperature,
+          "sampling temperature; 0 is greedy", non_negative()),
+      key("sample.top_k", &C::sample, &SampleSection::top_k,
+          "sample among the k most likely tokens; 0 is all", non_negative()),
+      key("sample.seed", &C::sample, &SampleSection::seed, "seed of the sampler", non_negative()),
+  };
+  return table;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+const KeyDef& find_key(const std::string& name, const std::string& where) {
+  const std::vector<KeyDef>& table = keys();
+  for (const KeyDef& k : table)
+    if (k.name == name) return k;
+  const KeyDef* best = &table.front();
+  size_t best_d = SIZE_MAX;
+  for (const KeyDef& k : table) {
+    const size_t d = edit_distance(name, k.name);
+    if (d < best_d) {
+      best_d = d;
+      best = &k;
+    }
+  }
+  ST_THROW(where, "unknown config key `", name, "`; did you mean `", best->name, "`? (`shardtrain print-config` lists all keys)");
+}
+
+std::string value_str(const Value& v) {
+  std::ostringstream s;
+  if (std::holds_alternative<int64_t>(v)) s << std::get<int64_t>(v);
+  else if (std::holds_alternative<double>(v)) s << std::get<double>(v);
+  else if (std::holds_alternative<bool>(v)) s << (std::get<bool>(v) ? "true" : "false");
+  else s << '"' << std::get<std::string>(v) << '"';
+  return s.str();
+}
+
+Value parse_text(const KeyDef& k, const std::string& text) {
+  auto fail = [&]() -> Value {
+    ST_THROW("`", k.name, "` expects ", type_name(k.type), ", found `", text, "`");
+  };
+  switch (k.type) {
+    case Type::kInt: {
+      size_t used = 0;
+      int64_t v = 0;
+      try {
+        v = std::stoll(text, &used);
+      } catch (const std::exception&) {
+        return fail();
+      }
+      if (used != text.size()) return fail();
+      return v;
+    }
+    case Type::kFloat: {
+      size_t used = 0;
+      double v = 0;
+      try {
+        v = std::stod(text, &used);
+      } catch (const std::exception&) {
+        return fail();
+      }
+      if (used != text.size() || !std::isfinite(v)) return fail();
+      return v;
+    }
+    case Type::kBool:
+      if (text == "true" || text == "1") return true;
+      if (text == "false" || text == "0") return false;
+      return fail();
+    case Type::kString:
+      return text;
+  }
+  return fail();
+}
+
+Value from_toml(const KeyDef& k, const toml::node& node, const std::string& where) {
+  switch (k.type) {
+    case Type::kInt:
+      if (auto v = node.as_integer()) return v->get();
+      break;
+    case Type::kFloat:
+      if (auto v = node.as_floating_point()) return v->get();
+      if (auto v = node.as_integer()) return static_cast<double>(v->get());
+      break;
+    case Type::kBool:
+      if (auto v = node.as_boolean()) return v->get();
+      break;
+    case Type::kString:
+      if (auto v = node.as_string()) return v->get();
+      break;
+  }
+  std::ostringstream found;
+  found << node.type();
+  ST_THROW(where, "`", k.name, "` expects ", type_name(k.type), ", found a ", found.str());
+}
+
+void set_checked(LoadedConfig& out, const KeyDef& k, const Value& v, ValueSource source) {
+  if (k.check) k.check(k.name, v);
+  k.set(out.config, v);
+  out.sources[k.name] = source;
+}
+
+void walk_table(LoadedConfig& out, const toml::table& table, const std::string& prefix, const std::string& where) {
+  for (const auto& [name, node] : table) {
+    const std::string full = prefix.empty() ? std::string(name.str()) : prefix + "." + std::string(name.str());
+    if (const toml::table* sub = node.as_table()) {
+      walk_table(out, *sub, full, where);
+      continue;
+    }
+    const KeyDef& k = find_key(full, where);
+    set_checked(out, k, from_toml(k, node, where), ValueSource::kFile);
+  }
+}
+
+}  // namespace
+
+LoadedConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides) {
+  LoadedConfig out;
+  for (const KeyDef& k : keys()) out.sources[k.name] = ValueSource::kDefault;
+  if (!toml_path.empty()) {
+    out.file = toml_path;
+    toml::table table;
+    try {
+      table = toml::parse_file(toml_path);
+    } catch (const toml::parse_error& e) {
+      std::ostringstream s;
+      s << e.source().begin;
+      ST_THROW("config `", toml_path, "`: ", e.description(), " at ", s.str());
+    }
+    walk_table(out, table, "", "config `" + toml_path + "`: ");
+  }
+  for (const std::string& raw : overrides) {
+    std::string o = raw.rfind("--", 0) == 0 ? raw.substr(2) : raw;
+    const size_t eq = o.find('=');
+    ST_CHECK(eq != std::string::npos && eq > 0, "override `", raw, "` must look like --section.key=value");
+    const KeyDef& k = find_key(o.substr(0, eq), "override `" + raw + "`: ");
+    set_checked(out, k, parse_text(k, o.substr(eq + 1)), ValueSource::kOverride);
+  }
+  validate(out.config);
+  return out;
+}
+
+void validate(const JobConfig& c) {
+  const ModelSection& m = c.model;
+  ST_CHECK(m.dim % m.n_heads == 0, "`model.n_heads` (", m.n_heads, ") must divide `model.dim` (", m.dim,
+           "); change one of them");
+  ST_CHECK((m.dim / m.n_heads) % 2 == 0, "head dimension `model.dim` / `model.n_heads` = ", m.dim / m.n_heads,
+           " must be even for rotary embeddings");
+  ST_CHECK(m.n_heads % m.n_kv_heads == 0, "`model.n_kv_heads` (", m.n_kv_heads, ") must divide `model.n_heads` (",
+           m.n_heads, ")");
+  ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
+           ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
+  ST_CHECK(c.schedule.warmup_steps <= c.training.steps, "`schedule.warmup_steps` (", c.schedule.warmup_steps,
+           ") exceeds `training.steps` (", c.training.steps, ")");
+  ST_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor, "`model.rope_high_freq_factor` (",
+           m.rope_high_freq_factor, ") must exceed `model.rope_low_freq_factor` (", m.rope_low_freq_factor, ")");
+}
+
+std::string describe(const LoadedConfig& loaded) {
+  std::ostringstream s;
+  std::string section;
+  for (const KeyDef& k : keys()) {
+    const std::string sec = k.name.substr(0, k.name.find('.'));
+    if (sec != section) {
+      s << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    const ValueSource src = loaded.sources.at(k.name);
+    const char* from = src == ValueSource::kDefault ? "default" : src == ValueSource::kFile ? "file" : "override";
+    s << k.name.substr(sec.size() + 1) << " = " << value_str(k.get(loaded.config)) << "  # " << from << ": "
+      << k.doc << "\n";
+  }
+  return s.str();
+}
+
+std::string reference_table() {
+  const JobConfig defaults;
+  std::ostringstream s;
+  s << "| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
+  for (const KeyDef& k : keys())
+    s << "| `" << k.name << "` | " << std::string(type_name(k.type)).substr(std::string(type_name(k.type)).find(' ') + 1) << " | `" << value_str(k.get(defaults)) << "` | " << k.doc
+      << " |\n";
+  return s.str();
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,126 @@
+// The job configuration: every key is declared once in config.cpp (name, type, default,
+// one-line doc, validator). Values come from the defaults, then a TOML file, then
+// `--section.key=value` overrides; the whole config is validated before anything is built.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace shardtrain::train {
+
+struct ModelSection {
+  int64_t vocab_size = 0;  // 0: taken from the tokenizer
+  int64_t dim = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 8;
+  int64_t n_kv_heads = 4;
+  int64_t ffn_dim = 768;
+  int64_t max_seq_len = 256;
+  double norm_eps = 1e-5;
+  double rope_theta = 10000.0;
+  std::string rope_scaling = "none";
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_positions = 8192;
+  bool tie_embeddings = true;
+  bool attention_bias = false;
+  double init_std = 0.02;
+  std::string dtype = "f32";
+};
+
+struct DataSection {
+  std::string source = "builtin:fortunes";
+  std::string format = "auto";
+  std::string text_field = "text";
+  std::string tokenizer = "byte";
+  double val_fraction = 0.05;
+};
+
+struct TrainingSection {
+  int64_t steps = 600;
+  int64_t batch_size = 8;
+  int64_t seq_len = 128;
+  int64_t grad_accum_steps = 1;
+  uint64_t seed = 1234;
+  double max_grad_norm = 1.0;
+  std::string activation_checkpointing = "none";
+  int64_t threads = 0;
+  int64_t loss_chunk_tokens = 256;
+};
+
+struct OptimizerSection {
+  double lr = 2e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double weight_decay = 0.1;
+  bool decay_1d = false;
+};
+
+struct ScheduleSection {
+  std::string type = "cosine";
+  int64_t warmup_steps = 30;
+  double min_lr_ratio = 0.1;
+};
+
+struct EvalSection {
+  int64_t interval_steps = 100;
+  int64_t batches = 8;
+};
+
+struct LoggingSection {
+  int64_t interval_steps = 10;
+  std::string metrics_file = "metrics.jsonl";
+  std::string level = "info";
+  std::string progress = "auto";
+};
+
+struct RunSection {
+  std::string output_dir = "runs/default";
+};
+
+struct SampleSection {
+  std::string prompt = "";
+  int64_t tokens = 200;
+  double temperature = 0.8;
+  int64_t top_k = 40;
+  uint64_t seed = 7;
+};
+
+struct JobConfig {
+  ModelSection model;
+  DataSection data;
+  TrainingSection training;
+  OptimizerSection optimizer;
+  ScheduleSection schedule;
+  EvalSection eval;
+  LoggingSection logging;
+  RunSection run;
+  SampleSection sample;
+};
+
+enum class ValueSource { kDefault, kFile, kOverride };
+
+struct LoadedConfig {
+  JobConfig config;
+  std::map<std::string, ValueSource> sources;  // key -> where its value came from
+  std::string file;                            // the TOML file, or "" for none
+};
+
+// Loads defaults, then `toml_path` (may be empty), then overrides of the form
+// "--section.key=value" or "section.key=value". Throws Error naming the key on an unknown
+// key (with the nearest valid one), a wrong type or an impossible value.
+LoadedConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
+
+// Cross-key checks (e.g. model.n_heads divides model.dim); throws naming both keys.
+void validate(const JobConfig& config);
+
+// "key = value  # source: doc" lines for every key, in declaration order.
+std::string describe(const LoadedConfig& loaded);
+// A Markdown table of every key with type, default and doc (for the README).
+std::string reference_table();
+
+}  // namespace shardtrain::train

@@ -1,0 +1,270 @@
+// The training loop and its reporting.
+#include "train/trainer.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include "core/allocator.h"
+#include "core/log.h"
+#include "data/byte_tokenizer.h"
+#include "data/corpus.h"
+#include "optim/clip.h"
+#include "optim/schedule.h"
+#include "train/generate.h"
+#include "train/metrics.h"
+
+namespace shardtrain::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+std::string format_duration(double s) {
+  const int64_t t = static_cast<int64_t>(s + 0.5);
+  if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
+  if (t >= 60) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}s", t);
+}
+
+std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d) {
+  if (d.tokenizer == "byte") return std::make_unique<data::ByteTokenizer>();
+  ST_THROW("`data.tokenizer`: `", d.tokenizer, "` is not supported yet; use `byte`");
+}
+
+std::vector<std::string> load_documents(const DataSection& d) {
+  if (d.source == "builtin:fortunes") return data::load_fortunes();
+  ST_CHECK(d.source.rfind("builtin:", 0) != 0, "`data.source`: unknown built-in corpus `", d.source,
+           "`; the built-in one is builtin:fortunes");
+  std::string format = d.format;
+  if (format == "auto") {
+    const std::string ext = std::filesystem::path(d.source).extension().string();
+    format = (ext == ".jsonl" || ext == ".json") ? "jsonl" : "text";
+  }
+  return format == "jsonl" ? data::load_jsonl_documents(d.source, d.text_field) : data::load_text_documents(d.source);
+}
+
+// A one-line progress display on a terminal, redrawn in place.
+class Progress {
+ public:
+  Progress(const std::string& mode, int64_t total) : total_(total) {
+    enabled_ = mode == "on" || (mode == "auto" && isatty(STDERR_FILENO));
+  }
+  void update(int64_t step, double loss, double tps, double eta) {
+    if (!enabled_) return;
+    constexpr int kWidth = 30;
+    const int filled = static_cast<int>(kWidth * step / total_);
+    std::string bar(static_cast<size_t>(filled), '#');
+    bar.resize(kWidth, '.');
+    std::fprintf(stderr, "\r\033[K[%s] %lld/%lld loss %.4f  %.0f tok/s  ETA %s", bar.c_str(),
+                 static_cast<long long>(step), static_cast<long long>(total_), loss, tps, format_duration(eta).c_str());
+    std::fflush(stderr);
+  }
+  void clear() {
+    if (enabled_) std::fprintf(stderr, "\r\033[K");
+  }
+
+ private:
+  bool enabled_ = false;
+  int64_t total_;
+};
+
+}  // namespace
+
+model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
+  model::LlamaConfig c;
+  c.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
+  ST_CHECK(c.vocab_size >= tokenizer_vocab, "`model.vocab_size` (", c.vocab_size,
+           ") is smaller than the tokenizer's vocabulary (", tokenizer_vocab, "); set it to 0 to use the tokenizer's");
+  c.dim = m.dim;
+  c.n_layers = m.n_layers;
+  c.n_heads = m.n_heads;
+  c.n_kv_heads = m.n_kv_heads;
+  c.ffn_dim = m.ffn_dim;
+  c.max_seq_len = m.max_seq_len;
+  c.norm_eps = m.norm_eps;
+  c.rope.theta = m.rope_theta;
+  if (m.rope_scaling == "llama3") {
+    c.rope.scaling.type = ops::RopeScalingType::kLlama3;
+    c.rope.scaling.factor = m.rope_scaling_factor;
+    c.rope.scaling.low_freq_factor = m.rope_low_freq_factor;
+    c.rope.scaling.high_freq_factor = m.rope_high_freq_factor;
+    c.rope.scaling.original_max_positions = m.rope_original_max_positions;
+  }
+  c.tie_embeddings = m.tie_embeddings;
+  c.attention_bias = m.attention_bias;
+  c.init_std = m.init_std;
+  c.validate("model.");
+  return c;
+}
+
+Trainer::Trainer(const JobConfig& config) : config_(config) {
+  validate(config_);
+  log::set_level(log::parse_level(config_.logging.level));
+  if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
+
+  tokenizer_ = make_tokenizer(config_.data);
+  const std::vector<std::string> docs = load_documents(config_.data);
+  streams_ = data::build_token_streams(docs, *tokenizer_, config_.data.val_fraction, config_.training.seed);
+  log::info(fmt::format("data: {} documents, {:.2f} MB of text -> {} training / {} held-out tokens ({})",
+                        streams_.documents, static_cast<double>(streams_.bytes) / 1e6, streams_.train.size(),
+                        streams_.val.size(), config_.data.source));
+  sampler_ = std::make_unique<data::WindowSampler>(&streams_.train, config_.training.seq_len, config_.training.seed);
+
+  const model::LlamaConfig mc = llama_config(config_.model, tokenizer_->vocab_size());
+  const DType dtype = parse_dtype(config_.model.dtype, "model.dtype");
+  model_ = std::make_unique<model::Llama>(mc, dtype);
+  model_->init_random(config_.training.seed);
+  optim::AdamWConfig oc;
+  oc.beta1 = config_.optimizer.beta1;
+  oc.beta2 = config_.optimizer.beta2;
+  oc.eps = config_.optimizer.eps;
+  oc.weight_decay = config_.optimizer.weight_decay;
+  oc.decay_1d = config_.optimizer.decay_1d;
+  optimizer_ = std::make_unique<optim::AdamW>(model_->layout(), oc, dtype, Device::cpu());
+  log::info(fmt::format("model: {} ({})", mc.summary(), config_.model.dtype));
+}
+
+Trainer::~Trainer() = default;
+
+double Trainer::evaluate() {
+  const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
+  Tensor ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval ids");
+  Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
+  model::StepOptions so;
+  so.loss_chunk_tokens = config_.training.loss_chunk_tokens;
+  double loss = 0;
+  int64_t tokens = 0;
+  for (int64_t i = 0; i < config_.eval.batches; ++i) {
+    if (!data::fill_eval_batch(ids, targets, streams_.val, i)) break;
+    const model::LossSum r = model_->evaluate(ids, targets, so);
+    loss += r.loss_sum;
+    tokens += r.tokens;
+  }
+  ST_CHECK(tokens > 0, "evaluation: the held-out split has ", streams_.val.size(),
+           " tokens, fewer than one batch of `training.batch_size` x `training.seq_len` + 1; raise "
+           "`data.val_fraction`");
+  return loss / static_cast<double>(tokens);
+}
+
+TrainSummary Trainer::run() {
+  const TrainingSection& tc = config_.training;
+  const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum_steps;
+  std::filesystem::create_directories(config_.run.output_dir);
+  JsonlSink metrics(config_.logging.metrics_file.empty()
+                        ? std::string()
+                        : (std::filesystem::path(config_.run.output_dir) / config_.logging.metrics_file).string());
+  optim::ScheduleConfig sc;
+  sc.type = optim::parse_schedule(config_.schedule.type, "schedule.type");
+  sc.peak_lr = config_.optimizer.lr;
+  sc.warmup_steps = config_.schedule.warmup_steps;
+  sc.total_steps = tc.steps;
+  sc.min_lr_ratio = config_.schedule.min_lr_ratio;
+  model::StepOptions so;
+  so.checkpointing = tc.activation_checkpointing == "full" ? model::ActivationCheckpointing::kFull
+                                                           : model::ActivationCheckpointing::kNone;
+  so.loss_chunk_tokens = tc.loss_chunk_tokens;
+
+  std::vector<Tensor> ids, targets;
+  for (int64_t m = 0; m < accum; ++m) {
+    ids.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "ids"));
+    targets.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "targets"));
+  }
+  std::vector<Tensor*> params, grads;
+  std::vector<const Tensor*> cgrads;
+  for (size_t u = 0; u < model_->layout().units().size(); ++u) {
+    params.push_back(&model_->unit_params(u));
+    grads.push_back(&model_->unit_grads(u));
+    cgrads.push_back(&model_->unit_grads(u));
+  }
+
+  log::info(fmt::format("training: {} steps x {} sequences x {} tokens ({} tokens per step), lr {} {} with {} "
+                        "warmup steps, {} threads",
+                        tc.steps, B * accum, T, B * T * accum, config_.optimizer.lr, config_.schedule.type,
+                        config_.schedule.warmup_steps, omp_get_max_threads()));
+  TrainSummary summary;
+  Progress progress(config_.logging.progress, tc.steps);
+  const Clock::time_point start = Clock::now();
+  double train_seconds = 0;
+  for (int64_t step = 1; step <= tc.steps; ++step) {
+    const Clock::time_point t0 = Clock::now();
+    int64_t counted = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      sampler_->fill(ids[m], targets[m], step, m, 0);
+      const int32_t* t = targets[m].data<int32_t>();
+      for (int64_t i = 0; i < B * T; ++i) counted += t[i] != so.ignore_index;
+    }
+    const double t_data = seconds_since(t0);
+    const Clock::time_point t1 = Clock::now();
+    model_->zero_grads();
+    so.grad_scale = 1.0 / static_cast<double>(counted);
+    double loss_sum = 0;
+    for (int64_t m = 0; m < accum; ++m) loss_sum += model_->forward_backward(ids[m], targets[m], so).loss_sum;
+    const double t_fwd_bwd = seconds_since(t1);
+    const Clock::time_point t2 = Clock::now();
+    const double norm = optim::clip_grad_norm(grads, tc.max_grad_norm);
+    const double lr = optim::learning_rate(sc, step);
+    optimizer_->step(params, cgrads, lr);
+    const double t_optim = seconds_since(t2);
+    const double step_seconds = seconds_since(t0);
+    train_seconds += step_seconds;
+
+    StepRecord r;
+    r.step = step;
+    r.loss = loss_sum / static_cast<double>(counted);
+    r.lr = lr;
+    r.grad_norm = norm;
+    r.tokens_per_second = static_cast<double>(B * T * accum) / step_seconds;
+    ST_CHECK(std::isfinite(r.loss), "step ", step, ": loss is ", r.loss,
+             "; lower optimizer.lr or check the data");
+    summary.steps.push_back(r);
+    const double avg_tps = static_cast<double>(B * T * accum * step) / train_seconds;
+    const double eta = static_cast<double>(tc.steps - step) * train_seconds / static_cast<double>(step);
+    metrics.write({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
+                   {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
+                   {"time_data_s", t_data}, {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
+                   {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes}});
+    if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
+      progress.clear();
+      log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s  elapsed {}  ETA {}",
+                            step, tc.steps, r.loss, lr, norm, avg_tps, format_duration(seconds_since(start)),
+                            format_duration(eta)));
+    }
+    const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
+    if (eval_now) {
+      const double e = evaluate();
+      summary.evals.emplace_back(step, e);
+      progress.clear();
+      log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", step, e, std::exp(e)));
+      metrics.write({{"step", step}, {"eval_loss", e}});
+    }
+    progress.update(step, r.loss, avg_tps, eta);
+  }
+  progress.clear();
+  summary.seconds = seconds_since(start);
+  summary.tokens_per_second = static_cast<double>(B * T * accum * tc.steps) / train_seconds;
+  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}", tc.steps,
+                        format_duration(summary.seconds), summary.tokens_per_second,
+                        format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes)));
+  if (config_.sample.tokens > 0) {
+    SampleOptions o;
+    o.prompt = config_.sample.prompt;
+    o.tokens = config_.sample.tokens;
+    o.temperature = config_.sample.temperature;
+    o.top_k = config_.sample.top_k;
+    o.seed = config_.sample.seed;
+    summary.sample = generate(*model_, *tokenizer_, o);
+  }
+  return summary;
+}
+
+}  // namespace shardtrain::train

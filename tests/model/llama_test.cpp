@@ -1,0 +1,163 @@
+// The whole model's gradients against central finite differences in f64 on tiny shapes,
+// activation checkpointing against none (bitwise), and the layout's sharding invariants.
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "model/llama.h"
+#include "testing/compare.h"
+#include "testing/gradcheck.h"
+
+namespace shardtrain::model {
+namespace {
+
+struct TinyCase {
+  const char* name;
+  int64_t n_heads, n_kv_heads;
+  bool tied, bias, llama3_rope;
+};
+
+LlamaConfig tiny_config(const TinyCase& c) {
+  LlamaConfig cfg;
+  cfg.vocab_size = 11;
+  cfg.dim = 12;
+  cfg.n_layers = 2;
+  cfg.n_heads = c.n_heads;
+  cfg.n_kv_heads = c.n_kv_heads;
+  cfg.ffn_dim = 10;
+  cfg.max_seq_len = 8;
+  cfg.norm_eps = 1e-5;
+  cfg.rope.theta = 100.0;
+  if (c.llama3_rope) {
+    cfg.rope.scaling.type = ops::RopeScalingType::kLlama3;
+    cfg.rope.scaling.factor = 4.0;
+    cfg.rope.scaling.original_max_positions = 16;
+  }
+  cfg.tie_embeddings = c.tied;
+  cfg.attention_bias = c.bias;
+  cfg.init_std = 0.5;  // large enough that every path carries signal
+  return cfg;
+}
+
+// Random parameters everywhere (norm weights and biases too), so no gradient is trivially
+// zero or symmetric. Padding stays zero.
+void randomize(Llama& m, uint64_t seed) {
+  for (size_t u = 0; u < m.layout().units().size(); ++u) {
+    for (const ParamSpec& p : m.layout().units()[u].params) {
+      Tensor v = m.param(p.name);
+      testing::fill_random(v, seed + u * 101 + static_cast<uint64_t>(p.offset), p.is_matrix ? 0.05 : 1.0, 0.4);
+    }
+  }
+}
+
+class LlamaGradient : public ::testing::TestWithParam<TinyCase> {};
+
+TEST_P(LlamaGradient, MatchesFiniteDifferencesF64) {
+  const LlamaConfig cfg = tiny_config(GetParam());
+  Llama model(cfg, DType::kF64);
+  randomize(model, 17);
+  const int64_t B = 2, T = 7;
+  Tensor ids = Tensor::empty({B, T}, DType::kI32);
+  Tensor targets = Tensor::empty({B, T}, DType::kI32);
+  testing::fill_random_ints(ids, 3, 0, cfg.vocab_size);
+  testing::fill_random_ints(targets, 4, 0, cfg.vocab_size);
+  targets.data<int32_t>()[5] = -100;  // one ignored position
+
+  StepOptions o;
+  o.grad_scale = 1.0 / 13.0;  // the mean over the 13 counted tokens
+  o.loss_chunk_tokens = 5;
+  model.zero_grads();
+  const LossSum ls = model.forward_backward(ids, targets, o);
+  EXPECT_EQ(ls.tokens, 13);
+
+  auto loss = [&]() { return model.evaluate(ids, targets, o).loss_sum / 13.0; };
+  EXPECT_NEAR(loss(), ls.loss_sum / 13.0, 1e-12);
+  for (size_t u = 0; u < model.layout().units().size(); ++u) {
+    for (const ParamSpec& p : model.layout().units()[u].params) {
+      Tensor w = model.param(p.name).view({p.numel()});
+      const Tensor fd = testing::finite_difference(w, loss, 1e-6);
+      EXPECT_TRUE(testing::all_close(model.grad(p.name).view({p.numel()}), fd, testing::kFiniteDifference))
+          << GetParam().name << " parameter " << p.name;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tiny, LlamaGradient,
+    ::testing::Values(TinyCase{"gqa2_tied", 2, 1, true, false, false}, TinyCase{"mha_untied", 2, 2, false, false, false},
+                      TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true}),
+    [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
+
+TEST(Llama, FullCheckpointingIsBitwiseEqual) {
+  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
+  Llama a(cfg, DType::kF32), b(cfg, DType::kF32);
+  a.init_random(5);
+  b.init_random(5);
+  Tensor ids = Tensor::empty({3, 8}, DType::kI32);
+  Tensor targets = Tensor::empty({3, 8}, DType::kI32);
+  testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
+  testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
+  StepOptions o;
+  o.grad_scale = 1.0 / 24;
+  const LossSum la = a.forward_backward(ids, targets, o);
+  o.checkpointing = ActivationCheckpointing::kFull;
+  const LossSum lb = b.forward_backward(ids, targets, o);
+  EXPECT_EQ(la.loss_sum, lb.loss_sum);
+  for (size_t u = 0; u < a.layout().units().size(); ++u)
+    EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact)) << "unit " << u;
+}
+
+TEST(Llama, InitIsIndependentOfLayoutAndIsNormal) {
+  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
+  Llama a(cfg, DType::kF32);
+  a.init_random(11);
+  Llama b(cfg, DType::kF64);
+  b.init_random(11);
+  EXPECT_TRUE(testing::all_close(a.param("model.layers.1.mlp.up_proj.weight"),
+                                 b.param("model.layers.1.mlp.up_proj.weight"), testing::kCpuF32VsF64));
+  const Tensor norm = a.param("model.layers.0.input_layernorm.weight");
+  for (int64_t i = 0; i < norm.numel(); ++i) EXPECT_EQ(norm.data<float>()[i], 1.0f);
+}
+
+TEST(ModelLayout, UnitsPadToAlignmentTimesWorld) {
+  LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, true, false});
+  for (int world : {1, 2, 3, 4, 8}) {
+    const ModelLayout l = ModelLayout::llama(cfg, world);
+    ASSERT_EQ(l.units().size(), static_cast<size_t>(cfg.n_layers + 2));
+    for (const UnitLayout& u : l.units()) {
+      EXPECT_EQ(u.numel % (kParamAlignment * world), 0) << u.name << " world " << world;
+      int64_t end = 0;
+      for (const ParamSpec& p : u.params) {
+        EXPECT_EQ(p.offset % kParamAlignment, 0) << p.name;
+        EXPECT_GE(p.offset, end) << p.name << " overlaps the previous parameter";
+        end = p.offset + p.numel();
+      }
+      EXPECT_LE(end, u.numel);
+    }
+  }
+  EXPECT_THROW((void)ModelLayout::llama(cfg, 1).locate("model.layers.9.mlp.up_proj.weight"), Error);
+}
+
+TEST(LlamaConfig, CountsParametersAndRejectsBadShapes) {
+  LlamaConfig c;
+  // Llama 3.2 1B: 1,235,814,400 parameters with the tied head counted once.
+  c.vocab_size = 128256;
+  c.dim = 2048;
+  c.n_layers = 16;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.ffn_dim = 8192;
+  c.max_seq_len = 4096;
+  c.tie_embeddings = true;
+  EXPECT_EQ(c.num_parameters(), 1235814400);
+  c.n_heads = 30;
+  try {
+    c.validate("model.");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("model.n_heads"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::model

@@ -1,0 +1,84 @@
+// Config loading: TOML, overrides, and errors that name the key.
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include "core/error.h"
+#include "train/config.h"
+
+namespace shardtrain::train {
+namespace {
+
+std::string error_of(const std::string& toml, const std::vector<std::string>& overrides) {
+  std::string path;
+  if (!toml.empty()) {
+    path = (std::filesystem::temp_directory_path() / ("shardtrain_config_test_" + std::to_string(::getpid()) + ".toml")).string();
+    std::ofstream(path) << toml;
+  }
+  try {
+    (void)load_config(path, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsAreValid) {
+  const LoadedConfig c = load_config("", {});
+  EXPECT_EQ(c.config.model.dim, 256);
+  EXPECT_EQ(c.sources.at("model.dim"), ValueSource::kDefault);
+  EXPECT_NE(describe(c).find("dim = 256"), std::string::npos);
+  EXPECT_NE(reference_table().find("`training.steps`"), std::string::npos);
+}
+
+TEST(Config, FileThenOverrides) {
+  const std::string path = (std::filesystem::temp_directory_path() / "shardtrain_config_ok.toml").string();
+  std::ofstream(path) << "[model]\ndim = 64\nn_heads = 4\nn_kv_heads = 2\n[optimizer]\nlr = 1\n";
+  const LoadedConfig c = load_config(path, {"--model.dim=128", "training.steps=70", "--data.source=x.txt"});
+  EXPECT_EQ(c.config.model.dim, 128);
+  EXPECT_EQ(c.config.model.n_heads, 4);
+  EXPECT_DOUBLE_EQ(c.config.optimizer.lr, 1.0);  // integer accepted for a float key
+  EXPECT_EQ(c.config.training.steps, 70);
+  EXPECT_EQ(c.config.data.source, "x.txt");
+  EXPECT_EQ(c.sources.at("model.dim"), ValueSource::kOverride);
+  EXPECT_EQ(c.sources.at("model.n_heads"), ValueSource::kFile);
+}
+
+TEST(Config, UnknownKeySuggestsNearest) {
+  const std::string e = error_of("", {"--model.n_head=4"});
+  EXPECT_NE(e.find("unknown config key `model.n_head`"), std::string::npos) << e;
+  EXPECT_NE(e.find("did you mean `model.n_heads`"), std::string::npos) << e;
+  const std::string f = error_of("[trainng]\nsteps = 3\n", {});
+  EXPECT_NE(f.find("`trainng.steps`"), std::string::npos) << f;
+  EXPECT_NE(f.find("training.steps"), std::string::npos) << f;
+}
+
+TEST(Config, WrongTypesNameTheKey) {
+  std::string e = error_of("", {"--training.steps=many"});
+  EXPECT_NE(e.find("`training.steps` expects an integer, found `many`"), std::string::npos) << e;
+  e = error_of("[model]\ndim = \"wide\"\n", {});
+  EXPECT_NE(e.find("`model.dim` expects an integer, found a string"), std::string::npos) << e;
+  e = error_of("", {"--model.tie_embeddings=maybe"});
+  EXPECT_NE(e.find("model.tie_embeddings"), std::string::npos) << e;
+}
+
+TEST(Config, ImpossibleValuesNameTheKeys) {
+  std::string e = error_of("", {"--model.dim=100", "--model.n_heads=8"});
+  EXPECT_NE(e.find("`model.n_heads` (8) must divide `model.dim` (100)"), std::string::npos) << e;
+  e = error_of("", {"--model.n_kv_heads=3"});
+  EXPECT_NE(e.find("`model.n_kv_heads` (3) must divide `model.n_heads` (8)"), std::string::npos) << e;
+  e = error_of("", {"--training.batch_size=0"});
+  EXPECT_NE(e.find("`training.batch_size` must be > 0"), std::string::npos) << e;
+  e = error_of("", {"--training.seq_len=512"});
+  EXPECT_NE(e.find("exceeds `model.max_seq_len`"), std::string::npos) << e;
+  e = error_of("", {"--schedule.type=exp"});
+  EXPECT_NE(e.find("`schedule.type` must be one of cosine, linear, constant"), std::string::npos) << e;
+  e = error_of("[model\n", {});
+  EXPECT_NE(e.find("config `"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace shardtrain::train
