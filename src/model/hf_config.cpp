@@ -1,0 +1,153 @@
+// Reading and writing HF config.json. Accepts both the transformers 4 form (rope_theta +
+// rope_scaling) and the transformers 5 form (rope_parameters).
+#include "model/hf_config.h"
+
+#include <fstream>
+
+#include "core/error.h"
+
+namespace shardtrain::model {
+namespace {
+
+using nlohmann::json;
+
+const json* find(const json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null() ? nullptr : &*it;
+}
+
+int64_t get_int(const json& j, const char* key, const std::string& src, const int64_t* fallback = nullptr) {
+  const json* v = find(j, key);
+  if (!v) {
+    ST_CHECK(fallback != nullptr, src, ": required key `", key, "` is missing");
+    return *fallback;
+  }
+  ST_CHECK(v->is_number_integer(), src, ": `", key, "` must be an integer, found ", v->dump());
+  return v->get<int64_t>();
+}
+
+double get_double(const json& j, const char* key, const std::string& src, double fallback) {
+  const json* v = find(j, key);
+  if (!v) return fallback;
+  ST_CHECK(v->is_number(), src, ": `", key, "` must be a number, found ", v->dump());
+  return v->get<double>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& src, bool fallback) {
+  const json* v = find(j, key);
+  if (!v) return fallback;
+  ST_CHECK(v->is_boolean(), src, ": `", key, "` must be true or false, found ", v->dump());
+  return v->get<bool>();
+}
+
+void parse_rope(const json& j, const std::string& src, LlamaConfig& c) {
+  // transformers 5: rope_parameters {rope_type, rope_theta, factor, ...}; 4: rope_theta + rope_scaling
+  const json* params = find(j, "rope_parameters");
+  const json* scaling = params ? params : find(j, "rope_scaling");
+  const char* where = params ? "rope_parameters" : "rope_scaling";
+  c.rope.theta = get_double(params ? *params : j, "rope_theta", src, 10000.0);
+  if (!scaling) return;
+  ST_CHECK(scaling->is_object(), src, ": `", where, "` must be an object, found ", scaling->dump());
+  std::string type = "default";
+  if (const json* t = find(*scaling, "rope_type")) type = t->get<std::string>();
+  else if (const json* t2 = find(*scaling, "type")) type = t2->get<std::string>();
+  if (type == "default") return;
+  ST_CHECK(type == "llama3", src, ": `", where, ".rope_type` = \"", type,
+           "\" is not supported; shardtrain supports default and llama3");
+  c.rope.scaling.type = ops::RopeScalingType::kLlama3;
+  c.rope.scaling.factor = get_double(*scaling, "factor", src, 8.0);
+  c.rope.scaling.low_freq_factor = get_double(*scaling, "low_freq_factor", src, 1.0);
+  c.rope.scaling.high_freq_factor = get_double(*scaling, "high_freq_factor", src, 4.0);
+  const int64_t orig_default = 8192;
+  c.rope.scaling.original_max_positions = get_int(*scaling, "original_max_position_embeddings", src, &orig_default);
+}
+
+}  // namespace
+
+LlamaConfig parse_hf_config(const json& j, const std::string& src) {
+  ST_CHECK(j.is_object(), src, ": expected a JSON object");
+  const json* mt = find(j, "model_type");
+  ST_CHECK(mt && mt->is_string(), src, ": `model_type` is missing");
+  const std::string model_type = mt->get<std::string>();
+  ST_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", src, ": `model_type` = \"",
+           model_type, "\" is not supported; shardtrain trains llama, mistral (no sliding window) and qwen2");
+  if (const json* act = find(j, "hidden_act"))
+    ST_CHECK(*act == "silu", src, ": `hidden_act` = ", act->dump(), " is not supported; expected \"silu\"");
+  ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
+  const int64_t one = 1;
+  ST_CHECK(get_int(j, "pretraining_tp", src, &one) == 1, src, ": `pretraining_tp` other than 1 is not supported");
+  if (model_type != "llama") {
+    const bool sliding = model_type == "qwen2" ? get_bool(j, "use_sliding_window", src, false)
+                                               : find(j, "sliding_window") != nullptr;
+    ST_CHECK(!sliding, src, ": sliding-window attention (`sliding_window` / `use_sliding_window`) is not supported");
+  }
+
+  LlamaConfig c;
+  c.vocab_size = get_int(j, "vocab_size", src);
+  c.dim = get_int(j, "hidden_size", src);
+  c.n_layers = get_int(j, "num_hidden_layers", src);
+  c.n_heads = get_int(j, "num_attention_heads", src);
+  c.n_kv_heads = get_int(j, "num_key_value_heads", src, &c.n_heads);
+  c.ffn_dim = get_int(j, "intermediate_size", src);
+  c.max_seq_len = get_int(j, "max_position_embeddings", src);
+  c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
+  c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
+  c.init_std = get_double(j, "initializer_range", src, 0.02);
+  parse_rope(j, src, c);
+  if (const json* hd = find(j, "head_dim")) {
+    ST_CHECK(c.n_heads > 0 && hd->is_number_integer() && hd->get<int64_t>() * c.n_heads == c.dim, src,
+             ": `head_dim` = ", hd->dump(), " differs from hidden_size / num_attention_heads = ",
+             c.n_heads > 0 ? c.dim / c.n_heads : 0, "; decoupled head dimensions are not supported");
+  }
+  with_context([&] { return src + ": checking the model shape"; }, [&] { c.validate(""); });
+  return c;
+}
+
+LlamaConfig load_hf_config(const std::string& path) {
+  std::ifstream in(path);
+  ST_CHECK(in.good(), "cannot open `", path, "`");
+  json j = json::parse(in, nullptr, false);
+  ST_CHECK(!j.is_discarded(), path, ": not valid JSON");
+  return parse_hf_config(j, path);
+}
+
+json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
+  json j;
+  const bool qwen = c.attention_bias;
+  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = qwen ? "qwen2" : "llama";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.ffn_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim();
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  if (!qwen) {
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+  } else {
+    j["use_sliding_window"] = false;
+  }
+  j["initializer_range"] = c.init_std;
+  j["rope_theta"] = c.rope.theta;
+  if (c.rope.scaling.type == ops::RopeScalingType::kLlama3) {
+    j["rope_scaling"] = {{"rope_type", "llama3"},
+                         {"factor", c.rope.scaling.factor},
+                         {"low_freq_factor", c.rope.scaling.low_freq_factor},
+                         {"high_freq_factor", c.rope.scaling.high_freq_factor},
+                         {"original_max_position_embeddings", c.rope.scaling.original_max_positions}};
+  } else {
+    j["rope_scaling"] = nullptr;
+  }
+  j["torch_dtype"] = torch_dtype;
+  j["attention_dropout"] = 0.0;
+  return j;
+}
+
+}  // namespace shardtrain::model

@@ -1,0 +1,22 @@
+// Hugging Face config.json <-> LlamaConfig for Llama-architecture checkpoints (llama,
+// mistral without sliding window, qwen2). Unsupported fields or values are rejected with
+// the file, the key and the value found.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "model/config.h"
+
+namespace shardtrain::model {
+
+// `source` names the file in messages.
+LlamaConfig parse_hf_config(const nlohmann::json& json, const std::string& source);
+LlamaConfig load_hf_config(const std::string& path);
+
+// A config.json that transformers loads as LlamaForCausalLM (or Qwen2ForCausalLM when
+// attention_bias is set), with `torch_dtype` naming the saved weights' dtype.
+nlohmann::json to_hf_config(const LlamaConfig& config, const std::string& torch_dtype);
+
+}  // namespace shardtrain::model

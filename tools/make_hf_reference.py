@@ -1,0 +1,135 @@
+#!/usr/bin/env python3
+"""Writes the Hugging Face reference files that shardtrain's CPU tests compare against.
+
+For each tiny random Llama-architecture model below it saves, in OUT/<case>/:
+  config.json, model.safetensors   the model, via save_pretrained (f32)
+  reference.safetensors            input_ids [B,T] (i64), targets [B,T] (i64: labels shifted
+                                   left, -100 = ignored), logits [B,T,V], loss [] (mean over
+                                   counted tokens), grad.<name> for every parameter, and
+                                   adamw.<name>: every parameter after one torch.optim.AdamW
+                                   step (lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight decay
+                                   0.1 on every parameter)
+All computation is f32 on the CPU with eager attention.
+
+Regenerate (where torch and transformers are installed):
+  python3 tools/make_hf_reference.py --out tests/model/hf_reference
+"""
+import argparse
+import os
+
+import torch
+import transformers
+from safetensors.torch import save_file
+
+CASES = {
+    # name: (config overrides, architecture)
+    "gqa_untied": (dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), "llama"),
+    "mha_tied": (dict(num_attention_heads=3, num_key_value_heads=3, tie_word_embeddings=True), "llama"),
+    "gqa4_llama3_rope": (
+        dict(
+            num_attention_heads=4,
+            num_key_value_heads=1,
+            tie_word_embeddings=False,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        "llama",
+    ),
+    "qwen2_bias": (dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), "qwen2"),
+}
+
+BATCH, SEQ = 2, 13
+
+
+def build(overrides, arch):
+    common = dict(
+        vocab_size=67,
+        hidden_size=24,
+        intermediate_size=40,
+        num_hidden_layers=2,
+        max_position_embeddings=64,
+        rms_norm_eps=1e-5,
+        hidden_act="silu",
+        attention_dropout=0.0,
+    )
+    common.update(overrides)
+    if arch == "qwen2":
+        common.pop("rope_scaling", None)
+        config = transformers.Qwen2Config(use_sliding_window=False, **common)
+        model = transformers.Qwen2ForCausalLM(config)
+    else:
+        config = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **common)
+        model = transformers.LlamaForCausalLM(config)
+    return model
+
+
+def randomize(model, generator):
+    # Every parameter random with a nonzero mean: no gradient is trivially zero.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * noise)
+            elif name.endswith(".bias"):
+                p.copy_(0.05 + 0.1 * noise)
+            else:
+                p.copy_(0.01 + 0.15 * noise)
+
+
+def make_case(name, overrides, arch, out_dir):
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(1234 + len(name))
+    model = build(overrides, arch).float()
+    model.config._attn_implementation = "eager"
+    randomize(model, generator)
+    model.train()
+
+    case_dir = os.path.join(out_dir, name)
+    os.makedirs(case_dir, exist_ok=True)
+    model.save_pretrained(case_dir, safe_serialization=True)
+
+    vocab = model.config.vocab_size
+    input_ids = torch.randint(0, vocab, (BATCH, SEQ), generator=generator)
+    labels = input_ids.clone()
+    labels[0, 5] = -100
+    labels[1, 9] = -100
+    targets = torch.full_like(labels, -100)
+    targets[:, :-1] = labels[:, 1:]
+
+    out = model(input_ids=input_ids, labels=labels)
+    out.loss.backward()
+    record = {
+        "input_ids": input_ids.contiguous(),
+        "targets": targets.contiguous(),
+        "logits": out.logits.detach().float().contiguous(),
+        "loss": out.loss.detach().float().reshape(()),
+    }
+    params = dict(model.named_parameters())
+    for pname, p in params.items():
+        record["grad." + pname] = p.grad.detach().clone().contiguous()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1)
+    opt.step()
+    for pname, p in params.items():
+        record["adamw." + pname] = p.detach().clone().contiguous()
+    save_file(record, os.path.join(case_dir, "reference.safetensors"),
+              metadata={"transformers": transformers.__version__, "torch": torch.__version__})
+    print(f"{name}: loss {out.loss.item():.6f}, {sum(p.numel() for p in params.values())} parameters")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="output folder")
+    args = parser.parse_args()
+    torch.use_deterministic_algorithms(True)
+    for name, (overrides, arch) in CASES.items():
+        make_case(name, overrides, arch, args.out)
+
+
+if __name__ == "__main__":
+    main()
