@@ -1,0 +1,58 @@
+// The single-rank communicator and the shape checks every implementation uses.
+#include "dist/communicator.h"
+
+#include <cstring>
+
+namespace shardtrain::dist {
+
+void check_all_gather(const Tensor& out, const Tensor& in, int world, const char* who) {
+  check_contiguous(out, who, "out");
+  check_contiguous(in, who, "in");
+  ST_CHECK(out.dtype() == in.dtype(), who, ": dtypes differ (out ", dtype_name(out.dtype()), ", in ",
+           dtype_name(in.dtype()), ")");
+  ST_CHECK(out.numel() == in.numel() * world, who, ": out has ", out.numel(), " elements, expected ", world, " x ",
+           in.numel());
+}
+
+void check_reduce_scatter(const Tensor& out, const Tensor& in, int world, const char* who) {
+  check_contiguous(out, who, "out");
+  check_contiguous(in, who, "in");
+  ST_CHECK(out.dtype() == in.dtype(), who, ": dtypes differ (out ", dtype_name(out.dtype()), ", in ",
+           dtype_name(in.dtype()), ")");
+  ST_CHECK(in.numel() == out.numel() * world, who, ": in has ", in.numel(), " elements, expected ", world, " x ",
+           out.numel());
+}
+
+namespace {
+
+class SingleRank final : public Communicator {
+ public:
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  std::string name() const override { return "single"; }
+  void all_gather(Tensor& out, const Tensor& in, Stream) override {
+    check_all_gather(out, in, 1, "all_gather");
+    copy(out, in);
+  }
+  void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp, Stream) override {
+    check_reduce_scatter(out, in, 1, "reduce_scatter");
+    copy(out, in);
+  }
+  void all_reduce(Tensor&, ReduceOp, Stream) override {}
+  void broadcast(Tensor&, int root, Stream) override {
+    ST_CHECK(root == 0, "broadcast: root ", root, " out of range for 1 rank");
+  }
+  void barrier() override {}
+
+ private:
+  static void copy(Tensor& out, const Tensor& in) {
+    ST_CHECK(out.device().is_cpu(), "single-rank communicator: device tensors need the NCCL communicator");
+    if (out.raw_data() != in.raw_data()) std::memcpy(out.raw_data(), in.raw_data(), in.nbytes());
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> make_single_rank() { return std::make_unique<SingleRank>(); }
+
+}  // namespace shardtrain::dist

@@ -1,0 +1,39 @@
+// Collectives over the ranks of one mesh dimension. Implementations: a single rank
+// (copies only), MPI over host memory, and (with the CUDA backend) NCCL over device memory.
+// Every rank calls the same collectives in the same order with the same shapes.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/tensor.h"
+
+namespace shardtrain::dist {
+
+enum class ReduceOp { kSum, kAvg };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+  virtual std::string name() const = 0;  // "single", "mpi", "nccl"
+
+  // out_W·n = concat over ranks of in_n (rank order). `in` may be out's own slice `rank`.
+  virtual void all_gather(Tensor& out, const Tensor& in, Stream stream = {}) = 0;
+  // out_n = reduction over ranks of slice `rank` of in_W·n. Avg divides the sum by W once.
+  virtual void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op, Stream stream = {}) = 0;
+  // In place, over all ranks.
+  virtual void all_reduce(Tensor& inout, ReduceOp op, Stream stream = {}) = 0;
+  virtual void broadcast(Tensor& inout, int root, Stream stream = {}) = 0;
+  virtual void barrier() = 0;
+};
+
+// The trivial communicator of a 1-rank run.
+std::unique_ptr<Communicator> make_single_rank();
+
+// Checks shared by implementations: contiguous, matching dtypes, out = W·in etc.
+void check_all_gather(const Tensor& out, const Tensor& in, int world, const char* who);
+void check_reduce_scatter(const Tensor& out, const Tensor& in, int world, const char* who);
+
+}  // namespace shardtrain::dist
