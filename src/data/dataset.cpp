@@ -46,10 +46,13 @@ void WindowSampler::fill(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64
   }
 }
 
+int64_t eval_batches_available(int64_t stream_tokens, int64_t B, int64_t T) {
+  return stream_tokens < 1 ? 0 : (stream_tokens - 1) / (B * T);
+}
+
 bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const std::vector<int32_t>& stream, int64_t index) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
-  const int64_t n = static_cast<int64_t>(stream.size());
-  if ((index + 1) * B * T + 1 > n) return false;
+  if (index >= eval_batches_available(static_cast<int64_t>(stream.size()), B, T)) return false;
   int32_t* ids = ids_BT.data<int32_t>();
   int32_t* targets = targets_BT.data<int32_t>();
   for (int64_t b = 0; b < B; ++b) {

@@ -40,7 +40,11 @@ class WindowSampler {
 };
 
 // Evaluation batches: consecutive non-overlapping windows from the start of the stream.
-// Returns false when the stream has no window left for batch `index`.
+// Batch `index` holds windows index*B .. index*B + B-1, so a global batch of W*B
+// sequences split over W ranks is batches i*W + r. Returns false when the stream has no
+// window left for batch `index`.
 bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const std::vector<int32_t>& stream, int64_t index);
+// How many such batches of B x T the stream holds.
+int64_t eval_batches_available(int64_t stream_tokens, int64_t B, int64_t T);
 
 }  // namespace shardtrain::data

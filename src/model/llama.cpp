@@ -1,4 +1,5 @@
-// Llama forward/backward over units; the output head and loss are fused (no [T x V] logits).
+// Llama forward/backward over units acquired from a UnitStore; the output head and loss
+// are fused (no [T x V] logits). Unit order: 0 embedding, 1..L blocks, L+1 final norm + head.
 #include "model/llama.h"
 
 #include "core/random.h"
@@ -12,6 +13,8 @@
 namespace shardtrain::model {
 namespace {
 
+constexpr size_t kEmbedUnit = 0;
+
 Tensor view_of(const Tensor& flat, const ParamSpec& p) {
   return flat.flat_range(p.offset, p.numel()).view(p.shape);
 }
@@ -22,75 +25,101 @@ void check_batch(const Tensor& ids_BT, const LlamaConfig& c, const char* what) {
            " exceeds the model's max_seq_len ", c.max_seq_len);
 }
 
+int64_t count_targets(const Tensor& targets_BT, int32_t ignore_index) {
+  int64_t n = 0;
+  const int32_t* t = targets_BT.data<int32_t>();
+  for (int64_t i = 0; i < targets_BT.numel(); ++i) n += t[i] != ignore_index;
+  return n;
+}
+
 }  // namespace
+
+void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_t seed, double init_std) {
+  ST_ASSERT(first >= 0 && first + out.numel() <= spec.numel());
+  Tensor host = Tensor::empty({out.numel()}, DType::kF64, Device::cpu(), "init");
+  double* h = host.data<double>();
+  const uint64_t key = name_key(spec.name);
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    switch (spec.init) {
+      case ParamInit::kOnes: h[i] = 1.0; break;
+      case ParamInit::kZeros: h[i] = 0.0; break;
+      case ParamInit::kNormal: h[i] = init_std * normal_at(seed, key, static_cast<uint64_t>(first + i)); break;
+    }
+  }
+  Tensor flat = out.view({out.numel()});
+  ops::cast(flat, host);
+}
 
 Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
     : config_(config), layout_(ModelLayout::llama(config, 1)), dtype_(dtype), device_(device) {
   config_.validate("model.");
-  for (const UnitLayout& u : layout_.units()) {
-    params_.push_back(Tensor::zeros({u.numel}, dtype, device, "parameters"));
-    grads_.push_back(Tensor::zeros({u.numel}, dtype, device, "gradients"));
-  }
-  for (size_t i = 0; i < layout_.units().size(); ++i) {
-    const UnitLayout& u = layout_.units()[i];
-    if (u.kind == UnitKind::kBlock) {
-      block_params_.push_back(BlockWeights::view(params_[i], u, config_));
-      block_grads_.push_back(BlockWeights::view(grads_[i], u, config_));
-    }
-  }
-  embed_ = param("model.embed_tokens.weight");
-  dembed_ = grad("model.embed_tokens.weight");
-  final_norm_ = param("model.norm.weight");
-  dfinal_norm_ = grad("model.norm.weight");
-  if (!config_.tie_embeddings) {
-    head_ = param("lm_head.weight");
-    dhead_ = grad("lm_head.weight");
-  }
+  resident_ = std::make_unique<ResidentUnitStore>(layout_, dtype, device);
+  store_ = resident_.get();
   const int64_t K = config_.head_dim() / 2;
   cos_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope cos");
   sin_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope sin");
   ops::rope_table(cos_TK_, sin_TK_, config_.head_dim(), config_.rope);
 }
 
+Llama::Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* store, DType dtype, Device device)
+    : config_(config), layout_(layout), dtype_(dtype), device_(device), store_(store) {
+  config_.validate("model.");
+  const int64_t K = config_.head_dim() / 2;
+  cos_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope cos");
+  sin_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope sin");
+  ops::rope_table(cos_TK_, sin_TK_, config_.head_dim(), config_.rope);
+}
+
+Tensor& Llama::unit_params(size_t u) {
+  ST_ASSERT(resident_ != nullptr, "unit_params of a model over an external store");
+  return resident_->params()[u];
+}
+
+Tensor& Llama::unit_grads(size_t u) {
+  ST_ASSERT(resident_ != nullptr, "unit_grads of a model over an external store");
+  return resident_->grads()[u];
+}
+
 Tensor Llama::param(const std::string& name) const {
+  ST_ASSERT(resident_ != nullptr, "param() of a model over an external store");
   const ModelLayout::Location loc = layout_.locate(name);
-  return view_of(params_[static_cast<size_t>(loc.unit)], *loc.spec);
+  return view_of(resident_->params()[static_cast<size_t>(loc.unit)], *loc.spec);
 }
 
 Tensor Llama::grad(const std::string& name) const {
+  ST_ASSERT(resident_ != nullptr, "grad() of a model over an external store");
   const ModelLayout::Location loc = layout_.locate(name);
-  return view_of(grads_[static_cast<size_t>(loc.unit)], *loc.spec);
+  return view_of(resident_->grads()[static_cast<size_t>(loc.unit)], *loc.spec);
 }
 
 void Llama::init_random(uint64_t seed) {
-  for (size_t u = 0; u < layout_.units().size(); ++u) {
+  for (size_t u = 0; u < layout_.units().size(); ++u)
     for (const ParamSpec& p : layout_.units()[u].params) {
-      Tensor v = view_of(params_[u], p);
-      switch (p.init) {
-        case ParamInit::kOnes: ops::fill(v, 1.0); break;
-        case ParamInit::kZeros: ops::fill(v, 0.0); break;
-        case ParamInit::kNormal: {
-          // generated in f64 on the host, then converted to the parameter dtype
-          Tensor host = Tensor::empty({p.numel()}, DType::kF64, Device::cpu(), "init");
-          double* h = host.data<double>();
-          const uint64_t key = name_key(p.name);
-          for (int64_t i = 0; i < p.numel(); ++i)
-            h[i] = config_.init_std * normal_at(seed, key, static_cast<uint64_t>(i));
-          Tensor flat = v.view({p.numel()});
-          ops::cast(flat, host);
-          break;
-        }
-      }
+      Tensor v = param(p.name);
+      init_param_range(v, p, 0, seed, config_.init_std);
     }
-  }
 }
 
 void Llama::zero_grads() {
-  for (Tensor& g : grads_) ops::fill(g, 0.0);
+  ST_ASSERT(resident_ != nullptr, "zero_grads of a model over an external store");
+  for (Tensor& g : resident_->grads()) ops::fill(g, 0.0);
 }
 
-const Tensor& Llama::head_weight() const { return config_.tie_embeddings ? embed_ : head_; }
-Tensor& Llama::head_weight_grad() { return config_.tie_embeddings ? dembed_ : dhead_; }
+Tensor Llama::view(const Tensor& unit_buffer, size_t unit, const char* name) const {
+  const ParamSpec* p = layout_.units()[unit].find(name);
+  ST_ASSERT(p != nullptr, "unit ", layout_.units()[unit].name, " has no ", name);
+  return view_of(unit_buffer, *p);
+}
+
+Tensor Llama::head_weight(const Tensor& embed_params, const Tensor& head_params) const {
+  return config_.tie_embeddings ? view(embed_params, kEmbedUnit, "model.embed_tokens.weight")
+                                : view(head_params, head_unit(), "lm_head.weight");
+}
+
+void Llama::release_head(Pass pass) {
+  store_->release_params(head_unit(), pass);
+  if (config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
+}
 
 BlockContext Llama::context(int64_t batch, int64_t seq) const {
   BlockContext ctx;
@@ -103,23 +132,33 @@ BlockContext Llama::context(int64_t batch, int64_t seq) const {
 }
 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
-                             Tensor& final_in_TD, ActivationCheckpointing checkpointing) {
+                             Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   const BlockContext ctx = context(B, T);
   Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
-  Tensor x_TD = x_BTD.view({B * T, D});
-  ops::embedding_forward(x_TD, ids_BT.view({B * T}), embed_);
+  {
+    const Tensor embed = store_->acquire_params(kEmbedUnit, pass);
+    Tensor x_TD = x_BTD.view({B * T, D});
+    ops::embedding_forward(x_TD, ids_BT.view({B * T}), view(embed, kEmbedUnit, "model.embed_tokens.weight"));
+    // a tied head needs the embedding again at the end of the forward
+    if (!config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
+  }
   acts.assign(static_cast<size_t>(config_.n_layers), BlockActivations());
   for (int64_t l = 0; l < config_.n_layers; ++l) {
+    const size_t u = static_cast<size_t>(l) + 1;
     BlockActivations& a = acts[static_cast<size_t>(l)];
-    block_forward(a, block_params_[static_cast<size_t>(l)], x_BTD, ctx);
+    const Tensor params = store_->acquire_params(u, pass);
+    block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
+    store_->release_params(u, pass);
     x_BTD = a.y_BTD;
     if (checkpointing == ActivationCheckpointing::kFull) a.release_all_but_input();
   }
+  const Tensor head = store_->acquire_params(head_unit(), pass);
   final_in_TD = x_BTD.view({B * T, D});
   Tensor h_TD = Tensor::empty({B * T, D}, dtype_, device_, "final norm");
   final_rstd_T = Tensor::empty({B * T}, ops::stats_dtype(dtype_), device_, "final rstd");
-  ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, final_norm_, {config_.norm_eps});
+  ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, view(head, head_unit(), "model.norm.weight"),
+                       {config_.norm_eps});
   return h_TD;
 }
 
@@ -129,42 +168,60 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, o.checkpointing);
+  Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward);
 
+  // Head and loss: the fused op computes the head's gradient during the forward.
   Tensor loss = Tensor::zeros({1}, DType::kF64, Device::cpu(), "loss");
-  Tensor dh_TD = Tensor::empty({B * T, D}, dtype_, device_, "dh");
-  ops::CrossEntropyOptions ce;
-  ce.ignore_index = o.ignore_index;
-  ce.grad_scale = o.grad_scale;
-  ce.chunk_tokens = o.loss_chunk_tokens;
-  ops::linear_cross_entropy(loss, dh_TD, head_weight_grad(), h_TD, head_weight(), targets_BT.view({B * T}), ce);
-  h_TD = Tensor();
-
   Tensor dx_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
-  Tensor dx_TD = dx_BTD.view({B * T, D});
-  ops::rmsnorm_backward(dx_TD, dfinal_norm_, dh_TD, final_in_TD, final_norm_, final_rstd_T);
-  dh_TD = Tensor();
+  {
+    const Tensor head = store_->acquire_params(head_unit(), Pass::kBackward);
+    const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kBackward) : Tensor();
+    Tensor dhead = store_->acquire_grads(head_unit());
+    Tensor dembed = config_.tie_embeddings ? store_->acquire_grads(kEmbedUnit) : Tensor();
+    Tensor dweight = config_.tie_embeddings ? view(dembed, kEmbedUnit, "model.embed_tokens.weight")
+                                            : view(dhead, head_unit(), "lm_head.weight");
+    Tensor dh_TD = Tensor::empty({B * T, D}, dtype_, device_, "dh");
+    ops::CrossEntropyOptions ce;
+    ce.ignore_index = o.ignore_index;
+    ce.grad_scale = o.grad_scale;
+    ce.chunk_tokens = o.loss_chunk_tokens;
+    ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_BT.view({B * T}), ce);
+    h_TD = Tensor();
+    Tensor dx_TD = dx_BTD.view({B * T, D});
+    Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
+    ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), "model.norm.weight"),
+                          final_rstd_T);
+    store_->release_grads(head_unit());
+    release_head(Pass::kBackward);  // the backward acquisition
+    release_head(Pass::kForward);   // held since forward_hidden
+  }
 
   const BlockContext ctx = context(B, T);
   Tensor dprev_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
+    const size_t u = static_cast<size_t>(l) + 1;
     BlockActivations& a = acts[static_cast<size_t>(l)];
+    const Tensor params = store_->acquire_params(u, Pass::kBackward);
+    const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     if (o.checkpointing == ActivationCheckpointing::kFull) {
       const Tensor input = a.x_BTD;
-      block_forward(a, block_params_[static_cast<size_t>(l)], input, ctx);
+      block_forward(a, w, input, ctx);
     }
-    block_backward(dprev_BTD, block_grads_[static_cast<size_t>(l)], dx_BTD, a, block_params_[static_cast<size_t>(l)],
-                   ctx);
+    Tensor grads = store_->acquire_grads(u);
+    BlockWeights g = BlockWeights::view(grads, layout_.units()[u], config_);
+    block_backward(dprev_BTD, g, dx_BTD, a, w, ctx);
+    store_->release_grads(u);
+    store_->release_params(u, Pass::kBackward);
     a = BlockActivations();
     std::swap(dx_BTD, dprev_BTD);
   }
-  ops::embedding_backward(dembed_, dx_BTD.view({B * T, D}), ids_BT.view({B * T}));
+  Tensor dembed = store_->acquire_grads(kEmbedUnit);
+  Tensor dtable = view(dembed, kEmbedUnit, "model.embed_tokens.weight");
+  ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids_BT.view({B * T}));
+  store_->release_grads(kEmbedUnit);
+  if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
 
-  LossSum r;
-  r.loss_sum = loss.data<double>()[0];
-  const int32_t* t = targets_BT.data<int32_t>();
-  for (int64_t i = 0; i < B * T; ++i) r.tokens += t[i] != o.ignore_index;
-  return r;
+  return {loss.data<double>()[0], count_targets(targets_BT, o.ignore_index)};
 }
 
 LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
@@ -174,19 +231,19 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   // Activations are dropped block by block: evaluation keeps only block inputs.
-  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull);
+  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+  const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
+  const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor loss = Tensor::zeros({1}, DType::kF64, Device::cpu(), "loss");
   Tensor none_dh, none_dw;
   ops::CrossEntropyOptions ce;
   ce.ignore_index = o.ignore_index;
   ce.chunk_tokens = o.loss_chunk_tokens;
   ce.compute_grad = false;
-  ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(), targets_BT.view({B * T}), ce);
-  LossSum r;
-  r.loss_sum = loss.data<double>()[0];
-  const int32_t* t = targets_BT.data<int32_t>();
-  for (int64_t i = 0; i < B * T; ++i) r.tokens += t[i] != o.ignore_index;
-  return r;
+  ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head), targets_BT.view({B * T}), ce);
+  release_head(Pass::kEval);
+  release_head(Pass::kEval);
+  return {loss.data<double>()[0], count_targets(targets_BT, o.ignore_index)};
 }
 
 Tensor Llama::last_logits(const Tensor& ids_BT) {
@@ -194,14 +251,18 @@ Tensor Llama::last_logits(const Tensor& ids_BT) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull);
+  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+  const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
+  const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor last_BD = Tensor::empty({B, D}, dtype_, device_, "last hidden");
   for (int64_t b = 0; b < B; ++b) {
     Tensor dst = last_BD.slice(0, b, b + 1);
     ops::cast(dst, h_TD.slice(0, b * T + T - 1, b * T + T));
   }
   Tensor logits_BV = Tensor::empty({B, config_.vocab_size}, dtype_, device_, "logits");
-  ops::linear_forward(logits_BV, last_BD, head_weight());
+  ops::linear_forward(logits_BV, last_BD, head_weight(embed, head));
+  release_head(Pass::kEval);
+  release_head(Pass::kEval);
   return logits_BV;
 }
 

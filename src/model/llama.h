@@ -1,9 +1,11 @@
-// The whole Llama model on one rank's full (gathered) parameters: embedding, blocks,
-// final norm and the fused head + loss. Parameters and gradients live in one flat buffer
-// per sharding unit (model/layout.h); everything else is views.
+// The whole Llama model: embedding, blocks, final norm and the fused head + loss. Each
+// sharding unit's full parameters and gradients come from a UnitStore (model/unit_store.h),
+// acquired just before use and released right after, so the same code runs resident on
+// one rank or gathered unit by unit under FSDP.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -11,6 +13,7 @@
 #include "model/block.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/unit_store.h"
 
 namespace shardtrain::model {
 
@@ -30,21 +33,24 @@ struct LossSum {
 
 class Llama {
  public:
-  // Allocates the unit buffers (params and grads, zeroed) in `dtype` on `device`.
+  // A resident model: allocates every unit's parameters and gradients (zeroed).
   Llama(const LlamaConfig& config, DType dtype, Device device = Device::cpu());
+  // A model over `store` (not owned), whose buffers follow `layout` in `dtype`.
+  Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* store, DType dtype, Device device);
 
   const LlamaConfig& config() const { return config_; }
   const ModelLayout& layout() const { return layout_; }
   DType dtype() const { return dtype_; }
 
-  // Unit u's flat parameter / gradient buffer [layout().units()[u].numel].
-  Tensor& unit_params(size_t u) { return params_[u]; }
-  Tensor& unit_grads(size_t u) { return grads_[u]; }
-  // A parameter (or its gradient) by HF name, as a shaped view.
+  // Resident models only: unit u's flat parameter / gradient buffer [layout().units()[u].numel].
+  Tensor& unit_params(size_t u);
+  Tensor& unit_grads(size_t u);
+  // Resident models only: a parameter (or its gradient) by HF name, as a shaped view.
   Tensor param(const std::string& name) const;
   Tensor grad(const std::string& name) const;
 
-  // Counter-based init: element i of parameter p is a function of (seed, p's name, i) only.
+  // Resident models only. Counter-based init: element i of parameter p is a function of
+  // (seed, p's name, i) only (see init_param_range for any sub-range).
   void init_random(uint64_t seed);
   void zero_grads();
 
@@ -57,21 +63,29 @@ class Llama {
   Tensor last_logits(const Tensor& ids_BT);
 
  private:
+  // Runs embedding and blocks; returns the final norm's output and leaves the head unit's
+  // parameters (and the embedding's, when tied) acquired for the caller to release.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
-                        Tensor& final_in_TD, ActivationCheckpointing checkpointing);
+                        Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass);
   BlockContext context(int64_t batch, int64_t seq) const;
-  const Tensor& head_weight() const;
-  Tensor& head_weight_grad();
+  Tensor view(const Tensor& unit_buffer, size_t unit, const char* name) const;
+  size_t head_unit() const { return layout_.units().size() - 1; }
+  // The head matrix: lm_head.weight, or the embedding when tied.
+  Tensor head_weight(const Tensor& embed_params, const Tensor& head_params) const;
+  void release_head(Pass pass);
 
   LlamaConfig config_;
   ModelLayout layout_;
   DType dtype_;
   Device device_;
-  std::vector<Tensor> params_;
-  std::vector<Tensor> grads_;
-  std::vector<BlockWeights> block_params_, block_grads_;
-  Tensor embed_, dembed_, final_norm_, dfinal_norm_, head_, dhead_;
+  std::unique_ptr<ResidentUnitStore> resident_;
+  UnitStore* store_;
   Tensor cos_TK_, sin_TK_;
 };
+
+// Writes elements [first, first + count) of parameter `spec`'s initial values into `out`
+// (count elements, any float dtype, host): the counter-based init any rank can compute for
+// its own shard.
+void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_t seed, double init_std);
 
 }  // namespace shardtrain::model

@@ -2,34 +2,47 @@
 #include "optim/adamw.h"
 
 #include "ops/adamw.h"
+#include "ops/elementwise.h"
+
+#include <algorithm>
 
 namespace shardtrain::optim {
 
-AdamW::AdamW(const model::ModelLayout& layout, const AdamWConfig& config, DType dtype, Device device)
-    : layout_(&layout), config_(config) {
+AdamW::AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& config, DType dtype, Device device)
+    : config_(config) {
+  const int world = layout.world_size();
+  ST_ASSERT(rank >= 0 && rank < world);
   for (const model::UnitLayout& u : layout.units()) {
-    exp_avg_.push_back(Tensor::zeros({u.numel}, dtype, device, "adamw exp_avg"));
-    exp_avg_sq_.push_back(Tensor::zeros({u.numel}, dtype, device, "adamw exp_avg_sq"));
+    const int64_t s = u.shard_numel(world), lo = rank * s, hi = lo + s;
+    std::vector<Segment> segs;
+    for (const model::ParamSpec& p : u.params) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+      if (a < b) segs.push_back({a - lo, b - a, p.is_matrix || config.decay_1d});
+    }
+    segments_.push_back(std::move(segs));
+    exp_avg_.push_back(Tensor::empty({s}, dtype, device, "adamw exp_avg"));
+    exp_avg_sq_.push_back(Tensor::empty({s}, dtype, device, "adamw exp_avg_sq"));
+    ops::fill(exp_avg_.back(), 0.0);
+    ops::fill(exp_avg_sq_.back(), 0.0);
   }
 }
 
 void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr) {
-  const auto& units = layout_->units();
-  ST_ASSERT(params.size() == units.size() && grads.size() == units.size());
+  ST_ASSERT(params.size() == segments_.size() && grads.size() == segments_.size());
   ++steps_;
-  for (size_t u = 0; u < units.size(); ++u) {
-    for (const model::ParamSpec& p : units[u].params) {
+  for (size_t u = 0; u < segments_.size(); ++u) {
+    for (const Segment& seg : segments_[u]) {
       ops::AdamWOptions o;
       o.lr = lr;
       o.beta1 = config_.beta1;
       o.beta2 = config_.beta2;
       o.eps = config_.eps;
-      o.weight_decay = (p.is_matrix || config_.decay_1d) ? config_.weight_decay : 0.0;
+      o.weight_decay = seg.decay ? config_.weight_decay : 0.0;
       o.step = steps_;
-      Tensor w = params[u]->flat_range(p.offset, p.numel());
-      Tensor m = exp_avg_[u].flat_range(p.offset, p.numel());
-      Tensor v = exp_avg_sq_[u].flat_range(p.offset, p.numel());
-      const Tensor g = grads[u]->flat_range(p.offset, p.numel());
+      Tensor w = params[u]->flat_range(seg.begin, seg.count);
+      Tensor m = exp_avg_[u].flat_range(seg.begin, seg.count);
+      Tensor v = exp_avg_sq_[u].flat_range(seg.begin, seg.count);
+      const Tensor g = grads[u]->flat_range(seg.begin, seg.count);
       ops::adamw_step(w, m, v, g, o);
     }
   }

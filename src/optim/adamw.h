@@ -1,6 +1,7 @@
-// AdamW over sharding units: state (exp_avg, exp_avg_sq) has the shape of each unit's
-// (local shard of the) flat parameter buffer; weight decay applies to matrices, and to
-// norms and biases only when asked (decay_1d).
+// AdamW over this rank's shards of the sharding units: state (exp_avg, exp_avg_sq) has the
+// shape of each unit's local shard; updates run on the pieces of the shard that belong to a
+// parameter (padding is never touched); weight decay applies to matrices, and to norms and
+// biases only when asked (decay_1d).
 #pragma once
 
 #include <cstdint>
@@ -21,10 +22,11 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(const model::ModelLayout& layout, const AdamWConfig& config, DType dtype, Device device);
+  // State for slice `rank` of each unit of `layout` (whose world size gives the slices).
+  AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& config, DType dtype, Device device);
 
-  // One update of every unit with learning rate `lr`. params[u] and grads[u] are unit u's
-  // flat buffers (same dtype as the state).
+  // One update of every unit with learning rate `lr`. params[u] and grads[u] are this rank's
+  // shard of unit u [shard_numel] (same dtype as the state).
   void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr);
 
   int64_t steps_taken() const { return steps_; }
@@ -33,8 +35,12 @@ class AdamW {
   std::vector<Tensor>& exp_avg_sq() { return exp_avg_sq_; }
 
  private:
-  const model::ModelLayout* layout_;
+  struct Segment {
+    int64_t begin, count;  // within the shard
+    bool decay;
+  };
   AdamWConfig config_;
+  std::vector<std::vector<Segment>> segments_;  // per unit
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
   int64_t steps_ = 0;
 };

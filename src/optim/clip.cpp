@@ -7,15 +7,16 @@
 
 namespace shardtrain::optim {
 
-double global_grad_norm(const std::vector<const Tensor*>& grads) {
+double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communicator* comm) {
   Tensor sum = Tensor::zeros({1}, DType::kF64, Device::cpu(), "grad norm");
   for (const Tensor* g : grads) ops::sum_squares(sum, *g);
+  if (comm != nullptr) comm->all_reduce(sum, dist::ReduceOp::kSum);
   return std::sqrt(sum.data<double>()[0]);
 }
 
-double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm) {
+double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm, dist::Communicator* comm) {
   std::vector<const Tensor*> c(grads.begin(), grads.end());
-  const double norm = global_grad_norm(c);
+  const double norm = global_grad_norm(c, comm);
   if (max_norm > 0 && norm > max_norm) {
     const double factor = max_norm / (norm + 1e-6);
     for (Tensor* g : grads) ops::scale(*g, factor);

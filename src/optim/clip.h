@@ -1,18 +1,19 @@
-// Global gradient-norm clipping over all units (on one rank; sharded runs add the squared
-// norms of their shards over the data-parallel mesh dimension first).
+// Global gradient-norm clipping over all units. Sharded runs pass the data-parallel
+// communicator: each rank's squared norm of its shards is summed over it first.
 #pragma once
 
 #include <vector>
 
 #include "core/tensor.h"
+#include "dist/communicator.h"
 
 namespace shardtrain::optim {
 
 // sqrt(sum over all buffers of sum(g^2)), accumulated in f64.
-double global_grad_norm(const std::vector<const Tensor*>& grads);
+double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communicator* comm = nullptr);
 
 // If max_norm > 0 and norm > max_norm, scales every gradient by max_norm / (norm + 1e-6)
 // (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
-double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm);
+double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm, dist::Communicator* comm = nullptr);
 
 }  // namespace shardtrain::optim

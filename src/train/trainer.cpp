@@ -15,6 +15,9 @@
 #include "core/log.h"
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
+#ifdef SHARDTRAIN_WITH_MPI
+#include "dist/mpi_communicator.h"
+#endif
 #include "optim/clip.h"
 #include "optim/schedule.h"
 #include "train/generate.h"
@@ -107,9 +110,18 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   return c;
 }
 
-Trainer::Trainer(const JobConfig& config) : config_(config) {
+Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(config), comm_(comm) {
   validate(config_);
   log::set_level(log::parse_level(config_.logging.level));
+  if (comm_ == nullptr) {
+#ifdef SHARDTRAIN_WITH_MPI
+    owned_comm_ = dist::launched_by_mpi() ? dist::make_mpi_world() : dist::make_single_rank();
+#else
+    owned_comm_ = dist::make_single_rank();
+#endif
+    comm_ = owned_comm_.get();
+  }
+  if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
   if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
 
   tokenizer_ = make_tokenizer(config_.data);
@@ -122,16 +134,23 @@ Trainer::Trainer(const JobConfig& config) : config_(config) {
 
   const model::LlamaConfig mc = llama_config(config_.model, tokenizer_->vocab_size());
   const DType dtype = parse_dtype(config_.model.dtype, "model.dtype");
-  model_ = std::make_unique<model::Llama>(mc, dtype);
-  model_->init_random(config_.training.seed);
+  layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, comm_->world_size()));
+  fsdp::ShardingOptions so;
+  so.compute_dtype = so.master_dtype = so.reduce_dtype = dtype;
+  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so);
+  store_->init_random(config_.training.seed, mc.init_std);
+  model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, Device::cpu());
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
   oc.beta2 = config_.optimizer.beta2;
   oc.eps = config_.optimizer.eps;
   oc.weight_decay = config_.optimizer.weight_decay;
   oc.decay_1d = config_.optimizer.decay_1d;
-  optimizer_ = std::make_unique<optim::AdamW>(model_->layout(), oc, dtype, Device::cpu());
+  optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, dtype, Device::cpu());
   log::info(fmt::format("model: {} ({})", mc.summary(), config_.model.dtype));
+  if (comm_->world_size() > 1)
+    log::info(fmt::format("sharded over {} ranks ({}): {} of {} parameter slots per rank", comm_->world_size(),
+                          comm_->name(), layout_->total_numel() / comm_->world_size(), layout_->total_numel()));
 }
 
 Trainer::~Trainer() = default;
@@ -142,14 +161,24 @@ double Trainer::evaluate() {
   Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
   model::StepOptions so;
   so.loss_chunk_tokens = config_.training.loss_chunk_tokens;
+  // Global eval batch i is W x B sequences; rank r evaluates its part i*W + r. Every rank
+  // runs the same number of forwards, since units are gathered collectively.
+  const int64_t W = comm_->world_size();
+  const int64_t available = data::eval_batches_available(static_cast<int64_t>(streams_.val.size()), B, T);
   double loss = 0;
   int64_t tokens = 0;
-  for (int64_t i = 0; i < config_.eval.batches; ++i) {
-    if (!data::fill_eval_batch(ids, targets, streams_.val, i)) break;
+  for (int64_t i = 0; i < config_.eval.batches && (i + 1) * W <= available; ++i) {
+    data::fill_eval_batch(ids, targets, streams_.val, i * W + comm_->rank());
     const model::LossSum r = model_->evaluate(ids, targets, so);
     loss += r.loss_sum;
     tokens += r.tokens;
   }
+  Tensor totals = Tensor::empty({2}, DType::kF64, Device::cpu(), "eval totals");
+  totals.data<double>()[0] = loss;
+  totals.data<double>()[1] = static_cast<double>(tokens);
+  comm_->all_reduce(totals, dist::ReduceOp::kSum);
+  loss = totals.data<double>()[0];
+  tokens = static_cast<int64_t>(totals.data<double>()[1]);
   ST_CHECK(tokens > 0, "evaluation: the held-out split has ", streams_.val.size(),
            " tokens, fewer than one batch of `training.batch_size` x `training.seq_len` + 1; raise "
            "`data.val_fraction`");
@@ -160,7 +189,7 @@ TrainSummary Trainer::run() {
   const TrainingSection& tc = config_.training;
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum_steps;
   std::filesystem::create_directories(config_.run.output_dir);
-  JsonlSink metrics(config_.logging.metrics_file.empty()
+  JsonlSink metrics(config_.logging.metrics_file.empty() || comm_->rank() != 0
                         ? std::string()
                         : (std::filesystem::path(config_.run.output_dir) / config_.logging.metrics_file).string());
   optim::ScheduleConfig sc;
@@ -181,37 +210,47 @@ TrainSummary Trainer::run() {
   }
   std::vector<Tensor*> params, grads;
   std::vector<const Tensor*> cgrads;
-  for (size_t u = 0; u < model_->layout().units().size(); ++u) {
-    params.push_back(&model_->unit_params(u));
-    grads.push_back(&model_->unit_grads(u));
-    cgrads.push_back(&model_->unit_grads(u));
+  for (size_t u = 0; u < layout_->units().size(); ++u) {
+    params.push_back(&store_->master_shards()[u]);
+    grads.push_back(&store_->grad_shards()[u]);
+    cgrads.push_back(&store_->grad_shards()[u]);
   }
+  const int64_t world = comm_->world_size(), rank = comm_->rank();
+  Tensor reduce_buf = Tensor::empty({2}, DType::kF64, Device::cpu(), "step totals");
 
   log::info(fmt::format("training: {} steps x {} sequences x {} tokens ({} tokens per step), lr {} {} with {} "
-                        "warmup steps, {} threads",
-                        tc.steps, B * accum, T, B * T * accum, config_.optimizer.lr, config_.schedule.type,
+                        "warmup steps, {} threads per rank",
+                        tc.steps, B * accum * world, T, B * T * accum * world, config_.optimizer.lr, config_.schedule.type,
                         config_.schedule.warmup_steps, omp_get_max_threads()));
   TrainSummary summary;
-  Progress progress(config_.logging.progress, tc.steps);
+  Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();
   double train_seconds = 0;
   for (int64_t step = 1; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
+    // This rank draws sequences rank*B .. rank*B + B-1 of each micro-batch of the global batch.
     int64_t counted = 0;
     for (int64_t m = 0; m < accum; ++m) {
-      sampler_->fill(ids[m], targets[m], step, m, 0);
+      sampler_->fill(ids[m], targets[m], step, m, rank * B);
       const int32_t* t = targets[m].data<int32_t>();
       for (int64_t i = 0; i < B * T; ++i) counted += t[i] != so.ignore_index;
     }
+    reduce_buf.data<double>()[0] = static_cast<double>(counted);
+    comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
+    const double global_counted = reduce_buf.data<double>()[0];
     const double t_data = seconds_since(t0);
     const Clock::time_point t1 = Clock::now();
-    model_->zero_grads();
-    so.grad_scale = 1.0 / static_cast<double>(counted);
+    store_->zero_grad_shards();
+    so.grad_scale = 1.0 / global_counted;  // gradient of the mean loss over the global batch
     double loss_sum = 0;
     for (int64_t m = 0; m < accum; ++m) loss_sum += model_->forward_backward(ids[m], targets[m], so).loss_sum;
+    reduce_buf.data<double>()[0] = loss_sum;
+    reduce_buf.data<double>()[1] = 0;
+    comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
+    loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
-    const double norm = optim::clip_grad_norm(grads, tc.max_grad_norm);
+    const double norm = optim::clip_grad_norm(grads, tc.max_grad_norm, comm_);
     const double lr = optim::learning_rate(sc, step);
     optimizer_->step(params, cgrads, lr);
     const double t_optim = seconds_since(t2);
@@ -220,14 +259,14 @@ TrainSummary Trainer::run() {
 
     StepRecord r;
     r.step = step;
-    r.loss = loss_sum / static_cast<double>(counted);
+    r.loss = loss_sum / global_counted;
     r.lr = lr;
     r.grad_norm = norm;
-    r.tokens_per_second = static_cast<double>(B * T * accum) / step_seconds;
+    r.tokens_per_second = static_cast<double>(B * T * accum * world) / step_seconds;
     ST_CHECK(std::isfinite(r.loss), "step ", step, ": loss is ", r.loss,
              "; lower optimizer.lr or check the data");
     summary.steps.push_back(r);
-    const double avg_tps = static_cast<double>(B * T * accum * step) / train_seconds;
+    const double avg_tps = static_cast<double>(B * T * accum * world * step) / train_seconds;
     const double eta = static_cast<double>(tc.steps - step) * train_seconds / static_cast<double>(step);
     metrics.write({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
@@ -251,7 +290,7 @@ TrainSummary Trainer::run() {
   }
   progress.clear();
   summary.seconds = seconds_since(start);
-  summary.tokens_per_second = static_cast<double>(B * T * accum * tc.steps) / train_seconds;
+  summary.tokens_per_second = static_cast<double>(B * T * accum * world * tc.steps) / train_seconds;
   log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}", tc.steps,
                         format_duration(summary.seconds), summary.tokens_per_second,
                         format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes)));

@@ -1,5 +1,6 @@
 // The training loop: data, model, optimizer, schedule, evaluation, logs and metrics, and
-// a sample at the end. One process, one rank (sharded runs build on the same loop).
+// a sample at the end. Every run is sharded: one rank, or N ranks under mpirun, each
+// holding 1/N of the master weights, gradients and optimizer state (fsdp/).
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,8 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "dist/communicator.h"
+#include "fsdp/sharded_store.h"
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -33,22 +36,29 @@ struct TrainSummary {
 
 class Trainer {
  public:
-  // Loads the data and builds the model and optimizer; nothing is trained yet.
-  explicit Trainer(const JobConfig& config);
+  // Loads the data and builds the model and optimizer; nothing is trained yet. Without a
+  // communicator, uses MPI when launched by mpirun/srun and a single rank otherwise.
+  explicit Trainer(const JobConfig& config, dist::Communicator* comm = nullptr);
   ~Trainer();
 
   TrainSummary run();
 
   model::Llama& model() { return *model_; }
+  fsdp::ShardedUnitStore& store() { return *store_; }
+  dist::Communicator& comm() { return *comm_; }
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
   // Mean held-out loss over eval.batches batches (or fewer if the split is small).
   double evaluate();
 
  private:
   JobConfig config_;
+  std::unique_ptr<dist::Communicator> owned_comm_;
+  dist::Communicator* comm_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   data::TokenStreams streams_;
   std::unique_ptr<data::WindowSampler> sampler_;
+  std::unique_ptr<model::ModelLayout> layout_;
+  std::unique_ptr<fsdp::ShardedUnitStore> store_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
 };

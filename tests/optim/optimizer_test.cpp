@@ -70,7 +70,7 @@ TEST(AdamWUnits, DecaysMatricesNotNormsAndLeavesPaddingZero) {
   m.init_random(1);
   AdamWConfig oc;
   oc.weight_decay = 0.5;
-  AdamW opt(m.layout(), oc, DType::kF64, Device::cpu());
+  AdamW opt(m.layout(), 0, oc, DType::kF64, Device::cpu());
   std::vector<Tensor*> params;
   std::vector<const Tensor*> grads;
   for (size_t u = 0; u < m.layout().units().size(); ++u) {

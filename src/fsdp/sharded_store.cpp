@@ -1,0 +1,112 @@
+// The synchronous sharded store (CPU path of FSDP).
+#include "fsdp/sharded_store.h"
+
+#include "model/llama.h"
+#include "ops/elementwise.h"
+
+namespace shardtrain::fsdp {
+
+using model::Pass;
+
+ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm,
+                                   const ShardingOptions& options, Device device)
+    : layout_(&layout), comm_(comm), options_(options), device_(device) {
+  ST_CHECK(layout.world_size() == comm->world_size(), "sharded store: layout padded for ", layout.world_size(),
+           " ranks but the communicator has ", comm->world_size());
+  const auto& units = layout.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    const int64_t s = units[u].shard_numel(comm->world_size());
+    master_.push_back(Tensor::empty({s}, options.master_dtype, device, "master weights shard"));
+    grad_.push_back(Tensor::empty({s}, options.master_dtype, device, "gradient shard"));
+    ops::fill(master_.back(), 0.0);
+    ops::fill(grad_.back(), 0.0);
+    UnitState st;
+    st.keep_for_backward = !options.reshard_after_forward ||
+                           (options.keep_last_block_gathered && units[u].kind == model::UnitKind::kBlock &&
+                            u + 2 == units.size());
+    state_.push_back(st);
+  }
+}
+
+bool ShardedUnitStore::aliased() const {
+  return comm_->world_size() == 1 && options_.compute_dtype == options_.master_dtype;
+}
+
+Tensor ShardedUnitStore::acquire_params(size_t u, Pass) {
+  UnitState& st = state_[u];
+  if (st.param_refs++ > 0 || st.full_params.defined()) return aliased() ? master_[u] : st.full_params;
+  if (aliased()) return master_[u];
+  const int64_t n = layout_->units()[u].numel, s = master_[u].numel();
+  st.full_params = Tensor::empty({n}, options_.compute_dtype, device_, "gathered parameters");
+  Tensor mine = st.full_params.flat_range(comm_->rank() * s, s);
+  ops::cast(mine, master_[u]);
+  comm_->all_gather(st.full_params, mine);
+  return st.full_params;
+}
+
+void ShardedUnitStore::release_params(size_t u, Pass pass) {
+  UnitState& st = state_[u];
+  ST_ASSERT(st.param_refs > 0, "release of unit ", layout_->units()[u].name, " that was not acquired");
+  if (--st.param_refs > 0) return;
+  if (pass == Pass::kForward && st.keep_for_backward) return;
+  st.full_params = Tensor();
+}
+
+Tensor ShardedUnitStore::acquire_grads(size_t u) {
+  UnitState& st = state_[u];
+  if (aliased()) {
+    ++st.grad_refs;
+    return grad_[u];  // one rank: accumulate straight into the shard
+  }
+  if (st.grad_refs++ == 0) {
+    st.full_grads = Tensor::empty({layout_->units()[u].numel}, options_.compute_dtype, device_, "full gradients");
+    ops::fill(st.full_grads, 0.0);
+  }
+  return st.full_grads;
+}
+
+void ShardedUnitStore::release_grads(size_t u) {
+  UnitState& st = state_[u];
+  ST_ASSERT(st.grad_refs > 0, "release of gradients of unit ", layout_->units()[u].name, " that were not acquired");
+  if (--st.grad_refs > 0 || aliased()) return;
+  const int64_t s = grad_[u].numel();
+  Tensor send = st.full_grads;
+  if (options_.reduce_dtype != options_.compute_dtype) {
+    send = Tensor::empty(st.full_grads.shape(), options_.reduce_dtype, device_, "gradients to reduce");
+    ops::cast(send, st.full_grads);
+  }
+  Tensor reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard");
+  comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum);
+  if (options_.reduce_dtype != options_.master_dtype) {
+    Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard");
+    ops::cast(r, reduced);
+    reduced = r;
+  }
+  ops::add(grad_[u], grad_[u], reduced);
+  st.full_grads = Tensor();
+}
+
+void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
+  const int64_t r = comm_->rank();
+  for (size_t u = 0; u < layout_->units().size(); ++u) {
+    const int64_t s = master_[u].numel(), lo = r * s, hi = lo + s;
+    for (const model::ParamSpec& p : layout_->units()[u].params) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+      if (a >= b) continue;
+      Tensor dst = master_[u].flat_range(a - lo, b - a);
+      model::init_param_range(dst, p, a - p.offset, seed, init_std);
+    }
+  }
+}
+
+void ShardedUnitStore::zero_grad_shards() {
+  for (Tensor& g : grad_) ops::fill(g, 0.0);
+}
+
+int ShardedUnitStore::gathered_units() const {
+  int n = 0;
+  for (const UnitState& st : state_) n += st.full_params.defined();
+  return n;
+}
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,69 @@
+// FSDP's parameter store: each rank owns slice `rank` of every unit's flat buffer as f32
+// master weights and an f32 gradient shard. A unit is gathered (its master shard cast to the
+// compute dtype, then all-gathered) when the model acquires it and freed when released
+// (unless kept for the backward); its full gradient is reduce-scattered (sum: the loss is
+// already scaled by 1 / global tokens) into the shard when the model releases it, and
+// accumulates across micro-batches. This CPU path is synchronous; the GPU path overlaps.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dist/communicator.h"
+#include "model/layout.h"
+#include "model/unit_store.h"
+
+namespace shardtrain::fsdp {
+
+struct ShardingOptions {
+  DType compute_dtype = DType::kF32;  // gathered parameters and full gradients
+  DType master_dtype = DType::kF32;   // shards: master weights, gradients, optimizer state
+  DType reduce_dtype = DType::kF32;   // gradients travel in this dtype
+  // Free a unit's gathered parameters after its forward (FSDP2 reshard_after_forward). The
+  // last block keeps them by default since its backward comes first.
+  bool reshard_after_forward = true;
+  bool keep_last_block_gathered = true;
+};
+
+class ShardedUnitStore final : public model::UnitStore {
+ public:
+  ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm, const ShardingOptions& options,
+                   Device device = Device::cpu());
+
+  Tensor acquire_params(size_t unit, model::Pass pass) override;
+  void release_params(size_t unit, model::Pass pass) override;
+  Tensor acquire_grads(size_t unit) override;
+  void release_grads(size_t unit) override;
+
+  // Counter-based init of this rank's shards (identical values for any number of ranks).
+  void init_random(uint64_t seed, double init_std);
+  void zero_grad_shards();
+
+  // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
+  std::vector<Tensor>& master_shards() { return master_; }
+  std::vector<Tensor>& grad_shards() { return grad_; }
+  const model::ModelLayout& layout() const { return *layout_; }
+  int rank() const { return comm_->rank(); }
+  int world_size() const { return comm_->world_size(); }
+  // Gathered units right now (for tests of the schedule).
+  int gathered_units() const;
+
+ private:
+  struct UnitState {
+    Tensor full_params;  // [numel] compute dtype while gathered
+    int param_refs = 0;
+    bool keep_for_backward = false;
+    Tensor full_grads;   // [numel] compute dtype while the backward of the unit runs
+    int grad_refs = 0;
+  };
+  bool aliased() const;  // one rank and equal dtypes: full buffers are the shards themselves
+
+  const model::ModelLayout* layout_;
+  dist::Communicator* comm_;
+  ShardingOptions options_;
+  Device device_;
+  std::vector<Tensor> master_, grad_;
+  std::vector<UnitState> state_;
+};
+
+}  // namespace shardtrain::fsdp

@@ -1,0 +1,48 @@
+// Where the model gets each sharding unit's full parameters and gradient buffer, with hooks
+// around their use: the resident store of a 1-rank run keeps everything allocated; a
+// sharded store (fsdp/) gathers a unit before use, and reduce-scatters and frees after.
+#pragma once
+
+#include <cstddef>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/layout.h"
+
+namespace shardtrain::model {
+
+// kForward: training forward (a store may keep a unit gathered for the backward);
+// kBackward: backward and recompute; kEval: forward only (evaluation, sampling).
+enum class Pass { kForward, kBackward, kEval };
+
+class UnitStore {
+ public:
+  virtual ~UnitStore() = default;
+  // The full parameter buffer [unit.numel] of `unit`, valid until release_params(unit, pass).
+  virtual Tensor acquire_params(size_t unit, Pass pass) = 0;
+  virtual void release_params(size_t unit, Pass pass) = 0;
+  // The full gradient buffer [unit.numel]; parameter gradients accumulate into it.
+  virtual Tensor acquire_grads(size_t unit) = 0;
+  // The unit's gradient for this micro-batch is complete.
+  virtual void release_grads(size_t unit) = 0;
+};
+
+// Every unit's parameters and gradients stay allocated: the store of a single rank.
+class ResidentUnitStore final : public UnitStore {
+ public:
+  ResidentUnitStore(const ModelLayout& layout, DType dtype, Device device);
+
+  Tensor acquire_params(size_t unit, Pass) override { return params_[unit]; }
+  void release_params(size_t, Pass) override {}
+  Tensor acquire_grads(size_t unit) override { return grads_[unit]; }
+  void release_grads(size_t) override {}
+
+  std::vector<Tensor>& params() { return params_; }
+  std::vector<Tensor>& grads() { return grads_; }
+
+ private:
+  std::vector<Tensor> params_;  // [unit.numel] each
+  std::vector<Tensor> grads_;
+};
+
+}  // namespace shardtrain::model
