@@ -1,0 +1,44 @@
+// Device helpers shared by the CUDA op files: dtype <-> C++ type mapping, f32 load/store
+// of any storage type, grid sizing from the device's SM count, and the launch check.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include "core/cuda/cuda_check.h"
+#include "core/tensor.h"
+
+namespace shardtrain::ops::cuda {
+
+inline cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(double x) { return static_cast<float>(x); }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float to_f32(__half x) { return __half2float(x); }
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ double from_f32<double>(float x) { return x; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+
+// Calls f.template operator()<T>() with T the device type of a floating dtype.
+template <typename F>
+void dispatch_float(DType t, const char* op, F&& f) {
+  switch (t) {
+    case DType::kF32: f.template operator()<float>(); return;
+    case DType::kF64: f.template operator()<double>(); return;
+    case DType::kBF16: f.template operator()<__nv_bfloat16>(); return;
+    case DType::kF16: f.template operator()<__half>(); return;
+    default: ST_THROW(op, ": no CUDA kernel for dtype ", dtype_name(t));
+  }
+}
+
+// Blocks for a grid-stride loop over n items: enough to fill every SM a few times over.
+int grid_for(int64_t n, int threads);
+
+void check_cuda_tensor(const Tensor& t, const char* op, const char* arg);
+
+}  // namespace shardtrain::ops::cuda

@@ -1,0 +1,191 @@
+// CUDA elementwise ops: fill, add, scale, cast, and a deterministic sum of squares
+// (fixed per-block partials, then one block sums them in a fixed order; f64 accumulation).
+#include "ops/cuda/common.cuh"
+#include "ops/elementwise.h"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kMaxPartials = 1024;
+
+template <typename T>
+__global__ void fill_kernel(T* x, int64_t n, T value) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) x[i] = value;
+}
+
+template <typename T>
+__global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
+}
+
+template <>
+__global__ void add_kernel<double>(double* out, const double* a, const double* b, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    out[i] = a[i] + b[i];
+}
+
+template <typename T>
+__global__ void scale_kernel(T* x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = from_f32<T>(to_f32(x[i]) * factor);
+}
+
+template <>
+__global__ void scale_kernel<double>(double* x, int64_t n, float factor) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] *= static_cast<double>(factor);
+}
+
+template <typename To, typename From>
+__global__ void cast_kernel(To* out, const From* in, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    if constexpr (std::is_same_v<To, double> && std::is_same_v<From, double>) {
+      out[i] = in[i];
+    } else if constexpr (std::is_same_v<From, double>) {
+      // f64 -> narrow: round once from f64 (via f32 only when the target is f32)
+      if constexpr (std::is_same_v<To, __nv_bfloat16>) out[i] = __double2bfloat16(in[i]);
+      else if constexpr (std::is_same_v<To, __half>) out[i] = __double2half(in[i]);
+      else out[i] = static_cast<To>(in[i]);
+    } else if constexpr (std::is_same_v<To, double>) {
+      out[i] = static_cast<double>(to_f32(in[i]));
+    } else {
+      out[i] = from_f32<To>(to_f32(in[i]));
+    }
+  }
+}
+
+__device__ double block_sum(double v) {
+  __shared__ double warp_sums[32];
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  if (lane == 0) warp_sums[warp] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? warp_sums[threadIdx.x] : 0.0;
+  if (warp == 0)
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T>
+__global__ void sum_squares_partials(double* partials, const T* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = static_cast<double>(to_f32(x[i]));
+    acc += v * v;
+  }
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+template <>
+__global__ void sum_squares_partials<double>(double* partials, const double* x, int64_t n) {
+  double acc = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    acc += x[i] * x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) partials[blockIdx.x] = acc;
+}
+
+__global__ void sum_partials(double* out, const double* partials, int count) {
+  double acc = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) acc += partials[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[0] += acc;
+}
+
+}  // namespace
+
+void fill(Tensor& x, double value, Stream s) {
+  check_cuda_tensor(x, "fill", "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int grid = grid_for(n, kThreads);
+  switch (x.dtype()) {
+    case DType::kI32:
+      fill_kernel<<<grid, kThreads, 0, stream_of(s)>>>(x.data<int32_t>(), n, static_cast<int32_t>(value));
+      break;
+    case DType::kI64:
+      fill_kernel<<<grid, kThreads, 0, stream_of(s)>>>(x.data<int64_t>(), n, static_cast<int64_t>(value));
+      break;
+    case DType::kF64:
+      fill_kernel<<<grid, kThreads, 0, stream_of(s)>>>(x.data<double>(), n, value);
+      break;
+    case DType::kF32:
+      fill_kernel<<<grid, kThreads, 0, stream_of(s)>>>(x.data<float>(), n, static_cast<float>(value));
+      break;
+    case DType::kBF16:
+      fill_kernel<<<grid, kThreads, 0, stream_of(s)>>>(static_cast<__nv_bfloat16*>(x.raw_data()), n,
+                                                        __double2bfloat16(value));
+      break;
+    case DType::kF16:
+      fill_kernel<<<grid, kThreads, 0, stream_of(s)>>>(static_cast<__half*>(x.raw_data()), n, __double2half(value));
+      break;
+    default: ST_THROW("fill: no CUDA kernel for ", x.str());
+  }
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void add(Tensor& out, const Tensor& a, const Tensor& b, Stream s) {
+  check_cuda_tensor(out, "add", "out");
+  check_cuda_tensor(a, "add", "a");
+  check_cuda_tensor(b, "add", "b");
+  check_shape(a, out.shape(), "add", "a");
+  check_shape(b, out.shape(), "add", "b");
+  check_dtype(a, out.dtype(), "add", "a");
+  check_dtype(b, out.dtype(), "add", "b");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  dispatch_float(out.dtype(), "add", [&]<typename T>() {
+    add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+        static_cast<T*>(out.raw_data()), static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()), n);
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void scale(Tensor& x, double factor, Stream s) {
+  check_cuda_tensor(x, "scale", "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), "scale", [&]<typename T>() {
+    scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(static_cast<T*>(x.raw_data()), n,
+                                                                         static_cast<float>(factor));
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void cast(Tensor& out, const Tensor& in, Stream s) {
+  check_cuda_tensor(out, "cast", "out");
+  check_cuda_tensor(in, "cast", "in");
+  check_shape(in, out.shape(), "cast", "in");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  dispatch_float(out.dtype(), "cast", [&]<typename To>() {
+    dispatch_float(in.dtype(), "cast", [&]<typename From>() {
+      cast_kernel<To, From><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+          static_cast<To*>(out.raw_data()), static_cast<const From*>(in.raw_data()), n);
+    });
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void sum_squares(Tensor& out_1, const Tensor& x, Stream s) {
+  check_cuda_tensor(out_1, "sum_squares", "out_1");
+  check_cuda_tensor(x, "sum_squares", "x");
+  check_dtype(out_1, DType::kF64, "sum_squares", "out_1");
+  ST_CHECK(out_1.numel() == 1, "sum_squares: `out_1` must hold 1 element, found ", out_1.str());
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int grid = std::min(grid_for(n, kThreads), kMaxPartials);
+  Tensor partials = Tensor::empty({grid}, DType::kF64, x.device(), "sum_squares partials", s);
+  dispatch_float(x.dtype(), "sum_squares", [&]<typename T>() {
+    sum_squares_partials<T><<<grid, kThreads, 0, stream_of(s)>>>(partials.data<double>(),
+                                                                static_cast<const T*>(x.raw_data()), n);
+  });
+  ST_CUDA_CHECK_LAUNCH();
+  sum_partials<<<1, kThreads, 0, stream_of(s)>>>(out_1.data<double>(), partials.data<double>(), grid);
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace shardtrain::ops::cuda
