@@ -24,12 +24,21 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
                 const AdamWOptions& options);
 }  // namespace cpu
 
+namespace cuda {
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
+                const AdamWOptions& options, Stream stream);
+}  // namespace cuda
+
 // param, exp_avg (m), exp_avg_sq (v) updated in place from grad; all one shape, f32 or f64
 // (master precision), contiguous. Arithmetic in f64 on the CPU, rounded once per store.
 inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
-                       const AdamWOptions& options, Stream = {}) {
+                       const AdamWOptions& options, [[maybe_unused]] Stream stream = {}) {
   if (param.device().is_cpu()) return cpu::adamw_step(param, exp_avg, exp_avg_sq, grad, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::adamw_step(param, exp_avg, exp_avg_sq, grad, options, stream);
+#else
   no_kernel("adamw_step", param);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -15,36 +15,64 @@ void cast(Tensor& out, const Tensor& in);
 void sum_squares(Tensor& out_1, const Tensor& x);
 }  // namespace cpu
 
+namespace cuda {
+void fill(Tensor& x, double value, Stream stream);
+void add(Tensor& out, const Tensor& a, const Tensor& b, Stream stream);
+void scale(Tensor& x, double factor, Stream stream);
+void cast(Tensor& out, const Tensor& in, Stream stream);
+void sum_squares(Tensor& out_1, const Tensor& x, Stream stream);
+}  // namespace cuda
+
 // x[:] = value (overwrites). Floating dtypes and i32/i64.
-inline void fill(Tensor& x, double value, Stream = {}) {
+inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
   if (x.device().is_cpu()) return cpu::fill(x, value);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::fill(x, value, stream);
+#else
   no_kernel("fill", x);
+#endif
 }
 
 // out = a + b elementwise (overwrites out; out may alias a or b). Same shape and dtype,
 // f32 or f64 on the CPU.
-inline void add(Tensor& out, const Tensor& a, const Tensor& b, Stream = {}) {
+inline void add(Tensor& out, const Tensor& a, const Tensor& b, [[maybe_unused]] Stream stream = {}) {
   if (out.device().is_cpu()) return cpu::add(out, a, b);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::add(out, a, b, stream);
+#else
   no_kernel("add", out);
+#endif
 }
 
 // x *= factor in place. f32 or f64 on the CPU.
-inline void scale(Tensor& x, double factor, Stream = {}) {
+inline void scale(Tensor& x, double factor, [[maybe_unused]] Stream stream = {}) {
   if (x.device().is_cpu()) return cpu::scale(x, factor);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::scale(x, factor, stream);
+#else
   no_kernel("scale", x);
+#endif
 }
 
 // out = in converted to out's dtype (overwrites). Any pair of f32/f64/bf16/f16, same
 // shape; round to nearest even when narrowing. Also a plain copy when dtypes match.
-inline void cast(Tensor& out, const Tensor& in, Stream = {}) {
+inline void cast(Tensor& out, const Tensor& in, [[maybe_unused]] Stream stream = {}) {
   if (out.device().is_cpu()) return cpu::cast(out, in);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::cast(out, in, stream);
+#else
   no_kernel("cast", out);
+#endif
 }
 
 // out_1 += sum(x^2), accumulated in f64; out_1 is a 1-element f64 tensor. x any floating dtype.
-inline void sum_squares(Tensor& out_1, const Tensor& x, Stream = {}) {
+inline void sum_squares(Tensor& out_1, const Tensor& x, [[maybe_unused]] Stream stream = {}) {
   if (x.device().is_cpu()) return cpu::sum_squares(out_1, x);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::sum_squares(out_1, x, stream);
+#else
   no_kernel("sum_squares", x);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -11,19 +11,32 @@ void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_
 void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T);
 }  // namespace cpu
 
+namespace cuda {
+void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, Stream stream);
+void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, Stream stream);
+}  // namespace cuda
+
 // out_TD = table_VD[ids_T] (overwrites). ids_T: i32, every id in [0, V) (checked, naming the
 // position and the id). table and out: same float dtype (f32/f64 on the CPU). T = all tokens
 // of the batch (B*T flattened).
-inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, Stream = {}) {
+inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, [[maybe_unused]] Stream stream = {}) {
   if (table_VD.device().is_cpu()) return cpu::embedding_forward(out_TD, ids_T, table_VD);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::embedding_forward(out_TD, ids_T, table_VD, stream);
+#else
   no_kernel("embedding_forward", table_VD);
+#endif
 }
 
 // dtable_VD += dout_TD scattered by ids_T (accumulates: parameter gradient). Deterministic:
 // rows are added in token order.
-inline void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, Stream = {}) {
+inline void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, [[maybe_unused]] Stream stream = {}) {
   if (dtable_VD.device().is_cpu()) return cpu::embedding_backward(dtable_VD, dout_TD, ids_T);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::embedding_backward(dtable_VD, dout_TD, ids_T, stream);
+#else
   no_kernel("embedding_backward", dtable_VD);
+#endif
 }
 
 }  // namespace shardtrain::ops

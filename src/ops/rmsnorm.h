@@ -18,20 +18,35 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
                       const Tensor& weight_D, const Tensor& rstd_T);
 }  // namespace cpu
 
+namespace cuda {
+void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
+                     const RmsNormOptions& options, Stream stream);
+void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
+                      const Tensor& weight_D, const Tensor& rstd_T, Stream stream);
+}  // namespace cuda
+
 // y_TD (overwrites) and rstd_T (overwrites; stats_dtype(x), kept for the backward) from
 // x_TD and weight_D. y, x, weight share one dtype (f32/f64 on the CPU). y may not alias x.
 inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
-                            const RmsNormOptions& options, Stream = {}) {
+                            const RmsNormOptions& options, [[maybe_unused]] Stream stream = {}) {
   if (x_TD.device().is_cpu()) return cpu::rmsnorm_forward(y_TD, rstd_T, x_TD, weight_D, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::rmsnorm_forward(y_TD, rstd_T, x_TD, weight_D, options, stream);
+#else
   no_kernel("rmsnorm_forward", x_TD);
+#endif
 }
 
 // dx_TD (overwrites) and dweight_D (accumulates) from dy_TD, the forward's x_TD, weight_D
 // and rstd_T. dx may not alias dy.
 inline void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                             const Tensor& weight_D, const Tensor& rstd_T, Stream = {}) {
+                             const Tensor& weight_D, const Tensor& rstd_T, [[maybe_unused]] Stream stream = {}) {
   if (x_TD.device().is_cpu()) return cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, stream);
+#else
   no_kernel("rmsnorm_backward", x_TD);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -40,19 +40,32 @@ void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK);
 void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK);
 }  // namespace cpu
 
+namespace cuda {
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream stream);
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream stream);
+}  // namespace cuda
+
 // In place on x_BTNH (q with N heads or k with M heads; any head count):
 //   x'[i]   = x[i] cos - x[i+K] sin,   x'[i+K] = x[i+K] cos + x[i] sin   (i < K, t = position)
 // Tables have at least T rows and the same dtype as x (f32/f64 on the CPU).
-inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream = {}) {
+inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, [[maybe_unused]] Stream stream = {}) {
   if (x_BTNH.device().is_cpu()) return cpu::rope_forward(x_BTNH, cos_TK, sin_TK);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::rope_forward(x_BTNH, cos_TK, sin_TK, stream);
+#else
   no_kernel("rope_forward", x_BTNH);
+#endif
 }
 
 // In place: turns the gradient w.r.t. the rotated x into the gradient w.r.t. the input x
 // (the transpose of the rotation, i.e. rotation by -angle).
-inline void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream = {}) {
+inline void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, [[maybe_unused]] Stream stream = {}) {
   if (dx_BTNH.device().is_cpu()) return cpu::rope_backward(dx_BTNH, cos_TK, sin_TK);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::rope_backward(dx_BTNH, cos_TK, sin_TK, stream);
+#else
   no_kernel("rope_backward", dx_BTNH);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -12,18 +12,32 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, cons
                      const Tensor& up_TF);
 }  // namespace cpu
 
+namespace cuda {
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream stream);
+void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
+                     const Tensor& up_TF, Stream stream);
+}  // namespace cuda
+
 // h_TF = silu(gate_TF) * up_TF (overwrites). One dtype (f32/f64 on the CPU). No aliasing.
-inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream = {}) {
+inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
   if (h_TF.device().is_cpu()) return cpu::swiglu_forward(h_TF, gate_TF, up_TF);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::swiglu_forward(h_TF, gate_TF, up_TF, stream);
+#else
   no_kernel("swiglu_forward", h_TF);
+#endif
 }
 
 // dgate_TF, dup_TF (overwrite) from dh_TF and the forward's inputs. dgate/dup may alias
 // gate/up respectively (each element is read before it is written).
 inline void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                            const Tensor& up_TF, Stream = {}) {
+                            const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
   if (dh_TF.device().is_cpu()) return cpu::swiglu_backward(dgate_TF, dup_TF, dh_TF, gate_TF, up_TF);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::swiglu_backward(dgate_TF, dup_TF, dh_TF, gate_TF, up_TF, stream);
+#else
   no_kernel("swiglu_backward", dh_TF);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -1,0 +1,138 @@
+// CUDA RMSNorm: one warp per row, f32 statistics. The weight gradient is deterministic:
+// each block writes f32 column partials for its rows, and a second kernel sums the
+// partials of every column in block order.
+#include "ops/cuda/common.cuh"
+#include "ops/rmsnorm.h"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+constexpr int kWarpsPerBlock = 8;
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+template <typename T>
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D, float eps) {
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const T* xr = x + row * D;
+  float ss = 0;
+  for (int64_t i = lane; i < D; i += 32) {
+    const float v = to_f32(xr[i]);
+    ss += v * v;
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(D) + eps);
+  if (lane == 0) rstd[row] = r;
+  T* yr = y + row * D;
+  // as HF: normalise in f32, round to the storage dtype, then scale by the weight
+  for (int64_t i = lane; i < D; i += 32) yr[i] = from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(to_f32(xr[i]) * r)));
+}
+
+// dx = r (g - xhat mean(g xhat)), g = dy w; partial_dw[block, :] = sum over the block's rows of dy xhat.
+template <typename T>
+__global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w, const float* rstd,
+                                        int64_t rows, int64_t D) {
+  extern __shared__ float dw_shared[];  // [D]
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dw_shared[i] = 0;
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp; row < rows; row += int64_t{gridDim.x} * kWarpsPerBlock) {
+    const T* xr = x + row * D;
+    const T* dyr = dy + row * D;
+    const float r = rstd[row];
+    float dot = 0;
+    for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]) * r;
+    dot = warp_sum(dot) / static_cast<float>(D);
+    T* dxr = dx + row * D;
+    for (int64_t i = lane; i < D; i += 32) {
+      const float xhat = to_f32(xr[i]) * r;
+      const float g = to_f32(dyr[i]) * to_f32(w[i]);
+      dxr[i] = from_f32<T>(r * (g - xhat * dot));
+    }
+    // warps of a block take turns, so the column sums of a block are in a fixed order
+    for (int turn = 0; turn < kWarpsPerBlock; ++turn) {
+      __syncthreads();
+      if (turn == warp)
+        for (int64_t i = lane; i < D; i += 32) dw_shared[i] += to_f32(dyr[i]) * to_f32(xr[i]) * r;
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) partial_dw[blockIdx.x * D + i] = dw_shared[i];
+}
+
+template <typename T>
+__global__ void sum_columns_kernel(T* dw, const float* partial, int blocks, int64_t D) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < D; i += int64_t{gridDim.x} * blockDim.x) {
+    float acc = 0;
+    for (int b = 0; b < blocks; ++b) acc += partial[b * D + i];
+    dw[i] = from_f32<T>(to_f32(dw[i]) + acc);
+  }
+}
+
+void check(const Tensor& x, const Tensor& w, const Tensor& stats, const char* op) {
+  check_cuda_tensor(x, op, "x_TD");
+  check_cuda_tensor(w, op, "weight_D");
+  check_cuda_tensor(stats, op, "rstd_T");
+  ST_CHECK(x.ndim() == 2, op, ": `x_TD` must be 2-D, found ", x.str());
+  check_shape(w, {x.size(1)}, op, "weight_D");
+  check_dtype(w, x.dtype(), op, "weight_D");
+  check_shape(stats, {x.size(0)}, op, "rstd_T");
+  check_dtype(stats, DType::kF32, op, "rstd_T");
+}
+
+}  // namespace
+
+void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
+                     const RmsNormOptions& options, Stream s) {
+  check(x_TD, weight_D, rstd_T, "rmsnorm_forward");
+  check_cuda_tensor(y_TD, "rmsnorm_forward", "y_TD");
+  check_shape(y_TD, x_TD.shape(), "rmsnorm_forward", "y_TD");
+  check_dtype(y_TD, x_TD.dtype(), "rmsnorm_forward", "y_TD");
+  const int64_t rows = x_TD.size(0), D = x_TD.size(1);
+  if (rows == 0) return;
+  const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  dispatch_float(x_TD.dtype(), "rmsnorm_forward", [&]<typename T>() {
+    rmsnorm_forward_kernel<T><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
+        static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
+        static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps));
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
+                      const Tensor& weight_D, const Tensor& rstd_T, Stream s) {
+  check(x_TD, weight_D, rstd_T, "rmsnorm_backward");
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dx_TD, &dy_TD}) {
+    check_cuda_tensor(*t, "rmsnorm_backward", "dx_TD/dy_TD");
+    check_shape(*t, x_TD.shape(), "rmsnorm_backward", "dx_TD/dy_TD");
+    check_dtype(*t, x_TD.dtype(), "rmsnorm_backward", "dx_TD/dy_TD");
+  }
+  check_cuda_tensor(dweight_D, "rmsnorm_backward", "dweight_D");
+  check_shape(dweight_D, weight_D.shape(), "rmsnorm_backward", "dweight_D");
+  const int64_t rows = x_TD.size(0), D = x_TD.size(1);
+  if (rows == 0) return;
+  const size_t smem = static_cast<size_t>(D) * sizeof(float);
+  ST_CHECK(smem <= 200 * 1024, "rmsnorm_backward: width ", D, " exceeds the shared-memory column buffer");
+  const int grid = std::min(grid_for(rows * 32, kWarpsPerBlock * 32), 1024);
+  Tensor partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
+  dispatch_float(x_TD.dtype(), "rmsnorm_backward", [&]<typename T>() {
+    auto kernel = rmsnorm_backward_kernel<T>;
+    if (smem > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                             static_cast<int>(smem)));
+    kernel<<<grid, kWarpsPerBlock * 32, smem, stream_of(s)>>>(
+        static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
+        static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(), rows,
+        D);
+    ST_CUDA_CHECK_LAUNCH();
+    sum_columns_kernel<T><<<grid_for(D, 256), 256, 0, stream_of(s)>>>(static_cast<T*>(dweight_D.raw_data()),
+                                                                      partial.data<float>(), grid, D);
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace shardtrain::ops::cuda

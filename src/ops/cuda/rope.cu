@@ -1,0 +1,57 @@
+// CUDA rotary embedding in place (HF rotate_half pairing i <-> i + K), f32 math.
+#include "ops/cuda/common.cuh"
+#include "ops/rope.h"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One thread per (b, t, head, k) pair; sign = +1 rotates by the angle, -1 by its negative.
+template <typename T>
+__global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B, int64_t S, int64_t heads, int64_t K,
+                            float sign) {
+  const int64_t n = B * S * heads * K;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t k = i % K;
+    const int64_t t = (i / (K * heads)) % S;
+    T* row = x + (i / K) * 2 * K;
+    const float c = to_f32(cos_tab[t * K + k]), sn = sign * to_f32(sin_tab[t * K + k]);
+    const float a = to_f32(row[k]), b = to_f32(row[k + K]);
+    row[k] = from_f32<T>(a * c - b * sn);
+    row[k + K] = from_f32<T>(b * c + a * sn);
+  }
+}
+
+void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, const char* op, Stream s) {
+  check_cuda_tensor(x, op, "x_BTNH");
+  check_cuda_tensor(cos_TK, op, "cos_TK");
+  check_cuda_tensor(sin_TK, op, "sin_TK");
+  ST_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, op, ": `x_BTNH` must be [B, T, heads, H] with even H, found ", x.str());
+  const int64_t B = x.size(0), S = x.size(1), heads = x.size(2), K = x.size(3) / 2;
+  ST_CHECK(cos_TK.ndim() == 2 && cos_TK.size(1) == K && cos_TK.size(0) >= S, op, ": `cos_TK` must be [>= ", S, ", ",
+           K, "], found ", cos_TK.str());
+  check_shape(sin_TK, cos_TK.shape(), op, "sin_TK");
+  check_dtype(cos_TK, x.dtype(), op, "cos_TK");
+  check_dtype(sin_TK, x.dtype(), op, "sin_TK");
+  const int64_t n = B * S * heads * K;
+  if (n == 0) return;
+  dispatch_float(x.dtype(), op, [&]<typename T>() {
+    rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+        static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
+        static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, sign);
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream s) {
+  apply(x_BTNH, cos_TK, sin_TK, 1.0f, "rope_forward", s);
+}
+
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream s) {
+  apply(dx_BTNH, cos_TK, sin_TK, -1.0f, "rope_backward", s);
+}
+
+}  // namespace shardtrain::ops::cuda

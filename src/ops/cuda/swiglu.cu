@@ -1,0 +1,65 @@
+// CUDA SwiGLU forward and backward, elementwise in f32.
+#include "ops/cuda/common.cuh"
+#include "ops/swiglu.h"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+template <typename T>
+__global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = to_f32(gate[i]);
+    h[i] = from_f32<T>(g / (1.0f + __expf(-g)) * to_f32(up[i]));
+  }
+}
+
+// d/dg [g s(g)] = s(g) (1 + g (1 - s(g))); dup = dh silu(g)
+template <typename T>
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* gate, const T* up, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dh[i]);
+    const float sig = 1.0f / (1.0f + __expf(-g));
+    dgate[i] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
+    dup[i] = from_f32<T>(d * g * sig);
+  }
+}
+
+void check_all(std::initializer_list<const Tensor*> ts, const Tensor& ref, const char* op) {
+  for (const Tensor* t : ts) {
+    check_cuda_tensor(*t, op, "tensor");
+    check_shape(*t, ref.shape(), op, "tensor");
+    check_dtype(*t, ref.dtype(), op, "tensor");
+  }
+}
+
+}  // namespace
+
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream s) {
+  check_all({&h_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_forward");
+  const int64_t n = h_TF.numel();
+  if (n == 0) return;
+  dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
+    swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+        static_cast<T*>(h_TF.raw_data()), static_cast<const T*>(gate_TF.raw_data()),
+        static_cast<const T*>(up_TF.raw_data()), n);
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
+                     const Tensor& up_TF, Stream s) {
+  check_all({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_backward");
+  const int64_t n = dh_TF.numel();
+  if (n == 0) return;
+  dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
+    swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+        static_cast<T*>(dgate_TF.raw_data()), static_cast<T*>(dup_TF.raw_data()),
+        static_cast<const T*>(dh_TF.raw_data()), static_cast<const T*>(gate_TF.raw_data()),
+        static_cast<const T*>(up_TF.raw_data()), n);
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace shardtrain::ops::cuda
