@@ -354,8 +354,6 @@ void validate(const JobConfig& c) {
            m.n_heads, ")");
   ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
            ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
-  ST_CHECK(c.schedule.warmup_steps <= c.training.steps, "`schedule.warmup_steps` (", c.schedule.warmup_steps,
-           ") exceeds `training.steps` (", c.training.steps, ")");
   ST_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor, "`model.rope_high_freq_factor` (",
            m.rope_high_freq_factor, ") must exceed `model.rope_low_freq_factor` (", m.rope_low_freq_factor, ")");
 }

@@ -222,6 +222,10 @@ TrainSummary Trainer::run() {
                         "warmup steps, {} threads per rank",
                         tc.steps, B * accum * world, T, B * T * accum * world, config_.optimizer.lr, config_.schedule.type,
                         config_.schedule.warmup_steps, omp_get_max_threads()));
+  if (config_.schedule.warmup_steps > tc.steps)
+    log::warn(fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
+                          "optimizer.lr",
+                          config_.schedule.warmup_steps, tc.steps));
   TrainSummary summary;
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();

@@ -16,6 +16,7 @@ struct TinyCase {
   int64_t n_heads, n_kv_heads;
   bool tied, bias, llama3_rope;
 };
+void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
 LlamaConfig tiny_config(const TinyCase& c) {
   LlamaConfig cfg;

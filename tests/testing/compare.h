@@ -4,11 +4,17 @@
 #pragma once
 
 #include <cstdint>
+#include <ostream>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "core/tensor.h"
+
+namespace shardtrain {
+// Readable dtype names in parameterised test output.
+inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
+}  // namespace shardtrain
 
 namespace shardtrain::testing {
 

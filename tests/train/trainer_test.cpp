@@ -1,5 +1,6 @@
 // The default job, shortened: the loss must fall by a clear margin on the built-in corpus,
 // metrics must be written, and a run must be reproducible.
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 

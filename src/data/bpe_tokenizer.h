@@ -1,0 +1,83 @@
+// Hugging Face tokenizer.json byte-level BPE (Llama 3, GPT-2 style), exact to HF `tokenizers`:
+// added tokens split the text first, a PCRE2 regex splits the rest into pre-tokens, and each
+// pre-token is merged by BPE rank over raw bytes. Encoding is thread-safe (const, shared cache).
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace shardtrain::data {
+
+// One turn of a conversation, e.g. {"user", "Hello"}.
+struct ChatMessage {
+  std::string role;
+  std::string content;
+};
+
+// What the loader accepts (anything else is rejected with an error naming the file, the JSON
+// key and the value found):
+//   normalizer: null. truncation, padding: null.
+//   pre_tokenizer: ByteLevel(add_prefix_space=false, use_regex=false), alone or last in a
+//     Sequence after Split steps (pattern Regex or String, behavior "Isolated", invert=false).
+//   model: BPE with vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges, no
+//     dropout, no continuing_subword_prefix / end_of_word_suffix; every one of the 256 byte
+//     tokens must be in the vocab (so unk_token and byte_fallback never apply).
+//   decoder: null or ByteLevel. post_processor: ignored (encode() never adds BOS/EOS).
+//   added_tokens: content, id, special, normalized, lstrip, rstrip; single_word must be false.
+// Differences from HF: decode() returns the raw bytes (HF replaces invalid UTF-8 with U+FFFD,
+// which only matters for id sequences that cut a character); encode() rejects invalid UTF-8
+// (HF's API only takes valid strings).
+class BpeTokenizer final : public Tokenizer {
+ public:
+  // Loads `tokenizer_json_path`, and tokenizer_config.json from the same folder when present.
+  explicit BpeTokenizer(const std::string& tokenizer_json_path);
+  // Loads both files; an empty `tokenizer_config_path` means none.
+  BpeTokenizer(const std::string& tokenizer_json_path, const std::string& tokenizer_config_path);
+  ~BpeTokenizer() override;
+  BpeTokenizer(BpeTokenizer&&) noexcept;
+  BpeTokenizer& operator=(BpeTokenizer&&) noexcept;
+
+  // Throws on invalid UTF-8, naming the byte offset.
+  std::vector<int32_t> encode(std::string_view text) const override;
+  // Appends the ids of `text` to `ids` (saves an allocation per call in loops).
+  void encode_append(std::string_view text, std::vector<int32_t>& ids) const;
+  // Throws naming the id and its position when an id has no token.
+  std::string decode(std::span<const int32_t> ids) const override;
+  // Largest id + 1 (128,256 for Llama 3: model vocab plus added tokens).
+  int64_t vocab_size() const override;
+  // From tokenizer_config.json's bos_token / eos_token (a string or {"content": ...}; null
+  // means none); without that file or key, <|begin_of_text|> / <|end_of_text|> when they
+  // are added tokens; otherwise -1.
+  int32_t bos_id() const override;
+  int32_t eos_id() const override;
+
+  // The id of a token given as written in tokenizer.json (added-token content, or a vocab
+  // entry in its byte-level spelling such as "Ġthe"); -1 when there is none.
+  int32_t token_to_id(std::string_view token) const;
+  // The bytes id `id` decodes to; throws when the id has no token.
+  std::string id_to_bytes(int32_t id) const;
+  bool is_special(int32_t id) const;
+
+  // Whether tokenizer_config.json has a chat template in the Llama 3 header format.
+  bool has_chat_template() const;
+  // Formats `messages` as the Llama 3 template does: [bos_token when the template uses it]
+  // then per message "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
+  // content trimmed of surrounding whitespace when the template applies `trim`; then
+  // "<|start_header_id|>assistant<|end_header_id|>\n\n" when the template adds it
+  // unconditionally or it is conditional on add_generation_prompt and that is true.
+  // Throws when there is no template or it is not of that form (we do not run Jinja).
+  std::string apply_chat_template(std::span<const ChatMessage> messages,
+                                  bool add_generation_prompt) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace shardtrain::data

@@ -1,0 +1,37 @@
+// CPU AdamW, torch.optim.AdamW's formula in f64 arithmetic, one rounding per store.
+#include <cmath>
+
+#include "ops/adamw.h"
+#include "ops/cpu/common.h"
+
+namespace shardtrain::ops::cpu {
+
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o) {
+  const char* op = "adamw_step";
+  check_arg(param, op, "param");
+  check_arg(exp_avg, op, "exp_avg", param.dtype(), param.shape());
+  check_arg(exp_avg_sq, op, "exp_avg_sq", param.dtype(), param.shape());
+  check_arg(grad, op, "grad", param.dtype(), param.shape());
+  ST_CHECK(o.step >= 1, op, ": step must be >= 1, found ", o.step);
+  const int64_t n = param.numel();
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
+  const double bc2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(o.step)));
+  const double step_size = o.lr / bc1, decay = 1.0 - o.lr * o.weight_decay;
+  dispatch_real(param, op, "param", [&]<typename F>() {
+    F* p = param.data<F>();
+    F* m = exp_avg.data<F>();
+    F* v = exp_avg_sq.data<F>();
+    const F* g = grad.data<F>();
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) {
+      const double gi = g[i];
+      const double mi = o.beta1 * m[i] + (1.0 - o.beta1) * gi;
+      const double vi = o.beta2 * v[i] + (1.0 - o.beta2) * gi * gi;
+      m[i] = static_cast<F>(mi);
+      v[i] = static_cast<F>(vi);
+      p[i] = static_cast<F>(p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + o.eps));
+    }
+  });
+}
+
+}  // namespace shardtrain::ops::cpu

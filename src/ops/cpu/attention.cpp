@@ -1,0 +1,179 @@
+// CPU causal GQA attention without a T x T matrix: query tiles visit key tiles with an
+// online softmax (running max m, running sum l, rescaled accumulator); the backward
+// recomputes probabilities tile by tile from the saved log-sum-exp (FlashAttention-2).
+// Work is split over (batch, kv head): a task owns dk/dv of its kv head and dq of its
+// query heads, so no two threads write the same element.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "ops/attention.h"
+#include "ops/cpu/common.h"
+
+namespace shardtrain::ops::cpu {
+namespace {
+
+struct Dims {
+  int64_t B, T, N, M, H, group;
+};
+
+Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  check_arg(q, op, "q_BTNH");
+  ST_CHECK(q.ndim() == 4, op, ": `q_BTNH` must be 4-D, found ", q.str());
+  Dims d{q.size(0), q.size(1), q.size(2), k.ndim() == 4 ? k.size(2) : 0, q.size(3), 0};
+  check_arg(k, op, "k_BTMH", q.dtype(), {d.B, d.T, d.M, d.H});
+  check_arg(v, op, "v_BTMH", q.dtype(), {d.B, d.T, d.M, d.H});
+  ST_CHECK(d.M > 0 && d.N % d.M == 0, op, ": key/value heads (", d.M, ") must divide query heads (", d.N, ")");
+  d.group = d.N / d.M;
+  return d;
+}
+
+double softmax_scale(const AttentionOptions& o, int64_t H) {
+  return o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(H));
+}
+
+template <typename F>
+F dot(const F* a, const F* b, int64_t n) {
+  F s = 0;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
+                       const Tensor& v_BTMH, const AttentionOptions& options) {
+  const char* op = "attention_forward";
+  const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op);
+  check_arg(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check_arg(lse_BNT, op, "lse_BNT", stats_dtype(q_BTNH.dtype()), {d.B, d.N, d.T});
+  ST_CHECK(options.block_queries > 0 && options.block_keys > 0, op, ": tile sizes must be positive");
+  const int64_t BQ = options.block_queries, BK = options.block_keys;
+  const double scale = softmax_scale(options, d.H);
+  dispatch_real(q_BTNH, op, "q_BTNH", [&]<typename F>() {
+    const F* q = q_BTNH.data<F>();
+    const F* k = k_BTMH.data<F>();
+    const F* v = v_BTMH.data<F>();
+    F* out = out_BTNH.data<F>();
+    F* lse = lse_BNT.data<F>();
+    const int64_t q_tiles = (d.T + BQ - 1) / BQ;
+#pragma omp parallel
+    {
+      std::vector<F> s(static_cast<size_t>(BK)), acc(static_cast<size_t>(BQ * d.H));
+      std::vector<F> m(static_cast<size_t>(BQ)), l(static_cast<size_t>(BQ));
+#pragma omp for collapse(3) schedule(dynamic)
+      for (int64_t b = 0; b < d.B; ++b)
+        for (int64_t n = 0; n < d.N; ++n)
+          for (int64_t qt = 0; qt < q_tiles; ++qt) {
+            const int64_t kv = n / d.group, q0 = qt * BQ, q1 = std::min(d.T, q0 + BQ);
+            std::fill(acc.begin(), acc.end(), F(0));
+            std::fill(m.begin(), m.end(), -std::numeric_limits<F>::infinity());
+            std::fill(l.begin(), l.end(), F(0));
+            const int64_t k_end = options.causal ? q1 : d.T;
+            for (int64_t k0 = 0; k0 < k_end; k0 += BK) {
+              const int64_t k1 = std::min(k_end, k0 + BK);
+              for (int64_t i = q0; i < q1; ++i) {
+                const F* qi = q + ((b * d.T + i) * d.N + n) * d.H;
+                const int64_t j_end = options.causal ? std::min(k1, i + 1) : k1;
+                if (j_end <= k0) continue;
+                F tile_max = -std::numeric_limits<F>::infinity();
+                for (int64_t j = k0; j < j_end; ++j) {
+                  const F sj = static_cast<F>(scale) * dot(qi, k + ((b * d.T + j) * d.M + kv) * d.H, d.H);
+                  s[static_cast<size_t>(j - k0)] = sj;
+                  tile_max = std::max(tile_max, sj);
+                }
+                const size_t r = static_cast<size_t>(i - q0);
+                const F m_new = std::max(m[r], tile_max);
+                const F correction = std::exp(m[r] - m_new);  // exp(-inf) = 0 on the first tile
+                F* a = acc.data() + r * static_cast<size_t>(d.H);
+                for (int64_t h = 0; h < d.H; ++h) a[h] *= correction;
+                l[r] *= correction;
+                for (int64_t j = k0; j < j_end; ++j) {
+                  const F p = std::exp(s[static_cast<size_t>(j - k0)] - m_new);
+                  l[r] += p;
+                  const F* vj = v + ((b * d.T + j) * d.M + kv) * d.H;
+                  for (int64_t h = 0; h < d.H; ++h) a[h] += p * vj[h];
+                }
+                m[r] = m_new;
+              }
+            }
+            for (int64_t i = q0; i < q1; ++i) {
+              const size_t r = static_cast<size_t>(i - q0);
+              F* oi = out + ((b * d.T + i) * d.N + n) * d.H;
+              const F* a = acc.data() + r * static_cast<size_t>(d.H);
+              for (int64_t h = 0; h < d.H; ++h) oi[h] = a[h] / l[r];
+              lse[(b * d.N + n) * d.T + i] = m[r] + std::log(l[r]);
+            }
+          }
+    }
+  });
+}
+
+void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                        const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
+                        const Tensor& lse_BNT, const AttentionOptions& options) {
+  const char* op = "attention_backward";
+  const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op);
+  const DType dt = q_BTNH.dtype();
+  check_arg(dout_BTNH, op, "dout_BTNH", dt, q_BTNH.shape());
+  check_arg(out_BTNH, op, "out_BTNH", dt, q_BTNH.shape());
+  check_arg(lse_BNT, op, "lse_BNT", stats_dtype(dt), {d.B, d.N, d.T});
+  check_arg(dq_BTNH, op, "dq_BTNH", dt, q_BTNH.shape());
+  check_arg(dk_BTMH, op, "dk_BTMH", dt, k_BTMH.shape());
+  check_arg(dv_BTMH, op, "dv_BTMH", dt, v_BTMH.shape());
+  const int64_t BQ = std::max<int64_t>(1, options.block_queries), BK = std::max<int64_t>(1, options.block_keys);
+  const double scale = softmax_scale(options, d.H);
+  dispatch_real(q_BTNH, op, "q_BTNH", [&]<typename F>() {
+    const F* q = q_BTNH.data<F>();
+    const F* k = k_BTMH.data<F>();
+    const F* v = v_BTMH.data<F>();
+    const F* o = out_BTNH.data<F>();
+    const F* dout = dout_BTNH.data<F>();
+    const F* lse = lse_BNT.data<F>();
+    F* dq = dq_BTNH.data<F>();
+    F* dk = dk_BTMH.data<F>();
+    F* dv = dv_BTMH.data<F>();
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < d.B; ++b)
+      for (int64_t kv = 0; kv < d.M; ++kv) {
+        for (int64_t j = 0; j < d.T; ++j) {
+          std::fill_n(dk + ((b * d.T + j) * d.M + kv) * d.H, d.H, F(0));
+          std::fill_n(dv + ((b * d.T + j) * d.M + kv) * d.H, d.H, F(0));
+        }
+        for (int64_t n = kv * d.group; n < (kv + 1) * d.group; ++n) {
+          std::vector<F> delta(static_cast<size_t>(d.T));
+          for (int64_t i = 0; i < d.T; ++i) {
+            const int64_t off = ((b * d.T + i) * d.N + n) * d.H;
+            delta[static_cast<size_t>(i)] = dot(dout + off, o + off, d.H);  // D_i = rowsum(dO * O)
+            std::fill_n(dq + off, d.H, F(0));
+          }
+          for (int64_t q0 = 0; q0 < d.T; q0 += BQ) {
+            const int64_t q1 = std::min(d.T, q0 + BQ);
+            const int64_t k_end = options.causal ? q1 : d.T;
+            for (int64_t k0 = 0; k0 < k_end; k0 += BK) {
+              const int64_t k1 = std::min(k_end, k0 + BK);
+              for (int64_t i = q0; i < q1; ++i) {
+                const int64_t qoff = ((b * d.T + i) * d.N + n) * d.H;
+                const F l_i = lse[(b * d.N + n) * d.T + i];
+                const int64_t j_end = options.causal ? std::min(k1, i + 1) : k1;
+                for (int64_t j = k0; j < j_end; ++j) {
+                  const int64_t koff = ((b * d.T + j) * d.M + kv) * d.H;
+                  const F p = std::exp(static_cast<F>(scale) * dot(q + qoff, k + koff, d.H) - l_i);
+                  const F dp = dot(dout + qoff, v + koff, d.H);
+                  const F ds = p * (dp - delta[static_cast<size_t>(i)]) * static_cast<F>(scale);
+                  for (int64_t h = 0; h < d.H; ++h) {
+                    dv[koff + h] += p * dout[qoff + h];
+                    dq[qoff + h] += ds * k[koff + h];
+                    dk[koff + h] += ds * q[qoff + h];
+                  }
+                }
+              }
+            }
+          }
+        }
+      }
+  });
+}
+
+}  // namespace shardtrain::ops::cpu

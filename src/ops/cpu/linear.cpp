@@ -1,0 +1,92 @@
+// CPU linear layer through BLAS (row-major sgemm / dgemm).
+#include <cblas.h>
+
+#include <algorithm>
+
+#include "ops/cpu/common.h"
+#include "ops/linear.h"
+
+namespace shardtrain::ops::cpu {
+namespace {
+
+// C[m x n] = alpha op(A) op(B) + beta C, all row-major.
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const float* a, int64_t lda,
+          const float* b, int64_t ldb, double beta, float* c, int64_t ldc) {
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), static_cast<float>(alpha), a,
+              static_cast<int>(lda), b, static_cast<int>(ldb), static_cast<float>(beta), c, static_cast<int>(ldc));
+}
+void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha, const double* a, int64_t lda,
+          const double* b, int64_t ldb, double beta, double* c, int64_t ldc) {
+  cblas_dgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<int>(m), static_cast<int>(n), static_cast<int>(k), alpha, a, static_cast<int>(lda), b,
+              static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
+}
+
+void check_weight(const Tensor& x_TI, const Tensor& weight_OI, const char* op, int64_t& T, int64_t& I, int64_t& O) {
+  check_arg(x_TI, op, "x_TI");
+  check_arg(weight_OI, op, "weight_OI");
+  ST_CHECK(x_TI.ndim() == 2, op, ": `x_TI` must be 2-D, found ", x_TI.str());
+  ST_CHECK(weight_OI.ndim() == 2, op, ": `weight_OI` must be 2-D, found ", weight_OI.str());
+  T = x_TI.size(0);
+  I = x_TI.size(1);
+  O = weight_OI.size(0);
+  check_shape(weight_OI, {O, I}, op, "weight_OI");
+  check_dtype(weight_OI, x_TI.dtype(), op, "weight_OI");
+  ST_CHECK(T < INT32_MAX && I < INT32_MAX && O < INT32_MAX, op, ": dimensions exceed BLAS's 32-bit sizes");
+}
+
+}  // namespace
+
+void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O) {
+  const char* op = "linear_forward";
+  int64_t T, I, O;
+  check_weight(x_TI, weight_OI, op, T, I, O);
+  check_arg(y_TO, op, "y_TO", x_TI.dtype(), {T, O});
+  if (bias_O.defined()) check_arg(bias_O, op, "bias_O", x_TI.dtype(), {O});
+  dispatch_real(x_TI, op, "x_TI", [&]<typename F>() {
+    F* y = y_TO.data<F>();
+    double beta = 0;
+    if (bias_O.defined()) {
+      const F* b = bias_O.data<F>();
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t o = 0; o < O; ++o) y[t * O + o] = b[o];
+      beta = 1;
+    }
+    if (T > 0 && O > 0) gemm(false, true, T, O, I, 1.0, x_TI.data<F>(), I, weight_OI.data<F>(), I, beta, y, O);
+  });
+}
+
+void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
+                     const Tensor& weight_OI, const LinearBackwardOptions& options) {
+  const char* op = "linear_backward";
+  int64_t T, I, O;
+  check_weight(x_TI, weight_OI, op, T, I, O);
+  const DType dt = x_TI.dtype();
+  check_arg(dy_TO, op, "dy_TO", dt, {T, O});
+  check_arg(dweight_OI, op, "dweight_OI", dt, {O, I});
+  if (dx_TI.defined()) check_arg(dx_TI, op, "dx_TI", dt, {T, I});
+  if (dbias_O.defined()) check_arg(dbias_O, op, "dbias_O", dt, {O});
+  dispatch_real(x_TI, op, "x_TI", [&]<typename F>() {
+    const F* dy = dy_TO.data<F>();
+    if (dx_TI.defined() && T > 0 && I > 0) {
+      if (O > 0) {
+        gemm(false, false, T, I, O, 1.0, dy, O, weight_OI.data<F>(), I, options.accumulate_dx ? 1.0 : 0.0,
+             dx_TI.data<F>(), I);
+      } else if (!options.accumulate_dx) {
+        std::fill_n(dx_TI.data<F>(), T * I, F(0));
+      }
+    }
+    if (T > 0) gemm(true, false, O, I, T, 1.0, dy, O, x_TI.data<F>(), I, 1.0, dweight_OI.data<F>(), I);
+    if (dbias_O.defined()) {
+      F* db = dbias_O.data<F>();
+      for (int64_t o = 0; o < O; ++o) {
+        double acc = 0;
+        for (int64_t t = 0; t < T; ++t) acc += dy[t * O + o];
+        db[o] += static_cast<F>(acc);
+      }
+    }
+  });
+}
+
+}  // namespace shardtrain::ops::cpu

@@ -1,0 +1,95 @@
+// CPU rotary embedding (HF rotate_half pairing) and its frequency tables with llama3 scaling.
+#include <cmath>
+#include <numbers>
+
+#include "ops/cpu/common.h"
+#include "ops/rope.h"
+
+namespace shardtrain::ops {
+
+std::vector<double> rope_inv_frequencies(int64_t head_dim, const RopeOptions& o) {
+  ST_CHECK(head_dim > 0 && head_dim % 2 == 0, "rope: head dimension must be even and positive, found ", head_dim);
+  const int64_t K = head_dim / 2;
+  std::vector<double> inv(static_cast<size_t>(K));
+  for (int64_t k = 0; k < K; ++k)
+    inv[static_cast<size_t>(k)] = 1.0 / std::pow(o.theta, static_cast<double>(2 * k) / static_cast<double>(head_dim));
+  if (o.scaling.type == RopeScalingType::kLlama3) {
+    const RopeScaling& s = o.scaling;
+    const double orig = static_cast<double>(s.original_max_positions);
+    const double low_wavelen = orig / s.low_freq_factor, high_wavelen = orig / s.high_freq_factor;
+    for (double& f : inv) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f /= s.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+void rope_table(Tensor& cos_TK, Tensor& sin_TK, int64_t head_dim, const RopeOptions& options) {
+  cpu::check_arg(cos_TK, "rope_table", "cos_TK");
+  ST_CHECK(cos_TK.ndim() == 2 && cos_TK.size(1) == head_dim / 2, "rope_table: `cos_TK` must be [T, ", head_dim / 2,
+           "], found ", cos_TK.str());
+  cpu::check_arg(sin_TK, "rope_table", "sin_TK", cos_TK.dtype(), cos_TK.shape());
+  const std::vector<double> inv = rope_inv_frequencies(head_dim, options);
+  const int64_t T = cos_TK.size(0), K = head_dim / 2;
+  cpu::dispatch_real(cos_TK, "rope_table", "cos_TK", [&]<typename F>() {
+    F* c = cos_TK.data<F>();
+    F* s = sin_TK.data<F>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t k = 0; k < K; ++k) {
+        const double angle = static_cast<double>(t) * inv[static_cast<size_t>(k)];
+        c[t * K + k] = static_cast<F>(std::cos(angle));
+        s[t * K + k] = static_cast<F>(std::sin(angle));
+      }
+  });
+}
+
+namespace cpu {
+namespace {
+
+void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, const char* op) {
+  check_arg(x, op, "x_BTNH");
+  ST_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, op, ": `x_BTNH` must be [B, T, heads, H] with even H, found ",
+           x.str());
+  const int64_t B = x.size(0), T = x.size(1), heads = x.size(2), K = x.size(3) / 2;
+  check_arg(cos_TK, op, "cos_TK");
+  ST_CHECK(cos_TK.ndim() == 2 && cos_TK.size(1) == K && cos_TK.size(0) >= T, op, ": `cos_TK` must be [>= ", T, ", ",
+           K, "], found ", cos_TK.str());
+  check_dtype(cos_TK, x.dtype(), op, "cos_TK");
+  check_arg(sin_TK, op, "sin_TK", x.dtype(), cos_TK.shape());
+  dispatch_real(x, op, "x_BTNH", [&]<typename F>() {
+    F* p = x.data<F>();
+    const F* c = cos_TK.data<F>();
+    const F* s = sin_TK.data<F>();
+#pragma omp parallel for collapse(2) if (B * T * heads * K > 65536)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t h = 0; h < heads; ++h) {
+          F* row = p + ((b * T + t) * heads + h) * 2 * K;
+          for (int64_t k = 0; k < K; ++k) {
+            const F ck = c[t * K + k], sk = static_cast<F>(sign) * s[t * K + k];
+            const F a = row[k], bb = row[k + K];
+            row[k] = a * ck - bb * sk;
+            row[k + K] = bb * ck + a * sk;
+          }
+        }
+  });
+}
+
+}  // namespace
+
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK) {
+  rotate(x_BTNH, cos_TK, sin_TK, 1.0, "rope_forward");
+}
+
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK) {
+  rotate(dx_BTNH, cos_TK, sin_TK, -1.0, "rope_backward");
+}
+
+}  // namespace cpu
+}  // namespace shardtrain::ops
