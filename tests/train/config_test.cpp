@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "testing/shared_data.h"
 #include "train/config.h"
 
 namespace shardtrain::train {
@@ -78,6 +79,31 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   EXPECT_NE(e.find("`schedule.type` must be one of cosine, linear, constant"), std::string::npos) << e;
   e = error_of("[model\n", {});
   EXPECT_NE(e.find("config `"), std::string::npos) << e;
+}
+
+}  // namespace
+}  // namespace shardtrain::train
+
+namespace shardtrain::train {
+namespace {
+
+TEST(Config, ShippedDefaultFileEqualsBuiltInDefaults) {
+  const LoadedConfig file = load_config(testing::source_dir() + "/configs/default.toml", {});
+  const LoadedConfig builtin = load_config("", {});
+  // describe() prints every value; only the source column may differ
+  std::string a = describe(file), b = describe(builtin);
+  for (std::string* s : {&a, &b}) {
+    std::string out;
+    for (size_t pos = 0; pos < s->size();) {
+      size_t end = s->find('\n', pos);
+      if (end == std::string::npos) end = s->size();
+      const std::string line = s->substr(pos, end - pos);
+      out += line.substr(0, line.find("  # ")) + "\n";
+      pos = end + 1;
+    }
+    *s = out;
+  }
+  EXPECT_EQ(a, b) << "configs/default.toml is stale: regenerate it with `shardtrain print-config`";
 }
 
 }  // namespace
