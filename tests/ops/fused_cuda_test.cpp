@@ -94,7 +94,11 @@ TEST_P(FusedCuda, RmsNorm) {
     Tensor dx_ref = Tensor::empty({T, D}, DType::kF32), dw_ref = dw0.f32;
     cpu::rmsnorm_backward(dx_ref, dw_ref, dy.f32, x.f32, w.f32, rstd_ref);
     EXPECT_TRUE(matches(dx, dx_ref)) << "dx T=" << T << " D=" << D;
-    EXPECT_TRUE(matches(dw, dw_ref)) << "dweight (accumulated) T=" << T << " D=" << D;
+    // dweight sums T products of order 1 that largely cancel: summation order alone moves a
+    // column by up to ~T * 2^-24 * max|term|, so the elementwise bound scales with T here.
+    testing::Tolerance column_sum = tolerance(dt);
+    column_sum.atol = std::max(column_sum.atol, static_cast<double>(T) * 6e-8 * 16);
+    EXPECT_TRUE(all_close(to_host(dw), to_dtype(dw_ref, dt), column_sum)) << "dweight (accumulated) T=" << T << " D=" << D;
   }
 }
 

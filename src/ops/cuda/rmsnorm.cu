@@ -41,23 +41,29 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, c
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dw_shared[i] = 0;
   __syncthreads();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + warp; row < rows; row += int64_t{gridDim.x} * kWarpsPerBlock) {
+  // Every warp runs the same number of iterations (rows past the end do no work), so all
+  // threads of the block reach each barrier.
+  for (int64_t base = blockIdx.x * int64_t{kWarpsPerBlock}; base < rows; base += int64_t{gridDim.x} * kWarpsPerBlock) {
+    const int64_t row = base + warp;
+    const bool valid = row < rows;
     const T* xr = x + row * D;
     const T* dyr = dy + row * D;
-    const float r = rstd[row];
-    float dot = 0;
-    for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]) * r;
-    dot = warp_sum(dot) / static_cast<float>(D);
-    T* dxr = dx + row * D;
-    for (int64_t i = lane; i < D; i += 32) {
-      const float xhat = to_f32(xr[i]) * r;
-      const float g = to_f32(dyr[i]) * to_f32(w[i]);
-      dxr[i] = from_f32<T>(r * (g - xhat * dot));
+    const float r = valid ? rstd[row] : 0.0f;
+    if (valid) {
+      float dot = 0;
+      for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]) * r;
+      dot = warp_sum(dot) / static_cast<float>(D);
+      T* dxr = dx + row * D;
+      for (int64_t i = lane; i < D; i += 32) {
+        const float xhat = to_f32(xr[i]) * r;
+        const float g = to_f32(dyr[i]) * to_f32(w[i]);
+        dxr[i] = from_f32<T>(r * (g - xhat * dot));
+      }
     }
     // warps of a block take turns, so the column sums of a block are in a fixed order
     for (int turn = 0; turn < kWarpsPerBlock; ++turn) {
       __syncthreads();
-      if (turn == warp)
+      if (turn == warp && valid)
         for (int64_t i = lane; i < D; i += 32) dw_shared[i] += to_f32(dyr[i]) * to_f32(xr[i]) * r;
     }
   }
