@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Packs built programs for a GPU machine that lacks this machine's Debian libraries:
 # copies the given binaries into .device-build/bin and every shared library they need that
-# is not part of the base system (libc, libstdc++, the CUDA driver) into .device-build/lib.
+# is not part of the base system (libc, libstdc++, the CUDA driver and toolkit) into
+# .device-build/lib.
 # On the GPU machine: LD_LIBRARY_PATH=.device-build/lib .device-build/bin/<program>
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -11,6 +12,7 @@ for b in "$@"; do
   ldd "$b" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|libdl.so*|libpthread.so*|librt.so*|libcuda.so*) ;;
+      libcudart.so*|libcublas*.so*|libcudnn*.so*|libnccl.so*) ;;  # the GPU machine has CUDA 13 itself
       *) cp -L -n "$lib" .device-build/lib/ ;;
     esac
   done

@@ -19,23 +19,40 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
                      const Tensor& x_TI, const Tensor& weight_OI, const LinearBackwardOptions& options);
 }  // namespace cpu
 
+namespace cuda {
+void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O, Stream stream);
+void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
+                     const Tensor& weight_OI, const LinearBackwardOptions& options, Stream stream);
+}  // namespace cuda
+
 // y_TO = x_TI · weight_OI^T + bias_O (overwrites). bias_O may be undefined (no bias).
-// One dtype for all (f32/f64 on the CPU); accumulation in that dtype by BLAS. No aliasing.
+// CPU: one dtype for all (f32/f64), accumulation in that dtype by BLAS. CUDA: x and weight
+// f32, bf16 or f16, y of that dtype or f32 (bias matching y), f32 accumulation through
+// cuBLASLt (no TF32). No aliasing.
 inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI,
-                           const Tensor& bias_O = Tensor(), Stream = {}) {
+                           const Tensor& bias_O = Tensor(), [[maybe_unused]] Stream stream = {}) {
   if (x_TI.device().is_cpu()) return cpu::linear_forward(y_TO, x_TI, weight_OI, bias_O);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::linear_forward(y_TO, x_TI, weight_OI, bias_O, stream);
+#else
   no_kernel("linear_forward", x_TI);
+#endif
 }
 
 // dx_TI = dy_TO · weight_OI (overwrites, or accumulates with options.accumulate_dx; skipped
 // when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates), dbias_O += sum over
-// T of dy_TO (accumulates; skipped when undefined).
+// T of dy_TO (accumulates; skipped when undefined). CUDA: dweight and dbias may be f32
+// with bf16 inputs (f32 gradient accumulation for mixed precision).
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
-                            const LinearBackwardOptions& options = {}, Stream = {}) {
+                            const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
   if (x_TI.device().is_cpu())
     return cpu::linear_backward(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::linear_backward(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options, stream);
+#else
   no_kernel("linear_backward", x_TI);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -1,0 +1,211 @@
+// CUDA linear layer through cuBLASLt. Row-major [rows, cols] tensors are column-major
+// [cols, rows] matrices to cuBLAS, so every product is written transposed:
+//   forward   Y'[O,T]  = W'^T X'          (y = x W^T)
+//   dx        dX'[I,T] = W' dY'           (dx = dy W)
+//   dweight   dW'[I,O] += X' dY'^T        (dW += dy^T x)
+// Accumulation is f32 (CUBLAS_COMPUTE_32F, no TF32); the algorithm for each shape is
+// chosen once by the heuristic and cached. The bias gradient is a deterministic column sum.
+#include <cublasLt.h>
+
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include "ops/cuda/common.cuh"
+#include "ops/linear.h"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+#define ST_CUBLAS_CHECK(expr)                                                                            \
+  do {                                                                                                   \
+    const cublasStatus_t st_cublas_status_ = (expr);                                                     \
+    if (st_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      ST_THROW("cuBLAS error ", static_cast<int>(st_cublas_status_), " (", cublasGetStatusName(st_cublas_status_), \
+               ") in `", #expr, "` at ", __FILE__, ":", __LINE__);                                       \
+  } while (0)
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default: ST_THROW("linear: no cuBLASLt path for dtype ", dtype_name(t), " (use f32, bf16 or f16)");
+  }
+}
+
+struct GemmKey {
+  int device;
+  int64_t m, n, k, lda, ldb, ldc;
+  bool ta, tb, accumulate;
+  DType ab, cd;
+  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+
+// One handle and workspace per device; algorithms cached per problem.
+struct Lt {
+  cublasLtHandle_t handle = nullptr;
+  Tensor workspace;
+  std::map<GemmKey, cublasLtMatmulAlgo_t> algos;
+};
+
+Lt& lt_for_device(int device) {
+  static std::mutex m;
+  static std::map<int, Lt*> table;  // leaked: lives for the process
+  std::lock_guard<std::mutex> lock(m);
+  Lt*& lt = table[device];
+  if (lt == nullptr) {
+    lt = new Lt();
+    ST_CUBLAS_CHECK(cublasLtCreate(&lt->handle));
+    lt->workspace = Tensor::empty({static_cast<int64_t>(kWorkspaceBytes)}, DType::kU8, Device::cuda(device),
+                                  "cuBLASLt workspace");
+  }
+  return *lt;
+}
+
+// D = A op B (+ C when accumulate), column-major, D aliases C.
+void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_t stream) {
+  Lt& lt = lt_for_device(key.device);
+  cublasLtMatmulDesc_t op_desc;
+  ST_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+  ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  cublasLtMatrixLayout_t la, lb, lc;
+  const cudaDataType_t ab = cuda_type(key.ab), cd = cuda_type(key.cd);
+  ST_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ab, key.ta ? key.k : key.m, key.ta ? key.m : key.k, key.lda));
+  ST_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lb, ab, key.tb ? key.n : key.k, key.tb ? key.k : key.n, key.ldb));
+  ST_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&lc, cd, key.m, key.n, key.ldc));
+  cublasLtMatmulAlgo_t algo;
+  {
+    static std::mutex m;
+    std::lock_guard<std::mutex> lock(m);
+    auto it = lt.algos.find(key);
+    if (it == lt.algos.end()) {
+      cublasLtMatmulPreference_t pref;
+      ST_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+      const size_t ws = kWorkspaceBytes;
+      ST_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+      // Split-K partial sums must be reduced in f32, never in a bf16/f16 output buffer.
+      const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+      ST_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+                                                           sizeof schemes));
+      cublasLtMatmulHeuristicResult_t result;
+      int found = 0;
+      ST_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt.handle, op_desc, la, lb, lc, lc, pref, 1, &result, &found));
+      cublasLtMatmulPreferenceDestroy(pref);
+      ST_CHECK(found > 0, "linear: cuBLASLt has no algorithm for m=", key.m, " n=", key.n, " k=", key.k, " (",
+               dtype_name(key.ab), " -> ", dtype_name(key.cd), ")");
+      it = lt.algos.emplace(key, result.algo).first;
+    }
+    algo = it->second;
+  }
+  const float alpha = 1.0f, beta = key.accumulate ? 1.0f : 0.0f;
+  ST_CUBLAS_CHECK(cublasLtMatmul(lt.handle, op_desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &algo,
+                                 lt.workspace.raw_data(), kWorkspaceBytes, stream));
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+  cublasLtMatmulDescDestroy(op_desc);
+}
+
+int current_device() {
+  int d = 0;
+  ST_CUDA_CHECK(cudaGetDevice(&d));
+  return d;
+}
+
+template <typename T>
+__global__ void add_bias_kernel(T* y, const T* bias, int64_t rows, int64_t cols) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols; i += int64_t{gridDim.x} * blockDim.x)
+    y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % cols]));
+}
+
+// dbias[o] += sum_t dy[t, o]: one thread per column, rows in order (deterministic).
+template <typename T, typename G>
+__global__ void bias_grad_kernel(G* dbias, const T* dy, int64_t rows, int64_t cols) {
+  for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < cols; o += int64_t{gridDim.x} * blockDim.x) {
+    float acc = 0;
+    for (int64_t t = 0; t < rows; ++t) acc += to_f32(dy[t * cols + o]);
+    dbias[o] = from_f32<G>(to_f32(dbias[o]) + acc);
+  }
+}
+
+void check_common(const Tensor& x, const Tensor& w, const char* op, int64_t& T, int64_t& I, int64_t& O) {
+  check_cuda_tensor(x, op, "x_TI");
+  check_cuda_tensor(w, op, "weight_OI");
+  ST_CHECK(x.ndim() == 2 && w.ndim() == 2, op, ": `x_TI` and `weight_OI` must be 2-D, found ", x.str(), " and ",
+           w.str());
+  T = x.size(0);
+  I = x.size(1);
+  O = w.size(0);
+  check_shape(w, {O, I}, op, "weight_OI");
+  check_dtype(w, x.dtype(), op, "weight_OI");
+}
+
+}  // namespace
+
+void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O, Stream s) {
+  const char* op = "linear_forward";
+  int64_t T, I, O;
+  check_common(x_TI, weight_OI, op, T, I, O);
+  check_cuda_tensor(y_TO, op, "y_TO");
+  check_shape(y_TO, {T, O}, op, "y_TO");
+  ST_CHECK(y_TO.dtype() == x_TI.dtype() || y_TO.dtype() == DType::kF32, op, ": `y_TO` must be ",
+           dtype_name(x_TI.dtype()), " or f32, found ", dtype_name(y_TO.dtype()));
+  if (T == 0 || O == 0) return;
+  GemmKey key{current_device(), O, T, I, I, I, O, true, false, false, x_TI.dtype(), y_TO.dtype()};
+  gemm(key, weight_OI.raw_data(), x_TI.raw_data(), y_TO.raw_data(), stream_of(s));
+  if (bias_O.defined()) {
+    check_cuda_tensor(bias_O, op, "bias_O");
+    check_shape(bias_O, {O}, op, "bias_O");
+    check_dtype(bias_O, y_TO.dtype(), op, "bias_O");
+    dispatch_float(y_TO.dtype(), op, [&]<typename F>() {
+      add_bias_kernel<F><<<grid_for(T * O, 256), 256, 0, stream_of(s)>>>(
+          static_cast<F*>(y_TO.raw_data()), static_cast<const F*>(bias_O.raw_data()), T, O);
+    });
+    ST_CUDA_CHECK_LAUNCH();
+  }
+}
+
+void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
+                     const Tensor& weight_OI, const LinearBackwardOptions& options, Stream s) {
+  const char* op = "linear_backward";
+  int64_t T, I, O;
+  check_common(x_TI, weight_OI, op, T, I, O);
+  check_cuda_tensor(dy_TO, op, "dy_TO");
+  check_shape(dy_TO, {T, O}, op, "dy_TO");
+  check_dtype(dy_TO, x_TI.dtype(), op, "dy_TO");
+  check_cuda_tensor(dweight_OI, op, "dweight_OI");
+  check_shape(dweight_OI, {O, I}, op, "dweight_OI");
+  ST_CHECK(dweight_OI.dtype() == x_TI.dtype() || dweight_OI.dtype() == DType::kF32, op, ": `dweight_OI` must be ",
+           dtype_name(x_TI.dtype()), " or f32, found ", dtype_name(dweight_OI.dtype()));
+  const int dev = current_device();
+  if (dx_TI.defined() && T > 0 && I > 0) {
+    check_cuda_tensor(dx_TI, op, "dx_TI");
+    check_shape(dx_TI, {T, I}, op, "dx_TI");
+    ST_CHECK(O > 0, op, ": zero output features");
+    GemmKey key{dev, I, T, O, I, O, I, false, false, options.accumulate_dx, x_TI.dtype(), dx_TI.dtype()};
+    gemm(key, weight_OI.raw_data(), dy_TO.raw_data(), dx_TI.raw_data(), stream_of(s));
+  }
+  if (T > 0 && I > 0 && O > 0) {
+    GemmKey key{dev, I, O, T, I, O, I, false, true, true, x_TI.dtype(), dweight_OI.dtype()};
+    gemm(key, x_TI.raw_data(), dy_TO.raw_data(), dweight_OI.raw_data(), stream_of(s));
+  }
+  if (dbias_O.defined() && T > 0) {
+    check_cuda_tensor(dbias_O, op, "dbias_O");
+    check_shape(dbias_O, {O}, op, "dbias_O");
+    dispatch_float(dy_TO.dtype(), op, [&]<typename F>() {
+      dispatch_float(dbias_O.dtype(), op, [&]<typename G>() {
+        bias_grad_kernel<F, G><<<grid_for(O, 128), 128, 0, stream_of(s)>>>(
+            static_cast<G*>(dbias_O.raw_data()), static_cast<const F*>(dy_TO.raw_data()), T, O);
+      });
+    });
+    ST_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace shardtrain::ops::cuda

@@ -1,0 +1,111 @@
+// cuBLASLt linear forward and backward against the CPU BLAS twin: f32 (no TF32) and bf16
+// inputs, bf16 and f32 outputs, bias, accumulate_dx, f32 weight gradients of bf16 inputs.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "ops/linear.h"
+#include "testing/compare.h"
+#include "testing/cuda_util.h"
+
+namespace shardtrain::ops {
+namespace {
+
+using testing::all_close;
+using testing::to_device;
+using testing::to_dtype;
+using testing::to_host;
+
+Tensor rounded(const Shape& shape, DType dt, uint64_t seed, double mean, double scale) {
+  Tensor h = Tensor::empty(shape, DType::kF64);
+  testing::fill_random(h, seed, mean, scale);
+  return to_dtype(to_dtype(h, dt), DType::kF32);  // f32 holding exactly the dt-rounded values
+}
+
+struct Case {
+  int64_t T, I, O;
+  DType dt;
+  bool bias;
+};
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << dtype_name(c.dt) << "_T" << c.T << "_I" << c.I << "_O" << c.O << (c.bias ? "_bias" : "");
+}
+
+class LinearCuda : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+// An f32 dot product of K terms differs from another summation order by up to about
+// sqrt(K) * 2^-24 * (the partial sums' size); elementwise bounds on GEMM outputs use that
+// absolute term (near-zero outputs come from cancelling sums), rel-norm stays shared.
+testing::Tolerance gemm_tolerance(const testing::Tolerance& base, int64_t K, double magnitude) {
+  testing::Tolerance t = base;
+  t.atol = std::max(t.atol, 4.0 * std::sqrt(static_cast<double>(K)) * 0x1p-24 * magnitude);
+  return t;
+}
+
+double max_abs(const Tensor& f32) {
+  double m = 0;
+  for (int64_t i = 0; i < f32.numel(); ++i) m = std::max(m, static_cast<double>(std::fabs(f32.data<float>()[i])));
+  return m;
+}
+
+TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
+  const auto [T, I, O, dt, with_bias] = GetParam();
+  const testing::Tolerance tol = dt == DType::kBF16 ? testing::kCudaBf16 : testing::kCudaF32VsCpu;
+  const Tensor x = rounded({T, I}, dt, 1, 0.05, 1.0), w = rounded({O, I}, dt, 2, -0.02, 0.05),
+               b = rounded({O}, dt, 3, 0.1, 0.5), dy = rounded({T, O}, dt, 4, 0.01, 1.0);
+  const Tensor none;
+
+  Tensor y = Tensor::empty({T, O}, dt, Device::cuda(0));
+  linear_forward(y, to_device(to_dtype(x, dt)), to_device(to_dtype(w, dt)), with_bias ? to_device(to_dtype(b, dt)) : none);
+  Tensor y_ref = Tensor::empty({T, O}, DType::kF32);
+  cpu::linear_forward(y_ref, x, w, with_bias ? b : none);
+  EXPECT_TRUE(all_close(to_host(y), to_dtype(y_ref, dt), gemm_tolerance(tol, I, max_abs(y_ref)))) << "forward";
+
+  // dx accumulates onto a random start; dweight (f32) accumulates onto a random start
+  const Tensor dx0 = rounded({T, I}, dt, 5, 0.0, 1.0), dw0 = rounded({O, I}, DType::kF32, 6, 0.0, 1.0),
+               db0 = rounded({O}, DType::kF32, 7, 0.0, 1.0);
+  Tensor dx = to_device(to_dtype(dx0, dt)), dw = to_device(dw0), db = to_device(db0);
+  Tensor dbias = with_bias ? db : Tensor();
+  linear_backward(dx, dw, dbias, to_device(to_dtype(dy, dt)), to_device(to_dtype(x, dt)), to_device(to_dtype(w, dt)),
+                  {.accumulate_dx = true});
+  Tensor dx_ref = dx0, dw_ref = dw0, db_ref = db0;
+  Tensor dbias_ref = with_bias ? db_ref : Tensor();
+  cpu::linear_backward(dx_ref, dw_ref, dbias_ref, dy, x, w, {.accumulate_dx = true});
+  EXPECT_TRUE(all_close(to_host(dx), to_dtype(dx_ref, dt), gemm_tolerance(tol, O, max_abs(dx_ref))))
+      << "dx (accumulated)";
+  // f32 output of bf16 products: only the summation order differs from the CPU
+  EXPECT_TRUE(all_close(to_host(dw), dw_ref, gemm_tolerance(testing::kCudaF32VsCpu, T, max_abs(dw_ref))))
+      << "dweight (f32, accumulated)";
+  if (with_bias) {
+    EXPECT_TRUE(all_close(to_host(db), db_ref, gemm_tolerance(testing::kCudaF32VsCpu, T, max_abs(db_ref)))) << "dbias";
+  }
+
+  Tensor dx_over = to_device(to_dtype(dx0, dt));
+  Tensor dw2 = to_device(dw0);
+  Tensor no_bias;
+  linear_backward(dx_over, dw2, no_bias, to_device(to_dtype(dy, dt)), to_device(to_dtype(x, dt)),
+                  to_device(to_dtype(w, dt)));
+  Tensor dx_over_ref = Tensor::empty({T, I}, DType::kF32), dw2_ref = dw0;
+  cpu::linear_backward(dx_over_ref, dw2_ref, no_bias, dy, x, w, {});
+  EXPECT_TRUE(all_close(to_host(dx_over), to_dtype(dx_over_ref, dt), gemm_tolerance(tol, O, max_abs(dx_over_ref))))
+      << "dx (overwritten)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, LinearCuda,
+                         ::testing::Values(Case{37, 67, 45, DType::kF32, true}, Case{37, 67, 45, DType::kBF16, true},
+                                           Case{256, 2048, 512, DType::kF32, false},
+                                           Case{1031, 2048, 8192, DType::kBF16, false},
+                                           Case{4096, 2048, 2048, DType::kBF16, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::ostringstream s;
+                           PrintTo(i.param, &s);
+                           return s.str();
+                         });
+
+}  // namespace
+}  // namespace shardtrain::ops
