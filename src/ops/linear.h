@@ -28,7 +28,8 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
 // y_TO = x_TI · weight_OI^T + bias_O (overwrites). bias_O may be undefined (no bias).
 // CPU: one dtype for all (f32/f64), accumulation in that dtype by BLAS. CUDA: x and weight
 // f32, bf16 or f16, y of that dtype or f32 (bias matching y), f32 accumulation through
-// cuBLASLt (no TF32). No aliasing.
+// cuBLASLt (no TF32); with a bf16/f16 y the bias is added to the product rounded to y's
+// dtype. No aliasing.
 inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI,
                            const Tensor& bias_O = Tensor(), [[maybe_unused]] Stream stream = {}) {
   if (x_TI.device().is_cpu()) return cpu::linear_forward(y_TO, x_TI, weight_OI, bias_O);
@@ -42,7 +43,8 @@ inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weigh
 // dx_TI = dy_TO · weight_OI (overwrites, or accumulates with options.accumulate_dx; skipped
 // when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates), dbias_O += sum over
 // T of dy_TO (accumulates; skipped when undefined). CUDA: dweight and dbias may be f32
-// with bf16 inputs (f32 gradient accumulation for mixed precision).
+// with bf16 inputs (f32 gradient accumulation for mixed precision); a bf16/f16 dx that
+// accumulates receives the product rounded to its dtype, then the sum rounded again.
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
                             const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {

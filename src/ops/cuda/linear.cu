@@ -4,7 +4,9 @@
 //   dx        dX'[I,T] = W' dY'           (dx = dy W)
 //   dweight   dW'[I,O] += X' dY'^T        (dW += dy^T x)
 // Accumulation is f32 (CUBLAS_COMPUTE_32F, no TF32); the algorithm for each shape is
-// chosen once by the heuristic and cached. The bias gradient is a deterministic column sum.
+// chosen once by the heuristic and cached. The bias rides in the GEMM epilogue (one
+// rounding); its gradient is a deterministic column sum. With a bf16/f16 dx, accumulate_dx
+// adds the product rounded to that dtype (as `dx += dy @ W` does in PyTorch).
 #include <cublasLt.h>
 
 #include <map>
@@ -41,7 +43,8 @@ struct GemmKey {
   int64_t m, n, k, lda, ldb, ldc;
   bool ta, tb, accumulate;
   DType ab, cd;
-  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd); }
+  bool bias = false;  // bias epilogue: D += bias broadcast over columns (one rounding)
+  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd, bias); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -66,14 +69,23 @@ Lt& lt_for_device(int device) {
   return *lt;
 }
 
-// D = A op B (+ C when accumulate), column-major, D aliases C.
-void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_t stream) {
+// D = A op B (+ C when accumulate) (+ bias per row of D), column-major, D aliases C.
+void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_t stream,
+          const void* bias = nullptr) {
   Lt& lt = lt_for_device(key.device);
   cublasLtMatmulDesc_t op_desc;
   ST_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  if (key.bias) {
+    const cublasLtEpilogue_t epilogue = CUBLASLT_EPILOGUE_BIAS;
+    ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof epilogue));
+    ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias));
+    const cudaDataType_t bias_type = cuda_type(key.cd);
+    ST_CUBLAS_CHECK(
+        cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof bias_type));
+  }
   cublasLtMatrixLayout_t la, lb, lc;
   const cudaDataType_t ab = cuda_type(key.ab), cd = cuda_type(key.cd);
   ST_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&la, ab, key.ta ? key.k : key.m, key.ta ? key.m : key.k, key.lda));
@@ -118,12 +130,6 @@ int current_device() {
   return d;
 }
 
-template <typename T>
-__global__ void add_bias_kernel(T* y, const T* bias, int64_t rows, int64_t cols) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < rows * cols; i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = from_f32<T>(to_f32(y[i]) + to_f32(bias[i % cols]));
-}
-
 // dbias[o] += sum_t dy[t, o]: one thread per column, rows in order (deterministic).
 template <typename T, typename G>
 __global__ void bias_grad_kernel(G* dbias, const T* dy, int64_t rows, int64_t cols) {
@@ -158,17 +164,14 @@ void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, c
            dtype_name(x_TI.dtype()), " or f32, found ", dtype_name(y_TO.dtype()));
   if (T == 0 || O == 0) return;
   GemmKey key{current_device(), O, T, I, I, I, O, true, false, false, x_TI.dtype(), y_TO.dtype()};
-  gemm(key, weight_OI.raw_data(), x_TI.raw_data(), y_TO.raw_data(), stream_of(s));
   if (bias_O.defined()) {
     check_cuda_tensor(bias_O, op, "bias_O");
     check_shape(bias_O, {O}, op, "bias_O");
     check_dtype(bias_O, y_TO.dtype(), op, "bias_O");
-    dispatch_float(y_TO.dtype(), op, [&]<typename F>() {
-      add_bias_kernel<F><<<grid_for(T * O, 256), 256, 0, stream_of(s)>>>(
-          static_cast<F*>(y_TO.raw_data()), static_cast<const F*>(bias_O.raw_data()), T, O);
-    });
-    ST_CUDA_CHECK_LAUNCH();
+    key.bias = true;
   }
+  gemm(key, weight_OI.raw_data(), x_TI.raw_data(), y_TO.raw_data(), stream_of(s),
+       bias_O.defined() ? bias_O.raw_data() : nullptr);
 }
 
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
