@@ -23,6 +23,12 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
                           const Tensor& weight_VD, const Tensor& targets_T, const CrossEntropyOptions& options);
 }  // namespace cpu
 
+namespace cuda {
+void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
+                          const Tensor& weight_VD, const Tensor& targets_T, const CrossEntropyOptions& options,
+                          Stream stream);
+}  // namespace cuda
+
 // For logits = h_TD · weight_VD^T and integer targets_T (i32, each in [0, V) or ignore_index):
 //   loss_sum_1 += sum over counted t of (logsumexp(logits[t]) - logits[t, target[t]])
 //     (accumulates; 1-element tensor of stats_dtype(h))
@@ -30,13 +36,19 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
 //     dh_TD = grad_scale · (softmax(logits) - onehot(target)) · weight   (overwrites; rows of
 //             ignored tokens are zero)
 //     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates)
-// h, weight, dh, dweight share one dtype (f32/f64 on the CPU).
+// CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16;
+// logits f32; the gradient of the logits is rounded to h's dtype before the two GEMMs; dh
+// of h's dtype or f32, dweight of h's dtype or f32; loss_sum_1 f32 on the device.
 inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
                                  const Tensor& weight_VD, const Tensor& targets_T,
-                                 const CrossEntropyOptions& options, Stream = {}) {
+                                 const CrossEntropyOptions& options, [[maybe_unused]] Stream stream = {}) {
   if (h_TD.device().is_cpu())
     return cpu::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options, stream);
+#else
   no_kernel("linear_cross_entropy", h_TD);
+#endif
 }
 
 }  // namespace shardtrain::ops

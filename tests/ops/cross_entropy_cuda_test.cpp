@@ -1,0 +1,94 @@
+// CUDA fused linear + cross-entropy against the CPU twin: loss, dh (overwrite), dW
+// (accumulate), ignored targets, chunking, f32 and bf16. Skips without a device.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "ops/cross_entropy.h"
+#include "ops/elementwise.h"
+#include "testing/compare.h"
+#include "testing/cuda_util.h"
+
+namespace shardtrain::ops {
+namespace {
+
+using testing::all_close;
+using testing::to_device;
+using testing::to_dtype;
+using testing::to_host;
+
+Tensor rounded(const Shape& shape, DType dt, uint64_t seed, double mean, double scale) {
+  Tensor h = Tensor::empty(shape, DType::kF64);
+  testing::fill_random(h, seed, mean, scale);
+  return to_dtype(to_dtype(h, dt), DType::kF32);
+}
+
+struct Case {
+  int64_t T, D, V, chunk;
+  DType dt;
+};
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << dtype_name(c.dt) << "_T" << c.T << "_D" << c.D << "_V" << c.V << "_chunk" << c.chunk;
+}
+
+class CrossEntropyCuda : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+TEST_P(CrossEntropyCuda, MatchesCpu) {
+  const auto [T, D, V, chunk, dt] = GetParam();
+  const Tensor h = rounded({T, D}, dt, 1, 0.05, 1.0), w = rounded({V, D}, dt, 2, 0.0, 0.05);
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 3, 0, V);
+  for (int64_t t = 0; t < T; t += 7) targets.data<int32_t>()[t] = -100;
+  int64_t counted = 0;
+  for (int64_t t = 0; t < T; ++t) counted += targets.data<int32_t>()[t] != -100;
+  CrossEntropyOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(counted);
+  o.chunk_tokens = chunk;
+
+  const Tensor dw0 = rounded({V, D}, DType::kF32, 4, 0.0, 1e-3);
+  Tensor loss = Tensor::empty({1}, DType::kF32, Device::cuda(0));
+  fill(loss, 0.25);
+  Tensor dh = Tensor::empty({T, D}, dt, Device::cuda(0));
+  fill(dh, 7.0);  // garbage: dh must be overwritten
+  Tensor dw = to_device(dw0);
+  linear_cross_entropy(loss, dh, dw, to_device(to_dtype(h, dt)), to_device(to_dtype(w, dt)), to_device(targets), o);
+
+  Tensor loss_ref = Tensor::zeros({1}, DType::kF64);
+  loss_ref.data<double>()[0] = 0.25;
+  Tensor dh_ref = Tensor::empty({T, D}, DType::kF32), dw_ref = to_dtype(dw0, DType::kF32);
+  cpu::linear_cross_entropy(loss_ref, dh_ref, dw_ref, h, w, targets, o);
+
+  // bf16 inputs: the logits' gradient is rounded to bf16 before the GEMMs (header), so
+  // every output carries bf16-level error; f32 inputs compare at the f32 bound with the
+  // sqrt(K) summation-order term for near-zero (cancelling) elements.
+  const bool narrow = dt == DType::kBF16;
+  auto bound = [&](int64_t K, const Tensor& ref) {
+    testing::Tolerance t = narrow ? testing::kCudaBf16 : testing::kCudaF32VsCpu;
+    double m = 0;
+    const Tensor r = to_dtype(ref, DType::kF32);
+    for (int64_t i = 0; i < r.numel(); ++i) m = std::max(m, static_cast<double>(std::fabs(r.data<float>()[i])));
+    t.atol = std::max(t.atol, (narrow ? 0x1p-8 : 4.0 * std::sqrt(static_cast<double>(K)) * 0x1p-24) * m);
+    return t;
+  };
+  EXPECT_TRUE(all_close(to_host(loss), loss_ref, narrow ? testing::kCudaBf16 : testing::kCudaF32VsCpu)) << "loss";
+  EXPECT_TRUE(all_close(to_host(dh), to_dtype(dh_ref, dt), bound(V, dh_ref))) << "dh";
+  EXPECT_TRUE(all_close(to_host(dw), dw_ref, bound(T, dw_ref))) << "dweight (accumulated)";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda,
+                         ::testing::Values(Case{37, 64, 259, 16, DType::kF32}, Case{37, 64, 259, 1000, DType::kBF16},
+                                           Case{1031, 512, 32003, 256, DType::kBF16},
+                                           Case{1024, 2048, 128256, 512, DType::kBF16}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::ostringstream s;
+                           PrintTo(i.param, &s);
+                           return s.str();
+                         });
+
+}  // namespace
+}  // namespace shardtrain::ops
