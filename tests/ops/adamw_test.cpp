@@ -1,0 +1,60 @@
+// CPU AdamW against torch.optim.AdamW's formula evaluated here, over several steps.
+#include <cmath>
+
+#include "ops/adamw.h"
+#include "ops/op_testing.h"
+
+namespace shardtrain::ops {
+namespace {
+
+TEST(AdamW, MatchesTheFormulaOverThreeSteps) {
+  for (DType dt : {DType::kF64, DType::kF32}) {
+    const int64_t n = 1003;
+    Tensor p = testing::to_dtype(random_f64({n}, 1), dt), m = Tensor::zeros({n}, dt), v = Tensor::zeros({n}, dt);
+    std::vector<double> rp(static_cast<size_t>(n)), rm(static_cast<size_t>(n), 0.0), rv(static_cast<size_t>(n), 0.0);
+    for (int64_t i = 0; i < n; ++i) rp[static_cast<size_t>(i)] = testing::to_f64(p).data<double>()[i];
+    AdamWOptions o;
+    o.lr = 3e-2;
+    o.beta1 = 0.9;
+    o.beta2 = 0.95;
+    o.eps = 1e-8;
+    o.weight_decay = 0.1;
+    for (int64_t step = 1; step <= 3; ++step) {
+      const Tensor g = testing::to_dtype(random_f64({n}, 10 + step, 0.05, 0.5), dt);
+      o.step = step;
+      cpu::adamw_step(p, m, v, g, o);
+      const Tensor g64 = testing::to_f64(g);
+      for (size_t i = 0; i < static_cast<size_t>(n); ++i) {
+        const double gi = g64.data<double>()[i];
+        rp[i] *= 1 - o.lr * o.weight_decay;
+        rm[i] = o.beta1 * rm[i] + (1 - o.beta1) * gi;
+        rv[i] = o.beta2 * rv[i] + (1 - o.beta2) * gi * gi;
+        const double bc1 = 1 - std::pow(o.beta1, step), bc2 = 1 - std::pow(o.beta2, step);
+        rp[i] -= o.lr / bc1 * rm[i] / (std::sqrt(rv[i]) / std::sqrt(bc2) + o.eps);
+      }
+    }
+    Tensor ref = Tensor::empty({n}, DType::kF64);
+    for (int64_t i = 0; i < n; ++i) ref.data<double>()[i] = rp[static_cast<size_t>(i)];
+    const testing::Tolerance tol = dt == DType::kF64 ? testing::Tolerance{1e-12, 1e-12, 1e-14} : testing::kCpuF32VsF64;
+    EXPECT_TRUE(testing::all_close(p, ref, tol)) << dtype_name(dt);
+  }
+}
+
+TEST(AdamW, HandComputedScalar) {
+  // step 1 from m = v = 0: the update is lr * g / (|g| + eps) = lr * sign(g) (+ decay)
+  Tensor p = Tensor::empty({1}, DType::kF64), m = Tensor::zeros({1}, DType::kF64), v = Tensor::zeros({1}, DType::kF64),
+         g = Tensor::empty({1}, DType::kF64);
+  p.data<double>()[0] = 2.0;
+  g.data<double>()[0] = -0.5;
+  AdamWOptions o;
+  o.lr = 0.1;
+  o.weight_decay = 0.01;
+  o.eps = 0.0;
+  cpu::adamw_step(p, m, v, g, o);
+  EXPECT_DOUBLE_EQ(p.data<double>()[0], 2.0 * (1 - 0.001) + 0.1);
+  EXPECT_DOUBLE_EQ(m.data<double>()[0], -0.05);
+  EXPECT_DOUBLE_EQ(v.data<double>()[0], 0.001 * 0.25);
+}
+
+}  // namespace
+}  // namespace shardtrain::ops

@@ -1,0 +1,115 @@
+// CPU tiled attention: forward and log-sum-exp against the naive full softmax in f64 for
+// GQA ratios 1/2/4, lengths that straddle tiles, causal and not; tile sizes change nothing
+// beyond rounding; the backward equals finite differences for q, k and v.
+#include <cmath>
+#include <cstring>
+#include <sstream>
+
+#include "ops/attention.h"
+#include "ops/op_testing.h"
+
+namespace shardtrain::ops {
+namespace {
+
+void naive(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), M = k.size(2), G = N / M;
+  const Tensor q64 = testing::to_f64(q), k64 = testing::to_f64(k), v64 = testing::to_f64(v);
+  out = Tensor::empty(q.shape(), DType::kF64);
+  lse = Tensor::empty({B, N, T}, DType::kF64);
+  const double scale = 1 / std::sqrt(static_cast<double>(H));
+  std::vector<double> s(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < T; ++i) {
+        const int64_t end = causal ? i + 1 : T;
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < end; ++j) {
+          double d = 0;
+          for (int64_t h = 0; h < H; ++h)
+            d += q64.data<double>()[((b * T + i) * N + n) * H + h] * k64.data<double>()[((b * T + j) * M + n / G) * H + h];
+          s[static_cast<size_t>(j)] = d * scale;
+          mx = std::max(mx, d * scale);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < end; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+        lse.data<double>()[(b * N + n) * T + i] = mx + std::log(sum);
+        for (int64_t h = 0; h < H; ++h) {
+          double acc = 0;
+          for (int64_t j = 0; j < end; ++j)
+            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum * v64.data<double>()[((b * T + j) * M + n / G) * H + h];
+          out.data<double>()[((b * T + i) * N + n) * H + h] = acc;
+        }
+      }
+}
+
+struct Case {
+  int64_t B, T, N, M, H, block;
+  bool causal;
+};
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_N" << c.N << "_M" << c.M << "_H" << c.H << "_tile" << c.block
+      << (c.causal ? "_causal" : "_full");
+}
+
+class AttentionForward : public ::testing::TestWithParam<Case> {};
+
+TEST_P(AttentionForward, MatchesNaiveSoftmax) {
+  const Case c = GetParam();
+  const Tensor q64 = random_f64({c.B, c.T, c.N, c.H}, 1, 0.1, 0.8), k64 = random_f64({c.B, c.T, c.M, c.H}, 2, -0.1, 0.8),
+               v64 = random_f64({c.B, c.T, c.M, c.H}, 3, 0.2, 1.5);
+  Tensor ref, ref_lse;
+  naive(ref, ref_lse, q64, k64, v64, c.causal);
+  AttentionOptions o;
+  o.causal = c.causal;
+  o.block_queries = c.block;
+  o.block_keys = c.block / 2 + 3;  // different query and key tiles, neither dividing T
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const Tensor q = testing::to_dtype(q64, dt), k = testing::to_dtype(k64, dt), v = testing::to_dtype(v64, dt);
+    Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({c.B, c.N, c.T}, stats_dtype(dt));
+    cpu::attention_forward(out, lse, q, k, v, o);
+    EXPECT_TRUE(testing::all_close(out, ref, testing::kCpuF32VsF64)) << dtype_name(dt) << " out";
+    EXPECT_TRUE(testing::all_close(lse, ref_lse, testing::kCpuF32VsF64)) << dtype_name(dt) << " lse";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionForward,
+                         ::testing::Values(Case{2, 37, 4, 4, 16, 16, true}, Case{2, 37, 4, 2, 16, 32, true},
+                                           Case{1, 70, 8, 2, 8, 64, true}, Case{1, 1, 4, 1, 16, 64, true},
+                                           Case{2, 37, 4, 1, 12, 16, false}, Case{1, 130, 2, 1, 32, 64, true}),
+                         [](const ::testing::TestParamInfo<Case>& i) {
+                           std::ostringstream s;
+                           PrintTo(i.param, &s);
+                           return s.str();
+                         });
+
+TEST(Attention, BackwardMatchesFiniteDifferences) {
+  for (const Case& c : {Case{1, 7, 4, 2, 6, 4, true}, Case{2, 5, 4, 1, 4, 2, true}, Case{1, 6, 2, 2, 4, 4, false}}) {
+    Tensor q = random_f64({c.B, c.T, c.N, c.H}, 4, 0.1, 0.8), k = random_f64({c.B, c.T, c.M, c.H}, 5, -0.1, 0.8),
+           v = random_f64({c.B, c.T, c.M, c.H}, 6, 0.2, 1.5);
+    const Tensor dout = random_f64(q.shape(), 7);
+    AttentionOptions o;
+    o.causal = c.causal;
+    o.block_queries = c.block;
+    o.block_keys = c.block - 1;
+    Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+    cpu::attention_forward(out, lse, q, k, v, o);
+    Tensor dq = random_f64(q.shape(), 8), dk = random_f64(k.shape(), 9), dv = random_f64(v.shape(), 10);  // overwritten
+    cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+    std::ostringstream name;
+    PrintTo(c, &name);
+    SCOPED_TRACE(name.str());
+    expect_gradients({{"q", &q, dq}, {"k", &k, dk}, {"v", &v, dv}}, [&] {
+      cpu::attention_forward(out, lse, q, k, v, o);
+      return testing::dot(dout, out);
+    });
+  }
+}
+
+TEST(Attention, ErrorsNameTheArgument) {
+  Tensor q = Tensor::zeros({1, 4, 6, 8}, DType::kF32), k = Tensor::zeros({1, 4, 4, 8}, DType::kF32);
+  Tensor out = Tensor::zeros({1, 4, 6, 8}, DType::kF32), lse = Tensor::zeros({1, 6, 4}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, k, k, {}); }, "must divide query heads (6)"));
+}
+
+}  // namespace
+}  // namespace shardtrain::ops

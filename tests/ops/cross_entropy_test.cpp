@@ -1,0 +1,86 @@
+// CPU fused linear + cross-entropy: loss against full logits in f64, gradients against
+// finite differences, chunk sizes, ignored targets, and the overwrite/accumulate contract.
+#include <cmath>
+
+#include "ops/cross_entropy.h"
+#include "ops/op_testing.h"
+
+namespace shardtrain::ops {
+namespace {
+
+double direct_loss(const Tensor& h, const Tensor& w, const Tensor& targets, int32_t ignore) {
+  const int64_t T = h.size(0), D = h.size(1), V = w.size(0);
+  const Tensor h64 = testing::to_f64(h), w64 = testing::to_f64(w);
+  double total = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const int32_t y = targets.data<int32_t>()[t];
+    if (y == ignore) continue;
+    std::vector<double> z(static_cast<size_t>(V));
+    double mx = -INFINITY;
+    for (int64_t c = 0; c < V; ++c) {
+      double s = 0;
+      for (int64_t d = 0; d < D; ++d) s += h64.data<double>()[t * D + d] * w64.data<double>()[c * D + d];
+      z[static_cast<size_t>(c)] = s;
+      mx = std::max(mx, s);
+    }
+    double sum = 0;
+    for (double s : z) sum += std::exp(s - mx);
+    total += mx + std::log(sum) - z[static_cast<size_t>(y)];
+  }
+  return total;
+}
+
+TEST(CrossEntropy, LossMatchesFullLogitsForAnyChunk) {
+  const int64_t T = 37, D = 24, V = 67;
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 1, 0, V);
+  targets.data<int32_t>()[4] = -100;
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const Tensor h = testing::to_dtype(random_f64({T, D}, 2), dt), w = testing::to_dtype(random_f64({V, D}, 3, 0.0, 0.3), dt);
+    const double ref = direct_loss(h, w, targets, -100);
+    for (int64_t chunk : {1, 7, 37, 256}) {
+      Tensor loss = Tensor::zeros({1}, DType::kF64), none;
+      CrossEntropyOptions o;
+      o.chunk_tokens = chunk;
+      o.compute_grad = false;
+      cpu::linear_cross_entropy(loss, none, none, h, w, targets, o);
+      EXPECT_NEAR(loss.data<double>()[0], ref, 1e-5 * std::fabs(ref)) << dtype_name(dt) << " chunk " << chunk;
+    }
+  }
+}
+
+TEST(CrossEntropy, GradientsMatchFiniteDifferences_f64_T9_D6_V11) {
+  const int64_t T = 9, D = 6, V = 11;
+  Tensor h = random_f64({T, D}, 4), w = random_f64({V, D}, 5, 0.0, 0.5);
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 6, 0, V);
+  targets.data<int32_t>()[2] = -100;
+  CrossEntropyOptions o;
+  o.grad_scale = 1.0 / 8.0;
+  o.chunk_tokens = 4;
+  Tensor loss = Tensor::zeros({1}, DType::kF64);
+  Tensor dh = random_f64({T, D}, 7);  // garbage: overwritten
+  const Tensor dw0 = random_f64({V, D}, 8);
+  Tensor dw = testing::to_f64(dw0);
+  cpu::linear_cross_entropy(loss, dh, dw, h, w, targets, o);
+  for (int64_t d = 0; d < D; ++d) EXPECT_EQ(dh.data<double>()[2 * D + d], 0.0) << "ignored row";
+  Tensor dw_only = testing::to_f64(dw);
+  for (int64_t i = 0; i < V * D; ++i) dw_only.data<double>()[i] -= dw0.data<double>()[i];
+  expect_gradients({{"h", &h, dh}, {"weight", &w, dw_only}}, [&] { return direct_loss(h, w, targets, -100) / 8.0; });
+}
+
+TEST(CrossEntropy, LossOnlyLeavesGradientsAndBadTargetsAreNamed) {
+  const Tensor h = random_f64({3, 4}, 9), w = random_f64({5, 4}, 10);
+  Tensor targets = Tensor::zeros({3}, DType::kI32);
+  Tensor loss = Tensor::zeros({1}, DType::kF64), dh = random_f64({3, 4}, 11), dw = random_f64({5, 4}, 12);
+  const Tensor dh0 = testing::to_f64(dh);
+  CrossEntropyOptions o;
+  o.compute_grad = false;
+  cpu::linear_cross_entropy(loss, dh, dw, h, w, targets, o);
+  EXPECT_TRUE(testing::all_close(dh, dh0, testing::kExact));
+  targets.data<int32_t>()[1] = 5;
+  EXPECT_TRUE(throws_with([&] { cpu::linear_cross_entropy(loss, dh, dw, h, w, targets, o); }, "target 5 at position 1"));
+}
+
+}  // namespace
+}  // namespace shardtrain::ops

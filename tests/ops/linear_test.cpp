@@ -1,0 +1,83 @@
+// CPU linear (BLAS): forward against a direct f64 product, backward against finite
+// differences for x, weight and bias, and the dx overwrite/accumulate and dW accumulate rules.
+#include <algorithm>
+#include <cmath>
+
+#include "ops/linear.h"
+#include "ops/op_testing.h"
+
+namespace shardtrain::ops {
+namespace {
+
+Tensor direct(const Tensor& x, const Tensor& w, const Tensor& b) {
+  const int64_t T = x.size(0), I = x.size(1), O = w.size(0);
+  const Tensor x64 = testing::to_f64(x), w64 = testing::to_f64(w);
+  Tensor y = Tensor::empty({T, O}, DType::kF64);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = b.defined() ? testing::to_f64(b).data<double>()[o] : 0.0;
+      for (int64_t i = 0; i < I; ++i) s += x64.data<double>()[t * I + i] * w64.data<double>()[o * I + i];
+      y.data<double>()[t * O + o] = s;
+    }
+  return y;
+}
+
+// f32 BLAS sums K products in its own order: elements near zero (cancelling sums) differ
+// from the f64 reference by up to about sqrt(K) * 2^-24 * the partial sums' size, so the
+// elementwise bound carries that absolute term; the relative-norm bound stays shared.
+testing::Tolerance gemm_tolerance(int64_t K, const Tensor& ref) {
+  double m = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) m = std::max(m, std::fabs(ref.data<double>()[i]));
+  testing::Tolerance t = testing::kCpuF32VsF64;
+  t.atol = std::max(t.atol, 4.0 * std::sqrt(static_cast<double>(K)) * 0x1p-24 * m);
+  return t;
+}
+
+TEST(Linear, ForwardMatchesDirect) {
+  for (auto [T, I, O] : {std::tuple<int64_t, int64_t, int64_t>{37, 67, 45}, {64, 128, 256}, {1, 300, 7}}) {
+    for (DType dt : {DType::kF32, DType::kF64}) {
+      for (bool bias : {false, true}) {
+        const Tensor x = testing::to_dtype(random_f64({T, I}, 1), dt), w = testing::to_dtype(random_f64({O, I}, 2, -0.05, 0.2), dt);
+        const Tensor b = bias ? testing::to_dtype(random_f64({O}, 3), dt) : Tensor();
+        Tensor y = Tensor::empty({T, O}, dt);
+        cpu::linear_forward(y, x, w, b);
+        const Tensor ref = direct(x, w, b);
+        EXPECT_TRUE(testing::all_close(y, ref, gemm_tolerance(I, ref)))
+            << dtype_name(dt) << " T=" << T << " I=" << I << " O=" << O << " bias=" << bias;
+      }
+    }
+  }
+}
+
+TEST(Linear, BackwardMatchesFiniteDifferences_f64_T7_I9_O5) {
+  const int64_t T = 7, I = 9, O = 5;
+  Tensor x = random_f64({T, I}, 4), w = random_f64({O, I}, 5), b = random_f64({O}, 6);
+  const Tensor dy = random_f64({T, O}, 7);
+  const Tensor dw0 = random_f64({O, I}, 8), db0 = random_f64({O}, 9), dx0 = random_f64({T, I}, 10);
+  Tensor dx = testing::to_f64(dx0), dw = testing::to_f64(dw0), db = testing::to_f64(db0);
+  cpu::linear_backward(dx, dw, db, dy, x, w, {});
+  auto minus = [](const Tensor& a, const Tensor& s) {
+    Tensor r = testing::to_f64(a);
+    for (int64_t i = 0; i < r.numel(); ++i) r.data<double>()[i] -= s.data<double>()[i];
+    return r;
+  };
+  Tensor y = Tensor::empty({T, O}, DType::kF64);
+  expect_gradients({{"x (overwritten)", &x, dx}, {"weight (accumulated)", &w, minus(dw, dw0)},
+                    {"bias (accumulated)", &b, minus(db, db0)}},
+                   [&] {
+                     cpu::linear_forward(y, x, w, b);
+                     return testing::dot(dy, y);
+                   });
+  // accumulate_dx adds onto what is there
+  Tensor dx_acc = testing::to_f64(dx0), unused_dw = Tensor::zeros({O, I}, DType::kF64), none;
+  cpu::linear_backward(dx_acc, unused_dw, none, dy, x, w, {.accumulate_dx = true});
+  EXPECT_TRUE(testing::all_close(minus(dx_acc, dx0), dx, {1e-12, 1e-12, 1e-12}));
+}
+
+TEST(Linear, ErrorsNameTheArgument) {
+  Tensor x = Tensor::zeros({4, 8}, DType::kF32), w = Tensor::zeros({3, 9}, DType::kF32), y = Tensor::zeros({4, 3}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { cpu::linear_forward(y, x, w, Tensor()); }, "`weight_OI` expected shape [3, 8], found [3, 9]"));
+}
+
+}  // namespace
+}  // namespace shardtrain::ops

@@ -1,0 +1,64 @@
+// CPU RMSNorm: forward against a direct f64 computation in f32 and f64, backward against
+// finite differences, and the overwrite (dx) / accumulate (dweight) contract.
+#include <cmath>
+
+#include "ops/op_testing.h"
+#include "ops/rmsnorm.h"
+
+namespace shardtrain::ops {
+namespace {
+
+Tensor direct(const Tensor& x, const Tensor& w, double eps) {
+  const int64_t T = x.size(0), D = x.size(1);
+  const Tensor x64 = testing::to_f64(x), w64 = testing::to_f64(w);
+  Tensor y = Tensor::empty({T, D}, DType::kF64);
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < D; ++i) ss += x64.data<double>()[t * D + i] * x64.data<double>()[t * D + i];
+    const double r = 1 / std::sqrt(ss / D + eps);
+    for (int64_t i = 0; i < D; ++i) y.data<double>()[t * D + i] = w64.data<double>()[i] * x64.data<double>()[t * D + i] * r;
+  }
+  return y;
+}
+
+TEST(RmsNorm, ForwardMatchesDirect) {
+  for (auto [T, D] : {std::pair<int64_t, int64_t>{37, 67}, {64, 128}, {300, 512}}) {
+    for (DType dt : {DType::kF32, DType::kF64}) {
+      const Tensor x = testing::to_dtype(random_f64({T, D}, 1, 0.3, 2.0), dt);
+      const Tensor w = testing::to_dtype(random_f64({D}, 2, 1.0, 0.3), dt);
+      Tensor y = Tensor::empty({T, D}, dt), rstd = Tensor::empty({T}, stats_dtype(dt));
+      cpu::rmsnorm_forward(y, rstd, x, w, {1e-5});
+      EXPECT_TRUE(testing::all_close(y, direct(x, w, 1e-5), testing::kCpuF32VsF64))
+          << dtype_name(dt) << " T=" << T << " D=" << D;
+    }
+  }
+}
+
+TEST(RmsNorm, BackwardMatchesFiniteDifferences_f64_T5_D13) {
+  const int64_t T = 5, D = 13;
+  Tensor x = random_f64({T, D}, 3, 0.3, 2.0), w = random_f64({D}, 4, 1.0, 0.3);
+  const Tensor dy = random_f64({T, D}, 5);
+  Tensor y = Tensor::empty({T, D}, DType::kF64), rstd = Tensor::empty({T}, DType::kF64);
+  cpu::rmsnorm_forward(y, rstd, x, w, {1e-5});
+  Tensor dx = random_f64({T, D}, 6);  // garbage: must be overwritten
+  const Tensor dw0 = random_f64({D}, 7);
+  Tensor dw = testing::to_f64(dw0);
+  cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
+  Tensor dw_only = Tensor::empty({D}, DType::kF64);
+  for (int64_t i = 0; i < D; ++i) dw_only.data<double>()[i] = dw.data<double>()[i] - dw0.data<double>()[i];
+  expect_gradients({{"x", &x, dx}, {"weight", &w, dw_only}}, [&] {
+    cpu::rmsnorm_forward(y, rstd, x, w, {1e-5});
+    return testing::dot(dy, y);
+  });
+}
+
+TEST(RmsNorm, ErrorsNameTheArgument) {
+  Tensor x = Tensor::zeros({4, 8}, DType::kF32), w = Tensor::zeros({9}, DType::kF32), y = Tensor::zeros({4, 8}, DType::kF32),
+         r = Tensor::zeros({4}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { cpu::rmsnorm_forward(y, r, x, w, {}); }, "`weight_D` expected shape [8], found [9]"));
+  Tensor r64 = Tensor::zeros({4}, DType::kF64), w8 = Tensor::zeros({8}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { cpu::rmsnorm_forward(y, r64, x, w8, {}); }, "`rstd_T` expected dtype f32"));
+}
+
+}  // namespace
+}  // namespace shardtrain::ops

@@ -1,0 +1,89 @@
+// CPU rotary embedding: llama3 frequencies against the formula evaluated here, the
+// rotate_half pairing against a direct computation, and the backward against finite
+// differences (it is the inverse rotation).
+#include <cmath>
+#include <cstring>
+#include <numbers>
+
+#include "ops/op_testing.h"
+#include "ops/rope.h"
+
+namespace shardtrain::ops {
+namespace {
+
+TEST(Rope, Llama3FrequenciesFollowTheFormula) {
+  RopeOptions o;
+  o.theta = 500000.0;
+  o.scaling = {RopeScalingType::kLlama3, 8.0, 1.0, 4.0, 8192};
+  const int64_t H = 128;
+  const std::vector<double> inv = rope_inv_frequencies(H, o);
+  int low = 0, mid = 0, high = 0;
+  for (int64_t k = 0; k < H / 2; ++k) {
+    const double base = std::pow(500000.0, -2.0 * static_cast<double>(k) / H);
+    const double wavelen = 2 * std::numbers::pi / base;
+    double expect;
+    if (wavelen < 8192.0 / 4.0) {
+      expect = base;
+      ++high;
+    } else if (wavelen > 8192.0 / 1.0) {
+      expect = base / 8.0;
+      ++low;
+    } else {
+      const double smooth = (8192.0 / wavelen - 1.0) / (4.0 - 1.0);
+      expect = (1 - smooth) * base / 8.0 + smooth * base;
+      ++mid;
+    }
+    EXPECT_NEAR(inv[static_cast<size_t>(k)], expect, 1e-15 * expect) << "k=" << k;
+  }
+  EXPECT_GT(low, 0);  // all three bands are exercised
+  EXPECT_GT(mid, 0);
+  EXPECT_GT(high, 0);
+}
+
+TEST(Rope, ForwardPairsIWithIPlusHalfAndBackwardIsItsGradient) {
+  const int64_t B = 2, T = 37, heads = 3, H = 10, K = H / 2;
+  RopeOptions o;
+  o.theta = 10000.0;
+  Tensor cos_t = Tensor::empty({T + 3, K}, DType::kF64), sin_t = Tensor::empty({T + 3, K}, DType::kF64);
+  rope_table(cos_t, sin_t, H, o);
+  Tensor x = random_f64({B, T, heads, H}, 1);
+  const Tensor x0 = testing::to_f64(x);
+  Tensor y = testing::to_f64(x);
+  cpu::rope_forward(y, cos_t, sin_t);
+  const std::vector<double> inv = rope_inv_frequencies(H, o);
+  Tensor ref = Tensor::empty(x.shape(), DType::kF64);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t k = 0; k < K; ++k) {
+          const double a = t * inv[static_cast<size_t>(k)];
+          const int64_t base = ((b * T + t) * heads + h) * H;
+          const double u = x0.data<double>()[base + k], v = x0.data<double>()[base + k + K];
+          ref.data<double>()[base + k] = u * std::cos(a) - v * std::sin(a);
+          ref.data<double>()[base + k + K] = v * std::cos(a) + u * std::sin(a);
+        }
+  EXPECT_TRUE(testing::all_close(y, ref, {1e-14, 1e-12, 1e-14}));
+  const Tensor y32 = testing::to_dtype(x0, DType::kF32);
+  Tensor y32r = testing::to_dtype(x0, DType::kF32);
+  Tensor c32 = testing::to_dtype(cos_t, DType::kF32), s32 = testing::to_dtype(sin_t, DType::kF32);
+  cpu::rope_forward(y32r, c32, s32);
+  EXPECT_TRUE(testing::all_close(y32r, ref, testing::kCpuF32VsF64)) << "f32";
+
+  const Tensor dy = random_f64(x.shape(), 2);
+  Tensor dx = testing::to_f64(dy);
+  cpu::rope_backward(dx, cos_t, sin_t);
+  Tensor out = Tensor::empty(x.shape(), DType::kF64);
+  expect_gradients({{"x", &x, dx}}, [&] {
+    std::memcpy(out.raw_data(), x.raw_data(), x.nbytes());
+    cpu::rope_forward(out, cos_t, sin_t);
+    return testing::dot(dy, out);
+  });
+}
+
+TEST(Rope, TableTooShortIsNamed) {
+  Tensor c = Tensor::zeros({4, 2}, DType::kF32), s = Tensor::zeros({4, 2}, DType::kF32), x = Tensor::zeros({1, 5, 1, 4}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(x, c, s); }, "`cos_TK` must be [>= 5, 2]"));
+}
+
+}  // namespace
+}  // namespace shardtrain::ops

@@ -1,0 +1,39 @@
+// CPU SwiGLU: forward against silu(g) * u in f64, backward against finite differences.
+#include <cmath>
+
+#include "ops/op_testing.h"
+#include "ops/swiglu.h"
+
+namespace shardtrain::ops {
+namespace {
+
+TEST(SwiGlu, ForwardAndBackward) {
+  for (auto [T, F] : {std::pair<int64_t, int64_t>{37, 67}, {128, 512}}) {
+    for (DType dt : {DType::kF32, DType::kF64}) {
+      const Tensor g64 = random_f64({T, F}, 1, 0.2, 2.0), u64 = random_f64({T, F}, 2);
+      const Tensor g = testing::to_dtype(g64, dt), u = testing::to_dtype(u64, dt);
+      Tensor h = Tensor::empty({T, F}, dt);
+      cpu::swiglu_forward(h, g, u);
+      Tensor ref = Tensor::empty({T, F}, DType::kF64);
+      const Tensor gr = testing::to_f64(g), ur = testing::to_f64(u);
+      for (int64_t i = 0; i < T * F; ++i) {
+        const double x = gr.data<double>()[i];
+        ref.data<double>()[i] = x / (1 + std::exp(-x)) * ur.data<double>()[i];
+      }
+      EXPECT_TRUE(testing::all_close(h, ref, testing::kCpuF32VsF64)) << dtype_name(dt) << " T=" << T << " F=" << F;
+    }
+  }
+  const int64_t T = 5, F = 11;
+  Tensor g = random_f64({T, F}, 3, 0.2, 2.0), u = random_f64({T, F}, 4);
+  const Tensor dh = random_f64({T, F}, 5);
+  Tensor dg = random_f64({T, F}, 6), du = random_f64({T, F}, 7);  // garbage: overwritten
+  cpu::swiglu_backward(dg, du, dh, g, u);
+  Tensor h = Tensor::empty({T, F}, DType::kF64);
+  expect_gradients({{"gate", &g, dg}, {"up", &u, du}}, [&] {
+    cpu::swiglu_forward(h, g, u);
+    return testing::dot(dh, h);
+  });
+}
+
+}  // namespace
+}  // namespace shardtrain::ops
