@@ -27,15 +27,16 @@ struct ChatMessage {
 //   model: BPE with vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges, no
 //     dropout, no continuing_subword_prefix / end_of_word_suffix; every one of the 256 byte
 //     tokens must be in the vocab (so unk_token and byte_fallback never apply).
-//   decoder: null or ByteLevel. post_processor: ignored (encode() never adds BOS/EOS).
+//   decoder: ByteLevel. post_processor: ignored (encode() never adds BOS/EOS).
 //   added_tokens: content, id, special, normalized, lstrip, rstrip; single_word must be false.
 // Differences from HF: decode() returns the raw bytes (HF replaces invalid UTF-8 with U+FFFD,
 // which only matters for id sequences that cut a character); encode() rejects invalid UTF-8
 // (HF's API only takes valid strings).
 class BpeTokenizer final : public Tokenizer {
  public:
-  // Loads `tokenizer_json_path`, and tokenizer_config.json from the same folder when present.
-  explicit BpeTokenizer(const std::string& tokenizer_json_path);
+  // Loads `path` (tokenizer.json, or a folder holding it), and tokenizer_config.json from the
+  // same folder when present.
+  explicit BpeTokenizer(const std::string& path);
   // Loads both files; an empty `tokenizer_config_path` means none.
   BpeTokenizer(const std::string& tokenizer_json_path, const std::string& tokenizer_config_path);
   ~BpeTokenizer() override;
@@ -74,9 +75,8 @@ class BpeTokenizer final : public Tokenizer {
   std::string apply_chat_template(std::span<const ChatMessage> messages,
                                   bool add_generation_prompt) const;
 
-  struct Impl;
-
  private:
+  struct Impl;  // bpe_tokenizer_internal.h
   std::unique_ptr<Impl> impl_;
 };
 

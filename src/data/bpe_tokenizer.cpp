@@ -1,0 +1,426 @@
+// Encoding and decoding of BpeTokenizer. Vocab entries are raw bytes (the byte-level alphabet
+// is undone at load time), so encoding works on the input bytes directly. Mirrors HF
+// `tokenizers`: AddedVocabulary (split on added tokens), Split pre-tokenizer (Isolated),
+// BPE::merge_all, ByteLevel decoder.
+#include "data/bpe_tokenizer.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+
+#include "data/bpe_tokenizer_internal.h"
+
+namespace shardtrain::data {
+namespace bpe_detail {
+
+// ---- UTF-8 ----
+
+void append_utf8(std::string& out, char32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// Offset of the first byte that is not part of well-formed UTF-8 (no overlongs, surrogates or
+// code points past U+10FFFF, as PCRE2 requires), or npos.
+size_t find_invalid_utf8(std::string_view s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    if (i + 8 <= n) {
+      uint64_t word;
+      std::memcpy(&word, p + i, 8);
+      if ((word & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
+    const unsigned char c = p[i];
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      if (c == 0xE0) lo = 0xA0;
+      if (c == 0xED) hi = 0x9F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      if (c == 0xF0) lo = 0x90;
+      if (c == 0xF4) hi = 0x8F;
+    } else {
+      return i;
+    }
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
+    }
+    i += len;
+  }
+  return std::string_view::npos;
+}
+
+// Rust's char::is_whitespace (Unicode White_Space), used by HF for lstrip / rstrip.
+bool is_unicode_white_space(char32_t c) {
+  return (c >= 0x09 && c <= 0x0D) || c == 0x20 || c == 0x85 || c == 0xA0 || c == 0x1680 ||
+         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
+         c == 0x3000;
+}
+
+// Python's str.isspace, used by Jinja's `trim` filter.
+bool is_python_space(char32_t c) { return is_unicode_white_space(c) || (c >= 0x1C && c <= 0x1F); }
+
+ByteLevelAlphabet::ByteLevelAlphabet() {
+  char_to_byte.fill(-1);
+  char32_t next = 256;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    byte_to_char[b] = printable ? char32_t(b) : next++;
+    char_to_byte[byte_to_char[b]] = static_cast<int16_t>(b);
+  }
+}
+
+bool ByteLevelAlphabet::to_bytes(std::string_view token, std::string& bytes) const {
+  bytes.clear();
+  size_t i = 0;
+  while (i < token.size()) {
+    size_t len;
+    const char32_t c = decode_utf8(token, i, len);
+    if (c >= char_to_byte.size() || char_to_byte[c] < 0) return false;
+    bytes += static_cast<char>(char_to_byte[c]);
+    i += len;
+  }
+  return true;
+}
+
+const ByteLevelAlphabet& alphabet() {
+  static const ByteLevelAlphabet table;
+  return table;
+}
+
+// ---- PCRE2 ----
+
+namespace {
+
+// Per-thread match data: one ovector pair is all we read (rc 0 means "more captures than
+// pairs", still a match), so a single block serves every pattern.
+struct ThreadMatchData {
+  pcre2_match_data* data = pcre2_match_data_create(1, nullptr);
+  ~ThreadMatchData() { pcre2_match_data_free(data); }
+};
+
+std::string pcre2_message(int code) {
+  std::array<PCRE2_UCHAR, 256> message{};
+  pcre2_get_error_message(code, message.data(), message.size());
+  return reinterpret_cast<const char*>(message.data());
+}
+
+}  // namespace
+
+Regex::Regex(const std::string& pattern, bool literal, const std::string& where) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  const uint32_t flags = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0u);
+  code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(), flags, &error,
+                        &offset, nullptr);
+  ST_CHECK(code_ != nullptr, where, ": PCRE2 cannot compile the pattern at offset ", offset, ": ",
+           pcre2_message(error));
+  jit_ = pcre2_jit_compile(code_, PCRE2_JIT_COMPLETE) == 0;
+}
+
+Regex::~Regex() { pcre2_code_free(code_); }
+
+bool Regex::find(std::string_view subject, size_t start, size_t& begin, size_t& end) const {
+  thread_local ThreadMatchData match;
+  ST_CHECK(match.data != nullptr, "PCRE2: out of memory for match data");
+  const auto* s = reinterpret_cast<PCRE2_SPTR>(subject.data());
+  // The caller validated the UTF-8 once for the whole text (pcre2_jit_match never checks).
+  const int rc =
+      jit_ ? pcre2_jit_match(code_, s, subject.size(), start, 0, match.data, nullptr)
+           : pcre2_match(code_, s, subject.size(), start, PCRE2_NO_UTF_CHECK, match.data, nullptr);
+  if (rc == PCRE2_ERROR_NOMATCH) return false;
+  ST_CHECK(rc >= 0, "pre-tokenizer regex failed: ", pcre2_message(rc));
+  const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.data);
+  begin = ovector[0];
+  end = ovector[1];
+  return true;
+}
+
+}  // namespace bpe_detail
+
+using namespace bpe_detail;
+
+void BpeTokenizer::Impl::set_token(int32_t id, std::string_view bytes) {
+  if (static_cast<size_t>(id) >= token_length.size()) {
+    token_offset.resize(id + 1, 0);
+    token_length.resize(id + 1, -1);
+    special.resize(id + 1, false);
+  }
+  token_offset[id] = token_bytes.size();
+  token_length[id] = static_cast<int32_t>(bytes.size());
+  token_bytes.append(bytes);
+}
+
+// ---- encoding ----
+
+void BpeTokenizer::Impl::encode_added(int pass, std::string_view text,
+                                      std::vector<int32_t>& ids) const {
+  if (text.empty()) return;
+  const AddedTokenMatcher* matcher = pass == 0   ? &added_raw
+                                     : pass == 1 ? &added_normalized
+                                                 : nullptr;
+  if (matcher == nullptr) {
+    encode_split(0, text, ids);
+    return;
+  }
+  if (matcher->empty) {
+    encode_added(pass + 1, text, ids);
+    return;
+  }
+  size_t done = 0;
+  size_t search = 0;
+  size_t begin = 0;
+  for (int32_t index; (index = matcher->find(added, text, search, begin)) >= 0;) {
+    const AddedToken& token = added[index];
+    size_t end = begin + token.content.size();
+    if (token.lstrip) {  // absorb whitespace before the token, down to the previous match
+      while (begin > done) {
+        size_t start = begin - 1;
+        while (start > done && (static_cast<unsigned char>(text[start]) & 0xC0) == 0x80) --start;
+        size_t len;
+        if (!is_unicode_white_space(decode_utf8(text, start, len))) break;
+        begin = start;
+      }
+    }
+    if (token.rstrip) {
+      size_t len;
+      while (end < text.size() && is_unicode_white_space(decode_utf8(text, end, len))) end += len;
+    }
+    encode_added(pass + 1, text.substr(done, begin - done), ids);
+    ids.push_back(token.id);
+    done = end;
+    search = end;
+  }
+  encode_added(pass + 1, text.substr(done), ids);
+}
+
+void BpeTokenizer::Impl::encode_split(size_t level, std::string_view text,
+                                      std::vector<int32_t>& ids) const {
+  if (level == splits.size()) {
+    encode_piece(text, ids);
+    return;
+  }
+  // Isolated: every match and every gap between matches is a piece; an empty match splits
+  // the text at its position (as with HF's onig find_iter, the search then moves one char on).
+  const Regex& regex = *splits[level];
+  size_t done = 0;
+  size_t search = 0;
+  size_t begin, end;
+  while (search <= text.size() && regex.find(text, search, begin, end)) {
+    if (begin > done) encode_split(level + 1, text.substr(done, begin - done), ids);
+    if (end > begin) {
+      encode_split(level + 1, text.substr(begin, end - begin), ids);
+      search = end;
+    } else {
+      if (end == text.size()) break;
+      size_t len;
+      decode_utf8(text, end, len);
+      search = end + len;
+    }
+    done = end;
+  }
+  if (done < text.size()) encode_split(level + 1, text.substr(done), ids);
+}
+
+void BpeTokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& ids) const {
+  if (piece.empty()) return;
+  if (piece.size() == 1) {
+    ids.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+    return;
+  }
+  const uint64_t hash = hash_bytes(piece);
+  if (ignore_merges) {  // HF BPE: a pre-token that is itself in the vocab is emitted whole
+    const int32_t id = vocab.find(piece, hash);
+    if (id >= 0) {
+      ids.push_back(id);
+      return;
+    }
+  }
+  if (cache.find(piece, hash, ids)) return;
+  const size_t first = ids.size();
+  merge(piece, ids);
+  cache.insert(piece, hash, std::span<const int32_t>(ids).subspan(first));
+}
+
+// HF's Word::merge_all without dropout: a min-heap of (rank, position) candidates; a popped
+// candidate is applied if its left symbol is alive and the pair there still merges into the
+// same token; each merge queues the new pairs with its neighbours.
+void BpeTokenizer::Impl::merge(std::string_view piece, std::vector<int32_t>& ids) const {
+  struct Symbol {
+    int32_t id;
+    int32_t prev;
+    int32_t next;
+    bool alive;
+  };
+  struct Candidate {
+    int32_t rank;
+    int32_t pos;
+    int32_t merged;
+    bool operator>(const Candidate& o) const {
+      return rank != o.rank ? rank > o.rank : pos > o.pos;
+    }
+  };
+  constexpr size_t kKeepScratchSymbols = size_t{1} << 16;
+  thread_local std::vector<Symbol> symbols;
+  thread_local std::vector<Candidate> heap;
+  const auto n = static_cast<int32_t>(piece.size());
+  symbols.resize(n);
+  heap.clear();
+  for (int32_t i = 0; i < n; ++i) {
+    symbols[i] = {byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1,
+                  true};
+  }
+  const auto push = [&](int32_t pos) {
+    const PairTable::Entry* e = merges.find(symbols[pos].id, symbols[symbols[pos].next].id);
+    if (e == nullptr) return;
+    heap.push_back({e->rank, pos, e->merged});
+    std::push_heap(heap.begin(), heap.end(), std::greater<>());
+  };
+  for (int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    std::pop_heap(heap.begin(), heap.end(), std::greater<>());
+    const Candidate top = heap.back();
+    heap.pop_back();
+    Symbol& left = symbols[top.pos];
+    if (!left.alive || left.next < 0) continue;
+    Symbol& right = symbols[left.next];
+    const PairTable::Entry* e = merges.find(left.id, right.id);
+    if (e == nullptr || e->merged != top.merged) continue;
+    left.id = top.merged;
+    right.alive = false;
+    left.next = right.next;
+    if (left.next >= 0) symbols[left.next].prev = top.pos;
+    if (left.prev >= 0) push(left.prev);
+    if (left.next >= 0) push(top.pos);
+  }
+  for (int32_t i = 0; i >= 0; i = symbols[i].next) ids.push_back(symbols[i].id);
+  if (symbols.capacity() > kKeepScratchSymbols) {  // do not hold a huge piece's scratch
+    symbols = {};
+    heap = {};
+  }
+}
+
+// ---- BpeTokenizer ----
+
+BpeTokenizer::~BpeTokenizer() = default;
+BpeTokenizer::BpeTokenizer(BpeTokenizer&&) noexcept = default;
+BpeTokenizer& BpeTokenizer::operator=(BpeTokenizer&&) noexcept = default;
+
+std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids;
+  ids.reserve(text.size() / 4 + 4);
+  encode_append(text, ids);
+  return ids;
+}
+
+void BpeTokenizer::encode_append(std::string_view text, std::vector<int32_t>& ids) const {
+  const size_t bad = find_invalid_utf8(text);
+  ST_CHECK(bad == std::string_view::npos, "tokenizer `", impl_->path,
+           "`: text is not valid UTF-8 at byte offset ", bad, " (byte 0x", std::hex,
+           static_cast<unsigned>(static_cast<unsigned char>(text[bad])), ")");
+  impl_->encode_added(0, text, ids);
+}
+
+std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
+  const Impl& t = *impl_;
+  std::string out;
+  out.reserve(ids.size() * 4);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    ST_CHECK(id >= 0 && static_cast<size_t>(id) < t.token_length.size() && t.token_length[id] >= 0,
+             "tokenizer `", t.path, "`: id ", id, " at position ", i,
+             " is not a token (vocab size ", t.token_length.size(), ")");
+    out.append(t.token_bytes, t.token_offset[id], t.token_length[id]);
+  }
+  return out;
+}
+
+int64_t BpeTokenizer::vocab_size() const {
+  return static_cast<int64_t>(impl_->token_length.size());
+}
+int32_t BpeTokenizer::bos_id() const { return impl_->bos; }
+int32_t BpeTokenizer::eos_id() const { return impl_->eos; }
+
+int32_t BpeTokenizer::token_to_id(std::string_view token) const {
+  const auto it = impl_->added_by_content.find(std::string(token));
+  if (it != impl_->added_by_content.end()) return it->second;
+  std::string bytes;
+  return alphabet().to_bytes(token, bytes) ? impl_->vocab.find(bytes) : -1;
+}
+
+std::string BpeTokenizer::id_to_bytes(int32_t id) const {
+  const std::array<int32_t, 1> one{id};
+  return decode(one);
+}
+
+bool BpeTokenizer::is_special(int32_t id) const {
+  return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[id];
+}
+
+bool BpeTokenizer::has_chat_template() const { return impl_->chat_problem.empty(); }
+
+std::string BpeTokenizer::apply_chat_template(std::span<const ChatMessage> messages,
+                                              bool add_generation_prompt) const {
+  const Impl& t = *impl_;
+  ST_CHECK(t.chat_problem.empty(), "tokenizer `", t.path,
+           "`: cannot apply a chat template: ", t.chat_problem);
+  const auto trim = [&](std::string_view s) {
+    if (!t.chat_trims) return s;
+    size_t begin = 0, len = 0;
+    while (begin < s.size() && is_python_space(decode_utf8(s, begin, len))) begin += len;
+    size_t end = s.size();
+    while (end > begin) {
+      size_t start = end - 1;
+      while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
+      if (!is_python_space(decode_utf8(s, start, len))) break;
+      end = start;
+    }
+    return s.substr(begin, end - begin);
+  };
+  std::string out;
+  if (t.chat_uses_bos && !messages.empty()) out += t.bos_text;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    ST_CHECK(find_invalid_utf8(m.role) == std::string::npos &&
+                 find_invalid_utf8(m.content) == std::string::npos,
+             "chat message ", i, ": role and content must be valid UTF-8");
+    out += "<|start_header_id|>";
+    out += m.role;
+    out += "<|end_header_id|>\n\n";
+    out += trim(m.content);
+    out += "<|eot_id|>";
+  }
+  if (t.chat_generation == GenerationPrompt::kAlways ||
+      (t.chat_generation == GenerationPrompt::kWhenAsked && add_generation_prompt)) {
+    out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+  }
+  return out;
+}
+
+}  // namespace shardtrain::data

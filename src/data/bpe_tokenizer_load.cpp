@@ -1,0 +1,410 @@
+// Loading BpeTokenizer from tokenizer.json (and tokenizer_config.json): every key we rely on
+// is checked, and anything we do not implement is rejected with the file, the key path and the
+// value found, rather than silently tokenizing differently from HF.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "data/bpe_tokenizer_internal.h"
+
+namespace shardtrain::data {
+
+using namespace bpe_detail;
+
+namespace {
+
+using nlohmann::json;
+
+// ---- JSON access with errors naming the file, the key path and the value found ----
+
+std::string key_path(const std::string& parent, std::string_view name) {
+  return parent.empty() ? std::string(name) : parent + "." + std::string(name);
+}
+
+std::string describe(const json& value) {
+  std::string s = value.dump();
+  if (s.size() > 120) {
+    size_t cut = 117;
+    while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole chars
+    s = s.substr(0, cut) + "...";
+  }
+  return s;
+}
+
+[[noreturn]] void reject(const std::string& file, const std::string& key, std::string_view expected,
+                         const json& found) {
+  ST_THROW("`", file, "`: key `", key, "`: expected ", expected, ", found ", describe(found));
+}
+
+const json* find_member(const json& object, std::string_view name) {
+  auto it = object.find(std::string(name));
+  return it == object.end() ? nullptr : &*it;
+}
+
+const json& require_member(const std::string& file, const json& object, const std::string& parent,
+                           std::string_view name) {
+  const json* v = find_member(object, name);
+  if (v == nullptr) ST_THROW("`", file, "`: key `", key_path(parent, name), "` is missing");
+  return *v;
+}
+
+const json& require_object(const std::string& file, const json& object, const std::string& parent,
+                           std::string_view name) {
+  const json& v = require_member(file, object, parent, name);
+  if (!v.is_object()) reject(file, key_path(parent, name), "an object", v);
+  return v;
+}
+
+std::string require_string(const std::string& file, const json& object, const std::string& parent,
+                           std::string_view name) {
+  const json& v = require_member(file, object, parent, name);
+  if (!v.is_string()) reject(file, key_path(parent, name), "a string", v);
+  return v.get<std::string>();
+}
+
+bool optional_bool(const std::string& file, const json& object, const std::string& parent,
+                   std::string_view name, bool default_value) {
+  const json* v = find_member(object, name);
+  if (v == nullptr || v->is_null()) return default_value;
+  if (!v->is_boolean()) reject(file, key_path(parent, name), "true or false", *v);
+  return v->get<bool>();
+}
+
+// Keys whose only supported value is null (or absence): `what` says why.
+void require_null(const std::string& file, const json& object, const std::string& parent,
+                  std::string_view name, std::string_view what) {
+  const json* v = find_member(object, name);
+  if (v != nullptr && !v->is_null()) reject(file, key_path(parent, name), what, *v);
+}
+
+// A bool key whose only supported value is `expected`.
+void require_bool_value(const std::string& file, const json& object, const std::string& parent,
+                        std::string_view name, bool expected, bool default_value) {
+  if (optional_bool(file, object, parent, name, default_value) != expected) {
+    reject(file, key_path(parent, name),
+           expected ? "true (the only value supported)" : "false (the only value supported)",
+           *find_member(object, name));
+  }
+}
+
+json parse_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open `", path, "`");
+  std::ostringstream text;
+  text << in.rdbuf();
+  ST_CHECK(!in.bad(), "error reading `", path, "`");
+  try {
+    return json::parse(text.str());
+  } catch (const json::exception& e) {
+    ST_THROW("`", path, "`: malformed JSON: ", e.what());
+  }
+}
+
+// Decoded bytes of a token spelled in tokenizer.json, per HF's ByteLevel decoder.
+std::string token_text_bytes(std::string_view spelled) {
+  std::string bytes;
+  if (!alphabet().to_bytes(spelled, bytes)) bytes.assign(spelled);
+  return bytes;
+}
+
+}  // namespace
+
+void BpeTokenizer::Impl::load_model(const json& root) {
+  const json& model = require_object(path, root, "", "model");
+  const std::string type = require_string(path, model, "model", "type");
+  if (type != "BPE") reject(path, "model.type", "\"BPE\" (the only model implemented)", type);
+  require_null(path, model, "model", "dropout", "null (BPE dropout is not implemented)");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    const json* v = find_member(model, key);
+    if (v != nullptr && !v->is_null() && !(v->is_string() && v->get<std::string>().empty())) {
+      reject(path, key_path("model", key), "null (not implemented)", *v);
+    }
+  }
+  ignore_merges = optional_bool(path, model, "model", "ignore_merges", false);
+  (void)optional_bool(path, model, "model", "fuse_unk", false);
+  (void)optional_bool(path, model, "model", "byte_fallback", false);
+
+  const json& vocab_json = require_object(path, model, "model", "vocab");
+  vocab.reserve(vocab_json.size());
+  std::string bytes;
+  for (const auto& [spelled, id_json] : vocab_json.items()) {
+    const auto key = [&] { return "model.vocab[" + json(spelled).dump() + "]"; };
+    if (!id_json.is_number_integer() || id_json.get<int64_t>() < 0 ||
+        id_json.get<int64_t>() >= (int64_t{1} << 31) - 1) {
+      reject(path, key(), "an id in [0, 2^31 - 1)", id_json);
+    }
+    const auto id = static_cast<int32_t>(id_json.get<int64_t>());
+    if (static_cast<size_t>(id) < token_length.size() && token_length[id] >= 0) {
+      reject(path, key(), "an id used by no other vocab entry", id_json);
+    }
+    // Entries with characters outside the byte-level alphabet can never come out of the
+    // encoder; they still decode (to their own UTF-8, as HF's ByteLevel decoder does).
+    const bool byte_level = alphabet().to_bytes(spelled, bytes);
+    set_token(id, byte_level ? std::string_view(bytes) : std::string_view(spelled));
+    if (byte_level) vocab.insert(bytes, id);
+  }
+  for (int b = 0; b < 256; ++b) {
+    const char c = static_cast<char>(b);
+    byte_id[b] = vocab.find(std::string_view(&c, 1));
+    if (byte_id[b] < 0) {
+      std::string spelled;
+      append_utf8(spelled, alphabet().byte_to_char[b]);
+      ST_THROW("`", path, "`: key `model.vocab`: no entry for byte ", b, " (spelled \"", spelled,
+               "\"); only byte-level BPE vocabularies, with all 256 byte tokens, are supported");
+    }
+  }
+
+  const json& merges_json = require_member(path, model, "model", "merges");
+  if (!merges_json.is_array()) reject(path, "model.merges", "an array", merges_json);
+  merges.reserve(merges_json.size());
+  std::string left, right;
+  for (size_t rank = 0; rank < merges_json.size(); ++rank) {
+    const json& m = merges_json[rank];
+    const auto key = [&] { return "model.merges[" + std::to_string(rank) + "]"; };
+    std::string a, b;
+    if (m.is_string()) {
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos || s.find(' ', space + 1) != std::string::npos) {
+        reject(path, key(), "\"left right\" (two tokens and one space)", m);
+      }
+      a = s.substr(0, space);
+      b = s.substr(space + 1);
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      a = m[0].get<std::string>();
+      b = m[1].get<std::string>();
+    } else {
+      reject(path, key(), "\"left right\" or [\"left\", \"right\"]", m);
+    }
+    const bool ok = alphabet().to_bytes(a, left) && alphabet().to_bytes(b, right);
+    const int32_t left_id = ok ? vocab.find(left) : -1;
+    const int32_t right_id = ok ? vocab.find(right) : -1;
+    const int32_t merged_id = ok ? vocab.find(left + right) : -1;
+    if (left_id < 0 || right_id < 0 || merged_id < 0) {
+      reject(path, key(),
+             "a merge of two byte-level vocab tokens whose concatenation is in the vocab", m);
+    }
+    merges.insert(left_id, right_id, static_cast<int32_t>(rank), merged_id);
+  }
+}
+
+void BpeTokenizer::Impl::load_pre_tokenizer(const json& root) {
+  const json& pre = require_object(path, root, "", "pre_tokenizer");
+  std::vector<std::pair<const json*, std::string>> steps;  // (step, its key)
+  const std::string type = require_string(path, pre, "pre_tokenizer", "type");
+  if (type == "Sequence") {
+    const json& list = require_member(path, pre, "pre_tokenizer", "pretokenizers");
+    if (!list.is_array()) reject(path, "pre_tokenizer.pretokenizers", "an array", list);
+    for (size_t i = 0; i < list.size(); ++i) {
+      const std::string key = "pre_tokenizer.pretokenizers[" + std::to_string(i) + "]";
+      if (!list[i].is_object()) reject(path, key, "an object", list[i]);
+      steps.emplace_back(&list[i], key);
+    }
+  } else {
+    steps.emplace_back(&pre, "pre_tokenizer");
+  }
+  bool byte_level_seen = false;
+  for (const auto& [step, key] : steps) {
+    const std::string step_type = require_string(path, *step, key, "type");
+    if (byte_level_seen) {
+      reject(path, key_path(key, "type"), "nothing after the ByteLevel step", step_type);
+    }
+    if (step_type == "ByteLevel") {
+      byte_level_seen = true;
+      require_bool_value(path, *step, key, "add_prefix_space", false, true);
+      require_bool_value(path, *step, key, "use_regex", false, true);
+    } else if (step_type == "Split") {
+      const std::string behavior = require_string(path, *step, key, "behavior");
+      if (behavior != "Isolated") {
+        reject(path, key_path(key, "behavior"), "\"Isolated\" (the only behavior implemented)",
+               behavior);
+      }
+      require_bool_value(path, *step, key, "invert", false, false);
+      const std::string pattern_key = key_path(key, "pattern");
+      const json& pattern = require_object(path, *step, key, "pattern");
+      const json* regex = find_member(pattern, "Regex");
+      const json* literal = find_member(pattern, "String");
+      const json* chosen = regex != nullptr ? regex : literal;
+      if (pattern.size() != 1 || chosen == nullptr || !chosen->is_string()) {
+        reject(path, pattern_key, "{\"Regex\": \"...\"} or {\"String\": \"...\"}", pattern);
+      }
+      splits.push_back(std::make_unique<Regex>(chosen->get<std::string>(), chosen == literal,
+                                               "`" + path + "`: key `" + pattern_key + "`"));
+    } else {
+      reject(path, key_path(key, "type"), "\"Split\" or \"ByteLevel\"", step_type);
+    }
+  }
+  if (!byte_level_seen) {
+    ST_THROW("`", path,
+             "`: key `pre_tokenizer`: expected a ByteLevel step (byte-level BPE), found ",
+             describe(pre));
+  }
+}
+
+void BpeTokenizer::Impl::load_added_tokens(const json& root) {
+  const json* list = find_member(root, "added_tokens");
+  if (list == nullptr || list->is_null()) return;
+  if (!list->is_array()) reject(path, "added_tokens", "an array", *list);
+  std::vector<bool> normalized;
+  for (size_t i = 0; i < list->size(); ++i) {
+    const json& t = (*list)[i];
+    const std::string key = "added_tokens[" + std::to_string(i) + "]";
+    if (!t.is_object()) reject(path, key, "an object", t);
+    AddedToken token;
+    const json& id = require_member(path, t, key, "id");
+    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
+        id.get<int64_t>() >= (int64_t{1} << 31) - 1) {
+      reject(path, key_path(key, "id"), "an id in [0, 2^31 - 1)", id);
+    }
+    token.id = static_cast<int32_t>(id.get<int64_t>());
+    token.content = require_string(path, t, key, "content");
+    if (token.content.empty()) reject(path, key_path(key, "content"), "a non-empty string", t);
+    token.special = optional_bool(path, t, key, "special", false);
+    token.lstrip = optional_bool(path, t, key, "lstrip", false);
+    token.rstrip = optional_bool(path, t, key, "rstrip", false);
+    require_bool_value(path, t, key, "single_word", false, false);
+    if (!added_by_content.emplace(token.content, token.id).second) {
+      reject(path, key_path(key, "content"), "content used by no other added token", t);
+    }
+    set_token(token.id, token_text_bytes(token.content));
+    special[token.id] = token.special;
+    normalized.push_back(optional_bool(path, t, key, "normalized", !token.special));
+    added.push_back(std::move(token));
+  }
+  for (size_t i = 0; i < added.size(); ++i) {
+    (normalized[i] ? added_normalized : added_raw).add(added, static_cast<int32_t>(i));
+  }
+  added_raw.finish(added);
+  added_normalized.finish(added);
+}
+
+int32_t BpeTokenizer::Impl::resolve_token(const std::string& file, const std::string& key,
+                                          const json& value) const {
+  const json* content = &value;
+  if (value.is_object()) content = find_member(value, "content");
+  if (content == nullptr || !content->is_string()) {
+    reject(file, key, "a token string or {\"content\": \"...\"}", value);
+  }
+  const auto it = added_by_content.find(content->get<std::string>());
+  if (it != added_by_content.end()) return it->second;
+  std::string bytes;
+  const int32_t id =
+      alphabet().to_bytes(content->get<std::string>(), bytes) ? vocab.find(bytes) : -1;
+  if (id < 0) reject(file, key, "a token of `" + path + "`", value);
+  return id;
+}
+
+void BpeTokenizer::Impl::load_config(const std::string& config_path) {
+  json config;
+  if (!config_path.empty()) {
+    config = parse_json_file(config_path);
+    if (!config.is_object()) reject(config_path, "(root)", "an object", config);
+  }
+  const auto special_id = [&](const char* key, const char* fallback) -> int32_t {
+    const json* v = config.is_object() ? find_member(config, key) : nullptr;
+    if (v != nullptr) {
+      if (v->is_null()) return -1;
+      return resolve_token(config_path, key, *v);
+    }
+    const auto it = added_by_content.find(fallback);
+    return it == added_by_content.end() ? -1 : it->second;
+  };
+  bos = special_id("bos_token", "<|begin_of_text|>");
+  eos = special_id("eos_token", "<|end_of_text|>");
+  if (bos >= 0) bos_text = std::string(token_bytes, token_offset[bos], token_length[bos]);
+
+  const json* chat = config.is_object() ? find_member(config, "chat_template") : nullptr;
+  if (chat == nullptr || chat->is_null()) {
+    chat_problem = config_path.empty() ? "no tokenizer_config.json was loaded"
+                                       : "`" + config_path + "` has no key `chat_template`";
+    return;
+  }
+  std::string tmpl;
+  if (chat->is_string()) {
+    tmpl = chat->get<std::string>();
+  } else if (chat->is_array()) {  // [{"name": ..., "template": ...}]: use "default"
+    for (const json& entry : *chat) {
+      if (entry.is_object() && entry.value("name", json()) == "default" &&
+          entry.value("template", json()).is_string()) {
+        tmpl = entry["template"].get<std::string>();
+      }
+    }
+    if (tmpl.empty()) reject(config_path, "chat_template", "a template named \"default\"", *chat);
+  } else {
+    reject(config_path, "chat_template", "a string", *chat);
+  }
+  // We do not run Jinja: recognise the Llama 3 header format and the few features it uses.
+  const auto has = [&](std::string_view s) { return tmpl.find(s) != std::string::npos; };
+  if (!has("<|start_header_id|>") || !has("<|end_header_id|>") || !has("<|eot_id|>")) {
+    chat_problem = "`" + config_path +
+                   "` key `chat_template`: only the Llama 3 header format "
+                   "(<|start_header_id|>role<|end_header_id|>...<|eot_id|>) is supported, found " +
+                   describe(*chat);
+  } else if (has("Cutting Knowledge Date")) {
+    chat_problem = "`" + config_path +
+                   "` key `chat_template`: the Llama 3.1+ template (dated system preamble, "
+                   "tools) needs a Jinja engine, which shardtrain does not have";
+  }
+  chat_uses_bos = has("bos_token");
+  chat_trims = has("| trim") || has("|trim");
+  if (has("add_generation_prompt")) {
+    chat_generation = GenerationPrompt::kWhenAsked;
+  } else if (has("<|start_header_id|>assistant<|end_header_id|>")) {
+    chat_generation = GenerationPrompt::kAlways;
+  }
+  if (chat_uses_bos && bos < 0 && chat_problem.empty()) {
+    chat_problem = "`" + config_path + "`: the chat template uses bos_token, which is not set";
+  }
+}
+
+namespace {
+
+// `path` itself, or path/tokenizer.json when `path` is a folder.
+std::string tokenizer_json_in(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::is_directory(path, ec)
+             ? (std::filesystem::path(path) / "tokenizer.json").string()
+             : path;
+}
+
+// tokenizer_config.json beside `tokenizer_json`, or "" when there is none.
+std::string config_beside(const std::string& tokenizer_json) {
+  const auto config =
+      std::filesystem::path(tokenizer_json).parent_path() / "tokenizer_config.json";
+  std::error_code ec;
+  return std::filesystem::is_regular_file(config, ec) ? config.string() : std::string();
+}
+
+}  // namespace
+
+BpeTokenizer::BpeTokenizer(const std::string& path)
+    : BpeTokenizer(tokenizer_json_in(path), config_beside(tokenizer_json_in(path))) {}
+
+BpeTokenizer::BpeTokenizer(const std::string& tokenizer_json_path,
+                           const std::string& tokenizer_config_path)
+    : impl_(std::make_unique<Impl>()) {
+  Impl& t = *impl_;
+  t.path = tokenizer_json_path;
+  with_context(
+      [&] { return "loading tokenizer `" + tokenizer_json_path + "`"; },
+      [&] {
+        const json root = parse_json_file(t.path);
+        if (!root.is_object()) reject(t.path, "(root)", "an object", root);
+        require_null(t.path, root, "", "normalizer", "null (normalizers are not implemented)");
+        require_null(t.path, root, "", "truncation", "null (truncation is not implemented)");
+        require_null(t.path, root, "", "padding", "null (padding is not implemented)");
+        const json& decoder = require_member(t.path, root, "", "decoder");
+        if (!decoder.is_object() || find_member(decoder, "type") == nullptr ||
+            decoder["type"] != "ByteLevel") {
+          reject(t.path, "decoder", "{\"type\": \"ByteLevel\", ...}", decoder);
+        }
+        t.load_model(root);
+        t.load_pre_tokenizer(root);
+        t.load_added_tokens(root);
+        t.load_config(tokenizer_config_path);
+      });
+}
+
+}  // namespace shardtrain::data

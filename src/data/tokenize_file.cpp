@@ -1,0 +1,364 @@
+// Token file writer and reader, and the parallel corpus tokenizer. Input is read in blocks of
+// whole lines; each block's documents are encoded in parallel into per-document vectors and
+// written in input order, so output is identical for any thread count.
+#include "data/tokenize_file.h"
+
+#include <fcntl.h>
+#include <omp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <bit>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <exception>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace shardtrain::data {
+namespace {
+
+static_assert(std::endian::native == std::endian::little,
+              "token files are little-endian; add byte swapping for big-endian hosts");
+
+template <typename T>
+void put(unsigned char* bytes, size_t offset, T value) {
+  std::memcpy(bytes + offset, &value, sizeof(T));
+}
+
+template <typename T>
+T get(const unsigned char* bytes, size_t offset) {
+  T value;
+  std::memcpy(&value, bytes + offset, sizeof(T));
+  return value;
+}
+
+std::array<unsigned char, kTokenFileHeaderBytes> encode_header(const TokenFileHeader& h) {
+  std::array<unsigned char, kTokenFileHeaderBytes> bytes{};
+  std::memcpy(bytes.data(), kTokenFileMagic, sizeof(kTokenFileMagic));
+  put(bytes.data(), 8, h.version);
+  put(bytes.data(), 12, h.token_bytes);
+  put(bytes.data(), 16, h.token_count);
+  put(bytes.data(), 24, h.document_count);
+  put(bytes.data(), 32, h.vocab_size);
+  put(bytes.data(), 40, h.eos_id);
+  put(bytes.data(), 44, uint32_t{0});
+  return bytes;
+}
+
+std::string errno_text() { return std::strerror(errno); }
+
+}  // namespace
+
+// ---- TokenFileWriter ----
+
+TokenFileWriter::TokenFileWriter(std::string path, int64_t vocab_size, int32_t eos_id)
+    : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
+  ST_CHECK(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), "token file `", path_,
+           "`: vocab size ", vocab_size, " outside [1, 2^32]");
+  ST_CHECK(eos_id >= -1 && eos_id < vocab_size, "token file `", path_, "`: eos id ", eos_id,
+           " outside [-1, vocab size ", vocab_size, ")");
+  header_.vocab_size = vocab_size;
+  header_.eos_id = eos_id;
+  header_.token_bytes = vocab_size <= 65536 ? 2 : 4;
+  file_ = std::fopen(tmp_path_.c_str(), "wb");
+  ST_CHECK(file_ != nullptr, "cannot create `", tmp_path_, "`: ", errno_text());
+  const auto bytes = encode_header(header_);  // counts are filled in by finish()
+  ST_CHECK(std::fwrite(bytes.data(), 1, bytes.size(), file_) == bytes.size(), "writing `",
+           tmp_path_, "`: ", errno_text());
+}
+
+TokenFileWriter::~TokenFileWriter() {
+  if (file_ != nullptr) {
+    std::fclose(file_);
+    std::remove(tmp_path_.c_str());
+  }
+}
+
+void TokenFileWriter::write_ids(std::span<const int32_t> ids) {
+  ST_CHECK(file_ != nullptr, "token file `", path_, "`: append after finish()");
+  buffer_.resize(ids.size() * header_.token_bytes);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    ST_CHECK(id >= 0 && id < header_.vocab_size, "token file `", path_, "`: id ", id,
+             " outside [0, vocab size ", header_.vocab_size, ")");
+    if (header_.token_bytes == 2) {
+      put(buffer_.data(), 2 * i, static_cast<uint16_t>(id));
+    } else {
+      put(buffer_.data(), 4 * i, static_cast<uint32_t>(id));
+    }
+  }
+  ST_CHECK(std::fwrite(buffer_.data(), 1, buffer_.size(), file_) == buffer_.size(), "writing `",
+           tmp_path_, "`: ", errno_text());
+  header_.token_count += ids.size();
+}
+
+void TokenFileWriter::append_document(std::span<const int32_t> ids) {
+  write_ids(ids);
+  if (header_.eos_id >= 0) write_ids(std::span<const int32_t>(&header_.eos_id, 1));
+  ++header_.document_count;
+}
+
+void TokenFileWriter::finish() {
+  ST_CHECK(file_ != nullptr, "token file `", path_, "`: finish() called twice");
+  const auto bytes = encode_header(header_);
+  const bool ok = std::fseek(file_, 0, SEEK_SET) == 0 &&
+                  std::fwrite(bytes.data(), 1, bytes.size(), file_) == bytes.size() &&
+                  std::fflush(file_) == 0 && ::fsync(::fileno(file_)) == 0;
+  const std::string error = ok ? std::string() : errno_text();
+  const bool closed = std::fclose(file_) == 0;
+  file_ = nullptr;
+  if (!ok || !closed) {
+    std::remove(tmp_path_.c_str());
+    ST_THROW("writing `", tmp_path_, "`: ", ok ? errno_text() : error);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp_path_, path_, ec);
+  ST_CHECK(!ec, "renaming `", tmp_path_, "` to `", path_, "`: ", ec.message());
+}
+
+// ---- TokenFile ----
+
+TokenFile::TokenFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ST_CHECK(fd >= 0, "cannot open token file `", path, "`: ", errno_text());
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const std::string error = errno_text();
+    ::close(fd);
+    ST_THROW("token file `", path, "`: fstat failed: ", error);
+  }
+  const auto file_bytes = static_cast<uint64_t>(st.st_size);
+  if (file_bytes < kTokenFileHeaderBytes) {
+    ::close(fd);
+    ST_THROW("token file `", path, "`: ", file_bytes, " bytes, shorter than the ",
+             kTokenFileHeaderBytes, "-byte header");
+  }
+  void* map = ::mmap(nullptr, file_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+  const std::string map_error = map == MAP_FAILED ? errno_text() : std::string();
+  ::close(fd);
+  ST_CHECK(map != MAP_FAILED, "token file `", path, "`: mmap failed: ", map_error);
+  data_ = static_cast<const unsigned char*>(map);
+  mapped_bytes_ = file_bytes;
+
+  // From here a failed check must unmap: the destructor does not run for a throwing constructor.
+  try {
+    const auto fail = [&](const auto&... what) { ST_THROW("token file `", path, "`: ", what...); };
+    if (std::memcmp(data_, kTokenFileMagic, sizeof(kTokenFileMagic)) != 0) {
+      fail("bad magic (expected \"STTOK\\0\\0\\0\"); not a shardtrain token file");
+    }
+    header_.version = get<uint32_t>(data_, 8);
+    header_.token_bytes = get<uint32_t>(data_, 12);
+    header_.token_count = get<uint64_t>(data_, 16);
+    header_.document_count = get<uint64_t>(data_, 24);
+    header_.vocab_size = get<int64_t>(data_, 32);
+    header_.eos_id = get<int32_t>(data_, 40);
+    if (header_.version != kTokenFileVersion) {
+      fail("version ", header_.version, ", this build reads version ", kTokenFileVersion);
+    }
+    if (header_.token_bytes != 2 && header_.token_bytes != 4) {
+      fail("token_bytes ", header_.token_bytes, ", expected 2 or 4");
+    }
+    const int64_t max_vocab = header_.token_bytes == 2 ? 65536 : int64_t{1} << 32;
+    if (header_.vocab_size <= 0 || header_.vocab_size > max_vocab) {
+      fail("vocab_size ", header_.vocab_size, " outside [1, ", max_vocab, "] for ",
+           header_.token_bytes, "-byte ids");
+    }
+    if (header_.eos_id < -1 || header_.eos_id >= header_.vocab_size) {
+      fail("eos_id ", header_.eos_id, " outside [-1, vocab_size ", header_.vocab_size, ")");
+    }
+    const uint64_t max_count =
+        (std::numeric_limits<uint64_t>::max() - kTokenFileHeaderBytes) / header_.token_bytes;
+    if (header_.token_count > max_count ||
+        kTokenFileHeaderBytes + header_.token_count * header_.token_bytes != file_bytes) {
+      fail("header says ", header_.token_count, " tokens of ", header_.token_bytes,
+           " bytes, which needs ", kTokenFileHeaderBytes, " + count * ", header_.token_bytes,
+           " bytes, but the file has ", file_bytes, " (truncated or corrupt)");
+    }
+  } catch (...) {
+    ::munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
+    throw;
+  }
+}
+
+TokenFile::~TokenFile() {
+  if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
+}
+
+TokenFile::TokenFile(TokenFile&& other) noexcept
+    : path_(std::move(other.path_)),
+      header_(other.header_),
+      data_(std::exchange(other.data_, nullptr)),
+      mapped_bytes_(std::exchange(other.mapped_bytes_, 0)) {}
+
+TokenFile& TokenFile::operator=(TokenFile&& other) noexcept {
+  if (this != &other) {
+    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), mapped_bytes_);
+    path_ = std::move(other.path_);
+    header_ = other.header_;
+    data_ = std::exchange(other.data_, nullptr);
+    mapped_bytes_ = std::exchange(other.mapped_bytes_, 0);
+  }
+  return *this;
+}
+
+void TokenFile::read(uint64_t first, std::span<int32_t> out) const {
+  ST_CHECK(first <= header_.token_count && out.size() <= header_.token_count - first,
+           "token file `", path_, "`: reading ids [", first, ", ", first + out.size(),
+           ") past its ", header_.token_count, " tokens");
+  const unsigned char* ids = data_ + kTokenFileHeaderBytes;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const uint64_t index = first + i;
+    const int64_t id = header_.token_bytes == 2 ? int64_t{get<uint16_t>(ids, 2 * index)}
+                                                : int64_t{get<uint32_t>(ids, 4 * index)};
+    ST_CHECK(id < header_.vocab_size, "token file `", path_, "`: id ", id, " at index ", index,
+             " is not below vocab_size ", header_.vocab_size, " (corrupt file)");
+    out[i] = static_cast<int32_t>(id);
+  }
+}
+
+std::vector<int32_t> TokenFile::read_all() const {
+  std::vector<int32_t> ids(header_.token_count);
+  read(0, ids);
+  return ids;
+}
+
+// ---- tokenize_file ----
+
+namespace {
+
+// The document in one input line (1-based `line_number`) for options.format; empty: skip it.
+std::string_view document_text(std::string_view line, const TokenizeFileOptions& options,
+                               const std::string& path, uint64_t line_number,
+                               std::string& storage) {
+  if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+  if (options.format != TextFormat::kJsonl) return line;
+  if (line.find_first_not_of(" \t") == std::string_view::npos) return {};
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    ST_THROW("`", path, "` line ", line_number, ": malformed JSON: ", e.what());
+  }
+  ST_CHECK(j.is_object(), "`", path, "` line ", line_number, ": expected a JSON object");
+  const auto it = j.find(options.jsonl_field);
+  ST_CHECK(it != j.end(), "`", path, "` line ", line_number, ": no field `", options.jsonl_field,
+           "`");
+  ST_CHECK(it->is_string(), "`", path, "` line ", line_number, ": field `", options.jsonl_field,
+           "` is ", it->type_name(), ", expected a string");
+  storage = it->get<std::string>();
+  return storage;
+}
+
+// Encodes the documents of `lines` (line numbers first_line, first_line + 1, ...) in parallel
+// and writes them in order.
+void tokenize_block(const Tokenizer& tokenizer, const std::vector<std::string_view>& lines,
+                    uint64_t first_line, const TokenizeFileOptions& options, int threads,
+                    const std::string& path, TokenFileWriter& writer, TokenizeFileStats& stats) {
+  const auto n = static_cast<int64_t>(lines.size());
+  std::vector<std::vector<int32_t>> ids(lines.size());
+  std::vector<unsigned char> present(lines.size(), 0);
+  int64_t error_index = n;
+  std::exception_ptr error;
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      std::string storage;
+      const std::string_view text = document_text(lines[i], options, path, first_line + i, storage);
+      if (!text.empty()) {
+        ids[i] = with_context(
+            [&] {
+              return "tokenizing line " + std::to_string(first_line + i) + " of `" + path + "`";
+            },
+            [&] { return tokenizer.encode(text); });
+        present[i] = 1;
+      }
+    } catch (...) {
+#pragma omp critical(shardtrain_tokenize_file_error)
+      if (i < error_index) {
+        error_index = i;
+        error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    if (!present[i]) continue;
+    writer.append_document(ids[i]);
+    ++stats.documents;
+  }
+}
+
+}  // namespace
+
+TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& input_path,
+                                const std::string& output_path,
+                                const TokenizeFileOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  ST_CHECK(options.block_bytes > 0, "tokenize_file: block_bytes must be > 0");
+  ST_CHECK(options.format != TextFormat::kJsonl || !options.jsonl_field.empty(),
+           "tokenize_file: jsonl_field must not be empty");
+  const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
+  std::ifstream in(input_path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open `", input_path, "`");
+  TokenFileWriter writer(output_path, tokenizer.vocab_size(), tokenizer.eos_id());
+  TokenizeFileStats stats;
+
+  if (options.format == TextFormat::kWholeFile) {
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    ST_CHECK(!in.bad(), "error reading `", input_path, "`");
+    stats.input_bytes = text.size();
+    if (!text.empty()) {
+      writer.append_document(with_context([&] { return "tokenizing `" + input_path + "`"; },
+                                          [&] { return tokenizer.encode(text); }));
+      stats.documents = 1;
+    }
+  } else {
+    std::string buffer;  // whole lines of the current block, plus a partial last line
+    uint64_t next_line = 1;
+    bool eof = false;
+    std::vector<std::string_view> lines;
+    while (!eof || !buffer.empty()) {
+      // Read block_bytes more (repeatedly, while the buffer holds no line end) and cut the
+      // block after the last '\n'; at the end of the file the block is all that is left.
+      // What follows the cut has no '\n', so the search only ever finds new ones.
+      size_t last_newline = std::string::npos;
+      while (!eof && last_newline == std::string::npos) {
+        const size_t old = buffer.size();
+        buffer.resize(old + options.block_bytes);
+        in.read(buffer.data() + old, static_cast<std::streamsize>(options.block_bytes));
+        buffer.resize(old + static_cast<size_t>(in.gcount()));
+        ST_CHECK(!in.bad(), "error reading `", input_path, "`");
+        stats.input_bytes += buffer.size() - old;
+        eof = in.eof();
+        last_newline = buffer.rfind('\n');
+      }
+      const size_t block_end = eof ? buffer.size() : last_newline + 1;
+      lines.clear();
+      for (size_t pos = 0; pos < block_end;) {
+        size_t end = buffer.find('\n', pos);
+        if (end == std::string::npos || end > block_end) end = block_end;
+        lines.emplace_back(buffer.data() + pos, end - pos);
+        pos = end + 1;
+      }
+      tokenize_block(tokenizer, lines, next_line, options, threads, input_path, writer, stats);
+      next_line += lines.size();
+      buffer.erase(0, block_end);
+    }
+  }
+  writer.finish();
+  stats.tokens = writer.header().token_count;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return stats;
+}
+
+}  // namespace shardtrain::data

@@ -1,0 +1,125 @@
+// Token files: a text or JSONL corpus tokenized once (multi-threaded, order preserved) into a
+// flat file of ids that training reads back with mmap.
+//
+// Format, version 1 (all integers little-endian; the header is 48 bytes):
+//   offset  size  field
+//        0     8  magic "STTOK\0\0\0"
+//        8     4  u32 version = 1
+//       12     4  u32 token_bytes: 2 (ids stored as u16, when vocab_size <= 65536) or 4 (u32)
+//       16     8  u64 token_count
+//       24     8  u64 document_count
+//       32     8  i64 vocab_size (every id is < vocab_size)
+//       40     4  i32 eos_id (-1: the tokenizer has none)
+//       44     4  u32 reserved = 0
+//       48        token_count ids of token_bytes each
+// The file is exactly 48 + token_count * token_bytes bytes. Each document's ids are followed by
+// eos_id (when it is >= 0), so documents are separated and files concatenate cleanly; no BOS is
+// stored (the data pipeline adds it). Files are written to "<path>.tmp" and renamed when
+// complete, so a file with the final name is never partial.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+
+namespace shardtrain::data {
+
+constexpr char kTokenFileMagic[8] = {'S', 'T', 'T', 'O', 'K', '\0', '\0', '\0'};
+constexpr uint32_t kTokenFileVersion = 1;
+constexpr size_t kTokenFileHeaderBytes = 48;
+
+struct TokenFileHeader {
+  uint32_t version = kTokenFileVersion;
+  uint32_t token_bytes = 4;
+  uint64_t token_count = 0;
+  uint64_t document_count = 0;
+  int64_t vocab_size = 0;
+  int32_t eos_id = -1;
+};
+
+// Streams ids into a token file. The header's counts are written by finish().
+class TokenFileWriter {
+ public:
+  // Opens "<path>.tmp"; token_bytes is 2 when vocab_size <= 65536, else 4.
+  TokenFileWriter(std::string path, int64_t vocab_size, int32_t eos_id);
+  // Removes the temporary file when finish() was not reached.
+  ~TokenFileWriter();
+  TokenFileWriter(const TokenFileWriter&) = delete;
+  TokenFileWriter& operator=(const TokenFileWriter&) = delete;
+
+  // Appends one document: its ids, then eos_id when there is one. Throws on an id outside
+  // [0, vocab_size).
+  void append_document(std::span<const int32_t> ids);
+  // Writes the header, syncs and renames "<path>.tmp" to `path`.
+  void finish();
+  const TokenFileHeader& header() const { return header_; }
+
+ private:
+  void write_ids(std::span<const int32_t> ids);
+
+  std::string path_;
+  std::string tmp_path_;
+  TokenFileHeader header_;
+  std::FILE* file_ = nullptr;
+  std::vector<unsigned char> buffer_;
+};
+
+// A token file mapped read-only. The constructor validates the header (magic, version,
+// token_bytes, vocab_size and eos_id ranges, file length = 48 + count * token_bytes).
+class TokenFile {
+ public:
+  explicit TokenFile(const std::string& path);
+  ~TokenFile();
+  TokenFile(TokenFile&& other) noexcept;
+  TokenFile& operator=(TokenFile&& other) noexcept;
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
+
+  const TokenFileHeader& header() const { return header_; }
+  uint64_t size() const { return header_.token_count; }
+  // Copies ids [first, first + out.size()); throws when the range passes the end or an id
+  // is >= vocab_size (naming its index).
+  void read(uint64_t first, std::span<int32_t> out) const;
+  std::vector<int32_t> read_all() const;
+
+ private:
+  std::string path_;
+  TokenFileHeader header_;
+  const unsigned char* data_ = nullptr;  // the whole mapped file
+  size_t mapped_bytes_ = 0;
+};
+
+enum class TextFormat {
+  kLines,      // one document per line ('\n', a trailing '\r' is dropped); empty lines skipped
+  kWholeFile,  // the whole file is one document (encoded by one thread)
+  kJsonl,      // one JSON object per line, the document in string field `jsonl_field`
+};
+
+struct TokenizeFileOptions {
+  TextFormat format = TextFormat::kLines;
+  std::string jsonl_field = "text";
+  int num_threads = 0;                    // 0: OpenMP's default (omp_get_max_threads)
+  size_t block_bytes = size_t{16} << 20;  // input read and tokenized per parallel step
+};
+
+struct TokenizeFileStats {
+  uint64_t documents = 0;
+  uint64_t tokens = 0;  // including the EOS after each document
+  uint64_t input_bytes = 0;
+  double seconds = 0;
+  double bytes_per_second() const { return seconds > 0 ? input_bytes / seconds : 0; }
+};
+
+// Tokenizes `input_path` into token file `output_path`. Documents are encoded in parallel
+// (tokenizer.encode must be thread-safe; BpeTokenizer and ByteTokenizer are) and written in
+// input order, so the result does not depend on num_threads. Documents whose text is empty
+// are skipped. Errors name the file and line.
+TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& input_path,
+                                const std::string& output_path,
+                                const TokenizeFileOptions& options = {});
+
+}  // namespace shardtrain::data
