@@ -5,7 +5,12 @@
 
 #include <fmt/format.h>
 
+#include <iostream>
+
 #include "core/error.h"
+#include "data/bpe_tokenizer.h"
+#include "data/byte_tokenizer.h"
+#include "data/tokenize_file.h"
 #include "core/log.h"
 #include "train/config.h"
 #include "train/trainer.h"
@@ -47,7 +52,65 @@ std::string usage() {
          "                                                   default job on Debian's fortunes corpus)\n"
          "  print-config [CONFIG.toml] [--section.key=value ...]\n"
          "                                                   show every key's effective value and source\n"
-         "  help                                             this text; `shardtrain help config` lists keys\n";
+         "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
+         "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
+         "                                                   text or JSONL -> token file (EOS after each document)\n"
+         "  help                                             this text; `shardtrain help config` lists keys\n"
+         "\n"
+         "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";
+}
+
+int run_tokenize(const std::vector<std::string>& args) {
+  std::string tokenizer_path, format = "lines", field = "text";
+  bool print_ids = false;
+  int threads = 0;
+  std::vector<std::string> files;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), "tokenize: ", a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--tokenizer") tokenizer_path = value();
+    else if (a == "--print-ids") print_ids = true;
+    else if (a == "--format") format = value();
+    else if (a == "--field") field = value();
+    else if (a == "--threads") threads = std::stoi(value());
+    else if (a.rfind("--", 0) == 0) ST_THROW("tokenize: unknown option `", a, "`");
+    else files.push_back(a);
+  }
+  ST_CHECK(!tokenizer_path.empty(), "tokenize: --tokenizer PATH is required (a tokenizer.json, its folder, or `byte`)");
+  std::unique_ptr<data::Tokenizer> tok;
+  if (tokenizer_path == "byte") tok = std::make_unique<data::ByteTokenizer>();
+  else tok = std::make_unique<data::BpeTokenizer>(tokenizer_path);
+  if (print_ids) {
+    ST_CHECK(files.empty(), "tokenize --print-ids reads standard input; unexpected argument `", files.front(), "`");
+    std::string line, out;
+    while (std::getline(std::cin, line)) {
+      out.clear();
+      const std::vector<int32_t> ids = tok->encode(line);
+      for (size_t k = 0; k < ids.size(); ++k) {
+        if (k) out += ' ';
+        out += std::to_string(ids[k]);
+      }
+      out += '\n';
+      std::fputs(out.c_str(), stdout);
+    }
+    return 0;
+  }
+  ST_CHECK(files.size() == 2, "tokenize: expected INPUT and OUTPUT files, found ", files.size(), " arguments");
+  data::TokenizeFileOptions o;
+  if (format == "lines") o.format = data::TextFormat::kLines;
+  else if (format == "jsonl") o.format = data::TextFormat::kJsonl;
+  else if (format == "whole") o.format = data::TextFormat::kWholeFile;
+  else ST_THROW("tokenize: --format must be lines, jsonl or whole; found `", format, "`");
+  o.jsonl_field = field;
+  o.num_threads = threads;
+  const data::TokenizeFileStats st = data::tokenize_file(*tok, files[0], files[1], o);
+  log::info(fmt::format("tokenize: {} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}",
+                        st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
+                        st.bytes_per_second() / 1e6, files[1]));
+  return 0;
 }
 
 int run_print_config(const std::vector<std::string>& args) {

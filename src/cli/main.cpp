@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return cli::run_train(rest);
     if (command == "print-config") return cli::run_print_config(rest);
+    if (command == "tokenize") return cli::run_tokenize(rest);
     if (command == "help" || command == "-h" || command == "--help") {
       if (!rest.empty() && rest[0] == "config") {
         std::fputs(train::reference_table().c_str(), stdout);

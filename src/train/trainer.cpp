@@ -13,6 +13,7 @@
 
 #include "core/allocator.h"
 #include "core/log.h"
+#include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
 #ifdef SHARDTRAIN_WITH_MPI
@@ -41,7 +42,8 @@ std::string format_duration(double s) {
 
 std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d) {
   if (d.tokenizer == "byte") return std::make_unique<data::ByteTokenizer>();
-  ST_THROW("`data.tokenizer`: `", d.tokenizer, "` is not supported yet; use `byte`");
+  return with_context([&] { return "loading `data.tokenizer` = `" + d.tokenizer + "`"; },
+                      [&] { return std::make_unique<data::BpeTokenizer>(d.tokenizer); });
 }
 
 std::vector<std::string> load_documents(const DataSection& d) {

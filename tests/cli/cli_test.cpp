@@ -1,5 +1,7 @@
 // The `shardtrain` command: exit codes and messages for bad input.
 #include <array>
+#include <sstream>
+#include <vector>
 #include <cstdio>
 #include <string>
 
@@ -49,6 +51,52 @@ TEST(Cli, UnknownCommandAndHelp) {
   const Result p = run("print-config --training.steps=5");
   EXPECT_EQ(p.status, 0);
   EXPECT_NE(p.output.find("steps = 5  # override"), std::string::npos) << p.output;
+}
+
+}  // namespace
+
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "testing/shared_data.h"
+
+namespace {
+
+TEST(Cli, TokenizePrintIdsMatchesGoldenIds) {
+  ST_REQUIRE_SHARED_DATA(dir);
+  // the first 50 golden web lines (single-line verses) through the command line
+  std::ifstream golden(dir + "/tokenizer_tests/llama3_golden_web.jsonl");
+  const std::string input = std::string(SHARDTRAIN_BINARY_DIR) + "/cli_tokenize_input.txt";
+  std::ofstream in(input);
+  std::vector<std::string> expected;
+  std::string line;
+  while (expected.size() < 50 && std::getline(golden, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    const std::string text = j["text"];
+    if (text.find('\n') != std::string::npos) continue;
+    in << text << "\n";
+    std::string ids;
+    for (const auto& id : j["ids"]) {
+      if (!ids.empty()) ids += ' ';
+      ids += std::to_string(id.get<int>());
+    }
+    expected.push_back(ids);
+  }
+  in.close();
+  const Result r = run("tokenize --tokenizer " + dir + "/tokenizers/llama3 --print-ids < " + input);
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::istringstream out(r.output);
+  for (size_t i = 0; i < expected.size(); ++i) {
+    ASSERT_TRUE(std::getline(out, line)) << "missing output line " << i;
+    EXPECT_EQ(line, expected[i]) << "line " << i;
+  }
+}
+
+TEST(Cli, TokenizeNeedsATokenizer) {
+  const Result r = run("tokenize --print-ids");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("--tokenizer PATH is required"), std::string::npos) << r.output;
 }
 
 }  // namespace
