@@ -6,7 +6,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
-  libopenblas-dev libomp-dev
+  libopenblas-dev libopenblas-openmp-dev libomp-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libpcre2-dev
   libgtest-dev libgmock-dev
   openmpi-bin libopenmpi-dev

@@ -246,6 +246,21 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   return {loss.data<double>()[0], count_targets(targets_BT, o.ignore_index)};
 }
 
+Tensor Llama::logits(const Tensor& ids_BT) {
+  check_batch(ids_BT, config_, "logits");
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+  std::vector<BlockActivations> acts;
+  Tensor final_rstd_T, final_in_TD;
+  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+  const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
+  const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
+  Tensor logits_TV = Tensor::empty({B * T, config_.vocab_size}, dtype_, device_, "logits");
+  ops::linear_forward(logits_TV, h_TD, head_weight(embed, head));
+  release_head(Pass::kEval);
+  release_head(Pass::kEval);
+  return logits_TV;
+}
+
 Tensor Llama::last_logits(const Tensor& ids_BT) {
   check_batch(ids_BT, config_, "last_logits");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;

@@ -61,6 +61,8 @@ class Llama {
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   // Logits [B, V] of the last position of each sequence (for sampling).
   Tensor last_logits(const Tensor& ids_BT);
+  // All logits [B*T, V] (for checks against other implementations; builds the full matrix).
+  Tensor logits(const Tensor& ids_BT);
 
  private:
   // Runs embedding and blocks; returns the final norm's output and leaves the head unit's

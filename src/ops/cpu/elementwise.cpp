@@ -42,6 +42,8 @@ void fill(Tensor& x, double value) {
     case DType::kI32: std::fill_n(x.data<int32_t>(), n, static_cast<int32_t>(value)); return;
     case DType::kI64: std::fill_n(x.data<int64_t>(), n, static_cast<int64_t>(value)); return;
     case DType::kU8: std::fill_n(x.data<uint8_t>(), n, static_cast<uint8_t>(value)); return;
+    case DType::kF32: std::fill_n(x.data<float>(), n, static_cast<float>(value)); return;
+    case DType::kF64: std::fill_n(x.data<double>(), n, value); return;
     default:
       for (int64_t i = 0; i < n; ++i) store(x.raw_data(), x.dtype(), i, value);
   }
