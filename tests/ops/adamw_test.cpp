@@ -12,7 +12,8 @@ TEST(AdamW, MatchesTheFormulaOverThreeSteps) {
     const int64_t n = 1003;
     Tensor p = testing::to_dtype(random_f64({n}, 1), dt), m = Tensor::zeros({n}, dt), v = Tensor::zeros({n}, dt);
     std::vector<double> rp(static_cast<size_t>(n)), rm(static_cast<size_t>(n), 0.0), rv(static_cast<size_t>(n), 0.0);
-    for (int64_t i = 0; i < n; ++i) rp[static_cast<size_t>(i)] = testing::to_f64(p).data<double>()[i];
+    const Tensor p_start = testing::to_f64(p);
+    for (int64_t i = 0; i < n; ++i) rp[static_cast<size_t>(i)] = p_start.data<double>()[i];
     AdamWOptions o;
     o.lr = 3e-2;
     o.beta1 = 0.9;

@@ -15,15 +15,16 @@ TEST(Elementwise, AddScaleFillF32AndF64) {
       Tensor out = Tensor::empty({n}, dt);
       cpu::add(out, a, b);
       Tensor ref = Tensor::empty({n}, DType::kF64);
-      for (int64_t i = 0; i < n; ++i)
-        ref.data<double>()[i] = testing::to_f64(a).data<double>()[i] + testing::to_f64(b).data<double>()[i];
+      const Tensor a_ref = testing::to_f64(a), b_ref = testing::to_f64(b);
+      for (int64_t i = 0; i < n; ++i) ref.data<double>()[i] = a_ref.data<double>()[i] + b_ref.data<double>()[i];
       EXPECT_TRUE(testing::all_close(out, ref, testing::kCpuF32VsF64)) << dtype_name(dt) << " add n=" << n;
       cpu::add(out, out, b);  // aliasing out and a
       cpu::scale(out, -2.5);
-      for (int64_t i = 0; i < n; ++i) ref.data<double>()[i] = -2.5 * (ref.data<double>()[i] + testing::to_f64(b).data<double>()[i]);
+      for (int64_t i = 0; i < n; ++i) ref.data<double>()[i] = -2.5 * (ref.data<double>()[i] + b_ref.data<double>()[i]);
       EXPECT_TRUE(testing::all_close(out, ref, testing::kCpuF32VsF64)) << dtype_name(dt) << " scale n=" << n;
       cpu::fill(out, 3.25);
-      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(testing::to_f64(out).data<double>()[i], 3.25);
+      const Tensor filled = testing::to_f64(out);
+      for (int64_t i = 0; i < n; ++i) ASSERT_EQ(filled.data<double>()[i], 3.25) << "index " << i;
     }
   }
 }
