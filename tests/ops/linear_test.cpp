@@ -11,11 +11,11 @@ namespace {
 
 Tensor direct(const Tensor& x, const Tensor& w, const Tensor& b) {
   const int64_t T = x.size(0), I = x.size(1), O = w.size(0);
-  const Tensor x64 = testing::to_f64(x), w64 = testing::to_f64(w);
+  const Tensor x64 = testing::to_f64(x), w64 = testing::to_f64(w), b64 = b.defined() ? testing::to_f64(b) : Tensor();
   Tensor y = Tensor::empty({T, O}, DType::kF64);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t o = 0; o < O; ++o) {
-      double s = b.defined() ? testing::to_f64(b).data<double>()[o] : 0.0;
+      double s = b.defined() ? b64.data<double>()[o] : 0.0;
       for (int64_t i = 0; i < I; ++i) s += x64.data<double>()[t * I + i] * w64.data<double>()[o * I + i];
       y.data<double>()[t * O + o] = s;
     }
