@@ -40,7 +40,7 @@ struct DataSection {
 };
 
 struct TrainingSection {
-  int64_t steps = 400;
+  int64_t steps = 800;
   int64_t batch_size = 8;
   int64_t seq_len = 128;
   int64_t grad_accum_steps = 1;
