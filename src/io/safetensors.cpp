@@ -1,0 +1,248 @@
+// safetensors header validation, memory mapping and converting range reads.
+#include "io/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include <nlohmann/json.hpp>
+
+namespace shardtrain::io {
+namespace {
+
+constexpr int64_t kMaxHeaderBytes = int64_t{100} << 20;
+
+struct DTypeEntry {
+  const char* name;
+  size_t size;
+  bool is_float;
+};
+constexpr DTypeEntry kDTypes[] = {{"BOOL", 1, false}, {"U8", 1, false},  {"I8", 1, false},   {"U16", 2, false},
+                                  {"I16", 2, false},  {"U32", 4, false}, {"I32", 4, false},  {"U64", 8, false},
+                                  {"I64", 8, false},  {"F16", 2, true},  {"BF16", 2, true},  {"F32", 4, true},
+                                  {"F64", 8, true},   {"F8_E4M3", 1, true}, {"F8_E5M2", 1, true}};
+
+const DTypeEntry* find_dtype(const std::string& name) {
+  for (const DTypeEntry& d : kDTypes)
+    if (name == d.name) return &d;
+  return nullptr;
+}
+
+// a * b, or false on overflow past INT64_MAX
+bool checked_mul(int64_t a, int64_t b, int64_t& out) {
+  if (a != 0 && b > INT64_MAX / a) return false;
+  out = a * b;
+  return true;
+}
+
+double load_float(const uint8_t* p, const std::string& dt) {
+  if (dt == "F32") {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+  if (dt == "F64") {
+    double d;
+    std::memcpy(&d, p, 8);
+    return d;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return dt == "BF16" ? bf16_to_float(BFloat16{h}) : f16_to_float(Float16{h});
+}
+
+int64_t load_int(const uint8_t* p, const std::string& dt) {
+  if (dt == "U8" || dt == "BOOL") return *p;
+  if (dt == "I8") return static_cast<int8_t>(*p);
+  if (dt == "U16" || dt == "I16") {
+    uint16_t v;
+    std::memcpy(&v, p, 2);
+    return dt == "I16" ? int64_t{static_cast<int16_t>(v)} : int64_t{v};
+  }
+  if (dt == "U32" || dt == "I32") {
+    uint32_t v;
+    std::memcpy(&v, p, 4);
+    // both arms int64_t: a ternary of int32_t and uint32_t would be unsigned
+    return dt == "I32" ? int64_t{static_cast<int32_t>(v)} : int64_t{v};
+  }
+  int64_t v;
+  std::memcpy(&v, p, 8);
+  return v;  // U64 values above INT64_MAX wrap; no model tensor stores them
+}
+
+}  // namespace
+
+std::vector<TensorInfo> parse_safetensors_header(std::string_view json, int64_t data_bytes, const std::string& src,
+                                                 std::map<std::string, std::string>* metadata) {
+  const nlohmann::json h = nlohmann::json::parse(json.begin(), json.end(), nullptr, false);
+  ST_CHECK(!h.is_discarded(), src, ": header is not valid JSON");
+  ST_CHECK(h.is_object(), src, ": header must be a JSON object, found ", h.type_name());
+  std::vector<TensorInfo> out;
+  for (auto it = h.begin(); it != h.end(); ++it) {
+    const std::string& name = it.key();
+    const nlohmann::json& e = it.value();
+    if (name == "__metadata__") {
+      ST_CHECK(e.is_object(), src, ": `__metadata__` must be an object of strings");
+      for (auto m = e.begin(); m != e.end(); ++m) {
+        ST_CHECK(m.value().is_string(), src, ": `__metadata__.", m.key(), "` must be a string, found ", m.value().dump());
+        if (metadata) (*metadata)[m.key()] = m.value().get<std::string>();
+      }
+      continue;
+    }
+    const std::string where = src + ": tensor `" + name + "`";
+    ST_CHECK(e.is_object(), where, ": entry must be an object");
+    ST_CHECK(e.contains("dtype") && e["dtype"].is_string(), where, ": missing string `dtype`");
+    ST_CHECK(e.contains("shape") && e["shape"].is_array(), where, ": missing array `shape`");
+    ST_CHECK(e.contains("data_offsets") && e["data_offsets"].is_array() && e["data_offsets"].size() == 2, where,
+             ": `data_offsets` must be [begin, end]");
+    TensorInfo t;
+    t.name = name;
+    t.dtype = e["dtype"].get<std::string>();
+    const DTypeEntry* d = find_dtype(t.dtype);
+    ST_CHECK(d != nullptr, where, ": unknown dtype `", t.dtype, "`");
+    t.element_size = d->size;
+    t.numel = 1;
+    for (const nlohmann::json& dim : e["shape"]) {
+      ST_CHECK(dim.is_number_unsigned() || (dim.is_number_integer() && dim.get<int64_t>() >= 0), where,
+               ": shape entries must be non-negative integers, found ", dim.dump());
+      ST_CHECK(!dim.is_number_unsigned() || dim.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX), where,
+               ": shape entry ", dim.dump(), " too large");
+      const int64_t v = dim.get<int64_t>();
+      t.shape.push_back(v);
+      ST_CHECK(checked_mul(t.numel, v, t.numel), where, ": shape ", e["shape"].dump(), " overflows 64 bits");
+    }
+    int64_t bytes = 0;
+    ST_CHECK(checked_mul(t.numel, static_cast<int64_t>(d->size), bytes), where, ": byte size overflows 64 bits");
+    for (const nlohmann::json& o : e["data_offsets"])
+      ST_CHECK(o.is_number_unsigned() || (o.is_number_integer() && o.get<int64_t>() >= 0), where,
+               ": data_offsets must be non-negative integers, found ", e["data_offsets"].dump());
+    const uint64_t b = e["data_offsets"][0].get<uint64_t>(), en = e["data_offsets"][1].get<uint64_t>();
+    ST_CHECK(b <= en, where, ": data_offsets begin ", b, " after end ", en);
+    ST_CHECK(en <= static_cast<uint64_t>(data_bytes), where, ": data_offsets end ", en, " beyond the data section of ",
+             data_bytes, " bytes");
+    t.begin = static_cast<int64_t>(b);
+    t.end = static_cast<int64_t>(en);
+    ST_CHECK(t.end - t.begin == bytes, where, ": shape ", e["shape"].dump(), " x ", t.dtype, " is ", bytes,
+             " bytes but data_offsets span ", t.end - t.begin);
+    out.push_back(std::move(t));
+  }
+  std::vector<const TensorInfo*> by_offset;
+  for (const TensorInfo& t : out) by_offset.push_back(&t);
+  std::sort(by_offset.begin(), by_offset.end(), [](auto* a, auto* b) { return a->begin < b->begin; });
+  for (size_t i = 1; i < by_offset.size(); ++i)
+    ST_CHECK(by_offset[i]->begin >= by_offset[i - 1]->end || by_offset[i - 1]->begin == by_offset[i - 1]->end, src,
+             ": tensors `", by_offset[i - 1]->name, "` [", by_offset[i - 1]->begin, ", ", by_offset[i - 1]->end,
+             ") and `", by_offset[i]->name, "` [", by_offset[i]->begin, ", ", by_offset[i]->end, ") overlap");
+  return out;
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  ST_CHECK(fd >= 0, "cannot open `", path, "`: ", std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    ::close(fd);
+    ST_THROW("cannot stat `", path, "`");
+  }
+  map_bytes_ = static_cast<size_t>(st.st_size);
+  if (map_bytes_ > 0) {
+    void* m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
+    ::close(fd);
+    ST_CHECK(m != MAP_FAILED, "cannot map `", path, "`: ", std::strerror(errno));
+    map_ = static_cast<const uint8_t*>(m);
+  } else {
+    ::close(fd);
+  }
+  try {
+    ST_CHECK(map_bytes_ >= 8, path, ": file of ", map_bytes_, " bytes is too short for a safetensors header");
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | map_[i];  // little-endian
+    ST_CHECK(n <= static_cast<uint64_t>(kMaxHeaderBytes), path, ": header length ", n, " exceeds the ",
+             kMaxHeaderBytes, "-byte limit");
+    ST_CHECK(n <= map_bytes_ - 8, path, ": header length ", n, " runs past the end of the ", map_bytes_, "-byte file");
+    const int64_t data_bytes = static_cast<int64_t>(map_bytes_ - 8 - n);
+    tensors_ = parse_safetensors_header(
+        std::string_view(reinterpret_cast<const char*>(map_ + 8), static_cast<size_t>(n)), data_bytes, path, &metadata_);
+    data_ = map_ + 8 + n;
+    for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
+  } catch (...) {
+    if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
+}
+
+const TensorInfo* SafetensorsFile::find(const std::string& name) const {
+  auto it = index_.find(name);
+  return it == index_.end() ? nullptr : &tensors_[it->second];
+}
+
+const TensorInfo& SafetensorsFile::get(const std::string& name) const {
+  const TensorInfo* t = find(name);
+  ST_CHECK(t != nullptr, path_, ": no tensor named `", name, "`");
+  return *t;
+}
+
+void SafetensorsFile::read_range(const std::string& name, int64_t first, Tensor& out) const {
+  const TensorInfo& t = get(name);
+  ST_CHECK(out.device().is_cpu() && out.is_contiguous(), path_, ": reading `", name,
+           "` needs a contiguous host tensor, found ", out.str());
+  const int64_t n = out.numel();
+  ST_CHECK(first >= 0 && n >= 0 && first <= t.numel && n <= t.numel - first, path_, ": tensor `", name,
+           "`: elements [", first, ", ", first + n, ") outside its ", t.numel, " elements");
+  const uint8_t* src = data_ + t.begin + first * static_cast<int64_t>(t.element_size);
+  const bool file_float = find_dtype(t.dtype)->is_float;
+  ST_CHECK(t.dtype != "F8_E4M3" && t.dtype != "F8_E5M2", path_, ": tensor `", name, "` is ", t.dtype,
+           ", which shardtrain does not convert");
+  if (is_floating(out.dtype())) {
+    ST_CHECK(file_float, path_, ": tensor `", name, "` is ", t.dtype, ", cannot read it as ", dtype_name(out.dtype()));
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = load_float(src + i * static_cast<int64_t>(t.element_size), t.dtype);
+      switch (out.dtype()) {
+        case DType::kF32: out.data<float>()[i] = static_cast<float>(v); break;
+        case DType::kF64: out.data<double>()[i] = v; break;
+        case DType::kBF16: out.data<BFloat16>()[i] = float_to_bf16(static_cast<float>(v)); break;
+        case DType::kF16: out.data<Float16>()[i] = float_to_f16(static_cast<float>(v)); break;
+        default: break;
+      }
+    }
+  } else {
+    ST_CHECK(!file_float, path_, ": tensor `", name, "` is ", t.dtype, ", cannot read it as ", dtype_name(out.dtype()));
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = load_int(src + i * static_cast<int64_t>(t.element_size), t.dtype);
+      switch (out.dtype()) {
+        case DType::kI32:
+          ST_CHECK(v >= INT32_MIN && v <= INT32_MAX, path_, ": tensor `", name, "` element ", first + i, " = ", v,
+                   " does not fit i32");
+          out.data<int32_t>()[i] = static_cast<int32_t>(v);
+          break;
+        case DType::kI64: out.data<int64_t>()[i] = v; break;
+        case DType::kU8: out.data<uint8_t>()[i] = static_cast<uint8_t>(v); break;
+        default: break;
+      }
+    }
+  }
+}
+
+void SafetensorsFile::read(const std::string& name, Tensor& out) const {
+  const TensorInfo& t = get(name);
+  ST_CHECK(out.numel() == t.numel, path_, ": tensor `", name, "` has ", t.numel, " elements (shape ",
+           Shape(t.shape.begin(), t.shape.end()).str(), "), the destination ", out.str(), " has ", out.numel());
+  read_range(name, 0, out);
+}
+
+Tensor SafetensorsFile::read_as(const std::string& name, DType dtype) const {
+  const TensorInfo& t = get(name);
+  Tensor out = Tensor::empty(Shape(t.shape.begin(), t.shape.end()), dtype, Device::cpu(), "safetensors read");
+  read_range(name, 0, out);
+  return out;
+}
+
+}  // namespace shardtrain::io

@@ -1,0 +1,66 @@
+// Reading safetensors files (the Hugging Face weight format): the header is validated in
+// full before any data is touched (length, JSON, dtypes, shapes x dtype size == byte range,
+// ranges inside the data section and disjoint, no integer overflow); data is memory-mapped
+// and any element range of a tensor can be read and converted, which is what a rank that
+// loads only its shard needs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace shardtrain::io {
+
+struct TensorInfo {
+  std::string name;
+  std::string dtype;      // as written in the file: "BF16", "F32", ...
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  int64_t begin = 0;      // byte range inside the data section
+  int64_t end = 0;
+  size_t element_size = 0;
+};
+
+// Parses a header (the JSON after the 8-byte length) of a file whose data section has
+// `data_bytes` bytes; `source` names the file in errors. Exposed for the fuzz target.
+std::vector<TensorInfo> parse_safetensors_header(std::string_view json, int64_t data_bytes, const std::string& source,
+                                                 std::map<std::string, std::string>* metadata);
+
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  const std::vector<TensorInfo>& tensors() const { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // nullptr when absent.
+  const TensorInfo* find(const std::string& name) const;
+  const TensorInfo& get(const std::string& name) const;  // throws naming file and tensor
+
+  // Reads out.numel() consecutive elements (row-major) of tensor `name` starting at element
+  // `first` into the host tensor `out`, converting from the file's dtype to out's (float
+  // types among themselves, integer types among themselves).
+  void read_range(const std::string& name, int64_t first, Tensor& out) const;
+  // The whole tensor into `out`, which must hold exactly its number of elements.
+  void read(const std::string& name, Tensor& out) const;
+  // The whole tensor as a new host tensor of `dtype` with the file's shape.
+  Tensor read_as(const std::string& name, DType dtype) const;
+
+ private:
+  std::string path_;
+  const uint8_t* map_ = nullptr;
+  size_t map_bytes_ = 0;
+  const uint8_t* data_ = nullptr;  // start of the data section
+  std::vector<TensorInfo> tensors_;
+  std::map<std::string, size_t> index_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace shardtrain::io
