@@ -13,6 +13,7 @@
 #include "data/tokenize_file.h"
 #include "core/log.h"
 #include "train/config.h"
+#include "train/inspect.h"
 #include "train/trainer.h"
 
 namespace shardtrain::cli {
@@ -52,6 +53,8 @@ std::string usage() {
          "                                                   default job on Debian's fortunes corpus)\n"
          "  print-config [CONFIG.toml] [--section.key=value ...]\n"
          "                                                   show every key's effective value and source\n"
+         "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
+         "                                                   file or Hugging Face folder\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
          "                                                   text or JSONL -> token file (EOS after each document)\n"
@@ -110,6 +113,12 @@ int run_tokenize(const std::vector<std::string>& args) {
   log::info(fmt::format("tokenize: {} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}",
                         st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
                         st.bytes_per_second() / 1e6, files[1]));
+  return 0;
+}
+
+int run_inspect(const std::vector<std::string>& args) {
+  ST_CHECK(args.size() == 1, "inspect: expected one PATH (a .safetensors file or a Hugging Face folder)");
+  std::fputs(train::inspect_report(args[0]).c_str(), stdout);
   return 0;
 }
 

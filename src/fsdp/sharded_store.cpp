@@ -99,6 +99,19 @@ void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
   }
 }
 
+void ShardedUnitStore::load(const ParamReader& read) {
+  const int64_t r = comm_->rank();
+  for (size_t u = 0; u < layout_->units().size(); ++u) {
+    const int64_t s = master_[u].numel(), lo = r * s, hi = lo + s;
+    for (const model::ParamSpec& p : layout_->units()[u].params) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+      if (a >= b) continue;
+      Tensor dst = master_[u].flat_range(a - lo, b - a);
+      read(p, a - p.offset, dst);
+    }
+  }
+}
+
 void ShardedUnitStore::zero_grad_shards() {
   for (Tensor& g : grad_) ops::fill(g, 0.0);
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -37,6 +38,11 @@ class ShardedUnitStore final : public model::UnitStore {
 
   // Counter-based init of this rank's shards (identical values for any number of ranks).
   void init_random(uint64_t seed, double init_std);
+  // Fills this rank's shards from a source of whole parameters: `read(spec, first, out)` must
+  // write elements [first, first + out.numel()) of parameter `spec` (row-major) into `out`.
+  // Only the ranges inside this rank's slices are requested.
+  using ParamReader = std::function<void(const model::ParamSpec& spec, int64_t first, Tensor& out)>;
+  void load(const ParamReader& read);
   void zero_grad_shards();
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.

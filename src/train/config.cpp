@@ -99,6 +99,9 @@ Check one_of(std::initializer_list<const char*> options) {
 const std::vector<KeyDef>& keys() {
   using C = JobConfig;
   static const std::vector<KeyDef> table = {
+      key("model.hf", &C::model, &ModelSection::hf,
+          "Hugging Face folder to fine-tune (config.json, *.safetensors, tokenizer.json); its shape replaces "
+          "the model.* shape keys"),
       key("model.vocab_size", &C::model, &ModelSection::vocab_size,
           "vocabulary size V; 0 takes the tokenizer's", non_negative()),
       key("model.dim", &C::model, &ModelSection::dim, "width D of the residual stream", positive()),
@@ -137,7 +140,7 @@ const std::vector<KeyDef>& keys() {
           one_of({"auto", "text", "jsonl"})),
       key("data.text_field", &C::data, &DataSection::text_field, "JSONL field holding each document's text"),
       key("data.tokenizer", &C::data, &DataSection::tokenizer,
-          "byte (256 bytes + BOS/EOS), or a Hugging Face tokenizer.json path"),
+          "auto (model.hf's tokenizer.json, else byte), byte (256 bytes + BOS/EOS), or a tokenizer.json path"),
       key("data.val_fraction", &C::data, &DataSection::val_fraction,
           "fraction of documents held out for evaluation", in_range(0.0, 0.5)),
 
@@ -352,8 +355,9 @@ void validate(const JobConfig& c) {
            " must be even for rotary embeddings");
   ST_CHECK(m.n_heads % m.n_kv_heads == 0, "`model.n_kv_heads` (", m.n_kv_heads, ") must divide `model.n_heads` (",
            m.n_heads, ")");
-  ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
-           ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
+  if (m.hf.empty())  // with model.hf the limit comes from its config.json (checked when loaded)
+    ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
+             ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
   ST_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor, "`model.rope_high_freq_factor` (",
            m.rope_high_freq_factor, ") must exceed `model.rope_low_freq_factor` (", m.rope_low_freq_factor, ")");
 }

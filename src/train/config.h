@@ -11,6 +11,7 @@
 namespace shardtrain::train {
 
 struct ModelSection {
+  std::string hf = "";     // HF folder to fine-tune; its config.json replaces the shape keys
   int64_t vocab_size = 0;  // 0: taken from the tokenizer
   int64_t dim = 256;
   int64_t n_layers = 4;
@@ -35,7 +36,7 @@ struct DataSection {
   std::string source = "builtin:fortunes";
   std::string format = "auto";
   std::string text_field = "text";
-  std::string tokenizer = "byte";
+  std::string tokenizer = "auto";
   double val_fraction = 0.05;
 };
 

@@ -16,6 +16,8 @@
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
+#include "io/hf_folder.h"
+#include "model/hf_config.h"
 #ifdef SHARDTRAIN_WITH_MPI
 #include "dist/mpi_communicator.h"
 #endif
@@ -40,10 +42,15 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d) {
-  if (d.tokenizer == "byte") return std::make_unique<data::ByteTokenizer>();
-  return with_context([&] { return "loading `data.tokenizer` = `" + d.tokenizer + "`"; },
-                      [&] { return std::make_unique<data::BpeTokenizer>(d.tokenizer); });
+std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d, const std::string& hf) {
+  std::string path = d.tokenizer;
+  if (path == "auto") {
+    if (hf.empty()) return std::make_unique<data::ByteTokenizer>();
+    path = hf;
+  }
+  if (path == "byte") return std::make_unique<data::ByteTokenizer>();
+  return with_context([&] { return "loading the tokenizer `" + path + "` (`data.tokenizer`)"; },
+                      [&] { return std::make_unique<data::BpeTokenizer>(path); });
 }
 
 std::vector<std::string> load_documents(const DataSection& d) {
@@ -126,7 +133,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
   if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
 
-  tokenizer_ = make_tokenizer(config_.data);
+  tokenizer_ = make_tokenizer(config_.data, config_.model.hf);
   const std::vector<std::string> docs = load_documents(config_.data);
   streams_ = data::build_token_streams(docs, *tokenizer_, config_.data.val_fraction, config_.training.seed);
   log::info(fmt::format("data: {} documents, {:.2f} MB of text -> {} training / {} held-out tokens ({})",
@@ -134,13 +141,37 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
                         streams_.val.size(), config_.data.source));
   sampler_ = std::make_unique<data::WindowSampler>(&streams_.train, config_.training.seq_len, config_.training.seed);
 
-  const model::LlamaConfig mc = llama_config(config_.model, tokenizer_->vocab_size());
+  model::LlamaConfig mc;
+  std::unique_ptr<io::HfWeights> hf_weights;
+  if (!config_.model.hf.empty()) {
+    mc = model::load_hf_config((std::filesystem::path(config_.model.hf) / "config.json").string());
+    ST_CHECK(tokenizer_->vocab_size() <= mc.vocab_size, "the tokenizer has ", tokenizer_->vocab_size(),
+             " tokens but `model.hf` = `", config_.model.hf, "` has a vocabulary of ", mc.vocab_size,
+             "; use the model's own tokenizer (`data.tokenizer = \"auto\"`)");
+    ST_CHECK(config_.training.seq_len <= mc.max_seq_len, "`training.seq_len` (", config_.training.seq_len,
+             ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf`");
+    hf_weights = std::make_unique<io::HfWeights>(config_.model.hf);
+  } else {
+    mc = llama_config(config_.model, tokenizer_->vocab_size());
+  }
   const DType dtype = parse_dtype(config_.model.dtype, "model.dtype");
   layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, comm_->world_size()));
   fsdp::ShardingOptions so;
   so.compute_dtype = so.master_dtype = so.reduce_dtype = dtype;
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so);
-  store_->init_random(config_.training.seed, mc.init_std);
+  if (hf_weights) {
+    // each rank reads only the element ranges of its own shards
+    const io::HfWeights& w = *hf_weights;
+    store_->load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+      const io::TensorInfo& t = w.get(p.name);
+      ST_CHECK(Shape(t.shape.begin(), t.shape.end()) == p.shape, "`", config_.model.hf, "`: tensor `", p.name,
+               "` has shape ", Shape(t.shape.begin(), t.shape.end()).str(), ", config.json implies ", p.shape.str());
+      w.read_range(p.name, first, out);
+    });
+    log::info(fmt::format("loaded {} tensors from {}", w.names().size(), config_.model.hf));
+  } else {
+    store_->init_random(config_.training.seed, mc.init_std);
+  }
   model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, Device::cpu());
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;

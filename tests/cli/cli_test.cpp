@@ -100,3 +100,25 @@ TEST(Cli, TokenizeNeedsATokenizer) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Cli, InspectListsTensorsAndChecksTheShape) {
+  const Result r = run("inspect " + shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("model.layers.1.self_attn.k_proj.weight"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("[6, 24]"), std::string::npos) << r.output;  // 1 kv head x head dim 6
+  EXPECT_NE(r.output.find("with llama3 scaling"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every parameter present with the expected shape"), std::string::npos) << r.output;
+  const Result bad = run("inspect /nonexistent/folder");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("/nonexistent/folder"), std::string::npos) << bad.output;
+}
+
+TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {
+  const Result r = run("train --model.hf=" + shardtrain::testing::source_dir() + "/tests/model/hf_reference/mha_tied");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
+}
+
+}  // namespace

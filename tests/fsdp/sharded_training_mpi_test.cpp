@@ -9,6 +9,9 @@
 #include <gtest/gtest.h>
 
 #include "dist/mpi_communicator.h"
+#include "io/hf_folder.h"
+#include "model/hf_config.h"
+#include "testing/shared_data.h"
 #include "model/llama.h"
 #include "testing/compare.h"
 #include "train/trainer.h"
@@ -109,6 +112,32 @@ TEST(ShardedInit, IdenticalForAnyNumberOfRanks) {
     store.release_params(u, model::Pass::kEval);
   }
   EXPECT_EQ(store.gathered_units(), 0);
+}
+
+TEST(ShardedInit, HfLoadingReadsOnlyOwnRangesAndEqualsUnsharded) {
+  auto comm = dist::make_mpi_world();
+  const std::string dir = testing::source_dir() + "/tests/model/hf_reference/qwen2_bias";
+  const model::LlamaConfig c = model::load_hf_config(dir + "/config.json");
+  const io::HfWeights weights(dir);
+  const model::ModelLayout layout = model::ModelLayout::llama(c, comm->world_size());
+  fsdp::ShardedUnitStore store(layout, comm.get(), {});
+  int64_t elements_read = 0;
+  store.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+    elements_read += out.numel();
+    weights.read_range(p.name, first, out);
+  });
+  // every rank reads at most its slice of each unit
+  int64_t slice_total = 0;
+  for (const model::UnitLayout& u : layout.units()) slice_total += u.shard_numel(comm->world_size());
+  EXPECT_LE(elements_read, slice_total);
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Tensor full = store.acquire_params(u, model::Pass::kEval);
+    for (const model::ParamSpec& p : layout.units()[u].params)
+      EXPECT_TRUE(testing::all_close(full.flat_range(p.offset, p.numel()).view(p.shape),
+                                     weights.files().front()->read_as(p.name, DType::kF32), testing::kExact))
+          << p.name;
+    store.release_params(u, model::Pass::kEval);
+  }
 }
 
 }  // namespace

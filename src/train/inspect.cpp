@@ -1,0 +1,63 @@
+// The inspect report.
+#include "train/inspect.h"
+
+#include <filesystem>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "core/allocator.h"
+#include "io/hf_folder.h"
+#include "model/hf_config.h"
+#include "model/layout.h"
+
+namespace shardtrain::train {
+
+std::string inspect_report(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::ostringstream r;
+  const io::HfWeights w(path);
+  int64_t total_bytes = 0, total_elements = 0;
+  for (const auto& f : w.files()) {
+    r << fmt::format("{}  ({} tensors, {})\n", f->path(), f->tensors().size(),
+                     format_bytes(static_cast<int64_t>(fs::file_size(f->path()))));
+    for (const auto& [k, v] : f->metadata()) r << fmt::format("  metadata {} = {}\n", k, v);
+  }
+  r << fmt::format("\n{:<60} {:>6}  {:<22} {:>12}\n", "tensor", "dtype", "shape", "bytes");
+  for (const std::string& name : w.names()) {
+    const io::TensorInfo& t = w.get(name);
+    r << fmt::format("{:<60} {:>6}  {:<22} {:>12}\n", name, t.dtype, Shape(t.shape.begin(), t.shape.end()).str(),
+                     t.end - t.begin);
+    total_bytes += t.end - t.begin;
+    total_elements += t.numel;
+  }
+  r << fmt::format("\n{} tensors, {} elements, {}\n", w.names().size(), total_elements, format_bytes(total_bytes));
+  const fs::path config = fs::is_directory(path) ? fs::path(path) / "config.json" : fs::path(path).parent_path() / "config.json";
+  if (fs::exists(config)) {
+    const model::LlamaConfig c = model::load_hf_config(config.string());
+    r << "\nconfig.json: " << c.summary() << "\n";
+    r << fmt::format("  rope theta {}{}, max positions {}, norm eps {}\n", c.rope.theta,
+                     c.rope.scaling.type == ops::RopeScalingType::kLlama3 ? " with llama3 scaling" : "",
+                     c.max_seq_len, c.norm_eps);
+    // every tensor the model needs is present with the right shape
+    const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
+    int missing = 0;
+    for (const model::UnitLayout& u : layout.units())
+      for (const model::ParamSpec& p : u.params) {
+        const io::TensorInfo* t = w.find(p.name);
+        if (t == nullptr) {
+          r << "  missing: " << p.name << "\n";
+          ++missing;
+        } else if (!(Shape(t->shape.begin(), t->shape.end()) == p.shape)) {
+          r << "  wrong shape: " << p.name << " is " << Shape(t->shape.begin(), t->shape.end()).str() << ", expected "
+            << p.shape.str() << "\n";
+          ++missing;
+        }
+      }
+    r << (missing == 0 ? "  every parameter present with the expected shape\n"
+                       : fmt::format("  {} parameters missing or misshapen\n", missing));
+  }
+  return r.str();
+}
+
+}  // namespace shardtrain::train
