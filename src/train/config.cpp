@@ -144,7 +144,8 @@ const std::vector<KeyDef>& keys() {
       key("data.val_fraction", &C::data, &DataSection::val_fraction,
           "fraction of documents held out for evaluation", in_range(0.0, 0.5)),
 
-      key("training.steps", &C::training, &TrainingSection::steps, "optimizer steps to run", positive()),
+      key("training.steps", &C::training, &TrainingSection::steps,
+          "optimizer steps to run (0: load, evaluate and export only)", non_negative()),
       key("training.batch_size", &C::training, &TrainingSection::batch_size,
           "sequences per micro-batch", positive()),
       key("training.seq_len", &C::training, &TrainingSection::seq_len,
@@ -193,6 +194,14 @@ const std::vector<KeyDef>& keys() {
           "progress bar: auto (when stderr is a terminal), on or off", one_of({"auto", "on", "off"})),
 
       key("run.output_dir", &C::run, &RunSection::output_dir, "folder for metrics and outputs"),
+
+      key("export.folder", &C::export_, &ExportSection::folder,
+          "write a Hugging Face folder here at the end of training (config.json, safetensors, tokenizer); "
+          "empty: no export"),
+      key("export.dtype", &C::export_, &ExportSection::dtype, "dtype of the exported weights: bf16, f16 or f32",
+          one_of({"bf16", "f16", "f32"})),
+      key("export.max_shard_mb", &C::export_, &ExportSection::max_shard_mb,
+          "largest safetensors shard in MB (as save_pretrained's max_shard_size)", positive()),
 
       key("sample.prompt", &C::sample, &SampleSection::prompt, "text the final sample continues"),
       key("sample.tokens", &C::sample, &SampleSection::tokens,

@@ -79,6 +79,12 @@ struct LoggingSection {
   std::string progress = "auto";
 };
 
+struct ExportSection {
+  std::string folder = "";
+  std::string dtype = "bf16";
+  int64_t max_shard_mb = 5000;
+};
+
 struct RunSection {
   std::string output_dir = "runs/default";
 };
@@ -100,6 +106,7 @@ struct JobConfig {
   EvalSection eval;
   LoggingSection logging;
   RunSection run;
+  ExportSection export_;
   SampleSection sample;
 };
 

@@ -23,6 +23,7 @@
 #endif
 #include "optim/clip.h"
 #include "optim/schedule.h"
+#include "train/export.h"
 #include "train/generate.h"
 #include "train/metrics.h"
 
@@ -327,10 +328,25 @@ TrainSummary Trainer::run() {
   }
   progress.clear();
   summary.seconds = seconds_since(start);
-  summary.tokens_per_second = static_cast<double>(B * T * accum * world * tc.steps) / train_seconds;
+  summary.tokens_per_second =
+      train_seconds > 0 ? static_cast<double>(B * T * accum * world * tc.steps) / train_seconds : 0.0;
   log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}", tc.steps,
                         format_duration(summary.seconds), summary.tokens_per_second,
                         format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes)));
+  if (tc.steps == 0) {
+    const double e = evaluate();
+    summary.evals.emplace_back(0, e);
+    log::info(fmt::format("eval  step     0  held-out loss {:.4f}  perplexity {:.2f}", e, std::exp(e)));
+  }
+  if (!config_.export_.folder.empty()) {
+    ExportOptions eo;
+    eo.folder = config_.export_.folder;
+    eo.dtype = parse_dtype(config_.export_.dtype, "export.dtype");
+    eo.max_shard_bytes = config_.export_.max_shard_mb * 1000 * 1000;
+    eo.tokenizer_source = config_.model.hf;
+    export_hf(*store_, model_->config(), *comm_, eo);
+    log::info(fmt::format("exported a Hugging Face folder to {} ({})", eo.folder, config_.export_.dtype));
+  }
   if (config_.sample.tokens > 0) {
     SampleOptions o;
     o.prompt = config_.sample.prompt;

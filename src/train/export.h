@@ -1,0 +1,24 @@
+// Exporting a sharded model as a Hugging Face folder: config.json, safetensors shards with
+// an index, and the tokenizer files of the source folder, loadable by transformers'
+// AutoModelForCausalLM.from_pretrained. Units are gathered one at a time; rank 0 writes.
+#pragma once
+
+#include <string>
+
+#include "dist/communicator.h"
+#include "fsdp/sharded_store.h"
+#include "model/config.h"
+
+namespace shardtrain::train {
+
+struct ExportOptions {
+  std::string folder;
+  DType dtype = DType::kBF16;             // weights are cast to this on the way out
+  int64_t max_shard_bytes = int64_t{5} << 30;
+  std::string tokenizer_source;           // folder whose tokenizer files are copied ("" for none)
+};
+
+void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, dist::Communicator& comm,
+               const ExportOptions& options);
+
+}  // namespace shardtrain::train
