@@ -8,7 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas-openmp-dev libomp-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libpcre2-dev
-  libgtest-dev libgmock-dev
+  libgtest-dev libgmock-dev clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev
   fortunes
   python3 python3-venv

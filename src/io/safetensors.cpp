@@ -140,6 +140,20 @@ std::vector<TensorInfo> parse_safetensors_header(std::string_view json, int64_t 
   return out;
 }
 
+std::vector<TensorInfo> validate_safetensors(std::span<const uint8_t> file, const std::string& source,
+                                             std::map<std::string, std::string>* metadata) {
+  ST_CHECK(file.size() >= 8, source, ": file of ", file.size(), " bytes is too short for a safetensors header");
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | file[static_cast<size_t>(i)];  // little-endian
+  ST_CHECK(n <= static_cast<uint64_t>(kMaxHeaderBytes), source, ": header length ", n, " exceeds the ",
+           kMaxHeaderBytes, "-byte limit");
+  ST_CHECK(n <= file.size() - 8, source, ": header length ", n, " runs past the end of the ", file.size(),
+           "-byte file");
+  const int64_t data_bytes = static_cast<int64_t>(file.size() - 8 - n);
+  return parse_safetensors_header(std::string_view(reinterpret_cast<const char*>(file.data() + 8), static_cast<size_t>(n)),
+                                  data_bytes, source, metadata);
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   ST_CHECK(fd >= 0, "cannot open `", path, "`: ", std::strerror(errno));
@@ -158,15 +172,9 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
   }
   try {
-    ST_CHECK(map_bytes_ >= 8, path, ": file of ", map_bytes_, " bytes is too short for a safetensors header");
+    tensors_ = validate_safetensors(std::span<const uint8_t>(map_, map_bytes_), path, &metadata_);
     uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | map_[i];  // little-endian
-    ST_CHECK(n <= static_cast<uint64_t>(kMaxHeaderBytes), path, ": header length ", n, " exceeds the ",
-             kMaxHeaderBytes, "-byte limit");
-    ST_CHECK(n <= map_bytes_ - 8, path, ": header length ", n, " runs past the end of the ", map_bytes_, "-byte file");
-    const int64_t data_bytes = static_cast<int64_t>(map_bytes_ - 8 - n);
-    tensors_ = parse_safetensors_header(
-        std::string_view(reinterpret_cast<const char*>(map_ + 8), static_cast<size_t>(n)), data_bytes, path, &metadata_);
+    for (int i = 7; i >= 0; --i) n = (n << 8) | map_[i];
     data_ = map_ + 8 + n;
     for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
   } catch (...) {

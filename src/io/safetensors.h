@@ -30,6 +30,11 @@ struct TensorInfo {
 std::vector<TensorInfo> parse_safetensors_header(std::string_view json, int64_t data_bytes, const std::string& source,
                                                  std::map<std::string, std::string>* metadata);
 
+// Validates a whole file held in memory (8-byte length, header, every tensor entry) and
+// returns its tensors; `source` names the file in errors. The fuzz target's entry point.
+std::vector<TensorInfo> validate_safetensors(std::span<const uint8_t> file, const std::string& source,
+                                             std::map<std::string, std::string>* metadata);
+
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
