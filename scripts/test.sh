@@ -9,6 +9,6 @@ export PATH="$PWD/.venv/bin:$PATH"
 bash scripts/build.sh -DSHARDTRAIN_WERROR=ON
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export OMPI_MCA_btl=self,vader
-ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)"
 # the safetensors parser under libFuzzer with ASan + UBSan, briefly
 bash scripts/fuzz.sh 30
+ctest --test-dir build --output-on-failure --timeout 900 -j "$(nproc)"
