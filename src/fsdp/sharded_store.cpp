@@ -21,9 +21,12 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
     ops::fill(master_.back(), 0.0);
     ops::fill(grad_.back(), 0.0);
     UnitState st;
-    st.keep_for_backward = !options.reshard_after_forward ||
-                           (options.keep_last_block_gathered && units[u].kind == model::UnitKind::kBlock &&
-                            u + 2 == units.size());
+    // Only blocks are kept: their backward re-reads the weights. The embedding's backward
+    // does not, and the head is used at once, so their last release in a step is a forward
+    // release; keeping them would carry stale weights past the optimizer step.
+    const bool block = units[u].kind == model::UnitKind::kBlock;
+    st.keep_for_backward =
+        block && (!options.reshard_after_forward || (options.keep_last_block_gathered && u + 2 == units.size()));
     state_.push_back(st);
   }
 }

@@ -20,8 +20,9 @@ struct ShardingOptions {
   DType compute_dtype = DType::kF32;  // gathered parameters and full gradients
   DType master_dtype = DType::kF32;   // shards: master weights, gradients, optimizer state
   DType reduce_dtype = DType::kF32;   // gradients travel in this dtype
-  // Free a unit's gathered parameters after its forward (FSDP2 reshard_after_forward). The
-  // last block keeps them by default since its backward comes first.
+  // Free a block's gathered parameters after its forward (FSDP2 reshard_after_forward);
+  // false keeps every block gathered until its backward (ZeRO-2-like). The last block keeps
+  // them by default since its backward comes first.
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
 };

@@ -195,6 +195,12 @@ const std::vector<KeyDef>& keys() {
 
       key("run.output_dir", &C::run, &RunSection::output_dir, "folder for metrics and outputs"),
 
+      key("parallel.reshard_after_forward", &C::parallel, &ParallelSection::reshard_after_forward,
+          "free each unit's gathered parameters after its forward (FSDP); false keeps them until the backward "
+          "(ZeRO-2-like: fewer gathers, more memory)"),
+      key("parallel.keep_last_block_gathered", &C::parallel, &ParallelSection::keep_last_block_gathered,
+          "keep the last block gathered between its forward and backward (its backward comes first)"),
+
       key("export.folder", &C::export_, &ExportSection::folder,
           "write a Hugging Face folder here at the end of training (config.json, safetensors, tokenizer); "
           "empty: no export"),

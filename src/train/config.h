@@ -79,6 +79,11 @@ struct LoggingSection {
   std::string progress = "auto";
 };
 
+struct ParallelSection {
+  bool reshard_after_forward = true;
+  bool keep_last_block_gathered = true;
+};
+
 struct ExportSection {
   std::string folder = "";
   std::string dtype = "bf16";
@@ -107,6 +112,7 @@ struct JobConfig {
   LoggingSection logging;
   RunSection run;
   ExportSection export_;
+  ParallelSection parallel;
   SampleSection sample;
 };
 

@@ -159,6 +159,8 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, comm_->world_size()));
   fsdp::ShardingOptions so;
   so.compute_dtype = so.master_dtype = so.reduce_dtype = dtype;
+  so.reshard_after_forward = config_.parallel.reshard_after_forward;
+  so.keep_last_block_gathered = config_.parallel.keep_last_block_gathered;
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so);
   if (hf_weights) {
     // each rank reads only the element ranges of its own shards

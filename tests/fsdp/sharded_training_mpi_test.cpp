@@ -56,6 +56,15 @@ TEST(ShardedTraining, MatchesOneRank) {
 
   train::Trainer sharded(job(corpus, B), comm.get());
   const train::TrainSummary b = sharded.run();
+  EXPECT_EQ(sharded.store().gathered_units(), 0) << "nothing stays gathered after a step";
+
+  // ZeRO-2-like: units stay gathered from forward to backward; the numbers do not change
+  train::JobConfig zero2 = job(corpus, B);
+  zero2.parallel.reshard_after_forward = false;
+  zero2.training.steps = 3;
+  train::Trainer kept(zero2, comm.get());
+  const train::TrainSummary z = kept.run();
+  for (size_t i = 0; i < z.steps.size(); ++i) EXPECT_EQ(z.steps[i].loss, b.steps[i].loss) << "step " << i + 1;
 
   ASSERT_EQ(a.steps.size(), b.steps.size());
   bool clipped = false;
