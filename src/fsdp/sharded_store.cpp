@@ -90,16 +90,7 @@ void ShardedUnitStore::release_grads(size_t u) {
 }
 
 void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
-  const int64_t r = comm_->rank();
-  for (size_t u = 0; u < layout_->units().size(); ++u) {
-    const int64_t s = master_[u].numel(), lo = r * s, hi = lo + s;
-    for (const model::ParamSpec& p : layout_->units()[u].params) {
-      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
-      if (a >= b) continue;
-      Tensor dst = master_[u].flat_range(a - lo, b - a);
-      model::init_param_range(dst, p, a - p.offset, seed, init_std);
-    }
-  }
+  load([&](const model::ParamSpec& p, int64_t first, Tensor& out) { model::init_param_range(out, p, first, seed, init_std); });
 }
 
 void ShardedUnitStore::load(const ParamReader& read) {

@@ -19,12 +19,6 @@ using testing::to_device;
 using testing::to_dtype;
 using testing::to_host;
 
-Tensor rounded(const Shape& shape, DType dt, uint64_t seed, double mean, double scale) {
-  Tensor h = Tensor::empty(shape, DType::kF64);
-  testing::fill_random(h, seed, mean, scale);
-  return to_dtype(to_dtype(h, dt), DType::kF32);
-}
-
 struct Case {
   int64_t T, D, V, chunk;
   DType dt;
@@ -40,7 +34,7 @@ class CrossEntropyCuda : public ::testing::TestWithParam<Case> {
 
 TEST_P(CrossEntropyCuda, MatchesCpu) {
   const auto [T, D, V, chunk, dt] = GetParam();
-  const Tensor h = rounded({T, D}, dt, 1, 0.05, 1.0), w = rounded({V, D}, dt, 2, 0.0, 0.05);
+  const Tensor h = testing::rounded_f32({T, D}, dt, 1, 0.05, 1.0), w = testing::rounded_f32({V, D}, dt, 2, 0.0, 0.05);
   Tensor targets = Tensor::empty({T}, DType::kI32);
   testing::fill_random_ints(targets, 3, 0, V);
   for (int64_t t = 0; t < T; t += 7) targets.data<int32_t>()[t] = -100;
@@ -50,7 +44,7 @@ TEST_P(CrossEntropyCuda, MatchesCpu) {
   o.grad_scale = 1.0 / static_cast<double>(counted);
   o.chunk_tokens = chunk;
 
-  const Tensor dw0 = rounded({V, D}, DType::kF32, 4, 0.0, 1e-3);
+  const Tensor dw0 = testing::rounded_f32({V, D}, DType::kF32, 4, 0.0, 1e-3);
   Tensor loss = Tensor::empty({1}, DType::kF32, Device::cuda(0));
   fill(loss, 0.25);
   Tensor dh = Tensor::empty({T, D}, dt, Device::cuda(0));

@@ -19,12 +19,6 @@ using testing::to_device;
 using testing::to_dtype;
 using testing::to_host;
 
-Tensor rounded(const Shape& shape, DType dt, uint64_t seed, double mean, double scale) {
-  Tensor h = Tensor::empty(shape, DType::kF64);
-  testing::fill_random(h, seed, mean, scale);
-  return to_dtype(to_dtype(h, dt), DType::kF32);  // f32 holding exactly the dt-rounded values
-}
-
 struct Case {
   int64_t T, I, O;
   DType dt;
@@ -67,8 +61,8 @@ double max_abs(const Tensor& f32) {
 TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
   const auto [T, I, O, dt, with_bias] = GetParam();
   const testing::Tolerance tol = dt == DType::kBF16 ? testing::kCudaBf16 : testing::kCudaF32VsCpu;
-  const Tensor x = rounded({T, I}, dt, 1, 0.05, 1.0), w = rounded({O, I}, dt, 2, -0.02, 0.05),
-               b = rounded({O}, dt, 3, 0.1, 0.5), dy = rounded({T, O}, dt, 4, 0.01, 1.0);
+  const Tensor x = testing::rounded_f32({T, I}, dt, 1, 0.05, 1.0), w = testing::rounded_f32({O, I}, dt, 2, -0.02, 0.05),
+               b = testing::rounded_f32({O}, dt, 3, 0.1, 0.5), dy = testing::rounded_f32({T, O}, dt, 4, 0.01, 1.0);
   const Tensor none;
 
   Tensor y = Tensor::empty({T, O}, dt, Device::cuda(0));
@@ -89,8 +83,8 @@ TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
       << "forward";
 
   // dx accumulates onto a random start; dweight (f32) accumulates onto a random start
-  const Tensor dx0 = rounded({T, I}, dt, 5, 0.0, 1.0), dw0 = rounded({O, I}, DType::kF32, 6, 0.0, 1.0),
-               db0 = rounded({O}, DType::kF32, 7, 0.0, 1.0);
+  const Tensor dx0 = testing::rounded_f32({T, I}, dt, 5, 0.0, 1.0), dw0 = testing::rounded_f32({O, I}, DType::kF32, 6, 0.0, 1.0),
+               db0 = testing::rounded_f32({O}, DType::kF32, 7, 0.0, 1.0);
   Tensor dx = to_device(to_dtype(dx0, dt)), dw = to_device(dw0), db = to_device(db0);
   Tensor dbias = with_bias ? db : Tensor();
   linear_backward(dx, dw, dbias, to_device(to_dtype(dy, dt)), to_device(to_dtype(x, dt)), to_device(to_dtype(w, dt)),

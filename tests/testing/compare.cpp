@@ -111,4 +111,10 @@ Tensor to_dtype(const Tensor& x, DType dtype) {
 
 Tensor to_f64(const Tensor& x) { return to_dtype(x, DType::kF64); }
 
+Tensor rounded_f32(const Shape& shape, DType dtype, uint64_t seed, double mean, double scale) {
+  Tensor h = Tensor::empty(shape, DType::kF64);
+  fill_random(h, seed, mean, scale);
+  return to_dtype(to_dtype(h, dtype), DType::kF32);
+}
+
 }  // namespace shardtrain::testing

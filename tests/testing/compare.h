@@ -42,6 +42,10 @@ void fill_random(Tensor& x, uint64_t seed, double mean = 0.1, double scale = 1.0
 // Fills x (i32) with uniform integers in [low, high).
 void fill_random_ints(Tensor& x, uint64_t seed, int64_t low, int64_t high);
 
+// An f32 host tensor holding mean + scale * N(0, 1) values rounded to `dtype` first, so a
+// `dtype` copy of it and the f32 reference see exactly the same inputs.
+Tensor rounded_f32(const Shape& shape, DType dtype, uint64_t seed, double mean, double scale);
+
 // Returns a CPU f64 copy of any float tensor (contiguous result).
 Tensor to_f64(const Tensor& x);
 // Returns a CPU copy in `dtype` (float dtypes, round to nearest even).
