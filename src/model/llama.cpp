@@ -2,6 +2,8 @@
 // are fused (no [T x V] logits). Unit order: 0 embedding, 1..L blocks, L+1 final norm + head.
 #include "model/llama.h"
 
+#include <chrono>
+
 #include "core/random.h"
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
@@ -166,9 +168,12 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   check_batch(ids_BT, config_, "forward_backward");
   check_shape(targets_BT, ids_BT.shape(), "forward_backward", "targets_BT");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward);
+  const Clock::time_point t1 = Clock::now();
 
   // Head and loss: the fused op computes the head's gradient during the forward.
   Tensor loss = Tensor::zeros({1}, DType::kF64, Device::cpu(), "loss");
@@ -220,6 +225,8 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids_BT.view({B * T}));
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
+  phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
+  phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();
 
   return {loss.data<double>()[0], count_targets(targets_BT, o.ignore_index)};
 }

@@ -26,6 +26,12 @@ struct StepOptions {
   int32_t ignore_index = -100;
 };
 
+// Wall time of the last forward_backward's phases (host clock; the CPU ops are synchronous).
+struct PhaseTimes {
+  double forward_s = 0;   // embedding, blocks, final norm
+  double backward_s = 0;  // fused head + loss (forward and backward of the head), blocks, embedding
+};
+
 struct LossSum {
   double loss_sum = 0;  // summed over counted tokens
   int64_t tokens = 0;   // tokens whose target is not ignore_index
@@ -57,6 +63,7 @@ class Llama {
   // One micro-batch: forward, loss and backward; gradients accumulate (scaled by
   // options.grad_scale). ids_BT and targets_BT are i32 host tensors; T <= max_seq_len.
   LossSum forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
+  const PhaseTimes& last_phase_times() const { return phase_times_; }
   // Forward and loss only.
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   // Logits [B, V] of the last position of each sequence (for sampling).
@@ -83,6 +90,7 @@ class Llama {
   std::unique_ptr<ResidentUnitStore> resident_;
   UnitStore* store_;
   Tensor cos_TK_, sin_TK_;
+  PhaseTimes phase_times_;
 };
 
 // Writes elements [first, first + count) of parameter `spec`'s initial values into `out`

@@ -282,8 +282,12 @@ TrainSummary Trainer::run() {
     const Clock::time_point t1 = Clock::now();
     store_->zero_grad_shards();
     so.grad_scale = 1.0 / global_counted;  // gradient of the mean loss over the global batch
-    double loss_sum = 0;
-    for (int64_t m = 0; m < accum; ++m) loss_sum += model_->forward_backward(ids[m], targets[m], so).loss_sum;
+    double loss_sum = 0, t_forward = 0, t_backward = 0;
+    for (int64_t m = 0; m < accum; ++m) {
+      loss_sum += model_->forward_backward(ids[m], targets[m], so).loss_sum;
+      t_forward += model_->last_phase_times().forward_s;
+      t_backward += model_->last_phase_times().backward_s;
+    }
     reduce_buf.data<double>()[0] = loss_sum;
     reduce_buf.data<double>()[1] = 0;
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
@@ -310,7 +314,8 @@ TrainSummary Trainer::run() {
     const double eta = static_cast<double>(tc.steps - step) * train_seconds / static_cast<double>(step);
     metrics.write({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
-                   {"time_data_s", t_data}, {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
+                   {"time_data_s", t_data}, {"time_forward_s", t_forward}, {"time_backward_s", t_backward},
+                   {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
                    {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes}});
     if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
       progress.clear();

@@ -42,7 +42,14 @@ TEST(Trainer, DefaultJobShortenedLearns) {
   std::ifstream metrics(out + "/metrics.jsonl");
   std::string line;
   int lines = 0;
-  while (std::getline(metrics, line)) ++lines;
+  while (std::getline(metrics, line)) {
+    if (++lines == 1) {
+      for (const char* k : {"\"loss\"", "\"lr\"", "\"grad_norm\"", "\"tokens_per_second\"", "\"time_forward_s\"",
+                            "\"time_backward_s\"", "\"time_optimizer_s\"", "\"peak_host_bytes\""}) {
+        EXPECT_NE(line.find(k), std::string::npos) << k << " missing from " << line;
+      }
+    }
+  }
   EXPECT_EQ(lines, 61);  // 60 steps + 1 evaluation
 }
 
