@@ -12,9 +12,12 @@ for b in "$@"; do
   ldd "$b" | awk '/=> \// {print $3}' | while read -r lib; do
     case "$(basename "$lib")" in
       libc.so*|libm.so*|libstdc++.so*|libgcc_s.so*|libdl.so*|libpthread.so*|librt.so*|libcuda.so*) ;;
-      libcudart.so*|libcublas*.so*|libcudnn*.so*|libnccl.so*) ;;  # the GPU machine has CUDA 13 itself
+      libcudart.so*|libcublas*.so*|libcudnn*.so*|libnccl.so*|libnvrtc*.so*) ;;  # the GPU machine has CUDA 13 itself
       *) cp -L -n "$lib" .device-build/lib/ ;;
     esac
   done
 done
 du -sh .device-build
+# One compressed file to carry to the GPU machine: tar -xJf .device-pack/bundle.tar.xz there.
+mkdir -p .device-pack && tar -cJf .device-pack/bundle.tar.xz .device-build
+du -sh .device-pack/bundle.tar.xz

@@ -31,8 +31,29 @@ else
   echo "shardtrain setup: all Debian packages present"
 fi
 
+here="$(cd "$(dirname "$0")/.." && pwd)"
+
+# The CUDA backend's attention uses cuDNN's graph API through the header-only cudnn-frontend,
+# which Debian does not package: take its headers from the PyPI wheel that carries them.
+frontend_version=1.32.0
+frontend_dir="$here/.deps/cudnn-frontend-$frontend_version"
+if { command -v nvcc >/dev/null || [ -x /usr/local/cuda/bin/nvcc ]; } && [ ! -f "$frontend_dir/include/cudnn_frontend.h" ]; then
+  echo "shardtrain setup: fetching cudnn-frontend $frontend_version headers from PyPI"
+  if [ ! -x "$here/.deps/venv/bin/pip" ]; then python3 -m venv "$here/.deps/venv"; fi
+  rm -rf "$here/.deps/wheels" && mkdir -p "$here/.deps/wheels"
+  "$here/.deps/venv/bin/pip" download -q --disable-pip-version-check --no-deps \
+    -d "$here/.deps/wheels" "nvidia-cudnn-frontend==$frontend_version"
+  rm -rf "$frontend_dir.tmp" && mkdir -p "$frontend_dir.tmp"
+  "$here/.deps/venv/bin/python3" - "$here/.deps/wheels" "$frontend_dir.tmp" <<'PY'
+import glob, sys, zipfile
+wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
+with zipfile.ZipFile(wheel) as z:
+    z.extractall(sys.argv[2], [n for n in z.namelist() if n.startswith("include/")])
+PY
+  rm -rf "$frontend_dir" && mv "$frontend_dir.tmp" "$frontend_dir"
+fi
+
 if [ "${1:-}" = "--tests" ]; then
-  here="$(cd "$(dirname "$0")/.." && pwd)"
   if [ ! -x "$here/.venv/bin/python3" ]; then
     python3 -m venv "$here/.venv"
   fi

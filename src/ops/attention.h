@@ -1,11 +1,13 @@
 // Causal grouped-query attention that never forms the T x T score matrix: tiles of keys are
 // visited with an online softmax (FlashAttention's recurrence), keeping per-row log-sum-exp
 // for the backward, which recomputes the probabilities tile by tile. Memory O(T).
-// Query head n reads kv head n / (N / M); K/V are never replicated.
+// Query head n reads kv head n / (N / M); K/V are never replicated. The CUDA version is
+// cuDNN's fused flash attention (bf16/f16 only).
 #pragma once
 
 #include <cstdint>
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -16,6 +18,7 @@ struct AttentionOptions {
   double scale = 0.0;          // softmax scale; 0 means 1 / sqrt(H)
   int64_t block_queries = 64;  // CPU tile sizes (any positive values give the same result
   int64_t block_keys = 64;     // up to rounding)
+  bool deterministic = false;  // CUDA backward: a bitwise-reproducible (slower) algorithm
 };
 
 namespace cpu {
@@ -26,13 +29,29 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                         const Tensor& out_BTNH, const Tensor& lse_BNT, const AttentionOptions& options);
 }  // namespace cpu
 
+namespace cuda {
+void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
+                       const Tensor& v_BTMH, const AttentionOptions& options, Stream stream);
+void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                        const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                        const Tensor& out_BTNH, const Tensor& lse_BNT, const AttentionOptions& options,
+                        Stream stream);
+}  // namespace cuda
+
 // out_BTNH = softmax(scale · q k^T + causal mask) v (overwrites); lse_BNT (overwrites,
 // stats_dtype(q)) = log-sum-exp of each query row's scaled scores. N % M == 0. q, k, v, out
-// share one dtype (f32/f64 on the CPU); softmax math in stats_dtype. No aliasing.
+// share one dtype (f32/f64 on the CPU, bf16/f16 on CUDA with head dim a multiple of 8 up to
+// 256); softmax math in stats_dtype. No aliasing.
 inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
-                              const Tensor& v_BTMH, const AttentionOptions& options = {}, Stream = {}) {
+                              const Tensor& v_BTMH, const AttentionOptions& options = {},
+                              [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("attention_forward", out_BTNH.device());
   if (q_BTNH.device().is_cpu()) return cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
+#else
   no_kernel("attention_forward", q_BTNH);
+#endif
 }
 
 // dq_BTNH, dk_BTMH, dv_BTMH (all overwrite; dk/dv sum over the N/M query heads of a group)
@@ -40,11 +59,17 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
 inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
                                const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
                                const Tensor& out_BTNH, const Tensor& lse_BNT,
-                               const AttentionOptions& options = {}, Stream = {}) {
+                               const AttentionOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("attention_backward", dq_BTNH.device());
   if (q_BTNH.device().is_cpu())
     return cpu::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH,
                                    lse_BNT, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
+                                  options, stream);
+#else
   no_kernel("attention_backward", q_BTNH);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -1,0 +1,219 @@
+// CUDA attention through cuDNN's fused flash attention (graph API, via the header-only
+// cudnn-frontend). Our [B, T, N, H] tensors are given to cuDNN as [B, N, T, H] with
+// strides, so nothing is transposed or copied; K/V keep their M heads (cuDNN groups the
+// query heads itself). The forward also writes the f32 softmax statistics (the log-sum-exp
+// of each scaled score row) that the backward reads. One graph is built per problem and
+// device, with its execution plan chosen by cuDNN's heuristics, and cached.
+#include <cudnn.h>
+
+#include <cmath>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <unordered_map>
+
+#include <cudnn_frontend.h>
+
+#include "core/cuda/cuda_check.h"
+#include "ops/attention.h"
+#include "ops/cuda/attention_single.h"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+namespace fe = cudnn_frontend;
+
+#define ST_CUDNN_CHECK(expr)                                                                              \
+  do {                                                                                                    \
+    const cudnnStatus_t st_cudnn_status_ = (expr);                                                        \
+    if (st_cudnn_status_ != CUDNN_STATUS_SUCCESS)                                                         \
+      ST_THROW("cuDNN error ", static_cast<int>(st_cudnn_status_), " (", cudnnGetErrorString(st_cudnn_status_), \
+               ") in `", #expr, "`");                                                                     \
+  } while (0)
+
+void fe_check(fe::error_t e, const char* op, const char* stage) {
+  if (e.is_bad()) ST_THROW(op, ": cuDNN attention ", stage, " failed: ", e.get_message());
+}
+
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+struct Key {
+  int device;
+  bool backward;
+  int64_t B, T, N, M, H;
+  DType dtype;
+  bool causal;
+  double scale;
+  bool deterministic;
+  auto tie() const { return std::tie(device, backward, B, T, N, M, H, dtype, causal, scale, deterministic); }
+  bool operator<(const Key& o) const { return tie() < o.tie(); }
+};
+
+struct Built {
+  std::shared_ptr<fe::graph::Graph> graph;
+  int64_t workspace_bytes = 0;
+};
+
+struct PerDevice {
+  cudnnHandle_t handle = nullptr;
+  std::map<Key, Built> graphs;
+};
+
+std::mutex g_mutex;
+
+PerDevice& per_device(int device) {
+  static std::map<int, PerDevice*> table;  // leaked: lives for the process
+  PerDevice*& p = table[device];
+  if (p == nullptr) {
+    p = new PerDevice();
+    ST_CUDNN_CHECK(cudnnCreate(&p->handle));
+  }
+  return *p;
+}
+
+fe::DataType_t fe_type(DType t, const char* op) {
+  switch (t) {
+    case DType::kBF16: return fe::DataType_t::BFLOAT16;
+    case DType::kF16: return fe::DataType_t::HALF;
+    default:
+      ST_THROW(op, ": CUDA attention runs on bf16 or f16 tensors (cuDNN flash attention), found ", dtype_name(t),
+               "; cast q, k and v first");
+  }
+}
+
+// [B, T, heads, H] memory seen as [B, heads, T, H].
+std::shared_ptr<fe::graph::Tensor_attributes> bthd(fe::graph::Graph& g, const char* name, Uid uid, int64_t B,
+                                                   int64_t T, int64_t heads, int64_t H) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({B, heads, T, H})
+                      .set_stride({T * heads * H, H, heads * H, 1}));
+}
+
+void set_bthd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, int64_t B, int64_t T, int64_t heads,
+              int64_t H) {
+  t->set_output(true).set_uid(uid).set_dim({B, heads, T, H}).set_stride({T * heads * H, H, heads * H, 1});
+}
+
+Built build(const Key& k, cudnnHandle_t handle, const char* op) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe_type(k.dtype, op))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H);
+  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H);
+  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H);
+  if (!k.backward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("attention_forward")
+                     .set_generate_stats(true)
+                     .set_attn_scale(static_cast<float>(k.scale))
+                     .set_causal_mask(k.causal);
+    auto [o, stats] = g->sdpa(q, kk, v, attrs);
+    set_bthd(o, kO, k.B, k.T, k.N, k.H);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({k.B, k.N, k.T, 1}).set_stride({k.N * k.T, k.T, 1, 1});
+  } else {
+    auto o = bthd(*g, "o", kO, k.B, k.T, k.N, k.H);
+    auto dout = bthd(*g, "dout", kDO, k.B, k.T, k.N, k.H);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("stats")
+                               .set_uid(kStats)
+                               .set_dim({k.B, k.N, k.T, 1})
+                               .set_stride({k.N * k.T, k.T, 1, 1})
+                               .set_data_type(fe::DataType_t::FLOAT));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("attention_backward")
+                     .set_attn_scale(static_cast<float>(k.scale))
+                     .set_causal_mask(k.causal)
+                     .set_deterministic_algorithm(k.deterministic);
+    auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
+    set_bthd(dq, kDQ, k.B, k.T, k.N, k.H);
+    set_bthd(dk, kDK, k.B, k.T, k.M, k.H);
+    set_bthd(dv, kDV, k.B, k.T, k.M, k.H);
+  }
+  fe_check(g->validate(), op, "graph validation");
+  fe_check(g->build_operation_graph(handle), op, "operation graph");
+  fe_check(g->create_execution_plans({fe::HeurMode_t::A}), op, "plan search");
+  fe_check(g->check_support(handle), op, "support check (B, T, heads, head dim not supported?)");
+  fe_check(g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), op, "plan build");
+  Built b;
+  b.graph = g;
+  fe_check(g->get_workspace_size(b.workspace_bytes), op, "workspace query");
+  return b;
+}
+
+void run(const Key& key, std::unordered_map<int64_t, void*>& pointers, Stream stream, const char* op) {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  PerDevice& pd = per_device(key.device);
+  auto it = pd.graphs.find(key);
+  if (it == pd.graphs.end()) it = pd.graphs.emplace(key, build(key, pd.handle, op)).first;
+  ST_CUDNN_CHECK(cudnnSetStream(pd.handle, static_cast<cudaStream_t>(stream.handle)));
+  Tensor workspace;
+  if (it->second.workspace_bytes > 0)
+    workspace = Tensor::empty({it->second.workspace_bytes}, DType::kU8, Device::cuda(key.device),
+                              "cuDNN attention workspace");
+  fe_check(it->second.graph->execute(pd.handle, pointers, workspace.defined() ? workspace.raw_data() : nullptr), op,
+           "execution");
+}
+
+void check(const Tensor& t, const char* op, const char* arg, DType dtype, const Shape& shape) {
+  ST_CHECK(t.device().is_cuda(), op, ": `", arg, "` expected on a CUDA device, found ", t.str());
+  ST_CHECK(t.is_contiguous(), op, ": `", arg, "` must be contiguous, found ", t.str());
+  ST_CHECK(t.dtype() == dtype, op, ": `", arg, "` expected dtype ", dtype_name(dtype), ", found ", t.str());
+  ST_CHECK(t.shape() == shape, op, ": `", arg, "` expected shape ", shape.str(), ", found ", t.str());
+}
+
+Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, bool backward,
+             const char* op) {
+  ST_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": expected q [B, T, N, H] and k [B, T, M, H], found ", q.str(),
+           " and ", k.str());
+  Key key{q.device().index, backward, q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), o.causal,
+          o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), o.deterministic};
+  fe_type(q.dtype(), op);
+  check(q, op, "q_BTNH", q.dtype(), q.shape());
+  check(k, op, "k_BTMH", q.dtype(), {key.B, key.T, key.M, key.H});
+  check(v, op, "v_BTMH", q.dtype(), {key.B, key.T, key.M, key.H});
+  ST_CHECK(key.M > 0 && key.N % key.M == 0, op, ": key/value heads (", key.M, ") must divide query heads (", key.N,
+           ")");
+  ST_CHECK(key.H % 8 == 0 && key.H <= 256, op, ": head dim ", key.H,
+           " not supported by cuDNN flash attention (a multiple of 8, at most 256)");
+  return key;
+}
+
+}  // namespace
+
+void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
+                       const Tensor& v_BTMH, const AttentionOptions& options, Stream stream) {
+  const char* op = "attention_forward";
+  const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
+  check(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check(lse_BNT, op, "lse_BNT", DType::kF32, {key.B, key.N, key.T});
+  std::unordered_map<int64_t, void*> p = {{kQ, q_BTNH.raw_data()}, {kK, k_BTMH.raw_data()},
+                                          {kV, v_BTMH.raw_data()}, {kO, out_BTNH.raw_data()},
+                                          {kStats, lse_BNT.raw_data()}};
+  run(key, p, stream, op);
+}
+
+void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                        const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
+                        const Tensor& lse_BNT, const AttentionOptions& options, Stream stream) {
+  const char* op = "attention_backward";
+  const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
+  check(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check(dout_BTNH, op, "dout_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check(lse_BNT, op, "lse_BNT", DType::kF32, {key.B, key.N, key.T});
+  check(dq_BTNH, op, "dq_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check(dk_BTMH, op, "dk_BTMH", q_BTNH.dtype(), k_BTMH.shape());
+  check(dv_BTMH, op, "dv_BTMH", q_BTNH.dtype(), k_BTMH.shape());
+  if (key.T == 1) return attention_backward_single_token(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, stream);
+  std::unordered_map<int64_t, void*> p = {
+      {kQ, q_BTNH.raw_data()},   {kK, k_BTMH.raw_data()},     {kV, v_BTMH.raw_data()},
+      {kO, out_BTNH.raw_data()}, {kDO, dout_BTNH.raw_data()}, {kStats, lse_BNT.raw_data()},
+      {kDQ, dq_BTNH.raw_data()}, {kDK, dk_BTMH.raw_data()},   {kDV, dv_BTMH.raw_data()}};
+  run(key, p, stream, op);
+}
+
+}  // namespace shardtrain::ops::cuda

@@ -1,0 +1,111 @@
+// CUDA attention (cuDNN flash attention) against the CPU twin computed in f64 on the same
+// bf16-rounded inputs: causal and not, GQA groups 1/2/4/8, head dims 64 and 128, odd and
+// aligned lengths, forward output, log-sum-exp and all three input gradients. Skips
+// without a device.
+#include <algorithm>
+#include <cmath>
+
+#include <gtest/gtest.h>
+
+#include "ops/attention.h"
+#include "testing/compare.h"
+#include "testing/cuda_util.h"
+
+namespace shardtrain::ops {
+namespace {
+
+using testing::all_close;
+using testing::rounded_f32;
+using testing::to_device;
+using testing::to_dtype;
+using testing::to_host;
+
+struct Case {
+  int64_t B, T, N, M, H;
+  bool causal;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_N" << c.N << "_M" << c.M << "_H" << c.H << (c.causal ? "_causal" : "_full");
+}
+
+// Flash attention's bf16 error follows the size of the terms it sums, not of the result:
+// an output element that cancels to near zero still carries the rounding of O(1) terms
+// (P is rounded to bf16 before P·V). So each tensor is held to the bf16 relative norm, and
+// each element to 1% of the tensor's largest reference magnitude.
+::testing::AssertionResult close(const Tensor& device, const Tensor& ref64) {
+  double largest = 0;
+  for (int64_t i = 0; i < ref64.numel(); ++i) largest = std::max(largest, std::abs(ref64.data<double>()[i]));
+  return all_close(to_host(device), ref64, {testing::kCudaBf16.rel_norm, 0.0, 1e-2 * largest});
+}
+
+class AttentionCuda : public ::testing::TestWithParam<Case> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
+  const Case c = GetParam();
+  const DType dt = DType::kBF16;
+  const uint64_t seed = static_cast<uint64_t>(c.T * 131 + c.N * 7 + c.H);
+  const Tensor q = rounded_f32({c.B, c.T, c.N, c.H}, dt, seed, 0.0, 1.0);
+  const Tensor k = rounded_f32({c.B, c.T, c.M, c.H}, dt, seed + 1, 0.0, 1.0);
+  const Tensor v = rounded_f32({c.B, c.T, c.M, c.H}, dt, seed + 2, 0.0, 1.0);
+  const Tensor dout = rounded_f32({c.B, c.T, c.N, c.H}, dt, seed + 3, 0.0, 1.0);
+  AttentionOptions o;
+  o.causal = c.causal;
+
+  // CPU reference in f64 from exactly the values the device sees.
+  const Tensor q64 = to_dtype(q, DType::kF64), k64 = to_dtype(k, DType::kF64), v64 = to_dtype(v, DType::kF64),
+               dout64 = to_dtype(dout, DType::kF64);
+  Tensor out_ref = Tensor::empty(q.shape(), DType::kF64), lse_ref = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+  cpu::attention_forward(out_ref, lse_ref, q64, k64, v64, o);
+  Tensor dq_ref = Tensor::empty(q.shape(), DType::kF64), dk_ref = Tensor::empty(k.shape(), DType::kF64),
+         dv_ref = Tensor::empty(v.shape(), DType::kF64);
+  cpu::attention_backward(dq_ref, dk_ref, dv_ref, dout64, q64, k64, v64, out_ref, lse_ref, o);
+
+  const Device gpu = Device::cuda(0);
+  const Tensor dq_in = to_device(to_dtype(q, dt)), dk_in = to_device(to_dtype(k, dt)),
+               dv_in = to_device(to_dtype(v, dt)), ddout = to_device(to_dtype(dout, dt));
+  Tensor out = Tensor::empty(q.shape(), dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+  attention_forward(out, lse, dq_in, dk_in, dv_in, o);
+  EXPECT_TRUE(close(out, out_ref)) << "out";
+  EXPECT_TRUE(all_close(to_host(lse), lse_ref, {1e-4, 1e-4, 1e-3})) << "lse";
+
+  Tensor dq = Tensor::empty(q.shape(), dt, gpu), dk = Tensor::empty(k.shape(), dt, gpu),
+         dv = Tensor::empty(v.shape(), dt, gpu);
+  attention_backward(dq, dk, dv, ddout, dq_in, dk_in, dv_in, out, lse, o);
+  EXPECT_TRUE(close(dq, dq_ref)) << "dq";
+  EXPECT_TRUE(close(dk, dk_ref)) << "dk";
+  EXPECT_TRUE(close(dv, dv_ref)) << "dv";
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,
+                         ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
+                                           Case{1, 130, 8, 8, 128, true}, Case{2, 256, 8, 1, 64, true},
+                                           Case{1, 1031, 4, 2, 128, true}, Case{2, 70, 4, 1, 128, false},
+                                           Case{1, 2048, 32, 8, 64, true}));
+
+TEST(AttentionCudaErrors, F32AndOddHeadDimAreNamed) {
+  ST_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  Tensor q = Tensor::empty({1, 4, 2, 64}, DType::kF32, gpu), k = Tensor::empty({1, 4, 1, 64}, DType::kF32, gpu);
+  Tensor out = Tensor::empty({1, 4, 2, 64}, DType::kF32, gpu), lse = Tensor::empty({1, 2, 4}, DType::kF32, gpu);
+  try {
+    attention_forward(out, lse, q, k, k);
+    FAIL() << "f32 attention on CUDA did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16 or f16"), std::string::npos) << e.what();
+  }
+  Tensor q2 = Tensor::empty({1, 4, 2, 60}, DType::kBF16, gpu), k2 = Tensor::empty({1, 4, 1, 60}, DType::kBF16, gpu);
+  Tensor out2 = Tensor::empty({1, 4, 2, 60}, DType::kBF16, gpu);
+  try {
+    attention_forward(out2, lse, q2, k2, k2);
+    FAIL() << "head dim 60 did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("head dim 60"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::ops
