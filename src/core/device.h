@@ -26,4 +26,7 @@ struct Stream {
   void* handle = nullptr;
 };
 
+// Waits until all work queued on `device` has finished (no-op for the CPU).
+void synchronize(Device device);
+
 }  // namespace shardtrain

@@ -3,6 +3,12 @@
 
 #include <cstring>
 
+#ifdef SHARDTRAIN_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/cuda_check.h"
+#endif
+
 namespace shardtrain {
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
@@ -198,6 +204,33 @@ void check_shape(const Tensor& t, const Shape& expected, const char* op, const c
 void check_dtype(const Tensor& t, DType expected, const char* op, const char* arg) {
   ST_CHECK(t.dtype() == expected, op, ": `", arg, "` expected dtype ", dtype_name(expected),
            ", found ", dtype_name(t.dtype()));
+}
+
+void copy(Tensor& dst, const Tensor& src, [[maybe_unused]] Stream stream) {
+  ST_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy: destination ", dst.str(),
+           " and source ", src.str(), " differ in dtype or element count");
+  check_contiguous(dst, "copy", "dst");
+  check_contiguous(src, "copy", "src");
+  if (dst.numel() == 0 || dst.raw_data() == src.raw_data()) return;
+  if (dst.device().is_cpu() && src.device().is_cpu()) {
+    std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+    return;
+  }
+#ifdef SHARDTRAIN_WITH_CUDA
+  const auto s = static_cast<cudaStream_t>(stream.handle);
+  ST_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, s));
+  if (dst.device().is_cpu()) ST_CUDA_CHECK(cudaStreamSynchronize(s));
+#else
+  ST_THROW("copy: ", src.str(), " -> ", dst.str(), " needs the CUDA backend");
+#endif
+}
+
+void synchronize([[maybe_unused]] Device device) {
+  if (device.is_cpu()) return;
+#ifdef SHARDTRAIN_WITH_CUDA
+  ST_CUDA_CHECK(cudaSetDevice(device.index));
+  ST_CUDA_CHECK(cudaDeviceSynchronize());
+#endif
 }
 
 void check_contiguous(const Tensor& t, const char* op, const char* arg) {

@@ -116,6 +116,11 @@ class Tensor {
   DType dtype_ = DType::kF32;
 };
 
+// dst = src byte for byte: same dtype and element count, both contiguous, any devices
+// (host <-> device and device <-> device through the CUDA runtime, ordered on `stream`).
+// When dst is on the host and src on a device, returns after the bytes have arrived.
+void copy(Tensor& dst, const Tensor& src, Stream stream = {});
+
 // Checks used at op entry: name the op and the argument in the message.
 void check_shape(const Tensor& t, const Shape& expected, const char* op, const char* arg);
 void check_dtype(const Tensor& t, DType expected, const char* op, const char* arg);

@@ -1,8 +1,6 @@
 // The single-rank communicator and the shape checks every implementation uses.
 #include "dist/communicator.h"
 
-#include <cstring>
-
 namespace shardtrain::dist {
 
 void check_all_gather(const Tensor& out, const Tensor& in, int world, const char* who) {
@@ -30,25 +28,19 @@ class SingleRank final : public Communicator {
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   std::string name() const override { return "single"; }
-  void all_gather(Tensor& out, const Tensor& in, Stream) override {
+  void all_gather(Tensor& out, const Tensor& in, Stream stream) override {
     check_all_gather(out, in, 1, "all_gather");
-    copy(out, in);
+    copy(out, in, stream);
   }
-  void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp, Stream) override {
+  void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp, Stream stream) override {
     check_reduce_scatter(out, in, 1, "reduce_scatter");
-    copy(out, in);
+    copy(out, in, stream);
   }
   void all_reduce(Tensor&, ReduceOp, Stream) override {}
   void broadcast(Tensor&, int root, Stream) override {
     ST_CHECK(root == 0, "broadcast: root ", root, " out of range for 1 rank");
   }
   void barrier() override {}
-
- private:
-  static void copy(Tensor& out, const Tensor& in) {
-    ST_CHECK(out.device().is_cpu(), "single-rank communicator: device tensors need the NCCL communicator");
-    if (out.raw_data() != in.raw_data()) std::memcpy(out.raw_data(), in.raw_data(), in.nbytes());
-  }
 };
 
 }  // namespace

@@ -2,6 +2,7 @@
 // Any contiguous shape; all tensors of one call on one device.
 #pragma once
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -25,6 +26,7 @@ void sum_squares(Tensor& out_1, const Tensor& x, Stream stream);
 
 // x[:] = value (overwrites). Floating dtypes and i32/i64.
 inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("fill", x.device());
   if (x.device().is_cpu()) return cpu::fill(x, value);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::fill(x, value, stream);
@@ -36,6 +38,7 @@ inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
 // out = a + b elementwise (overwrites out; out may alias a or b). Same shape and dtype,
 // f32 or f64 on the CPU.
 inline void add(Tensor& out, const Tensor& a, const Tensor& b, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("add", out.device());
   if (out.device().is_cpu()) return cpu::add(out, a, b);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::add(out, a, b, stream);
@@ -46,6 +49,7 @@ inline void add(Tensor& out, const Tensor& a, const Tensor& b, [[maybe_unused]] 
 
 // x *= factor in place. f32 or f64 on the CPU.
 inline void scale(Tensor& x, double factor, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("scale", x.device());
   if (x.device().is_cpu()) return cpu::scale(x, factor);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::scale(x, factor, stream);
@@ -54,9 +58,16 @@ inline void scale(Tensor& x, double factor, [[maybe_unused]] Stream stream = {})
 #endif
 }
 
+// A cast whose input and output live on different devices (staged through a copy).
+void cast_across_devices(Tensor& out, const Tensor& in, Stream stream);
+
 // out = in converted to out's dtype (overwrites). Any pair of f32/f64/bf16/f16, same
-// shape; round to nearest even when narrowing. Also a plain copy when dtypes match.
+// shape; round to nearest even when narrowing. Also a plain copy when dtypes match. out
+// and in may be on different devices (host <-> CUDA): the bytes are staged through a copy
+// and the conversion runs where out lives.
 inline void cast(Tensor& out, const Tensor& in, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("cast", out.device());
+  if (!(out.device() == in.device())) return cast_across_devices(out, in, stream);
   if (out.device().is_cpu()) return cpu::cast(out, in);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::cast(out, in, stream);
@@ -67,6 +78,7 @@ inline void cast(Tensor& out, const Tensor& in, [[maybe_unused]] Stream stream =
 
 // out_1 += sum(x^2), accumulated in f64; out_1 is a 1-element f64 tensor. x any floating dtype.
 inline void sum_squares(Tensor& out_1, const Tensor& x, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("sum_squares", out_1.device());
   if (x.device().is_cpu()) return cpu::sum_squares(out_1, x);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::sum_squares(out_1, x, stream);
