@@ -1,6 +1,7 @@
 // Token embedding lookup and its (deterministic) backward.
 #pragma once
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -20,6 +21,7 @@ void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& 
 // position and the id). table and out: same float dtype (f32/f64 on the CPU). T = all tokens
 // of the batch (B*T flattened).
 inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("embedding_forward", out_TD.device());
   if (table_VD.device().is_cpu()) return cpu::embedding_forward(out_TD, ids_T, table_VD);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::embedding_forward(out_TD, ids_T, table_VD, stream);
@@ -29,8 +31,9 @@ inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor&
 }
 
 // dtable_VD += dout_TD scattered by ids_T (accumulates: parameter gradient). Deterministic:
-// rows are added in token order.
+// rows are added in token order. CUDA: dtable may be f32 under a bf16/f16 dout.
 inline void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("embedding_backward", dtable_VD.device());
   if (dtable_VD.device().is_cpu()) return cpu::embedding_backward(dtable_VD, dout_TD, ids_T);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::embedding_backward(dtable_VD, dout_TD, ids_T, stream);

@@ -2,6 +2,7 @@
 // f32 (f64 for f64 data); eps inside the square root.
 #pragma once
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -29,6 +30,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
 // x_TD and weight_D. y, x, weight share one dtype (f32/f64 on the CPU). y may not alias x.
 inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
                             const RmsNormOptions& options, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("rmsnorm_forward", y_TD.device());
   if (x_TD.device().is_cpu()) return cpu::rmsnorm_forward(y_TD, rstd_T, x_TD, weight_D, options);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::rmsnorm_forward(y_TD, rstd_T, x_TD, weight_D, options, stream);
@@ -38,9 +40,10 @@ inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, co
 }
 
 // dx_TD (overwrites) and dweight_D (accumulates) from dy_TD, the forward's x_TD, weight_D
-// and rstd_T. dx may not alias dy.
+// and rstd_T. dx may not alias dy. CUDA: dweight may be f32 under bf16/f16 data.
 inline void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
                              const Tensor& weight_D, const Tensor& rstd_T, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("rmsnorm_backward", dx_TD.device());
   if (x_TD.device().is_cpu()) return cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, stream);

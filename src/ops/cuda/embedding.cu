@@ -27,8 +27,8 @@ __global__ void embedding_forward_kernel(T* out, const int32_t* ids, const T* ta
 
 // Run starts: starts[r] = first sorted position of run r. One block per run; threads walk
 // the columns, summing the run's rows in sorted (= token) order.
-template <typename T>
-__global__ void embedding_backward_kernel(T* dtable, const T* dout, const int32_t* sorted_ids,
+template <typename T, typename G>
+__global__ void embedding_backward_kernel(T* dtable, const G* dout, const int32_t* sorted_ids,
                                           const int32_t* sorted_pos, int64_t tokens, int64_t D) {
   const int64_t start = blockIdx.x;
   if (start >= tokens) return;
@@ -86,7 +86,9 @@ void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& 
   check_dtype(ids_T, DType::kI32, "embedding_backward", "ids_T");
   const int64_t T = ids_T.numel(), D = dtable_VD.size(1);
   check_shape(dout_TD, {T, D}, "embedding_backward", "dout_TD");
-  check_dtype(dout_TD, dtable_VD.dtype(), "embedding_backward", "dout_TD");
+  ST_CHECK(dout_TD.dtype() == dtable_VD.dtype() || dtable_VD.dtype() == DType::kF32,
+           "embedding_backward: `dout_TD` ", dout_TD.str(), " must match `dtable_VD` ", dtable_VD.str(),
+           " unless the table gradient is f32");
   if (T == 0) return;
   ST_CHECK(T < INT32_MAX, "embedding_backward: ", T, " tokens exceed the 32-bit sort");
   const Device dev = ids_T.device();
@@ -104,9 +106,11 @@ void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& 
                                                 sorted_ids.data<int32_t>(), pos.data<int32_t>(),
                                                 sorted_pos.data<int32_t>(), static_cast<int>(T), 0, 32, stream_of(s)));
   dispatch_float(dtable_VD.dtype(), "embedding_backward", [&]<typename T_>() {
-    embedding_backward_kernel<T_><<<static_cast<unsigned>(T), 128, 0, stream_of(s)>>>(
-        static_cast<T_*>(dtable_VD.raw_data()), static_cast<const T_*>(dout_TD.raw_data()), sorted_ids.data<int32_t>(),
-        sorted_pos.data<int32_t>(), T, D);
+    dispatch_float(dout_TD.dtype(), "embedding_backward", [&]<typename G>() {
+      embedding_backward_kernel<T_, G><<<static_cast<unsigned>(T), 128, 0, stream_of(s)>>>(
+          static_cast<T_*>(dtable_VD.raw_data()), static_cast<const G*>(dout_TD.raw_data()),
+          sorted_ids.data<int32_t>(), sorted_pos.data<int32_t>(), T, D);
+    });
   });
   ST_CUDA_CHECK_LAUNCH();
 }

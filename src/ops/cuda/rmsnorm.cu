@@ -34,41 +34,37 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
 }
 
 // dx = r (g - xhat mean(g xhat)), g = dy w; partial_dw[block, :] = sum over the block's rows of dy xhat.
+// Each warp accumulates its own rows' dy·xhat into a private shared-memory row (a lane
+// always owns the same columns, so no synchronisation), in the same pass that writes dx;
+// the block then adds its warps' rows in warp order. Deterministic.
 template <typename T>
 __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w, const float* rstd,
                                         int64_t rows, int64_t D) {
-  extern __shared__ float dw_shared[];  // [D]
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) dw_shared[i] = 0;
-  __syncthreads();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  // Every warp runs the same number of iterations (rows past the end do no work), so all
-  // threads of the block reach each barrier.
-  for (int64_t base = blockIdx.x * int64_t{kWarpsPerBlock}; base < rows; base += int64_t{gridDim.x} * kWarpsPerBlock) {
-    const int64_t row = base + warp;
-    const bool valid = row < rows;
+  extern __shared__ float dw_shared[];  // [warps, D]
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* mine = dw_shared + warp * D;
+  for (int64_t i = lane; i < D; i += 32) mine[i] = 0;
+  for (int64_t row = blockIdx.x * int64_t{warps} + warp; row < rows; row += int64_t{gridDim.x} * warps) {
     const T* xr = x + row * D;
     const T* dyr = dy + row * D;
-    const float r = valid ? rstd[row] : 0.0f;
-    if (valid) {
-      float dot = 0;
-      for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]) * r;
-      dot = warp_sum(dot) / static_cast<float>(D);
-      T* dxr = dx + row * D;
-      for (int64_t i = lane; i < D; i += 32) {
-        const float xhat = to_f32(xr[i]) * r;
-        const float g = to_f32(dyr[i]) * to_f32(w[i]);
-        dxr[i] = from_f32<T>(r * (g - xhat * dot));
-      }
-    }
-    // warps of a block take turns, so the column sums of a block are in a fixed order
-    for (int turn = 0; turn < kWarpsPerBlock; ++turn) {
-      __syncthreads();
-      if (turn == warp && valid)
-        for (int64_t i = lane; i < D; i += 32) dw_shared[i] += to_f32(dyr[i]) * to_f32(xr[i]) * r;
+    const float r = rstd[row];
+    float dot = 0;
+    for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]);
+    dot = warp_sum(dot) * r / static_cast<float>(D);
+    T* dxr = dx + row * D;
+    for (int64_t i = lane; i < D; i += 32) {
+      const float d = to_f32(dyr[i]);
+      const float xhat = to_f32(xr[i]) * r;
+      dxr[i] = from_f32<T>(r * (d * to_f32(w[i]) - xhat * dot));
+      mine[i] += d * xhat;
     }
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) partial_dw[blockIdx.x * D + i] = dw_shared[i];
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    float acc = 0;
+    for (int k = 0; k < warps; ++k) acc += dw_shared[k * D + i];
+    partial_dw[blockIdx.x * D + i] = acc;
+  }
 }
 
 template <typename T>
@@ -122,20 +118,26 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   check_shape(dweight_D, weight_D.shape(), "rmsnorm_backward", "dweight_D");
   const int64_t rows = x_TD.size(0), D = x_TD.size(1);
   if (rows == 0) return;
-  const size_t smem = static_cast<size_t>(D) * sizeof(float);
-  ST_CHECK(smem <= 200 * 1024, "rmsnorm_backward: width ", D, " exceeds the shared-memory column buffer");
-  const int grid = std::min(grid_for(rows * 32, kWarpsPerBlock * 32), 1024);
+  // as many warps per block as fit a private f32 row each in 200 KiB of shared memory
+  const int warps = static_cast<int>(std::min<int64_t>(kWarpsPerBlock, (200 * 1024) / (D * 4)));
+  ST_CHECK(warps >= 1, "rmsnorm_backward: width ", D, " exceeds the shared-memory column buffer");
+  const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(D) * sizeof(float);
+  const int grid = std::min(grid_for(rows * 32, warps * 32), 1024);
   Tensor partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
   dispatch_float(x_TD.dtype(), "rmsnorm_backward", [&]<typename T>() {
     auto kernel = rmsnorm_backward_kernel<T>;
     if (smem > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                              static_cast<int>(smem)));
-    kernel<<<grid, kWarpsPerBlock * 32, smem, stream_of(s)>>>(
+    kernel<<<grid, warps * 32, smem, stream_of(s)>>>(
         static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
         static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(), rows,
         D);
     ST_CUDA_CHECK_LAUNCH();
-    sum_columns_kernel<T><<<grid_for(D, 256), 256, 0, stream_of(s)>>>(static_cast<T*>(dweight_D.raw_data()),
+  });
+  ST_CUDA_CHECK_LAUNCH();
+  // dweight may be f32 under bf16 data (f32 gradient accumulation)
+  dispatch_float(dweight_D.dtype(), "rmsnorm_backward", [&]<typename W>() {
+    sum_columns_kernel<W><<<grid_for(D, 256), 256, 0, stream_of(s)>>>(static_cast<W*>(dweight_D.raw_data()),
                                                                       partial.data<float>(), grid, D);
   });
   ST_CUDA_CHECK_LAUNCH();
