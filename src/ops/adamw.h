@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -33,6 +34,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
 // (master precision), contiguous. Arithmetic in f64 on the CPU, rounded once per store.
 inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                        const AdamWOptions& options, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("adamw_step", param.device());
   if (param.device().is_cpu()) return cpu::adamw_step(param, exp_avg, exp_avg_sq, grad, options);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::adamw_step(param, exp_avg, exp_avg_sq, grad, options, stream);

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -42,6 +43,7 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
 inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
                                  const Tensor& weight_VD, const Tensor& targets_T,
                                  const CrossEntropyOptions& options, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("linear_cross_entropy", loss_sum_1.device());
   if (h_TD.device().is_cpu())
     return cpu::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options);
 #ifdef SHARDTRAIN_WITH_CUDA

@@ -2,6 +2,7 @@
 // The CPU version calls BLAS (f32 sgemm, f64 dgemm).
 #pragma once
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -32,6 +33,7 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
 // dtype. No aliasing.
 inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI,
                            const Tensor& bias_O = Tensor(), [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("linear_forward", y_TO.device());
   if (x_TI.device().is_cpu()) return cpu::linear_forward(y_TO, x_TI, weight_OI, bias_O);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::linear_forward(y_TO, x_TI, weight_OI, bias_O, stream);
@@ -48,6 +50,7 @@ inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weigh
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
                             const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("linear_backward", dx_TI.device());
   if (x_TI.device().is_cpu())
     return cpu::linear_backward(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options);
 #ifdef SHARDTRAIN_WITH_CUDA

@@ -1,6 +1,7 @@
 // SwiGLU gate of the Llama MLP: h = silu(gate) * up, silu(g) = g * sigmoid(g).
 #pragma once
 
+#include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 
@@ -20,6 +21,7 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, cons
 
 // h_TF = silu(gate_TF) * up_TF (overwrites). One dtype (f32/f64 on the CPU). No aliasing.
 inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("swiglu_forward", h_TF.device());
   if (h_TF.device().is_cpu()) return cpu::swiglu_forward(h_TF, gate_TF, up_TF);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::swiglu_forward(h_TF, gate_TF, up_TF, stream);
@@ -32,6 +34,7 @@ inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up
 // gate/up respectively (each element is read before it is written).
 inline void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
                             const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("swiglu_backward", dgate_TF.device());
   if (dh_TF.device().is_cpu()) return cpu::swiglu_backward(dgate_TF, dup_TF, dh_TF, gate_TF, up_TF);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::swiglu_backward(dgate_TF, dup_TF, dh_TF, gate_TF, up_TF, stream);
