@@ -42,6 +42,32 @@ CASES = {
         "llama",
     ),
     "qwen2_bias": (dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), "qwen2"),
+    "mistral_gqa": (dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), "mistral"),
+    # Head dims cuDNN's fused attention takes (a multiple of 8): the GPU tests' references.
+    "gpu_h64_gqa": (
+        dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=192, vocab_size=96,
+             tie_word_embeddings=False),
+        "llama",
+    ),
+    "gpu_h128_tied_llama3": (
+        dict(
+            hidden_size=256,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            intermediate_size=160,
+            vocab_size=96,
+            tie_word_embeddings=True,
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=16,
+            ),
+        ),
+        "llama",
+    ),
 }
 
 BATCH, SEQ = 2, 13
@@ -59,7 +85,11 @@ def build(overrides, arch):
         attention_dropout=0.0,
     )
     common.update(overrides)
-    if arch == "qwen2":
+    if arch == "mistral":
+        common.pop("rope_scaling", None)
+        config = transformers.MistralConfig(sliding_window=None, **common)
+        model = transformers.MistralForCausalLM(config)
+    elif arch == "qwen2":
         common.pop("rope_scaling", None)
         config = transformers.Qwen2Config(use_sliding_window=False, **common)
         model = transformers.Qwen2ForCausalLM(config)
@@ -70,7 +100,10 @@ def build(overrides, arch):
 
 
 def randomize(model, generator):
-    # Every parameter random with a nonzero mean: no gradient is trivially zero.
+    # Every parameter random with a nonzero mean: no gradient is trivially zero. Models wider
+    # than the first cases' 24 scale their matrices by sqrt(24 / fan-in), so activations and
+    # attention scores stay in the same range (the first cases predate the scaling).
+    wide = model.config.hidden_size > 24
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
@@ -79,7 +112,8 @@ def randomize(model, generator):
             elif name.endswith(".bias"):
                 p.copy_(0.05 + 0.1 * noise)
             else:
-                p.copy_(0.01 + 0.15 * noise)
+                scale = (24.0 / p.shape[-1]) ** 0.5 if wide and "embed_tokens" not in name else 1.0
+                p.copy_(scale * (0.01 + 0.15 * noise))
 
 
 def make_case(name, overrides, arch, out_dir):
@@ -125,10 +159,12 @@ def make_case(name, overrides, arch, out_dir):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("cases", nargs="*", help="cases to write (default: all)")
     args = parser.parse_args()
     torch.use_deterministic_algorithms(True)
     for name, (overrides, arch) in CASES.items():
-        make_case(name, overrides, arch, args.out)
+        if not args.cases or name in args.cases:
+            make_case(name, overrides, arch, args.out)
 
 
 if __name__ == "__main__":

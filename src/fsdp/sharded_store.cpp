@@ -31,14 +31,18 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
   }
 }
 
-bool ShardedUnitStore::aliased() const {
+bool ShardedUnitStore::params_aliased() const {
   return comm_->world_size() == 1 && options_.compute_dtype == options_.master_dtype;
+}
+
+bool ShardedUnitStore::grads_aliased() const {
+  return comm_->world_size() == 1 && options_.grad_dtype == options_.master_dtype;
 }
 
 Tensor ShardedUnitStore::acquire_params(size_t u, Pass) {
   UnitState& st = state_[u];
-  if (st.param_refs++ > 0 || st.full_params.defined()) return aliased() ? master_[u] : st.full_params;
-  if (aliased()) return master_[u];
+  if (st.param_refs++ > 0 || st.full_params.defined()) return params_aliased() ? master_[u] : st.full_params;
+  if (params_aliased()) return master_[u];
   const int64_t n = layout_->units()[u].numel, s = master_[u].numel();
   st.full_params = Tensor::empty({n}, options_.compute_dtype, device_, "gathered parameters");
   Tensor mine = st.full_params.flat_range(comm_->rank() * s, s);
@@ -57,12 +61,12 @@ void ShardedUnitStore::release_params(size_t u, Pass pass) {
 
 Tensor ShardedUnitStore::acquire_grads(size_t u) {
   UnitState& st = state_[u];
-  if (aliased()) {
+  if (grads_aliased()) {
     ++st.grad_refs;
     return grad_[u];  // one rank: accumulate straight into the shard
   }
   if (st.grad_refs++ == 0) {
-    st.full_grads = Tensor::empty({layout_->units()[u].numel}, options_.compute_dtype, device_, "full gradients");
+    st.full_grads = Tensor::empty({layout_->units()[u].numel}, options_.grad_dtype, device_, "full gradients");
     ops::fill(st.full_grads, 0.0);
   }
   return st.full_grads;
@@ -71,10 +75,10 @@ Tensor ShardedUnitStore::acquire_grads(size_t u) {
 void ShardedUnitStore::release_grads(size_t u) {
   UnitState& st = state_[u];
   ST_ASSERT(st.grad_refs > 0, "release of gradients of unit ", layout_->units()[u].name, " that were not acquired");
-  if (--st.grad_refs > 0 || aliased()) return;
+  if (--st.grad_refs > 0 || grads_aliased()) return;
   const int64_t s = grad_[u].numel();
   Tensor send = st.full_grads;
-  if (options_.reduce_dtype != options_.compute_dtype) {
+  if (options_.reduce_dtype != options_.grad_dtype) {
     send = Tensor::empty(st.full_grads.shape(), options_.reduce_dtype, device_, "gradients to reduce");
     ops::cast(send, st.full_grads);
   }
@@ -101,7 +105,13 @@ void ShardedUnitStore::load(const ParamReader& read) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
       if (a >= b) continue;
       Tensor dst = master_[u].flat_range(a - lo, b - a);
-      read(p, a - p.offset, dst);
+      if (device_.is_cpu()) {
+        read(p, a - p.offset, dst);
+      } else {  // readers fill host memory; the range then travels to the device
+        Tensor staged = Tensor::empty({b - a}, options_.master_dtype, Device::cpu(), "parameter staging");
+        read(p, a - p.offset, staged);
+        copy(dst, staged);
+      }
     }
   }
 }

@@ -17,7 +17,8 @@
 namespace shardtrain::fsdp {
 
 struct ShardingOptions {
-  DType compute_dtype = DType::kF32;  // gathered parameters and full gradients
+  DType compute_dtype = DType::kF32;  // gathered parameters (the forward and backward's weights)
+  DType grad_dtype = DType::kF32;     // full gradient buffers the backward accumulates into
   DType master_dtype = DType::kF32;   // shards: master weights, gradients, optimizer state
   DType reduce_dtype = DType::kF32;   // gradients travel in this dtype
   // Free a block's gathered parameters after its forward (FSDP2 reshard_after_forward);
@@ -60,10 +61,12 @@ class ShardedUnitStore final : public model::UnitStore {
     Tensor full_params;  // [numel] compute dtype while gathered
     int param_refs = 0;
     bool keep_for_backward = false;
-    Tensor full_grads;   // [numel] compute dtype while the backward of the unit runs
+    Tensor full_grads;   // [numel] grad dtype while the backward of the unit runs
     int grad_refs = 0;
   };
-  bool aliased() const;  // one rank and equal dtypes: full buffers are the shards themselves
+  // One rank and equal dtypes: the full buffers are the shards themselves.
+  bool params_aliased() const;
+  bool grads_aliased() const;
 
   const model::ModelLayout* layout_;
   dist::Communicator* comm_;

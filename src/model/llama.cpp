@@ -41,7 +41,9 @@ void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_
   Tensor host = Tensor::empty({out.numel()}, DType::kF64, Device::cpu(), "init");
   double* h = host.data<double>();
   const uint64_t key = name_key(spec.name);
-  for (int64_t i = 0; i < out.numel(); ++i) {
+  const int64_t n = out.numel();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i) {
     switch (spec.init) {
       case ParamInit::kOnes: h[i] = 1.0; break;
       case ParamInit::kZeros: h[i] = 0.0; break;
@@ -57,19 +59,45 @@ Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
   config_.validate("model.");
   resident_ = std::make_unique<ResidentUnitStore>(layout_, dtype, device);
   store_ = resident_.get();
-  const int64_t K = config_.head_dim() / 2;
-  cos_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope cos");
-  sin_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope sin");
-  ops::rope_table(cos_TK_, sin_TK_, config_.head_dim(), config_.rope);
+  make_rope_tables();
 }
 
 Llama::Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* store, DType dtype, Device device)
     : config_(config), layout_(layout), dtype_(dtype), device_(device), store_(store) {
   config_.validate("model.");
+  make_rope_tables();
+}
+
+void Llama::make_rope_tables() {
+  // computed in f64 on the host, then rounded once to the model's dtype on its device
   const int64_t K = config_.head_dim() / 2;
-  cos_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope cos");
-  sin_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype, device, "rope sin");
-  ops::rope_table(cos_TK_, sin_TK_, config_.head_dim(), config_.rope);
+  Tensor cos = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope cos");
+  Tensor sin = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope sin");
+  ops::rope_table(cos, sin, config_.head_dim(), config_.rope);
+  cos_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope cos");
+  sin_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope sin");
+  ops::cast(cos_TK_, cos);
+  ops::cast(sin_TK_, sin);
+}
+
+Tensor Llama::on_device(const Tensor& host) const {
+  if (host.device() == device_) return host;
+  Tensor t = Tensor::empty(host.shape(), host.dtype(), device_, "model input");
+  copy(t, host);
+  return t;
+}
+
+Tensor Llama::new_loss() const {
+  // the CPU loss sums in f64; the CUDA one in f32 on the device
+  Tensor loss = Tensor::empty({1}, device_.is_cpu() ? DType::kF64 : DType::kF32, device_, "loss");
+  ops::fill(loss, 0.0);
+  return loss;
+}
+
+double Llama::read_loss(const Tensor& loss) {
+  Tensor host = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
+  ops::cast(host, loss);
+  return host.data<double>()[0];
 }
 
 Tensor& Llama::unit_params(size_t u) {
@@ -170,13 +198,15 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
+  const Tensor ids = on_device(ids_BT), targets = on_device(targets_BT);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward);
+  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward);
+  synchronize(device_);
   const Clock::time_point t1 = Clock::now();
 
   // Head and loss: the fused op computes the head's gradient during the forward.
-  Tensor loss = Tensor::zeros({1}, DType::kF64, Device::cpu(), "loss");
+  Tensor loss = new_loss();
   Tensor dx_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
   {
     const Tensor head = store_->acquire_params(head_unit(), Pass::kBackward);
@@ -190,7 +220,7 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
     ce.ignore_index = o.ignore_index;
     ce.grad_scale = o.grad_scale;
     ce.chunk_tokens = o.loss_chunk_tokens;
-    ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_BT.view({B * T}), ce);
+    ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
     h_TD = Tensor();
     Tensor dx_TD = dx_BTD.view({B * T, D});
     Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
@@ -222,13 +252,13 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   }
   Tensor dembed = store_->acquire_grads(kEmbedUnit);
   Tensor dtable = view(dembed, kEmbedUnit, "model.embed_tokens.weight");
-  ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids_BT.view({B * T}));
+  ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids.view({B * T}));
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
+  const double loss_sum = read_loss(loss);  // waits for the device
   phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
   phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();
-
-  return {loss.data<double>()[0], count_targets(targets_BT, o.ignore_index)};
+  return {loss_sum, count_targets(targets_BT, o.ignore_index)};
 }
 
 LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
@@ -238,19 +268,21 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   // Activations are dropped block by block: evaluation keeps only block inputs.
-  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+  const Tensor targets = on_device(targets_BT);
+  const Tensor h_TD =
+      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
-  Tensor loss = Tensor::zeros({1}, DType::kF64, Device::cpu(), "loss");
+  Tensor loss = new_loss();
   Tensor none_dh, none_dw;
   ops::CrossEntropyOptions ce;
   ce.ignore_index = o.ignore_index;
   ce.chunk_tokens = o.loss_chunk_tokens;
   ce.compute_grad = false;
-  ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head), targets_BT.view({B * T}), ce);
+  ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
-  return {loss.data<double>()[0], count_targets(targets_BT, o.ignore_index)};
+  return {read_loss(loss), count_targets(targets_BT, o.ignore_index)};
 }
 
 Tensor Llama::logits(const Tensor& ids_BT) {
@@ -258,7 +290,8 @@ Tensor Llama::logits(const Tensor& ids_BT) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+  const Tensor h_TD =
+      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor logits_TV = Tensor::empty({B * T, config_.vocab_size}, dtype_, device_, "logits");
@@ -273,7 +306,8 @@ Tensor Llama::last_logits(const Tensor& ids_BT) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+  const Tensor h_TD =
+      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor last_BD = Tensor::empty({B, D}, dtype_, device_, "last hidden");

@@ -26,7 +26,8 @@ struct StepOptions {
   int32_t ignore_index = -100;
 };
 
-// Wall time of the last forward_backward's phases (host clock; the CPU ops are synchronous).
+// Wall time of the last forward_backward's phases (host clock; on a GPU the device is
+// synchronised at the phase boundary).
 struct PhaseTimes {
   double forward_s = 0;   // embedding, blocks, final norm
   double backward_s = 0;  // fused head + loss (forward and backward of the head), blocks, embedding
@@ -62,6 +63,7 @@ class Llama {
 
   // One micro-batch: forward, loss and backward; gradients accumulate (scaled by
   // options.grad_scale). ids_BT and targets_BT are i32 host tensors; T <= max_seq_len.
+  // They are copied to the model's device.
   LossSum forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   const PhaseTimes& last_phase_times() const { return phase_times_; }
   // Forward and loss only.
@@ -77,6 +79,10 @@ class Llama {
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass);
   BlockContext context(int64_t batch, int64_t seq) const;
+  void make_rope_tables();
+  Tensor on_device(const Tensor& host) const;  // a copy on the model's device (or host itself)
+  Tensor new_loss() const;                     // a zeroed loss accumulator for this device
+  static double read_loss(const Tensor& loss);
   Tensor view(const Tensor& unit_buffer, size_t unit, const char* name) const;
   size_t head_unit() const { return layout_.units().size() - 1; }
   // The head matrix: lm_head.weight, or the embedding when tied.

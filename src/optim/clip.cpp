@@ -8,8 +8,13 @@
 namespace shardtrain::optim {
 
 double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communicator* comm) {
-  Tensor sum = Tensor::zeros({1}, DType::kF64, Device::cpu(), "grad norm");
-  for (const Tensor* g : grads) ops::sum_squares(sum, *g);
+  // summed where the gradients live, then read on the host (where MPI reduces)
+  const Device device = grads.empty() ? Device::cpu() : grads.front()->device();
+  Tensor local = Tensor::empty({1}, DType::kF64, device, "grad norm");
+  ops::fill(local, 0.0);
+  for (const Tensor* g : grads) ops::sum_squares(local, *g);
+  Tensor sum = Tensor::empty({1}, DType::kF64, Device::cpu(), "grad norm");
+  ops::cast(sum, local);
   if (comm != nullptr) comm->all_reduce(sum, dist::ReduceOp::kSum);
   return std::sqrt(sum.data<double>()[0]);
 }

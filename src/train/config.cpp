@@ -131,7 +131,9 @@ const std::vector<KeyDef>& keys() {
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
-          "CPU compute and master dtype: f32, or f64 (for checks)", one_of({"f32", "f64"})),
+          "compute dtype: auto (bf16 on a GPU, f32 on the CPU), bf16 (GPU), f32, or f64 (CPU, for checks); master "
+          "weights, gradients and optimizer state are f32 (f64 with f64)",
+          one_of({"auto", "bf16", "f32", "f64"})),
 
       key("data.source", &C::data, &DataSection::source,
           "builtin:fortunes (Debian's fortunes package), or a .txt / .jsonl file"),
@@ -158,6 +160,10 @@ const std::vector<KeyDef>& keys() {
           "clip the global gradient norm to this; 0 disables clipping", non_negative()),
       key("training.activation_checkpointing", &C::training, &TrainingSection::activation_checkpointing,
           "none, or full (keep only block inputs; recompute in the backward)", one_of({"none", "full"})),
+      key("training.device", &C::training, &TrainingSection::device,
+          "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "
+          "LOCAL_RANK modulo the visible GPUs)",
+          one_of({"auto", "cpu", "cuda"})),
       key("training.threads", &C::training, &TrainingSection::threads,
           "CPU threads for the kernels; 0 uses every core", non_negative()),
       key("training.loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,

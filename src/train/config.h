@@ -29,7 +29,7 @@ struct ModelSection {
   bool tie_embeddings = true;
   bool attention_bias = false;
   double init_std = 0.02;
-  std::string dtype = "f32";
+  std::string dtype = "auto";
 };
 
 struct DataSection {
@@ -48,6 +48,7 @@ struct TrainingSection {
   uint64_t seed = 1234;
   double max_grad_norm = 1.0;
   std::string activation_checkpointing = "none";
+  std::string device = "auto";
   int64_t threads = 0;
   int64_t loss_chunk_tokens = 256;
 };

@@ -6,12 +6,16 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 
 #include <fmt/format.h>
 #include <omp.h>
 
 #include "core/allocator.h"
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
+#endif
 #include "core/log.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
@@ -91,6 +95,37 @@ class Progress {
   int64_t total_;
 };
 
+int local_rank() {
+  for (const char* v : {"LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID"})
+    if (const char* s = std::getenv(v)) return std::atoi(s);
+  return 0;
+}
+
+Device resolve_device(const std::string& wanted) {
+  if (wanted == "cpu") return Device::cpu();
+#ifdef SHARDTRAIN_WITH_CUDA
+  const int n = cuda::device_count();
+  ST_CHECK(wanted != "cuda" || n > 0, "`training.device` = cuda, but no usable CUDA device is visible");
+  if (n > 0) {
+    const int index = local_rank() % n;
+    cuda::init_device(index);
+    return Device::cuda(index);
+  }
+#else
+  ST_CHECK(wanted != "cuda", "`training.device` = cuda, but this build has no CUDA backend (rebuild with nvcc)");
+#endif
+  return Device::cpu();
+}
+
+DType resolve_dtype(const std::string& wanted, Device device) {
+  if (wanted == "auto") return device.is_cpu() ? DType::kF32 : DType::kBF16;
+  const DType t = parse_dtype(wanted, "model.dtype");
+  ST_CHECK(!(device.is_cpu() && (t == DType::kBF16 || t == DType::kF16)), "`model.dtype` = ", wanted,
+           " needs a GPU (`training.device`); the CPU engine computes in f32 or f64");
+  ST_CHECK(!(device.is_cuda() && t == DType::kF64), "`model.dtype` = f64 is for CPU checks; use bf16 or f32 on a GPU");
+  return t;
+}
+
 }  // namespace
 
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
@@ -155,13 +190,20 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
   }
-  const DType dtype = parse_dtype(config_.model.dtype, "model.dtype");
+  device_ = resolve_device(config_.training.device);
+  ST_CHECK(device_.is_cpu() || comm_->world_size() == 1, "training on ", comm_->world_size(),
+           " GPUs needs the NCCL communicator, which this build does not have yet; use `training.device = \"cpu\"` "
+           "with mpirun, or one GPU");
+  const DType dtype = resolve_dtype(config_.model.dtype, device_);
+  // Mixed precision: compute in `dtype`; master weights, gradients and optimizer state in f32.
+  const DType master = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
   layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, comm_->world_size()));
   fsdp::ShardingOptions so;
-  so.compute_dtype = so.master_dtype = so.reduce_dtype = dtype;
+  so.compute_dtype = dtype;
+  so.grad_dtype = so.master_dtype = so.reduce_dtype = master;
   so.reshard_after_forward = config_.parallel.reshard_after_forward;
   so.keep_last_block_gathered = config_.parallel.keep_last_block_gathered;
-  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so);
+  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
   if (hf_weights) {
     // each rank reads only the element ranges of its own shards
     const io::HfWeights& w = *hf_weights;
@@ -175,15 +217,16 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   } else {
     store_->init_random(config_.training.seed, mc.init_std);
   }
-  model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, Device::cpu());
+  model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, device_);
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
   oc.beta2 = config_.optimizer.beta2;
   oc.eps = config_.optimizer.eps;
   oc.weight_decay = config_.optimizer.weight_decay;
   oc.decay_1d = config_.optimizer.decay_1d;
-  optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, dtype, Device::cpu());
-  log::info(fmt::format("model: {} ({})", mc.summary(), config_.model.dtype));
+  optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, master, device_);
+  log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
+                        dtype_name(master), device_.str()));
   if (comm_->world_size() > 1)
     log::info(fmt::format("sharded over {} ranks ({}): {} of {} parameter slots per rank", comm_->world_size(),
                           comm_->name(), layout_->total_numel() / comm_->world_size(), layout_->total_numel()));
@@ -262,6 +305,16 @@ TrainSummary Trainer::run() {
     log::warn(fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
                           "optimizer.lr",
                           config_.schedule.warmup_steps, tc.steps));
+  // MFU: torchtitan's FLOPs per token against the device's dense bf16 peak (when known)
+  double peak_flops = 0;
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device_.is_cuda()) peak_flops = cuda::dense_bf16_peak_flops(device_.index);
+#endif
+  const double flops_per_token = model_->config().flops_per_token(T);
+  auto mfu = [&](double tokens_per_second) {
+    return peak_flops > 0 ? flops_per_token * tokens_per_second / static_cast<double>(world) / peak_flops : 0.0;
+  };
+  auto peak_device_bytes = [&] { return allocator_for(device_).stats().peak_allocated_bytes; };
   TrainSummary summary;
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();
@@ -297,6 +350,7 @@ TrainSummary Trainer::run() {
     const double norm = optim::clip_grad_norm(grads, tc.max_grad_norm, comm_);
     const double lr = optim::learning_rate(sc, step);
     optimizer_->step(params, cgrads, lr);
+    synchronize(device_);  // step times are host-clock times of finished device work
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
     train_seconds += step_seconds;
@@ -316,12 +370,18 @@ TrainSummary Trainer::run() {
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
                    {"time_data_s", t_data}, {"time_forward_s", t_forward}, {"time_backward_s", t_backward},
                    {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
-                   {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes}});
+                   {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes},
+                   {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
+                   {"mfu", mfu(r.tokens_per_second)}});
     if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
       progress.clear();
-      log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s  elapsed {}  ETA {}",
-                            step, tc.steps, r.loss, lr, norm, avg_tps, format_duration(seconds_since(start)),
-                            format_duration(eta)));
+      std::string device_part;
+      if (device_.is_cuda())
+        device_part = fmt::format("  {}MFU {:.1f}%  peak mem {}", peak_flops > 0 ? "" : "(peak unknown) ",
+                                  100.0 * mfu(avg_tps), format_bytes(peak_device_bytes()));
+      log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
+                            step, tc.steps, r.loss, lr, norm, avg_tps, device_part,
+                            format_duration(seconds_since(start)), format_duration(eta)));
     }
     const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
     if (eval_now) {
@@ -337,9 +397,13 @@ TrainSummary Trainer::run() {
   summary.seconds = seconds_since(start);
   summary.tokens_per_second =
       train_seconds > 0 ? static_cast<double>(B * T * accum * world * tc.steps) / train_seconds : 0.0;
-  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}", tc.steps,
+  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}{}", tc.steps,
                         format_duration(summary.seconds), summary.tokens_per_second,
-                        format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes)));
+                        format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes),
+                        device_.is_cpu() ? std::string()
+                                         : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
+                                                       format_bytes(peak_device_bytes()),
+                                                       100.0 * mfu(summary.tokens_per_second))));
   if (tc.steps == 0) {
     const double e = evaluate();
     summary.evals.emplace_back(0, e);

@@ -47,11 +47,13 @@ class Trainer {
   fsdp::ShardedUnitStore& store() { return *store_; }
   dist::Communicator& comm() { return *comm_; }
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
+  Device device() const { return device_; }
   // Mean held-out loss over eval.batches batches (or fewer if the split is small).
   double evaluate();
 
  private:
   JobConfig config_;
+  Device device_;
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
   std::unique_ptr<data::Tokenizer> tokenizer_;

@@ -34,7 +34,7 @@ train::JobConfig job(const std::string& corpus, int64_t batch_size) {
   // Widths chosen so no unit is a multiple of 128 x ranks: every unit needs padding.
   train::LoadedConfig c = train::load_config(
       "", {"--model.dim=40", "--model.n_layers=2", "--model.n_heads=4", "--model.n_kv_heads=2", "--model.ffn_dim=52",
-           "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24",
+           "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24", "--training.device=cpu",
            "--training.batch_size=" + std::to_string(batch_size), "--training.grad_accum_steps=2",
            "--training.steps=20", "--training.max_grad_norm=0.5", "--schedule.warmup_steps=3", "--optimizer.lr=3e-3",
            "--eval.interval_steps=0", "--eval.batches=2", "--sample.tokens=0", "--logging.progress=off",

@@ -83,7 +83,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParity,
-                         ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias"));
+                         ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias", "mistral_gqa"));
 
 }  // namespace
 }  // namespace shardtrain::model

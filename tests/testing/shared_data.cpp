@@ -13,6 +13,10 @@ std::string shared_data_dir() {
   return std::filesystem::is_directory(dir, ec) ? dir : std::string();
 }
 
-std::string source_dir() { return SHARDTRAIN_SOURCE_DIR; }
+std::string source_dir() {
+  // SHARDTRAIN_SOURCE_DIR: for test binaries run from another checkout (the GPU machine)
+  if (const char* env = std::getenv("SHARDTRAIN_SOURCE_DIR")) return env;
+  return SHARDTRAIN_SOURCE_DIR;
+}
 
 }  // namespace shardtrain::testing

@@ -10,7 +10,8 @@ namespace shardtrain::testing {
 
 // The shared data folder (SHARDTRAIN_SHARED_DATA overrides), or "" when it does not exist.
 std::string shared_data_dir();
-// The repository root (for committed reference files under tests/).
+// The repository root (for committed reference files under tests/); the environment
+// variable SHARDTRAIN_SOURCE_DIR overrides it.
 std::string source_dir();
 
 }  // namespace shardtrain::testing

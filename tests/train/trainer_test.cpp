@@ -17,7 +17,7 @@ JobConfig short_default_job(const std::string& out_dir) {
   LoadedConfig c = load_config("", {"--model.dim=128", "--model.n_layers=2", "--model.ffn_dim=384",
                                     "--training.steps=60", "--training.seq_len=64", "--schedule.warmup_steps=10",
                                     "--eval.interval_steps=0", "--eval.batches=4", "--sample.tokens=40",
-                                    "--run.output_dir=" + out_dir, "--logging.progress=off",
+                                    "--run.output_dir=" + out_dir, "--logging.progress=off", "--training.device=cpu",
                                     "--logging.interval_steps=20"});
   return c.config;
 }

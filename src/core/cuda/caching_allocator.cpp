@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 
 #include "core/cuda/cuda_check.h"
@@ -147,6 +148,20 @@ int device_count() {
     return 0;
   }
   return n;
+}
+
+std::string device_name(int index) {
+  cudaDeviceProp prop{};
+  ST_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.name;
+}
+
+double dense_bf16_peak_flops(int index) {
+  const std::string name = device_name(index);
+  if (name.find("H100") != std::string::npos && name.find("PCIe") != std::string::npos) return 756e12;
+  if (name.find("H100") != std::string::npos || name.find("H200") != std::string::npos) return 989e12;
+  if (name.find("A100") != std::string::npos) return 312e12;
+  return 0;
 }
 
 void init_device(int index) {

@@ -2,6 +2,8 @@
 // registered for each device used. Only for code built with the CUDA backend.
 #pragma once
 
+#include <string>
+
 #include "core/allocator.h"
 
 namespace shardtrain::cuda {
@@ -10,6 +12,11 @@ namespace shardtrain::cuda {
 int device_count();
 // Makes `index` current and registers its caching allocator (idempotent).
 void init_device(int index);
+// The device's name as the driver reports it ("NVIDIA H100 80GB HBM3").
+std::string device_name(int index);
+// Dense bf16 tensor-core peak in FLOP/s from the datasheet (H100 SXM / H200: 989e12, H100
+// PCIe: 756e12, A100: 312e12); 0 when the device is not in that table. For MFU.
+double dense_bf16_peak_flops(int index);
 // Returns cached, unused device memory of `index` to the driver (synchronises the device).
 void empty_cache(int index);
 

@@ -1,0 +1,125 @@
+// The model on a GPU in mixed precision (bf16 compute; f32 master weights, gradients and
+// AdamW state) against Hugging Face transformers' f32 reference for the recorded models
+// whose head dims cuDNN's attention takes (64 and 128): logits, loss, every gradient and
+// every parameter after one AdamW step, within bf16 error. Skips without a device.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#include "dist/communicator.h"
+#include "fsdp/sharded_store.h"
+#include "io/safetensors.h"
+#include "model/hf_config.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "testing/compare.h"
+#include "testing/cuda_util.h"
+#include "testing/shared_data.h"
+
+namespace shardtrain::model {
+namespace {
+
+// bf16 carries 8 significant bits (relative rounding 2^-9 = 0.2%); every op of a 2-block
+// model rounds its output once, and gradients pass through about twice as many ops as the
+// forward. Judged by the relative norm of the whole tensor, elementwise limits off.
+const testing::Tolerance kBf16Forward{1.5e-2, 1e30, 1e30};
+const testing::Tolerance kBf16Backward{3e-2, 1e30, 1e30};
+
+class HfParityCuda : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+TEST_P(HfParityCuda, MixedPrecisionMatchesTransformers) {
+  const std::string dir = testing::source_dir() + "/tests/model/hf_reference/" + GetParam();
+  const LlamaConfig config = load_hf_config(dir + "/config.json");
+  const Device gpu = Device::cuda(0);
+  const ModelLayout layout = ModelLayout::llama(config, 1);
+  auto comm = dist::make_single_rank();
+  fsdp::ShardingOptions so;
+  so.compute_dtype = DType::kBF16;  // f32 master, gradients and reduction: the defaults
+  fsdp::ShardedUnitStore store(layout, comm.get(), so, gpu);
+  const io::SafetensorsFile weights(dir + "/model.safetensors");
+  const io::SafetensorsFile ref(dir + "/reference.safetensors");
+  store.load([&](const ParamSpec& p, int64_t first, Tensor& out) { weights.read_range(p.name, first, out); });
+  Llama model(config, layout, &store, DType::kBF16, gpu);
+
+  const Tensor ids64 = ref.read_as("input_ids", DType::kI64), targets64 = ref.read_as("targets", DType::kI64);
+  const int64_t B = ids64.size(0), T = ids64.size(1);
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  int64_t counted = 0;
+  for (int64_t i = 0; i < B * T; ++i) {
+    ids.data<int32_t>()[i] = static_cast<int32_t>(ids64.data<int64_t>()[i]);
+    targets.data<int32_t>()[i] = static_cast<int32_t>(targets64.data<int64_t>()[i]);
+    counted += targets.data<int32_t>()[i] != -100;
+  }
+
+  const Tensor logits = testing::to_host(model.logits(ids));
+  EXPECT_TRUE(testing::all_close(logits, ref.read_as("logits", DType::kF32).view({B * T, config.vocab_size}),
+                                 kBf16Forward))
+      << "logits";
+
+  StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(counted);
+  store.zero_grad_shards();
+  const LossSum ls = model.forward_backward(ids, targets, o);
+  const double loss = ls.loss_sum / static_cast<double>(counted);
+  const double ref_loss = ref.read_as("loss", DType::kF64).data<double>()[0];
+  EXPECT_NEAR(loss, ref_loss, 1e-2 * ref_loss) << "loss";
+
+  auto host_view = [&](const std::vector<Tensor>& shards, const std::string& name) {
+    const ModelLayout::Location loc = layout.locate(name);
+    const Tensor& flat = shards[static_cast<size_t>(loc.unit)];
+    return testing::to_host(flat.flat_range(loc.spec->offset, loc.spec->numel()).view(loc.spec->shape));
+  };
+  for (const UnitLayout& u : layout.units())
+    for (const ParamSpec& p : u.params)
+      EXPECT_TRUE(testing::all_close(host_view(store.grad_shards(), p.name),
+                                     ref.read_as("grad." + p.name, DType::kF32), kBf16Backward))
+          << "gradient of " << p.name;
+
+  optim::AdamWConfig oc;
+  oc.beta1 = 0.9;
+  oc.beta2 = 0.95;
+  oc.eps = 1e-8;
+  oc.weight_decay = 0.1;
+  oc.decay_1d = true;
+  optim::AdamW opt(layout, 0, oc, DType::kF32, gpu);
+  std::vector<Tensor*> params;
+  std::vector<const Tensor*> grads;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    params.push_back(&store.master_shards()[u]);
+    grads.push_back(&store.grad_shards()[u]);
+  }
+  const double lr = 1e-2;
+  opt.step(params, grads, lr);
+  // A first AdamW step moves every weight by lr·g/(|g| + eps) ≈ ±lr (plus the decay term),
+  // so an element whose gradient is smaller than its bf16 error may move the other way:
+  // at most 2·lr apart. Any other error in the step (lr, decay, bias correction) moves
+  // every element, so also: under 2% of all elements more than lr/10 from the reference.
+  int64_t far = 0, total = 0;
+  for (const UnitLayout& u : layout.units())
+    for (const ParamSpec& p : u.params) {
+      const Tensor got = testing::to_dtype(host_view(store.master_shards(), p.name), DType::kF64);
+      const Tensor want = testing::to_dtype(ref.read_as("adamw." + p.name, DType::kF32), DType::kF64);
+      double worst = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) {
+        const double d = std::abs(got.data<double>()[i] - want.data<double>()[i]);
+        worst = std::max(worst, d);
+        far += d > lr / 10;
+      }
+      total += got.numel();
+      EXPECT_LE(worst, 2 * lr * 1.01) << "parameter after AdamW: " << p.name;
+    }
+  EXPECT_LT(static_cast<double>(far), 0.02 * static_cast<double>(total))
+      << far << " of " << total << " parameters off by more than lr/10 after AdamW";
+  std::printf("after AdamW: %lld of %lld parameters off by more than lr/10\n", static_cast<long long>(far),
+              static_cast<long long>(total));
+}
+
+INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda, ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3"));
+
+}  // namespace
+}  // namespace shardtrain::model
