@@ -13,6 +13,7 @@
 #include "data/tokenize_file.h"
 #include "core/log.h"
 #include "train/config.h"
+#include "train/export.h"
 #include "train/inspect.h"
 #include "train/trainer.h"
 
@@ -55,6 +56,9 @@ std::string usage() {
          "                                                   show every key's effective value and source\n"
          "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
          "                                                   file or Hugging Face folder\n"
+         "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]\n"
+         "                                                   a Hugging Face folder from a training checkpoint\n"
+         "                                                   (a step_* directory, or the folder holding `latest`)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
          "                                                   text or JSONL -> token file (EOS after each document)\n"
@@ -113,6 +117,33 @@ int run_tokenize(const std::vector<std::string>& args) {
   log::info(fmt::format("tokenize: {} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}",
                         st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
                         st.bytes_per_second() / 1e6, files[1]));
+  return 0;
+}
+
+int run_export(const std::vector<std::string>& args) {
+  std::vector<std::string> paths;
+  train::ExportOptions o;
+  std::string dtype = "bf16";
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), "export: ", a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--dtype") dtype = value();
+    else if (a == "--max-shard-mb") o.max_shard_bytes = std::stoll(value()) * 1000 * 1000;
+    else if (a == "--tokenizer") o.tokenizer_source = value();
+    else if (a.rfind("--", 0) == 0) ST_THROW("export: unknown option `", a, "`");
+    else paths.push_back(a);
+  }
+  ST_CHECK(paths.size() == 2, "export: expected CHECKPOINT and OUT, found ", paths.size(), " paths");
+  ST_CHECK(dtype == "bf16" || dtype == "f16" || dtype == "f32", "export: --dtype must be bf16, f16 or f32; found `",
+           dtype, "`");
+  ST_CHECK(o.max_shard_bytes > 0, "export: --max-shard-mb must be positive");
+  o.dtype = parse_dtype(dtype, "--dtype");
+  o.folder = paths[1];
+  const std::string dir = train::export_checkpoint(paths[0], o);
+  log::info(fmt::format("exported {} to {} ({})", dir, o.folder, dtype));
   return 0;
 }
 

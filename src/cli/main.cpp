@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
     if (command == "print-config") return cli::run_print_config(rest);
     if (command == "tokenize") return cli::run_tokenize(rest);
     if (command == "inspect") return cli::run_inspect(rest);
+    if (command == "export") return cli::run_export(rest);
     if (command == "help" || command == "-h" || command == "--help") {
       if (!rest.empty() && rest[0] == "config") {
         std::fputs(train::reference_table().c_str(), stdout);

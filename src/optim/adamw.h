@@ -30,6 +30,7 @@ class AdamW {
   void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr);
 
   int64_t steps_taken() const { return steps_; }
+  void set_steps_taken(int64_t steps) { steps_ = steps; }  // when resuming from a checkpoint
   const AdamWConfig& config() const { return config_; }
   std::vector<Tensor>& exp_avg() { return exp_avg_; }
   std::vector<Tensor>& exp_avg_sq() { return exp_avg_sq_; }

@@ -215,6 +215,16 @@ const std::vector<KeyDef>& keys() {
       key("export.max_shard_mb", &C::export_, &ExportSection::max_shard_mb,
           "largest safetensors shard in MB (as save_pretrained's max_shard_size)", positive()),
 
+      key("checkpoint.interval_steps", &C::checkpoint, &CheckpointSection::interval_steps,
+          "save a checkpoint every this many steps and at the end; 0 saves none", non_negative()),
+      key("checkpoint.keep", &C::checkpoint, &CheckpointSection::keep,
+          "checkpoints kept (older ones are deleted once a newer one is complete); 0 keeps all", non_negative()),
+      key("checkpoint.dir", &C::checkpoint, &CheckpointSection::dir,
+          "folder of the step_* checkpoint directories; empty: run.output_dir/checkpoints"),
+      key("checkpoint.resume", &C::checkpoint, &CheckpointSection::resume,
+          "resume from a checkpoint: a step directory, or auto (the latest under checkpoint.dir, if any); "
+          "empty starts fresh"),
+
       key("sample.prompt", &C::sample, &SampleSection::prompt, "text the final sample continues"),
       key("sample.tokens", &C::sample, &SampleSection::tokens,
           "tokens to generate at the end of training; 0 disables", non_negative()),

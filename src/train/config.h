@@ -95,6 +95,13 @@ struct RunSection {
   std::string output_dir = "runs/default";
 };
 
+struct CheckpointSection {
+  int64_t interval_steps = 0;  // 0: no checkpoints
+  int64_t keep = 2;
+  std::string dir = "";        // "" = run.output_dir/checkpoints
+  std::string resume = "";     // "", "auto" or a step directory
+};
+
 struct SampleSection {
   std::string prompt = "";
   int64_t tokens = 200;
@@ -113,6 +120,7 @@ struct JobConfig {
   LoggingSection logging;
   RunSection run;
   ExportSection export_;
+  CheckpointSection checkpoint;
   ParallelSection parallel;
   SampleSection sample;
 };

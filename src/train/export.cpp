@@ -6,6 +6,7 @@
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
 #include "ops/elementwise.h"
+#include "train/checkpoint.h"
 
 namespace shardtrain::train {
 
@@ -39,6 +40,21 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
       if (fs::exists(src)) fs::copy_file(src, fs::path(o.folder) / f, fs::copy_options::overwrite_existing);
     }
   }
+}
+
+std::string export_checkpoint(const std::string& checkpoint, ExportOptions options) {
+  namespace fs = std::filesystem;
+  std::string dir = checkpoint;
+  if (!fs::exists(fs::path(checkpoint) / "metadata.json") && fs::exists(fs::path(checkpoint) / "latest"))
+    dir = resolve_checkpoint("auto", checkpoint);
+  const CheckpointInfo info = read_checkpoint_info(dir);
+  const model::ModelLayout layout = model::ModelLayout::llama(info.config, 1);
+  auto comm = dist::make_single_rank();
+  fsdp::ShardedUnitStore store(layout, comm.get(), fsdp::ShardingOptions{});
+  load_checkpoint(info, store, nullptr);
+  if (options.tokenizer_source.empty()) options.tokenizer_source = info.tokenizer_source;
+  export_hf(store, info.config, *comm, options);
+  return dir;
 }
 
 }  // namespace shardtrain::train

@@ -21,4 +21,10 @@ struct ExportOptions {
 void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, dist::Communicator& comm,
                const ExportOptions& options);
 
+// `shardtrain export CHECKPOINT OUT`: one process reads a checkpoint written by any number
+// of ranks (a step directory, or a checkpoints folder whose `latest` names one) and writes
+// the HF folder. options.tokenizer_source "" takes the one the checkpoint recorded.
+// Returns the step directory it read.
+std::string export_checkpoint(const std::string& checkpoint, ExportOptions options);
+
 }  // namespace shardtrain::train

@@ -27,6 +27,7 @@
 #endif
 #include "optim/clip.h"
 #include "optim/schedule.h"
+#include "train/checkpoint.h"
 #include "train/export.h"
 #include "train/generate.h"
 #include "train/metrics.h"
@@ -227,12 +228,40 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, master, device_);
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
+  if (!config_.checkpoint.resume.empty()) {
+    const std::string dir = resolve_checkpoint(config_.checkpoint.resume, checkpoint_root());
+    if (dir.empty()) {
+      log::info(fmt::format("checkpoint.resume = auto: no checkpoint under {}; starting fresh", checkpoint_root()));
+    } else {
+      const CheckpointInfo info = read_checkpoint_info(dir);
+      ST_CHECK(model::to_hf_config(info.config, "float32") == model::to_hf_config(mc, "float32"), "checkpoint `", dir,
+               "` holds a different model (", info.config.summary(), ") than this job (", mc.summary(), ")");
+      ST_CHECK(info.step < config_.training.steps, "checkpoint `", dir, "` is at step ", info.step,
+               ", not before `training.steps` = ", config_.training.steps, "; nothing left to train");
+      load_checkpoint(info, *store_, optimizer_.get());
+      start_step_ = info.step + 1;
+      log::info(fmt::format("resumed from {} (step {}, written by {} rank{})", dir, info.step, info.world_size,
+                            info.world_size == 1 ? "" : "s"));
+    }
+  }
   if (comm_->world_size() > 1)
     log::info(fmt::format("sharded over {} ranks ({}): {} of {} parameter slots per rank", comm_->world_size(),
                           comm_->name(), layout_->total_numel() / comm_->world_size(), layout_->total_numel()));
 }
 
 Trainer::~Trainer() = default;
+
+std::string Trainer::checkpoint_root() const {
+  return config_.checkpoint.dir.empty() ? (std::filesystem::path(config_.run.output_dir) / "checkpoints").string()
+                                        : config_.checkpoint.dir;
+}
+
+std::string Trainer::tokenizer_source() const {
+  if (!config_.model.hf.empty()) return config_.model.hf;
+  const std::string& t = config_.data.tokenizer;
+  if (t == "auto" || t == "byte") return "";
+  return std::filesystem::is_directory(t) ? t : std::filesystem::path(t).parent_path().string();
+}
 
 double Trainer::evaluate() {
   const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
@@ -319,7 +348,8 @@ TrainSummary Trainer::run() {
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();
   double train_seconds = 0;
-  for (int64_t step = 1; step <= tc.steps; ++step) {
+  const int64_t first_step = start_step_;
+  for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     // This rank draws sequences rank*B .. rank*B + B-1 of each micro-batch of the global batch.
     int64_t counted = 0;
@@ -364,8 +394,9 @@ TrainSummary Trainer::run() {
     ST_CHECK(std::isfinite(r.loss), "step ", step, ": loss is ", r.loss,
              "; lower optimizer.lr or check the data");
     summary.steps.push_back(r);
-    const double avg_tps = static_cast<double>(B * T * accum * world * step) / train_seconds;
-    const double eta = static_cast<double>(tc.steps - step) * train_seconds / static_cast<double>(step);
+    const int64_t steps_run = step - first_step + 1;
+    const double avg_tps = static_cast<double>(B * T * accum * world * steps_run) / train_seconds;
+    const double eta = static_cast<double>(tc.steps - step) * train_seconds / static_cast<double>(steps_run);
     metrics.write({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
                    {"time_data_s", t_data}, {"time_forward_s", t_forward}, {"time_backward_s", t_backward},
@@ -391,13 +422,22 @@ TrainSummary Trainer::run() {
       log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", step, e, std::exp(e)));
       metrics.write({{"step", step}, {"eval_loss", e}});
     }
+    const int64_t every = config_.checkpoint.interval_steps;
+    if (every > 0 && (step % every == 0 || step == tc.steps)) {
+      const Clock::time_point tc0 = Clock::now();
+      const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
+                                              optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));
+      progress.clear();
+      log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds_since(tc0)));
+    }
     progress.update(step, r.loss, avg_tps, eta);
   }
   progress.clear();
   summary.seconds = seconds_since(start);
   summary.tokens_per_second =
-      train_seconds > 0 ? static_cast<double>(B * T * accum * world * tc.steps) / train_seconds : 0.0;
-  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}{}", tc.steps,
+      train_seconds > 0 ? static_cast<double>(B * T * accum * world * (tc.steps - first_step + 1)) / train_seconds
+                        : 0.0;
+  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}{}", tc.steps - first_step + 1,
                         format_duration(summary.seconds), summary.tokens_per_second,
                         format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes),
                         device_.is_cpu() ? std::string()
@@ -414,7 +454,7 @@ TrainSummary Trainer::run() {
     eo.folder = config_.export_.folder;
     eo.dtype = parse_dtype(config_.export_.dtype, "export.dtype");
     eo.max_shard_bytes = config_.export_.max_shard_mb * 1000 * 1000;
-    eo.tokenizer_source = config_.model.hf;
+    eo.tokenizer_source = tokenizer_source();
     export_hf(*store_, model_->config(), *comm_, eo);
     log::info(fmt::format("exported a Hugging Face folder to {} ({})", eo.folder, config_.export_.dtype));
   }

@@ -48,12 +48,18 @@ class Trainer {
   dist::Communicator& comm() { return *comm_; }
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
   Device device() const { return device_; }
+  optim::AdamW& optimizer() { return *optimizer_; }
+  // The folder of step_* checkpoints (checkpoint.dir, or run.output_dir/checkpoints).
+  std::string checkpoint_root() const;
   // Mean held-out loss over eval.batches batches (or fewer if the split is small).
   double evaluate();
 
  private:
+  std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
+
   JobConfig config_;
   Device device_;
+  int64_t start_step_ = 1;  // > 1 after resuming
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
   std::unique_ptr<data::Tokenizer> tokenizer_;

@@ -14,6 +14,7 @@
 #include "testing/shared_data.h"
 #include "model/llama.h"
 #include "testing/compare.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 
 namespace shardtrain {
@@ -92,6 +93,69 @@ TEST(ShardedTraining, MatchesOneRank) {
           << "rank " << r << " of " << w << ": " << p.name;
     }
   }
+  std::filesystem::remove(corpus);
+}
+
+// Every parameter of `store` (collective gather) equals `single`'s (a one-rank store).
+void expect_same_model(fsdp::ShardedUnitStore& store, fsdp::ShardedUnitStore& single, const std::string& what) {
+  const model::ModelLayout& layout = store.layout();
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const Tensor full = store.acquire_params(u, model::Pass::kEval);
+    for (const model::ParamSpec& p : layout.units()[u].params) {
+      const model::ParamSpec* q = single.layout().units()[u].find(p.name);
+      EXPECT_TRUE(testing::all_close(full.flat_range(p.offset, p.numel()),
+                                     single.master_shards()[u].flat_range(q->offset, q->numel()), testing::kExact))
+          << what << ": " << p.name;
+    }
+    store.release_params(u, model::Pass::kEval);
+  }
+}
+
+TEST(ShardedCheckpoint, WrittenByNRanksLoadsOnOneAndBack) {
+  auto comm = dist::make_mpi_world();
+  auto single = dist::make_single_rank();
+  const int r = comm->rank(), w = comm->world_size();
+  const std::string corpus = corpus_file(r);
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("shardtrain_ckpt_mpi_np" + std::to_string(w))).string();
+  if (r == 0) std::filesystem::remove_all(root);
+  comm->barrier();
+
+  // N ranks train 4 steps and save; one rank reads that checkpoint.
+  train::JobConfig c = job(corpus, 2);
+  c.training.steps = 4;
+  c.checkpoint.interval_steps = 4;
+  c.checkpoint.dir = root + "/by_n";
+  train::Trainer sharded(c, comm.get());
+  sharded.run();
+  comm->barrier();
+  const train::CheckpointInfo info = train::read_checkpoint_info(root + "/by_n/step_00000004");
+  EXPECT_EQ(info.world_size, w);
+  EXPECT_EQ(info.step, 4);
+  const model::ModelLayout one = model::ModelLayout::llama(info.config, 1);
+  fsdp::ShardedUnitStore single_store(one, single.get(), {});
+  optim::AdamW single_opt(one, 0, {}, DType::kF32, Device::cpu());
+  train::load_checkpoint(info, single_store, &single_opt);
+  EXPECT_EQ(single_opt.steps_taken(), 4);
+  expect_same_model(sharded.store(), single_store, "N ranks -> 1");
+
+  // One rank writes it again; N ranks load that and hold the same model.
+  if (r == 0)
+    train::save_checkpoint(root + "/by_one", 4, info.config, "", single_store, &single_opt, *single, 2);
+  comm->barrier();
+  const train::CheckpointInfo info1 = train::read_checkpoint_info(root + "/by_one/step_00000004");
+  EXPECT_EQ(info1.world_size, 1);
+  fsdp::ShardedUnitStore reloaded(sharded.store().layout(), comm.get(), {});
+  optim::AdamW reloaded_opt(sharded.store().layout(), r, {}, DType::kF32, Device::cpu());
+  train::load_checkpoint(info1, reloaded, &reloaded_opt);
+  expect_same_model(reloaded, single_store, "1 rank -> N");
+  for (size_t u = 0; u < sharded.optimizer().exp_avg().size(); ++u) {
+    EXPECT_TRUE(testing::all_close(reloaded_opt.exp_avg()[u], sharded.optimizer().exp_avg()[u], testing::kExact));
+    EXPECT_TRUE(
+        testing::all_close(reloaded_opt.exp_avg_sq()[u], sharded.optimizer().exp_avg_sq()[u], testing::kExact));
+  }
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(root);
   std::filesystem::remove(corpus);
 }
 

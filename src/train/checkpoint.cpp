@@ -1,0 +1,272 @@
+// Checkpoints: per-rank pieces of f32 master weights and AdamW state, tagged by parameter
+// and element range, so that any mesh can read them back.
+#include "train/checkpoint.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
+#include "model/hf_config.h"
+#include "ops/elementwise.h"
+
+namespace shardtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+constexpr const char* kFormat = "shardtrain-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kMaster = "master";
+constexpr const char* kExpAvg = "exp_avg";
+constexpr const char* kExpAvgSq = "exp_avg_sq";
+
+std::string step_dir_name(int64_t step) { return fmt::format("step_{:08}", step); }
+std::string rank_file_name(int rank, int world) { return fmt::format("rank_{:05}-of-{:05}.safetensors", rank, world); }
+std::string piece_name(const std::string& param, const char* kind, int64_t first, int64_t end) {
+  return fmt::format("{}|{}|{}:{}", param, kind, first, end);
+}
+
+void fsync_path(const fs::path& p) {
+  const int fd = ::open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
+// The part of parameter `spec` (elements [first, first + count)) that lies in this rank's
+// slice of its unit, at `shard_offset` inside the shard.
+struct LocalRange {
+  size_t unit;
+  const model::ParamSpec* spec;
+  int64_t first, count, shard_offset;
+};
+
+std::vector<LocalRange> local_ranges(const model::ModelLayout& layout, int rank) {
+  std::vector<LocalRange> out;
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const int64_t s = layout.units()[u].shard_numel(layout.world_size()), lo = rank * s, hi = lo + s;
+    for (const model::ParamSpec& p : layout.units()[u].params) {
+      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+      if (a < b) out.push_back({u, &p, a - p.offset, b - a, a - lo});
+    }
+  }
+  return out;
+}
+
+struct PieceRef {
+  int64_t first, end;
+  size_t file;
+  std::string tensor;
+};
+
+// Every piece of every rank file, by (parameter, kind), sorted by first element.
+class PieceIndex {
+ public:
+  PieceIndex(const CheckpointInfo& info, const std::vector<std::string>& files) : dir_(info.path) {
+    for (const std::string& f : files) {
+      const fs::path path = fs::path(info.path) / f;
+      ST_CHECK(fs::exists(path), "checkpoint `", info.path, "`: rank file `", f, "` listed in metadata.json is missing");
+      files_.push_back(std::make_unique<io::SafetensorsFile>(path.string()));
+      for (const io::TensorInfo& t : files_.back()->tensors()) {
+        const size_t bar1 = t.name.find('|'), bar2 = t.name.find('|', bar1 + 1), colon = t.name.rfind(':');
+        ST_CHECK(bar1 != std::string::npos && bar2 != std::string::npos && colon != std::string::npos && colon > bar2,
+                 "checkpoint file `", path.string(), "`: tensor `", t.name,
+                 "` is not named <parameter>|<kind>|<first>:<end>");
+        PieceRef r;
+        r.first = std::stoll(t.name.substr(bar2 + 1, colon - bar2 - 1));
+        r.end = std::stoll(t.name.substr(colon + 1));
+        r.file = files_.size() - 1;
+        r.tensor = t.name;
+        int64_t numel = 1;
+        for (int64_t d : t.shape) numel *= d;
+        ST_CHECK(r.end > r.first && numel == r.end - r.first, "checkpoint file `", path.string(), "`: piece `",
+                 t.name, "` holds ", numel, " elements, its name says ", r.end - r.first);
+        index_[{t.name.substr(0, bar1), t.name.substr(bar1 + 1, bar2 - bar1 - 1)}].push_back(r);
+      }
+    }
+    for (auto& [key, refs] : index_)
+      std::sort(refs.begin(), refs.end(), [](const PieceRef& a, const PieceRef& b) { return a.first < b.first; });
+  }
+
+  bool has_kind(const std::string& kind) const {
+    for (const auto& [key, refs] : index_)
+      if (key.second == kind) return true;
+    return false;
+  }
+
+  // Elements [first, first + out.numel()) of `param`'s `kind` into the host tensor `out`.
+  void read(const model::ParamSpec& p, const std::string& kind, int64_t first, Tensor& out) const {
+    const auto it = index_.find({p.name, kind});
+    ST_CHECK(it != index_.end(), "checkpoint `", dir_, "`: no ", kind, " pieces of parameter `", p.name,
+             "` (a checkpoint of a different model?)");
+    const int64_t end = first + out.numel();
+    int64_t covered = 0;
+    for (const PieceRef& r : it->second) {
+      ST_CHECK(r.end <= p.numel(), "checkpoint `", dir_, "`: piece `", r.tensor, "` runs past the ", p.numel(),
+               " elements of `", p.name, "` ", p.shape.str(), " (a checkpoint of a different model shape?)");
+      const int64_t a = std::max(first, r.first), b = std::min(end, r.end);
+      if (a >= b) continue;
+      Tensor dst = out.flat_range(a - first, b - a);
+      files_[r.file]->read_range(r.tensor, a - r.first, dst);
+      covered += b - a;
+    }
+    ST_CHECK(covered == end - first, "checkpoint `", dir_, "`: elements [", first, ", ", end, ") of ", kind, " `",
+             p.name, "` are not all present (", covered, " found)");
+  }
+
+ private:
+  std::string dir_;
+  std::vector<std::unique_ptr<io::SafetensorsFile>> files_;
+  std::map<std::pair<std::string, std::string>, std::vector<PieceRef>> index_;
+};
+
+// Fills `shards` (this rank's, per unit; any device) from the pieces of `kind`.
+void fill_shards(std::vector<Tensor>& shards, const model::ModelLayout& layout, int rank, const PieceIndex& index,
+                 const char* kind) {
+  for (const LocalRange& r : local_ranges(layout, rank)) {
+    Tensor staged = Tensor::empty({r.count}, DType::kF32, Device::cpu(), "checkpoint staging");
+    index.read(*r.spec, kind, r.first, staged);
+    Tensor dst = shards[r.unit].flat_range(r.shard_offset, r.count);
+    ops::cast(dst, staged);
+  }
+}
+
+json read_json(const std::string& path) {
+  std::ifstream in(path);
+  ST_CHECK(in.good(), "cannot open `", path, "`");
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    ST_THROW("`", path, "` is not valid JSON: ", e.what());
+  }
+}
+
+}  // namespace
+
+std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
+                            const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
+                            optim::AdamW* optimizer, dist::Communicator& comm, int keep) {
+  const fs::path final_dir = fs::path(root) / step_dir_name(step);
+  const fs::path tmp_dir = fs::path(root) / fmt::format(".{}.tmp", step_dir_name(step));
+  const int rank = comm.rank(), world = comm.world_size();
+  if (rank == 0) {
+    fs::create_directories(root);
+    fs::remove_all(tmp_dir);
+    fs::create_directories(tmp_dir);
+  }
+  comm.barrier();
+
+  std::vector<std::pair<std::string, Tensor>> pieces;
+  for (const LocalRange& r : local_ranges(store.layout(), rank)) {
+    auto add = [&](const char* kind, const Tensor& shard) {
+      Tensor host = Tensor::empty({r.count}, DType::kF32, Device::cpu(), "checkpoint piece");
+      ops::cast(host, shard.flat_range(r.shard_offset, r.count));
+      pieces.emplace_back(piece_name(r.spec->name, kind, r.first, r.first + r.count), host);
+    };
+    add(kMaster, store.master_shards()[r.unit]);
+    if (optimizer != nullptr) {
+      add(kExpAvg, optimizer->exp_avg()[r.unit]);
+      add(kExpAvgSq, optimizer->exp_avg_sq()[r.unit]);
+    }
+  }
+  io::write_safetensors((tmp_dir / rank_file_name(rank, world)).string(), pieces,
+                        {{"shardtrain", "checkpoint pieces"}, {"rank", std::to_string(rank)}});
+  comm.barrier();
+
+  if (rank == 0) {
+    json meta;
+    meta["format"] = kFormat;
+    meta["version"] = kVersion;
+    meta["step"] = step;
+    meta["world_size"] = world;
+    meta["config"] = model::to_hf_config(config, "float32");
+    meta["tokenizer_source"] = tokenizer_source;
+    meta["optimizer_steps"] = optimizer != nullptr ? optimizer->steps_taken() : 0;
+    meta["has_optimizer_state"] = optimizer != nullptr;
+    json files = json::array();
+    for (int r = 0; r < world; ++r) files.push_back(rank_file_name(r, world));
+    meta["files"] = files;
+    io::write_file_atomic((tmp_dir / "metadata.json").string(), meta.dump(2) + "\n");
+    fsync_path(tmp_dir);
+    fs::remove_all(final_dir);  // a re-save of the same step replaces it
+    fs::rename(tmp_dir, final_dir);
+    fsync_path(root);
+    io::write_file_atomic((fs::path(root) / "latest").string(), step_dir_name(step) + "\n");
+    if (keep > 0) {
+      std::vector<fs::path> steps;
+      for (const fs::directory_entry& e : fs::directory_iterator(root))
+        if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path());
+      std::sort(steps.begin(), steps.end());
+      for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i)
+        if (steps[i] != final_dir) fs::remove_all(steps[i]);
+    }
+  }
+  comm.barrier();
+  return final_dir.string();
+}
+
+std::string resolve_checkpoint(const std::string& spec, const std::string& root) {
+  if (spec != "auto") return spec;
+  const fs::path latest = fs::path(root) / "latest";
+  if (!fs::exists(latest)) return "";
+  std::ifstream in(latest);
+  std::string name;
+  std::getline(in, name);
+  ST_CHECK(!name.empty() && fs::is_directory(fs::path(root) / name), "`", latest.string(), "` names `", name,
+           "`, which is not a checkpoint directory under ", root);
+  return (fs::path(root) / name).string();
+}
+
+CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
+  const std::string path = (fs::path(step_dir) / "metadata.json").string();
+  ST_CHECK(fs::is_directory(step_dir), "checkpoint `", step_dir, "` is not a directory");
+  const json meta = read_json(path);
+  ST_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "`", path, "` is not a shardtrain checkpoint");
+  ST_CHECK(meta.value("version", 0) == kVersion, "`", path, "`: checkpoint format version ", meta.value("version", 0),
+           ", this build reads version ", kVersion);
+  CheckpointInfo info;
+  info.path = step_dir;
+  try {
+    info.step = meta.at("step").get<int64_t>();
+    info.world_size = meta.at("world_size").get<int>();
+    info.tokenizer_source = meta.value("tokenizer_source", "");
+    ST_CHECK(meta.at("files").size() == static_cast<size_t>(info.world_size), "`", path, "`: ",
+             meta.at("files").size(), " rank files listed for world size ", info.world_size);
+  } catch (const json::exception& e) {
+    ST_THROW("`", path, "`: ", e.what());
+  }
+  info.config = model::parse_hf_config(meta.at("config"), path);
+  return info;
+}
+
+void load_checkpoint(const CheckpointInfo& info, fsdp::ShardedUnitStore& store, optim::AdamW* optimizer) {
+  const json meta = read_json((fs::path(info.path) / "metadata.json").string());
+  const PieceIndex index(info, meta.at("files").get<std::vector<std::string>>());
+  store.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+    Tensor staged = out;
+    if (out.dtype() != DType::kF32) staged = Tensor::empty(out.shape(), DType::kF32, Device::cpu(), "checkpoint staging");
+    index.read(p, kMaster, first, staged);
+    if (out.dtype() != DType::kF32) ops::cast(out, staged);
+  });
+  if (optimizer == nullptr) return;
+  ST_CHECK(meta.value("has_optimizer_state", false) && index.has_kind(kExpAvg), "checkpoint `", info.path,
+           "` holds no optimizer state");
+  fill_shards(optimizer->exp_avg(), store.layout(), store.rank(), index, kExpAvg);
+  fill_shards(optimizer->exp_avg_sq(), store.layout(), store.rank(), index, kExpAvgSq);
+  optimizer->set_steps_taken(meta.value("optimizer_steps", int64_t{0}));
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,201 @@
+// Checkpoints on one rank: resuming equals training straight through (bitwise, f32),
+// `latest` and `keep` behave, a damaged checkpoint gives a named error, and `export`
+// writes exactly the trained weights. (Across rank counts: tests/fsdp, under mpirun.)
+#include "train/checkpoint.h"
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <gtest/gtest.h>
+
+#include "io/hf_folder.h"
+#include "testing/compare.h"
+#include "train/export.h"
+#include "train/trainer.h"
+
+namespace shardtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("shardtrain_ckpt_" + name);
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return p.string();
+}
+
+std::string corpus(const std::string& dir) {
+  const std::string path = dir + "/corpus.txt";
+  std::ofstream out(path);
+  for (int i = 0; i < 200; ++i) out << "Checkpoint " << i << " keeps the weights and the moments " << i % 7 << ".\n\n";
+  return path;
+}
+
+JobConfig job(const std::string& dir) {
+  LoadedConfig c = load_config(
+      "", {"--model.dim=40", "--model.n_layers=2", "--model.n_heads=4", "--model.n_kv_heads=2", "--model.ffn_dim=52",
+           "--model.max_seq_len=32", "--training.seq_len=24", "--training.batch_size=3", "--training.steps=6",
+           "--training.device=cpu", "--schedule.warmup_steps=2", "--optimizer.lr=3e-3", "--eval.interval_steps=0",
+           "--eval.batches=1", "--sample.tokens=0", "--logging.progress=off", "--logging.level=warn",
+           "--logging.metrics_file=", "--checkpoint.interval_steps=3", "--data.source=" + corpus(dir),
+           "--data.val_fraction=0.1", "--run.output_dir=" + dir});
+  return c.config;
+}
+
+void expect_same_masters(Trainer& a, Trainer& b) {
+  for (size_t u = 0; u < a.store().master_shards().size(); ++u)
+    EXPECT_TRUE(testing::all_close(a.store().master_shards()[u], b.store().master_shards()[u], testing::kExact))
+        << "unit " << u;
+}
+
+TEST(Checkpoint, ResumeEqualsStraightThrough) {
+  const std::string dir = fresh_dir("resume");
+  Trainer straight(job(dir));
+  const TrainSummary a = straight.run();
+  ASSERT_EQ(a.steps.size(), 6u);
+  EXPECT_TRUE(fs::is_directory(dir + "/checkpoints/step_00000003"));
+  EXPECT_TRUE(fs::is_directory(dir + "/checkpoints/step_00000006"));
+  EXPECT_EQ(resolve_checkpoint("auto", dir + "/checkpoints"), dir + "/checkpoints/step_00000006");
+
+  // as if the job had been killed after step 3's checkpoint
+  JobConfig c = job(dir);
+  c.checkpoint.interval_steps = 0;
+  c.checkpoint.resume = dir + "/checkpoints/step_00000003";
+  Trainer resumed(c);
+  const TrainSummary b = resumed.run();
+  ASSERT_EQ(b.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(b.steps[i].step, a.steps[i + 3].step);
+    EXPECT_EQ(b.steps[i].loss, a.steps[i + 3].loss) << "step " << b.steps[i].step;
+    EXPECT_EQ(b.steps[i].grad_norm, a.steps[i + 3].grad_norm) << "step " << b.steps[i].step;
+  }
+  expect_same_masters(straight, resumed);
+  EXPECT_EQ(resumed.optimizer().steps_taken(), 6);
+}
+
+TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
+  const std::string dir = fresh_dir("auto");
+  JobConfig c = job(dir);
+  c.checkpoint.keep = 1;
+  c.training.steps = 4;
+  c.checkpoint.interval_steps = 2;
+  Trainer(c).run();
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step_00000002")) << "keep = 1";
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000004"));
+  // a temporary directory left by a crash is not a checkpoint
+  fs::create_directories(dir + "/checkpoints/.step_00000009.tmp");
+  c.training.steps = 5;
+  c.checkpoint.resume = "auto";
+  Trainer t(c);
+  const TrainSummary s = t.run();
+  ASSERT_EQ(s.steps.size(), 1u);
+  EXPECT_EQ(s.steps.front().step, 5);
+
+  // nothing to resume from: a fresh start, said in the log
+  JobConfig fresh = job(fresh_dir("auto_empty"));
+  fresh.checkpoint.resume = "auto";
+  fresh.training.steps = 1;
+  EXPECT_EQ(Trainer(fresh).run().steps.size(), 1u);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Checkpoint, DamageIsNamed) {
+  const std::string dir = fresh_dir("damage");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  Trainer(c).run();
+  const std::string step = dir + "/checkpoints/step_00000003";
+  JobConfig r = job(dir);
+  r.checkpoint.resume = step;
+
+  // another model shape
+  JobConfig other = r;
+  other.model.dim = 48;
+  EXPECT_NE(error_of([&] { Trainer t(other); }).find("holds a different model"), std::string::npos);
+
+  // a missing rank file
+  fs::rename(step + "/rank_00000-of-00001.safetensors", dir + "/moved.safetensors");
+  const std::string missing = error_of([&] { Trainer t(r); });
+  EXPECT_NE(missing.find("rank_00000-of-00001.safetensors"), std::string::npos) << missing;
+  EXPECT_NE(missing.find("missing"), std::string::npos) << missing;
+  fs::rename(dir + "/moved.safetensors", step + "/rank_00000-of-00001.safetensors");
+
+  // a format from the future
+  {
+    std::ifstream in(step + "/metadata.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"version\": 1");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 12, "\"version\": 7");
+    std::ofstream(step + "/metadata.json") << text;
+  }
+  const std::string version = error_of([&] { Trainer t(r); });
+  EXPECT_NE(version.find("format version 7"), std::string::npos) << version;
+
+  EXPECT_NE(error_of([&] { read_checkpoint_info(dir + "/nowhere"); }).find("not a directory"), std::string::npos);
+}
+
+TEST(Checkpoint, ExportWritesTheTrainedWeights) {
+  const std::string dir = fresh_dir("export");
+  Trainer t(job(dir));
+  t.run();
+  ExportOptions o;
+  o.folder = dir + "/hf";
+  o.dtype = DType::kF32;
+  // the checkpoints folder (its `latest`) or a step directory
+  EXPECT_EQ(export_checkpoint(dir + "/checkpoints", o), dir + "/checkpoints/step_00000006");
+  const io::HfWeights w(o.folder);
+  const model::ModelLayout& layout = t.store().layout();
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    for (const model::ParamSpec& p : layout.units()[u].params) {
+      Tensor got = Tensor::empty({p.numel()}, DType::kF32);
+      w.read_range(p.name, 0, got);
+      EXPECT_TRUE(testing::all_close(got, t.store().master_shards()[u].flat_range(p.offset, p.numel()),
+                                     testing::kExact))
+          << p.name;
+    }
+  EXPECT_TRUE(fs::exists(o.folder + "/config.json"));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// The end-of-training export is the one checked against transformers (tools/check_hf_export.py);
+// exporting the final checkpoint must give the same folder.
+TEST(Checkpoint, ExportEqualsTheEndOfTrainingExport) {
+  const std::string dir = fresh_dir("export_same");
+  JobConfig c = job(dir);
+  c.export_.folder = dir + "/at_end";  // bf16, the default
+  Trainer(c).run();
+  ExportOptions o;
+  o.folder = dir + "/from_checkpoint";
+  export_checkpoint(dir + "/checkpoints/step_00000006", o);
+  EXPECT_EQ(read_text(dir + "/at_end/config.json"), read_text(dir + "/from_checkpoint/config.json"));
+  const io::HfWeights a(dir + "/at_end"), b(dir + "/from_checkpoint");
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    const io::TensorInfo& t = a.get(name);
+    EXPECT_EQ(t.dtype, b.get(name).dtype) << name;
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    Tensor x = Tensor::empty({n}, DType::kF32), y = Tensor::empty({n}, DType::kF32);
+    a.read_range(name, 0, x);
+    b.read_range(name, 0, y);
+    EXPECT_TRUE(testing::all_close(x, y, testing::kExact)) << name;
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::train
