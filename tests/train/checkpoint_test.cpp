@@ -7,6 +7,8 @@
 #include <fstream>
 #include <functional>
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include "io/hf_folder.h"
@@ -20,7 +22,7 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string fresh_dir(const std::string& name) {
-  const fs::path p = fs::temp_directory_path() / ("shardtrain_ckpt_" + name);
+  const fs::path p = fs::temp_directory_path() / ("shardtrain_ckpt_" + std::to_string(::getpid()) + "_" + name);
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();

@@ -2,6 +2,8 @@
 // f32 loss curve from the same init and batches: step by step at first, and later within
 // the drift that bf16 noise alone causes (measured by a CPU replicate from a bf16-rounded
 // init). Skips without a device.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -19,7 +21,7 @@ namespace {
 // A corpus with learnable structure that needs no files from outside: sentences drawn from
 // a small grammar by a counter-based generator.
 std::string write_corpus() {
-  const std::string path = (std::filesystem::temp_directory_path() / "shardtrain_cuda_corpus.txt").string();
+  const std::string path = (std::filesystem::temp_directory_path() / ("shardtrain_cuda_corpus_" + std::to_string(::getpid()) + ".txt")).string();
   const char* subjects[] = {"the cat", "a dog", "my friend", "the old man", "every child", "our teacher"};
   const char* verbs[] = {"sees", "likes", "finds", "paints", "follows", "remembers"};
   const char* objects[] = {"the river", "a red ball", "the moon", "some bread", "the quiet house", "a letter"};
@@ -41,7 +43,7 @@ JobConfig job(const std::string& corpus, const std::string& device) {
            "--schedule.warmup_steps=10", "--optimizer.lr=2e-3", "--eval.interval_steps=0", "--eval.batches=2",
            "--sample.tokens=0", "--logging.progress=off", "--logging.level=warn", "--logging.metrics_file=",
            "--data.source=" + corpus, "--training.device=" + device,
-           "--run.output_dir=" + (std::filesystem::temp_directory_path() / "shardtrain_cuda_run").string()});
+           "--run.output_dir=" + (std::filesystem::temp_directory_path() / ("shardtrain_cuda_run_" + std::to_string(::getpid()))).string()});
   return c.config;
 }
 

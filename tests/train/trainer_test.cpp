@@ -1,5 +1,7 @@
 // The default job, shortened: the loss must fall by a clear margin on the built-in corpus,
 // metrics must be written, and a run must be reproducible.
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -23,7 +25,7 @@ JobConfig short_default_job(const std::string& out_dir) {
 }
 
 TEST(Trainer, DefaultJobShortenedLearns) {
-  const std::string out = (std::filesystem::temp_directory_path() / "shardtrain_trainer_test").string();
+  const std::string out = (std::filesystem::temp_directory_path() / ("shardtrain_trainer_test_" + std::to_string(::getpid()))).string();
   std::filesystem::remove_all(out);
   Trainer trainer(short_default_job(out));
   const TrainSummary s = trainer.run();
@@ -54,7 +56,7 @@ TEST(Trainer, DefaultJobShortenedLearns) {
 }
 
 TEST(Trainer, RunsAreReproducible) {
-  const std::string out = (std::filesystem::temp_directory_path() / "shardtrain_trainer_repro").string();
+  const std::string out = (std::filesystem::temp_directory_path() / ("shardtrain_trainer_repro_" + std::to_string(::getpid()))).string();
   JobConfig c = short_default_job(out);
   c.training.steps = 3;
   c.schedule.warmup_steps = 1;
