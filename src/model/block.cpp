@@ -86,8 +86,7 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
 
   a.x2_BTD = like({B, T, D}, x_BTD, "x2");
   Tensor x2_TD = a.x2_BTD.view({B * T, D});
-  ops::linear_forward(x2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ);
-  ops::add(x2_TD, x2_TD, x_TD);
+  ops::linear_forward_add(x2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, x_TD);
 
   a.xn2_BTD = like({B, T, D}, x_BTD, "xn2");
   a.rstd2_BT = Tensor::empty({B, T}, stats, dev, "rstd2");
@@ -107,8 +106,7 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
 
   a.y_BTD = like({B, T, D}, x_BTD, "y");
   Tensor y_TD = a.y_BTD.view({B * T, D});
-  ops::linear_forward(y_TD, h_TF, w.w_down_DF);
-  ops::add(y_TD, y_TD, x2_TD);
+  ops::linear_forward_add(y_TD, h_TF, w.w_down_DF, x2_TD);
 }
 
 void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, const BlockActivations& a,

@@ -5,6 +5,7 @@
 #include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 
 namespace shardtrain::ops {
 
@@ -22,6 +23,8 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
 
 namespace cuda {
 void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O, Stream stream);
+void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& residual_TO,
+                        Stream stream);
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
                      const Tensor& weight_OI, const LinearBackwardOptions& options, Stream stream);
 }  // namespace cuda
@@ -39,6 +42,24 @@ inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weigh
   return cuda::linear_forward(y_TO, x_TI, weight_OI, bias_O, stream);
 #else
   no_kernel("linear_forward", x_TI);
+#endif
+}
+
+// y_TO = x_TI · weight_OI^T + residual_TO (overwrites y; residual may not alias y): a
+// projection added onto the residual stream in one pass. CPU: the product, then the add.
+// CUDA: the residual enters the GEMM as its C input; y, x, weight and residual share one
+// dtype (for bf16 the product is rounded to bf16 before the add, as two ops would).
+inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& residual_TO,
+                               [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("linear_forward_add", y_TO.device());
+  if (x_TI.device().is_cpu()) {
+    cpu::linear_forward(y_TO, x_TI, weight_OI, Tensor());
+    return cpu::add(y_TO, y_TO, residual_TO);
+  }
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::linear_forward_add(y_TO, x_TI, weight_OI, residual_TO, stream);
+#else
+  no_kernel("linear_forward_add", x_TI);
 #endif
 }
 

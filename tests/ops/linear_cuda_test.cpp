@@ -1,5 +1,6 @@
 // cuBLASLt linear forward and backward against the CPU BLAS twin: f32 (no TF32) and bf16
-// inputs, bf16 and f32 outputs, bias, accumulate_dx, f32 weight gradients of bf16 inputs.
+// inputs, bf16 and f32 outputs, bias, a residual in the GEMM, accumulate_dx, f32 weight
+// gradients of bf16 inputs.
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -81,6 +82,20 @@ TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
   EXPECT_TRUE(all_close(to_host(y), to_dtype(y_ref, dt),
                         narrow_sum_tolerance(gemm_tolerance(tol, I, max_abs(y_ref)), dt, product_magnitude)))
       << "forward";
+
+  {
+    // the projection added onto a residual stream in one GEMM (C = residual, beta = 1)
+    const Tensor res = testing::rounded_f32({T, O}, dt, 8, 0.0, 1.0);
+    Tensor y2 = Tensor::empty({T, O}, dt, Device::cuda(0));
+    linear_forward_add(y2, to_device(to_dtype(x, dt)), to_device(to_dtype(w, dt)), to_device(to_dtype(res, dt)));
+    Tensor sum_ref = Tensor::empty({T, O}, DType::kF32);
+    cpu::linear_forward(sum_ref, x, w, none);
+    sum_ref = to_dtype(to_dtype(sum_ref, dt), DType::kF32);  // the contract: product rounded to dt, then added
+    cpu::add(sum_ref, sum_ref, res);
+    EXPECT_TRUE(all_close(to_host(y2), to_dtype(sum_ref, dt),
+                          narrow_sum_tolerance(gemm_tolerance(tol, I, max_abs(sum_ref)), dt, product_magnitude)))
+        << "forward + residual";
+  }
 
   // dx accumulates onto a random start; dweight (f32) accumulates onto a random start
   const Tensor dx0 = testing::rounded_f32({T, I}, dt, 5, 0.0, 1.0), dw0 = testing::rounded_f32({O, I}, DType::kF32, 6, 0.0, 1.0),

@@ -69,9 +69,10 @@ Lt& lt_for_device(int device) {
   return *lt;
 }
 
-// D = A op B (+ C when accumulate) (+ bias per row of D), column-major, D aliases C.
+// D = A op B (+ C when accumulate) (+ bias per row of D), column-major. C is D itself, or
+// `c_in` (same layout) when given.
 void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_t stream,
-          const void* bias = nullptr) {
+          const void* bias = nullptr, const void* c_in = nullptr) {
   Lt& lt = lt_for_device(key.device);
   cublasLtMatmulDesc_t op_desc;
   ST_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -116,7 +117,7 @@ void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_
     algo = it->second;
   }
   const float alpha = 1.0f, beta = key.accumulate ? 1.0f : 0.0f;
-  ST_CUBLAS_CHECK(cublasLtMatmul(lt.handle, op_desc, &alpha, a, la, b, lb, &beta, c, lc, c, lc, &algo,
+  ST_CUBLAS_CHECK(cublasLtMatmul(lt.handle, op_desc, &alpha, a, la, b, lb, &beta, c_in ? c_in : c, lc, c, lc, &algo,
                                  lt.workspace.raw_data(), kWorkspaceBytes, stream));
   cublasLtMatrixLayoutDestroy(la);
   cublasLtMatrixLayoutDestroy(lb);
@@ -172,6 +173,23 @@ void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, c
   }
   gemm(key, weight_OI.raw_data(), x_TI.raw_data(), y_TO.raw_data(), stream_of(s),
        bias_O.defined() ? bias_O.raw_data() : nullptr);
+}
+
+void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& residual_TO,
+                        Stream s) {
+  const char* op = "linear_forward_add";
+  int64_t T, I, O;
+  check_common(x_TI, weight_OI, op, T, I, O);
+  check_cuda_tensor(y_TO, op, "y_TO");
+  check_shape(y_TO, {T, O}, op, "y_TO");
+  check_dtype(y_TO, x_TI.dtype(), op, "y_TO");
+  check_cuda_tensor(residual_TO, op, "residual_TO");
+  check_shape(residual_TO, {T, O}, op, "residual_TO");
+  check_dtype(residual_TO, y_TO.dtype(), op, "residual_TO");
+  if (T == 0 || O == 0) return;
+  // the residual rides in as the GEMM's C with beta = 1: one pass instead of a product and an add
+  GemmKey key{current_device(), O, T, I, I, I, O, true, false, true, x_TI.dtype(), y_TO.dtype()};
+  gemm(key, weight_OI.raw_data(), x_TI.raw_data(), y_TO.raw_data(), stream_of(s), nullptr, residual_TO.raw_data());
 }
 
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
