@@ -114,11 +114,10 @@ int main(int argc, char** argv) try {
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
   optim::AdamW opt(layout, 0, optim::AdamWConfig{}, DType::kF32, dev);
-  std::vector<Tensor*> params, grads;
+  std::vector<Tensor*> params;
   std::vector<const Tensor*> cgrads;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     params.push_back(&store.master_shards()[u]);
-    grads.push_back(&store.grad_shards()[u]);
     cgrads.push_back(&store.grad_shards()[u]);
   }
   std::printf("# %s, %s; init %.1f s\n", device_name.c_str(), c.summary().c_str(),
@@ -143,8 +142,8 @@ int main(int argc, char** argv) try {
     store.zero_grad_shards();
     const model::LossSum ls = m.forward_backward(ids, targets, o);
     const Clock::time_point t1 = Clock::now();
-    optim::clip_grad_norm(grads, 1.0, comm.get());
-    opt.step(params, cgrads, 1e-5);
+    const double norm = optim::global_grad_norm(cgrads, comm.get());
+    opt.step(params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0));
     synchronize(dev);
     const Clock::time_point t2 = Clock::now();
     const double loss = ls.loss_sum / tokens;

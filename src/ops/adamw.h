@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/profile.h"
 #include "core/tensor.h"
@@ -20,14 +21,23 @@ struct AdamWOptions {
   int64_t step = 1;  // 1-based step count after this update, for bias correction
 };
 
+// One tensor of a multi-tensor update: 1-D views of the same length.
+struct AdamWTensors {
+  Tensor param, exp_avg, exp_avg_sq, grad;
+  bool decay = true;  // weight decay applies to this tensor
+};
+
 namespace cpu {
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWOptions& options);
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale);
 }  // namespace cpu
 
 namespace cuda {
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWOptions& options, Stream stream);
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale,
+                      Stream stream);
 }  // namespace cuda
 
 // param, exp_avg (m), exp_avg_sq (v) updated in place from grad; all one shape, f32 or f64
@@ -40,6 +50,22 @@ inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const
   return cuda::adamw_step(param, exp_avg, exp_avg_sq, grad, options, stream);
 #else
   no_kernel("adamw_step", param);
+#endif
+}
+
+// The update of many tensors in one pass (one kernel launch on a GPU): options.weight_decay
+// applies to the tensors marked decay. Each gradient is first multiplied by grad_scale and
+// rounded to its dtype (exactly as scaling the gradients in place before the step would,
+// e.g. by norm clipping). All tensors on one device.
+inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale = 1.0,
+                             [[maybe_unused]] Stream stream = {}) {
+  if (tensors.empty()) return;
+  profile::ScopedTimer profile_timer("adamw_step_multi", tensors.front().param.device());
+  if (tensors.front().param.device().is_cpu()) return cpu::adamw_step_multi(tensors, options, grad_scale);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::adamw_step_multi(tensors, options, grad_scale, stream);
+#else
+  no_kernel("adamw_step_multi", tensors.front().param);
 #endif
 }
 

@@ -27,25 +27,23 @@ AdamW::AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& conf
   }
 }
 
-void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr) {
+void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale) {
   ST_ASSERT(params.size() == segments_.size() && grads.size() == segments_.size());
   ++steps_;
-  for (size_t u = 0; u < segments_.size(); ++u) {
-    for (const Segment& seg : segments_[u]) {
-      ops::AdamWOptions o;
-      o.lr = lr;
-      o.beta1 = config_.beta1;
-      o.beta2 = config_.beta2;
-      o.eps = config_.eps;
-      o.weight_decay = seg.decay ? config_.weight_decay : 0.0;
-      o.step = steps_;
-      Tensor w = params[u]->flat_range(seg.begin, seg.count);
-      Tensor m = exp_avg_[u].flat_range(seg.begin, seg.count);
-      Tensor v = exp_avg_sq_[u].flat_range(seg.begin, seg.count);
-      const Tensor g = grads[u]->flat_range(seg.begin, seg.count);
-      ops::adamw_step(w, m, v, g, o);
-    }
-  }
+  ops::AdamWOptions o;
+  o.lr = lr;
+  o.beta1 = config_.beta1;
+  o.beta2 = config_.beta2;
+  o.eps = config_.eps;
+  o.weight_decay = config_.weight_decay;
+  o.step = steps_;
+  std::vector<ops::AdamWTensors> tensors;
+  for (size_t u = 0; u < segments_.size(); ++u)
+    for (const Segment& seg : segments_[u])
+      tensors.push_back({params[u]->flat_range(seg.begin, seg.count), exp_avg_[u].flat_range(seg.begin, seg.count),
+                         exp_avg_sq_[u].flat_range(seg.begin, seg.count), grads[u]->flat_range(seg.begin, seg.count),
+                         seg.decay});
+  ops::adamw_step_multi(tensors, o, grad_scale);
 }
 
 }  // namespace shardtrain::optim

@@ -25,9 +25,10 @@ class AdamW {
   // State for slice `rank` of each unit of `layout` (whose world size gives the slices).
   AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& config, DType dtype, Device device);
 
-  // One update of every unit with learning rate `lr`. params[u] and grads[u] are this rank's
-  // shard of unit u [shard_numel] (same dtype as the state).
-  void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr);
+  // One update of every unit with learning rate `lr`, all in one multi-tensor pass.
+  // params[u] and grads[u] are this rank's shard of unit u [shard_numel] (same dtype as the
+  // state); each gradient is first multiplied by grad_scale (a clipping coefficient).
+  void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale = 1.0);
 
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }  // when resuming from a checkpoint

@@ -19,13 +19,16 @@ double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communica
   return std::sqrt(sum.data<double>()[0]);
 }
 
+double clip_coefficient(double norm, double max_norm) {
+  return max_norm > 0 && norm > max_norm ? max_norm / (norm + 1e-6) : 1.0;
+}
+
 double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm, dist::Communicator* comm) {
   std::vector<const Tensor*> c(grads.begin(), grads.end());
   const double norm = global_grad_norm(c, comm);
-  if (max_norm > 0 && norm > max_norm) {
-    const double factor = max_norm / (norm + 1e-6);
+  const double factor = clip_coefficient(norm, max_norm);
+  if (factor != 1.0)
     for (Tensor* g : grads) ops::scale(*g, factor);
-  }
   return norm;
 }
 

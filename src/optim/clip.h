@@ -12,6 +12,11 @@ namespace shardtrain::optim {
 // sqrt(sum over all buffers of sum(g^2)), accumulated in f64.
 double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communicator* comm = nullptr);
 
+// The factor clipping applies: max_norm / (norm + 1e-6) when max_norm > 0 and norm >
+// max_norm, else 1 (torch.nn.utils.clip_grad_norm_). Pass it to AdamW::step as grad_scale
+// to clip inside the update instead of in a pass of its own.
+double clip_coefficient(double norm, double max_norm);
+
 // If max_norm > 0 and norm > max_norm, scales every gradient by max_norm / (norm + 1e-6)
 // (torch.nn.utils.clip_grad_norm_). Returns the norm before clipping.
 double clip_grad_norm(const std::vector<Tensor*>& grads, double max_norm, dist::Communicator* comm = nullptr);

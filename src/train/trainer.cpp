@@ -316,11 +316,10 @@ TrainSummary Trainer::run() {
     ids.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "ids"));
     targets.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "targets"));
   }
-  std::vector<Tensor*> params, grads;
+  std::vector<Tensor*> params;
   std::vector<const Tensor*> cgrads;
   for (size_t u = 0; u < layout_->units().size(); ++u) {
     params.push_back(&store_->master_shards()[u]);
-    grads.push_back(&store_->grad_shards()[u]);
     cgrads.push_back(&store_->grad_shards()[u]);
   }
   const int64_t world = comm_->world_size(), rank = comm_->rank();
@@ -377,9 +376,9 @@ TrainSummary Trainer::run() {
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
-    const double norm = optim::clip_grad_norm(grads, tc.max_grad_norm, comm_);
+    const double norm = optim::global_grad_norm(cgrads, comm_);
     const double lr = optim::learning_rate(sc, step);
-    optimizer_->step(params, cgrads, lr);
+    optimizer_->step(params, cgrads, lr, optim::clip_coefficient(norm, tc.max_grad_norm));  // clips inside
     synchronize(device_);  // step times are host-clock times of finished device work
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);

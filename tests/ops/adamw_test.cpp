@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "ops/adamw.h"
+#include "ops/elementwise.h"
 #include "ops/op_testing.h"
 
 namespace shardtrain::ops {
@@ -55,6 +56,47 @@ TEST(AdamW, HandComputedScalar) {
   EXPECT_DOUBLE_EQ(p.data<double>()[0], 2.0 * (1 - 0.001) + 0.1);
   EXPECT_DOUBLE_EQ(m.data<double>()[0], -0.05);
   EXPECT_DOUBLE_EQ(v.data<double>()[0], 0.001 * 0.25);
+}
+
+// The multi-tensor update equals per-tensor updates of gradients scaled in place first
+// (bitwise), with weight decay only where marked.
+TEST(AdamW, MultiTensorEqualsScaledSingleUpdates) {
+  const std::vector<int64_t> sizes = {1, 37, 4099};
+  const double scale = 0.37;
+  AdamWOptions o;
+  o.lr = 2e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  o.step = 2;
+  std::vector<AdamWTensors> multi;
+  std::vector<Tensor> p1, m1, v1, g1;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    auto make = [&](uint64_t seed, double mean, double sd, bool positive) {
+      Tensor t = testing::to_dtype(random_f64({n}, seed, mean, sd), DType::kF32);
+      if (positive)
+        for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = std::abs(t.data<float>()[i]);
+      return t;
+    };
+    AdamWTensors t{make(10 * k + 1, 0.1, 1, false), make(10 * k + 2, 0, 0.1, false), make(10 * k + 3, 0, 0.01, true),
+                   make(10 * k + 4, 0, 1, false), k != 1};
+    // copies for the reference path
+    p1.push_back(testing::to_dtype(t.param, DType::kF32));
+    m1.push_back(testing::to_dtype(t.exp_avg, DType::kF32));
+    v1.push_back(testing::to_dtype(t.exp_avg_sq, DType::kF32));
+    g1.push_back(testing::to_dtype(t.grad, DType::kF32));
+    multi.push_back(t);
+  }
+  cpu::adamw_step_multi(multi, o, scale);
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    cpu::scale(g1[k], scale);
+    AdamWOptions one = o;
+    if (!multi[k].decay) one.weight_decay = 0;
+    cpu::adamw_step(p1[k], m1[k], v1[k], g1[k], one);
+    EXPECT_TRUE(testing::all_close(multi[k].param, p1[k], testing::kExact)) << "tensor " << k;
+    EXPECT_TRUE(testing::all_close(multi[k].exp_avg, m1[k], testing::kExact)) << "tensor " << k;
+    EXPECT_TRUE(testing::all_close(multi[k].exp_avg_sq, v1[k], testing::kExact)) << "tensor " << k;
+  }
 }
 
 }  // namespace

@@ -192,6 +192,32 @@ TEST(FusedCudaF32, AdamW) {
   EXPECT_TRUE(all_close(to_host(dv), v, testing::kCudaF32VsCpu));
 }
 
+TEST(FusedCudaF32, AdamWMultiTensor) {
+  ST_REQUIRE_CUDA();
+  const std::vector<int64_t> sizes = {1, 37, 40000, 100003};  // one or several chunks each
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  std::vector<AdamWTensors> dev, host;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    Input p = random_input({n}, DType::kF32, 60 + k), g = random_input({n}, DType::kF32, 70 + k);
+    Tensor m = Tensor::zeros({n}, DType::kF32), v = Tensor::zeros({n}, DType::kF32);
+    dev.push_back({to_device(p.host), to_device(m), to_device(v), to_device(g.host), k != 2});
+    host.push_back({p.f32, m, v, g.f32, k != 2});
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    o.step = step;
+    adamw_step_multi(dev, o, 0.6);
+    cpu::adamw_step_multi(host, o, 0.6);
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    EXPECT_TRUE(all_close(to_host(dev[k].param), host[k].param, testing::kCudaF32VsCpu)) << "tensor " << k;
+    EXPECT_TRUE(all_close(to_host(dev[k].exp_avg_sq), host[k].exp_avg_sq, testing::kCudaF32VsCpu)) << "tensor " << k;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, FusedCuda, ::testing::Values(DType::kF32, DType::kBF16),
                          [](const ::testing::TestParamInfo<DType>& i) { return std::string(dtype_name(i.param)); });
 

@@ -6,7 +6,10 @@
 
 namespace shardtrain::ops::cpu {
 
-void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o) {
+namespace {
+
+void adamw_scaled(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o,
+                  double grad_scale) {
   const char* op = "adamw_step";
   check_arg(param, op, "param");
   check_arg(exp_avg, op, "exp_avg", param.dtype(), param.shape());
@@ -17,14 +20,17 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
   const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
   const double bc2_sqrt = std::sqrt(1.0 - std::pow(o.beta2, static_cast<double>(o.step)));
   const double step_size = o.lr / bc1, decay = 1.0 - o.lr * o.weight_decay;
+  const bool scaled = grad_scale != 1.0;
   dispatch_real(param, op, "param", [&]<typename F>() {
     F* p = param.data<F>();
     F* m = exp_avg.data<F>();
     F* v = exp_avg_sq.data<F>();
     const F* g = grad.data<F>();
+    const F f = static_cast<F>(grad_scale);  // as ops::scale: the factor in F, one product in F
 #pragma omp parallel for if (n > 65536)
     for (int64_t i = 0; i < n; ++i) {
-      const double gi = g[i];
+      // a scaled gradient is rounded to F, as an in-place scale would leave it
+      const double gi = scaled ? static_cast<double>(static_cast<F>(g[i] * f)) : static_cast<double>(g[i]);
       const double mi = o.beta1 * m[i] + (1.0 - o.beta1) * gi;
       const double vi = o.beta2 * v[i] + (1.0 - o.beta2) * gi * gi;
       m[i] = static_cast<F>(mi);
@@ -32,6 +38,20 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
       p[i] = static_cast<F>(p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + o.eps));
     }
   });
+}
+
+}  // namespace
+
+void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o) {
+  adamw_scaled(param, exp_avg, exp_avg_sq, grad, o, 1.0);
+}
+
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale) {
+  for (AdamWTensors& t : tensors) {
+    AdamWOptions one = o;
+    if (!t.decay) one.weight_decay = 0.0;
+    adamw_scaled(t.param, t.exp_avg, t.exp_avg_sq, t.grad, one, grad_scale);
+  }
 }
 
 }  // namespace shardtrain::ops::cpu

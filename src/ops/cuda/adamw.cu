@@ -1,6 +1,8 @@
 // CUDA AdamW (torch.optim.AdamW's formula) on f32 master weights and state; f32 math with
 // the bias corrections computed once on the host in f64.
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "ops/adamw.h"
 #include "ops/cuda/common.cuh"
@@ -25,7 +27,72 @@ __global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64
   }
 }
 
+// Multi-tensor: one block per chunk of at most kChunk elements of one tensor.
+constexpr int64_t kChunk = 32768;
+
+struct Chunk {
+  float* p;
+  float* m;
+  float* v;
+  const float* g;
+  int64_t n;
+  float decay_factor;
+};
+
+__global__ void adamw_multi_kernel(const Chunk* chunks, AdamWScalars c, float grad_scale, bool scaled) {
+  const Chunk k = chunks[blockIdx.x];
+  for (int64_t i = threadIdx.x; i < k.n; i += blockDim.x) {
+    const float gi = scaled ? k.g[i] * grad_scale : k.g[i];  // as ops::scale would leave it
+    const float mi = c.beta1 * k.m[i] + (1.0f - c.beta1) * gi;
+    const float vi = c.beta2 * k.v[i] + (1.0f - c.beta2) * gi * gi;
+    k.m[i] = mi;
+    k.v[i] = vi;
+    k.p[i] = k.p[i] * k.decay_factor - c.step_size * mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
+  }
+}
+
+AdamWScalars scalars(const AdamWOptions& o) {
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
+  AdamWScalars c;
+  c.lr = static_cast<float>(o.lr);
+  c.beta1 = static_cast<float>(o.beta1);
+  c.beta2 = static_cast<float>(o.beta2);
+  c.eps = static_cast<float>(o.eps);
+  c.decay_factor = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  c.step_size = static_cast<float>(o.lr / bc1);
+  c.inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  return c;
+}
+
 }  // namespace
+
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale, Stream s) {
+  ST_CHECK(o.step >= 1, "adamw_step_multi: step must be >= 1, found ", o.step);
+  const AdamWScalars c = scalars(o);
+  const float no_decay = 1.0f;
+  std::vector<Chunk> chunks;
+  for (AdamWTensors& t : tensors) {
+    for (const Tensor* x : std::initializer_list<const Tensor*>{&t.param, &t.exp_avg, &t.exp_avg_sq, &t.grad}) {
+      check_cuda_tensor(*x, "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
+      check_dtype(*x, DType::kF32, "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
+      check_shape(*x, t.param.shape(), "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
+    }
+    const int64_t n = t.param.numel();
+    for (int64_t a = 0; a < n; a += kChunk)
+      chunks.push_back({t.param.data<float>() + a, t.exp_avg.data<float>() + a, t.exp_avg_sq.data<float>() + a,
+                        t.grad.data<float>() + a, std::min(kChunk, n - a), t.decay ? c.decay_factor : no_decay});
+  }
+  if (chunks.empty()) return;
+  const Device dev = tensors.front().param.device();
+  Tensor table = Tensor::empty({static_cast<int64_t>(chunks.size() * sizeof(Chunk))}, DType::kU8, dev,
+                               "adamw chunk table", s);
+  ST_CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), chunks.data(), chunks.size() * sizeof(Chunk), cudaMemcpyHostToDevice,
+                                stream_of(s)));
+  adamw_multi_kernel<<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream_of(s)>>>(
+      static_cast<const Chunk*>(table.raw_data()), c, static_cast<float>(grad_scale), grad_scale != 1.0);
+  ST_CUDA_CHECK_LAUNCH();
+}
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o,
                 Stream s) {
