@@ -1,7 +1,7 @@
 // CUDA fused output projection + cross-entropy over chunks of tokens. Per chunk: the
 // logits [C, V] in f32 come from the cuBLASLt linear; one block per row computes the
-// log-sum-exp and the row's loss, and overwrites the logits with grad_scale * (softmax -
-// onehot) in the input dtype; two GEMMs then give dh (overwrite) and dW (accumulate).
+// log-sum-exp (one pass, online rescaling) and the row's loss, and overwrites the logits
+// with grad_scale * (softmax - onehot) in the input dtype; two GEMMs then give dh (overwrite) and dW (accumulate).
 // Row losses land in a per-token buffer summed in a fixed order: deterministic.
 #include <algorithm>
 
@@ -44,13 +44,20 @@ __global__ void softmax_grad_kernel(G* grad, float* row_loss, const float* logit
       for (int64_t c = threadIdx.x; c < V; c += blockDim.x) g[c] = from_f32<G>(0.0f);
     return;
   }
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) mx = fmaxf(mx, z[c]);
-  mx = block_reduce(mx, true, scratch);
-  float sum = 0;
-  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) sum += __expf(z[c] - mx);
-  sum = block_reduce(sum, false, scratch);
-  const float lse = mx + __logf(sum);
+  // one pass for the log-sum-exp: each thread keeps a running max and a sum rescaled to it
+  float mx = -INFINITY, sum = 0;
+  for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
+    const float x = z[c];
+    if (x > mx) {
+      sum = sum * __expf(mx - x) + 1.0f;
+      mx = x;
+    } else {
+      sum += __expf(x - mx);
+    }
+  }
+  const float row_max = block_reduce(mx, true, scratch);
+  sum = block_reduce(mx == -INFINITY ? 0.0f : sum * __expf(mx - row_max), false, scratch);
+  const float lse = row_max + __logf(sum);
   if (threadIdx.x == 0) row_loss[r] = lse - z[target];
   if (!compute_grad) return;
   for (int64_t c = threadIdx.x; c < V; c += blockDim.x) {
