@@ -132,8 +132,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, const
   dup_TF = Tensor();
   Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
   ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
-                        a.rstd2_BT.view({B * T}));
-  ops::add(dx2_TD, dx2_TD, dy_TD);
+                        a.rstd2_BT.view({B * T}), dy_TD);
 
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj.
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
@@ -157,8 +156,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, const
                        {.accumulate_dx = true});
   Tensor dx_TD = dx_BTD.view({B * T, D});
   ops::rmsnorm_backward(dx_TD, g.attn_norm_D, dxn1_TD, a.x_BTD.view({B * T, D}), w.attn_norm_D,
-                        a.rstd1_BT.view({B * T}));
-  ops::add(dx_TD, dx_TD, dx2_TD);
+                        a.rstd1_BT.view({B * T}), dx2_TD);
 }
 
 }  // namespace shardtrain::model

@@ -5,6 +5,7 @@
 #include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
+#include "ops/elementwise.h"
 
 namespace shardtrain::ops {
 
@@ -23,7 +24,7 @@ namespace cuda {
 void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
                      const RmsNormOptions& options, Stream stream);
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                      const Tensor& weight_D, const Tensor& rstd_T, Stream stream);
+                      const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD, Stream stream);
 }  // namespace cuda
 
 // y_TD (overwrites) and rstd_T (overwrites; stats_dtype(x), kept for the backward) from
@@ -40,13 +41,20 @@ inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, co
 }
 
 // dx_TD (overwrites) and dweight_D (accumulates) from dy_TD, the forward's x_TD, weight_D
-// and rstd_T. dx may not alias dy. CUDA: dweight may be f32 under bf16/f16 data.
+// and rstd_T. dx may not alias dy. dresidual_TD, when defined, is added to dx: the gradient
+// of a residual stream that also flows around the norm (CUDA adds it before rounding; the
+// CPU adds it after, as a separate op). CUDA: dweight may be f32 under bf16/f16 data.
 inline void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                             const Tensor& weight_D, const Tensor& rstd_T, [[maybe_unused]] Stream stream = {}) {
+                             const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD = Tensor(),
+                             [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("rmsnorm_backward", dx_TD.device());
-  if (x_TD.device().is_cpu()) return cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T);
+  if (x_TD.device().is_cpu()) {
+    cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T);
+    if (dresidual_TD.defined()) cpu::add(dx_TD, dx_TD, dresidual_TD);
+    return;
+  }
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, stream);
+  return cuda::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, dresidual_TD, stream);
 #else
   no_kernel("rmsnorm_backward", x_TD);
 #endif

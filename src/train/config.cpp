@@ -167,7 +167,9 @@ const std::vector<KeyDef>& keys() {
       key("training.threads", &C::training, &TrainingSection::threads,
           "CPU threads for the kernels; 0 uses every core", non_negative()),
       key("training.loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
-          "tokens per chunk of the fused head + cross-entropy (bounds logits memory)", positive()),
+          "tokens per chunk of the fused head + cross-entropy (bounds logits memory); 0: auto (256 on the CPU; on "
+          "a GPU as many as keep a chunk's f32 logits within 2 GiB, at most 8192)",
+          non_negative()),
 
       key("optimizer.lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", positive()),
       key("optimizer.beta1", &C::optimizer, &OptimizerSection::beta1, "AdamW beta1", in_range(0.0, 0.999999)),

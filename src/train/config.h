@@ -50,7 +50,7 @@ struct TrainingSection {
   std::string activation_checkpointing = "none";
   std::string device = "auto";
   int64_t threads = 0;
-  int64_t loss_chunk_tokens = 256;
+  int64_t loss_chunk_tokens = 0;  // 0: auto
 };
 
 struct OptimizerSection {

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -256,6 +257,14 @@ std::string Trainer::checkpoint_root() const {
                                         : config_.checkpoint.dir;
 }
 
+int64_t Trainer::loss_chunk_tokens() const {
+  if (config_.training.loss_chunk_tokens > 0) return config_.training.loss_chunk_tokens;
+  if (device_.is_cpu()) return 256;
+  // larger chunks make the head's GEMMs efficient and cut the passes over its f32 gradient
+  const int64_t fit = (int64_t{2} << 30) / (4 * model_->config().vocab_size);
+  return std::clamp<int64_t>(fit / 256 * 256, 256, 8192);
+}
+
 std::string Trainer::tokenizer_source() const {
   if (!config_.model.hf.empty()) return config_.model.hf;
   const std::string& t = config_.data.tokenizer;
@@ -268,7 +277,7 @@ double Trainer::evaluate() {
   Tensor ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval ids");
   Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
   model::StepOptions so;
-  so.loss_chunk_tokens = config_.training.loss_chunk_tokens;
+  so.loss_chunk_tokens = loss_chunk_tokens();
   // Global eval batch i is W x B sequences; rank r evaluates its part i*W + r. Every rank
   // runs the same number of forwards, since units are gathered collectively.
   const int64_t W = comm_->world_size();
@@ -309,7 +318,7 @@ TrainSummary Trainer::run() {
   model::StepOptions so;
   so.checkpointing = tc.activation_checkpointing == "full" ? model::ActivationCheckpointing::kFull
                                                            : model::ActivationCheckpointing::kNone;
-  so.loss_chunk_tokens = tc.loss_chunk_tokens;
+  so.loss_chunk_tokens = loss_chunk_tokens();
 
   std::vector<Tensor> ids, targets;
   for (int64_t m = 0; m < accum; ++m) {

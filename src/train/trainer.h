@@ -55,7 +55,8 @@ class Trainer {
   double evaluate();
 
  private:
-  std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
+  std::string tokenizer_source() const;
+  int64_t loss_chunk_tokens() const;  // training.loss_chunk_tokens, or its automatic value  // folder whose tokenizer files an export copies ("" if built in)
 
   JobConfig config_;
   Device device_;

@@ -99,6 +99,15 @@ TEST_P(FusedCuda, RmsNorm) {
     testing::Tolerance column_sum = tolerance(dt);
     column_sum.atol = std::max(column_sum.atol, static_cast<double>(T) * 6e-8 * 16);
     EXPECT_TRUE(all_close(to_host(dw), to_dtype(dw_ref, dt), column_sum)) << "dweight (accumulated) T=" << T << " D=" << D;
+
+    // with the residual's gradient added to dx, and an f32 weight gradient (mixed precision)
+    Input res = random_input({T, D}, dt, 15);
+    Tensor dx2 = Tensor::empty({T, D}, dt, Device::cuda(0)), dw32 = to_device(to_dtype(dw0.host, DType::kF32));
+    rmsnorm_backward(dx2, dw32, to_device(dy.host), to_device(x.host), to_device(w.host), rstd, to_device(res.host));
+    Tensor dx2_ref = Tensor::empty({T, D}, DType::kF32);
+    cpu::add(dx2_ref, dx_ref, res.f32);
+    EXPECT_TRUE(matches(dx2, dx2_ref)) << "dx + residual T=" << T << " D=" << D;
+    EXPECT_TRUE(all_close(to_host(dw32), dw_ref, column_sum)) << "f32 dweight T=" << T << " D=" << D;
   }
 }
 

@@ -23,6 +23,13 @@ int grid_for(int64_t n, int threads) {
   return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sms[static_cast<size_t>(dev)]} * 8)));
 }
 
+bool packable(std::initializer_list<const Tensor*> tensors, int64_t n, size_t element_bytes) {
+  if (n % static_cast<int64_t>(16 / element_bytes) != 0) return false;
+  for (const Tensor* t : tensors)
+    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
+  return true;
+}
+
 void check_cuda_tensor(const Tensor& t, const char* op, const char* arg) {
   ST_CHECK(t.device().is_cuda(), op, ": `", arg, "` expected on a CUDA device, found ", t.str());
   ST_CHECK(t.is_contiguous(), op, ": `", arg, "` must be contiguous, found ", t.str());

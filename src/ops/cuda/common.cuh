@@ -6,6 +6,8 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <initializer_list>
+
 #include "core/cuda/cuda_check.h"
 #include "core/tensor.h"
 
@@ -35,6 +37,16 @@ void dispatch_float(DType t, const char* op, F&& f) {
     default: ST_THROW(op, ": no CUDA kernel for dtype ", dtype_name(t));
   }
 }
+
+// 16 bytes of T (8 bf16 values) moved by one load or store.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kSize = 16 / sizeof(T);
+  T v[kSize];
+};
+
+// True when every tensor starts 16-byte aligned and n is a multiple of the pack size.
+bool packable(std::initializer_list<const Tensor*> tensors, int64_t n, size_t element_bytes);
 
 // Blocks for a grid-stride loop over n items: enough to fill every SM a few times over.
 int grid_for(int64_t n, int threads);

@@ -39,7 +39,7 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
 // the block then adds its warps' rows in warp order. Deterministic.
 template <typename T>
 __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w, const float* rstd,
-                                        int64_t rows, int64_t D) {
+                                        const T* dres, int64_t rows, int64_t D) {
   extern __shared__ float dw_shared[];  // [warps, D]
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* mine = dw_shared + warp * D;
@@ -55,7 +55,7 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, c
     for (int64_t i = lane; i < D; i += 32) {
       const float d = to_f32(dyr[i]);
       const float xhat = to_f32(xr[i]) * r;
-      dxr[i] = from_f32<T>(r * (d * to_f32(w[i]) - xhat * dot));
+      dxr[i] = from_f32<T>(r * (d * to_f32(w[i]) - xhat * dot) + (dres ? to_f32(dres[row * D + i]) : 0.0f));
       mine[i] += d * xhat;
     }
   }
@@ -63,6 +63,57 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, c
   for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
     float acc = 0;
     for (int k = 0; k < warps; ++k) acc += dw_shared[k * D + i];
+    partial_dw[blockIdx.x * D + i] = acc;
+  }
+}
+
+// The same over 16-byte packs with the residual gradient added before rounding. A lane owns
+// packs lane, lane + 32, ...; its private accumulators sit at [k * P + p] (P packs per row),
+// so the lanes of a warp write consecutive words.
+template <typename T>
+__global__ void rmsnorm_backward_packed_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w,
+                                               const float* rstd, const T* dres, int64_t rows, int64_t D) {
+  extern __shared__ float dw_shared[];  // [warps, D]
+  constexpr int K = Pack<T>::kSize;
+  const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t P = D / K;
+  float* mine = dw_shared + warp * D;
+  for (int64_t i = lane; i < D; i += 32) mine[i] = 0;
+  const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w);
+  for (int64_t row = blockIdx.x * int64_t{warps} + warp; row < rows; row += int64_t{gridDim.x} * warps) {
+    const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + row * D);
+    const Pack<T>* dyr = reinterpret_cast<const Pack<T>*>(dy + row * D);
+    const float r = rstd[row];
+    float dot = 0;
+    for (int64_t p = lane; p < P; p += 32) {
+      const Pack<T> xv = xr[p], dv = dyr[p], wv = wp[p];
+#pragma unroll
+      for (int k = 0; k < K; ++k) dot += to_f32(dv.v[k]) * to_f32(wv.v[k]) * to_f32(xv.v[k]);
+    }
+    dot = warp_sum(dot) * r / static_cast<float>(D);
+    Pack<T>* dxr = reinterpret_cast<Pack<T>*>(dx + row * D);
+    const Pack<T>* rr = dres ? reinterpret_cast<const Pack<T>*>(dres + row * D) : nullptr;
+    for (int64_t p = lane; p < P; p += 32) {
+      const Pack<T> xv = xr[p], dv = dyr[p], wv = wp[p];
+      Pack<T> rv;
+      if (rr) rv = rr[p];
+      Pack<T> out;
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float d = to_f32(dv.v[k]);
+        const float xhat = to_f32(xv.v[k]) * r;
+        const float add = rr ? to_f32(rv.v[k]) : 0.0f;
+        out.v[k] = from_f32<T>(r * (d * to_f32(wv.v[k]) - xhat * dot) + add);
+        mine[k * P + p] += d * xhat;
+      }
+      dxr[p] = out;
+    }
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < D; i += blockDim.x) {
+    const int64_t at = (i % K) * P + i / K;  // column i = pack i / K, element i % K
+    float acc = 0;
+    for (int k = 0; k < warps; ++k) acc += dw_shared[k * D + at];
     partial_dw[blockIdx.x * D + i] = acc;
   }
 }
@@ -107,7 +158,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
 }
 
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                      const Tensor& weight_D, const Tensor& rstd_T, Stream s) {
+                      const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD, Stream s) {
   check(x_TD, weight_D, rstd_T, "rmsnorm_backward");
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dx_TD, &dy_TD}) {
     check_cuda_tensor(*t, "rmsnorm_backward", "dx_TD/dy_TD");
@@ -124,14 +175,32 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(D) * sizeof(float);
   const int grid = std::min(grid_for(rows * 32, warps * 32), 1024);
   Tensor partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
+  const bool residual = dresidual_TD.defined();
+  if (residual) {
+    check_cuda_tensor(dresidual_TD, "rmsnorm_backward", "dresidual_TD");
+    check_shape(dresidual_TD, x_TD.shape(), "rmsnorm_backward", "dresidual_TD");
+    check_dtype(dresidual_TD, x_TD.dtype(), "rmsnorm_backward", "dresidual_TD");
+  }
   dispatch_float(x_TD.dtype(), "rmsnorm_backward", [&]<typename T>() {
+    std::initializer_list<const Tensor*> all = {&dx_TD, &dy_TD, &x_TD, &weight_D};
+    if (packable(all, D, sizeof(T)) && (!residual || packable({&dresidual_TD}, D, sizeof(T)))) {
+      auto kernel = rmsnorm_backward_packed_kernel<T>;
+      if (smem > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                                               static_cast<int>(smem)));
+      kernel<<<grid, warps * 32, smem, stream_of(s)>>>(
+          static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
+          static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(),
+          residual ? static_cast<const T*>(dresidual_TD.raw_data()) : nullptr, rows, D);
+      ST_CUDA_CHECK_LAUNCH();
+      return;
+    }
     auto kernel = rmsnorm_backward_kernel<T>;
     if (smem > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                              static_cast<int>(smem)));
     kernel<<<grid, warps * 32, smem, stream_of(s)>>>(
         static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
-        static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(), rows,
-        D);
+        static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(),
+        residual ? static_cast<const T*>(dresidual_TD.raw_data()) : nullptr, rows, D);
     ST_CUDA_CHECK_LAUNCH();
   });
   ST_CUDA_CHECK_LAUNCH();

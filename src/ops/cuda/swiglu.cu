@@ -29,12 +29,6 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* g
 // The same math over 16-byte packs (8 bf16 values per load), for aligned tensors whose
 // length is a multiple of the pack: full-width memory transactions.
 template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kSize = 16 / sizeof(T);
-  T v[kSize];
-};
-
-template <typename T>
 __global__ void swiglu_forward_packed(Pack<T>* h, const Pack<T>* gate, const Pack<T>* up, int64_t packs) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < packs; i += int64_t{gridDim.x} * blockDim.x) {
     const Pack<T> g = gate[i], u = up[i];
@@ -64,13 +58,6 @@ __global__ void swiglu_backward_packed(Pack<T>* dgate, Pack<T>* dup, const Pack<
     dgate[i] = dg;
     dup[i] = du;
   }
-}
-
-bool packable(std::initializer_list<const Tensor*> ts, int64_t n, size_t elem) {
-  if (n % static_cast<int64_t>(16 / elem) != 0) return false;
-  for (const Tensor* t : ts)
-    if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
-  return true;
 }
 
 void check_all(std::initializer_list<const Tensor*> ts, const Tensor& ref, const char* op) {
