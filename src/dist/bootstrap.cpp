@@ -1,0 +1,240 @@
+// The TCP exchange of bootstrap.h. Frames: a client sends "STB1" and its rank (4 bytes,
+// little endian); rank 0 answers with the payload's length (4 bytes) and the payload.
+#include "dist/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+
+namespace shardtrain::dist {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr char kMagic[4] = {'S', 'T', 'B', '1'};
+constexpr uint32_t kMaxPayload = 1 << 20;
+
+std::optional<std::string> env(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return std::nullopt;
+  return std::string(v);
+}
+
+int env_int(const char* name, const std::string& value, int lo, int hi) {
+  char* end = nullptr;
+  errno = 0;
+  const long v = std::strtol(value.c_str(), &end, 10);
+  ST_CHECK(errno == 0 && end != value.c_str() && *end == '\0' && v >= lo && v <= hi, "environment variable ", name,
+           " = `", value, "`: expected an integer in [", lo, ", ", hi, "]");
+  return static_cast<int>(v);
+}
+
+class Fd {
+ public:
+  explicit Fd(int fd = -1) : fd_(fd) {}
+  ~Fd() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Fd(Fd&& o) noexcept : fd_(o.fd_) { o.fd_ = -1; }
+  Fd& operator=(Fd&& o) noexcept {
+    std::swap(fd_, o.fd_);
+    return *this;
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+double remaining(Clock::time_point deadline) {
+  return std::chrono::duration<double>(deadline - Clock::now()).count();
+}
+
+// Waits for `events` on fd until the deadline; false on timeout.
+bool wait_fd(int fd, short events, Clock::time_point deadline) {
+  for (;;) {
+    const double left = remaining(deadline);
+    if (left <= 0) return false;
+    pollfd p{fd, events, 0};
+    const int r = ::poll(&p, 1, static_cast<int>(std::min(left * 1000.0, 1000.0)) + 1);
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) ST_THROW("poll failed: ", std::strerror(errno));
+  }
+}
+
+void send_all(int fd, const void* data, size_t n, Clock::time_point deadline, const std::string& peer) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    ST_CHECK(wait_fd(fd, POLLOUT, deadline), "bootstrap: timed out sending to ", peer);
+    const ssize_t w = ::send(fd, p, n, MSG_NOSIGNAL);
+    if (w < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    ST_CHECK(w > 0, "bootstrap: sending to ", peer, " failed: ", std::strerror(errno));
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void recv_all(int fd, void* data, size_t n, Clock::time_point deadline, const std::string& peer) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    ST_CHECK(wait_fd(fd, POLLIN, deadline), "bootstrap: timed out waiting for data from ", peer);
+    const ssize_t r = ::recv(fd, p, n, 0);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+    ST_CHECK(r > 0, "bootstrap: ", peer, r == 0 ? " closed the connection early" : " failed: ",
+             r == 0 ? "" : std::strerror(errno));
+    p += r;
+    n -= static_cast<size_t>(r);
+  }
+}
+
+uint32_t read_u32(const unsigned char* b) {
+  return uint32_t{b[0]} | uint32_t{b[1]} << 8 | uint32_t{b[2]} << 16 | uint32_t{b[3]} << 24;
+}
+void write_u32(unsigned char* b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+std::string serve(const LaunchEnv& e, const std::string& payload, double timeout_s) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(timeout_s));
+  Fd listener(::socket(AF_INET6, SOCK_STREAM, 0));
+  ST_CHECK(listener.get() >= 0, "bootstrap: socket() failed: ", std::strerror(errno));
+  const int one = 1, zero = 0;
+  ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  ::setsockopt(listener.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 too
+  sockaddr_in6 addr{};
+  addr.sin6_family = AF_INET6;
+  addr.sin6_addr = in6addr_any;
+  addr.sin6_port = htons(static_cast<uint16_t>(e.master_port));
+  ST_CHECK(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "bootstrap: rank 0 cannot ",
+           "listen on port ", e.master_port, " (MASTER_PORT", e.launcher == "torchrun-agent" ? " + 1" : "", "): ",
+           std::strerror(errno), "; pick a free port");
+  ST_CHECK(::listen(listener.get(), 128) == 0, "bootstrap: listen() failed: ", std::strerror(errno));
+  std::set<int> served;
+  while (static_cast<int>(served.size()) < e.world_size - 1) {
+    if (!wait_fd(listener.get(), POLLIN, deadline)) {
+      std::string missing;
+      for (int r = 1; r < e.world_size; ++r)
+        if (!served.count(r)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      ST_THROW("bootstrap: rank 0 waited ", timeout_s, " s on port ", e.master_port, " and ", served.size(), " of ",
+               e.world_size - 1, " ranks connected; missing rank(s) ", missing,
+               " (are they running, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)");
+    }
+    Fd c(::accept(listener.get(), nullptr, nullptr));
+    if (c.get() < 0) continue;
+    unsigned char hello[8];
+    try {
+      recv_all(c.get(), hello, sizeof hello, deadline, "a connecting rank");
+    } catch (const Error&) {
+      continue;  // a stray connection: not one of ours
+    }
+    if (std::memcmp(hello, kMagic, 4) != 0) continue;
+    const int r = static_cast<int>(read_u32(hello + 4));
+    ST_CHECK(r >= 1 && r < e.world_size, "bootstrap: a process connected as rank ", r, " but WORLD_SIZE is ",
+             e.world_size);
+    ST_CHECK(!served.count(r), "bootstrap: two processes connected as rank ", r, "; check RANK in the launcher");
+    unsigned char len[4];
+    write_u32(len, static_cast<uint32_t>(payload.size()));
+    send_all(c.get(), len, 4, deadline, "rank " + std::to_string(r));
+    send_all(c.get(), payload.data(), payload.size(), deadline, "rank " + std::to_string(r));
+    served.insert(r);
+  }
+  return payload;
+}
+
+std::string fetch(const LaunchEnv& e, double timeout_s) {
+  const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                                        std::chrono::duration<double>(timeout_s));
+  const std::string where = e.master_addr + ":" + std::to_string(e.master_port);
+  std::string last_error = "no attempt";
+  while (remaining(deadline) > 0) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const std::string port = std::to_string(e.master_port);
+    const int gai = ::getaddrinfo(e.master_addr.c_str(), port.c_str(), &hints, &found);
+    if (gai != 0) {
+      last_error = std::string("cannot resolve the address: ") + ::gai_strerror(gai);
+    } else {
+      for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        Fd s(::socket(a->ai_family, a->ai_socktype, a->ai_protocol));
+        if (s.get() < 0) continue;
+        if (::connect(s.get(), a->ai_addr, a->ai_addrlen) != 0) {
+          last_error = std::strerror(errno);
+          continue;
+        }
+        ::freeaddrinfo(found);
+        found = nullptr;
+        unsigned char hello[8];
+        std::memcpy(hello, kMagic, 4);
+        write_u32(hello + 4, static_cast<uint32_t>(e.rank));
+        send_all(s.get(), hello, sizeof hello, deadline, "rank 0 at " + where);
+        unsigned char len[4];
+        recv_all(s.get(), len, 4, deadline, "rank 0 at " + where);
+        const uint32_t n = read_u32(len);
+        ST_CHECK(n <= kMaxPayload, "bootstrap: rank 0 at ", where, " announced ", n, " bytes; not a shardtrain rank 0?");
+        std::string payload(n, '\0');
+        recv_all(s.get(), payload.data(), n, deadline, "rank 0 at " + where);
+        return payload;
+      }
+      if (found != nullptr) ::freeaddrinfo(found);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ST_THROW("bootstrap: rank ", e.rank, " could not reach rank 0 at ", where, " within ", timeout_s,
+           " s (last error: ", last_error, "); check MASTER_ADDR/MASTER_PORT, that rank 0 is running, and firewalls");
+}
+
+}  // namespace
+
+std::optional<LaunchEnv> launch_from_env() {
+  LaunchEnv e;
+  if (auto rank = env("RANK"), world = env("WORLD_SIZE"); rank || world) {
+    ST_CHECK(rank && world, "environment: RANK and WORLD_SIZE must be set together (torchrun-style launch)");
+    e.world_size = env_int("WORLD_SIZE", *world, 1, 1 << 20);
+    e.rank = env_int("RANK", *rank, 0, e.world_size - 1);
+    if (auto l = env("LOCAL_RANK")) e.local_rank = env_int("LOCAL_RANK", *l, 0, 1 << 20);
+    e.launcher = "torchrun";
+  } else if (auto srank = env("SLURM_PROCID"), sworld = env("SLURM_NTASKS"); srank && sworld) {
+    e.world_size = env_int("SLURM_NTASKS", *sworld, 1, 1 << 20);
+    e.rank = env_int("SLURM_PROCID", *srank, 0, e.world_size - 1);
+    if (auto l = env("SLURM_LOCALID")) e.local_rank = env_int("SLURM_LOCALID", *l, 0, 1 << 20);
+    e.launcher = "slurm";
+  } else {
+    return std::nullopt;
+  }
+  if (e.world_size == 1) return e;
+  auto addr = env("MASTER_ADDR");
+  ST_CHECK(addr.has_value(), "environment: ", e.world_size, " ranks (", e.launcher,
+           "-style launch) but MASTER_ADDR is not set; set it to rank 0's host name");
+  e.master_addr = *addr;
+  e.master_port = env_int("MASTER_PORT", env("MASTER_PORT").value_or("29500"), 1, 65535);
+  if (env("TORCHELASTIC_USE_AGENT_STORE").value_or("") == "True") {
+    ST_CHECK(e.master_port < 65535, "environment: MASTER_PORT 65535 leaves no port for the exchange");
+    e.master_port += 1;
+    e.launcher = "torchrun-agent";
+  }
+  return e;
+}
+
+std::string share_from_rank0(const LaunchEnv& env_, const std::string& payload, double timeout_s) {
+  ST_CHECK(payload.size() <= kMaxPayload, "bootstrap: payload of ", payload.size(), " bytes is too large");
+  if (env_.world_size == 1) return payload;
+  return env_.rank == 0 ? serve(env_, payload, timeout_s) : fetch(env_, timeout_s);
+}
+
+}  // namespace shardtrain::dist

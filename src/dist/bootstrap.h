@@ -1,0 +1,34 @@
+// How a rank learns who it is and finds the others without MPI: a torchrun-style environment
+// (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT) or Slurm's (SLURM_PROCID,
+// SLURM_NTASKS, SLURM_LOCALID, with MASTER_ADDR/MASTER_PORT), and a small TCP exchange in
+// which rank 0 hands every rank the same bytes (NCCL's unique id). Every wait has a deadline
+// and fails with the address and the timeout instead of hanging.
+#pragma once
+
+#include <optional>
+#include <string>
+
+namespace shardtrain::dist {
+
+struct LaunchEnv {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  std::string master_addr;  // host name or address of rank 0
+  int master_port = 0;      // where rank 0 listens for the exchange
+  std::string launcher;     // "torchrun" or "slurm": which variables were read
+};
+
+// The launch described by the environment, or nullopt when neither RANK/WORLD_SIZE nor
+// SLURM_PROCID/SLURM_NTASKS is set. Bad values (rank outside [0, world), a missing
+// MASTER_ADDR with more than one rank, a port outside 1..65535) throw, naming the variable.
+// Under torchrun's own agent store (TORCHELASTIC_USE_AGENT_STORE=True) MASTER_PORT is taken
+// by that store, so the exchange uses MASTER_PORT + 1.
+std::optional<LaunchEnv> launch_from_env();
+
+// Rank 0 listens on master_port and sends `payload` to each of the other ranks; they connect
+// to master_addr:master_port (retrying until the deadline) and receive it. Returns the
+// payload on every rank. Rank 0 returns once all world_size - 1 ranks have received it.
+std::string share_from_rank0(const LaunchEnv& env, const std::string& payload, double timeout_s);
+
+}  // namespace shardtrain::dist

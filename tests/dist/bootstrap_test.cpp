@@ -1,0 +1,149 @@
+// The torchrun-style environment and the TCP exchange of NCCL's unique id: every rank gets
+// rank 0's bytes; a missing rank 0 or a missing rank fails at the deadline with the address.
+#include "dist/bootstrap.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <future>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+
+namespace shardtrain::dist {
+namespace {
+
+// A port nothing listens on right now (the kernel picks it; the socket is closed again).
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+LaunchEnv rank_env(int rank, int world, int port) {
+  LaunchEnv e;
+  e.rank = rank;
+  e.world_size = world;
+  e.master_addr = "127.0.0.1";
+  e.master_port = port;
+  e.launcher = "torchrun";
+  return e;
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+class EnvGuard {
+ public:
+  EnvGuard() {
+    for (const char* v : kVars) unsetenv(v);
+  }
+  ~EnvGuard() {
+    for (const char* v : kVars) unsetenv(v);
+  }
+
+ private:
+  static constexpr const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                          "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
+                                          "TORCHELASTIC_USE_AGENT_STORE"};
+};
+
+TEST(LaunchEnv, ReadsTorchrunAndSlurmVariables) {
+  EnvGuard guard;
+  EXPECT_FALSE(launch_from_env().has_value());
+  setenv("RANK", "2", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("LOCAL_RANK", "0", 1);
+  setenv("MASTER_ADDR", "node7", 1);
+  setenv("MASTER_PORT", "29600", 1);
+  std::optional<LaunchEnv> e = launch_from_env();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->rank, 2);
+  EXPECT_EQ(e->world_size, 4);
+  EXPECT_EQ(e->local_rank, 0);
+  EXPECT_EQ(e->master_addr, "node7");
+  EXPECT_EQ(e->master_port, 29600);
+  setenv("TORCHELASTIC_USE_AGENT_STORE", "True", 1);  // torchrun's store holds MASTER_PORT
+  EXPECT_EQ(launch_from_env()->master_port, 29601);
+  unsetenv("TORCHELASTIC_USE_AGENT_STORE");
+
+  unsetenv("RANK");
+  unsetenv("WORLD_SIZE");
+  setenv("SLURM_PROCID", "1", 1);
+  setenv("SLURM_NTASKS", "2", 1);
+  setenv("SLURM_LOCALID", "1", 1);
+  e = launch_from_env();
+  ASSERT_TRUE(e.has_value());
+  EXPECT_EQ(e->launcher, "slurm");
+  EXPECT_EQ(e->rank, 1);
+  EXPECT_EQ(e->local_rank, 1);
+}
+
+TEST(LaunchEnv, BadValuesNameTheVariable) {
+  EnvGuard guard;
+  setenv("RANK", "4", 1);
+  setenv("WORLD_SIZE", "4", 1);
+  setenv("MASTER_ADDR", "localhost", 1);
+  EXPECT_NE(error_of([] { launch_from_env(); }).find("RANK = `4`"), std::string::npos);
+  setenv("RANK", "1", 1);
+  setenv("MASTER_PORT", "http", 1);
+  EXPECT_NE(error_of([] { launch_from_env(); }).find("MASTER_PORT = `http`"), std::string::npos);
+  unsetenv("MASTER_PORT");
+  unsetenv("MASTER_ADDR");
+  EXPECT_NE(error_of([] { launch_from_env(); }).find("MASTER_ADDR is not set"), std::string::npos);
+  unsetenv("WORLD_SIZE");
+  EXPECT_NE(error_of([] { launch_from_env(); }).find("RANK and WORLD_SIZE"), std::string::npos);
+}
+
+TEST(Bootstrap, EveryRankReceivesRankZerosBytes) {
+  const int port = free_port(), world = 4;
+  std::string id(128, '\0');
+  for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 37 + 11);  // binary, with zeros
+  std::vector<std::future<std::string>> ranks;
+  // the others start first: they must keep retrying until rank 0 listens
+  for (int r = 1; r < world; ++r)
+    ranks.push_back(std::async(std::launch::async, [=] { return share_from_rank0(rank_env(r, world, port), "", 20); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_EQ(share_from_rank0(rank_env(0, world, port), id, 20), id);
+  for (auto& f : ranks) EXPECT_EQ(f.get(), id);
+}
+
+TEST(Bootstrap, UnreachableRankZeroFailsWithAddressAndTimeout) {
+  const int port = free_port();
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string msg = error_of([&] { share_from_rank0(rank_env(1, 2, port), "", 0.5); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_NE(msg.find("could not reach rank 0 at 127.0.0.1:" + std::to_string(port) + " within 0.5 s"),
+            std::string::npos)
+      << msg;
+  EXPECT_LT(waited, 5.0);
+}
+
+TEST(Bootstrap, RankZeroNamesTheRanksThatNeverCame) {
+  const int port = free_port();
+  auto one = std::async(std::launch::async, [=] { return share_from_rank0(rank_env(1, 3, port), "", 10); });
+  const std::string msg = error_of([&] { share_from_rank0(rank_env(0, 3, port), "abc", 1.0); });
+  EXPECT_NE(msg.find("1 of 2 ranks connected; missing rank(s) 2"), std::string::npos) << msg;
+  EXPECT_EQ(one.get(), "abc");
+}
+
+}  // namespace
+}  // namespace shardtrain::dist
