@@ -1,12 +1,54 @@
-// The synchronous sharded store (CPU path of FSDP).
+// The sharded store: synchronous on the CPU, overlapped on a GPU (see the header).
 #include "fsdp/sharded_store.h"
 
+#include <deque>
+
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/stream.h"
+#endif
 #include "model/llama.h"
 #include "ops/elementwise.h"
 
 namespace shardtrain::fsdp {
 
 using model::Pass;
+
+#ifdef SHARDTRAIN_WITH_CUDA
+struct ShardedUnitStore::Overlap {
+  static constexpr size_t kMaxReductionsInFlight = 2;
+  cuda::OwnedStream gather_stream, reduce_stream;
+  std::deque<cuda::Event> gathered;  // [unit] its gather has finished
+  std::vector<bool> gather_waited;   // [unit] the compute stream already waits for it
+  std::deque<cuda::Event> reduced;   // [unit] its reduce-scatter (and add into the shard) finished
+  cuda::Event compute_point;         // the compute stream's progress when a transfer is issued
+  struct InFlight {
+    size_t unit;
+    Tensor full_grads;  // allocated in compute-stream order: freed only after `reduced[unit]`
+  };
+  std::deque<InFlight> in_flight;
+  // Event pairs around each compute-stream wait: (before, after) elapsed = time stood still.
+  std::deque<std::pair<cuda::Event, cuda::Event>> waits;
+  size_t waits_used = 0;
+
+  explicit Overlap(size_t units) : gathered(units), gather_waited(units, true), reduced(units) {}
+
+  // The compute stream waits for `e`; the wait is timed.
+  void compute_waits_for(const cuda::Event& e) {
+    if (waits_used == waits.size()) waits.emplace_back();
+    auto& [before, after] = waits[waits_used++];
+    before.record(Stream{});
+    e.make_wait(Stream{});
+    after.record(Stream{});
+  }
+  // `stream` waits for the work queued on the compute stream so far.
+  void after_compute(Stream stream) {
+    compute_point.record(Stream{});
+    compute_point.make_wait(stream);
+  }
+};
+#else
+struct ShardedUnitStore::Overlap {};
+#endif
 
 ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm,
                                    const ShardingOptions& options, Device device)
@@ -29,6 +71,13 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
         block && (!options.reshard_after_forward || (options.keep_last_block_gathered && u + 2 == units.size()));
     state_.push_back(st);
   }
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device.is_cuda()) overlap_ = std::make_unique<Overlap>(units.size());
+#endif
+}
+
+ShardedUnitStore::~ShardedUnitStore() {
+  if (overlap_) synchronize(device_);  // transfers in flight still use the buffers
 }
 
 bool ShardedUnitStore::params_aliased() const {
@@ -39,16 +88,61 @@ bool ShardedUnitStore::grads_aliased() const {
   return comm_->world_size() == 1 && options_.grad_dtype == options_.master_dtype;
 }
 
-Tensor ShardedUnitStore::acquire_params(size_t u, Pass) {
+Tensor ShardedUnitStore::acquire_params(size_t u, Pass pass) {
   UnitState& st = state_[u];
-  if (st.param_refs++ > 0 || st.full_params.defined()) return params_aliased() ? master_[u] : st.full_params;
+  ++st.param_refs;
   if (params_aliased()) return master_[u];
+  if (!st.full_params.defined()) gather(u);
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (overlap_) {
+    prefetch_after(u, pass);
+    if (!overlap_->gather_waited[u]) {
+      overlap_->compute_waits_for(overlap_->gathered[u]);
+      overlap_->gather_waited[u] = true;
+    }
+  }
+#else
+  (void)pass;
+#endif
+  return st.full_params;
+}
+
+void ShardedUnitStore::gather(size_t u) {
+  UnitState& st = state_[u];
   const int64_t n = layout_->units()[u].numel, s = master_[u].numel();
+  // allocated in compute-stream order, so the memory's earlier users have been queued there
   st.full_params = Tensor::empty({n}, options_.compute_dtype, device_, "gathered parameters");
   Tensor mine = st.full_params.flat_range(comm_->rank() * s, s);
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (overlap_) {
+    const Stream g = overlap_->gather_stream.get();
+    overlap_->after_compute(g);  // the memory is free and the master shard is up to date
+    ops::cast(mine, master_[u], g);
+    comm_->all_gather(st.full_params, mine, g);
+    overlap_->gathered[u].record(g);
+    overlap_->gather_waited[u] = false;
+    return;
+  }
+#endif
   ops::cast(mine, master_[u]);
   comm_->all_gather(st.full_params, mine);
-  return st.full_params;
+}
+
+// The unit the model will ask for next: the next one in a forward, the previous block in a
+// backward (the embedding's backward needs no parameters). Gathered now, it arrives while
+// the current unit computes.
+void ShardedUnitStore::prefetch_after(size_t u, Pass pass) {
+  const size_t n = layout_->units().size();
+  size_t next = 0;
+  if (pass == Pass::kBackward) {
+    if (u < 2) return;
+    next = u - 1;
+    if (layout_->units()[next].kind != model::UnitKind::kBlock) return;
+  } else {
+    if (u + 1 >= n) return;
+    next = u + 1;
+  }
+  if (!state_[next].full_params.defined()) gather(next);
 }
 
 void ShardedUnitStore::release_params(size_t u, Pass pass) {
@@ -76,21 +170,81 @@ void ShardedUnitStore::release_grads(size_t u) {
   UnitState& st = state_[u];
   ST_ASSERT(st.grad_refs > 0, "release of gradients of unit ", layout_->units()[u].name, " that were not acquired");
   if (--st.grad_refs > 0 || grads_aliased()) return;
+  reduce(u);
+  st.full_grads = Tensor();
+}
+
+void ShardedUnitStore::reduce(size_t u) {
+  UnitState& st = state_[u];
   const int64_t s = grad_[u].numel();
+  Stream stream{};
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (overlap_) {
+    stream = overlap_->reduce_stream.get();
+    overlap_->after_compute(stream);  // the unit's gradient is complete
+  }
+#endif
+  // temporaries live in the reduction stream's order
   Tensor send = st.full_grads;
   if (options_.reduce_dtype != options_.grad_dtype) {
-    send = Tensor::empty(st.full_grads.shape(), options_.reduce_dtype, device_, "gradients to reduce");
-    ops::cast(send, st.full_grads);
+    send = Tensor::empty(st.full_grads.shape(), options_.reduce_dtype, device_, "gradients to reduce", stream);
+    ops::cast(send, st.full_grads, stream);
   }
-  Tensor reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard");
-  comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum);
+  Tensor reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
+  comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
   if (options_.reduce_dtype != options_.master_dtype) {
-    Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard");
-    ops::cast(r, reduced);
+    Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard", stream);
+    ops::cast(r, reduced, stream);
     reduced = r;
   }
-  ops::add(grad_[u], grad_[u], reduced);
-  st.full_grads = Tensor();
+  ops::add(grad_[u], grad_[u], reduced, stream);
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (overlap_) {
+    Overlap& ov = *overlap_;
+    ov.reduced[u].record(stream);
+    ov.in_flight.push_back({u, st.full_grads});
+    while (!ov.in_flight.empty() &&
+           (ov.in_flight.size() > Overlap::kMaxReductionsInFlight || ov.reduced[ov.in_flight.front().unit].done())) {
+      // the compute stream must not reuse the buffer before the reduction has read it
+      if (!ov.reduced[ov.in_flight.front().unit].done()) ov.compute_waits_for(ov.reduced[ov.in_flight.front().unit]);
+      ov.in_flight.pop_front();
+    }
+  }
+#endif
+}
+
+void ShardedUnitStore::finish_backward() {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (!overlap_) return;
+  Overlap& ov = *overlap_;
+  for (const Overlap::InFlight& f : ov.in_flight) ov.compute_waits_for(ov.reduced[f.unit]);
+  ov.in_flight.clear();
+  // a gather prefetched but never used would hold weights the optimizer is about to change
+  for (size_t u = 0; u < state_.size(); ++u) {
+    UnitState& st = state_[u];
+    if (st.param_refs == 0 && st.full_params.defined() && !st.keep_for_backward) {
+      if (!ov.gather_waited[u]) ov.compute_waits_for(ov.gathered[u]);
+      ov.gather_waited[u] = true;
+      st.full_params = Tensor();
+    }
+  }
+#endif
+}
+
+double ShardedUnitStore::take_comm_wait_seconds() {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (!overlap_) return 0;
+  Overlap& ov = *overlap_;
+  double ms = 0;
+  for (size_t i = 0; i < ov.waits_used; ++i) {
+    ov.waits[i].second.synchronize();
+    ms += ov.waits[i].second.elapsed_ms_since(ov.waits[i].first);
+  }
+  ov.waits_used = 0;
+  return ms / 1e3;
+#else
+  return 0;
+#endif
 }
 
 void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
@@ -113,6 +267,27 @@ void ShardedUnitStore::load(const ParamReader& read) {
         copy(dst, staged);
       }
     }
+  }
+}
+
+void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
+  const int64_t r = comm_->rank();
+  for (size_t u = 0; u < layout_->units().size(); ++u) {
+    const int64_t s = master_[u].numel();
+    Tensor full = Tensor::empty({s * comm_->world_size()}, options_.master_dtype, Device::cpu(), "unit from rank 0");
+    if (r == 0) {
+      ops::fill(full, 0.0);  // the padding
+      for (const model::ParamSpec& p : layout_->units()[u].params) {
+        Tensor dst = full.flat_range(p.offset, p.numel());
+        read(p, 0, dst);
+      }
+    }
+    constexpr int64_t kPiece = int64_t{1} << 26;  // elements per message (MPI counts are 32-bit)
+    for (int64_t first = 0; first < full.numel(); first += kPiece) {
+      Tensor piece = full.flat_range(first, std::min(kPiece, full.numel() - first));
+      comm_->broadcast(piece, 0);
+    }
+    copy(master_[u], full.flat_range(r * s, s));
   }
 }
 

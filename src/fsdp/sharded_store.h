@@ -3,11 +3,17 @@
 // compute dtype, then all-gathered) when the model acquires it and freed when released
 // (unless kept for the backward); its full gradient is reduce-scattered (sum: the loss is
 // already scaled by 1 / global tokens) into the shard when the model releases it, and
-// accumulates across micro-batches. This CPU path is synchronous; the GPU path overlaps.
+// accumulates across micro-batches.
+// On the CPU every step is synchronous. On a GPU, gathers run on their own stream and the
+// next unit's gather is issued when a unit is acquired (the next block in the forward, the
+// previous one in the backward); reduce-scatters run on a third stream while the backward
+// goes on, and the compute stream waits for them only in finish_backward() or when more than
+// two are in flight. Events order the streams; the compute stream is the legacy default one.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -37,6 +43,12 @@ class ShardedUnitStore final : public model::UnitStore {
   void release_params(size_t unit, model::Pass pass) override;
   Tensor acquire_grads(size_t unit) override;
   void release_grads(size_t unit) override;
+  void finish_backward() override;
+  ~ShardedUnitStore() override;
+
+  // Seconds the compute stream stood waiting on gathers and reductions since the last call
+  // (GPU only; measured with event pairs around each wait; synchronises the device).
+  double take_comm_wait_seconds();
 
   // Counter-based init of this rank's shards (identical values for any number of ranks).
   void init_random(uint64_t seed, double init_std);
@@ -45,6 +57,10 @@ class ShardedUnitStore final : public model::UnitStore {
   // Only the ranges inside this rank's slices are requested.
   using ParamReader = std::function<void(const model::ParamSpec& spec, int64_t first, Tensor& out)>;
   void load(const ParamReader& read);
+  // The same from a source only rank 0 can read: rank 0 reads one unit at a time (whole
+  // parameters) and broadcasts it; each rank keeps its slice. No rank holds more than one
+  // unit beyond its shards. `read` is called on rank 0 only.
+  void load_from_rank0(const ParamReader& read);
   void zero_grad_shards();
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
@@ -67,6 +83,12 @@ class ShardedUnitStore final : public model::UnitStore {
   // One rank and equal dtypes: the full buffers are the shards themselves.
   bool params_aliased() const;
   bool grads_aliased() const;
+  void gather(size_t unit);            // fills state_[unit].full_params
+  void prefetch_after(size_t unit, model::Pass pass);
+  void reduce(size_t unit);            // reduce-scatters state_[unit].full_grads into grad_[unit]
+
+  struct Overlap;                      // streams and events of the GPU path (null on the CPU)
+  std::unique_ptr<Overlap> overlap_;
 
   const model::ModelLayout* layout_;
   dist::Communicator* comm_;

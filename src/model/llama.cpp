@@ -255,6 +255,7 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids.view({B * T}));
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
+  store_->finish_backward();
   const double loss_sum = read_loss(loss);  // waits for the device
   phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
   phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();

@@ -25,6 +25,9 @@ class UnitStore {
   virtual Tensor acquire_grads(size_t unit) = 0;
   // The unit's gradient for this micro-batch is complete.
   virtual void release_grads(size_t unit) = 0;
+  // The backward of a micro-batch is over: every gradient released so far must be in the
+  // shards before the caller reads them (a store that reduces asynchronously waits here).
+  virtual void finish_backward() {}
 };
 
 // Every unit's parameters and gradients stay allocated: the store of a single rank.
