@@ -208,6 +208,15 @@ const std::vector<KeyDef>& keys() {
           "(ZeRO-2-like: fewer gathers, more memory)"),
       key("parallel.keep_last_block_gathered", &C::parallel, &ParallelSection::keep_last_block_gathered,
           "keep the last block gathered between its forward and backward (its backward comes first)"),
+      key("parallel.reduce_dtype", &C::parallel, &ParallelSection::reduce_dtype,
+          "dtype gradients travel in for the reduce-scatter: f32, or bf16 (half the traffic, rounded sums)",
+          one_of({"f32", "bf16"})),
+      key("parallel.hf_load", &C::parallel, &ParallelSection::hf_load,
+          "how ranks load model.hf: ranges (each rank reads its own byte ranges) or rank0 (rank 0 alone reads, "
+          "and sends each unit to the others: for files only rank 0 can see)",
+          one_of({"ranges", "rank0"})),
+      key("parallel.init_timeout_s", &C::parallel, &ParallelSection::init_timeout_s,
+          "seconds a rank waits for the others to start (torchrun-style launches) before failing", positive()),
 
       key("export.folder", &C::export_, &ExportSection::folder,
           "write a Hugging Face folder here at the end of training (config.json, safetensors, tokenizer); "

@@ -83,6 +83,9 @@ struct LoggingSection {
 struct ParallelSection {
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
+  std::string reduce_dtype = "f32";
+  std::string hf_load = "ranges";
+  double init_timeout_s = 300;
 };
 
 struct ExportSection {

@@ -23,8 +23,12 @@
 #include "data/corpus.h"
 #include "io/hf_folder.h"
 #include "model/hf_config.h"
+#include "dist/bootstrap.h"
 #ifdef SHARDTRAIN_WITH_MPI
 #include "dist/mpi_communicator.h"
+#endif
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "dist/nccl_communicator.h"
 #endif
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -161,11 +165,31 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   validate(config_);
   log::set_level(log::parse_level(config_.logging.level));
   if (comm_ == nullptr) {
+    // Several GPUs talk through NCCL (bootstrapped by MPI or a torchrun-style environment);
+    // CPU ranks through MPI.
+    const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
 #ifdef SHARDTRAIN_WITH_MPI
-    owned_comm_ = dist::launched_by_mpi() ? dist::make_mpi_world() : dist::make_single_rank();
+    const bool by_mpi = dist::launched_by_mpi();
 #else
-    owned_comm_ = dist::make_single_rank();
+    const bool by_mpi = false;
 #endif
+    const bool distributed = by_mpi || (env && env->world_size > 1);
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (distributed && config_.training.device != "cpu" && cuda::device_count() > 0) {
+      int gpu = 0;
+      owned_comm_ = dist::make_nccl_world(config_.parallel.init_timeout_s, &gpu);
+      device_ = Device::cuda(gpu);
+    }
+#endif
+    if (!owned_comm_) {
+#ifdef SHARDTRAIN_WITH_MPI
+      if (by_mpi) owned_comm_ = dist::make_mpi_world();
+#endif
+      ST_CHECK(owned_comm_ || !distributed, "this process was started as rank ", env ? env->rank : 0, " of ",
+               env ? env->world_size : 1, " (", env ? env->launcher : "", "-style launch), but CPU ranks ",
+               "communicate through MPI: launch CPU runs with mpirun, or train on GPUs");
+      if (!owned_comm_) owned_comm_ = dist::make_single_rank();
+    }
     comm_ = owned_comm_.get();
   }
   if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
@@ -188,14 +212,14 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
              "; use the model's own tokenizer (`data.tokenizer = \"auto\"`)");
     ST_CHECK(config_.training.seq_len <= mc.max_seq_len, "`training.seq_len` (", config_.training.seq_len,
              ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf`");
-    hf_weights = std::make_unique<io::HfWeights>(config_.model.hf);
+    if (config_.parallel.hf_load == "ranges" || comm_->rank() == 0)  // rank0: the others never open it
+      hf_weights = std::make_unique<io::HfWeights>(config_.model.hf);
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
   }
-  device_ = resolve_device(config_.training.device);
-  ST_CHECK(device_.is_cpu() || comm_->world_size() == 1, "training on ", comm_->world_size(),
-           " GPUs needs the NCCL communicator, which this build does not have yet; use `training.device = \"cpu\"` "
-           "with mpirun, or one GPU");
+  if (comm_->name() != "nccl") device_ = resolve_device(config_.training.device);
+  ST_CHECK(device_.is_cpu() || comm_->world_size() == 1 || comm_->name() == "nccl", "training on ",
+           comm_->world_size(), " GPUs needs the NCCL communicator, not `", comm_->name(), "`");
   const DType dtype = resolve_dtype(config_.model.dtype, device_);
   // Mixed precision: compute in `dtype`; master weights, gradients and optimizer state in f32.
   const DType master = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
@@ -203,19 +227,30 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   fsdp::ShardingOptions so;
   so.compute_dtype = dtype;
   so.grad_dtype = so.master_dtype = so.reduce_dtype = master;
+  if (config_.parallel.reduce_dtype == "bf16") {
+    ST_CHECK(device_.is_cuda(), "`parallel.reduce_dtype` = bf16 needs GPUs (NCCL); MPI reduces f32");
+    so.reduce_dtype = DType::kBF16;
+  }
   so.reshard_after_forward = config_.parallel.reshard_after_forward;
   so.keep_last_block_gathered = config_.parallel.keep_last_block_gathered;
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
-  if (hf_weights) {
-    // each rank reads only the element ranges of its own shards
-    const io::HfWeights& w = *hf_weights;
-    store_->load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
-      const io::TensorInfo& t = w.get(p.name);
+  if (!config_.model.hf.empty()) {
+    // each rank reads only the element ranges of its own shards, or rank 0 reads everything
+    const io::HfWeights* w = hf_weights.get();
+    const fsdp::ShardedUnitStore::ParamReader read = [&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+      const io::TensorInfo& t = w->get(p.name);
       ST_CHECK(Shape(t.shape.begin(), t.shape.end()) == p.shape, "`", config_.model.hf, "`: tensor `", p.name,
                "` has shape ", Shape(t.shape.begin(), t.shape.end()).str(), ", config.json implies ", p.shape.str());
-      w.read_range(p.name, first, out);
-    });
-    log::info(fmt::format("loaded {} tensors from {}", w.names().size(), config_.model.hf));
+      w->read_range(p.name, first, out);
+    };
+    if (config_.parallel.hf_load == "rank0")
+      store_->load_from_rank0(read);
+    else
+      store_->load(read);
+    size_t tensors = 0;
+    for (const model::UnitLayout& unit : layout_->units()) tensors += unit.params.size();
+    log::info(fmt::format("loaded {} tensors from {} ({})", tensors, config_.model.hf,
+                          config_.parallel.hf_load == "rank0" ? "read by rank 0, sent unit by unit" : "each rank its ranges"));
   } else {
     store_->init_random(config_.training.seed, mc.init_std);
   }
@@ -355,7 +390,7 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();
-  double train_seconds = 0;
+  double train_seconds = 0, comm_wait_total = 0;
   const int64_t first_step = start_step_;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
@@ -391,6 +426,8 @@ TrainSummary Trainer::run() {
     synchronize(device_);  // step times are host-clock times of finished device work
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
+    const double t_comm_wait = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
+    comm_wait_total += t_comm_wait;
     train_seconds += step_seconds;
 
     StepRecord r;
@@ -411,13 +448,15 @@ TrainSummary Trainer::run() {
                    {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
                    {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
-                   {"mfu", mfu(r.tokens_per_second)}});
+                   {"time_comm_wait_s", t_comm_wait}, {"mfu", mfu(r.tokens_per_second)}});
     if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
       progress.clear();
       std::string device_part;
       if (device_.is_cuda())
-        device_part = fmt::format("  {}MFU {:.1f}%  peak mem {}", peak_flops > 0 ? "" : "(peak unknown) ",
-                                  100.0 * mfu(avg_tps), format_bytes(peak_device_bytes()));
+        device_part = fmt::format("  {}MFU {:.1f}%  peak mem {}{}", peak_flops > 0 ? "" : "(peak unknown) ",
+                                  100.0 * mfu(avg_tps), format_bytes(peak_device_bytes()),
+                                  world > 1 ? fmt::format("  comm wait {:.1f}%", 100.0 * comm_wait_total / train_seconds)
+                                            : std::string());
       log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
                             step, tc.steps, r.loss, lr, norm, avg_tps, device_part,
                             format_duration(seconds_since(start)), format_duration(eta)));

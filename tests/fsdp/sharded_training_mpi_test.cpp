@@ -213,5 +213,31 @@ TEST(ShardedInit, HfLoadingReadsOnlyOwnRangesAndEqualsUnsharded) {
   }
 }
 
+TEST(ShardedInit, HfLoadingByRankZeroEqualsRanges) {
+  auto comm = dist::make_mpi_world();
+  const std::string dir = testing::source_dir() + "/tests/model/hf_reference/gqa_untied";
+  const model::LlamaConfig c = model::load_hf_config(dir + "/config.json");
+  const model::ModelLayout layout = model::ModelLayout::llama(c, comm->world_size());
+  // only rank 0 opens the folder, as when the other ranks cannot see it
+  std::unique_ptr<io::HfWeights> weights;
+  if (comm->rank() == 0) weights = std::make_unique<io::HfWeights>(dir);
+  fsdp::ShardedUnitStore by_root(layout, comm.get(), {});
+  int calls = 0;
+  by_root.load_from_rank0([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+    ++calls;
+    weights->read_range(p.name, first, out);
+  });
+  if (comm->rank() != 0) {
+    EXPECT_EQ(calls, 0);
+  }
+  const io::HfWeights mine(dir);
+  fsdp::ShardedUnitStore by_ranges(layout, comm.get(), {});
+  by_ranges.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) { mine.read_range(p.name, first, out); });
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    EXPECT_TRUE(testing::all_close(by_root.master_shards()[u], by_ranges.master_shards()[u], testing::kExact))
+        << layout.units()[u].name << " on rank " << comm->rank();
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -104,6 +104,10 @@ TEST(Config, ShippedDefaultFileEqualsBuiltInDefaults) {
     *s = out;
   }
   EXPECT_EQ(a, b) << "configs/default.toml is stale: regenerate it with `shardtrain print-config`";
+  // every key is written out, so a newly added key cannot go missing from the file
+  for (const auto& [key, source] : file.sources)
+    EXPECT_EQ(source, ValueSource::kFile)
+        << key << " is missing from configs/default.toml: regenerate it with `shardtrain print-config`";
 }
 
 }  // namespace

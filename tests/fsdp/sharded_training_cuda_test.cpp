@@ -1,0 +1,215 @@
+// Sharded training on several GPUs (NCCL, overlapped gathers and reduce-scatters) follows
+// one GPU with the same global batch: `shardtrain train` is started as 2 ranks with a
+// torchrun-style environment and as 1 rank, and their loss curves are compared step by step
+// (bf16 compute: the two differ only in GEMM shapes and reduction order). Skips with fewer
+// than 2 GPUs.
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/cuda/device.h"
+#include "core/random.h"
+
+extern char** environ;
+
+namespace shardtrain {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string shardtrain_binary() {
+  // beside this test (a bundle carried to a GPU machine), else in the build tree
+  const fs::path here = fs::read_symlink("/proc/self/exe").parent_path() / "shardtrain";
+  if (fs::exists(here)) return here.string();
+  return std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain";
+}
+
+int free_port() {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(s);
+  return ntohs(a.sin_port);
+}
+
+fs::path scratch() {
+  const fs::path d = fs::temp_directory_path() / ("shardtrain_fsdp_cuda_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d;
+}
+
+std::string write_corpus() {
+  const std::string path = (scratch() / "corpus.txt").string();
+  const char* subjects[] = {"the cat", "a dog", "my friend", "the old man", "every child", "our teacher"};
+  const char* verbs[] = {"sees", "likes", "finds", "paints", "follows", "remembers"};
+  const char* objects[] = {"the river", "a red ball", "the moon", "some bread", "the quiet house", "a letter"};
+  std::ofstream f(path);
+  CounterRng rng(7);
+  for (int doc = 0; doc < 600; ++doc) {
+    for (int s = 0; s < 4; ++s)
+      f << subjects[rng.next_below(6)] << ' ' << verbs[rng.next_below(6)] << ' ' << objects[rng.next_below(6)] << ". ";
+    f << "\n\n";
+  }
+  return path;
+}
+
+// Starts `ranks` processes of `shardtrain train args...` (rank r on GPU r) and waits for all.
+// Returns each one's exit status; output goes to <out>/rank<r>.log.
+std::vector<int> launch(int ranks, const std::vector<std::string>& args, const fs::path& out) {
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> env_strings;
+    auto launcher_variable = [](const std::string& kv) {
+      for (const char* v : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT="})
+        if (kv.rfind(v, 0) == 0) return true;
+      return false;
+    };
+    for (char** e = environ; *e != nullptr; ++e)
+      if (!launcher_variable(*e)) env_strings.push_back(*e);
+    if (ranks > 1) {
+      env_strings.push_back("RANK=" + std::to_string(r));
+      env_strings.push_back("WORLD_SIZE=" + std::to_string(ranks));
+      env_strings.push_back("LOCAL_RANK=" + std::to_string(r));
+      env_strings.push_back("MASTER_ADDR=127.0.0.1");
+      env_strings.push_back("MASTER_PORT=" + std::to_string(port));
+    }
+    std::vector<std::string> argv_strings = {shardtrain_binary(), "train"};
+    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+    std::vector<char*> argv, envp;
+    for (auto& s : argv_strings) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    const std::string log = (out / ("rank" + std::to_string(r) + ".log")).string();
+    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid = 0;
+    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0) << argv[0];
+    posix_spawn_file_actions_destroy(&fa);
+    pids.push_back(pid);
+  }
+  std::vector<int> status(pids.size(), -1);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
+  size_t left = pids.size();
+  while (left > 0) {
+    for (size_t i = 0; i < pids.size(); ++i) {
+      if (status[i] != -1) continue;
+      int st = 0;
+      if (waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+        status[i] = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+        --left;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      for (size_t i = 0; i < pids.size(); ++i)
+        if (status[i] == -1) ::kill(pids[i], SIGKILL);
+      ADD_FAILURE() << "the ranks did not finish within 5 minutes";
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return status;
+}
+
+std::string read_file(const fs::path& p) {
+  std::ifstream f(p);
+  return std::string(std::istreambuf_iterator<char>(f), {});
+}
+
+struct Curve {
+  std::vector<double> loss, grad_norm;
+  double eval = NAN;
+};
+
+Curve read_metrics(const fs::path& file) {
+  Curve c;
+  std::ifstream f(file);
+  std::string line;
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) {
+      c.loss.push_back(j["loss"].get<double>());
+      c.grad_norm.push_back(j["grad_norm"].get<double>());
+    }
+    if (j.contains("eval_loss")) c.eval = j["eval_loss"].get<double>();
+  }
+  return c;
+}
+
+std::vector<std::string> job(const std::string& corpus, int64_t batch, const fs::path& out) {
+  return {"--model.dim=256", "--model.n_layers=3", "--model.n_heads=4", "--model.n_kv_heads=2",
+          "--model.ffn_dim=640", "--model.tie_embeddings=false", "--training.seq_len=128",
+          "--training.batch_size=" + std::to_string(batch), "--training.grad_accum_steps=2", "--training.steps=30",
+          "--training.max_grad_norm=0.5", "--schedule.warmup_steps=5", "--optimizer.lr=2e-3",
+          "--eval.interval_steps=0", "--eval.batches=2", "--sample.tokens=0", "--logging.progress=off",
+          "--data.source=" + corpus, "--training.device=cuda", "--run.output_dir=" + out.string()};
+}
+
+TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const std::string corpus = write_corpus();
+  const int64_t B = 4;
+
+  const fs::path one = scratch() / "one", two = scratch() / "two", two_bf16 = scratch() / "two_bf16";
+  for (const fs::path& d : {one, two, two_bf16}) fs::create_directories(d);
+  std::vector<int> st = launch(1, job(corpus, 2 * B, one), one);
+  ASSERT_EQ(st[0], 0) << read_file(one / "rank0.log");
+  st = launch(2, job(corpus, B, two), two);
+  ASSERT_EQ(st[0], 0) << read_file(two / "rank0.log");
+  ASSERT_EQ(st[1], 0) << read_file(two / "rank1.log");
+  std::vector<std::string> bf16 = job(corpus, B, two_bf16);
+  bf16.push_back("--parallel.reduce_dtype=bf16");
+  st = launch(2, bf16, two_bf16);
+  ASSERT_EQ(st[0], 0) << read_file(two_bf16 / "rank0.log");
+
+  const std::string log = read_file(two / "rank0.log");
+  EXPECT_NE(log.find("sharded over 2 ranks (nccl)"), std::string::npos) << log;
+  EXPECT_NE(log.find("comm wait"), std::string::npos) << log;
+
+  const Curve a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl"),
+              c = read_metrics(two_bf16 / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 30u);
+  ASSERT_EQ(b.loss.size(), 30u);
+  ASSERT_EQ(c.loss.size(), 30u);
+  // Step 1 sees identical weights and tokens: only the forward's GEMM shapes differ.
+  EXPECT_NEAR(b.loss[0], a.loss[0], 2e-3 * a.loss[0]);
+  EXPECT_NEAR(b.grad_norm[0], a.grad_norm[0], 1e-2 * a.grad_norm[0]);
+  double worst = 0, worst_bf16 = 0;
+  for (size_t i = 0; i < a.loss.size(); ++i) {
+    worst = std::max(worst, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
+    worst_bf16 = std::max(worst_bf16, std::abs(c.loss[i] - a.loss[i]) / a.loss[i]);
+  }
+  std::printf("worst relative loss gap over 30 steps: f32 reduce %.2e, bf16 reduce %.2e; eval %.4f vs %.4f\n", worst,
+              worst_bf16, b.eval, a.eval);
+  EXPECT_LT(worst, 1e-2);
+  EXPECT_LT(worst_bf16, 2e-2);
+  EXPECT_NEAR(b.eval, a.eval, 1e-2 * a.eval);
+  EXPECT_LT(a.loss.back(), a.loss.front() - 1.0) << "the run should learn";
+}
+
+}  // namespace
+}  // namespace shardtrain
