@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
 """The PyTorch peer of bench/train/train_bench.cpp: HF transformers LlamaForCausalLM (sdpa
-attention) wrapped with FSDP2 `fully_shard` on one rank (per block, then the root), bf16
-parameters with f32 gradient reduction, fused AdamW, optional torch.compile per block and
-full activation checkpointing per block. Same shape, batch, random tokens and step count
-as train_bench; prints the same table row and JSON line.
+attention) wrapped with FSDP2 `fully_shard` (per block, then the root), bf16 parameters
+with f32 gradient reduction, fused AdamW, optional torch.compile per block and full
+activation checkpointing per block. Same shape, batch, random tokens and step count as
+train_bench; prints the same table row and JSON line (tokens/s and MFU per GPU).
+One rank by default; under torchrun, one rank per GPU (--batch is per rank).
 
   python3 bench/train/peer_fsdp2.py [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
-                                    [--compile] [--ac none|full]
+                                    [--compile] [--ac none|full] [--shape 1b|8b]
+  torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
 """
 import argparse
 import json
@@ -29,18 +31,26 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--ac", choices=["none", "full"], default="none")
-    p.add_argument("--layers", type=int, default=16)
+    p.add_argument("--shape", choices=["1b", "8b"], default="1b",
+                   help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions")
+    p.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
     a = p.parse_args()
 
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29513")
-    dist.init_process_group("nccl", rank=0, world_size=1)
-    torch.cuda.set_device(0)
+    torch.cuda.set_device(local)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
     torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(
-        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=a.layers,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=a.seq, rope_theta=500000.0,
-        tie_word_embeddings=True, rms_norm_eps=1e-5)
+    dims = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+                num_key_value_heads=8, tie_word_embeddings=True) if a.shape == "1b" else \
+        dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+             num_key_value_heads=8, tie_word_embeddings=False)
+    if a.layers:
+        dims["num_hidden_layers"] = a.layers
+    cfg = transformers.LlamaConfig(vocab_size=128256, max_position_embeddings=a.seq, rope_theta=500000.0,
+                                   rms_norm_eps=1e-5, **dims)
     cfg._attn_implementation = "sdpa"
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(cfg)
@@ -60,11 +70,13 @@ def main():
     non_embed = n_params if cfg.tie_word_embeddings else n_params - cfg.vocab_size * cfg.hidden_size
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     flops_per_token = 6 * non_embed + 12 * cfg.num_hidden_layers * head_dim * cfg.num_attention_heads * a.seq
-    name = torch.cuda.get_device_name(0)
+    name = torch.cuda.get_device_name(local)
     peak = 756e12 if ("H100" in name and "PCIe" in name) else 989e12 if ("H100" in name or "H200" in name) else 0
-    print(f"# {name}, torch {torch.__version__}, transformers {transformers.__version__}, {n_params} parameters")
+    say = print if rank == 0 else (lambda *x, **k: None)
+    say(f"# {name} x {world}, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{n_params} parameters")
 
-    g = torch.Generator(device="cuda").manual_seed(7)
+    g = torch.Generator(device="cuda").manual_seed(7 + rank)
     timed = 0.0
     torch.cuda.reset_peak_memory_stats()
     for step in range(1, a.warmup + a.steps + 1):
@@ -85,14 +97,16 @@ def main():
             assert abs(value - math.log(cfg.vocab_size)) < 0.5, f"first loss {value} not near ln V"
         if step > a.warmup:
             timed += dt
-        print(f"# step {step} loss {value:.4f}  {1e3 * dt:.1f} ms")
+        say(f"# step {step} loss {value:.4f}  {1e3 * dt:.1f} ms")
     tps = a.batch * a.seq * a.steps / timed
     mfu = flops_per_token * tps / peak if peak else 0.0
-    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    peak_mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+    dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
+    peak_gib = peak_mem.item()
     label = "HF + FSDP2" + (" + compile" if a.compile else " eager")
-    print(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
-    print(json.dumps(dict(engine=label, ac=a.ac, batch=a.batch, seq=a.seq, tokens_per_s=round(tps, 1),
-                          mfu=round(mfu, 4), peak_gib=round(peak_gib, 2))))
+    say(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
+    say(json.dumps(dict(engine=label, shape=a.shape, gpus=world, ac=a.ac, batch=a.batch, seq=a.seq,
+                        tokens_per_s_per_gpu=round(tps, 1), mfu=round(mfu, 4), peak_gib=round(peak_gib, 2))))
     dist.destroy_process_group()
 
 

@@ -6,11 +6,15 @@
 // finite), then reports tokens/s, MFU (torchtitan's FLOPs per token against the device's
 // dense bf16 peak), the phase split and peak device memory, as a table row and a JSON line.
 // With SHARDTRAIN_PROFILE=1 it also prints the time per op (core/profile.h).
+// Several GPUs: start one process per GPU with a torchrun-style environment (RANK,
+// WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); the model is then sharded over them
+// through NCCL exactly as in training, --batch is per GPU, tokens/s and MFU are per GPU, and
+// the time the compute stream stood waiting on gathers and reductions is reported.
 //
-//   train_bench [--batch 4] [--seq 4096] [--steps 10] [--warmup 3] [--ac none|full]
-//               [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8] [--ffn 8192]
-//               [--vocab 128256] [--untied] [--loss-chunk 4096] [--keep-gathered]
-//               [--device cuda|cpu]
+//   train_bench [--shape 1b|8b] [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
+//               [--ac none|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
+//               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 4096]
+//               [--keep-gathered] [--reduce-bf16] [--device cuda|cpu]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,7 +29,11 @@
 #include "core/cuda/device.h"
 #endif
 #include "core/random.h"
+#include "dist/bootstrap.h"
 #include "dist/communicator.h"
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "dist/nccl_communicator.h"
+#endif
 #include "fsdp/sharded_store.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -39,7 +47,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int64_t batch = 4, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
-  bool tied = true, full_ac = false, keep_gathered = false;
+  bool tied = true, full_ac = false, keep_gathered = false, reduce_bf16 = false;
   int64_t loss_chunk = 4096;
   std::string device = "cuda";
 };
@@ -64,6 +72,17 @@ Args parse(int argc, char** argv) {
     else if (k == "--vocab") a.vocab = std::stoll(next());
     else if (k == "--loss-chunk") a.loss_chunk = std::stoll(next());
     else if (k == "--untied") a.tied = false;
+    else if (k == "--reduce-bf16") a.reduce_bf16 = true;
+    else if (k == "--shape") {
+      const std::string v = next();
+      ST_CHECK(v == "1b" || v == "8b", "train_bench: --shape 1b|8b, found ", v);
+      if (v == "8b") {  // Llama 3.1 8B: 32 layers, width 4096, FFN 14336, untied head
+        a.layers = 32;
+        a.dim = 4096;
+        a.ffn = 14336;
+        a.tied = false;
+      }
+    }
     else if (k == "--keep-gathered") a.keep_gathered = true;
     else if (k == "--ac") {
       const std::string v = next();
@@ -82,15 +101,30 @@ int main(int argc, char** argv) try {
   Device dev = Device::cpu();
   double peak_flops = 0;
   std::string device_name = "cpu";
+  std::unique_ptr<dist::Communicator> comm;
+  const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
 #ifdef SHARDTRAIN_WITH_CUDA
   if (a.device == "cuda") {
     ST_CHECK(cuda::device_count() > 0, "train_bench: no CUDA device");
-    cuda::init_device(0);
-    dev = Device::cuda(0);
-    peak_flops = cuda::dense_bf16_peak_flops(0);
-    device_name = cuda::device_name(0);
+    int gpu = 0;
+    if (env && env->world_size > 1) {
+      comm = dist::make_nccl_world(300, &gpu);
+    } else {
+      cuda::init_device(0);
+    }
+    dev = Device::cuda(gpu);
+    peak_flops = cuda::dense_bf16_peak_flops(gpu);
+    device_name = cuda::device_name(gpu);
   }
 #endif
+  if (!comm) {
+    ST_CHECK(!env || env->world_size == 1, "train_bench: several ranks need GPUs (NCCL)");
+    comm = dist::make_single_rank();
+  }
+  const int world = comm->world_size(), rank = comm->rank();
+  auto say = [&](const std::string& s) {
+    if (rank == 0) std::fputs(s.c_str(), stdout), std::fflush(stdout);
+  };
   const DType compute = dev.is_cpu() ? DType::kF32 : DType::kBF16;
 
   model::LlamaConfig c;
@@ -104,35 +138,36 @@ int main(int argc, char** argv) try {
   c.rope.theta = 500000.0;
   c.tie_embeddings = a.tied;
   c.validate("bench.");
-  const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
-  auto comm = dist::make_single_rank();
+  const model::ModelLayout layout = model::ModelLayout::llama(c, world);
   fsdp::ShardingOptions so;
   so.compute_dtype = compute;
+  if (a.reduce_bf16) so.reduce_dtype = DType::kBF16;
   so.reshard_after_forward = !a.keep_gathered;
   fsdp::ShardedUnitStore store(layout, comm.get(), so, dev);
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
-  optim::AdamW opt(layout, 0, optim::AdamWConfig{}, DType::kF32, dev);
+  optim::AdamW opt(layout, rank, optim::AdamWConfig{}, DType::kF32, dev);
   std::vector<Tensor*> params;
   std::vector<const Tensor*> cgrads;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     params.push_back(&store.master_shards()[u]);
     cgrads.push_back(&store.grad_shards()[u]);
   }
-  std::printf("# %s, %s; init %.1f s\n", device_name.c_str(), c.summary().c_str(),
-              std::chrono::duration<double>(Clock::now() - t_init).count());
+  say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
+                     std::chrono::duration<double>(Clock::now() - t_init).count(), " s\n"));
 
   Tensor ids = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "ids");
   Tensor targets = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "targets");
-  CounterRng rng(7);
+  CounterRng rng(7 + static_cast<uint64_t>(rank));  // each rank its own part of the global batch
   model::StepOptions o;
   o.checkpointing = a.full_ac ? model::ActivationCheckpointing::kFull : model::ActivationCheckpointing::kNone;
   o.loss_chunk_tokens = a.loss_chunk;
-  o.grad_scale = 1.0 / static_cast<double>(a.batch * a.seq);
-  const double tokens = static_cast<double>(a.batch * a.seq);
+  o.grad_scale = 1.0 / static_cast<double>(a.batch * a.seq * world);
+  const double tokens = static_cast<double>(a.batch * a.seq);  // per rank
+  Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
-  double timed = 0, fwd = 0, bwd = 0, optim_s = 0;
+  double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0;
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {
     for (int64_t i = 0; i < ids.numel(); ++i) {
       ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(a.vocab)));
@@ -146,7 +181,10 @@ int main(int argc, char** argv) try {
     opt.step(params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0));
     synchronize(dev);
     const Clock::time_point t2 = Clock::now();
-    const double loss = ls.loss_sum / tokens;
+    loss_total.data<double>()[0] = ls.loss_sum;
+    comm->all_reduce(loss_total, dist::ReduceOp::kSum);
+    const double loss = loss_total.data<double>()[0] / (tokens * world);
+    const double waited = store.take_comm_wait_seconds();
     ST_CHECK(std::isfinite(loss), "train_bench: loss is ", loss, " at step ", step);
     if (step == 1)
       ST_CHECK(std::abs(loss - std::log(static_cast<double>(a.vocab))) < 0.5, "train_bench: first loss ", loss,
@@ -157,24 +195,33 @@ int main(int argc, char** argv) try {
       fwd += m.last_phase_times().forward_s;
       bwd += m.last_phase_times().backward_s;
       optim_s += std::chrono::duration<double>(t2 - t1).count();
+      comm_wait += waited;
     }
-    std::printf("# step %lld loss %.4f  %.1f ms\n", static_cast<long long>(step), loss,
-                1e3 * std::chrono::duration<double>(t2 - t0).count());
+    say(detail::concat("# step ", step, " loss ", loss, "  ", 1e3 * std::chrono::duration<double>(t2 - t0).count(),
+                       " ms", world > 1 ? detail::concat("  comm wait ", 1e3 * waited, " ms") : "", "\n"));
   }
   const double n = static_cast<double>(a.steps);
-  if (profile::enabled())
+  if (profile::enabled() && rank == 0)
     std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower)\n%s",
                 static_cast<long long>(a.steps), profile::report_and_reset().c_str());
   const double tps = tokens * n / timed;
   const double mfu = peak_flops > 0 ? c.flops_per_token(a.seq) * tps / peak_flops : 0.0;
   const double peak_gib = static_cast<double>(allocator_for(dev).stats().peak_allocated_bytes) / (1u << 30);
-  std::printf("| shardtrain | %s | %lld | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms |\n", a.full_ac ? "full" : "none",
-              static_cast<long long>(a.batch), tps, 100 * mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n,
-              1e3 * optim_s / n);
-  std::printf("{\"engine\": \"shardtrain\", \"ac\": \"%s\", \"batch\": %lld, \"seq\": %lld, \"tokens_per_s\": %.1f, "
-              "\"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, \"backward_ms\": %.2f, \"optimizer_ms\": %.2f}\n",
-              a.full_ac ? "full" : "none", static_cast<long long>(a.batch), static_cast<long long>(a.seq), tps, mfu,
-              peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n);
+  const std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
+  const std::string wait_part =
+      world > 1 ? detail::concat(", comm wait ", 100 * comm_wait / timed, " % of the step") : std::string();
+  char row[512];
+  std::snprintf(row, sizeof row, "| %s | %s | %lld | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n",
+                label.c_str(), a.full_ac ? "full" : "none", static_cast<long long>(a.batch), tps, 100 * mfu, peak_gib,
+                1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
+  say(row);
+  std::snprintf(row, sizeof row,
+                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"ac\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
+                "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
+                "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f}\n",
+                world, a.full_ac ? "full" : "none", static_cast<long long>(a.batch), static_cast<long long>(a.seq), tps,
+                mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed);
+  say(row);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "train_bench: %s\n", e.what());
