@@ -186,9 +186,12 @@ int main(int argc, char** argv) try {
     const double loss = loss_total.data<double>()[0] / (tokens * world);
     const double waited = store.take_comm_wait_seconds();
     ST_CHECK(std::isfinite(loss), "train_bench: loss is ", loss, " at step ", step);
+    // random logits of spread s start near ln V + s^2/2: deep models (8B: 32 blocks of
+    // std-0.02 weights) start up to ~1 above ln V; far outside that the model is broken
+    const double ln_v = std::log(static_cast<double>(a.vocab));
     if (step == 1)
-      ST_CHECK(std::abs(loss - std::log(static_cast<double>(a.vocab))) < 0.5, "train_bench: first loss ", loss,
-               " is not near ln V = ", std::log(static_cast<double>(a.vocab)), ": the model is wrong");
+      ST_CHECK(loss > ln_v - 0.5 && loss < ln_v + 1.5, "train_bench: first loss ", loss, " is not near ln V = ", ln_v,
+               ": the model is wrong");
     if (step == a.warmup) (void)profile::report_and_reset();  // profile the timed steps only
     if (step > a.warmup) {
       timed += std::chrono::duration<double>(t2 - t0).count();

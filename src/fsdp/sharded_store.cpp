@@ -248,10 +248,23 @@ double ShardedUnitStore::take_comm_wait_seconds() {
 }
 
 void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
-  load([&](const model::ParamSpec& p, int64_t first, Tensor& out) { model::init_param_range(out, p, first, seed, init_std); });
+  // computed in place, on the device that holds the shard: no host pass over the model
+  for_each_owned_range([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
+    model::init_param_range(dst, p, first, seed, init_std);
+  });
 }
 
 void ShardedUnitStore::load(const ParamReader& read) {
+  for_each_owned_range([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
+    if (device_.is_cpu()) return read(p, first, dst);
+    // readers fill host memory; the range then travels to the device
+    Tensor staged = Tensor::empty({dst.numel()}, options_.master_dtype, Device::cpu(), "parameter staging");
+    read(p, first, staged);
+    copy(dst, staged);
+  });
+}
+
+void ShardedUnitStore::for_each_owned_range(const ParamReader& fn) {
   const int64_t r = comm_->rank();
   for (size_t u = 0; u < layout_->units().size(); ++u) {
     const int64_t s = master_[u].numel(), lo = r * s, hi = lo + s;
@@ -259,13 +272,7 @@ void ShardedUnitStore::load(const ParamReader& read) {
       const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
       if (a >= b) continue;
       Tensor dst = master_[u].flat_range(a - lo, b - a);
-      if (device_.is_cpu()) {
-        read(p, a - p.offset, dst);
-      } else {  // readers fill host memory; the range then travels to the device
-        Tensor staged = Tensor::empty({b - a}, options_.master_dtype, Device::cpu(), "parameter staging");
-        read(p, a - p.offset, staged);
-        copy(dst, staged);
-      }
+      fn(p, a - p.offset, dst);
     }
   }
 }

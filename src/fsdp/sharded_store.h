@@ -83,6 +83,9 @@ class ShardedUnitStore final : public model::UnitStore {
   // One rank and equal dtypes: the full buffers are the shards themselves.
   bool params_aliased() const;
   bool grads_aliased() const;
+  // Calls fn(spec, first, dst) for each parameter range inside this rank's slices, with
+  // dst the matching range of the master shard (on the store's device).
+  void for_each_owned_range(const ParamReader& fn);
   void gather(size_t unit);            // fills state_[unit].full_params
   void prefetch_after(size_t unit, model::Pass pass);
   void reduce(size_t unit);            // reduce-scatters state_[unit].full_grads into grad_[unit]

@@ -38,20 +38,12 @@ int64_t count_targets(const Tensor& targets_BT, int32_t ignore_index) {
 
 void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_t seed, double init_std) {
   ST_ASSERT(first >= 0 && first + out.numel() <= spec.numel());
-  Tensor host = Tensor::empty({out.numel()}, DType::kF64, Device::cpu(), "init");
-  double* h = host.data<double>();
-  const uint64_t key = name_key(spec.name);
-  const int64_t n = out.numel();
-#pragma omp parallel for schedule(static) if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) {
-    switch (spec.init) {
-      case ParamInit::kOnes: h[i] = 1.0; break;
-      case ParamInit::kZeros: h[i] = 0.0; break;
-      case ParamInit::kNormal: h[i] = init_std * normal_at(seed, key, static_cast<uint64_t>(first + i)); break;
-    }
-  }
   Tensor flat = out.view({out.numel()});
-  ops::cast(flat, host);
+  switch (spec.init) {  // computed where `out` lives: a GPU initialises its own shards
+    case ParamInit::kOnes: ops::fill(flat, 1.0); return;
+    case ParamInit::kZeros: ops::fill(flat, 0.0); return;
+    case ParamInit::kNormal: ops::fill_normal(flat, seed, name_key(spec.name), first, init_std); return;
+  }
 }
 
 Llama::Llama(const LlamaConfig& config, DType dtype, Device device)

@@ -10,6 +10,7 @@ namespace shardtrain::ops {
 
 namespace cpu {
 void fill(Tensor& x, double value);
+void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std);
 void add(Tensor& out, const Tensor& a, const Tensor& b);
 void scale(Tensor& x, double factor);
 void cast(Tensor& out, const Tensor& in);
@@ -18,6 +19,7 @@ void sum_squares(Tensor& out_1, const Tensor& x);
 
 namespace cuda {
 void fill(Tensor& x, double value, Stream stream);
+void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std, Stream stream);
 void add(Tensor& out, const Tensor& a, const Tensor& b, Stream stream);
 void scale(Tensor& x, double factor, Stream stream);
 void cast(Tensor& out, const Tensor& in, Stream stream);
@@ -32,6 +34,21 @@ inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
   return cuda::fill(x, value, stream);
 #else
   no_kernel("fill", x);
+#endif
+}
+
+// x[i] = std * normal_at(seed, key, first + i) for every element i: the counter-based
+// parameter init (core/random.h), computed in f64 where x lives and rounded once to f32 (then
+// to x's dtype, as cast rounds). Host and device agree to the last bit of the f64 log/cos.
+// Floating dtypes.
+inline void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std,
+                        [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("fill_normal", x.device());
+  if (x.device().is_cpu()) return cpu::fill_normal(x, seed, key, first, std);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::fill_normal(x, seed, key, first, std, stream);
+#else
+  no_kernel("fill_normal", x);
 #endif
 }
 

@@ -2,6 +2,8 @@
 // twins on random data, f32 and bf16, odd and aligned shapes. Skips without a device.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -73,6 +75,45 @@ TEST_P(FusedCuda, ElementwiseAndCast) {
       cpu::cast(c_ref, a.host.dtype() == DType::kBF16 ? a.f32 : a.host);
       EXPECT_TRUE(all_close(to_host(c), c_ref, testing::kExact)) << "cast to " << dtype_name(to) << " n=" << n;
     }
+  }
+}
+
+// The GPU initialises parameters from the same counters as the host: f64 values agree to an
+// ulp or two (log and cos may round differently), so f32/bf16 values agree to one ulp at most
+// and almost always exactly.
+TEST(FusedCudaInit, FillNormalMatchesHost) {
+  ST_REQUIRE_CUDA();
+  const int64_t n = (int64_t{1} << 20) + 7, first = 123456789;
+  for (DType dt : {DType::kF64, DType::kF32, DType::kBF16}) {
+    Tensor dev = Tensor::empty({n}, dt, Device::cuda(0)), host = Tensor::empty({n}, dt);
+    fill_normal(dev, 42, 0xabcdef, first, 0.02);
+    cpu::fill_normal(host, 42, 0xabcdef, first, 0.02);
+    const Tensor got = to_host(dev);
+    int64_t differing = 0;
+    double sum_sq = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      double a = 0, b = 0, ulp = 0;
+      if (dt == DType::kF64) {
+        a = got.data<double>()[i], b = host.data<double>()[i];
+        ulp = std::nextafter(std::abs(b), 1.0) - std::abs(b);
+      } else if (dt == DType::kF32) {
+        a = got.data<float>()[i], b = host.data<float>()[i];
+        ulp = std::nextafterf(static_cast<float>(std::abs(b)), 1.0f) - std::abs(b);
+      } else {
+        a = bf16_to_float(got.data<BFloat16>()[i]), b = bf16_to_float(host.data<BFloat16>()[i]);
+        ulp = std::abs(b) * 0x1p-7 + 1e-30;  // bf16 keeps 8 significant bits
+      }
+      sum_sq += b * b;
+      if (a != b) {
+        ++differing;
+        ASSERT_LE(std::abs(a - b), (dt == DType::kF64 ? 4 : 1) * ulp)
+            << dtype_name(dt) << " element " << i << ": device " << a << ", host " << b;
+      }
+    }
+    if (dt != DType::kF64) {
+      EXPECT_LE(differing, n / 10000) << dtype_name(dt) << ": too many one-ulp differences";
+    }
+    EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(n)), 0.02, 2e-4) << dtype_name(dt) << ": not N(0, 0.02^2)";
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <vector>
 
+#include "core/random_math.h"
 #include "ops/cpu/common.h"
 
 namespace shardtrain::ops::cpu {
@@ -47,6 +48,17 @@ void fill(Tensor& x, double value) {
     default:
       for (int64_t i = 0; i < n; ++i) store(x.raw_data(), x.dtype(), i, value);
   }
+}
+
+void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std) {
+  check_arg(x, "fill_normal", "x");
+  ST_CHECK(is_floating(x.dtype()), "fill_normal: x must be a floating dtype, found ", x.str());
+  const int64_t n = x.numel();
+  void* p = x.raw_data();
+  const DType t = x.dtype();
+#pragma omp parallel for schedule(static) if (n > 65536)
+  for (int64_t i = 0; i < n; ++i)
+    store(p, t, i, std * random_math::normal_at(seed, key, static_cast<uint64_t>(first + i)));
 }
 
 void add(Tensor& out, const Tensor& a, const Tensor& b) {

@@ -1,5 +1,6 @@
 // CUDA elementwise ops: fill, add, scale, cast, and a deterministic sum of squares
 // (fixed per-block partials, then one block sums them in a fixed order; f64 accumulation).
+#include "core/random_math.h"
 #include "ops/cuda/common.cuh"
 #include "ops/elementwise.h"
 
@@ -12,6 +13,15 @@ constexpr int kMaxPartials = 1024;
 template <typename T>
 __global__ void fill_kernel(T* x, int64_t n, T value) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) x[i] = value;
+}
+
+template <typename T>
+__global__ void fill_normal_kernel(T* x, int64_t n, uint64_t seed, uint64_t key, int64_t first, double std) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double v = std * random_math::normal_at(seed, key, static_cast<uint64_t>(first + i));
+    if constexpr (std::is_same_v<T, double>) x[i] = v;
+    else x[i] = from_f32<T>(static_cast<float>(v));  // through f32, as the host rounds
+  }
 }
 
 template <typename T>
@@ -124,6 +134,17 @@ void fill(Tensor& x, double value, Stream s) {
       break;
     default: ST_THROW("fill: no CUDA kernel for ", x.str());
   }
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std, Stream s) {
+  check_cuda_tensor(x, "fill_normal", "x");
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), "fill_normal", [&]<typename T>() {
+    fill_normal_kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(static_cast<T*>(x.raw_data()), n, seed,
+                                                                             key, first, std);
+  });
   ST_CUDA_CHECK_LAUNCH();
 }
 
