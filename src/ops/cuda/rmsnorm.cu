@@ -33,6 +33,50 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
   for (int64_t i = lane; i < D; i += 32) yr[i] = from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(to_f32(xr[i]) * r)));
 }
 
+// The same over 16-byte packs: lane l holds packs l, l + 32, ... of its row in registers
+// (kPacks per lane at most), so x is read from memory once.
+template <typename T, int kPacks>
+__global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D,
+                                              float eps) {
+  constexpr int K = Pack<T>::kSize;
+  const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= rows) return;
+  const int64_t P = D / K;
+  const Pack<T>* xr = reinterpret_cast<const Pack<T>*>(x + row * D);
+  Pack<T> xv[kPacks];
+  float ss = 0;
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int64_t p = lane + 32 * j;
+    if (p < P) {
+      xv[j] = xr[p];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float v = to_f32(xv[j].v[k]);
+        ss += v * v;
+      }
+    }
+  }
+  ss = warp_sum(ss);
+  const float r = rsqrtf(ss / static_cast<float>(D) + eps);
+  if (lane == 0) rstd[row] = r;
+  const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w);
+  Pack<T>* yr = reinterpret_cast<Pack<T>*>(y + row * D);
+#pragma unroll
+  for (int j = 0; j < kPacks; ++j) {
+    const int64_t p = lane + 32 * j;
+    if (p < P) {
+      const Pack<T> wv = wp[p];
+      Pack<T> out;
+#pragma unroll
+      for (int k = 0; k < K; ++k)  // as above: normalise, round, then scale
+        out.v[k] = from_f32<T>(to_f32(wv.v[k]) * to_f32(from_f32<T>(to_f32(xv[j].v[k]) * r)));
+      yr[p] = out;
+    }
+  }
+}
+
 // dx = r (g - xhat mean(g xhat)), g = dy w; partial_dw[block, :] = sum over the block's rows of dy xhat.
 // Each warp accumulates its own rows' dy·xhat into a private shared-memory row (a lane
 // always owns the same columns, so no synchronisation), in the same pass that writes dx;
@@ -118,6 +162,63 @@ __global__ void rmsnorm_backward_packed_kernel(T* dx, float* partial_dw, const T
   }
 }
 
+// The packed path for rows of up to 1024 packs: a block takes one row at a time, thread t
+// owns pack t of every row (its weight values and its dweight accumulators stay in
+// registers), and the row's dot product is a block reduction. Full occupancy, no shared
+// row buffers. Two reduction buffers alternate between rows, so one barrier per row
+// suffices: a buffer is rewritten only after every thread passed the next row's barrier.
+template <typename T>
+__global__ void rmsnorm_backward_rows_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w,
+                                             const float* rstd, const T* dres, int64_t rows, int64_t D) {
+  constexpr int K = Pack<T>::kSize;
+  __shared__ float red[2][32];
+  const int64_t P = D / K;
+  const int t = threadIdx.x, lane = t % 32, warp = t / 32, warps = blockDim.x / 32;
+  const bool active = t < P;
+  float wf[K], acc[K];
+  if (active) {
+    const Pack<T> wv = reinterpret_cast<const Pack<T>*>(w)[t];
+#pragma unroll
+    for (int k = 0; k < K; ++k) wf[k] = to_f32(wv.v[k]);
+  }
+#pragma unroll
+  for (int k = 0; k < K; ++k) acc[k] = 0;
+  int parity = 0;
+  for (int64_t row = blockIdx.x; row < rows; row += gridDim.x, parity ^= 1) {
+    Pack<T> xv, dv;
+    float dot = 0;
+    if (active) {
+      xv = reinterpret_cast<const Pack<T>*>(x + row * D)[t];
+      dv = reinterpret_cast<const Pack<T>*>(dy + row * D)[t];
+#pragma unroll
+      for (int k = 0; k < K; ++k) dot += to_f32(dv.v[k]) * wf[k] * to_f32(xv.v[k]);
+    }
+    dot = warp_sum(dot);
+    if (lane == 0) red[parity][warp] = dot;
+    __syncthreads();
+    float total = 0;
+    for (int i = 0; i < warps; ++i) total += red[parity][i];  // the same order in every thread
+    const float r = rstd[row];
+    total = total * r / static_cast<float>(D);
+    if (active) {
+      Pack<T> rv, out;
+      if (dres) rv = reinterpret_cast<const Pack<T>*>(dres + row * D)[t];
+#pragma unroll
+      for (int k = 0; k < K; ++k) {
+        const float d = to_f32(dv.v[k]);
+        const float xhat = to_f32(xv.v[k]) * r;
+        out.v[k] = from_f32<T>(r * (d * wf[k] - xhat * total) + (dres ? to_f32(rv.v[k]) : 0.0f));
+        acc[k] += d * xhat;
+      }
+      reinterpret_cast<Pack<T>*>(dx + row * D)[t] = out;
+    }
+  }
+  if (active) {
+#pragma unroll
+    for (int k = 0; k < K; ++k) partial_dw[blockIdx.x * D + t * K + k] = acc[k];
+  }
+}
+
 template <typename T>
 __global__ void sum_columns_kernel(T* dw, const float* partial, int blocks, int64_t D) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < D; i += int64_t{gridDim.x} * blockDim.x) {
@@ -150,6 +251,20 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
   if (rows == 0) return;
   const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   dispatch_float(x_TD.dtype(), "rmsnorm_forward", [&]<typename T>() {
+    const int64_t lane_packs = (D / Pack<T>::kSize + 31) / 32;
+    if (packable({&y_TD, &x_TD, &weight_D}, D, sizeof(T)) && lane_packs <= 16) {
+      auto launch = [&]<int kPacks>() {
+        rmsnorm_forward_packed_kernel<T, kPacks><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
+            static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
+            static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps));
+      };
+      if (lane_packs <= 2) launch.template operator()<2>();
+      else if (lane_packs <= 4) launch.template operator()<4>();
+      else if (lane_packs <= 8) launch.template operator()<8>();
+      else launch.template operator()<16>();
+      ST_CUDA_CHECK_LAUNCH();
+      return;
+    }
     rmsnorm_forward_kernel<T><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
         static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
         static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps));
@@ -169,39 +284,41 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   check_shape(dweight_D, weight_D.shape(), "rmsnorm_backward", "dweight_D");
   const int64_t rows = x_TD.size(0), D = x_TD.size(1);
   if (rows == 0) return;
-  // as many warps per block as fit a private f32 row each in 200 KiB of shared memory
-  const int warps = static_cast<int>(std::min<int64_t>(kWarpsPerBlock, (200 * 1024) / (D * 4)));
-  ST_CHECK(warps >= 1, "rmsnorm_backward: width ", D, " exceeds the shared-memory column buffer");
-  const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(D) * sizeof(float);
-  const int grid = std::min(grid_for(rows * 32, warps * 32), 1024);
-  Tensor partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
   const bool residual = dresidual_TD.defined();
   if (residual) {
     check_cuda_tensor(dresidual_TD, "rmsnorm_backward", "dresidual_TD");
     check_shape(dresidual_TD, x_TD.shape(), "rmsnorm_backward", "dresidual_TD");
     check_dtype(dresidual_TD, x_TD.dtype(), "rmsnorm_backward", "dresidual_TD");
   }
+  Tensor partial;  // [grid, D] f32 column partials, one row per block
+  int grid = 0;
   dispatch_float(x_TD.dtype(), "rmsnorm_backward", [&]<typename T>() {
     std::initializer_list<const Tensor*> all = {&dx_TD, &dy_TD, &x_TD, &weight_D};
-    if (packable(all, D, sizeof(T)) && (!residual || packable({&dresidual_TD}, D, sizeof(T)))) {
-      auto kernel = rmsnorm_backward_packed_kernel<T>;
-      if (smem > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                               static_cast<int>(smem)));
-      kernel<<<grid, warps * 32, smem, stream_of(s)>>>(
+    const bool packed = packable(all, D, sizeof(T)) && (!residual || packable({&dresidual_TD}, D, sizeof(T)));
+    const int64_t packs = D / Pack<T>::kSize;
+    if (packed && packs <= 1024) {
+      const int threads = static_cast<int>((packs + 31) / 32 * 32);
+      grid = static_cast<int>(std::min<int64_t>(rows, grid_for(rows * threads, threads)));
+      partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
+      rmsnorm_backward_rows_kernel<T><<<grid, threads, 0, stream_of(s)>>>(
           static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
           static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(),
           residual ? static_cast<const T*>(dresidual_TD.raw_data()) : nullptr, rows, D);
-      ST_CUDA_CHECK_LAUNCH();
       return;
     }
-    auto kernel = rmsnorm_backward_kernel<T>;
+    // as many warps per block as fit a private f32 row each in 200 KiB of shared memory
+    const int warps = static_cast<int>(std::min<int64_t>(kWarpsPerBlock, (200 * 1024) / (D * 4)));
+    ST_CHECK(warps >= 1, "rmsnorm_backward: width ", D, " exceeds the shared-memory column buffer");
+    const size_t smem = static_cast<size_t>(warps) * static_cast<size_t>(D) * sizeof(float);
+    grid = std::min(grid_for(rows * 32, warps * 32), 1024);
+    partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
+    auto kernel = packed ? rmsnorm_backward_packed_kernel<T> : rmsnorm_backward_kernel<T>;
     if (smem > 48 * 1024) ST_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                              static_cast<int>(smem)));
     kernel<<<grid, warps * 32, smem, stream_of(s)>>>(
         static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
         static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(),
         residual ? static_cast<const T*>(dresidual_TD.raw_data()) : nullptr, rows, D);
-    ST_CUDA_CHECK_LAUNCH();
   });
   ST_CUDA_CHECK_LAUNCH();
   // dweight may be f32 under bf16 data (f32 gradient accumulation)
