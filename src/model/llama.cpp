@@ -5,6 +5,9 @@
 #include <chrono>
 
 #include "core/random.h"
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/stream.h"
+#endif
 #include "ops/cross_entropy.h"
 #include "ops/elementwise.h"
 #include "ops/embedding.h"
@@ -184,17 +187,32 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   return h_TD;
 }
 
+#ifdef SHARDTRAIN_WITH_CUDA
+struct Llama::PhaseEvents {
+  cuda::Event start, forward_done, backward_done;
+};
+#else
+struct Llama::PhaseEvents {};
+#endif
+
 LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
   check_batch(ids_BT, config_, "forward_backward");
   check_shape(targets_BT, ids_BT.shape(), "forward_backward", "targets_BT");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   using Clock = std::chrono::steady_clock;
+  [[maybe_unused]] const bool on_gpu = !device_.is_cpu();
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (on_gpu && !phase_events_) phase_events_ = std::make_shared<PhaseEvents>();
+  if (on_gpu) phase_events_->start.record(Stream{});
+#endif
   const Clock::time_point t0 = Clock::now();
   const Tensor ids = on_device(ids_BT), targets = on_device(targets_BT);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward);
-  synchronize(device_);
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (on_gpu) phase_events_->forward_done.record(Stream{});
+#endif
   const Clock::time_point t1 = Clock::now();
 
   // Head and loss: the fused op computes the head's gradient during the forward.
@@ -248,9 +266,19 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
   store_->finish_backward();
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (on_gpu) phase_events_->backward_done.record(Stream{});
+#endif
   const double loss_sum = read_loss(loss);  // waits for the device
   phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
   phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (on_gpu) {
+    phase_events_->backward_done.synchronize();
+    phase_times_.forward_s = 1e-3 * phase_events_->forward_done.elapsed_ms_since(phase_events_->start);
+    phase_times_.backward_s = 1e-3 * phase_events_->backward_done.elapsed_ms_since(phase_events_->forward_done);
+  }
+#endif
   return {loss_sum, count_targets(targets_BT, o.ignore_index)};
 }
 

@@ -26,8 +26,9 @@ struct StepOptions {
   int32_t ignore_index = -100;
 };
 
-// Wall time of the last forward_backward's phases (host clock; on a GPU the device is
-// synchronised at the phase boundary).
+// Time of the last forward_backward's phases: the host clock on the CPU; on a GPU, events
+// recorded on the compute stream at the phase boundaries (no synchronisation between the
+// phases, so the backward's launches queue behind the forward's work).
 struct PhaseTimes {
   double forward_s = 0;   // embedding, blocks, final norm
   double backward_s = 0;  // fused head + loss (forward and backward of the head), blocks, embedding
@@ -97,11 +98,13 @@ class Llama {
   UnitStore* store_;
   Tensor cos_TK_, sin_TK_;
   PhaseTimes phase_times_;
+  struct PhaseEvents;  // GPU: start, end of forward, end of backward
+  std::shared_ptr<PhaseEvents> phase_events_;
 };
 
 // Writes elements [first, first + count) of parameter `spec`'s initial values into `out`
-// (count elements, any float dtype, host): the counter-based init any rank can compute for
-// its own shard.
+// (count elements, any float dtype, on the host or a GPU): the counter-based init any rank
+// can compute for its own shard.
 void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_t seed, double init_std);
 
 }  // namespace shardtrain::model
