@@ -211,5 +211,72 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   EXPECT_LT(a.loss.back(), a.loss.front() - 1.0) << "the run should learn";
 }
 
+// The path of `name` in PATH, or "" when there is none.
+std::string find_in_path(const std::string& name) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return "";
+  std::string dirs = path;
+  for (size_t pos = 0; pos <= dirs.size();) {
+    size_t end = dirs.find(':', pos);
+    if (end == std::string::npos) end = dirs.size();
+    const fs::path candidate = fs::path(dirs.substr(pos, end - pos)) / name;
+    if (!candidate.parent_path().empty() && ::access(candidate.c_str(), X_OK) == 0) return candidate.string();
+    pos = end + 1;
+  }
+  return "";
+}
+
+// Under mpirun the ranks learn who they are from MPI, which also hands out NCCL's id: the
+// run must equal the torchrun-style one step for step.
+TEST(ShardedTrainingCuda, MpirunLaunchEqualsTorchrunStyleLaunch) {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const std::string mpirun = find_in_path("mpirun");
+  if (mpirun.empty()) GTEST_SKIP() << "no mpirun in PATH";
+  const std::string corpus = write_corpus();
+  const fs::path env_run = scratch() / "env_launch", mpi_run = scratch() / "mpi_launch";
+  for (const fs::path& d : {env_run, mpi_run}) fs::create_directories(d);
+  std::vector<int> st = launch(2, job(corpus, 4, env_run), env_run);
+  ASSERT_EQ(st[0], 0) << read_file(env_run / "rank0.log");
+
+  std::vector<std::string> argv_strings = {mpirun, "-np", "2"};
+  if (::geteuid() == 0) argv_strings.push_back("--allow-run-as-root");
+  for (const char* v : {"LD_LIBRARY_PATH", "NCCL_NVLS_ENABLE", "SHARDTRAIN_SOURCE_DIR"})
+    if (std::getenv(v) != nullptr) argv_strings.insert(argv_strings.end(), {"-x", v});
+  argv_strings.insert(argv_strings.end(), {shardtrain_binary(), "train"});
+  const std::vector<std::string> args = job(corpus, 4, mpi_run);
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_strings;  // no torchrun-style variables: MPI alone must do
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    if (kv.rfind("RANK=", 0) != 0 && kv.rfind("WORLD_SIZE=", 0) != 0 && kv.rfind("LOCAL_RANK=", 0) != 0)
+      env_strings.push_back(kv);
+  }
+  std::vector<char*> envp;
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  const std::string log = (mpi_run / "mpirun.log").string();
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0) << mpirun;
+  posix_spawn_file_actions_destroy(&fa);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(log);
+  EXPECT_NE(read_file(log).find("sharded over 2 ranks (nccl)"), std::string::npos) << read_file(log);
+
+  const Curve a = read_metrics(env_run / "metrics.jsonl"), b = read_metrics(mpi_run / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 30u);
+  ASSERT_EQ(b.loss.size(), 30u);
+  for (size_t i = 0; i < a.loss.size(); ++i)
+    EXPECT_NEAR(b.loss[i], a.loss[i], 1e-5 * a.loss[i]) << "step " << i + 1;
+}
+
 }  // namespace
 }  // namespace shardtrain
