@@ -370,9 +370,9 @@ TrainSummary Trainer::run() {
   Tensor reduce_buf = Tensor::empty({2}, DType::kF64, Device::cpu(), "step totals");
 
   log::info(fmt::format("training: {} steps x {} sequences x {} tokens ({} tokens per step), lr {} {} with {} "
-                        "warmup steps, {} threads per rank",
+                        "warmup steps, {} thread{} per rank",
                         tc.steps, B * accum * world, T, B * T * accum * world, config_.optimizer.lr, config_.schedule.type,
-                        config_.schedule.warmup_steps, omp_get_max_threads()));
+                        config_.schedule.warmup_steps, omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s"));
   if (config_.schedule.warmup_steps > tc.steps)
     log::warn(fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
                           "optimizer.lr",
@@ -390,7 +390,11 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();
-  double train_seconds = 0, comm_wait_total = 0;
+  double train_seconds = 0;
+  // Rates in the log cover the steps since the previous log line; the first step (plans,
+  // caches, warm-up) is timed alone, and the ETA and the final rate leave it out.
+  double window_seconds = 0, window_comm_wait = 0, steady_seconds = 0;
+  int64_t window_steps = 0;
   const int64_t first_step = start_step_;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
@@ -427,8 +431,11 @@ TrainSummary Trainer::run() {
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
     const double t_comm_wait = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
-    comm_wait_total += t_comm_wait;
     train_seconds += step_seconds;
+    window_seconds += step_seconds;
+    window_comm_wait += t_comm_wait;
+    ++window_steps;
+    if (step > first_step) steady_seconds += step_seconds;
 
     StepRecord r;
     r.step = step;
@@ -440,8 +447,11 @@ TrainSummary Trainer::run() {
              "; lower optimizer.lr or check the data");
     summary.steps.push_back(r);
     const int64_t steps_run = step - first_step + 1;
-    const double avg_tps = static_cast<double>(B * T * accum * world * steps_run) / train_seconds;
-    const double eta = static_cast<double>(tc.steps - step) * train_seconds / static_cast<double>(steps_run);
+    const double tokens_per_step = static_cast<double>(B * T * accum * world);
+    const double window_tps = tokens_per_step * static_cast<double>(window_steps) / window_seconds;
+    const double seconds_per_step =
+        steps_run > 1 ? steady_seconds / static_cast<double>(steps_run - 1) : train_seconds;
+    const double eta = static_cast<double>(tc.steps - step) * seconds_per_step;
     metrics.write({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
                    {"time_data_s", t_data}, {"time_forward_s", t_forward}, {"time_backward_s", t_backward},
@@ -454,12 +464,14 @@ TrainSummary Trainer::run() {
       std::string device_part;
       if (device_.is_cuda())
         device_part = fmt::format("  {}MFU {:.1f}%  peak mem {}{}", peak_flops > 0 ? "" : "(peak unknown) ",
-                                  100.0 * mfu(avg_tps), format_bytes(peak_device_bytes()),
-                                  world > 1 ? fmt::format("  comm wait {:.1f}%", 100.0 * comm_wait_total / train_seconds)
+                                  100.0 * mfu(window_tps), format_bytes(peak_device_bytes()),
+                                  world > 1 ? fmt::format("  comm wait {:.1f}%", 100.0 * window_comm_wait / window_seconds)
                                             : std::string());
       log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
-                            step, tc.steps, r.loss, lr, norm, avg_tps, device_part,
+                            step, tc.steps, r.loss, lr, norm, window_tps, device_part,
                             format_duration(seconds_since(start)), format_duration(eta)));
+      window_seconds = window_comm_wait = 0;
+      window_steps = 0;
     }
     const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
     if (eval_now) {
@@ -477,15 +489,19 @@ TrainSummary Trainer::run() {
       progress.clear();
       log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds_since(tc0)));
     }
-    progress.update(step, r.loss, avg_tps, eta);
+    progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
   }
   progress.clear();
   summary.seconds = seconds_since(start);
-  summary.tokens_per_second =
-      train_seconds > 0 ? static_cast<double>(B * T * accum * world * (tc.steps - first_step + 1)) / train_seconds
-                        : 0.0;
-  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s, peak host memory {}{}", tc.steps - first_step + 1,
+  const int64_t steps_done = tc.steps - first_step + 1;
+  const double tokens_per_step = static_cast<double>(B * T * accum * world);
+  summary.tokens_per_second = steps_done > 1 && steady_seconds > 0
+                                  ? tokens_per_step * static_cast<double>(steps_done - 1) / steady_seconds
+                              : train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_done) / train_seconds
+                                                  : 0.0;
+  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s{}, peak host memory {}{}", steps_done,
                         format_duration(summary.seconds), summary.tokens_per_second,
+                        steps_done > 1 ? " (after the first step)" : "",
                         format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes),
                         device_.is_cpu() ? std::string()
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
