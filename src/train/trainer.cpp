@@ -46,6 +46,18 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
+// The process's peak resident set (VmHWM), or 0 where /proc does not tell.
+int64_t peak_resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (f == nullptr) return 0;
+  char line[256];
+  long long kib = 0;
+  while (std::fgets(line, sizeof line, f) != nullptr)
+    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<int64_t>(kib) * 1024;
+}
+
 std::string format_duration(double s) {
   const int64_t t = static_cast<int64_t>(s + 0.5);
   if (t >= 3600) return fmt::format("{}h{:02}m", t / 3600, (t / 60) % 60);
@@ -457,6 +469,7 @@ TrainSummary Trainer::run() {
                    {"time_data_s", t_data}, {"time_forward_s", t_forward}, {"time_backward_s", t_backward},
                    {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
                    {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes},
+                   {"peak_resident_bytes", peak_resident_bytes()},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
                    {"time_comm_wait_s", t_comm_wait}, {"mfu", mfu(r.tokens_per_second)}});
     if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
@@ -499,10 +512,11 @@ TrainSummary Trainer::run() {
                                   ? tokens_per_step * static_cast<double>(steps_done - 1) / steady_seconds
                               : train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_done) / train_seconds
                                                   : 0.0;
-  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s{}, peak host memory {}{}", steps_done,
-                        format_duration(summary.seconds), summary.tokens_per_second,
+  log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s{}, peak host memory {} in tensors ({} resident){}",
+                        steps_done, format_duration(summary.seconds), summary.tokens_per_second,
                         steps_done > 1 ? " (after the first step)" : "",
                         format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes),
+                        format_bytes(peak_resident_bytes()),
                         device_.is_cpu() ? std::string()
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
                                                        format_bytes(peak_device_bytes()),
