@@ -1,6 +1,7 @@
-"""PyTorch's ops on the shapes of kernels_bench: bf16 matmuls, the unfused output
-projection + cross-entropy (full f32 logits, as HF's loss computes them), fused AdamW, and
-RMSNorm forward/backward. Prints rows in kernels_bench's format.
+"""PyTorch's ops on the shapes of bench/ops/{linear,cross_entropy,adamw,rmsnorm}_bench: bf16
+matmuls, the unfused output projection + cross-entropy (full f32 logits, as HF's loss
+computes them), fused AdamW, and RMSNorm forward/backward, timed the same way (events around
+each call, the L2 cache flushed before it). Prints rows in those programs' format.
 
     python3 bench/ops/kernels_peer.py [iterations=20]
 """
@@ -13,16 +14,25 @@ import torch.nn.functional as F
 ITERS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 
 
+FLUSH = None
+
+
 def time_ms(fn):
+    global FLUSH
+    if FLUSH is None:
+        FLUSH = torch.empty(64 << 20, device="cuda")  # 256 MiB: evicts the 50 MB L2
     fn()
     fn()
+    total = 0.0
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(ITERS):
+    for i in range(ITERS):
+        FLUSH.fill_(float(i))
+        start.record()
         fn()
-    stop.record()
-    stop.synchronize()
-    return start.elapsed_time(stop) / ITERS
+        stop.record()
+        stop.synchronize()
+        total += start.elapsed_time(stop)
+    return total / ITERS
 
 
 def gemm(T, I, O):
