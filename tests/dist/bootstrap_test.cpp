@@ -15,22 +15,12 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "testing/free_port.h"
 
 namespace shardtrain::dist {
 namespace {
 
-// A port nothing listens on right now (the kernel picks it; the socket is closed again).
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
 LaunchEnv rank_env(int rank, int world, int port) {
   LaunchEnv e;

@@ -25,6 +25,7 @@
 
 #include "core/cuda/device.h"
 #include "core/random.h"
+#include "testing/free_port.h"
 
 extern char** environ;
 
@@ -40,17 +41,7 @@ std::string shardtrain_binary() {
   return std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain";
 }
 
-int free_port() {
-  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(s, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(s, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(s);
-  return ntohs(a.sin_port);
-}
+using testing::free_port;
 
 fs::path scratch() {
   const fs::path d = fs::temp_directory_path() / ("shardtrain_fsdp_cuda_" + std::to_string(::getpid()));

@@ -11,14 +11,7 @@
 namespace shardtrain::ops {
 namespace {
 
-using testing::all_close;
-using testing::Input;
-using testing::matches;
-using testing::random_input;
-using testing::to_device;
-using testing::to_dtype;
-using testing::to_host;
-using testing::cuda_tolerance;
+using namespace testing;  // Input, random_input, matches, to_device, to_host, ...
 
 class ElementwiseCuda : public testing::CudaDtypeTest {};
 
