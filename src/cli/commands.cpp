@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -11,10 +12,12 @@
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "data/tokenize_file.h"
+#include "dist/bootstrap.h"
 #include "core/log.h"
 #include "train/config.h"
 #include "train/export.h"
 #include "train/inspect.h"
+#include "train/plan.h"
 #include "train/trainer.h"
 
 namespace shardtrain::cli {
@@ -54,6 +57,9 @@ std::string usage() {
          "                                                   default job on Debian's fortunes corpus)\n"
          "  print-config [CONFIG.toml] [--section.key=value ...]\n"
          "                                                   show every key's effective value and source\n"
+         "  plan [CONFIG.toml] [--ranks N] [--section.key=value ...]\n"
+         "                                                   memory per rank and FLOPs of a job, without\n"
+         "                                                   training (N: the launch's world size, else 1)\n"
          "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
          "                                                   file or Hugging Face folder\n"
          "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]\n"
@@ -157,6 +163,44 @@ int run_print_config(const std::vector<std::string>& args) {
   const JobArgs j = parse_job_args(args, "print-config");
   const train::LoadedConfig loaded = train::load_config(j.config_file, j.overrides);
   std::fputs(train::describe(loaded).c_str(), stdout);
+  return 0;
+}
+
+int run_plan(const std::vector<std::string>& args) {
+  std::vector<std::string> rest;
+  int ranks = 0;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--ranks") {
+      ST_CHECK(i + 1 < args.size(), "plan: --ranks needs a number");
+      const std::string& v = args[++i];
+      ST_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 9,
+               "plan: --ranks takes a positive integer, found `", v, "`");
+      ranks = std::stoi(v);
+      ST_CHECK(ranks >= 1, "plan: --ranks must be at least 1, found ", ranks);
+    } else {
+      rest.push_back(args[i]);
+    }
+  }
+  const JobArgs j = parse_job_args(rest, "plan");
+  const train::LoadedConfig loaded = train::load_config(j.config_file, j.overrides);
+  const train::JobConfig& job = loaded.config;
+  if (ranks == 0) {  // as launched: the torchrun/Slurm world size, else one rank
+    const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
+    ranks = env ? env->world_size : 1;
+  }
+  train::PlanInput in;
+  in.model = train::planned_model(job);
+  in.world_size = ranks;
+  in.gpu = job.training.device != "cpu";
+  in.micro_batch = job.training.batch_size;
+  in.seq_len = job.training.seq_len;
+  in.checkpointing = job.training.activation_checkpointing == "full" ? model::ActivationCheckpointing::kFull
+                                                                     : model::ActivationCheckpointing::kNone;
+  in.loss_chunk_tokens = job.training.loss_chunk_tokens;
+  in.reshard_after_forward = job.parallel.reshard_after_forward;
+  std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);
+  if (job.training.device == "auto")
+    std::fputs("(training.device = auto: planned for GPUs; --training.device=cpu plans a CPU run)\n", stdout);
   return 0;
 }
 

@@ -8,6 +8,7 @@
 namespace shardtrain::cli {
 
 int run_train(const std::vector<std::string>& args);
+int run_plan(const std::vector<std::string>& args);
 int run_print_config(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   try {
     if (command == "train") return cli::run_train(rest);
     if (command == "print-config") return cli::run_print_config(rest);
+    if (command == "plan") return cli::run_plan(rest);
     if (command == "tokenize") return cli::run_tokenize(rest);
     if (command == "inspect") return cli::run_inspect(rest);
     if (command == "export") return cli::run_export(rest);

@@ -36,6 +36,7 @@
 #include "train/export.h"
 #include "train/generate.h"
 #include "train/metrics.h"
+#include "train/plan.h"
 
 namespace shardtrain::train {
 namespace {
@@ -65,16 +66,6 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d, const std::string& hf) {
-  std::string path = d.tokenizer;
-  if (path == "auto") {
-    if (hf.empty()) return std::make_unique<data::ByteTokenizer>();
-    path = hf;
-  }
-  if (path == "byte") return std::make_unique<data::ByteTokenizer>();
-  return with_context([&] { return "loading the tokenizer `" + path + "` (`data.tokenizer`)"; },
-                      [&] { return std::make_unique<data::BpeTokenizer>(path); });
-}
 
 std::vector<std::string> load_documents(const DataSection& d) {
   if (d.source == "builtin:fortunes") return data::load_fortunes();
@@ -145,6 +136,17 @@ DType resolve_dtype(const std::string& wanted, Device device) {
 }
 
 }  // namespace
+
+std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d, const std::string& hf) {
+  std::string path = d.tokenizer;
+  if (path == "auto") {
+    if (hf.empty()) return std::make_unique<data::ByteTokenizer>();
+    path = hf;
+  }
+  if (path == "byte") return std::make_unique<data::ByteTokenizer>();
+  return with_context([&] { return "loading the tokenizer `" + path + "` (`data.tokenizer`)"; },
+                      [&] { return std::make_unique<data::BpeTokenizer>(path); });
+}
 
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
   model::LlamaConfig c;
@@ -306,10 +308,7 @@ std::string Trainer::checkpoint_root() const {
 
 int64_t Trainer::loss_chunk_tokens() const {
   if (config_.training.loss_chunk_tokens > 0) return config_.training.loss_chunk_tokens;
-  if (device_.is_cpu()) return 256;
-  // larger chunks make the head's GEMMs efficient and cut the passes over its f32 gradient
-  const int64_t fit = (int64_t{2} << 30) / (4 * model_->config().vocab_size);
-  return std::clamp<int64_t>(fit / 256 * 256, 256, 8192);
+  return auto_loss_chunk_tokens(!device_.is_cpu(), model_->config().vocab_size);
 }
 
 std::string Trainer::tokenizer_source() const {

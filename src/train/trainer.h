@@ -72,6 +72,10 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
 };
 
+// The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or
+// the byte-level tokenizer when there is no model.hf.
+std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const std::string& hf);
+
 // Builds the model shape from the `model` section and the tokenizer's vocabulary.
 model::LlamaConfig llama_config(const ModelSection& section, int64_t tokenizer_vocab);
 

@@ -122,3 +122,14 @@ TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {
 }
 
 }  // namespace
+
+TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
+  const std::string hf = shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope";
+  const Result r = run("plan --model.hf=" + hf + " --training.seq_len=16 --ranks 4");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("ranks: 4 (GPUs"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("estimated peak"), std::string::npos) << r.output;
+  const Result bad = run("plan --ranks 0");
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.output.find("--ranks must be at least 1"), std::string::npos) << bad.output;
+}

@@ -1,0 +1,126 @@
+// Memory per rank from the engine's buffers; see plan.h for the two moments that bound it.
+#include "train/plan.h"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/allocator.h"
+#include "model/hf_config.h"
+#include "model/layout.h"
+#include "train/trainer.h"
+
+namespace shardtrain::train {
+
+int64_t auto_loss_chunk_tokens(bool gpu, int64_t vocab_size) {
+  if (!gpu) return 256;
+  // larger chunks make the head's GEMMs efficient and cut the passes over its f32 gradient
+  const int64_t fit = (int64_t{2} << 30) / (4 * vocab_size);
+  return std::clamp<int64_t>(fit / 256 * 256, 256, 8192);
+}
+
+MemoryPlan plan_memory(const PlanInput& in) {
+  const model::LlamaConfig& c = in.model;
+  const model::ModelLayout layout = model::ModelLayout::llama(c, in.world_size);
+  const int64_t world = in.world_size;
+  const int64_t cb = in.gpu ? 2 : 4;  // bytes of a compute-dtype element (bf16 / f32)
+  const int64_t D = c.dim, F = c.ffn_dim, N = c.n_heads, H = c.dim / c.n_heads, M = c.n_kv_heads;
+  const int64_t L = c.n_layers, V = c.vocab_size;
+
+  MemoryPlan p;
+  p.parameters = c.num_parameters();
+  int64_t embed_numel = 0, head_numel = 0, block_numel = 0;
+  for (const model::UnitLayout& u : layout.units()) {
+    p.shard_elements += u.shard_numel(in.world_size);
+    if (u.kind == model::UnitKind::kEmbedding) embed_numel = u.numel;
+    if (u.kind == model::UnitKind::kHead) head_numel = u.numel;
+    if (u.kind == model::UnitKind::kBlock) block_numel = std::max(block_numel, u.numel);
+  }
+  p.master = 4 * p.shard_elements;
+  p.optimizer = 8 * p.shard_elements;
+  p.grad_shards = 4 * p.shard_elements;
+
+  // One rank whose compute dtype is the master's works on the shards themselves; otherwise
+  // units are gathered (cast) into compute copies, and gradients land in full f32 unit
+  // buffers until their reduce-scatter.
+  const bool params_aliased = world == 1 && !in.gpu;
+  const bool grads_aliased = world == 1;
+  const int64_t head_weight_numel = c.tie_embeddings ? embed_numel + head_numel : head_numel;
+  // the last block kept for its backward and the one prefetched; all of them without resharding
+  const int64_t blocks_gathered = in.reshard_after_forward ? std::min<int64_t>(2, c.n_layers) : c.n_layers;
+  if (!params_aliased) p.gathered_at_loss = cb * (head_weight_numel + blocks_gathered * block_numel);
+  if (!grads_aliased) p.unit_grads_at_loss = 4 * (c.tie_embeddings ? embed_numel : head_numel);
+
+  // What block_forward records per token (model/block.h): the norm outputs, q (after rope),
+  // k, v, the attention output, the residual after attention, gate, up, their product and the
+  // block output, in the compute dtype; the attention's f32 log-sum-exp rows and the norms'
+  // f32 reciprocal rms.
+  const int64_t per_token_block = cb * (6 * D + 2 * M * H + 3 * F) + 4 * N + 8;
+  const int64_t tokens = in.micro_batch * in.seq_len;
+  p.tokens_per_micro_batch = tokens;
+  const int64_t stream = tokens * D * cb;               // one [tokens, D] residual-stream tensor
+  const int64_t final_norm = stream + 4 * tokens;        // the final norm's output and rstd
+  const bool full = in.checkpointing == model::ActivationCheckpointing::kFull;
+  p.activations_at_loss = full ? stream * (L + 1) + final_norm  // every block's input, the last output
+                               : tokens * L * per_token_block + stream + final_norm;
+
+  p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
+  const int64_t chunk = std::min(p.loss_chunk_tokens, tokens);
+  p.loss_chunk = chunk * V * (4 + cb);  // f32 logits, and their gradient in the compute dtype
+
+  // Inside a block's backward: the activations still kept (with checkpointing, the inputs
+  // plus the one block recomputed), the backward's temporaries (dy, dx and the MLP's three
+  // [tokens, F] gradients), the gathered blocks and up to three f32 block gradients in flight.
+  const int64_t kept = full ? stream * (L + 1) + tokens * per_token_block : p.activations_at_loss;
+  const int64_t temporaries = tokens * cb * (3 * F + 2 * D);
+  const int64_t block_grads = grads_aliased ? 0 : 3 * 4 * block_numel;
+  const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
+  p.in_backward = kept + temporaries + block_grads + blocks;
+
+  const int64_t at_loss = p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk;
+  p.peak = p.master + p.optimizer + p.grad_shards + std::max(at_loss, p.in_backward);
+  p.flops_per_token = c.flops_per_token(in.seq_len);
+  return p;
+}
+
+std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
+  const bool full = in.checkpointing == model::ActivationCheckpointing::kFull;
+  auto row = [](const std::string& what, int64_t bytes) { return fmt::format("  {:<46} {:>12}\n", what, format_bytes(bytes)); };
+  std::string s;
+  s += fmt::format("model: {}\n", in.model.summary());
+  s += fmt::format("ranks: {} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
+                   in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
+  s += fmt::format("micro-batch per rank: {} x {} tokens; activation checkpointing: {}; loss chunk: {} tokens\n",
+                   in.micro_batch, in.seq_len, full ? "full" : "none", p.loss_chunk_tokens);
+  s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
+                   fmt::group_digits(p.parameters), fmt::group_digits(p.shard_elements));
+  s += row("master weights (f32 shard)", p.master);
+  s += row("AdamW m and v (f32 shards)", p.optimizer);
+  s += row("gradient shards (f32)", p.grad_shards);
+  s += "  at the loss:\n";
+  s += row(full ? "  block inputs (checkpointed)" : fmt::format("  activations of {} blocks", in.model.n_layers),
+           p.activations_at_loss);
+  s += row(in.reshard_after_forward ? "  gathered compute copies (head, 2 blocks)"
+                                    : "  gathered compute copies (head, every block)",
+           p.gathered_at_loss);
+  if (p.unit_grads_at_loss > 0) s += row("  head gradient before its reduce-scatter", p.unit_grads_at_loss);
+  s += row("  logit chunk (f32 logits + gradient)", p.loss_chunk);
+  s += row("inside a block's backward (all but the shards)", p.in_backward);
+  s += row("estimated peak", p.peak);
+  s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,
+                   p.flops_per_token * static_cast<double>(p.tokens_per_micro_batch));
+  s += "The estimate leaves out the CUDA context, cuBLAS and cuDNN workspaces and allocator slack\n"
+       "(together about 1-2 GiB on a GPU).\n";
+  return s;
+}
+
+model::LlamaConfig planned_model(const JobConfig& job) {
+  if (!job.model.hf.empty())
+    return model::load_hf_config((std::filesystem::path(job.model.hf) / "config.json").string());
+  const int64_t vocab = job.model.vocab_size > 0 ? job.model.vocab_size
+                                                 : make_tokenizer(job.data, job.model.hf)->vocab_size();
+  return llama_config(job.model, vocab);
+}
+
+}  // namespace shardtrain::train

@@ -1,0 +1,61 @@
+// `shardtrain plan`: what a job will hold in memory on each rank, before anything is
+// allocated. The estimate follows the engine's own buffers (sharded f32 state, gathered
+// compute copies, the activations each block keeps, the loss's logit chunk) and was checked
+// against the peaks measured on an H100 and on 2 H200s (tests/train/plan_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "model/config.h"
+#include "model/llama.h"
+#include "train/config.h"
+
+namespace shardtrain::train {
+
+struct PlanInput {
+  model::LlamaConfig model;
+  int world_size = 1;
+  bool gpu = true;                 // compute dtype bf16 on a GPU, f32 on the CPU
+  int64_t micro_batch = 1;         // sequences per rank and micro-batch (training.batch_size)
+  int64_t seq_len = 4096;
+  model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kNone;
+  int64_t loss_chunk_tokens = 0;   // 0: the trainer's automatic choice
+  bool reshard_after_forward = true;  // false: every block's compute copy stays until its backward
+};
+
+// Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
+// either at the loss (every block's activations alive, the head gathered, the logit chunk)
+// or inside a block's backward (with full checkpointing: one recomputed block plus the
+// backward's temporaries and the gradients still being reduced).
+struct MemoryPlan {
+  int64_t parameters = 0;            // unpadded, whole model
+  int64_t shard_elements = 0;        // padded elements this rank owns, all units
+  int64_t master = 0;                // f32 master weights
+  int64_t optimizer = 0;             // AdamW m and v (f32)
+  int64_t grad_shards = 0;           // f32 accumulated gradient shards
+  int64_t gathered_at_loss = 0;      // compute copies alive at the loss (head or tied embedding, blocks)
+  int64_t unit_grads_at_loss = 0;    // the head's full f32 gradient before its reduce-scatter (N > 1)
+  int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward
+  int64_t loss_chunk = 0;            // f32 logits and their gradient for one chunk
+  int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state
+  int64_t peak = 0;
+  int64_t loss_chunk_tokens = 0;
+  double flops_per_token = 0;
+  int64_t tokens_per_micro_batch = 0;  // per rank
+};
+
+// The trainer's automatic logit chunk: as many tokens as keep one chunk's f32 logits
+// within 2 GiB on a GPU (256 to 8192, a multiple of 256); 256 on the CPU.
+int64_t auto_loss_chunk_tokens(bool gpu, int64_t vocab_size);
+
+MemoryPlan plan_memory(const PlanInput& in);
+
+// The plan as text: the shape, the per-rank breakdown and the peak, and the FLOPs per token.
+std::string describe_plan(const PlanInput& in, const MemoryPlan& plan);
+
+// The model shape a job trains: model.hf's config.json, or the model section with the
+// tokenizer's vocabulary (loading tokenizer.json only to count it).
+model::LlamaConfig planned_model(const JobConfig& job);
+
+}  // namespace shardtrain::train
