@@ -110,5 +110,16 @@ TEST(Config, ShippedDefaultFileEqualsBuiltInDefaults) {
         << key << " is missing from configs/default.toml: regenerate it with `shardtrain print-config`";
 }
 
+TEST(Config, ShippedJobFilesLoad) {
+  // every ready job in configs/ parses and passes validation (their paths are placeholders)
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(testing::source_dir() + "/configs")) {
+    if (e.path().extension() != ".toml") continue;
+    EXPECT_NO_THROW(validate(load_config(e.path().string(), {}).config)) << e.path();
+    ++n;
+  }
+  EXPECT_GE(n, 3u);
+}
+
 }  // namespace
 }  // namespace shardtrain::train
