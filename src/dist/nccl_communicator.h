@@ -11,9 +11,6 @@
 
 namespace shardtrain::dist {
 
-// True when this build has the NCCL communicator.
-bool have_nccl();
-
 // Every rank of a multi-GPU run: finds its rank, world size and GPU (from mpirun/srun's
 // MPI, or else a torchrun-style or Slurm environment), selects the GPU
 // (local rank mod visible GPUs), shares NCCL's unique id from rank 0 (MPI broadcast, or the

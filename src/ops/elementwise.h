@@ -39,7 +39,7 @@ inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
 
 // x[i] = std * normal_at(seed, key, first + i) for every element i: the counter-based
 // parameter init (core/random.h), computed in f64 where x lives and rounded once to f32 (then
-// to x's dtype, as cast rounds). Host and device agree to the last bit of the f64 log/cos.
+// to x's dtype, as cast rounds). Host and device agree up to the last bit of f64 log/cos.
 // Floating dtypes.
 inline void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std,
                         [[maybe_unused]] Stream stream = {}) {

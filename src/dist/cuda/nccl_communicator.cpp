@@ -191,8 +191,6 @@ Bootstrapped bootstrap(double timeout_s) {
 
 }  // namespace
 
-bool have_nccl() { return true; }
-
 std::unique_ptr<Communicator> make_nccl_world(double timeout_s, int* gpu_index) {
   const int gpus = cuda::device_count();
   ST_CHECK(gpus > 0, "NCCL communicator: no CUDA device is visible");
@@ -205,8 +203,6 @@ std::unique_ptr<Communicator> make_nccl_world(double timeout_s, int* gpu_index) 
 }
 
 #else
-
-bool have_nccl() { return false; }
 
 std::unique_ptr<Communicator> make_nccl_world(double, int*) {
   ST_THROW("this build has no NCCL (libnccl was not found when it was configured); several GPUs need it");
