@@ -270,8 +270,10 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   if (on_gpu) phase_events_->backward_done.record(Stream{});
 #endif
   const double loss_sum = read_loss(loss);  // waits for the device
-  phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
-  phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  if (!on_gpu) {
+    phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
+    phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();
+  }
 #ifdef SHARDTRAIN_WITH_CUDA
   if (on_gpu) {
     phase_events_->backward_done.synchronize();

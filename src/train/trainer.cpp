@@ -1,6 +1,7 @@
 // The training loop and its reporting.
 #include "train/trainer.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -47,16 +48,10 @@ double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
 
-// The process's peak resident set (VmHWM), or 0 where /proc does not tell.
+// The process's peak resident set.
 int64_t peak_resident_bytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (f == nullptr) return 0;
-  char line[256];
-  long long kib = 0;
-  while (std::fgets(line, sizeof line, f) != nullptr)
-    if (std::sscanf(line, "VmHWM: %lld kB", &kib) == 1) break;
-  std::fclose(f);
-  return static_cast<int64_t>(kib) * 1024;
+  rusage u{};
+  return ::getrusage(RUSAGE_SELF, &u) == 0 ? static_cast<int64_t>(u.ru_maxrss) * 1024 : 0;  // ru_maxrss: KiB
 }
 
 std::string format_duration(double s) {
@@ -406,6 +401,7 @@ TrainSummary Trainer::run() {
   // caches, warm-up) is timed alone, and the ETA and the final rate leave it out.
   double window_seconds = 0, window_comm_wait = 0, steady_seconds = 0;
   int64_t window_steps = 0;
+  const double tokens_per_step = static_cast<double>(B * T * accum * world);
   const int64_t first_step = start_step_;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
@@ -453,12 +449,11 @@ TrainSummary Trainer::run() {
     r.loss = loss_sum / global_counted;
     r.lr = lr;
     r.grad_norm = norm;
-    r.tokens_per_second = static_cast<double>(B * T * accum * world) / step_seconds;
+    r.tokens_per_second = tokens_per_step / step_seconds;
     ST_CHECK(std::isfinite(r.loss), "step ", step, ": loss is ", r.loss,
              "; lower optimizer.lr or check the data");
     summary.steps.push_back(r);
     const int64_t steps_run = step - first_step + 1;
-    const double tokens_per_step = static_cast<double>(B * T * accum * world);
     const double window_tps = tokens_per_step * static_cast<double>(window_steps) / window_seconds;
     const double seconds_per_step =
         steps_run > 1 ? steady_seconds / static_cast<double>(steps_run - 1) : train_seconds;
@@ -506,7 +501,6 @@ TrainSummary Trainer::run() {
   progress.clear();
   summary.seconds = seconds_since(start);
   const int64_t steps_done = tc.steps - first_step + 1;
-  const double tokens_per_step = static_cast<double>(B * T * accum * world);
   summary.tokens_per_second = steps_done > 1 && steady_seconds > 0
                                   ? tokens_per_step * static_cast<double>(steps_done - 1) / steady_seconds
                               : train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_done) / train_seconds
