@@ -64,44 +64,38 @@ std::string write_corpus() {
   return path;
 }
 
-// Starts `ranks` processes of `shardtrain train args...` (rank r on GPU r) and waits for all.
-// Returns each one's exit status; output goes to <out>/rank<r>.log.
-std::vector<int> launch(int ranks, const std::vector<std::string>& args, const fs::path& out) {
-  const int port = free_port();
-  std::vector<pid_t> pids;
-  for (int r = 0; r < ranks; ++r) {
-    std::vector<std::string> env_strings;
-    auto launcher_variable = [](const std::string& kv) {
-      for (const char* v : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT="})
-        if (kv.rfind(v, 0) == 0) return true;
-      return false;
-    };
-    for (char** e = environ; *e != nullptr; ++e)
-      if (!launcher_variable(*e)) env_strings.push_back(*e);
-    if (ranks > 1) {
-      env_strings.push_back("RANK=" + std::to_string(r));
-      env_strings.push_back("WORLD_SIZE=" + std::to_string(ranks));
-      env_strings.push_back("LOCAL_RANK=" + std::to_string(r));
-      env_strings.push_back("MASTER_ADDR=127.0.0.1");
-      env_strings.push_back("MASTER_PORT=" + std::to_string(port));
-    }
-    std::vector<std::string> argv_strings = {shardtrain_binary(), "train"};
-    argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-    std::vector<char*> argv, envp;
-    for (auto& s : argv_strings) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    for (auto& s : env_strings) envp.push_back(s.data());
-    envp.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    const std::string log = (out / ("rank" + std::to_string(r) + ".log")).string();
-    posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    pid_t pid = 0;
-    EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0) << argv[0];
-    posix_spawn_file_actions_destroy(&fa);
-    pids.push_back(pid);
+// This process's environment without the variables that name a torchrun-style rank.
+std::vector<std::string> environment_without_launch_variables() {
+  std::vector<std::string> out;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string kv = *e;
+    bool launcher = false;
+    for (const char* v : {"RANK=", "WORLD_SIZE=", "LOCAL_RANK=", "MASTER_ADDR=", "MASTER_PORT="})
+      launcher = launcher || kv.rfind(v, 0) == 0;
+    if (!launcher) out.push_back(kv);
   }
+  return out;
+}
+
+// Starts argv[0] with `env`, stdout and stderr to `log`.
+pid_t spawn(std::vector<std::string> argv_strings, std::vector<std::string> env_strings, const fs::path& log) {
+  std::vector<char*> argv, envp;
+  for (auto& s : argv_strings) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  for (auto& s : env_strings) envp.push_back(s.data());
+  envp.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&fa, 1, 2);
+  pid_t pid = 0;
+  EXPECT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0) << argv[0];
+  posix_spawn_file_actions_destroy(&fa);
+  return pid;
+}
+
+// Waits for every process, killing those still running after 5 minutes; exit statuses.
+std::vector<int> wait_all(const std::vector<pid_t>& pids) {
   std::vector<int> status(pids.size(), -1);
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(5);
   size_t left = pids.size();
@@ -117,12 +111,33 @@ std::vector<int> launch(int ranks, const std::vector<std::string>& args, const f
     if (std::chrono::steady_clock::now() > deadline) {
       for (size_t i = 0; i < pids.size(); ++i)
         if (status[i] == -1) ::kill(pids[i], SIGKILL);
-      ADD_FAILURE() << "the ranks did not finish within 5 minutes";
+      ADD_FAILURE() << "the processes did not finish within 5 minutes";
       break;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   return status;
+}
+
+// Starts `ranks` processes of `shardtrain train args...` (rank r on GPU r) and waits for all.
+// Returns each one's exit status; output goes to <out>/rank<r>.log.
+std::vector<int> launch(int ranks, const std::vector<std::string>& args, const fs::path& out) {
+  const int port = free_port();
+  std::vector<pid_t> pids;
+  for (int r = 0; r < ranks; ++r) {
+    std::vector<std::string> env = environment_without_launch_variables();
+    if (ranks > 1) {
+      env.push_back("RANK=" + std::to_string(r));
+      env.push_back("WORLD_SIZE=" + std::to_string(ranks));
+      env.push_back("LOCAL_RANK=" + std::to_string(r));
+      env.push_back("MASTER_ADDR=127.0.0.1");
+      env.push_back("MASTER_PORT=" + std::to_string(port));
+    }
+    std::vector<std::string> argv = {shardtrain_binary(), "train"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    pids.push_back(spawn(argv, env, out / ("rank" + std::to_string(r) + ".log")));
+  }
+  return wait_all(pids);
 }
 
 std::string read_file(const fs::path& p) {
@@ -229,6 +244,7 @@ TEST(ShardedTrainingCuda, MpirunLaunchEqualsTorchrunStyleLaunch) {
   for (const fs::path& d : {env_run, mpi_run}) fs::create_directories(d);
   std::vector<int> st = launch(2, job(corpus, 4, env_run), env_run);
   ASSERT_EQ(st[0], 0) << read_file(env_run / "rank0.log");
+  ASSERT_EQ(st[1], 0) << read_file(env_run / "rank1.log");
 
   std::vector<std::string> argv_strings = {mpirun, "-np", "2"};
   if (::geteuid() == 0) argv_strings.push_back("--allow-run-as-root");
@@ -237,29 +253,10 @@ TEST(ShardedTrainingCuda, MpirunLaunchEqualsTorchrunStyleLaunch) {
   argv_strings.insert(argv_strings.end(), {shardtrain_binary(), "train"});
   const std::vector<std::string> args = job(corpus, 4, mpi_run);
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (auto& s : argv_strings) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_strings;  // no torchrun-style variables: MPI alone must do
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string kv = *e;
-    if (kv.rfind("RANK=", 0) != 0 && kv.rfind("WORLD_SIZE=", 0) != 0 && kv.rfind("LOCAL_RANK=", 0) != 0)
-      env_strings.push_back(kv);
-  }
-  std::vector<char*> envp;
-  for (auto& s : env_strings) envp.push_back(s.data());
-  envp.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  const std::string log = (mpi_run / "mpirun.log").string();
-  posix_spawn_file_actions_addopen(&fa, 1, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, 1, 2);
-  pid_t pid = 0;
-  ASSERT_EQ(posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), envp.data()), 0) << mpirun;
-  posix_spawn_file_actions_destroy(&fa);
-  int status = 0;
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << read_file(log);
+  // no torchrun-style variables: MPI alone must tell each rank who it is
+  const fs::path log = mpi_run / "mpirun.log";
+  const std::vector<int> st_mpi = wait_all({spawn(argv_strings, environment_without_launch_variables(), log)});
+  ASSERT_EQ(st_mpi[0], 0) << read_file(log);
   EXPECT_NE(read_file(log).find("sharded over 2 ranks (nccl)"), std::string::npos) << read_file(log);
 
   const Curve a = read_metrics(env_run / "metrics.jsonl"), b = read_metrics(mpi_run / "metrics.jsonl");
