@@ -30,10 +30,19 @@ void check_batch(const Tensor& ids_BT, const LlamaConfig& c, const char* what) {
            " exceeds the model's max_seq_len ", c.max_seq_len);
 }
 
-int64_t count_targets(const Tensor& targets_BT, int32_t ignore_index) {
+// Counts the targets that are not ignore_index, checking each lies in [0, V): the device
+// loss then needs no check of its own (which would read back to the host mid-step).
+int64_t count_targets(const Tensor& targets_BT, int32_t ignore_index, int64_t V, const char* what) {
+  ST_CHECK(targets_BT.device().is_cpu() && targets_BT.dtype() == DType::kI32, what,
+           ": targets must be an i32 host tensor, found ", targets_BT.str());
   int64_t n = 0;
   const int32_t* t = targets_BT.data<int32_t>();
-  for (int64_t i = 0; i < targets_BT.numel(); ++i) n += t[i] != ignore_index;
+  for (int64_t i = 0; i < targets_BT.numel(); ++i) {
+    if (t[i] == ignore_index) continue;
+    ST_CHECK(t[i] >= 0 && t[i] < V, what, ": target ", t[i], " at position ", i, " outside [0, ", V,
+             ") and not the ignore index ", ignore_index);
+    ++n;
+  }
   return n;
 }
 
@@ -198,6 +207,7 @@ struct Llama::PhaseEvents {};
 LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
   check_batch(ids_BT, config_, "forward_backward");
   check_shape(targets_BT, ids_BT.shape(), "forward_backward", "targets_BT");
+  const int64_t counted = count_targets(targets_BT, o.ignore_index, config_.vocab_size, "forward_backward");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   using Clock = std::chrono::steady_clock;
   [[maybe_unused]] const bool on_gpu = !device_.is_cpu();
@@ -230,6 +240,7 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
     ce.ignore_index = o.ignore_index;
     ce.grad_scale = o.grad_scale;
     ce.chunk_tokens = o.loss_chunk_tokens;
+    ce.check_targets = false;  // checked on the host above
     ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
     h_TD = Tensor();
     Tensor dx_TD = dx_BTD.view({B * T, D});
@@ -281,12 +292,13 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
     phase_times_.backward_s = 1e-3 * phase_events_->backward_done.elapsed_ms_since(phase_events_->forward_done);
   }
 #endif
-  return {loss_sum, count_targets(targets_BT, o.ignore_index)};
+  return {loss_sum, counted};
 }
 
 LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
   check_batch(ids_BT, config_, "evaluate");
   check_shape(targets_BT, ids_BT.shape(), "evaluate", "targets_BT");
+  const int64_t counted = count_targets(targets_BT, o.ignore_index, config_.vocab_size, "evaluate");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
@@ -302,10 +314,11 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   ce.ignore_index = o.ignore_index;
   ce.chunk_tokens = o.loss_chunk_tokens;
   ce.compute_grad = false;
+  ce.check_targets = false;  // checked on the host above
   ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
-  return {read_loss(loss), count_targets(targets_BT, o.ignore_index)};
+  return {read_loss(loss), counted};
 }
 
 Tensor Llama::logits(const Tensor& ids_BT) {

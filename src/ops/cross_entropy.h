@@ -17,6 +17,10 @@ struct CrossEntropyOptions {
   double grad_scale = 1.0;
   int64_t chunk_tokens = 256;  // tokens per logits chunk
   bool compute_grad = true;    // false: loss only (evaluation)
+  // CUDA: check every target on the device and read the verdict back before computing (a
+  // synchronisation). false: the caller has checked them (the model checks its host
+  // targets), and a bad target turns the loss into NaN instead of an error.
+  bool check_targets = true;
 };
 
 namespace cpu {
@@ -37,8 +41,9 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
 //     dh_TD = grad_scale · (softmax(logits) - onehot(target)) · weight   (overwrites; rows of
 //             ignored tokens are zero)
 //     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates)
-// CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16;
-// logits f32; the gradient of the logits is rounded to h's dtype before the two GEMMs; dh
+// The logits and their gradient are held in h's dtype (bf16 logits for a bf16 model, as a
+// bf16 LlamaForCausalLM computes them); the softmax and loss math is f32 (CUDA) or f64 (CPU).
+// CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16; dh
 // of h's dtype or f32, dweight of h's dtype or f32; loss_sum_1 f32 on the device.
 inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
                                  const Tensor& weight_VD, const Tensor& targets_T,

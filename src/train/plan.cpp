@@ -16,7 +16,7 @@ namespace shardtrain::train {
 int64_t auto_loss_chunk_tokens(bool gpu, int64_t vocab_size) {
   if (!gpu) return 256;
   // larger chunks make the head's GEMMs efficient and cut the passes over its f32 gradient
-  const int64_t fit = (int64_t{2} << 30) / (4 * vocab_size);
+  const int64_t fit = (int64_t{2} << 30) / (2 * vocab_size);  // bf16 logits
   return std::clamp<int64_t>(fit / 256 * 256, 256, 8192);
 }
 
@@ -67,7 +67,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
 
   p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
   const int64_t chunk = std::min(p.loss_chunk_tokens, tokens);
-  p.loss_chunk = chunk * V * (4 + cb);  // f32 logits, and their gradient in the compute dtype
+  p.loss_chunk = chunk * V * cb;  // logits in the compute dtype, overwritten by their gradient
 
   // Inside a block's backward: the activations still kept (with checkpointing, the inputs
   // plus the one block recomputed), the backward's temporaries (dy, dx and the MLP's three
@@ -105,7 +105,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                                     : "  gathered compute copies (head, every block)",
            p.gathered_at_loss);
   if (p.unit_grads_at_loss > 0) s += row("  head gradient before its reduce-scatter", p.unit_grads_at_loss);
-  s += row("  logit chunk (f32 logits + gradient)", p.loss_chunk);
+  s += row("  logit chunk (logits, then their gradient)", p.loss_chunk);
   s += row("inside a block's backward (all but the shards)", p.in_backward);
   s += row("estimated peak", p.peak);
   s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,

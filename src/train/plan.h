@@ -37,7 +37,7 @@ struct MemoryPlan {
   int64_t gathered_at_loss = 0;      // compute copies alive at the loss (head or tied embedding, blocks)
   int64_t unit_grads_at_loss = 0;    // the head's full f32 gradient before its reduce-scatter (N > 1)
   int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward
-  int64_t loss_chunk = 0;            // f32 logits and their gradient for one chunk
+  int64_t loss_chunk = 0;            // one chunk's logits (overwritten by their gradient)
   int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state
   int64_t peak = 0;
   int64_t loss_chunk_tokens = 0;
@@ -45,7 +45,7 @@ struct MemoryPlan {
   int64_t tokens_per_micro_batch = 0;  // per rank
 };
 
-// The trainer's automatic logit chunk: as many tokens as keep one chunk's f32 logits
+// The trainer's automatic logit chunk: as many tokens as keep one chunk's bf16 logits
 // within 2 GiB on a GPU (256 to 8192, a multiple of 256); 256 on the CPU.
 int64_t auto_loss_chunk_tokens(bool gpu, int64_t vocab_size);
 

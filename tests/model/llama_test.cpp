@@ -108,6 +108,26 @@ TEST(Llama, FullCheckpointingIsBitwiseEqual) {
     EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact)) << "unit " << u;
 }
 
+TEST(Llama, TargetOutsideTheVocabularyIsAnErrorNamingItsPosition) {
+  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
+  Llama m(cfg, DType::kF32);
+  m.init_random(5);
+  Tensor ids = Tensor::empty({1, 4}, DType::kI32), targets = Tensor::empty({1, 4}, DType::kI32);
+  testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
+  testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
+  targets.data<int32_t>()[2] = static_cast<int32_t>(cfg.vocab_size);
+  StepOptions o;
+  for (int pass = 0; pass < 2; ++pass) {
+    try {
+      if (pass == 0) (void)m.forward_backward(ids, targets, o);
+      else (void)m.evaluate(ids, targets, o);
+      ADD_FAILURE() << "a target equal to the vocabulary size was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("target 11 at position 2 outside [0, 11)"), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(Llama, InitIsIndependentOfLayoutAndIsNormal) {
   const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
   Llama a(cfg, DType::kF32);

@@ -74,6 +74,32 @@ TEST_P(CrossEntropyCuda, MatchesCpu) {
   EXPECT_TRUE(all_close(to_host(dw), dw_ref, bound(T, dw_ref))) << "dweight (accumulated)";
 }
 
+// A target outside [0, V): an error naming it when checked; NaN (never a finite loss or a
+// silent out-of-bounds read) when the caller has promised to check.
+TEST(CrossEntropyCudaTargets, BadTargetIsAnErrorWhenCheckedAndNaNOtherwise) {
+  ST_REQUIRE_CUDA();
+  const int64_t T = 5, D = 16, V = 40;
+  const Tensor h = to_device(to_dtype(testing::rounded_f32({T, D}, DType::kBF16, 1, 0.0, 1.0), DType::kBF16));
+  const Tensor w = to_device(to_dtype(testing::rounded_f32({V, D}, DType::kBF16, 2, 0.0, 0.1), DType::kBF16));
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 3, 0, V);
+  targets.data<int32_t>()[3] = static_cast<int32_t>(V);
+  Tensor loss = Tensor::empty({1}, DType::kF32, Device::cuda(0));
+  Tensor dh = Tensor::empty({T, D}, DType::kBF16, Device::cuda(0)), dw = Tensor::empty({V, D}, DType::kF32, Device::cuda(0));
+  fill(dw, 0.0);
+  fill(loss, 0.0);
+  CrossEntropyOptions o;
+  try {
+    linear_cross_entropy(loss, dh, dw, h, w, to_device(targets), o);
+    ADD_FAILURE() << "the bad target was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("target 40 at position 3 outside [0, 40)"), std::string::npos) << e.what();
+  }
+  o.check_targets = false;
+  linear_cross_entropy(loss, dh, dw, h, w, to_device(targets), o);
+  EXPECT_TRUE(std::isnan(to_host(loss).data<float>()[0]));
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda,
                          ::testing::Values(Case{37, 64, 259, 16, DType::kF32}, Case{37, 64, 259, 1000, DType::kBF16},
                                            Case{1031, 512, 32003, 256, DType::kBF16},
