@@ -19,7 +19,9 @@ TEST_P(RopeCuda, RopeAndInverse) {
   RopeOptions o;
   o.theta = 500000;
   o.scaling.type = RopeScalingType::kLlama3;
-  for (auto [B, T, heads, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 37, 3, 16}, {1, 1024, 8, 128}}) {
+  // H/2 = 6: the scalar kernel; 8, 32 and 64: the 16-byte packed one (f32 and bf16)
+  for (auto [B, T, heads, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{2, 37, 3, 16}, {1, 33, 2, 12},
+                                {2, 64, 4, 64}, {1, 1024, 8, 128}}) {
     Tensor cos64 = Tensor::empty({T + 5, H / 2}, DType::kF32), sin64 = Tensor::empty({T + 5, H / 2}, DType::kF32);
     rope_table(cos64, sin64, H, o);
     const Tensor cos_t = to_dtype(cos64, dt), sin_t = to_dtype(sin64, dt);

@@ -23,6 +23,35 @@ __global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B,
   }
 }
 
+// The same with 16-byte packs: one thread per (b, t, head, pack of k), when K is a
+// multiple of the pack and x and the tables are 16-byte aligned.
+template <typename T>
+__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, int64_t B, int64_t S, int64_t heads,
+                                   int64_t K, float sign) {
+  constexpr int P = Pack<T>::kSize;
+  const int64_t packs_per_half = K / P;
+  const int64_t n = B * S * heads * packs_per_half;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t k = (i % packs_per_half) * P;
+    const int64_t t = (i / (packs_per_half * heads)) % S;
+    T* row = x + (i / packs_per_half) * 2 * K;
+    Pack<T>* lo = reinterpret_cast<Pack<T>*>(row + k);
+    Pack<T>* hi = reinterpret_cast<Pack<T>*>(row + K + k);
+    const Pack<T> c = *reinterpret_cast<const Pack<T>*>(cos_tab + t * K + k);
+    const Pack<T> sn = *reinterpret_cast<const Pack<T>*>(sin_tab + t * K + k);
+    Pack<T> a = *lo, b = *hi;
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const float cj = to_f32(c.v[j]), sj = sign * to_f32(sn.v[j]);
+      const float aj = to_f32(a.v[j]), bj = to_f32(b.v[j]);
+      a.v[j] = from_f32<T>(aj * cj - bj * sj);
+      b.v[j] = from_f32<T>(bj * cj + aj * sj);
+    }
+    *lo = a;
+    *hi = b;
+  }
+}
+
 void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, const char* op, Stream s) {
   check_cuda_tensor(x, op, "x_BTNH");
   check_cuda_tensor(cos_TK, op, "cos_TK");
@@ -37,6 +66,13 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
   const int64_t n = B * S * heads * K;
   if (n == 0) return;
   dispatch_float(x.dtype(), op, [&]<typename T>() {
+    if (packable({&x, &cos_TK, &sin_TK}, K, sizeof(T))) {
+      const int64_t packs = n / Pack<T>::kSize;
+      rope_kernel_packed<T><<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
+          static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
+          static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, sign);
+      return;
+    }
     rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
         static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, sign);
