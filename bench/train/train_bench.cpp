@@ -13,8 +13,8 @@
 //
 //   train_bench [--shape 1b|8b] [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
-//               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 4096]
-//               [--keep-gathered] [--reduce-bf16] [--device cuda|cpu]
+//               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
+//               [--keep-gathered] [--reduce-bf16] [--gemm heuristic|timed] [--device cuda|cpu]
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,7 +37,9 @@
 #include "fsdp/sharded_store.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "ops/linear.h"
 #include "optim/clip.h"
+#include "train/plan.h"
 
 namespace {
 
@@ -48,8 +50,9 @@ struct Args {
   int64_t batch = 4, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   bool tied = true, full_ac = false, keep_gathered = false, reduce_bf16 = false;
-  int64_t loss_chunk = 4096;
+  int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
+  std::string gemm = "heuristic";
 };
 
 Args parse(int argc, char** argv) {
@@ -73,6 +76,10 @@ Args parse(int argc, char** argv) {
     else if (k == "--loss-chunk") a.loss_chunk = std::stoll(next());
     else if (k == "--untied") a.tied = false;
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
+    else if (k == "--gemm") {
+      a.gemm = next();
+      ST_CHECK(a.gemm == "timed" || a.gemm == "heuristic", "train_bench: --gemm timed|heuristic, found ", a.gemm);
+    }
     else if (k == "--shape") {
       const std::string v = next();
       ST_CHECK(v == "1b" || v == "8b", "train_bench: --shape 1b|8b, found ", v);
@@ -154,17 +161,19 @@ int main(int argc, char** argv) try {
     params.push_back(&store.master_shards()[u]);
     cgrads.push_back(&store.grad_shards()[u]);
   }
-  say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
-                     std::chrono::duration<double>(Clock::now() - t_init).count(), " s\n"));
 
   Tensor ids = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "ids");
   Tensor targets = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "targets");
   CounterRng rng(7 + static_cast<uint64_t>(rank));  // each rank its own part of the global batch
   model::StepOptions o;
   o.checkpointing = a.full_ac ? model::ActivationCheckpointing::kFull : model::ActivationCheckpointing::kNone;
-  o.loss_chunk_tokens = a.loss_chunk;
+  o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
+  ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
   o.grad_scale = 1.0 / static_cast<double>(a.batch * a.seq * world);
   const double tokens = static_cast<double>(a.batch * a.seq);  // per rank
+  say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
+                     std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
+                     o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0;

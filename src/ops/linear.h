@@ -15,6 +15,19 @@ struct LinearBackwardOptions {
   bool accumulate_dx = false;
 };
 
+// How the CUDA linear picks the cuBLASLt algorithm for a GEMM shape it meets for the first
+// time (the choice is then cached for the process):
+//   kHeuristic: cuBLASLt's first recommendation; the same on every run (bitwise reproducible).
+//   kTimed: times up to 8 recommendations on that first call's own operands and keeps the
+//     fastest (0.8 % more tokens/s on the 1B shape on an H100, about the step-to-step noise;
+//     the pick can differ between processes, and with it the last bits of the results). The trial runs write into the
+//     call's output when it is overwritten anyway, else into a scratch buffer (up to
+//     256 MiB; larger accumulating outputs keep the heuristic's choice); no trials during
+//     CUDA graph capture.
+enum class GemmSelection { kHeuristic, kTimed };
+void set_gemm_selection(GemmSelection selection);
+GemmSelection gemm_selection();
+
 namespace cpu {
 void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O);
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,

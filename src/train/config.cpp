@@ -168,8 +168,13 @@ const std::vector<KeyDef>& keys() {
           "CPU threads for the kernels; 0 uses every core", non_negative()),
       key("training.loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
           "tokens per chunk of the fused head + cross-entropy (bounds logits memory); 0: auto (256 on the CPU; on "
-          "a GPU as many as keep a chunk's f32 logits within 2 GiB, at most 8192)",
+          "a GPU as many as keep a chunk's bf16 logits within 2 GiB, at most 8192)",
           non_negative()),
+      key("training.gemm_selection", &C::training, &TrainingSection::gemm_selection,
+          "how a GPU picks each matrix-product shape's cuBLASLt algorithm: heuristic (cuBLASLt's first choice: "
+          "bitwise-reproducible runs) or timed (the fastest of 8 candidates, timed on the first call; the last bits "
+          "of results can then differ between runs)",
+          one_of({"timed", "heuristic"})),
 
       key("optimizer.lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", positive()),
       key("optimizer.beta1", &C::optimizer, &OptimizerSection::beta1, "AdamW beta1", in_range(0.0, 0.999999)),

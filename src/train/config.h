@@ -51,6 +51,7 @@ struct TrainingSection {
   std::string device = "auto";
   int64_t threads = 0;
   int64_t loss_chunk_tokens = 0;  // 0: auto
+  std::string gemm_selection = "heuristic";  // timed | heuristic (ops::GemmSelection)
 };
 
 struct OptimizerSection {

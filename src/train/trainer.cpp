@@ -31,6 +31,7 @@
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "dist/nccl_communicator.h"
 #endif
+#include "ops/linear.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
@@ -203,6 +204,8 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   }
   if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
   if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
+  ops::set_gemm_selection(config_.training.gemm_selection == "heuristic" ? ops::GemmSelection::kHeuristic
+                                                                          : ops::GemmSelection::kTimed);
 
   tokenizer_ = make_tokenizer(config_.data, config_.model.hf);
   const std::vector<std::string> docs = load_documents(config_.data);

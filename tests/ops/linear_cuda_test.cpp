@@ -59,8 +59,8 @@ double max_abs(const Tensor& f32) {
   return m;
 }
 
-TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
-  const auto [T, I, O, dt, with_bias] = GetParam();
+void check_against_cpu(const Case& c) {
+  const auto [T, I, O, dt, with_bias] = c;
   const testing::Tolerance tol = dt == DType::kBF16 ? testing::kCudaBf16 : testing::kCudaF32VsCpu;
   const Tensor x = testing::rounded_f32({T, I}, dt, 1, 0.05, 1.0), w = testing::rounded_f32({O, I}, dt, 2, -0.02, 0.05),
                b = testing::rounded_f32({O}, dt, 3, 0.1, 0.5), dy = testing::rounded_f32({T, O}, dt, 4, 0.01, 1.0);
@@ -138,6 +138,17 @@ TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
   cpu::linear_backward(dx_over_ref, dw2_ref, no_bias, dy, x, w, {});
   EXPECT_TRUE(all_close(to_host(dx_over), to_dtype(dx_over_ref, dt), gemm_tolerance(tol, O, max_abs(dx_over_ref))))
       << "dx (overwritten)";
+}
+
+// Both ways of choosing the algorithm: the timed one runs trial products first, which must
+// leave accumulating outputs (dx, dW) holding exactly one product on top of their start.
+TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
+  for (GemmSelection selection : {GemmSelection::kHeuristic, GemmSelection::kTimed}) {
+    SCOPED_TRACE(selection == GemmSelection::kTimed ? "timed selection" : "heuristic selection");
+    set_gemm_selection(selection);
+    check_against_cpu(GetParam());
+  }
+  set_gemm_selection(GemmSelection::kHeuristic);
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, LinearCuda,

@@ -4,11 +4,13 @@
 //   dx        dX'[I,T] = W' dY'           (dx = dy W)
 //   dweight   dW'[I,O] += X' dY'^T        (dW += dy^T x)
 // Accumulation is f32 (CUBLAS_COMPUTE_32F, no TF32); the algorithm for each shape is
-// chosen once by the heuristic and cached. The bias rides in the GEMM epilogue (one
+// chosen once (the heuristic's first, or the fastest of its candidates on a timed first
+// call: ops::set_gemm_selection) and cached. The bias rides in the GEMM epilogue (one
 // rounding); its gradient is a deterministic column sum. With a bf16/f16 dx, accumulate_dx
 // adds the product rounded to that dtype (as `dx += dy @ W` does in PyTorch).
 #include <cublasLt.h>
 
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -28,6 +30,8 @@ namespace {
   } while (0)
 
 constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+constexpr int kCandidates = 8;                        // timed selection: candidates tried
+constexpr int64_t kScratchLimit = int64_t{256} << 20;  // timed selection: largest scratch output
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -44,7 +48,8 @@ struct GemmKey {
   bool ta, tb, accumulate;
   DType ab, cd;
   bool bias = false;  // bias epilogue: D += bias broadcast over columns (one rounding)
-  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd, bias); }
+  bool timed = false;  // chosen by timing (GemmSelection::kTimed)
+  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd, bias, timed); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -69,10 +74,50 @@ Lt& lt_for_device(int device) {
   return *lt;
 }
 
+bool capturing(cudaStream_t stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ST_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+// Index of the fastest of `results` for this call: each runs once untimed, then three times
+// between events. `d` receives the trial products (the caller's output or scratch).
+int fastest(Lt& lt, cublasLtMatmulDesc_t op_desc, const cublasLtMatmulHeuristicResult_t* results, int found,
+            const void* a, cublasLtMatrixLayout_t la, const void* b, cublasLtMatrixLayout_t lb, float beta,
+            const void* c, void* d, cublasLtMatrixLayout_t lc, cudaStream_t stream) {
+  cudaEvent_t start, stop;
+  ST_CUDA_CHECK(cudaEventCreate(&start));
+  ST_CUDA_CHECK(cudaEventCreate(&stop));
+  const float alpha = 1.0f;
+  int best = 0;
+  float best_ms = INFINITY;
+  for (int i = 0; i < found; ++i) {
+    auto run = [&] {
+      return cublasLtMatmul(lt.handle, op_desc, &alpha, a, la, b, lb, &beta, c, lc, d, lc, &results[i].algo,
+                            lt.workspace.raw_data(), kWorkspaceBytes, stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // a candidate that refuses this call is skipped
+    ST_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int r = 0; r < 3; ++r) ST_CUBLAS_CHECK(run());
+    ST_CUDA_CHECK(cudaEventRecord(stop, stream));
+    ST_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    ST_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (ms < best_ms) {
+      best = i;
+      best_ms = ms;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return best;
+}
+
 // D = A op B (+ C when accumulate) (+ bias per row of D), column-major. C is D itself, or
 // `c_in` (same layout) when given.
-void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_t stream,
-          const void* bias = nullptr, const void* c_in = nullptr) {
+void gemm(GemmKey key, const void* a, const void* b, void* c, cudaStream_t stream, const void* bias = nullptr,
+          const void* c_in = nullptr) {
+  key.timed = gemm_selection() == GemmSelection::kTimed && !capturing(stream);
   Lt& lt = lt_for_device(key.device);
   cublasLtMatmulDesc_t op_desc;
   ST_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
@@ -106,13 +151,30 @@ void gemm(const GemmKey& key, const void* a, const void* b, void* c, cudaStream_
       const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
       ST_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                            sizeof schemes));
-      cublasLtMatmulHeuristicResult_t result;
+      cublasLtMatmulHeuristicResult_t results[kCandidates];
       int found = 0;
-      ST_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt.handle, op_desc, la, lb, lc, lc, pref, 1, &result, &found));
+      ST_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(lt.handle, op_desc, la, lb, lc, lc, pref,
+                                                     key.timed ? kCandidates : 1, results, &found));
       cublasLtMatmulPreferenceDestroy(pref);
       ST_CHECK(found > 0, "linear: cuBLASLt has no algorithm for m=", key.m, " n=", key.n, " k=", key.k, " (",
                dtype_name(key.ab), " -> ", dtype_name(key.cd), ")");
-      it = lt.algos.emplace(key, result.algo).first;
+      int pick = 0;
+      if (key.timed && found > 1) {
+        // Trials must not touch a result that accumulates in place: they write the call's
+        // own output only when the real call overwrites it afterwards.
+        const bool in_place = key.accumulate && c_in == nullptr;
+        const int64_t out_bytes = key.m * key.n * static_cast<int64_t>(dtype_size(key.cd));
+        if (!in_place) {
+          pick = fastest(lt, op_desc, results, found, a, la, b, lb, key.accumulate ? 1.0f : 0.0f,
+                         c_in ? c_in : c, c, lc, stream);
+        } else if (out_bytes <= kScratchLimit) {
+          Tensor scratch = Tensor::empty({out_bytes}, DType::kU8, Device::cuda(key.device), "GEMM trial output",
+                                         Stream{stream});
+          pick = fastest(lt, op_desc, results, found, a, la, b, lb, 1.0f, scratch.raw_data(), scratch.raw_data(), lc,
+                         stream);
+        }
+      }
+      it = lt.algos.emplace(key, results[pick].algo).first;
     }
     algo = it->second;
   }
