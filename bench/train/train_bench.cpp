@@ -14,7 +14,10 @@
 //   train_bench [--shape 1b|8b] [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
-//               [--keep-gathered] [--reduce-bf16] [--gemm heuristic|timed] [--device cuda|cpu]
+//               [--keep-gathered] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
+//               [--device cuda|cpu]
+// --graph: one GPU, each step's forward + backward replayed as a CUDA graph after the first
+// (model/captured_step.h), as the trainer does by default.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -35,6 +38,7 @@
 #include "dist/nccl_communicator.h"
 #endif
 #include "fsdp/sharded_store.h"
+#include "model/captured_step.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "ops/linear.h"
@@ -49,7 +53,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int64_t batch = 4, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
-  bool tied = true, full_ac = false, keep_gathered = false, reduce_bf16 = false;
+  bool tied = true, full_ac = false, keep_gathered = false, reduce_bf16 = false, graph = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -76,6 +80,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--loss-chunk") a.loss_chunk = std::stoll(next());
     else if (k == "--untied") a.tied = false;
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
+    else if (k == "--graph") a.graph = true;
     else if (k == "--gemm") {
       a.gemm = next();
       ST_CHECK(a.gemm == "timed" || a.gemm == "heuristic", "train_bench: --gemm timed|heuristic, found ", a.gemm);
@@ -173,10 +178,16 @@ int main(int argc, char** argv) try {
   const double tokens = static_cast<double>(a.batch * a.seq);  // per rank
   say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
-                     o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, "\n"));
+                     o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "", "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
-  double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0;
+  std::unique_ptr<model::CapturedStep> captured;
+  if (a.graph) {
+    ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
+    captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
+  }
+  double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
+  int64_t system_allocs_before = 0;
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {
     for (int64_t i = 0; i < ids.numel(); ++i) {
       ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(a.vocab)));
@@ -184,7 +195,7 @@ int main(int argc, char** argv) try {
     }
     const Clock::time_point t0 = Clock::now();
     store.zero_grad_shards();
-    const model::LossSum ls = m.forward_backward(ids, targets, o);
+    const model::LossSum ls = captured ? captured->run(ids, targets, o.grad_scale) : m.forward_backward(ids, targets, o);
     const Clock::time_point t1 = Clock::now();
     const double norm = optim::global_grad_norm(cgrads, comm.get());
     opt.step(params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0));
@@ -207,12 +218,18 @@ int main(int argc, char** argv) try {
       fwd += m.last_phase_times().forward_s;
       bwd += m.last_phase_times().backward_s;
       optim_s += std::chrono::duration<double>(t2 - t1).count();
+      host_issue += m.last_phase_times().host_issue_s;
       comm_wait += waited;
     }
+    if (step == a.warmup) system_allocs_before = allocator_for(dev).stats().num_system_allocs;
     say(detail::concat("# step ", step, " loss ", loss, "  ", 1e3 * std::chrono::duration<double>(t2 - t0).count(),
                        " ms", world > 1 ? detail::concat("  comm wait ", 1e3 * waited, " ms") : "", "\n"));
   }
   const double n = static_cast<double>(a.steps);
+  if (!dev.is_cpu())
+    say(detail::concat("# host time issuing forward + backward: ", 1e3 * host_issue / n, " ms of ",
+                       1e3 * (fwd + bwd) / n, " ms on the device; device allocations in the timed steps: ",
+                       allocator_for(dev).stats().num_system_allocs - system_allocs_before, "\n"));
   if (profile::enabled() && rank == 0)
     std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower)\n%s",
                 static_cast<long long>(a.steps), profile::report_and_reset().c_str());

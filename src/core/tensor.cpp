@@ -43,10 +43,19 @@ std::string Shape::str() const {
   return s + "]";
 }
 
+// The stream is resolved once, so a block allocated while a graph capture's stream is
+// current returns to that stream's free list (the graph's private pool) when freed.
 Storage::Storage(size_t bytes, Device device, Stream stream, const char* what)
-    : bytes_(bytes), device_(device), stream_(stream), owned_(true) {
-  if (bytes_ > 0) data_ = allocator_for(device).allocate(bytes_, stream, what);
+    : bytes_(bytes), device_(device), stream_(resolve(stream)), owned_(true) {
+  if (bytes_ > 0) data_ = allocator_for(device).allocate(bytes_, stream_, what);
 }
+
+namespace {
+thread_local void* t_current_compute_stream = nullptr;
+}  // namespace
+
+void* current_compute_stream() { return t_current_compute_stream; }
+void set_current_compute_stream(void* handle) { t_current_compute_stream = handle; }
 
 Storage::Storage(void* data, size_t bytes, Device device)
     : data_(data), bytes_(bytes), device_(device), owned_(false) {}
@@ -217,7 +226,7 @@ void copy(Tensor& dst, const Tensor& src, [[maybe_unused]] Stream stream) {
     return;
   }
 #ifdef SHARDTRAIN_WITH_CUDA
-  const auto s = static_cast<cudaStream_t>(stream.handle);
+  const auto s = static_cast<cudaStream_t>(resolve(stream).handle);
   ST_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, s));
   if (dst.device().is_cpu()) ST_CUDA_CHECK(cudaStreamSynchronize(s));
 #else

@@ -34,6 +34,7 @@ struct ShardedUnitStore::Overlap {
 
   // The compute stream waits for `e`; the wait is timed.
   void compute_waits_for(const cuda::Event& e) {
+    if (cuda::is_capturing(Stream{})) return e.make_wait(Stream{});  // a graph's waits are not timed
     if (waits_used == waits.size()) waits.emplace_back();
     auto& [before, after] = waits[waits_used++];
     before.record(Stream{});

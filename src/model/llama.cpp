@@ -166,14 +166,17 @@ BlockContext Llama::context(int64_t batch, int64_t seq) const {
 }
 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
-                             Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass) {
+                             Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
+                             bool ids_checked_on_host) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   const BlockContext ctx = context(B, T);
   Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
   {
     const Tensor embed = store_->acquire_params(kEmbedUnit, pass);
     Tensor x_TD = x_BTD.view({B * T, D});
-    ops::embedding_forward(x_TD, ids_BT.view({B * T}), view(embed, kEmbedUnit, "model.embed_tokens.weight"));
+    // ids are checked on the host (check_inputs) where the caller gave host ids
+    ops::embedding_forward(x_TD, ids_BT.view({B * T}), view(embed, kEmbedUnit, "model.embed_tokens.weight"), {},
+                           !ids_checked_on_host);
     // a tied head needs the embedding again at the end of the forward
     if (!config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
   }
@@ -204,29 +207,62 @@ struct Llama::PhaseEvents {
 struct Llama::PhaseEvents {};
 #endif
 
+int64_t Llama::check_inputs(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o,
+                            const char* what) const {
+  check_batch(ids_BT, config_, what);
+  check_shape(targets_BT, ids_BT.shape(), what, "targets_BT");
+  ST_CHECK(ids_BT.device().is_cpu() && ids_BT.dtype() == DType::kI32, what, ": ids must be an i32 host tensor, found ",
+           ids_BT.str());
+  const int32_t* ids = ids_BT.data<int32_t>();
+  for (int64_t i = 0; i < ids_BT.numel(); ++i)
+    ST_CHECK(ids[i] >= 0 && ids[i] < config_.vocab_size, what, ": token id ", ids[i], " at position ", i,
+             " outside the vocabulary [0, ", config_.vocab_size, ")");
+  return count_targets(targets_BT, o.ignore_index, config_.vocab_size, what);
+}
+
 LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
-  check_batch(ids_BT, config_, "forward_backward");
-  check_shape(targets_BT, ids_BT.shape(), "forward_backward", "targets_BT");
-  const int64_t counted = count_targets(targets_BT, o.ignore_index, config_.vocab_size, "forward_backward");
-  const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
+  const int64_t counted = check_inputs(ids_BT, targets_BT, o, "forward_backward");
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point t0 = Clock::now();
+  const Tensor ids = on_device(ids_BT), targets = on_device(targets_BT);
+  Tensor loss = new_loss();
+  issue_forward_backward(ids, targets, loss, o);
+  phase_times_.host_issue_s = std::chrono::duration<double>(Clock::now() - t0).count();
+  const double loss_sum = read_loss(loss);  // waits for the device
+  if (device_.is_cpu()) {
+    phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t0).count() - phase_times_.forward_s;
+  } else {
+    read_phase_times();
+  }
+  return {loss_sum, counted};
+}
+
+void Llama::read_phase_times() {
+#ifdef SHARDTRAIN_WITH_CUDA
+  phase_events_->backward_done.synchronize();
+  phase_times_.forward_s = 1e-3 * phase_events_->forward_done.elapsed_ms_since(phase_events_->start);
+  phase_times_.backward_s = 1e-3 * phase_events_->backward_done.elapsed_ms_since(phase_events_->forward_done);
+#endif
+}
+
+void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Tensor& loss, const StepOptions& o) {
+  const int64_t B = ids.size(0), T = ids.size(1), D = config_.dim;
   using Clock = std::chrono::steady_clock;
   [[maybe_unused]] const bool on_gpu = !device_.is_cpu();
 #ifdef SHARDTRAIN_WITH_CUDA
   if (on_gpu && !phase_events_) phase_events_ = std::make_shared<PhaseEvents>();
-  if (on_gpu) phase_events_->start.record(Stream{});
+  if (on_gpu) phase_events_->start.record_timing(Stream{});
 #endif
   const Clock::time_point t0 = Clock::now();
-  const Tensor ids = on_device(ids_BT), targets = on_device(targets_BT);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward);
+  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true);
 #ifdef SHARDTRAIN_WITH_CUDA
-  if (on_gpu) phase_events_->forward_done.record(Stream{});
+  if (on_gpu) phase_events_->forward_done.record_timing(Stream{});
 #endif
-  const Clock::time_point t1 = Clock::now();
+  if (!on_gpu) phase_times_.forward_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // Head and loss: the fused op computes the head's gradient during the forward.
-  Tensor loss = new_loss();
   Tensor dx_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
   {
     const Tensor head = store_->acquire_params(head_unit(), Pass::kBackward);
@@ -239,6 +275,7 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
     ops::CrossEntropyOptions ce;
     ce.ignore_index = o.ignore_index;
     ce.grad_scale = o.grad_scale;
+    ce.grad_scale_device = o.grad_scale_device;
     ce.chunk_tokens = o.loss_chunk_tokens;
     ce.check_targets = false;  // checked on the host above
     ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
@@ -278,34 +315,19 @@ LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, 
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
   store_->finish_backward();
 #ifdef SHARDTRAIN_WITH_CUDA
-  if (on_gpu) phase_events_->backward_done.record(Stream{});
+  if (on_gpu) phase_events_->backward_done.record_timing(Stream{});
 #endif
-  const double loss_sum = read_loss(loss);  // waits for the device
-  if (!on_gpu) {
-    phase_times_.forward_s = std::chrono::duration<double>(t1 - t0).count();
-    phase_times_.backward_s = std::chrono::duration<double>(Clock::now() - t1).count();
-  }
-#ifdef SHARDTRAIN_WITH_CUDA
-  if (on_gpu) {
-    phase_events_->backward_done.synchronize();
-    phase_times_.forward_s = 1e-3 * phase_events_->forward_done.elapsed_ms_since(phase_events_->start);
-    phase_times_.backward_s = 1e-3 * phase_events_->backward_done.elapsed_ms_since(phase_events_->forward_done);
-  }
-#endif
-  return {loss_sum, counted};
 }
 
 LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
-  check_batch(ids_BT, config_, "evaluate");
-  check_shape(targets_BT, ids_BT.shape(), "evaluate", "targets_BT");
-  const int64_t counted = count_targets(targets_BT, o.ignore_index, config_.vocab_size, "evaluate");
+  const int64_t counted = check_inputs(ids_BT, targets_BT, o, "evaluate");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   // Activations are dropped block by block: evaluation keeps only block inputs.
   const Tensor targets = on_device(targets_BT);
   const Tensor h_TD =
-      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, true);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor loss = new_loss();
@@ -327,7 +349,7 @@ Tensor Llama::logits(const Tensor& ids_BT) {
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   const Tensor h_TD =
-      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, false);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor logits_TV = Tensor::empty({B * T, config_.vocab_size}, dtype_, device_, "logits");
@@ -343,7 +365,7 @@ Tensor Llama::last_logits(const Tensor& ids_BT) {
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   const Tensor h_TD =
-      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval);
+      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, false);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor last_BD = Tensor::empty({B, D}, dtype_, device_, "last hidden");

@@ -21,6 +21,7 @@ enum class ActivationCheckpointing { kNone, kFull };
 
 struct StepOptions {
   double grad_scale = 1.0;  // multiplies all gradients: 1 / tokens counted in the global batch
+  Tensor grad_scale_device;  // GPU: when defined, grad_scale is read from it (f32) as the step runs
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int64_t loss_chunk_tokens = 256;
   int32_t ignore_index = -100;
@@ -32,6 +33,9 @@ struct StepOptions {
 struct PhaseTimes {
   double forward_s = 0;   // embedding, blocks, final norm
   double backward_s = 0;  // fused head + loss (forward and backward of the head), blocks, embedding
+  // Host time spent issuing the forward and backward (up to the loss read-back). On a GPU,
+  // close to forward_s + backward_s means the host's launches, not the device, set the pace.
+  double host_issue_s = 0;
 };
 
 struct LossSum {
@@ -67,6 +71,24 @@ class Llama {
   // They are copied to the model's device.
   LossSum forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   const PhaseTimes& last_phase_times() const { return phase_times_; }
+
+  // The parts of forward_backward, for callers that keep inputs on the device (a captured
+  // step, model/captured_step.h):
+  // Checks ids and targets on the host (shapes, every id in [0, V), every target in [0, V)
+  // or ignored), so the device work needs no check that reads back; returns the number of
+  // counted targets.
+  int64_t check_inputs(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options,
+                        const char* what) const;
+  // Queues the forward, loss and backward on ids and targets already on the model's device;
+  // the loss sum accumulates into `loss` (1 element; f32 on a GPU). Reads nothing back, so
+  // it can be captured into a CUDA graph. On a GPU, read_phase_times() after it completes.
+  void issue_forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, Tensor& loss,
+                              const StepOptions& options);
+  void read_phase_times();  // GPU: waits for the last step's end and reads its phase events
+  Tensor new_loss() const;  // a zeroed loss accumulator for this device
+  static double read_loss(const Tensor& loss);  // waits for the device
+  void set_host_issue_seconds(double s) { phase_times_.host_issue_s = s; }
+  Device device() const { return device_; }
   // Forward and loss only.
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   // Logits [B, V] of the last position of each sequence (for sampling).
@@ -78,12 +100,11 @@ class Llama {
   // Runs embedding and blocks; returns the final norm's output and leaves the head unit's
   // parameters (and the embedding's, when tied) acquired for the caller to release.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
-                        Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass);
+                        Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
+                        bool ids_checked_on_host);
   BlockContext context(int64_t batch, int64_t seq) const;
   void make_rope_tables();
   Tensor on_device(const Tensor& host) const;  // a copy on the model's device (or host itself)
-  Tensor new_loss() const;                     // a zeroed loss accumulator for this device
-  static double read_loss(const Tensor& loss);
   Tensor view(const Tensor& unit_buffer, size_t unit, const char* name) const;
   size_t head_unit() const { return layout_.units().size() - 1; }
   // The head matrix: lm_head.weight, or the embedding when tied.

@@ -15,6 +15,9 @@ struct CrossEntropyOptions {
   // Multiplies the gradients: pass 1 / (number of counted tokens over the whole global
   // batch) to get the gradient of the mean loss across micro-batches and ranks.
   double grad_scale = 1.0;
+  // CUDA: when defined (1 element, f32, on the device), the scale is read from here when the
+  // kernel runs instead of grad_scale (a CUDA graph replays with a new value each step).
+  Tensor grad_scale_device;
   int64_t chunk_tokens = 256;  // tokens per logits chunk
   bool compute_grad = true;    // false: loss only (evaluation)
   // CUDA: check every target on the device and read the verdict back before computing (a

@@ -13,18 +13,21 @@ void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& 
 }  // namespace cpu
 
 namespace cuda {
-void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, Stream stream);
+void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, Stream stream, bool check_ids);
 void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, Stream stream);
 }  // namespace cuda
 
 // out_TD = table_VD[ids_T] (overwrites). ids_T: i32, every id in [0, V) (checked, naming the
 // position and the id). table and out: same float dtype (f32/f64 on the CPU). T = all tokens
-// of the batch (B*T flattened).
-inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD, [[maybe_unused]] Stream stream = {}) {
+// of the batch (B*T flattened). CUDA: check_ids = false skips the check's read-back to the
+// host (for a caller that checked the ids itself, and inside a CUDA graph); a bad id then
+// gives a NaN row.
+inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD,
+                              [[maybe_unused]] Stream stream = {}, [[maybe_unused]] bool check_ids = true) {
   profile::ScopedTimer profile_timer("embedding_forward", out_TD.device());
   if (table_VD.device().is_cpu()) return cpu::embedding_forward(out_TD, ids_T, table_VD);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::embedding_forward(out_TD, ids_T, table_VD, stream);
+  return cuda::embedding_forward(out_TD, ids_T, table_VD, stream, check_ids);
 #else
   no_kernel("embedding_forward", table_VD);
 #endif

@@ -175,6 +175,9 @@ const std::vector<KeyDef>& keys() {
           "bitwise-reproducible runs) or timed (the fastest of 8 candidates, timed on the first call; the last bits "
           "of results can then differ between runs)",
           one_of({"timed", "heuristic"})),
+      key("training.cuda_graph", &C::training, &TrainingSection::cuda_graph,
+          "on one GPU, capture a micro-batch's forward and backward into a CUDA graph after the first step and "
+          "replay it (one launch instead of ~50 per block; several GPUs run eagerly)"),
 
       key("optimizer.lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", positive()),
       key("optimizer.beta1", &C::optimizer, &OptimizerSection::beta1, "AdamW beta1", in_range(0.0, 0.999999)),

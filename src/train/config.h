@@ -52,6 +52,7 @@ struct TrainingSection {
   int64_t threads = 0;
   int64_t loss_chunk_tokens = 0;  // 0: auto
   std::string gemm_selection = "heuristic";  // timed | heuristic (ops::GemmSelection)
+  bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
 };
 
 struct OptimizerSection {

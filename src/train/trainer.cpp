@@ -31,6 +31,7 @@
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "dist/nccl_communicator.h"
 #endif
+#include "model/captured_step.h"
 #include "ops/linear.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -363,6 +364,10 @@ TrainSummary Trainer::run() {
   so.checkpointing = tc.activation_checkpointing == "full" ? model::ActivationCheckpointing::kFull
                                                            : model::ActivationCheckpointing::kNone;
   so.loss_chunk_tokens = loss_chunk_tokens();
+  // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step.
+  std::unique_ptr<model::CapturedStep> captured;
+  if (tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1)
+    captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
 
   std::vector<Tensor> ids, targets;
   for (int64_t m = 0; m < accum; ++m) {
@@ -424,7 +429,8 @@ TrainSummary Trainer::run() {
     so.grad_scale = 1.0 / global_counted;  // gradient of the mean loss over the global batch
     double loss_sum = 0, t_forward = 0, t_backward = 0;
     for (int64_t m = 0; m < accum; ++m) {
-      loss_sum += model_->forward_backward(ids[m], targets[m], so).loss_sum;
+      loss_sum += captured ? captured->run(ids[m], targets[m], so.grad_scale).loss_sum
+                           : model_->forward_backward(ids[m], targets[m], so).loss_sum;
       t_forward += model_->last_phase_times().forward_s;
       t_backward += model_->last_phase_times().backward_s;
     }

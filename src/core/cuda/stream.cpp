@@ -5,7 +5,7 @@
 
 namespace shardtrain::cuda {
 namespace {
-cudaStream_t raw(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+cudaStream_t raw(Stream s) { return static_cast<cudaStream_t>(resolve(s).handle); }
 }  // namespace
 
 OwnedStream::OwnedStream() {
@@ -31,6 +31,54 @@ Event::~Event() {
 }
 
 void Event::record(Stream stream) { ST_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(handle_), raw(stream))); }
+
+void Event::record_timing(Stream stream) {
+  // inside a capture a plain record only orders streams; an external record is a graph node
+  // that records the event each time the graph runs, so elapsed times work on replays
+  const unsigned flags = is_capturing(stream) ? cudaEventRecordExternal : cudaEventRecordDefault;
+  ST_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(handle_), raw(stream), flags));
+}
+
+BlockingStream::BlockingStream() {
+  cudaStream_t s = nullptr;
+  ST_CUDA_CHECK(cudaStreamCreate(&s));
+  stream_.handle = s;
+}
+
+BlockingStream::~BlockingStream() {
+  if (stream_.handle != nullptr) cudaStreamDestroy(static_cast<cudaStream_t>(stream_.handle));
+}
+
+Graph::~Graph() {
+  if (exec_ != nullptr) cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec_));
+  if (graph_ != nullptr) cudaGraphDestroy(static_cast<cudaGraph_t>(graph_));
+}
+
+void Graph::begin_capture(Stream stream) {
+  ST_ASSERT(graph_ == nullptr && stream.handle != nullptr, "a graph is captured once, on a created stream");
+  stream_ = stream;
+  ST_CUDA_CHECK(cudaStreamBeginCapture(raw(stream), cudaStreamCaptureModeRelaxed));
+}
+
+void Graph::end_capture() {
+  cudaGraph_t g = nullptr;
+  ST_CUDA_CHECK(cudaStreamEndCapture(raw(stream_), &g));
+  graph_ = g;
+  cudaGraphExec_t e = nullptr;
+  ST_CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  exec_ = e;
+}
+
+void Graph::launch(Stream stream) const {
+  ST_ASSERT(exec_ != nullptr, "launch of a graph not captured");
+  ST_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), raw(stream)));
+}
+
+bool is_capturing(Stream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  ST_CUDA_CHECK(cudaStreamIsCapturing(raw(stream), &status));
+  return status != cudaStreamCaptureStatusNone;
+}
 
 void Event::make_wait(Stream waiter) const {
   ST_CUDA_CHECK(cudaStreamWaitEvent(raw(waiter), static_cast<cudaEvent_t>(handle_), 0));

@@ -1,7 +1,8 @@
 // Streams and events for overlapping work (FSDP's gathers and reductions beside the
 // compute). No CUDA headers here: CPU-side modules built with the backend include this.
-// The compute stream of the engine is the legacy default stream (Stream{}); streams made
-// here are non-blocking, so they order against it only through events.
+// The compute stream of the engine is Stream{} (the legacy default stream, or a capture's
+// stream: core/device.h); streams made here are non-blocking, so they order against it only
+// through events.
 #pragma once
 
 #include "core/device.h"
@@ -33,6 +34,9 @@ class Event {
   Event(Event&& other) noexcept : handle_(other.handle_) { other.handle_ = nullptr; }
 
   void record(Stream stream);
+  // record() for timing: also works inside a CUDA graph capture (the graph records it on
+  // every replay).
+  void record_timing(Stream stream);
   void make_wait(Stream waiter) const;
   bool done() const;          // the recorded work has finished (true if never recorded)
   void synchronize() const;   // the host waits for the recorded work
@@ -41,6 +45,43 @@ class Event {
 
  private:
   void* handle_ = nullptr;
+};
+
+// True while `stream` (Stream{}: the current compute stream) is being captured into a graph.
+bool is_capturing(Stream stream);
+
+// A blocking stream (ordered against the legacy default stream like it, so eager work and
+// a graph launched here follow each other in issue order), destroyed with the object.
+class BlockingStream {
+ public:
+  BlockingStream();
+  ~BlockingStream();
+  BlockingStream(const BlockingStream&) = delete;
+  BlockingStream& operator=(const BlockingStream&) = delete;
+  Stream get() const { return stream_; }
+
+ private:
+  Stream stream_;
+};
+
+// The work queued on one stream between begin_capture and end_capture, as an executable
+// CUDA graph that launch() replays. Capture mode is relaxed: the caching allocator may
+// still reserve memory from the driver while capturing.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph();
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  void begin_capture(Stream stream);
+  void end_capture();  // instantiates; throws naming the CUDA error if the capture broke
+  void launch(Stream stream) const;
+  bool ready() const { return exec_ != nullptr; }
+
+ private:
+  Stream stream_;
+  void* graph_ = nullptr;
+  void* exec_ = nullptr;
 };
 
 }  // namespace shardtrain::cuda

@@ -49,7 +49,7 @@ ncclDataType_t nccl_type(DType t) {
 
 ncclRedOp_t nccl_op(ReduceOp op) { return op == ReduceOp::kAvg ? ncclAvg : ncclSum; }
 
-cudaStream_t raw(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+cudaStream_t raw(Stream s) { return static_cast<cudaStream_t>(resolve(s).handle); }
 
 class NcclWorld final : public Communicator {
  public:

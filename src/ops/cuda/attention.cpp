@@ -150,7 +150,7 @@ void run(const Key& key, std::unordered_map<int64_t, void*>& pointers, Stream st
   PerDevice& pd = per_device(key.device);
   auto it = pd.graphs.find(key);
   if (it == pd.graphs.end()) it = pd.graphs.emplace(key, build(key, pd.handle, op)).first;
-  ST_CUDNN_CHECK(cudnnSetStream(pd.handle, static_cast<cudaStream_t>(stream.handle)));
+  ST_CUDNN_CHECK(cudnnSetStream(pd.handle, static_cast<cudaStream_t>(resolve(stream).handle)));
   Tensor workspace;
   if (it->second.workspace_bytes > 0)
     workspace = Tensor::empty({it->second.workspace_bytes}, DType::kU8, Device::cuda(key.device),

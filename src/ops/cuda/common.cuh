@@ -13,7 +13,7 @@
 
 namespace shardtrain::ops::cuda {
 
-inline cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(s.handle); }
+inline cudaStream_t stream_of(Stream s) { return static_cast<cudaStream_t>(resolve(s).handle); }
 
 __device__ __forceinline__ float to_f32(float x) { return x; }
 __device__ __forceinline__ float to_f32(double x) { return static_cast<float>(x); }

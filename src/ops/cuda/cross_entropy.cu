@@ -56,7 +56,7 @@ __device__ __forceinline__ void online_add(float& mx, float& sum, const float (&
 template <typename G, bool kPacked>
 __global__ void __launch_bounds__(kThreads) softmax_grad_kernel(G* logits, float* row_loss, const int32_t* targets,
                                                                int64_t V, int32_t ignore_index, float grad_scale,
-                                                               bool compute_grad) {
+                                                               const float* grad_scale_device, bool compute_grad) {
   __shared__ float scratch[32];
   __shared__ float target_logit;
   constexpr int P = Pack<G>::kSize;
@@ -92,6 +92,7 @@ __global__ void __launch_bounds__(kThreads) softmax_grad_kernel(G* logits, float
   const float lse = row_max + __logf(sum);
   if (threadIdx.x == 0) row_loss[r] = lse - target_logit;
   if (!compute_grad) return;
+  if (grad_scale_device != nullptr) grad_scale = *grad_scale_device;
   if constexpr (kPacked) {
     Pack<G>* zp = reinterpret_cast<Pack<G>*>(z);
     for (int64_t j = threadIdx.x; j < V / P; j += blockDim.x) {
@@ -149,6 +150,11 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
   check_dtype(loss_sum_1, DType::kF32, op, "loss_sum_1");
   ST_CHECK(loss_sum_1.numel() == 1, op, ": `loss_sum_1` must hold 1 element");
   ST_CHECK(o.chunk_tokens > 0, op, ": chunk_tokens must be positive");
+  if (o.grad_scale_device.defined()) {
+    check_cuda_tensor(o.grad_scale_device, op, "grad_scale_device");
+    check_dtype(o.grad_scale_device, DType::kF32, op, "grad_scale_device");
+    ST_CHECK(o.grad_scale_device.numel() == 1, op, ": `grad_scale_device` must hold 1 element");
+  }
   if (o.compute_grad) {
     check_cuda_tensor(dh_TD, op, "dh_TD");
     check_shape(dh_TD, {T, D}, op, "dh_TD");
@@ -187,7 +193,8 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
       auto kernel = packed ? softmax_grad_kernel<G, true> : softmax_grad_kernel<G, false>;
       kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream_of(s)>>>(
           static_cast<G*>(chunk.raw_data()), row_loss.data<float>() + t0, targets_T.data<int32_t>() + t0, V,
-          o.ignore_index, static_cast<float>(o.grad_scale), o.compute_grad);
+          o.ignore_index, static_cast<float>(o.grad_scale),
+          o.grad_scale_device.defined() ? o.grad_scale_device.data<float>() : nullptr, o.compute_grad);
     });
     ST_CUDA_CHECK_LAUNCH();
     if (o.compute_grad) {
