@@ -11,7 +11,6 @@
 #include "core/allocator.h"
 #include "core/cuda/device.h"
 #include "ops/cross_entropy.h"
-#include "ops/linear.h"
 #include "train/plan.h"
 
 namespace {
@@ -52,7 +51,7 @@ int main(int argc, char** argv) try {
   ST_CHECK(cuda::device_count() > 0, "cross_entropy_bench: no CUDA device");
   cuda::init_device(0);
   const double peak = cuda::dense_bf16_peak_flops(0);
-  std::printf("# %s, bf16 h, W and logits, f32 loss math, GEMM algorithms timed as in training, %d iterations per timing\n", cuda::device_name(0).c_str(),
+  std::printf("# %s, bf16 h, W and logits, f32 loss math, %d iterations per timing\n", cuda::device_name(0).c_str(),
               iterations);
   validate();
   const int64_t T = 32768, D = 2048, V = 128256;
@@ -63,7 +62,6 @@ int main(int argc, char** argv) try {
   co.grad_scale = 1.0 / T;
   co.chunk_tokens = train::auto_loss_chunk_tokens(true, V);  // what the trainer picks (8192: 2 GiB of bf16 logits)
   co.check_targets = false;  // as the model calls it: targets checked on the host
-  ops::set_gemm_selection(ops::GemmSelection::kTimed);
   Allocator& a = allocator_for(Device::cuda(0));
   synchronize(Device::cuda(0));
   const int64_t before = a.stats().allocated_bytes;

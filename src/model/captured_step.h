@@ -3,10 +3,11 @@
 // The first call runs eagerly (it fills the GEMM, attention and allocator caches); the
 // second captures the same work on a stream of its own and replays it; later calls replay.
 // Shapes and options are fixed at construction; before each replay the batch and the
-// gradient scale are copied into the graph's own device buffers. The graph's temporaries come from its stream's free lists
-// in the caching allocator, which no eager work draws from: a private pool (the eager
-// step's cached blocks are returned to the driver before the capture, so the pool does not
-// double the memory). One rank only: collectives are not captured yet.
+// gradient scale are copied into the graph's own device buffers. The graph's temporaries
+// come from its stream's free lists in the caching allocator, which no eager work draws
+// from: a private pool (the eager step's cached blocks are returned to the driver before
+// the capture, so the pool does not double the memory). One rank only: collectives are not
+// captured yet.
 #pragma once
 
 #include <cstdint>

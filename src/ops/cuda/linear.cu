@@ -15,6 +15,7 @@
 #include <mutex>
 #include <tuple>
 
+#include "core/cuda/stream.h"
 #include "ops/cuda/common.cuh"
 #include "ops/linear.h"
 
@@ -74,12 +75,6 @@ Lt& lt_for_device(int device) {
   return *lt;
 }
 
-bool capturing(cudaStream_t stream) {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  ST_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
-  return status != cudaStreamCaptureStatusNone;
-}
-
 // Index of the fastest of `results` for this call: each runs once untimed, then three times
 // between events. `d` receives the trial products (the caller's output or scratch).
 int fastest(Lt& lt, cublasLtMatmulDesc_t op_desc, const cublasLtMatmulHeuristicResult_t* results, int found,
@@ -117,7 +112,7 @@ int fastest(Lt& lt, cublasLtMatmulDesc_t op_desc, const cublasLtMatmulHeuristicR
 // `c_in` (same layout) when given.
 void gemm(GemmKey key, const void* a, const void* b, void* c, cudaStream_t stream, const void* bias = nullptr,
           const void* c_in = nullptr) {
-  key.timed = gemm_selection() == GemmSelection::kTimed && !capturing(stream);
+  key.timed = gemm_selection() == GemmSelection::kTimed && !shardtrain::cuda::is_capturing(Stream{stream});
   Lt& lt = lt_for_device(key.device);
   cublasLtMatmulDesc_t op_desc;
   ST_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
