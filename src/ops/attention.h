@@ -2,7 +2,7 @@
 // visited with an online softmax (FlashAttention's recurrence), keeping per-row log-sum-exp
 // for the backward, which recomputes the probabilities tile by tile. Memory O(T).
 // Query head n reads kv head n / (N / M); K/V are never replicated. The CUDA version is
-// cuDNN's fused flash attention (bf16/f16 only).
+// cuDNN's fused flash attention for bf16/f16, and plain exact kernels for f32 (check runs).
 #pragma once
 
 #include <cstdint>
@@ -40,8 +40,9 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
 
 // out_BTNH = softmax(scale · q k^T + causal mask) v (overwrites); lse_BNT (overwrites,
 // stats_dtype(q)) = log-sum-exp of each query row's scaled scores. N % M == 0. q, k, v, out
-// share one dtype (f32/f64 on the CPU, bf16/f16 on CUDA with head dim a multiple of 8 up to
-// 256); softmax math in stats_dtype. No aliasing.
+// share one dtype (f32/f64 on the CPU; on CUDA bf16/f16 with head dim a multiple of 8 up to
+// 256, or f32 with head dim up to 512 through slow exact kernels); softmax math in
+// stats_dtype. No aliasing.
 inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
                               const Tensor& v_BTMH, const AttentionOptions& options = {},
                               [[maybe_unused]] Stream stream = {}) {

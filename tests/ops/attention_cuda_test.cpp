@@ -1,7 +1,8 @@
 // CUDA attention (cuDNN flash attention) against the CPU twin computed in f64 on the same
 // bf16-rounded inputs: causal and not, GQA groups 1/2/4/8, head dims 64 and 128, odd and
-// aligned lengths, forward output, log-sum-exp and all three input gradients. Skips
-// without a device.
+// aligned lengths, forward output, log-sum-exp and all three input gradients. The f32
+// kernels (f32 check runs) are held to f32 error on the same cases and on odd head dims.
+// Skips without a device.
 #include <algorithm>
 #include <cmath>
 
@@ -80,20 +81,70 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
   EXPECT_TRUE(close(dv, dv_ref)) << "dv";
 }
 
+// f32 on CUDA goes to exact kernels (no bf16 rounding anywhere), so every tensor matches the
+// f64 reference to f32 summation error.
+// Each element to 1e-5 of its tensor's largest reference magnitude or of the inputs' unit
+// scale, whichever is larger (f32 sums of up to T terms of that size; a result that cancels
+// to near zero still carries their rounding), each tensor to 1e-5 relative norm.
+::testing::AssertionResult close_f32(const Tensor& device, const Tensor& ref64) {
+  double largest = 1.0;
+  for (int64_t i = 0; i < ref64.numel(); ++i) largest = std::max(largest, std::abs(ref64.data<double>()[i]));
+  return all_close(to_host(device), ref64, {1e-5, 0.0, 1e-5 * largest});
+}
+
+class AttentionCudaF32 : public AttentionCuda {};
+
+TEST_P(AttentionCudaF32, MatchesCpuToF32Error) {
+  const Case c = GetParam();
+  const uint64_t seed = static_cast<uint64_t>(c.T * 17 + c.N * 5 + c.H);
+  const Tensor q = rounded_f32({c.B, c.T, c.N, c.H}, DType::kF32, seed, 0.0, 1.0);
+  const Tensor k = rounded_f32({c.B, c.T, c.M, c.H}, DType::kF32, seed + 1, 0.0, 1.0);
+  const Tensor v = rounded_f32({c.B, c.T, c.M, c.H}, DType::kF32, seed + 2, 0.0, 1.0);
+  const Tensor dout = rounded_f32({c.B, c.T, c.N, c.H}, DType::kF32, seed + 3, 0.0, 1.0);
+  AttentionOptions o;
+  o.causal = c.causal;
+  const Tensor q64 = to_dtype(q, DType::kF64), k64 = to_dtype(k, DType::kF64), v64 = to_dtype(v, DType::kF64),
+               dout64 = to_dtype(dout, DType::kF64);
+  Tensor out_ref = Tensor::empty(q.shape(), DType::kF64), lse_ref = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+  cpu::attention_forward(out_ref, lse_ref, q64, k64, v64, o);
+  Tensor dq_ref = Tensor::empty(q.shape(), DType::kF64), dk_ref = Tensor::empty(k.shape(), DType::kF64),
+         dv_ref = Tensor::empty(v.shape(), DType::kF64);
+  cpu::attention_backward(dq_ref, dk_ref, dv_ref, dout64, q64, k64, v64, out_ref, lse_ref, o);
+
+  const Device gpu = Device::cuda(0);
+  const Tensor qd = to_device(q), kd = to_device(k), vd = to_device(v), doutd = to_device(dout);
+  Tensor out = Tensor::empty(q.shape(), DType::kF32, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+  attention_forward(out, lse, qd, kd, vd, o);
+  EXPECT_TRUE(close_f32(out, out_ref)) << "out";
+  EXPECT_TRUE(close_f32(lse, lse_ref)) << "lse";
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32, gpu), dk = Tensor::empty(k.shape(), DType::kF32, gpu),
+         dv = Tensor::empty(v.shape(), DType::kF32, gpu);
+  attention_backward(dq, dk, dv, doutd, qd, kd, vd, out, lse, o);
+  EXPECT_TRUE(close_f32(dq, dq_ref)) << "dq";
+  EXPECT_TRUE(close_f32(dk, dk_ref)) << "dk";
+  EXPECT_TRUE(close_f32(dv, dv_ref)) << "dv";
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{2, 256, 8, 1, 64, true},
                                            Case{1, 1031, 4, 2, 128, true}, Case{2, 70, 4, 1, 128, false},
                                            Case{1, 2048, 32, 8, 64, true}));
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
+                         ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
+                                           Case{1, 130, 8, 8, 128, true}, Case{1, 1031, 4, 2, 128, true},
+                                           Case{2, 70, 4, 1, 128, false}, Case{1, 2048, 32, 8, 64, true},
+                                           Case{2, 45, 6, 3, 20, true}, Case{1, 33, 2, 2, 136, false},
+                                           Case{1, 9, 1, 1, 300, true}));
 
-TEST(AttentionCudaErrors, F32AndOddHeadDimAreNamed) {
+TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
   ST_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);
-  Tensor q = Tensor::empty({1, 4, 2, 64}, DType::kF32, gpu), k = Tensor::empty({1, 4, 1, 64}, DType::kF32, gpu);
-  Tensor out = Tensor::empty({1, 4, 2, 64}, DType::kF32, gpu), lse = Tensor::empty({1, 2, 4}, DType::kF32, gpu);
+  Tensor q = Tensor::empty({1, 4, 2, 64}, DType::kF64, gpu), k = Tensor::empty({1, 4, 1, 64}, DType::kF64, gpu);
+  Tensor out = Tensor::empty({1, 4, 2, 64}, DType::kF64, gpu), lse = Tensor::empty({1, 2, 4}, DType::kF32, gpu);
   try {
     attention_forward(out, lse, q, k, k);
-    FAIL() << "f32 attention on CUDA did not throw";
+    FAIL() << "f64 attention on CUDA did not throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bf16 or f16"), std::string::npos) << e.what();
   }

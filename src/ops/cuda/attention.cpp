@@ -3,7 +3,8 @@
 // strides, so nothing is transposed or copied; K/V keep their M heads (cuDNN groups the
 // query heads itself). The forward also writes the f32 softmax statistics (the log-sum-exp
 // of each scaled score row) that the backward reads. One graph is built per problem and
-// device, with its execution plan chosen by cuDNN's heuristics, and cached.
+// device, with its execution plan chosen by cuDNN's heuristics, and cached. f32 tensors,
+// which cuDNN's flash kernels do not take, go to plain exact kernels (attention_f32.cu).
 #include <cudnn.h>
 
 #include <cmath>
@@ -17,6 +18,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "ops/attention.h"
+#include "ops/cuda/attention_f32.h"
 #include "ops/cuda/attention_single.h"
 
 namespace shardtrain::ops::cuda {
@@ -77,8 +79,8 @@ fe::DataType_t fe_type(DType t, const char* op) {
     case DType::kBF16: return fe::DataType_t::BFLOAT16;
     case DType::kF16: return fe::DataType_t::HALF;
     default:
-      ST_THROW(op, ": CUDA attention runs on bf16 or f16 tensors (cuDNN flash attention), found ", dtype_name(t),
-               "; cast q, k and v first");
+      ST_THROW(op, ": CUDA attention runs on bf16 or f16 tensors (cuDNN flash attention) or f32 (exact check "
+               "kernels), found ", dtype_name(t), "; cast q, k and v first");
   }
 }
 
@@ -172,13 +174,13 @@ Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
            " and ", k.str());
   Key key{q.device().index, backward, q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), o.causal,
           o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), o.deterministic};
-  fe_type(q.dtype(), op);
+  if (q.dtype() != DType::kF32) fe_type(q.dtype(), op);
   check(q, op, "q_BTNH", q.dtype(), q.shape());
   check(k, op, "k_BTMH", q.dtype(), {key.B, key.T, key.M, key.H});
   check(v, op, "v_BTMH", q.dtype(), {key.B, key.T, key.M, key.H});
   ST_CHECK(key.M > 0 && key.N % key.M == 0, op, ": key/value heads (", key.M, ") must divide query heads (", key.N,
            ")");
-  ST_CHECK(key.H % 8 == 0 && key.H <= 256, op, ": head dim ", key.H,
+  ST_CHECK(q.dtype() == DType::kF32 || (key.H % 8 == 0 && key.H <= 256), op, ": head dim ", key.H,
            " not supported by cuDNN flash attention (a multiple of 8, at most 256)");
   return key;
 }
@@ -191,6 +193,7 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
   check(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check(lse_BNT, op, "lse_BNT", DType::kF32, {key.B, key.N, key.T});
+  if (key.dtype == DType::kF32) return attention_forward_f32(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
   std::unordered_map<int64_t, void*> p = {{kQ, q_BTNH.raw_data()}, {kK, k_BTMH.raw_data()},
                                           {kV, v_BTMH.raw_data()}, {kO, out_BTNH.raw_data()},
                                           {kStats, lse_BNT.raw_data()}};
@@ -209,6 +212,9 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
   check(dk_BTMH, op, "dk_BTMH", q_BTNH.dtype(), k_BTMH.shape());
   check(dv_BTMH, op, "dv_BTMH", q_BTNH.dtype(), k_BTMH.shape());
   if (key.T == 1) return attention_backward_single_token(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, stream);
+  if (key.dtype == DType::kF32)
+    return attention_backward_f32(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
+                                  options, stream);
   std::unordered_map<int64_t, void*> p = {
       {kQ, q_BTNH.raw_data()},   {kK, k_BTMH.raw_data()},     {kV, v_BTMH.raw_data()},
       {kO, out_BTNH.raw_data()}, {kDO, dout_BTNH.raw_data()}, {kStats, lse_BNT.raw_data()},
