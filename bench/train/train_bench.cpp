@@ -12,7 +12,7 @@
 // the time the compute stream stood waiting on gathers and reductions is reported.
 //
 //   train_bench [--shape 1b|8b] [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
-//               [--ac none|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
+//               [--ac none|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--device cuda|cpu]
@@ -53,7 +53,8 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int64_t batch = 4, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
-  bool tied = true, full_ac = false, keep_gathered = false, reduce_bf16 = false, graph = false;
+  model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
+  bool tied = true, keep_gathered = false, reduce_bf16 = false, graph = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -97,9 +98,7 @@ Args parse(int argc, char** argv) {
     }
     else if (k == "--keep-gathered") a.keep_gathered = true;
     else if (k == "--ac") {
-      const std::string v = next();
-      ST_CHECK(v == "none" || v == "full", "train_bench: --ac none|full, found ", v);
-      a.full_ac = v == "full";
+      a.ac = model::parse_checkpointing(next(), "train_bench: --ac");
     } else if (k == "--device") a.device = next();
     else ST_THROW("train_bench: unknown option ", k, " (see the comment at the top of bench/train/train_bench.cpp)");
   }
@@ -171,7 +170,7 @@ int main(int argc, char** argv) try {
   Tensor targets = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "targets");
   CounterRng rng(7 + static_cast<uint64_t>(rank));  // each rank its own part of the global batch
   model::StepOptions o;
-  o.checkpointing = a.full_ac ? model::ActivationCheckpointing::kFull : model::ActivationCheckpointing::kNone;
+  o.checkpointing = a.ac;
   o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
   ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
   o.grad_scale = 1.0 / static_cast<double>(a.batch * a.seq * world);
@@ -241,14 +240,14 @@ int main(int argc, char** argv) try {
       world > 1 ? detail::concat(", comm wait ", 100 * comm_wait / timed, " % of the step") : std::string();
   char row[512];
   std::snprintf(row, sizeof row, "| %s | %s | %lld | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n",
-                label.c_str(), a.full_ac ? "full" : "none", static_cast<long long>(a.batch), tps, 100 * mfu, peak_gib,
+                label.c_str(), model::checkpointing_name(a.ac), static_cast<long long>(a.batch), tps, 100 * mfu, peak_gib,
                 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
   say(row);
   std::snprintf(row, sizeof row,
                 "{\"engine\": \"shardtrain\", \"gpus\": %d, \"ac\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
                 "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
                 "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f}\n",
-                world, a.full_ac ? "full" : "none", static_cast<long long>(a.batch), static_cast<long long>(a.seq), tps,
+                world, model::checkpointing_name(a.ac), static_cast<long long>(a.batch), static_cast<long long>(a.seq), tps,
                 mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed);
   say(row);
   return 0;

@@ -194,8 +194,8 @@ int run_plan(const std::vector<std::string>& args) {
   in.gpu = job.training.device != "cpu";
   in.micro_batch = job.training.batch_size;
   in.seq_len = job.training.seq_len;
-  in.checkpointing = job.training.activation_checkpointing == "full" ? model::ActivationCheckpointing::kFull
-                                                                     : model::ActivationCheckpointing::kNone;
+  in.checkpointing =
+      model::parse_checkpointing(job.training.activation_checkpointing, "training.activation_checkpointing");
   in.loss_chunk_tokens = job.training.loss_chunk_tokens;
   in.reshard_after_forward = job.parallel.reshard_after_forward;
   std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);

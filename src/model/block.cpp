@@ -53,60 +53,97 @@ void BlockActivations::release_all_but_input() {
   x_BTD = keep;
 }
 
-void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx) {
+void BlockActivations::release_recomputable() {
+  xn1_BTD = rstd1_BT = Tensor();
+  xn2_BTD = rstd2_BT = Tensor();
+  gate_BTF = up_BTF = h_BTF = Tensor();
+  y_BTD = Tensor();
+}
+
+namespace {
+
+struct Dims {
+  int64_t B, T, D, N, M, H, F;
+  DType stats;
+  Device dev;
+};
+
+Dims dims_of(const BlockContext& ctx, const Tensor& x_BTD) {
   const LlamaConfig& c = *ctx.config;
-  const int64_t B = ctx.batch, T = ctx.seq, D = c.dim, N = c.n_heads, M = c.n_kv_heads, H = c.head_dim(),
-                F = c.ffn_dim;
-  const DType stats = ops::stats_dtype(x_BTD.dtype());
-  const Device dev = x_BTD.device();
-  a.x_BTD = x_BTD;
-  const Tensor x_TD = x_BTD.view({B * T, D});
+  return {ctx.batch, ctx.seq, c.dim, c.n_heads, c.n_kv_heads, c.head_dim(), c.ffn_dim,
+          ops::stats_dtype(x_BTD.dtype()), x_BTD.device()};
+}
 
-  a.xn1_BTD = like({B, T, D}, x_BTD, "xn1");
-  a.rstd1_BT = Tensor::empty({B, T}, stats, dev, "rstd1");
-  Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
-  Tensor rstd1_T = a.rstd1_BT.view({B * T});
-  ops::rmsnorm_forward(xn1_TD, rstd1_T, x_TD, w.attn_norm_D, {c.norm_eps});
+// xn = norm(x) with its f32 1/rms.
+void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps,
+          const char* name, const char* rstd_name) {
+  xn_BTD = Tensor::empty({d.B, d.T, d.D}, x_BTD.dtype(), d.dev, name);
+  rstd_BT = Tensor::empty({d.B, d.T}, d.stats, d.dev, rstd_name);
+  Tensor xn_TD = xn_BTD.view({d.B * d.T, d.D});
+  Tensor rstd_T = rstd_BT.view({d.B * d.T});
+  ops::rmsnorm_forward(xn_TD, rstd_T, x_BTD.view({d.B * d.T, d.D}), weight_D, {eps});
+}
 
-  a.q_BTNH = like({B, T, N, H}, x_BTD, "q");
-  a.k_BTMH = like({B, T, M, H}, x_BTD, "k");
-  a.v_BTMH = like({B, T, M, H}, x_BTD, "v");
-  Tensor q_TQ = a.q_BTNH.view({B * T, N * H});
-  Tensor k_TK = a.k_BTMH.view({B * T, M * H});
-  Tensor v_TK = a.v_BTMH.view({B * T, M * H});
+// q, k, v (rope applied), attention, and x2 = x + o(attn), from a.xn1.
+void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
+  const Tensor& x = a.x_BTD;
+  const Tensor xn1_TD = a.xn1_BTD.view({d.B * d.T, d.D});
+  a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
+  a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
+  a.v_BTMH = like({d.B, d.T, d.M, d.H}, x, "v");
+  Tensor q_TQ = a.q_BTNH.view({d.B * d.T, d.N * d.H});
+  Tensor k_TK = a.k_BTMH.view({d.B * d.T, d.M * d.H});
+  Tensor v_TK = a.v_BTMH.view({d.B * d.T, d.M * d.H});
   ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
   ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
   ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
   ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK);
   ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK);
 
-  a.attn_BTNH = like({B, T, N, H}, x_BTD, "attn");
-  a.lse_BNT = Tensor::empty({B, N, T}, stats, dev, "lse");
+  a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
+  a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
   ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, {});
 
-  a.x2_BTD = like({B, T, D}, x_BTD, "x2");
-  Tensor x2_TD = a.x2_BTD.view({B * T, D});
-  ops::linear_forward_add(x2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, x_TD);
+  a.x2_BTD = like({d.B, d.T, d.D}, x, "x2");
+  Tensor x2_TD = a.x2_BTD.view({d.B * d.T, d.D});
+  ops::linear_forward_add(x2_TD, a.attn_BTNH.view({d.B * d.T, d.N * d.H}), w.wo_DQ, x.view({d.B * d.T, d.D}));
+}
 
-  a.xn2_BTD = like({B, T, D}, x_BTD, "xn2");
-  a.rstd2_BT = Tensor::empty({B, T}, stats, dev, "rstd2");
-  Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
-  Tensor rstd2_T = a.rstd2_BT.view({B * T});
-  ops::rmsnorm_forward(xn2_TD, rstd2_T, x2_TD, w.ffn_norm_D, {c.norm_eps});
-
-  a.gate_BTF = like({B, T, F}, x_BTD, "gate");
-  a.up_BTF = like({B, T, F}, x_BTD, "up");
-  a.h_BTF = like({B, T, F}, x_BTD, "h");
-  Tensor gate_TF = a.gate_BTF.view({B * T, F});
-  Tensor up_TF = a.up_BTF.view({B * T, F});
-  Tensor h_TF = a.h_BTF.view({B * T, F});
+// gate, up and h = silu(gate) * up from a.xn2.
+void mlp_inner(BlockActivations& a, const BlockWeights& w, const Dims& d) {
+  const Tensor xn2_TD = a.xn2_BTD.view({d.B * d.T, d.D});
+  a.gate_BTF = like({d.B, d.T, d.F}, a.x_BTD, "gate");
+  a.up_BTF = like({d.B, d.T, d.F}, a.x_BTD, "up");
+  a.h_BTF = like({d.B, d.T, d.F}, a.x_BTD, "h");
+  Tensor gate_TF = a.gate_BTF.view({d.B * d.T, d.F});
+  Tensor up_TF = a.up_BTF.view({d.B * d.T, d.F});
+  Tensor h_TF = a.h_BTF.view({d.B * d.T, d.F});
   ops::linear_forward(gate_TF, xn2_TD, w.w_gate_FD);
   ops::linear_forward(up_TF, xn2_TD, w.w_up_FD);
   ops::swiglu_forward(h_TF, gate_TF, up_TF);
+}
 
-  a.y_BTD = like({B, T, D}, x_BTD, "y");
-  Tensor y_TD = a.y_BTD.view({B * T, D});
-  ops::linear_forward_add(y_TD, h_TF, w.w_down_DF, x2_TD);
+}  // namespace
+
+void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
+                   BlockPart part) {
+  const double eps = ctx.config->norm_eps;
+  const Dims d = dims_of(ctx, x_BTD);
+  a.x_BTD = x_BTD;
+  norm(a.xn1_BTD, a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1");
+  if (part == BlockPart::kNormsAndMlp) {
+    ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: selective recompute needs the kept "
+              "attention half");
+  } else {
+    attention_half(a, w, ctx, d);
+  }
+  norm(a.xn2_BTD, a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2");
+  mlp_inner(a, w, d);
+  if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
+
+  a.y_BTD = like({d.B, d.T, d.D}, x_BTD, "y");
+  Tensor y_TD = a.y_BTD.view({d.B * d.T, d.D});
+  ops::linear_forward_add(y_TD, a.h_BTF.view({d.B * d.T, d.F}), w.w_down_DF, a.x2_BTD.view({d.B * d.T, d.D}));
 }
 
 void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, const BlockActivations& a,

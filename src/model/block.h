@@ -23,8 +23,10 @@ struct BlockWeights {
   static BlockWeights view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig& config);
 };
 
-// Everything a block's backward reads. With activation checkpointing only x_BTD is kept
-// between forward and backward, and the rest is recomputed.
+// Everything a block's backward reads. With full activation checkpointing only x_BTD is
+// kept between forward and backward, and the rest is recomputed; with selective
+// checkpointing the attention half (q, k, v, the attention output and its statistics, x2)
+// is kept, and the norms and the MLP's gate, up and h are recomputed.
 struct BlockActivations {
   Tensor x_BTD;                 // input (the previous block's output; shared, not copied)
   Tensor xn1_BTD, rstd1_BT;     // attention-norm output and its 1/rms
@@ -36,6 +38,15 @@ struct BlockActivations {
   Tensor y_BTD;                 // block output
 
   void release_all_but_input();  // for full activation checkpointing
+  void release_recomputable();   // for selective checkpointing: the norms and the MLP (and y)
+};
+
+// What block_forward computes. The output y is never needed by the block's own backward
+// (it is the next block's input, kept there), so recomputation skips its product.
+enum class BlockPart {
+  kAll,            // the forward
+  kAllButOutput,   // full recompute before the backward
+  kNormsAndMlp,    // selective recompute: xn1/rstd1 from x, then xn2/rstd2, gate, up, h from x2
 };
 
 struct BlockContext {
@@ -45,8 +56,10 @@ struct BlockContext {
   Tensor cos_TK, sin_TK;  // rope tables with at least T rows, in the compute dtype
 };
 
-// Fills every member of `acts` from x_BTD (which it keeps a reference to).
-void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx);
+// Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);
+// kNormsAndMlp reads the kept acts.x2_BTD. Recomputed members are bitwise the forward's.
+void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
+                   BlockPart part = BlockPart::kAll);
 
 // dx_BTD (overwrites) from dy_BTD; parameter gradients accumulate into `grads`.
 // dx_BTD may not alias dy_BTD.

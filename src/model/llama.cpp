@@ -155,6 +155,22 @@ void Llama::release_head(Pass pass) {
   if (config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
 }
 
+ActivationCheckpointing parse_checkpointing(const std::string& name, const std::string& what) {
+  if (name == "none") return ActivationCheckpointing::kNone;
+  if (name == "selective") return ActivationCheckpointing::kSelective;
+  if (name == "full") return ActivationCheckpointing::kFull;
+  ST_THROW(what, ": expected none, selective or full, found \"", name, "\"");
+}
+
+const char* checkpointing_name(ActivationCheckpointing c) {
+  switch (c) {
+    case ActivationCheckpointing::kNone: return "none";
+    case ActivationCheckpointing::kSelective: return "selective";
+    case ActivationCheckpointing::kFull: return "full";
+  }
+  return "?";
+}
+
 BlockContext Llama::context(int64_t batch, int64_t seq) const {
   BlockContext ctx;
   ctx.config = &config_;
@@ -189,6 +205,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     store_->release_params(u, pass);
     x_BTD = a.y_BTD;
     if (checkpointing == ActivationCheckpointing::kFull) a.release_all_but_input();
+    if (checkpointing == ActivationCheckpointing::kSelective) a.release_recomputable();
   }
   const Tensor head = store_->acquire_params(head_unit(), pass);
   final_in_TD = x_BTD.view({B * T, D});
@@ -298,7 +315,10 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     if (o.checkpointing == ActivationCheckpointing::kFull) {
       const Tensor input = a.x_BTD;
-      block_forward(a, w, input, ctx);
+      block_forward(a, w, input, ctx, BlockPart::kAllButOutput);
+    } else if (o.checkpointing == ActivationCheckpointing::kSelective) {
+      const Tensor input = a.x_BTD;
+      block_forward(a, w, input, ctx, BlockPart::kNormsAndMlp);
     }
     Tensor grads = store_->acquire_grads(u);
     BlockWeights g = BlockWeights::view(grads, layout_.units()[u], config_);

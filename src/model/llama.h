@@ -17,7 +17,14 @@
 
 namespace shardtrain::model {
 
-enum class ActivationCheckpointing { kNone, kFull };
+// What each block keeps between forward and backward: everything (none), its attention half
+// with the norms and the MLP's inner products recomputed (selective), or only its input
+// with the whole block recomputed (full). Gradients are bitwise the same in all three.
+enum class ActivationCheckpointing { kNone, kSelective, kFull };
+
+// "none" | "selective" | "full"; an error naming `what` otherwise.
+ActivationCheckpointing parse_checkpointing(const std::string& name, const std::string& what);
+const char* checkpointing_name(ActivationCheckpointing c);
 
 struct StepOptions {
   double grad_scale = 1.0;  // multiplies all gradients: 1 / tokens counted in the global batch

@@ -131,8 +131,8 @@ const std::vector<KeyDef>& keys() {
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
-          "compute dtype: auto (bf16 on a GPU, f32 on the CPU), bf16 (GPU), f32, or f64 (CPU, for checks); master "
-          "weights, gradients and optimizer state are f32 (f64 with f64)",
+          "compute dtype: auto (bf16 on a GPU, f32 on the CPU), bf16 (GPU), f32 (on a GPU for checks: exact but slow "
+          "attention), or f64 (CPU, for checks); master weights, gradients and optimizer state are f32 (f64 with f64)",
           one_of({"auto", "bf16", "f32", "f64"})),
 
       key("data.source", &C::data, &DataSection::source,
@@ -159,7 +159,10 @@ const std::vector<KeyDef>& keys() {
       key("training.max_grad_norm", &C::training, &TrainingSection::max_grad_norm,
           "clip the global gradient norm to this; 0 disables clipping", non_negative()),
       key("training.activation_checkpointing", &C::training, &TrainingSection::activation_checkpointing,
-          "none, or full (keep only block inputs; recompute in the backward)", one_of({"none", "full"})),
+          "none (keep every activation); selective (keep each block's input and attention half, about a quarter of "
+          "none's activation memory, and recompute its norms, SwiGLU and the MLP's gate/up products in the "
+          "backward); or full (keep only block inputs and recompute each block, all but its output product)",
+          one_of({"none", "selective", "full"})),
       key("training.device", &C::training, &TrainingSection::device,
           "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "
           "LOCAL_RANK modulo the visible GPUs)",

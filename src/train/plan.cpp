@@ -61,18 +61,35 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.tokens_per_micro_batch = tokens;
   const int64_t stream = tokens * D * cb;               // one [tokens, D] residual-stream tensor
   const int64_t final_norm = stream + 4 * tokens;        // the final norm's output and rstd
-  const bool full = in.checkpointing == model::ActivationCheckpointing::kFull;
-  p.activations_at_loss = full ? stream * (L + 1) + final_norm  // every block's input, the last output
-                               : tokens * L * per_token_block + stream + final_norm;
-
+  using model::ActivationCheckpointing;
+  // Selective checkpointing keeps each block's attention half (q, k, v, the attention output,
+  // its f32 statistics and x2) beside the block inputs; the block backward then recomputes
+  // both norms' outputs and statistics and the MLP's gate, up and h. Full recompute skips y.
+  const int64_t per_token_selective_kept = cb * (3 * D + 2 * M * H) + 4 * N;
+  const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8;
+  const int64_t per_token_full_recomputed = per_token_block - cb * D;
+  switch (in.checkpointing) {
+    case ActivationCheckpointing::kNone:
+      p.activations_at_loss = tokens * L * per_token_block + stream + final_norm;
+      break;
+    case ActivationCheckpointing::kSelective:
+      p.activations_at_loss = stream * (L + 1) + tokens * L * per_token_selective_kept + final_norm;
+      break;
+    case ActivationCheckpointing::kFull:
+      p.activations_at_loss = stream * (L + 1) + final_norm;  // every block's input, the last output
+      break;
+  }
   p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
   const int64_t chunk = std::min(p.loss_chunk_tokens, tokens);
   p.loss_chunk = chunk * V * cb;  // logits in the compute dtype, overwritten by their gradient
 
-  // Inside a block's backward: the activations still kept (with checkpointing, the inputs
-  // plus the one block recomputed), the backward's temporaries (dy, dx and the MLP's three
-  // [tokens, F] gradients), the gathered blocks and up to three f32 block gradients in flight.
-  const int64_t kept = full ? stream * (L + 1) + tokens * per_token_block : p.activations_at_loss;
+  // Inside a block's backward: the activations still kept (with checkpointing, what the
+  // blocks keep plus the one block's recomputed part), the backward's temporaries (dy, dx and
+  // the MLP's three [tokens, F] gradients), the gathered blocks and up to three f32 block
+  // gradients in flight.
+  int64_t kept = p.activations_at_loss - final_norm;
+  if (in.checkpointing == ActivationCheckpointing::kSelective) kept += tokens * per_token_selective_recomputed;
+  if (in.checkpointing == ActivationCheckpointing::kFull) kept += tokens * per_token_full_recomputed;
   const int64_t temporaries = tokens * cb * (3 * F + 2 * D);
   const int64_t block_grads = grads_aliased ? 0 : 3 * 4 * block_numel;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
@@ -85,21 +102,26 @@ MemoryPlan plan_memory(const PlanInput& in) {
 }
 
 std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
-  const bool full = in.checkpointing == model::ActivationCheckpointing::kFull;
+  const char* kept = "";
+  switch (in.checkpointing) {
+    case model::ActivationCheckpointing::kNone: break;
+    case model::ActivationCheckpointing::kSelective: kept = "  block inputs and attention halves (selective)"; break;
+    case model::ActivationCheckpointing::kFull: kept = "  block inputs (checkpointed)"; break;
+  }
   auto row = [](const std::string& what, int64_t bytes) { return fmt::format("  {:<46} {:>12}\n", what, format_bytes(bytes)); };
   std::string s;
   s += fmt::format("model: {}\n", in.model.summary());
   s += fmt::format("ranks: {} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
                    in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
   s += fmt::format("micro-batch per rank: {} x {} tokens; activation checkpointing: {}; loss chunk: {} tokens\n",
-                   in.micro_batch, in.seq_len, full ? "full" : "none", p.loss_chunk_tokens);
+                   in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
   s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
                    fmt::group_digits(p.parameters), fmt::group_digits(p.shard_elements));
   s += row("master weights (f32 shard)", p.master);
   s += row("AdamW m and v (f32 shards)", p.optimizer);
   s += row("gradient shards (f32)", p.grad_shards);
   s += "  at the loss:\n";
-  s += row(full ? "  block inputs (checkpointed)" : fmt::format("  activations of {} blocks", in.model.n_layers),
+  s += row(*kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers),
            p.activations_at_loss);
   s += row(in.reshard_after_forward ? "  gathered compute copies (head, 2 blocks)"
                                     : "  gathered compute copies (head, every block)",

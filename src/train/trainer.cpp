@@ -361,8 +361,7 @@ TrainSummary Trainer::run() {
   sc.total_steps = tc.steps;
   sc.min_lr_ratio = config_.schedule.min_lr_ratio;
   model::StepOptions so;
-  so.checkpointing = tc.activation_checkpointing == "full" ? model::ActivationCheckpointing::kFull
-                                                           : model::ActivationCheckpointing::kNone;
+  so.checkpointing = model::parse_checkpointing(tc.activation_checkpointing, "training.activation_checkpointing");
   so.loss_chunk_tokens = loss_chunk_tokens();
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step.
   std::unique_ptr<model::CapturedStep> captured;

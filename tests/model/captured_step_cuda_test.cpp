@@ -2,7 +2,9 @@
 // model state: equal losses (the forward's kernels are the same and deterministic), equal
 // gradients up to the attention backward's atomic-order noise, over several steps with
 // AdamW updates between them, so each replay must read the updated weights and accumulate
-// into the same gradient buffers. Skips without a device.
+// into the same gradient buffers. Selective and full activation checkpointing (one captured,
+// one eager) follow the step that keeps every activation the same way. Skips without a
+// device.
 #include <cmath>
 #include <memory>
 
@@ -86,6 +88,54 @@ TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
           << "step " << s << " unit " << u;
     eager.update();
     graph.update();
+  }
+}
+
+// Recomputation runs the forward's kernels on the forward's inputs, so the losses are equal
+// and the gradients differ only by the attention backward's atomic-order noise.
+TEST(CheckpointingCuda, SelectiveAndFullFollowNone) {
+  ST_REQUIRE_CUDA();
+  LlamaConfig c;
+  c.vocab_size = 1000;
+  c.dim = 256;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 640;
+  c.max_seq_len = 128;
+  c.tie_embeddings = false;
+  const int64_t B = 2, T = 128;
+  Engine none(c), selective(c), full(c);
+  StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T);
+  o.loss_chunk_tokens = 96;
+  StepOptions os = o, of = o;
+  os.checkpointing = ActivationCheckpointing::kSelective;
+  of.checkpointing = ActivationCheckpointing::kFull;
+  CapturedStep selective_step(*selective.model, B, T, os);
+  CounterRng rng(9);
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  for (int s = 0; s < 3; ++s) {
+    for (int64_t i = 0; i < B * T; ++i) {
+      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
+      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
+    }
+    for (Engine* e : {&none, &selective, &full}) e->store->zero_grad_shards();
+    const LossSum a = none.model->forward_backward(ids, targets, o);
+    const LossSum b = selective_step.run(ids, targets, o.grad_scale);
+    const LossSum f = full.model->forward_backward(ids, targets, of);
+    EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * a.loss_sum) << "selective, step " << s;
+    EXPECT_NEAR(f.loss_sum, a.loss_sum, 1e-5 * a.loss_sum) << "full, step " << s;
+    for (size_t u = 0; u < none.layout.units().size(); ++u) {
+      const Tensor want = testing::to_host(none.store->grad_shards()[u]);
+      EXPECT_TRUE(testing::all_close(testing::to_host(selective.store->grad_shards()[u]), want,
+                                     testing::Tolerance{2e-3, 1e30, 1e30}))
+          << "selective, step " << s << " unit " << u;
+      EXPECT_TRUE(testing::all_close(testing::to_host(full.store->grad_shards()[u]), want,
+                                     testing::Tolerance{2e-3, 1e30, 1e30}))
+          << "full, step " << s << " unit " << u;
+    }
+    for (Engine* e : {&none, &selective, &full}) e->update();
   }
 }
 

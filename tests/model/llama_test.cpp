@@ -1,5 +1,5 @@
 // The whole model's gradients against central finite differences in f64 on tiny shapes,
-// activation checkpointing against none (bitwise), and the layout's sharding invariants.
+// activation checkpointing (selective and full) against none (bitwise), and the layout's sharding invariants.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -89,23 +89,44 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
-TEST(Llama, FullCheckpointingIsBitwiseEqual) {
+// Selective and full checkpointing recompute exactly what the forward computed (the same
+// kernels on the same inputs), so loss and every gradient equal the run that keeps all.
+TEST(Llama, CheckpointingIsBitwiseEqual) {
   const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
-  Llama a(cfg, DType::kF32), b(cfg, DType::kF32);
-  a.init_random(5);
-  b.init_random(5);
   Tensor ids = Tensor::empty({3, 8}, DType::kI32);
   Tensor targets = Tensor::empty({3, 8}, DType::kI32);
   testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
   testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
   StepOptions o;
   o.grad_scale = 1.0 / 24;
+  Llama a(cfg, DType::kF32);
+  a.init_random(5);
   const LossSum la = a.forward_backward(ids, targets, o);
-  o.checkpointing = ActivationCheckpointing::kFull;
-  const LossSum lb = b.forward_backward(ids, targets, o);
-  EXPECT_EQ(la.loss_sum, lb.loss_sum);
-  for (size_t u = 0; u < a.layout().units().size(); ++u)
-    EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact)) << "unit " << u;
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    Llama b(cfg, DType::kF32);
+    b.init_random(5);
+    o.checkpointing = ac;
+    const LossSum lb = b.forward_backward(ids, targets, o);
+    EXPECT_EQ(la.loss_sum, lb.loss_sum) << checkpointing_name(ac);
+    for (size_t u = 0; u < a.layout().units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact))
+          << checkpointing_name(ac) << ", unit " << u;
+  }
+}
+
+TEST(Llama, CheckpointingNamesParse) {
+  for (ActivationCheckpointing ac :
+       {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull})
+    EXPECT_EQ(parse_checkpointing(checkpointing_name(ac), "x"), ac);
+  try {
+    parse_checkpointing("partial", "training.activation_checkpointing");
+    ADD_FAILURE() << "\"partial\" was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training.activation_checkpointing: expected none, selective or full, found "
+                                         "\"partial\""),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Llama, TargetOutsideTheVocabularyIsAnErrorNamingItsPosition) {
