@@ -77,7 +77,7 @@ Dims dims_of(const BlockContext& ctx, const Tensor& x_BTD) {
 // xn = norm(x) with its f32 1/rms.
 void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps,
           const char* name, const char* rstd_name) {
-  xn_BTD = Tensor::empty({d.B, d.T, d.D}, x_BTD.dtype(), d.dev, name);
+  xn_BTD = like({d.B, d.T, d.D}, x_BTD, name);
   rstd_BT = Tensor::empty({d.B, d.T}, d.stats, d.dev, rstd_name);
   Tensor xn_TD = xn_BTD.view({d.B * d.T, d.D});
   Tensor rstd_T = rstd_BT.view({d.B * d.T});

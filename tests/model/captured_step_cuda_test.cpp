@@ -48,8 +48,8 @@ struct Engine {
   }
 };
 
-TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
-  ST_REQUIRE_CUDA();
+// 3 blocks, width 256, GQA 4/2, sequences up to 128 tokens, vocabulary 1000.
+LlamaConfig small_config(bool tied) {
   LlamaConfig c;
   c.vocab_size = 1000;
   c.dim = 256;
@@ -58,7 +58,13 @@ TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
   c.n_kv_heads = 2;
   c.ffn_dim = 640;
   c.max_seq_len = 128;
-  c.tie_embeddings = true;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
+  ST_REQUIRE_CUDA();
+  const LlamaConfig c = small_config(true);
   const int64_t B = 2, T = 128;  // a different gradient scale every step reaches the graph
   Engine eager(c), graph(c);
   StepOptions o;
@@ -95,15 +101,7 @@ TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
 // and the gradients differ only by the attention backward's atomic-order noise.
 TEST(CheckpointingCuda, SelectiveAndFullFollowNone) {
   ST_REQUIRE_CUDA();
-  LlamaConfig c;
-  c.vocab_size = 1000;
-  c.dim = 256;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 640;
-  c.max_seq_len = 128;
-  c.tie_embeddings = false;
+  const LlamaConfig c = small_config(false);
   const int64_t B = 2, T = 128;
   Engine none(c), selective(c), full(c);
   StepOptions o;

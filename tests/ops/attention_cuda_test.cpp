@@ -40,6 +40,25 @@ void PrintTo(const Case& c, std::ostream* os) {
   return all_close(to_host(device), ref64, {testing::kCudaBf16.rel_norm, 0.0, 1e-2 * largest});
 }
 
+// The CPU twin in f64 on the given (already rounded) inputs.
+struct Reference {
+  Tensor out, lse, dq, dk, dv;
+};
+
+Reference reference(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout, const AttentionOptions& o) {
+  const Tensor q64 = to_dtype(q, DType::kF64), k64 = to_dtype(k, DType::kF64), v64 = to_dtype(v, DType::kF64),
+               dout64 = to_dtype(dout, DType::kF64);
+  Reference r;
+  r.out = Tensor::empty(q.shape(), DType::kF64);
+  r.lse = Tensor::empty({q.size(0), q.size(2), q.size(1)}, DType::kF64);
+  cpu::attention_forward(r.out, r.lse, q64, k64, v64, o);
+  r.dq = Tensor::empty(q.shape(), DType::kF64);
+  r.dk = Tensor::empty(k.shape(), DType::kF64);
+  r.dv = Tensor::empty(v.shape(), DType::kF64);
+  cpu::attention_backward(r.dq, r.dk, r.dv, dout64, q64, k64, v64, r.out, r.lse, o);
+  return r;
+}
+
 class AttentionCuda : public ::testing::TestWithParam<Case> {
  protected:
   void SetUp() override { ST_REQUIRE_CUDA(); }
@@ -57,33 +76,26 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
   o.causal = c.causal;
 
   // CPU reference in f64 from exactly the values the device sees.
-  const Tensor q64 = to_dtype(q, DType::kF64), k64 = to_dtype(k, DType::kF64), v64 = to_dtype(v, DType::kF64),
-               dout64 = to_dtype(dout, DType::kF64);
-  Tensor out_ref = Tensor::empty(q.shape(), DType::kF64), lse_ref = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
-  cpu::attention_forward(out_ref, lse_ref, q64, k64, v64, o);
-  Tensor dq_ref = Tensor::empty(q.shape(), DType::kF64), dk_ref = Tensor::empty(k.shape(), DType::kF64),
-         dv_ref = Tensor::empty(v.shape(), DType::kF64);
-  cpu::attention_backward(dq_ref, dk_ref, dv_ref, dout64, q64, k64, v64, out_ref, lse_ref, o);
+  const Reference ref = reference(q, k, v, dout, o);
 
   const Device gpu = Device::cuda(0);
   const Tensor dq_in = to_device(to_dtype(q, dt)), dk_in = to_device(to_dtype(k, dt)),
                dv_in = to_device(to_dtype(v, dt)), ddout = to_device(to_dtype(dout, dt));
   Tensor out = Tensor::empty(q.shape(), dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
   attention_forward(out, lse, dq_in, dk_in, dv_in, o);
-  EXPECT_TRUE(close(out, out_ref)) << "out";
-  EXPECT_TRUE(all_close(to_host(lse), lse_ref, {1e-4, 1e-4, 1e-3})) << "lse";
+  EXPECT_TRUE(close(out, ref.out)) << "out";
+  EXPECT_TRUE(all_close(to_host(lse), ref.lse, {1e-4, 1e-4, 1e-3})) << "lse";
 
   Tensor dq = Tensor::empty(q.shape(), dt, gpu), dk = Tensor::empty(k.shape(), dt, gpu),
          dv = Tensor::empty(v.shape(), dt, gpu);
   attention_backward(dq, dk, dv, ddout, dq_in, dk_in, dv_in, out, lse, o);
-  EXPECT_TRUE(close(dq, dq_ref)) << "dq";
-  EXPECT_TRUE(close(dk, dk_ref)) << "dk";
-  EXPECT_TRUE(close(dv, dv_ref)) << "dv";
+  EXPECT_TRUE(close(dq, ref.dq)) << "dq";
+  EXPECT_TRUE(close(dk, ref.dk)) << "dk";
+  EXPECT_TRUE(close(dv, ref.dv)) << "dv";
 }
 
 // f32 on CUDA goes to exact kernels (no bf16 rounding anywhere), so every tensor matches the
-// f64 reference to f32 summation error.
-// Each element to 1e-5 of its tensor's largest reference magnitude or of the inputs' unit
+// f64 reference to f32 summation error: each element to 1e-5 of its tensor's largest reference magnitude or of the inputs' unit
 // scale, whichever is larger (f32 sums of up to T terms of that size; a result that cancels
 // to near zero still carries their rounding), each tensor to 1e-5 relative norm.
 ::testing::AssertionResult close_f32(const Tensor& device, const Tensor& ref64) {
@@ -103,26 +115,20 @@ TEST_P(AttentionCudaF32, MatchesCpuToF32Error) {
   const Tensor dout = rounded_f32({c.B, c.T, c.N, c.H}, DType::kF32, seed + 3, 0.0, 1.0);
   AttentionOptions o;
   o.causal = c.causal;
-  const Tensor q64 = to_dtype(q, DType::kF64), k64 = to_dtype(k, DType::kF64), v64 = to_dtype(v, DType::kF64),
-               dout64 = to_dtype(dout, DType::kF64);
-  Tensor out_ref = Tensor::empty(q.shape(), DType::kF64), lse_ref = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
-  cpu::attention_forward(out_ref, lse_ref, q64, k64, v64, o);
-  Tensor dq_ref = Tensor::empty(q.shape(), DType::kF64), dk_ref = Tensor::empty(k.shape(), DType::kF64),
-         dv_ref = Tensor::empty(v.shape(), DType::kF64);
-  cpu::attention_backward(dq_ref, dk_ref, dv_ref, dout64, q64, k64, v64, out_ref, lse_ref, o);
+  const Reference ref = reference(q, k, v, dout, o);
 
   const Device gpu = Device::cuda(0);
   const Tensor qd = to_device(q), kd = to_device(k), vd = to_device(v), doutd = to_device(dout);
   Tensor out = Tensor::empty(q.shape(), DType::kF32, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
   attention_forward(out, lse, qd, kd, vd, o);
-  EXPECT_TRUE(close_f32(out, out_ref)) << "out";
-  EXPECT_TRUE(close_f32(lse, lse_ref)) << "lse";
+  EXPECT_TRUE(close_f32(out, ref.out)) << "out";
+  EXPECT_TRUE(close_f32(lse, ref.lse)) << "lse";
   Tensor dq = Tensor::empty(q.shape(), DType::kF32, gpu), dk = Tensor::empty(k.shape(), DType::kF32, gpu),
          dv = Tensor::empty(v.shape(), DType::kF32, gpu);
   attention_backward(dq, dk, dv, doutd, qd, kd, vd, out, lse, o);
-  EXPECT_TRUE(close_f32(dq, dq_ref)) << "dq";
-  EXPECT_TRUE(close_f32(dk, dk_ref)) << "dk";
-  EXPECT_TRUE(close_f32(dv, dv_ref)) << "dv";
+  EXPECT_TRUE(close_f32(dq, ref.dq)) << "dq";
+  EXPECT_TRUE(close_f32(dk, ref.dk)) << "dk";
+  EXPECT_TRUE(close_f32(dv, ref.dv)) << "dv";
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,

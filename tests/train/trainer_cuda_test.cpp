@@ -135,13 +135,13 @@ TEST(TrainerCuda, FollowsTheCpuLossCurve) {
   // Like for like, both directions, every step: the GPU engine computing in f32 (the same
   // kernels, cuBLASLt in f32, exact f32 attention) differs from the CPU engine only in
   // summation order, perturbations of ~2^-24 against the noise samples' 2^-9, so its curve
-  // stays on the CPU's to 1e-5 over the first 15 steps and 1e-4 late (H100, 2026-11-23: at
-  // most 3e-6 at any step; the noise samples' late gaps are 4.5e-3 to 9.1e-3).
-  for (size_t i = 0; i < 15; ++i)
-    EXPECT_LT(std::abs(f.steps[i].loss - c.steps[i].loss), 1e-5 * c.steps[i].loss) << "f32, step " << i + 1;
-  const double gap_f32 = mean_relative_gap(f, c, 30, 50);
-  std::printf("gpu f32 vs cpu over steps 31-50: %.2e (signed %+.2e)\n", gap_f32, mean_signed_gap(f, c, 30, 50));
-  EXPECT_LE(gap_f32, 1e-4);
+  // stays on the CPU's to 1e-5 over the first 15 steps and 1e-4 at every step after (H100,
+  // 2026-11-23: at most 3e-6 at any step; the noise samples' late gaps are 4.5e-3 to 9.1e-3).
+  for (size_t i = 0; i < 50; ++i)
+    EXPECT_LT(std::abs(f.steps[i].loss - c.steps[i].loss), (i < 15 ? 1e-5 : 1e-4) * c.steps[i].loss)
+        << "f32, step " << i + 1;
+  std::printf("gpu f32 vs cpu over steps 31-50: %.2e (signed %+.2e)\n", mean_relative_gap(f, c, 30, 50),
+              mean_signed_gap(f, c, 30, 50));
   EXPECT_LT(g.steps.back().loss, g.steps.front().loss - 2.0);  // and it learns
 }
 

@@ -192,7 +192,8 @@ Dims dims_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
   Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal};
   d.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.H)));
   ST_CHECK(d.H <= 4 * kThreads, "attention (f32 on CUDA): head dim ", d.H, " above ", 4 * kThreads);
-  ST_CHECK(d.T <= 65535 && d.N <= 65535 && d.B <= 65535, "attention (f32 on CUDA): B, T and heads must be at most 65535, found ",
+  // rows run on grid x (up to 2^31 - 1); heads and batch on grid y and z (up to 65535)
+  ST_CHECK(d.N <= 65535 && d.B <= 65535, "attention (f32 on CUDA): batch and heads must be at most 65535, found ",
            q.str());
   return d;
 }
