@@ -47,17 +47,36 @@ BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, cons
   return w;
 }
 
-void BlockActivations::release_all_but_input() {
-  Tensor keep = x_BTD;
-  *this = BlockActivations();
-  x_BTD = keep;
+void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
+  switch (checkpointing) {
+    case ActivationCheckpointing::kNone:
+      return;
+    case ActivationCheckpointing::kFull:
+      {
+        const Tensor keep = x_BTD;
+        *this = BlockActivations();
+        x_BTD = keep;
+      }
+      return;
+    case ActivationCheckpointing::kSelective:
+      gate_BTF = up_BTF = Tensor();
+      [[fallthrough]];
+    case ActivationCheckpointing::kPointwise:
+      xn1_BTD = rstd1_BT = Tensor();
+      xn2_BTD = rstd2_BT = Tensor();
+      h_BTF = y_BTD = Tensor();
+      return;
+  }
 }
 
-void BlockActivations::release_recomputable() {
-  xn1_BTD = rstd1_BT = Tensor();
-  xn2_BTD = rstd2_BT = Tensor();
-  gate_BTF = up_BTF = h_BTF = Tensor();
-  y_BTD = Tensor();
+BlockPart recompute_part(ActivationCheckpointing checkpointing) {
+  switch (checkpointing) {
+    case ActivationCheckpointing::kPointwise: return BlockPart::kNorms;
+    case ActivationCheckpointing::kSelective: return BlockPart::kNormsAndMlp;
+    case ActivationCheckpointing::kFull: return BlockPart::kAllButOutput;
+    case ActivationCheckpointing::kNone: break;
+  }
+  ST_THROW("recompute_part: nothing is recomputed without checkpointing");
 }
 
 namespace {
@@ -131,13 +150,18 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   const Dims d = dims_of(ctx, x_BTD);
   a.x_BTD = x_BTD;
   norm(a.xn1_BTD, a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1");
-  if (part == BlockPart::kNormsAndMlp) {
-    ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: selective recompute needs the kept "
+  if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
+    ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
   } else {
     attention_half(a, w, ctx, d);
   }
   norm(a.xn2_BTD, a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2");
+  if (part == BlockPart::kNorms) {
+    ST_ASSERT(a.gate_BTF.defined() && a.up_BTF.defined(), "block_forward: pointwise recompute needs the kept gate "
+              "and up");
+    return;
+  }
   mlp_inner(a, w, d);
   if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
 
@@ -146,27 +170,32 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   ops::linear_forward_add(y_TD, a.h_BTF.view({d.B * d.T, d.F}), w.w_down_DF, a.x2_BTD.view({d.B * d.T, d.D}));
 }
 
-void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, const BlockActivations& a,
-                    const BlockWeights& w, const BlockContext& ctx) {
+void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, BlockActivations& a, const BlockWeights& w,
+                    const BlockContext& ctx) {
   const LlamaConfig& c = *ctx.config;
   const int64_t B = ctx.batch, T = ctx.seq, D = c.dim, N = c.n_heads, M = c.n_kv_heads, H = c.head_dim(),
                 F = c.ffn_dim;
   const Tensor dy_TD = dy_BTD.view({B * T, D});
   Tensor none;
 
-  // MLP: y = x2 + down(h); dy flows to x2 unchanged and through down_proj.
+  // MLP: y = x2 + down(h); dy flows to x2 unchanged and through down_proj. gate and up are
+  // read for the last time by the SwiGLU backward, so their gradients overwrite them. h
+  // (recomputed there when checkpointing dropped it) feeds the down projection's weight
+  // gradient, which therefore comes after.
   Tensor dh_TF = like({B * T, F}, dy_BTD, "dh");
-  ops::linear_backward(dh_TF, g.w_down_DF, none, dy_TD, a.h_BTF.view({B * T, F}), w.w_down_DF);
-  Tensor dgate_TF = like({B * T, F}, dy_BTD, "dgate");
-  Tensor dup_TF = like({B * T, F}, dy_BTD, "dup");
-  ops::swiglu_backward(dgate_TF, dup_TF, dh_TF, a.gate_BTF.view({B * T, F}), a.up_BTF.view({B * T, F}));
+  ops::linear_backward(dh_TF, none, none, dy_TD, none, w.w_down_DF);
+  Tensor dgate_TF = a.gate_BTF.view({B * T, F}), dup_TF = a.up_BTF.view({B * T, F});
+  Tensor h_recomputed_TF = a.h_BTF.defined() ? Tensor() : like({B * T, F}, dy_BTD, "h (recomputed)");
+  ops::swiglu_backward(dgate_TF, dup_TF, h_recomputed_TF, dh_TF, dgate_TF, dup_TF);
   dh_TF = Tensor();
+  ops::linear_backward(none, g.w_down_DF, none, dy_TD,
+                       a.h_BTF.defined() ? a.h_BTF.view({B * T, F}) : h_recomputed_TF, w.w_down_DF);
+  a.h_BTF = h_recomputed_TF = Tensor();
   Tensor dxn2_TD = like({B * T, D}, dy_BTD, "dxn2");
   const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
   ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD);
   ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, {.accumulate_dx = true});
-  dgate_TF = Tensor();
-  dup_TF = Tensor();
+  a.gate_BTF = a.up_BTF = dgate_TF = dup_TF = Tensor();
   Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
   ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
                         a.rstd2_BT.view({B * T}), dy_TD);

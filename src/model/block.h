@@ -23,10 +23,16 @@ struct BlockWeights {
   static BlockWeights view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig& config);
 };
 
-// Everything a block's backward reads. With full activation checkpointing only x_BTD is
-// kept between forward and backward, and the rest is recomputed; with selective
-// checkpointing the attention half (q, k, v, the attention output and its statistics, x2)
-// is kept, and the norms and the MLP's gate, up and h are recomputed.
+// What each block keeps between forward and backward: everything (none); every matrix
+// product's output, with the pointwise ops recomputed (pointwise: the two norms' outputs
+// and SwiGLU's product, no GEMM); its attention half, with the norms and the MLP's inner
+// products recomputed (selective); or only its input, with the whole block recomputed
+// (full). Gradients are bitwise the same in all four.
+enum class ActivationCheckpointing { kNone, kPointwise, kSelective, kFull };
+
+// Everything a block's backward reads; activation checkpointing drops some of it after the
+// forward (release_for) and the backward recomputes it (block_forward with recompute_part,
+// and h inside the SwiGLU backward).
 struct BlockActivations {
   Tensor x_BTD;                 // input (the previous block's output; shared, not copied)
   Tensor xn1_BTD, rstd1_BT;     // attention-norm output and its 1/rms
@@ -37,8 +43,10 @@ struct BlockActivations {
   Tensor gate_BTF, up_BTF, h_BTF;  // h = silu(gate) * up
   Tensor y_BTD;                 // block output
 
-  void release_all_but_input();  // for full activation checkpointing
-  void release_recomputable();   // for selective checkpointing: the norms and the MLP (and y)
+  // After the block's forward: drops what `checkpointing` recomputes (and y, the next
+  // block's input, kept there): pointwise: xn1, xn2, their rstd and h; selective: also gate
+  // and up; full: everything but x.
+  void release_for(ActivationCheckpointing checkpointing);
 };
 
 // What block_forward computes. The output y is never needed by the block's own backward
@@ -47,7 +55,12 @@ enum class BlockPart {
   kAll,            // the forward
   kAllButOutput,   // full recompute before the backward
   kNormsAndMlp,    // selective recompute: xn1/rstd1 from x, then xn2/rstd2, gate, up, h from x2
+  kNorms,          // pointwise recompute: xn1/rstd1 from x, xn2/rstd2 from x2 (h: block_backward)
 };
+
+// The part block_forward recomputes before the backward of a block checkpointed with
+// `checkpointing` (not kNone).
+BlockPart recompute_part(ActivationCheckpointing checkpointing);
 
 struct BlockContext {
   const LlamaConfig* config = nullptr;
@@ -57,13 +70,17 @@ struct BlockContext {
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);
-// kNormsAndMlp reads the kept acts.x2_BTD. Recomputed members are bitwise the forward's.
+// kNormsAndMlp and kNorms read the kept acts.x2_BTD. Recomputed members are bitwise the
+// forward's.
 void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
                    BlockPart part = BlockPart::kAll);
 
 // dx_BTD (overwrites) from dy_BTD; parameter gradients accumulate into `grads`.
-// dx_BTD may not alias dy_BTD.
-void block_backward(Tensor& dx_BTD, BlockWeights& grads, const Tensor& dy_BTD, const BlockActivations& acts,
+// dx_BTD may not alias dy_BTD. Consumes `acts`: gate and up are overwritten with their
+// gradients, and the MLP's [tokens, F] tensors are released once read. Without acts.h_BTF
+// (pointwise checkpointing) the SwiGLU backward recomputes h for the down projection's
+// weight gradient.
+void block_backward(Tensor& dx_BTD, BlockWeights& grads, const Tensor& dy_BTD, BlockActivations& acts,
                     const BlockWeights& w, const BlockContext& ctx);
 
 }  // namespace shardtrain::model

@@ -157,14 +157,16 @@ void Llama::release_head(Pass pass) {
 
 ActivationCheckpointing parse_checkpointing(const std::string& name, const std::string& what) {
   if (name == "none") return ActivationCheckpointing::kNone;
+  if (name == "pointwise") return ActivationCheckpointing::kPointwise;
   if (name == "selective") return ActivationCheckpointing::kSelective;
   if (name == "full") return ActivationCheckpointing::kFull;
-  ST_THROW(what, ": expected none, selective or full, found \"", name, "\"");
+  ST_THROW(what, ": expected none, pointwise, selective or full, found \"", name, "\"");
 }
 
 const char* checkpointing_name(ActivationCheckpointing c) {
   switch (c) {
     case ActivationCheckpointing::kNone: return "none";
+    case ActivationCheckpointing::kPointwise: return "pointwise";
     case ActivationCheckpointing::kSelective: return "selective";
     case ActivationCheckpointing::kFull: return "full";
   }
@@ -204,8 +206,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
     store_->release_params(u, pass);
     x_BTD = a.y_BTD;
-    if (checkpointing == ActivationCheckpointing::kFull) a.release_all_but_input();
-    if (checkpointing == ActivationCheckpointing::kSelective) a.release_recomputable();
+    a.release_for(checkpointing);
   }
   const Tensor head = store_->acquire_params(head_unit(), pass);
   final_in_TD = x_BTD.view({B * T, D});
@@ -313,12 +314,9 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     BlockActivations& a = acts[static_cast<size_t>(l)];
     const Tensor params = store_->acquire_params(u, Pass::kBackward);
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
-    if (o.checkpointing == ActivationCheckpointing::kFull) {
+    if (o.checkpointing != ActivationCheckpointing::kNone) {
       const Tensor input = a.x_BTD;
-      block_forward(a, w, input, ctx, BlockPart::kAllButOutput);
-    } else if (o.checkpointing == ActivationCheckpointing::kSelective) {
-      const Tensor input = a.x_BTD;
-      block_forward(a, w, input, ctx, BlockPart::kNormsAndMlp);
+      block_forward(a, w, input, ctx, recompute_part(o.checkpointing));
     }
     Tensor grads = store_->acquire_grads(u);
     BlockWeights g = BlockWeights::view(grads, layout_.units()[u], config_);

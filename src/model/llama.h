@@ -17,12 +17,7 @@
 
 namespace shardtrain::model {
 
-// What each block keeps between forward and backward: everything (none), its attention half
-// with the norms and the MLP's inner products recomputed (selective), or only its input
-// with the whole block recomputed (full). Gradients are bitwise the same in all three.
-enum class ActivationCheckpointing { kNone, kSelective, kFull };
-
-// "none" | "selective" | "full"; an error naming `what` otherwise.
+// "none" | "pointwise" | "selective" | "full"; an error naming `what` otherwise.
 ActivationCheckpointing parse_checkpointing(const std::string& name, const std::string& what);
 const char* checkpointing_name(ActivationCheckpointing c);
 

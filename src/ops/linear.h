@@ -77,20 +77,22 @@ inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& w
 }
 
 // dx_TI = dy_TO · weight_OI (overwrites, or accumulates with options.accumulate_dx; skipped
-// when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates), dbias_O += sum over
-// T of dy_TO (accumulates; skipped when undefined). CUDA: dweight and dbias may be f32
+// when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates; skipped when
+// undefined), dbias_O += sum over T of dy_TO (accumulates; skipped when undefined). x_TI is
+// read only for dweight_OI: a call for dx_TI alone may leave x_TI undefined (a backward that
+// recomputes x later, after dx). CUDA: dweight and dbias may be f32
 // with bf16 inputs (f32 gradient accumulation for mixed precision); a bf16/f16 dx that
 // accumulates receives the product rounded to its dtype, then the sum rounded again.
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
                             const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("linear_backward", dx_TI.device());
-  if (x_TI.device().is_cpu())
+  profile::ScopedTimer profile_timer("linear_backward", weight_OI.device());
+  if (weight_OI.device().is_cpu())
     return cpu::linear_backward(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::linear_backward(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options, stream);
 #else
-  no_kernel("linear_backward", x_TI);
+  no_kernel("linear_backward", weight_OI);
 #endif
 }
 

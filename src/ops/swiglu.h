@@ -9,13 +9,13 @@ namespace shardtrain::ops {
 
 namespace cpu {
 void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF);
-void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
+void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
                      const Tensor& up_TF);
 }  // namespace cpu
 
 namespace cuda {
 void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream stream);
-void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
+void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
                      const Tensor& up_TF, Stream stream);
 }  // namespace cuda
 
@@ -30,14 +30,16 @@ inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up
 #endif
 }
 
-// dgate_TF, dup_TF (overwrite) from dh_TF and the forward's inputs. dgate/dup may alias
-// gate/up respectively (each element is read before it is written).
-inline void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                            const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
+// dgate_TF, dup_TF (overwrite) from dh_TF and the forward's inputs. h_TF, when defined, is
+// overwritten with the forward's h = silu(gate) * up, bitwise what swiglu_forward writes:
+// checkpointing that drops h recomputes it here, in the pass that reads gate and up anyway.
+// dgate/dup may alias gate/up respectively (each element is read before it is written).
+inline void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF,
+                            const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("swiglu_backward", dgate_TF.device());
-  if (dh_TF.device().is_cpu()) return cpu::swiglu_backward(dgate_TF, dup_TF, dh_TF, gate_TF, up_TF);
+  if (dh_TF.device().is_cpu()) return cpu::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::swiglu_backward(dgate_TF, dup_TF, dh_TF, gate_TF, up_TF, stream);
+  return cuda::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF, stream);
 #else
   no_kernel("swiglu_backward", dh_TF);
 #endif

@@ -159,10 +159,12 @@ const std::vector<KeyDef>& keys() {
       key("training.max_grad_norm", &C::training, &TrainingSection::max_grad_norm,
           "clip the global gradient norm to this; 0 disables clipping", non_negative()),
       key("training.activation_checkpointing", &C::training, &TrainingSection::activation_checkpointing,
-          "none (keep every activation); selective (keep each block's input and attention half, about a quarter of "
-          "none's activation memory, and recompute its norms, SwiGLU and the MLP's gate/up products in the "
-          "backward); or full (keep only block inputs and recompute each block, all but its output product)",
-          one_of({"none", "selective", "full"})),
+          "none (keep every activation); pointwise (keep every matrix product's output and recompute only the "
+          "pointwise ops in the backward: both norms and SwiGLU's product; a third less activation memory, no "
+          "extra GEMM); selective (keep each block's input and attention half, about a quarter of none's "
+          "activation memory, and recompute its norms, SwiGLU and the MLP's gate/up products in the backward); "
+          "or full (keep only block inputs and recompute each block, all but its output product)",
+          one_of({"none", "pointwise", "selective", "full"})),
       key("training.device", &C::training, &TrainingSection::device,
           "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "
           "LOCAL_RANK modulo the visible GPUs)",

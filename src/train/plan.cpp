@@ -65,12 +65,19 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // Selective checkpointing keeps each block's attention half (q, k, v, the attention output,
   // its f32 statistics and x2) beside the block inputs; the block backward then recomputes
   // both norms' outputs and statistics and the MLP's gate, up and h. Full recompute skips y.
+  // Pointwise checkpointing drops both norms' outputs and statistics and h; the backward
+  // recomputes the norms before the block and h inside the SwiGLU backward.
+  const int64_t per_token_pointwise_recomputed = cb * (2 * D + F) + 8;
+  const int64_t per_token_pointwise_kept = per_token_block - per_token_pointwise_recomputed;
   const int64_t per_token_selective_kept = cb * (3 * D + 2 * M * H) + 4 * N;
   const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8;
   const int64_t per_token_full_recomputed = per_token_block - cb * D;
   switch (in.checkpointing) {
     case ActivationCheckpointing::kNone:
       p.activations_at_loss = tokens * L * per_token_block + stream + final_norm;
+      break;
+    case ActivationCheckpointing::kPointwise:
+      p.activations_at_loss = tokens * L * per_token_pointwise_kept + stream + final_norm;
       break;
     case ActivationCheckpointing::kSelective:
       p.activations_at_loss = stream * (L + 1) + tokens * L * per_token_selective_kept + final_norm;
@@ -83,14 +90,15 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int64_t chunk = std::min(p.loss_chunk_tokens, tokens);
   p.loss_chunk = chunk * V * cb;  // logits in the compute dtype, overwritten by their gradient
 
-  // Inside a block's backward: the activations still kept (with checkpointing, what the
-  // blocks keep plus the one block's recomputed part), the backward's temporaries (dy, dx and
-  // the MLP's three [tokens, F] gradients), the gathered blocks and up to three f32 block
-  // gradients in flight.
+  // Inside a block's backward, at its SwiGLU backward: the activations still kept (with
+  // checkpointing, what the blocks keep plus the one block's recomputed part, h included),
+  // the backward's temporaries (dy, dx and dh; gate's and up's gradients overwrite them), the
+  // gathered blocks and up to three f32 block gradients in flight.
   int64_t kept = p.activations_at_loss - final_norm;
+  if (in.checkpointing == ActivationCheckpointing::kPointwise) kept += tokens * per_token_pointwise_recomputed;
   if (in.checkpointing == ActivationCheckpointing::kSelective) kept += tokens * per_token_selective_recomputed;
   if (in.checkpointing == ActivationCheckpointing::kFull) kept += tokens * per_token_full_recomputed;
-  const int64_t temporaries = tokens * cb * (3 * F + 2 * D);
+  const int64_t temporaries = tokens * cb * (F + 2 * D);
   const int64_t block_grads = grads_aliased ? 0 : 3 * 4 * block_numel;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
   p.in_backward = kept + temporaries + block_grads + blocks;
@@ -105,6 +113,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   const char* kept = "";
   switch (in.checkpointing) {
     case model::ActivationCheckpointing::kNone: break;
+    case model::ActivationCheckpointing::kPointwise: kept = "  every product's output (pointwise)"; break;
     case model::ActivationCheckpointing::kSelective: kept = "  block inputs and attention halves (selective)"; break;
     case model::ActivationCheckpointing::kFull: kept = "  block inputs (checkpointed)"; break;
   }

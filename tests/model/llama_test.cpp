@@ -1,5 +1,5 @@
 // The whole model's gradients against central finite differences in f64 on tiny shapes,
-// activation checkpointing (selective and full) against none (bitwise), and the layout's sharding invariants.
+// activation checkpointing (pointwise, selective and full) against none (bitwise), and the layout's sharding invariants.
 #include <cmath>
 
 #include <gtest/gtest.h>
@@ -102,7 +102,8 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
   Llama a(cfg, DType::kF32);
   a.init_random(5);
   const LossSum la = a.forward_backward(ids, targets, o);
-  for (ActivationCheckpointing ac : {ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+  for (ActivationCheckpointing ac :
+       {ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
     Llama b(cfg, DType::kF32);
     b.init_random(5);
     o.checkpointing = ac;
@@ -115,15 +116,15 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
 }
 
 TEST(Llama, CheckpointingNamesParse) {
-  for (ActivationCheckpointing ac :
-       {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull})
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                                     ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull})
     EXPECT_EQ(parse_checkpointing(checkpointing_name(ac), "x"), ac);
   try {
     parse_checkpointing("partial", "training.activation_checkpointing");
     ADD_FAILURE() << "\"partial\" was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("training.activation_checkpointing: expected none, selective or full, found "
-                                         "\"partial\""),
+    EXPECT_NE(std::string(e.what()).find("training.activation_checkpointing: expected none, pointwise, selective or "
+                                         "full, found \"partial\""),
               std::string::npos)
         << e.what();
   }

@@ -1,6 +1,6 @@
 // cuBLASLt linear forward and backward against the CPU BLAS twin: f32 (no TF32) and bf16
 // inputs, bf16 and f32 outputs, bias, a residual in the GEMM, accumulate_dx, f32 weight
-// gradients of bf16 inputs.
+// gradients of bf16 inputs, and the backward's dx and dweight halves called alone.
 #include <algorithm>
 #include <cmath>
 #include <sstream>
@@ -138,6 +138,14 @@ void check_against_cpu(const Case& c) {
   cpu::linear_backward(dx_over_ref, dw2_ref, no_bias, dy, x, w, {});
   EXPECT_TRUE(all_close(to_host(dx_over), to_dtype(dx_over_ref, dt), gemm_tolerance(tol, O, max_abs(dx_over_ref))))
       << "dx (overwritten)";
+
+  // each half alone (a backward that recomputes x after dx): bitwise the same products
+  Tensor dx_alone = to_device(to_dtype(dx0, dt)), dw_alone = to_device(dw0), no_dx, no_dw, no_x;
+  linear_backward(dx_alone, no_dw, no_bias, to_device(to_dtype(dy, dt)), no_x, to_device(to_dtype(w, dt)));
+  EXPECT_TRUE(all_close(to_host(dx_alone), to_host(dx_over), testing::kExact)) << "dx alone";
+  linear_backward(no_dx, dw_alone, no_bias, to_device(to_dtype(dy, dt)), to_device(to_dtype(x, dt)),
+                  to_device(to_dtype(w, dt)));
+  EXPECT_TRUE(all_close(to_host(dw_alone), to_host(dw2), testing::kExact)) << "dweight alone";
 }
 
 // Both ways of choosing the algorithm: the timed one runs trial products first, which must

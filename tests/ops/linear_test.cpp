@@ -72,6 +72,15 @@ TEST(Linear, BackwardMatchesFiniteDifferences_f64_T7_I9_O5) {
   Tensor dx_acc = testing::to_f64(dx0), unused_dw = Tensor::zeros({O, I}, DType::kF64), none;
   cpu::linear_backward(dx_acc, unused_dw, none, dy, x, w, {.accumulate_dx = true});
   EXPECT_TRUE(testing::all_close(minus(dx_acc, dx0), dx, {1e-12, 1e-12, 1e-12}));
+  // each half alone, as a backward that recomputes x after dx calls them: the same products,
+  // and a call for dx alone needs no x
+  Tensor dx_alone = Tensor::empty({T, I}, DType::kF64), dw_alone = testing::to_f64(dw0), no_x;
+  cpu::linear_backward(dx_alone, none, none, dy, no_x, w, {});
+  EXPECT_TRUE(testing::all_close(dx_alone, dx, testing::kExact));
+  cpu::linear_backward(none, dw_alone, none, dy, x, w, {});
+  EXPECT_TRUE(testing::all_close(dw_alone, dw, testing::kExact));
+  EXPECT_TRUE(throws_with([&] { cpu::linear_backward(none, dw_alone, none, dy, no_x, w, {}); },
+                          "`x_TI` may be undefined only in a call for `dx_TI` alone"));
 }
 
 TEST(Linear, ErrorsNameTheArgument) {

@@ -1,5 +1,5 @@
 // SwiGLU forward and backward on the GPU against the CPU twin, on random data in f32 and bf16,
-// odd and aligned shapes. Skips without a device.
+// odd and aligned shapes, with and without the backward's recompute of h. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -24,11 +24,19 @@ TEST_P(SwiGluCuda, SwiGlu) {
     cpu::swiglu_forward(h_ref, g.f32, u.f32);
     EXPECT_TRUE(matches(h, h_ref)) << "forward";
     Tensor dg = Tensor::empty({T, F}, dt, Device::cuda(0)), du = Tensor::empty({T, F}, dt, Device::cuda(0));
-    swiglu_backward(dg, du, to_device(dh.host), to_device(g.host), to_device(u.host));
+    Tensor no_h;
+    swiglu_backward(dg, du, no_h, to_device(dh.host), to_device(g.host), to_device(u.host));
     Tensor dg_ref = Tensor::empty({T, F}, DType::kF32), du_ref = Tensor::empty({T, F}, DType::kF32);
-    cpu::swiglu_backward(dg_ref, du_ref, dh.f32, g.f32, u.f32);
+    cpu::swiglu_backward(dg_ref, du_ref, no_h, dh.f32, g.f32, u.f32);
     EXPECT_TRUE(matches(dg, dg_ref)) << "dgate";
     EXPECT_TRUE(matches(du, du_ref)) << "dup";
+    // with h recomputed (pointwise checkpointing): h bitwise the forward's, the gradients unchanged
+    Tensor dg2 = Tensor::empty({T, F}, dt, Device::cuda(0)), du2 = Tensor::empty({T, F}, dt, Device::cuda(0));
+    Tensor h2 = Tensor::empty({T, F}, dt, Device::cuda(0));
+    swiglu_backward(dg2, du2, h2, to_device(dh.host), to_device(g.host), to_device(u.host));
+    EXPECT_TRUE(all_close(to_host(h2), to_host(h), kExact)) << "recomputed h";
+    EXPECT_TRUE(all_close(to_host(dg2), to_host(dg), kExact)) << "dgate with h";
+    EXPECT_TRUE(all_close(to_host(du2), to_host(du), kExact)) << "dup with h";
   }
 }
 

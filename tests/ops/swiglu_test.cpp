@@ -27,12 +27,32 @@ TEST(SwiGlu, ForwardAndBackward) {
   Tensor g = random_f64({T, F}, 3, 0.2, 2.0), u = random_f64({T, F}, 4);
   const Tensor dh = random_f64({T, F}, 5);
   Tensor dg = random_f64({T, F}, 6), du = random_f64({T, F}, 7);  // garbage: overwritten
-  cpu::swiglu_backward(dg, du, dh, g, u);
+  Tensor no_h;
+  cpu::swiglu_backward(dg, du, no_h, dh, g, u);
   Tensor h = Tensor::empty({T, F}, DType::kF64);
   expect_gradients({{"gate", &g, dg}, {"up", &u, du}}, [&] {
     cpu::swiglu_forward(h, g, u);
     return testing::dot(dh, h);
   });
+}
+
+// Pointwise checkpointing drops h and has the backward recompute it: it must be bitwise the
+// forward's, and the gradients the same as without it.
+TEST(SwiGlu, BackwardRecomputesTheForwardsH) {
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const int64_t T = 37, F = 67;
+    const Tensor g = testing::to_dtype(random_f64({T, F}, 11, 0.2, 2.0), dt);
+    const Tensor u = testing::to_dtype(random_f64({T, F}, 12), dt), dh = testing::to_dtype(random_f64({T, F}, 13), dt);
+    Tensor h = Tensor::empty({T, F}, dt), h_again = testing::to_dtype(random_f64({T, F}, 14), dt);
+    cpu::swiglu_forward(h, g, u);
+    Tensor dg = Tensor::empty({T, F}, dt), du = Tensor::empty({T, F}, dt), no_h;
+    Tensor dg2 = Tensor::empty({T, F}, dt), du2 = Tensor::empty({T, F}, dt);
+    cpu::swiglu_backward(dg, du, no_h, dh, g, u);
+    cpu::swiglu_backward(dg2, du2, h_again, dh, g, u);
+    EXPECT_TRUE(testing::all_close(h_again, h, testing::kExact)) << dtype_name(dt);
+    EXPECT_TRUE(testing::all_close(dg2, dg, testing::kExact)) << dtype_name(dt);
+    EXPECT_TRUE(testing::all_close(du2, du, testing::kExact)) << dtype_name(dt);
+  }
 }
 
 }  // namespace

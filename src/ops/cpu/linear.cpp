@@ -60,14 +60,17 @@ void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, c
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
                      const Tensor& weight_OI, const LinearBackwardOptions& options) {
   const char* op = "linear_backward";
+  ST_CHECK(x_TI.defined() || (dx_TI.defined() && !dweight_OI.defined()), op,
+           ": `x_TI` may be undefined only in a call for `dx_TI` alone");
+  const Tensor& shape_TI = x_TI.defined() ? x_TI : dx_TI;
   int64_t T, I, O;
-  check_weight(x_TI, weight_OI, op, T, I, O);
-  const DType dt = x_TI.dtype();
+  check_weight(shape_TI, weight_OI, op, T, I, O);
+  const DType dt = weight_OI.dtype();
   check_arg(dy_TO, op, "dy_TO", dt, {T, O});
-  check_arg(dweight_OI, op, "dweight_OI", dt, {O, I});
+  if (dweight_OI.defined()) check_arg(dweight_OI, op, "dweight_OI", dt, {O, I});
   if (dx_TI.defined()) check_arg(dx_TI, op, "dx_TI", dt, {T, I});
   if (dbias_O.defined()) check_arg(dbias_O, op, "dbias_O", dt, {O});
-  dispatch_real(x_TI, op, "x_TI", [&]<typename F>() {
+  dispatch_real(weight_OI, op, "weight_OI", [&]<typename F>() {
     const F* dy = dy_TO.data<F>();
     if (dx_TI.defined() && T > 0 && I > 0) {
       if (O > 0) {
@@ -77,7 +80,8 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
         std::fill_n(dx_TI.data<F>(), T * I, F(0));
       }
     }
-    if (T > 0) gemm(true, false, O, I, T, 1.0, dy, O, x_TI.data<F>(), I, 1.0, dweight_OI.data<F>(), I);
+    if (dweight_OI.defined() && T > 0)
+      gemm(true, false, O, I, T, 1.0, dy, O, x_TI.data<F>(), I, 1.0, dweight_OI.data<F>(), I);
     if (dbias_O.defined()) {
       F* db = dbias_O.data<F>();
       for (int64_t o = 0; o < O; ++o) {

@@ -252,24 +252,30 @@ void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_O
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
                      const Tensor& weight_OI, const LinearBackwardOptions& options, Stream s) {
   const char* op = "linear_backward";
+  ST_CHECK(x_TI.defined() || (dx_TI.defined() && !dweight_OI.defined()), op,
+           ": `x_TI` may be undefined only in a call for `dx_TI` alone");
+  const Tensor& shape_TI = x_TI.defined() ? x_TI : dx_TI;
   int64_t T, I, O;
-  check_common(x_TI, weight_OI, op, T, I, O);
+  check_common(shape_TI, weight_OI, op, T, I, O);
+  const DType in = weight_OI.dtype();
   check_cuda_tensor(dy_TO, op, "dy_TO");
   check_shape(dy_TO, {T, O}, op, "dy_TO");
-  check_dtype(dy_TO, x_TI.dtype(), op, "dy_TO");
-  check_cuda_tensor(dweight_OI, op, "dweight_OI");
-  check_shape(dweight_OI, {O, I}, op, "dweight_OI");
-  ST_CHECK(dweight_OI.dtype() == x_TI.dtype() || dweight_OI.dtype() == DType::kF32, op, ": `dweight_OI` must be ",
-           dtype_name(x_TI.dtype()), " or f32, found ", dtype_name(dweight_OI.dtype()));
+  check_dtype(dy_TO, in, op, "dy_TO");
+  if (dweight_OI.defined()) {
+    check_cuda_tensor(dweight_OI, op, "dweight_OI");
+    check_shape(dweight_OI, {O, I}, op, "dweight_OI");
+    ST_CHECK(dweight_OI.dtype() == in || dweight_OI.dtype() == DType::kF32, op, ": `dweight_OI` must be ",
+             dtype_name(in), " or f32, found ", dtype_name(dweight_OI.dtype()));
+  }
   const int dev = current_device();
   if (dx_TI.defined() && T > 0 && I > 0) {
     check_cuda_tensor(dx_TI, op, "dx_TI");
     check_shape(dx_TI, {T, I}, op, "dx_TI");
     ST_CHECK(O > 0, op, ": zero output features");
-    GemmKey key{dev, I, T, O, I, O, I, false, false, options.accumulate_dx, x_TI.dtype(), dx_TI.dtype()};
+    GemmKey key{dev, I, T, O, I, O, I, false, false, options.accumulate_dx, in, dx_TI.dtype()};
     gemm(key, weight_OI.raw_data(), dy_TO.raw_data(), dx_TI.raw_data(), stream_of(s));
   }
-  if (T > 0 && I > 0 && O > 0) {
+  if (dweight_OI.defined() && T > 0 && I > 0 && O > 0) {
     GemmKey key{dev, I, O, T, I, O, I, false, true, true, x_TI.dtype(), dweight_OI.dtype()};
     gemm(key, x_TI.raw_data(), dy_TO.raw_data(), dweight_OI.raw_data(), stream_of(s));
   }

@@ -7,20 +7,23 @@ namespace {
 
 constexpr int kThreads = 256;
 
+// silu(g) * u in f32; the forward and the backward's recompute of h share it (bitwise equal).
+__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+
 template <typename T>
 __global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float g = to_f32(gate[i]);
-    h[i] = from_f32<T>(g / (1.0f + __expf(-g)) * to_f32(up[i]));
+    h[i] = from_f32<T>(silu_times(to_f32(gate[i]), to_f32(up[i])));
   }
 }
 
-// d/dg [g s(g)] = s(g) (1 + g (1 - s(g))); dup = dh silu(g)
+// d/dg [g s(g)] = s(g) (1 + g (1 - s(g))); dup = dh silu(g); h (when not null) recomputed.
 template <typename T>
-__global__ void swiglu_backward_kernel(T* dgate, T* dup, const T* dh, const T* gate, const T* up, int64_t n) {
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, T* h, const T* dh, const T* gate, const T* up, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dh[i]);
     const float sig = 1.0f / (1.0f + __expf(-g));
+    if (h) h[i] = from_f32<T>(silu_times(g, u));
     dgate[i] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
     dup[i] = from_f32<T>(d * g * sig);
   }
@@ -34,29 +37,29 @@ __global__ void swiglu_forward_packed(Pack<T>* h, const Pack<T>* gate, const Pac
     const Pack<T> g = gate[i], u = up[i];
     Pack<T> out;
 #pragma unroll
-    for (int k = 0; k < Pack<T>::kSize; ++k) {
-      const float x = to_f32(g.v[k]);
-      out.v[k] = from_f32<T>(x / (1.0f + __expf(-x)) * to_f32(u.v[k]));
-    }
+    for (int k = 0; k < Pack<T>::kSize; ++k) out.v[k] = from_f32<T>(silu_times(to_f32(g.v[k]), to_f32(u.v[k])));
     h[i] = out;
   }
 }
 
-template <typename T>
-__global__ void swiglu_backward_packed(Pack<T>* dgate, Pack<T>* dup, const Pack<T>* dh, const Pack<T>* gate,
-                                       const Pack<T>* up, int64_t packs) {
+// kWithH: also write h (a template flag, so the common case carries no branch or registers).
+template <typename T, bool kWithH>
+__global__ void swiglu_backward_packed(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, const Pack<T>* dh,
+                                       const Pack<T>* gate, const Pack<T>* up, int64_t packs) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < packs; i += int64_t{gridDim.x} * blockDim.x) {
     const Pack<T> gp = gate[i], upk = up[i], dp = dh[i];
-    Pack<T> dg, du;
+    Pack<T> dg, du, hp;
 #pragma unroll
     for (int k = 0; k < Pack<T>::kSize; ++k) {
       const float g = to_f32(gp.v[k]), u = to_f32(upk.v[k]), d = to_f32(dp.v[k]);
       const float sig = 1.0f / (1.0f + __expf(-g));
       dg.v[k] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
       du.v[k] = from_f32<T>(d * g * sig);
+      if constexpr (kWithH) hp.v[k] = from_f32<T>(silu_times(g, u));
     }
     dgate[i] = dg;
     dup[i] = du;
+    if constexpr (kWithH) h[i] = hp;
   }
 }
 
@@ -89,24 +92,28 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, St
   ST_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, const Tensor& dh_TF, const Tensor& gate_TF,
+void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
                      const Tensor& up_TF, Stream s) {
   check_all({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_backward");
+  const bool with_h = h_TF.defined();
+  if (with_h) check_all({&h_TF}, gate_TF, "swiglu_backward");
   const int64_t n = dh_TF.numel();
   if (n == 0) return;
   dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
-    if (packable({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, n, sizeof(T))) {
+    if (packable({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, n, sizeof(T)) &&
+        (!with_h || packable({&h_TF}, n, sizeof(T)))) {
       const int64_t packs = n / Pack<T>::kSize;
-      swiglu_backward_packed<T><<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
+      auto* kernel = with_h ? swiglu_backward_packed<T, true> : swiglu_backward_packed<T, false>;
+      kernel<<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
           static_cast<Pack<T>*>(dgate_TF.raw_data()), static_cast<Pack<T>*>(dup_TF.raw_data()),
-          static_cast<const Pack<T>*>(dh_TF.raw_data()), static_cast<const Pack<T>*>(gate_TF.raw_data()),
-          static_cast<const Pack<T>*>(up_TF.raw_data()), packs);
+          static_cast<Pack<T>*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const Pack<T>*>(dh_TF.raw_data()),
+          static_cast<const Pack<T>*>(gate_TF.raw_data()), static_cast<const Pack<T>*>(up_TF.raw_data()), packs);
       return;
     }
     swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(dgate_TF.raw_data()), static_cast<T*>(dup_TF.raw_data()),
-        static_cast<const T*>(dh_TF.raw_data()), static_cast<const T*>(gate_TF.raw_data()),
-        static_cast<const T*>(up_TF.raw_data()), n);
+        static_cast<T*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const T*>(dh_TF.raw_data()),
+        static_cast<const T*>(gate_TF.raw_data()), static_cast<const T*>(up_TF.raw_data()), n);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
