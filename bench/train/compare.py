@@ -15,7 +15,10 @@ Presets (sequence 4096, random tokens, the shapes of BENCHMARKS.md):
   1b  one GPU, Llama-3.2-1B shape. shardtrain runs with --graph (the step as a CUDA graph,
       as the trainer does), 6 timed steps after 2 warm-up; the peer 6 after 3 (compile
       needs one more warm-up step). Rows:
-        ours-bs4, ours-bs8, ours-bs8-selective, ours-bs8-full,
+        ours-bs4, ours-bs8, ours-bs4-pointwise, ours-bs8-pointwise, ours-bs4x2-pointwise,
+        ours-bs8-selective, ours-bs8-full,
+      (bs4x2: two micro-batches of 4 per optimizer step, the global batch of bs 8 at the
+      memory of bs 4)
         peer-eager-bs4, peer-compile-bs4, peer-compile-bs8-full
   8b  G GPUs of one host (--gpus, default 2), Llama-3.1-8B shape, sharded, every row
       started by torchrun; 4 timed steps after 2 warm-up on both sides; --batch is per
@@ -85,9 +88,14 @@ DEFAULT_TRAIN_BENCH = (".device-build/bin/train_bench", "build/bench/train_bench
 class Row:
     name: str
     side: str  # "ours" (train_bench) or "peer" (peer_fsdp2.py)
-    batch: int  # per GPU
-    ac: str  # none | selective | full (the peer knows only none | full)
+    batch: int  # per GPU and micro-batch
+    ac: str  # none | pointwise | selective | full (the peer knows only none | full)
     compile: bool = False  # peer only: torch.compile per block
+    accum: int = 1  # ours only: micro-batches per optimizer step
+
+    @property
+    def batch_text(self) -> str:
+        return str(self.batch) if self.accum == 1 else f"{self.batch} x {self.accum}"
 
     @property
     def ours(self) -> bool:
@@ -103,8 +111,9 @@ class Preset:
     rows: tuple
 
 
-def _ours(batch: int, ac: str = "none") -> Row:
-    return Row(f"ours-bs{batch}" + ("" if ac == "none" else f"-{ac}"), "ours", batch, ac)
+def _ours(batch: int, ac: str = "none", accum: int = 1) -> Row:
+    name = f"ours-bs{batch}" + ("" if accum == 1 else f"x{accum}") + ("" if ac == "none" else f"-{ac}")
+    return Row(name, "ours", batch, ac, accum=accum)
 
 
 def _peer(batch: int, compile_: bool, ac: str = "none") -> Row:
@@ -119,7 +128,8 @@ PRESETS = {
         multi_gpu=False,
         # torch.compile settles in one more step than eager code, hence the peer's extra warm-up
         steps={"ours": (6, 2), "peer": (6, 3)},
-        rows=(_ours(4), _ours(8), _ours(8, "selective"), _ours(8, "full"),
+        rows=(_ours(4), _ours(8), _ours(4, "pointwise"), _ours(8, "pointwise"), _ours(4, "pointwise", 2),
+              _ours(8, "selective"), _ours(8, "full"),
               _peer(4, False), _peer(4, True), _peer(8, True, "full")),
     ),
     "8b": Preset(
@@ -159,6 +169,8 @@ def build_plan(row: Row, preset: Preset, opts: argparse.Namespace) -> Plan:
     warmup = opts.warmup if opts.warmup is not None else warmup
     shape = ["--shape", preset.shape] if preset.shape != "1b" else []  # 1b is both sides' default
     args = shape + ["--batch", str(row.batch), "--steps", str(steps), "--warmup", str(warmup)]
+    if row.accum > 1:
+        args += ["--accum", str(row.accum)]
     if row.compile:
         args.append("--compile")
     if row.ac != "none":
@@ -352,14 +364,14 @@ def table(outcomes: list, multi_gpu: bool) -> list:
     for o in outcomes:
         row, r = o.plan.row, o.result
         if not o.ok:
-            cells = [o.plan.label, row.ac, str(row.batch), f"failed: {o.error}", "", "", ""]
+            cells = [o.plan.label, row.ac, row.batch_text, f"failed: {o.error}", "", "", ""]
         else:
             phases = ""
             if row.ours and r.get("forward_ms") is not None:
                 phases = f"{r['forward_ms']:.0f} / {r['backward_ms']:.0f} / {r['optimizer_ms']:.0f} ms"
                 if r.get("gpus", 1) > 1 and r.get("comm_wait_fraction") is not None:
                     phases += f", {100 * r['comm_wait_fraction']:.1f} %"
-            cells = [o.plan.label, str(r.get("ac", row.ac)), str(r.get("batch", row.batch)),
+            cells = [o.plan.label, str(r.get("ac", row.ac)), row.batch_text,
                      fmt_int(r["tokens_per_s_per_gpu"]), f"{100 * r.get('mfu', 0):.1f} %",
                      f"{r.get('peak_gib', 0):.1f}", phases]
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
@@ -392,10 +404,10 @@ def ratios(outcomes: list) -> list:
         best = max(same_ac, key=lambda p: p.result["tokens_per_s_per_gpu"])
         fastest = f"the fastest peer with AC {row.ac}"
         for p in same_ac:
-            if p.plan.row.batch == row.batch:
+            if p.plan.row.batch == row.batch and row.accum == 1:
                 what = f"equal settings (AC {row.ac}, batch {row.batch})" + (f", also {fastest}" if p is best else "")
                 lines.append(_versus(o, p, what))
-        if best.plan.row.batch != row.batch:  # else its line above says so
+        if best.plan.row.batch != row.batch or row.accum != 1:  # else its line above says so
             lines.append(_versus(o, best, f"{fastest} (batch {best.plan.row.batch})"))
     return lines
 
@@ -498,7 +510,7 @@ def main(argv: list) -> int:
         print(f"Rows of --preset {opts.preset} ({preset.title}, {where}); run from {REPO}:")
         for row in preset.rows:
             plan = build_plan(row, preset, opts)
-            print(f"  {row.name:<24}{plan.label}, AC {row.ac}, batch {row.batch}/GPU")
+            print(f"  {row.name:<24}{plan.label}, AC {row.ac}, batch {row.batch_text}/GPU")
             print(f"  {'':<24}{shell_line(plan)}")
         return 0
 

@@ -11,13 +11,15 @@
 // through NCCL exactly as in training, --batch is per GPU, tokens/s and MFU are per GPU, and
 // the time the compute stream stood waiting on gathers and reductions is reported.
 //
-//   train_bench [--shape 1b|8b] [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
-//               [--ac none|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
+//   train_bench [--shape 1b|8b] [--batch 4] [--accum 1] [--seq 4096] [--steps 10] [--warmup 3]
+//               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--device cuda|cpu]
 // --graph: one GPU, each step's forward + backward replayed as a CUDA graph after the first
 // (model/captured_step.h), as the trainer does by default.
+// --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
+// training.grad_accum_steps): the global batch of --batch x N at the memory of --batch.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -51,7 +53,7 @@ using namespace shardtrain;
 using Clock = std::chrono::steady_clock;
 
 struct Args {
-  int64_t batch = 4, seq = 4096, steps = 10, warmup = 3;
+  int64_t batch = 4, accum = 1, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, reduce_bf16 = false, graph = false;
@@ -69,6 +71,7 @@ Args parse(int argc, char** argv) {
       return argv[++i];
     };
     if (k == "--batch") a.batch = std::stoll(next());
+    else if (k == "--accum") a.accum = std::stoll(next());
     else if (k == "--seq") a.seq = std::stoll(next());
     else if (k == "--steps") a.steps = std::stoll(next());
     else if (k == "--warmup") a.warmup = std::stoll(next());
@@ -102,6 +105,8 @@ Args parse(int argc, char** argv) {
     } else if (k == "--device") a.device = next();
     else ST_THROW("train_bench: unknown option ", k, " (see the comment at the top of bench/train/train_bench.cpp)");
   }
+  ST_CHECK(a.batch > 0 && a.accum > 0 && a.seq > 0 && a.steps > 0 && a.warmup >= 0,
+           "train_bench: --batch, --accum, --seq and --steps must be positive, --warmup not negative");
   return a;
 }
 
@@ -166,15 +171,18 @@ int main(int argc, char** argv) try {
     cgrads.push_back(&store.grad_shards()[u]);
   }
 
-  Tensor ids = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "ids");
-  Tensor targets = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "targets");
+  std::vector<Tensor> ids, targets;  // [micro-batch]
+  for (int64_t i = 0; i < a.accum; ++i) {
+    ids.push_back(Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "ids"));
+    targets.push_back(Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "targets"));
+  }
   CounterRng rng(7 + static_cast<uint64_t>(rank));  // each rank its own part of the global batch
   model::StepOptions o;
   o.checkpointing = a.ac;
   o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
   ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
-  o.grad_scale = 1.0 / static_cast<double>(a.batch * a.seq * world);
-  const double tokens = static_cast<double>(a.batch * a.seq);  // per rank
+  o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * world);
+  const double tokens = static_cast<double>(a.batch * a.accum * a.seq);  // per rank and optimizer step
   say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "", "\n"));
@@ -188,19 +196,28 @@ int main(int argc, char** argv) try {
   double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
   int64_t system_allocs_before = 0;
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {
-    for (int64_t i = 0; i < ids.numel(); ++i) {
-      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(a.vocab)));
-      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(a.vocab)));
+    for (int64_t mb = 0; mb < a.accum; ++mb) {
+      for (int64_t i = 0; i < ids[mb].numel(); ++i) {
+        ids[mb].data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(a.vocab)));
+        targets[mb].data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(static_cast<uint64_t>(a.vocab)));
+      }
     }
     const Clock::time_point t0 = Clock::now();
     store.zero_grad_shards();
-    const model::LossSum ls = captured ? captured->run(ids, targets, o.grad_scale) : m.forward_backward(ids, targets, o);
+    double loss_sum = 0, step_fwd = 0, step_bwd = 0, step_issue = 0;
+    for (int64_t mb = 0; mb < a.accum; ++mb) {
+      loss_sum += captured ? captured->run(ids[mb], targets[mb], o.grad_scale).loss_sum
+                           : m.forward_backward(ids[mb], targets[mb], o).loss_sum;
+      step_fwd += m.last_phase_times().forward_s;
+      step_bwd += m.last_phase_times().backward_s;
+      step_issue += m.last_phase_times().host_issue_s;
+    }
     const Clock::time_point t1 = Clock::now();
     const double norm = optim::global_grad_norm(cgrads, comm.get());
     opt.step(params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0));
     synchronize(dev);
     const Clock::time_point t2 = Clock::now();
-    loss_total.data<double>()[0] = ls.loss_sum;
+    loss_total.data<double>()[0] = loss_sum;
     comm->all_reduce(loss_total, dist::ReduceOp::kSum);
     const double loss = loss_total.data<double>()[0] / (tokens * world);
     const double waited = store.take_comm_wait_seconds();
@@ -214,10 +231,10 @@ int main(int argc, char** argv) try {
     if (step == a.warmup) (void)profile::report_and_reset();  // profile the timed steps only
     if (step > a.warmup) {
       timed += std::chrono::duration<double>(t2 - t0).count();
-      fwd += m.last_phase_times().forward_s;
-      bwd += m.last_phase_times().backward_s;
+      fwd += step_fwd;
+      bwd += step_bwd;
       optim_s += std::chrono::duration<double>(t2 - t1).count();
-      host_issue += m.last_phase_times().host_issue_s;
+      host_issue += step_issue;
       comm_wait += waited;
     }
     if (step == a.warmup) system_allocs_before = allocator_for(dev).stats().num_system_allocs;
@@ -238,16 +255,19 @@ int main(int argc, char** argv) try {
   const std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
   const std::string wait_part =
       world > 1 ? detail::concat(", comm wait ", 100 * comm_wait / timed, " % of the step") : std::string();
+  const std::string batch_text =
+      a.accum > 1 ? detail::concat(a.batch, " x ", a.accum, " micro-batches") : std::to_string(a.batch);
   char row[512];
-  std::snprintf(row, sizeof row, "| %s | %s | %lld | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n",
-                label.c_str(), model::checkpointing_name(a.ac), static_cast<long long>(a.batch), tps, 100 * mfu, peak_gib,
+  std::snprintf(row, sizeof row, "| %s | %s | %s | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n",
+                label.c_str(), model::checkpointing_name(a.ac), batch_text.c_str(), tps, 100 * mfu, peak_gib,
                 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
   say(row);
   std::snprintf(row, sizeof row,
-                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"ac\": \"%s\", \"batch\": %lld, \"seq\": %lld, "
+                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"ac\": \"%s\", \"batch\": %lld, \"accum\": %lld, \"seq\": %lld, "
                 "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
                 "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f}\n",
-                world, model::checkpointing_name(a.ac), static_cast<long long>(a.batch), static_cast<long long>(a.seq), tps,
+                world, model::checkpointing_name(a.ac), static_cast<long long>(a.batch), static_cast<long long>(a.accum),
+                static_cast<long long>(a.seq), tps,
                 mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed);
   say(row);
   return 0;
