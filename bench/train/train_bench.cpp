@@ -130,6 +130,7 @@ int main(int argc, char** argv) try {
     }
     dev = Device::cuda(gpu);
     peak_flops = cuda::dense_bf16_peak_flops(gpu);
+    profile::set_roofline(peak_flops, cuda::memory_bandwidth(gpu));
     device_name = cuda::device_name(gpu);
   }
 #endif
@@ -191,7 +192,11 @@ int main(int argc, char** argv) try {
   std::unique_ptr<model::CapturedStep> captured;
   if (a.graph) {
     ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
-    captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
+    if (profile::enabled()) {  // its timers synchronise around every op, which a capture forbids
+      say("# SHARDTRAIN_PROFILE=1: steps run eagerly, not as a CUDA graph\n");
+    } else {
+      captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
+    }
   }
   double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
   int64_t system_allocs_before = 0;
@@ -247,7 +252,8 @@ int main(int argc, char** argv) try {
                        1e3 * (fwd + bwd) / n, " ms on the device; device allocations in the timed steps: ",
                        allocator_for(dev).stats().num_system_allocs - system_allocs_before, "\n"));
   if (profile::enabled() && rank == 0)
-    std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower)\n%s",
+    std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower); roofline: "
+                "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time\n%s",
                 static_cast<long long>(a.steps), profile::report_and_reset().c_str());
   const double tps = tokens * n / timed;
   const double mfu = peak_flops > 0 ? c.flops_per_token(a.seq) * tps / peak_flops : 0.0;

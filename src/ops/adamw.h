@@ -44,7 +44,9 @@ void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& op
 // (master precision), contiguous. Arithmetic in f64 on the CPU, rounded once per store.
 inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                        const AdamWOptions& options, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("adamw_step", param.device());
+  // param, m and v read and written, the gradient read
+  const double state = profile::bytes_of({&param, &exp_avg, &exp_avg_sq});
+  profile::ScopedTimer profile_timer("adamw_step", param.device(), {0, 2 * state + profile::bytes_of({&grad})});
   if (param.device().is_cpu()) return cpu::adamw_step(param, exp_avg, exp_avg_sq, grad, options);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::adamw_step(param, exp_avg, exp_avg_sq, grad, options, stream);
@@ -60,7 +62,10 @@ inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const
 inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale = 1.0,
                              [[maybe_unused]] Stream stream = {}) {
   if (tensors.empty()) return;
-  profile::ScopedTimer profile_timer("adamw_step_multi", tensors.front().param.device());
+  profile::Cost cost;
+  for (const AdamWTensors& t : tensors)
+    cost.bytes += 2 * profile::bytes_of({&t.param, &t.exp_avg, &t.exp_avg_sq}) + profile::bytes_of({&t.grad});
+  profile::ScopedTimer profile_timer("adamw_step_multi", tensors.front().param.device(), cost);
   if (tensors.front().param.device().is_cpu()) return cpu::adamw_step_multi(tensors, options, grad_scale);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::adamw_step_multi(tensors, options, grad_scale, stream);

@@ -38,6 +38,14 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                         Stream stream);
 }  // namespace cuda
 
+// The forward's two products (q k^T and p v) over the scores that count: B·N·T·S·H
+// multiply-adds each, half of them with a causal mask (torchtitan's convention). S = keys.
+inline double attention_forward_flops(const Tensor& q_BTNH, const Tensor& k_BTMH, const AttentionOptions& options) {
+  if (q_BTNH.ndim() != 4 || k_BTMH.ndim() != 4) return 0;  // the op's own checks report it
+  const double d = 4.0 * static_cast<double>(q_BTNH.numel()) * static_cast<double>(k_BTMH.size(1));
+  return options.causal ? d / 2 : d;
+}
+
 // out_BTNH = softmax(scale · q k^T + causal mask) v (overwrites); lse_BNT (overwrites,
 // stats_dtype(q)) = log-sum-exp of each query row's scaled scores. N % M == 0. q, k, v, out
 // share one dtype (f32/f64 on the CPU; on CUDA bf16/f16 with head dim a multiple of 8 up to
@@ -46,7 +54,9 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
 inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
                               const Tensor& v_BTMH, const AttentionOptions& options = {},
                               [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("attention_forward", out_BTNH.device());
+  profile::ScopedTimer profile_timer("attention_forward", out_BTNH.device(),
+                                     {attention_forward_flops(q_BTNH, k_BTMH, options),
+                                      profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
   if (q_BTNH.device().is_cpu()) return cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
@@ -61,7 +71,11 @@ inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH
                                const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
                                const Tensor& out_BTNH, const Tensor& lse_BNT,
                                const AttentionOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("attention_backward", dq_BTNH.device());
+  // five products against the forward's two
+  profile::ScopedTimer profile_timer(
+      "attention_backward", dq_BTNH.device(),
+      {2.5 * attention_forward_flops(q_BTNH, k_BTMH, options),
+       profile::bytes_of({&dq_BTNH, &dk_BTMH, &dv_BTMH, &dout_BTNH, &q_BTNH, &k_BTMH, &v_BTMH, &out_BTNH, &lse_BNT})});
   if (q_BTNH.device().is_cpu())
     return cpu::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH,
                                    lse_BNT, options);

@@ -48,10 +48,25 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
 // bf16 LlamaForCausalLM computes them); the softmax and loss math is f32 (CUDA) or f64 (CPU).
 // CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16; dh
 // of h's dtype or f32, dweight of h's dtype or f32; loss_sum_1 f32 on the device.
+// The chunked op's least work: its products (the logits, and with the gradient dh and dW:
+// 2·T·D·V FLOPs each) and its traffic: h, weight, dh, dweight (read and written), and per
+// logit written and read once, with the gradient also written once and read by both products.
+inline profile::Cost linear_cross_entropy_cost(const Tensor& dh_TD, const Tensor& dweight_VD, const Tensor& h_TD,
+                                               const Tensor& weight_VD, const CrossEntropyOptions& options) {
+  if (h_TD.ndim() != 2 || weight_VD.ndim() != 2) return {};  // the op's own checks report it
+  const double logits = static_cast<double>(h_TD.size(0)) * static_cast<double>(weight_VD.size(0));
+  const double product = 2 * logits * static_cast<double>(h_TD.size(1));
+  const double e = static_cast<double>(dtype_size(h_TD.dtype()));
+  if (!options.compute_grad) return {product, profile::bytes_of({&h_TD, &weight_VD}) + 2 * e * logits};
+  return {3 * product, profile::bytes_of({&h_TD, &weight_VD, &dh_TD}) + 2 * profile::bytes_of({&dweight_VD}) +
+                           5 * e * logits};
+}
+
 inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
                                  const Tensor& weight_VD, const Tensor& targets_T,
                                  const CrossEntropyOptions& options, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("linear_cross_entropy", loss_sum_1.device());
+  profile::ScopedTimer profile_timer("linear_cross_entropy", loss_sum_1.device(),
+                                     linear_cross_entropy_cost(dh_TD, dweight_VD, h_TD, weight_VD, options));
   if (h_TD.device().is_cpu())
     return cpu::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options);
 #ifdef SHARDTRAIN_WITH_CUDA

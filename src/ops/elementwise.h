@@ -28,7 +28,7 @@ void sum_squares(Tensor& out_1, const Tensor& x, Stream stream);
 
 // x[:] = value (overwrites). Floating dtypes and i32/i64.
 inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("fill", x.device());
+  profile::ScopedTimer profile_timer("fill", x.device(), {0, profile::bytes_of({&x})});
   if (x.device().is_cpu()) return cpu::fill(x, value);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::fill(x, value, stream);
@@ -43,7 +43,7 @@ inline void fill(Tensor& x, double value, [[maybe_unused]] Stream stream = {}) {
 // Floating dtypes.
 inline void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std,
                         [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("fill_normal", x.device());
+  profile::ScopedTimer profile_timer("fill_normal", x.device(), {0, profile::bytes_of({&x})});
   if (x.device().is_cpu()) return cpu::fill_normal(x, seed, key, first, std);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::fill_normal(x, seed, key, first, std, stream);
@@ -55,7 +55,7 @@ inline void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, d
 // out = a + b elementwise (overwrites out; out may alias a or b). Same shape and dtype,
 // f32 or f64 on the CPU.
 inline void add(Tensor& out, const Tensor& a, const Tensor& b, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("add", out.device());
+  profile::ScopedTimer profile_timer("add", out.device(), {0, profile::bytes_of({&out, &a, &b})});
   if (out.device().is_cpu()) return cpu::add(out, a, b);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::add(out, a, b, stream);
@@ -66,7 +66,7 @@ inline void add(Tensor& out, const Tensor& a, const Tensor& b, [[maybe_unused]] 
 
 // x *= factor in place. f32 or f64 on the CPU.
 inline void scale(Tensor& x, double factor, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("scale", x.device());
+  profile::ScopedTimer profile_timer("scale", x.device(), {0, 2 * profile::bytes_of({&x})});
   if (x.device().is_cpu()) return cpu::scale(x, factor);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::scale(x, factor, stream);
@@ -83,7 +83,7 @@ void cast_across_devices(Tensor& out, const Tensor& in, Stream stream);
 // and in may be on different devices (host <-> CUDA): the bytes are staged through a copy
 // and the conversion runs where out lives.
 inline void cast(Tensor& out, const Tensor& in, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("cast", out.device());
+  profile::ScopedTimer profile_timer("cast", out.device(), {0, profile::bytes_of({&out, &in})});
   if (!(out.device() == in.device())) return cast_across_devices(out, in, stream);
   if (out.device().is_cpu()) return cpu::cast(out, in);
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -95,7 +95,7 @@ inline void cast(Tensor& out, const Tensor& in, [[maybe_unused]] Stream stream =
 
 // out_1 += sum(x^2), accumulated in f64; out_1 is a 1-element f64 tensor. x any floating dtype.
 inline void sum_squares(Tensor& out_1, const Tensor& x, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("sum_squares", out_1.device());
+  profile::ScopedTimer profile_timer("sum_squares", out_1.device(), {0, profile::bytes_of({&x})});
   if (x.device().is_cpu()) return cpu::sum_squares(out_1, x);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::sum_squares(out_1, x, stream);

@@ -24,7 +24,9 @@ void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& 
 // gives a NaN row.
 inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor& table_VD,
                               [[maybe_unused]] Stream stream = {}, [[maybe_unused]] bool check_ids = true) {
-  profile::ScopedTimer profile_timer("embedding_forward", out_TD.device());
+  // the gathered rows read, the output written
+  profile::ScopedTimer profile_timer("embedding_forward", out_TD.device(),
+                                     {0, 2 * profile::bytes_of({&out_TD}) + profile::bytes_of({&ids_T})});
   if (table_VD.device().is_cpu()) return cpu::embedding_forward(out_TD, ids_T, table_VD);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::embedding_forward(out_TD, ids_T, table_VD, stream, check_ids);
@@ -36,7 +38,10 @@ inline void embedding_forward(Tensor& out_TD, const Tensor& ids_T, const Tensor&
 // dtable_VD += dout_TD scattered by ids_T (accumulates: parameter gradient). Deterministic:
 // rows are added in token order. CUDA: dtable may be f32 under a bf16/f16 dout.
 inline void embedding_backward(Tensor& dtable_VD, const Tensor& dout_TD, const Tensor& ids_T, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("embedding_backward", dtable_VD.device());
+  // the rows' gradient read, the touched table rows read and written
+  const double touched = static_cast<double>(dout_TD.numel()) * static_cast<double>(dtype_size(dtable_VD.dtype()));
+  profile::ScopedTimer profile_timer("embedding_backward", dtable_VD.device(),
+                                     {0, profile::bytes_of({&dout_TD, &ids_T}) + 2 * touched});
   if (dtable_VD.device().is_cpu()) return cpu::embedding_backward(dtable_VD, dout_TD, ids_T);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::embedding_backward(dtable_VD, dout_TD, ids_T, stream);

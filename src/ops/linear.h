@@ -42,6 +42,33 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
                      const Tensor& weight_OI, const LinearBackwardOptions& options, Stream stream);
 }  // namespace cuda
 
+// FLOPs of one product y_TO = x_TI · weight^T: 2·T·I·O.
+inline double linear_flops(const Tensor& y_TO, const Tensor& x_TI) {
+  if (x_TI.ndim() != 2 || y_TO.ndim() != 2) return 0;  // the op's own checks report it
+  return 2.0 * static_cast<double>(x_TI.numel()) * static_cast<double>(y_TO.size(1));
+}
+
+// linear_backward's products and the traffic of each: dx (dy and weight read, dx written,
+// and read first when it accumulates), dweight (dy and x read, dweight read and written),
+// dbias (dy read, dbias read and written).
+inline profile::Cost linear_backward_cost(const Tensor& dx_TI, const Tensor& dweight_OI, const Tensor& dbias_O,
+                                          const Tensor& dy_TO, const Tensor& x_TI, const Tensor& weight_OI,
+                                          const LinearBackwardOptions& options) {
+  profile::Cost c;
+  if (dy_TO.ndim() != 2 || weight_OI.ndim() != 2) return c;  // the op's own checks report it
+  const double product = 2.0 * static_cast<double>(dy_TO.numel()) * static_cast<double>(weight_OI.size(1));
+  if (dx_TI.defined()) {
+    c.flops += product;
+    c.bytes += profile::bytes_of({&dy_TO, &weight_OI}) + (options.accumulate_dx ? 2 : 1) * profile::bytes_of({&dx_TI});
+  }
+  if (dweight_OI.defined()) {
+    c.flops += product;
+    c.bytes += profile::bytes_of({&dy_TO, &x_TI}) + 2 * profile::bytes_of({&dweight_OI});
+  }
+  if (dbias_O.defined()) c.bytes += profile::bytes_of({&dy_TO}) + 2 * profile::bytes_of({&dbias_O});
+  return c;
+}
+
 // y_TO = x_TI · weight_OI^T + bias_O (overwrites). bias_O may be undefined (no bias).
 // CPU: one dtype for all (f32/f64), accumulation in that dtype by BLAS. CUDA: x and weight
 // f32, bf16 or f16, y of that dtype or f32 (bias matching y), f32 accumulation through
@@ -49,7 +76,9 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
 // dtype. No aliasing.
 inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI,
                            const Tensor& bias_O = Tensor(), [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("linear_forward", y_TO.device());
+  profile::ScopedTimer profile_timer(
+      "linear_forward", y_TO.device(),
+      {linear_flops(y_TO, x_TI), profile::bytes_of({&y_TO, &x_TI, &weight_OI, &bias_O})});
   if (x_TI.device().is_cpu()) return cpu::linear_forward(y_TO, x_TI, weight_OI, bias_O);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::linear_forward(y_TO, x_TI, weight_OI, bias_O, stream);
@@ -64,7 +93,9 @@ inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weigh
 // dtype (for bf16 the product is rounded to bf16 before the add, as two ops would).
 inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& residual_TO,
                                [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("linear_forward_add", y_TO.device());
+  profile::ScopedTimer profile_timer(
+      "linear_forward_add", y_TO.device(),
+      {linear_flops(y_TO, x_TI), profile::bytes_of({&y_TO, &x_TI, &weight_OI, &residual_TO})});
   if (x_TI.device().is_cpu()) {
     cpu::linear_forward(y_TO, x_TI, weight_OI, Tensor());
     return cpu::add(y_TO, y_TO, residual_TO);
@@ -86,7 +117,8 @@ inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& w
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
                             const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("linear_backward", weight_OI.device());
+  profile::ScopedTimer profile_timer("linear_backward", weight_OI.device(),
+                                     linear_backward_cost(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options));
   if (weight_OI.device().is_cpu())
     return cpu::linear_backward(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options);
 #ifdef SHARDTRAIN_WITH_CUDA

@@ -31,7 +31,8 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
 // x_TD and weight_D. y, x, weight share one dtype (f32/f64 on the CPU). y may not alias x.
 inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
                             const RmsNormOptions& options, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("rmsnorm_forward", y_TD.device());
+  profile::ScopedTimer profile_timer("rmsnorm_forward", y_TD.device(),
+                                     {0, profile::bytes_of({&y_TD, &rstd_T, &x_TD, &weight_D})});
   if (x_TD.device().is_cpu()) return cpu::rmsnorm_forward(y_TD, rstd_T, x_TD, weight_D, options);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::rmsnorm_forward(y_TD, rstd_T, x_TD, weight_D, options, stream);
@@ -47,7 +48,9 @@ inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, co
 inline void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
                              const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD = Tensor(),
                              [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("rmsnorm_backward", dx_TD.device());
+  const double read_written = profile::bytes_of({&dx_TD, &dy_TD, &x_TD, &weight_D, &rstd_T, &dresidual_TD});
+  profile::ScopedTimer profile_timer("rmsnorm_backward", dx_TD.device(),
+                                     {0, read_written + 2 * profile::bytes_of({&dweight_D})});
   if (x_TD.device().is_cpu()) {
     cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T);
     if (dresidual_TD.defined()) cpu::add(dx_TD, dx_TD, dresidual_TD);

@@ -50,7 +50,7 @@ void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, 
 //   x'[i]   = x[i] cos - x[i+K] sin,   x'[i+K] = x[i+K] cos + x[i] sin   (i < K, t = position)
 // Tables have at least T rows and the same dtype as x (f32/f64 on the CPU).
 inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("rope_forward", x_BTNH.device());
+  profile::ScopedTimer profile_timer("rope_forward", x_BTNH.device(), {0, 2 * profile::bytes_of({&x_BTNH})});
   if (x_BTNH.device().is_cpu()) return cpu::rope_forward(x_BTNH, cos_TK, sin_TK);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::rope_forward(x_BTNH, cos_TK, sin_TK, stream);
@@ -62,7 +62,7 @@ inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin
 // In place: turns the gradient w.r.t. the rotated x into the gradient w.r.t. the input x
 // (the transpose of the rotation, i.e. rotation by -angle).
 inline void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("rope_backward", dx_BTNH.device());
+  profile::ScopedTimer profile_timer("rope_backward", dx_BTNH.device(), {0, 2 * profile::bytes_of({&dx_BTNH})});
   if (dx_BTNH.device().is_cpu()) return cpu::rope_backward(dx_BTNH, cos_TK, sin_TK);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::rope_backward(dx_BTNH, cos_TK, sin_TK, stream);

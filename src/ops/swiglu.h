@@ -21,7 +21,8 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
 
 // h_TF = silu(gate_TF) * up_TF (overwrites). One dtype (f32/f64 on the CPU). No aliasing.
 inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("swiglu_forward", h_TF.device());
+  profile::ScopedTimer profile_timer("swiglu_forward", h_TF.device(),
+                                     {0, profile::bytes_of({&h_TF, &gate_TF, &up_TF})});
   if (h_TF.device().is_cpu()) return cpu::swiglu_forward(h_TF, gate_TF, up_TF);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::swiglu_forward(h_TF, gate_TF, up_TF, stream);
@@ -36,7 +37,8 @@ inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up
 // dgate/dup may alias gate/up respectively (each element is read before it is written).
 inline void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF,
                             const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
-  profile::ScopedTimer profile_timer("swiglu_backward", dgate_TF.device());
+  profile::ScopedTimer profile_timer("swiglu_backward", dgate_TF.device(),
+                                     {0, profile::bytes_of({&dgate_TF, &dup_TF, &h_TF, &dh_TF, &gate_TF, &up_TF})});
   if (dh_TF.device().is_cpu()) return cpu::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF);
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF, stream);
