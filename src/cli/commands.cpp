@@ -188,16 +188,11 @@ int run_plan(const std::vector<std::string>& args) {
     const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
     ranks = env ? env->world_size : 1;
   }
-  train::PlanInput in;
-  in.model = train::planned_model(job);
-  in.world_size = ranks;
-  in.gpu = job.training.device != "cpu";
-  in.micro_batch = job.training.batch_size;
-  in.seq_len = job.training.seq_len;
-  in.checkpointing =
-      model::parse_checkpointing(job.training.activation_checkpointing, "training.activation_checkpointing");
-  in.loss_chunk_tokens = job.training.loss_chunk_tokens;
-  in.reshard_after_forward = job.parallel.reshard_after_forward;
+  train::PlanInput in = train::plan_input(job, train::planned_model(job), ranks);
+  if (job.training.activation_checkpointing == "auto" && in.gpu) {
+    std::fputs(train::describe_auto_checkpointing(in).c_str(), stdout);  // decided at launch, by the GPU
+    return 0;
+  }
   std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);
   if (job.training.device == "auto")
     std::fputs("(training.device = auto: planned for GPUs; --training.device=cpu plans a CPU run)\n", stdout);

@@ -163,8 +163,10 @@ const std::vector<KeyDef>& keys() {
           "pointwise ops in the backward: both norms and SwiGLU's product; a third less activation memory, no "
           "extra GEMM); selective (keep each block's input and attention half, about a quarter of none's "
           "activation memory, and recompute its norms, SwiGLU and the MLP's gate/up products in the backward); "
-          "or full (keep only block inputs and recompute each block, all but its output product)",
-          one_of({"none", "pointwise", "selective", "full"})),
+          "full (keep only block inputs and recompute each block, all but its output product); or auto (on a GPU, "
+          "the first of none, pointwise, selective, full whose planned peak fits the GPU's memory with 2 GiB and "
+          "3 % to spare, as `shardtrain plan` estimates it; none on the CPU)",
+          one_of({"none", "pointwise", "selective", "full", "auto"})),
       key("training.device", &C::training, &TrainingSection::device,
           "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "
           "LOCAL_RANK modulo the visible GPUs)",

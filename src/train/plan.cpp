@@ -146,6 +146,54 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   return s;
 }
 
+int64_t checkpointing_reserve(int64_t planned_peak) { return (int64_t{2} << 30) + planned_peak * 3 / 100; }
+
+CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes) {
+  using model::ActivationCheckpointing;
+  CheckpointingChoice c;
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                                     ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    in.checkpointing = ac;
+    c.checkpointing = ac;
+    c.plan = plan_memory(in);
+    c.fits = c.plan.peak + checkpointing_reserve(c.plan.peak) <= device_bytes;
+    if (c.fits) break;
+  }
+  return c;
+}
+
+std::string describe_auto_checkpointing(PlanInput in) {
+  std::string s = fmt::format("model: {}\nmicro-batch per rank: {} x {} tokens on {} GPU rank(s)\n", in.model.summary(),
+                              in.micro_batch, in.seq_len, in.world_size);
+  s += "training.activation_checkpointing = auto takes, at launch, the first of these whose peak fits the GPU\n"
+       "with 2 GiB and 3 % to spare:\n";
+  using model::ActivationCheckpointing;
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                                     ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    in.checkpointing = ac;
+    const int64_t peak = plan_memory(in).peak;
+    s += fmt::format("  {:<10} estimated peak {:>11}; needs a GPU of at least {}\n", model::checkpointing_name(ac),
+                     format_bytes(peak), format_bytes(peak + checkpointing_reserve(peak)));
+  }
+  s += "(--training.activation_checkpointing=NAME shows that policy's breakdown)\n";
+  return s;
+}
+
+PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int world_size) {
+  PlanInput in;
+  in.model = model;
+  in.world_size = world_size;
+  in.gpu = job.training.device != "cpu";
+  in.micro_batch = job.training.batch_size;
+  in.seq_len = job.training.seq_len;
+  if (job.training.activation_checkpointing != "auto")
+    in.checkpointing =
+        model::parse_checkpointing(job.training.activation_checkpointing, "training.activation_checkpointing");
+  in.loss_chunk_tokens = job.training.loss_chunk_tokens;
+  in.reshard_after_forward = job.parallel.reshard_after_forward;
+  return in;
+}
+
 model::LlamaConfig planned_model(const JobConfig& job) {
   if (!job.model.hf.empty())
     return model::load_hf_config((std::filesystem::path(job.model.hf) / "config.json").string());

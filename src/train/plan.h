@@ -54,6 +54,26 @@ MemoryPlan plan_memory(const PlanInput& in);
 // The plan as text: the shape, the per-rank breakdown and the peak, and the FLOPs per token.
 std::string describe_plan(const PlanInput& in, const MemoryPlan& plan);
 
+// training.activation_checkpointing = "auto": the lightest policy (none, then pointwise,
+// selective, full) whose planned peak, plus the reserve below, fits `device_bytes` of GPU
+// memory; full when none does (`fits` then says so). `in.checkpointing` is ignored.
+struct CheckpointingChoice {
+  model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kFull;
+  MemoryPlan plan;
+  bool fits = false;
+};
+CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes);
+// What "auto" keeps free beside a planned peak: the CUDA context, the cuBLAS and cuDNN
+// workspaces and the allocator's slack, 2 GiB plus 3 % of the peak.
+int64_t checkpointing_reserve(int64_t planned_peak);
+
+// For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.
+std::string describe_auto_checkpointing(PlanInput in);
+
+// The plan's input for `job` on `world_size` ranks, the model shape given (planned_model);
+// "auto" checkpointing is left for choose_checkpointing (in.checkpointing: none).
+PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int world_size);
+
 // The model shape a job trains: model.hf's config.json, or the model section with the
 // tokenizer's vocabulary (loading tokenizer.json only to count it).
 model::LlamaConfig planned_model(const JobConfig& job);

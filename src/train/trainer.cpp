@@ -19,6 +19,7 @@
 #include "core/cuda/device.h"
 #endif
 #include "core/log.h"
+#include "core/profile.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
@@ -215,6 +216,15 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
                         streams_.documents, static_cast<double>(streams_.bytes) / 1e6, streams_.train.size(),
                         streams_.val.size(), config_.data.source));
   sampler_ = std::make_unique<data::WindowSampler>(&streams_.train, config_.training.seq_len, config_.training.seed);
+  {
+    // Evaluation runs at least once, at the end: a held-out split too small for one global
+    // batch would otherwise fail only after the whole run, before its last checkpoint.
+    const int64_t B = config_.training.batch_size, T = config_.training.seq_len, W = comm_->world_size();
+    ST_CHECK(data::eval_batches_available(static_cast<int64_t>(streams_.val.size()), B, T) >= W,
+             "the held-out split has ", streams_.val.size(), " tokens, fewer than one evaluation batch (", W,
+             " rank(s) x `training.batch_size` ", B, " x `training.seq_len` ", T, ", + 1 = ", W * B * T + 1,
+             "); evaluation runs at least at the end of training: raise `data.val_fraction` or use more data");
+  }
 
   model::LlamaConfig mc;
   std::unique_ptr<io::HfWeights> hf_weights;
@@ -310,6 +320,32 @@ int64_t Trainer::loss_chunk_tokens() const {
   return auto_loss_chunk_tokens(!device_.is_cpu(), model_->config().vocab_size);
 }
 
+model::ActivationCheckpointing Trainer::checkpointing() const {
+  const std::string& name = config_.training.activation_checkpointing;
+  if (name != "auto") return model::parse_checkpointing(name, "training.activation_checkpointing");
+  if (!device_.is_cuda()) {
+    log::info("training.activation_checkpointing = auto: none (on the CPU)");
+    return model::ActivationCheckpointing::kNone;
+  }
+  int64_t device_bytes = 0;
+#ifdef SHARDTRAIN_WITH_CUDA
+  device_bytes = cuda::total_memory_bytes(device_.index);
+#endif
+  PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
+  in.loss_chunk_tokens = loss_chunk_tokens();
+  const CheckpointingChoice c = choose_checkpointing(in, device_bytes);
+  const std::string line =
+      fmt::format("training.activation_checkpointing = auto: {} (planned peak {} per rank on a {} GPU)",
+                  model::checkpointing_name(c.checkpointing), format_bytes(c.plan.peak), format_bytes(device_bytes));
+  if (c.fits) {
+    log::info(line);
+  } else {
+    log::warn(line + "; even full checkpointing is planned above the GPU's memory less 2 GiB and 3 %: expect an "
+                     "out-of-memory error, or lower training.batch_size or training.seq_len, or add ranks");
+  }
+  return c.checkpointing;
+}
+
 std::string Trainer::tokenizer_source() const {
   if (!config_.model.hf.empty()) return config_.model.hf;
   const std::string& t = config_.data.tokenizer;
@@ -361,12 +397,18 @@ TrainSummary Trainer::run() {
   sc.total_steps = tc.steps;
   sc.min_lr_ratio = config_.schedule.min_lr_ratio;
   model::StepOptions so;
-  so.checkpointing = model::parse_checkpointing(tc.activation_checkpointing, "training.activation_checkpointing");
+  so.checkpointing = checkpointing();
   so.loss_chunk_tokens = loss_chunk_tokens();
-  // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step.
+  // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
+  // per-op profile synchronises around every op, which a graph capture forbids: it runs eagerly.
   std::unique_ptr<model::CapturedStep> captured;
-  if (tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1)
-    captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
+  if (tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1) {
+    if (profile::enabled()) {
+      log::info("SHARDTRAIN_PROFILE=1: the step runs eagerly, not as a CUDA graph (training.cuda_graph)");
+    } else {
+      captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
+    }
+  }
 
   std::vector<Tensor> ids, targets;
   for (int64_t m = 0; m < accum; ++m) {
@@ -393,7 +435,10 @@ TrainSummary Trainer::run() {
   // MFU: torchtitan's FLOPs per token against the device's dense bf16 peak (when known)
   double peak_flops = 0;
 #ifdef SHARDTRAIN_WITH_CUDA
-  if (device_.is_cuda()) peak_flops = cuda::dense_bf16_peak_flops(device_.index);
+  if (device_.is_cuda()) {
+    peak_flops = cuda::dense_bf16_peak_flops(device_.index);
+    profile::set_roofline(peak_flops, cuda::memory_bandwidth(device_.index));
+  }
 #endif
   const double flops_per_token = model_->config().flops_per_token(T);
   auto mfu = [&](double tokens_per_second) {
@@ -522,6 +567,10 @@ TrainSummary Trainer::run() {
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
                                                        format_bytes(peak_device_bytes()),
                                                        100.0 * mfu(summary.tokens_per_second))));
+  if (profile::enabled() && comm_->rank() == 0)
+    log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
+              "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
+              profile::report_and_reset());
   if (tc.steps == 0) {
     const double e = evaluate();
     summary.evals.emplace_back(0, e);

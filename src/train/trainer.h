@@ -55,8 +55,10 @@ class Trainer {
   double evaluate();
 
  private:
-  std::string tokenizer_source() const;
-  int64_t loss_chunk_tokens() const;  // training.loss_chunk_tokens, or its automatic value  // folder whose tokenizer files an export copies ("" if built in)
+  std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
+  int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
+  // training.activation_checkpointing, with "auto" decided by the plan and the GPU's memory.
+  model::ActivationCheckpointing checkpointing() const;
 
   JobConfig config_;
   Device device_;

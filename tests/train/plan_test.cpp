@@ -129,5 +129,35 @@ TEST(Plan, CheckpointingAndReshardingMoveMemoryTheRightWay) {
   EXPECT_EQ(auto_loss_chunk_tokens(false, 128256), 256);
 }
 
+// "auto" checkpointing takes the lightest policy whose plan fits, with the reserve beside it.
+TEST(Plan, AutoCheckpointingTakesTheLightestPolicyThatFits) {
+  using enum model::ActivationCheckpointing;
+  PlanInput in;
+  in.model = llama_1b();
+  in.micro_batch = 8;
+  in.seq_len = 4096;
+  auto needs = [&](model::ActivationCheckpointing ac) {
+    PlanInput p = in;
+    p.checkpointing = ac;
+    const int64_t peak = plan_memory(p).peak;
+    return peak + checkpointing_reserve(peak);
+  };
+  // an H100's 79.2 GiB holds bs 8 without checkpointing (58.7 GiB measured)
+  EXPECT_EQ(choose_checkpointing(in, static_cast<int64_t>(79.2 * (1 << 30))).checkpointing, kNone);
+  const model::ActivationCheckpointing order[] = {kNone, kPointwise, kSelective, kFull};
+  for (size_t i = 0; i < 4; ++i) {
+    const CheckpointingChoice at = choose_checkpointing(in, needs(order[i]));
+    EXPECT_EQ(at.checkpointing, order[i]) << model::checkpointing_name(order[i]);
+    EXPECT_TRUE(at.fits);
+    if (i + 1 < 4) {
+      EXPECT_EQ(choose_checkpointing(in, needs(order[i]) - 1).checkpointing, order[i + 1]);
+    }
+  }
+  const CheckpointingChoice none_fits = choose_checkpointing(in, needs(kFull) - 1);
+  EXPECT_EQ(none_fits.checkpointing, kFull);
+  EXPECT_FALSE(none_fits.fits);
+  EXPECT_EQ(checkpointing_reserve(int64_t{100} << 30), (int64_t{5} << 30));  // 2 GiB + 3 %
+}
+
 }  // namespace
 }  // namespace shardtrain::train

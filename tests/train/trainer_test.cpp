@@ -67,5 +67,24 @@ TEST(Trainer, RunsAreReproducible) {
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i + 1;
 }
 
+// Evaluation runs at least at the end: a held-out split smaller than one batch is refused
+// before training, not after it (when the last checkpoint would not be written yet).
+TEST(Trainer, HeldOutSplitTooSmallForOneBatchIsAnErrorBeforeTraining) {
+  const std::string out = (std::filesystem::temp_directory_path() / ("shardtrain_trainer_val_" + std::to_string(::getpid()))).string();
+  JobConfig c = short_default_job(out);
+  c.training.batch_size = 100000;  // 6.4M tokens per batch: far more than the held-out fortunes
+  try {
+    Trainer t(c);
+    ADD_FAILURE() << "a held-out split smaller than one batch was accepted";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("the held-out split has"), std::string::npos) << m;
+    EXPECT_NE(m.find("fewer than one evaluation batch (1 rank(s) x `training.batch_size` 100000 x `training.seq_len` 64, "
+                     "+ 1 = 6400001)"),
+              std::string::npos)
+        << m;
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::train

@@ -156,6 +156,19 @@ std::string device_name(int index) {
   return prop.name;
 }
 
+double memory_bandwidth(int index) {
+  int khz = 0, bits = 0;
+  ST_CUDA_CHECK(cudaDeviceGetAttribute(&khz, cudaDevAttrMemoryClockRate, index));
+  ST_CUDA_CHECK(cudaDeviceGetAttribute(&bits, cudaDevAttrGlobalMemoryBusWidth, index));
+  return 2.0 * 1e3 * khz * bits / 8;
+}
+
+int64_t total_memory_bytes(int index) {
+  cudaDeviceProp prop{};
+  ST_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return static_cast<int64_t>(prop.totalGlobalMem);
+}
+
 double dense_bf16_peak_flops(int index) {
   const std::string name = device_name(index);
   if (name.find("H100") != std::string::npos && name.find("PCIe") != std::string::npos) return 756e12;
