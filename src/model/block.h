@@ -29,6 +29,10 @@ struct BlockWeights {
 // products recomputed (selective); or only its input, with the whole block recomputed
 // (full). Gradients are bitwise the same in all four.
 enum class ActivationCheckpointing { kNone, kPointwise, kSelective, kFull };
+// From the most memory (no recompute) to the least (the most recompute).
+constexpr ActivationCheckpointing kCheckpointingByMemory[] = {
+    ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective,
+    ActivationCheckpointing::kFull};
 
 // Everything a block's backward reads; activation checkpointing drops some of it after the
 // forward (release_for) and the backward recomputes it (block_forward with recompute_part,

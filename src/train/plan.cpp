@@ -149,10 +149,8 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
 int64_t checkpointing_reserve(int64_t planned_peak) { return (int64_t{2} << 30) + planned_peak * 3 / 100; }
 
 CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes) {
-  using model::ActivationCheckpointing;
   CheckpointingChoice c;
-  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
-                                     ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+  for (model::ActivationCheckpointing ac : model::kCheckpointingByMemory) {
     in.checkpointing = ac;
     c.checkpointing = ac;
     c.plan = plan_memory(in);
@@ -167,9 +165,7 @@ std::string describe_auto_checkpointing(PlanInput in) {
                               in.micro_batch, in.seq_len, in.world_size);
   s += "training.activation_checkpointing = auto takes, at launch, the first of these whose peak fits the GPU\n"
        "with 2 GiB and 3 % to spare:\n";
-  using model::ActivationCheckpointing;
-  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
-                                     ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+  for (model::ActivationCheckpointing ac : model::kCheckpointingByMemory) {
     in.checkpointing = ac;
     const int64_t peak = plan_memory(in).peak;
     s += fmt::format("  {:<10} estimated peak {:>11}; needs a GPU of at least {}\n", model::checkpointing_name(ac),

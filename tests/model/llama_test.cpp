@@ -116,8 +116,7 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
 }
 
 TEST(Llama, CheckpointingNamesParse) {
-  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
-                                     ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull})
+  for (ActivationCheckpointing ac : kCheckpointingByMemory)
     EXPECT_EQ(parse_checkpointing(checkpointing_name(ac), "x"), ac);
   try {
     parse_checkpointing("partial", "training.activation_checkpointing");
