@@ -185,12 +185,13 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   Tensor dh_TF = like({B * T, F}, dy_BTD, "dh");
   ops::linear_backward(dh_TF, none, none, dy_TD, none, w.w_down_DF);
   Tensor dgate_TF = a.gate_BTF.view({B * T, F}), dup_TF = a.up_BTF.view({B * T, F});
-  Tensor h_recomputed_TF = a.h_BTF.defined() ? Tensor() : like({B * T, F}, dy_BTD, "h (recomputed)");
-  ops::swiglu_backward(dgate_TF, dup_TF, h_recomputed_TF, dh_TF, dgate_TF, dup_TF);
+  const bool recompute_h = !a.h_BTF.defined();
+  Tensor h_TF = recompute_h ? like({B * T, F}, dy_BTD, "h (recomputed)") : a.h_BTF.view({B * T, F});
+  Tensor h_out_TF = recompute_h ? h_TF : Tensor();
+  ops::swiglu_backward(dgate_TF, dup_TF, h_out_TF, dh_TF, dgate_TF, dup_TF);
   dh_TF = Tensor();
-  ops::linear_backward(none, g.w_down_DF, none, dy_TD,
-                       a.h_BTF.defined() ? a.h_BTF.view({B * T, F}) : h_recomputed_TF, w.w_down_DF);
-  a.h_BTF = h_recomputed_TF = Tensor();
+  ops::linear_backward(none, g.w_down_DF, none, dy_TD, h_TF, w.w_down_DF);
+  a.h_BTF = h_TF = h_out_TF = Tensor();
   Tensor dxn2_TD = like({B * T, D}, dy_BTD, "dxn2");
   const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
   ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD);

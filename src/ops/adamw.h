@@ -62,9 +62,10 @@ inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const
 inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale = 1.0,
                              [[maybe_unused]] Stream stream = {}) {
   if (tensors.empty()) return;
-  profile::Cost cost;
-  for (const AdamWTensors& t : tensors)
-    cost.bytes += 2 * profile::bytes_of({&t.param, &t.exp_avg, &t.exp_avg_sq}) + profile::bytes_of({&t.grad});
+  profile::Cost cost;  // summed only for the profile: a pass over every tensor
+  if (profile::enabled())
+    for (const AdamWTensors& t : tensors)
+      cost.bytes += 2 * profile::bytes_of({&t.param, &t.exp_avg, &t.exp_avg_sq}) + profile::bytes_of({&t.grad});
   profile::ScopedTimer profile_timer("adamw_step_multi", tensors.front().param.device(), cost);
   if (tensors.front().param.device().is_cpu()) return cpu::adamw_step_multi(tensors, options, grad_scale);
 #ifdef SHARDTRAIN_WITH_CUDA

@@ -7,6 +7,7 @@
 #include "model/llama.h"
 #include "testing/compare.h"
 #include "testing/gradcheck.h"
+#include "testing/model_shapes.h"
 
 namespace shardtrain::model {
 namespace {
@@ -181,16 +182,8 @@ TEST(ModelLayout, UnitsPadToAlignmentTimesWorld) {
 }
 
 TEST(LlamaConfig, CountsParametersAndRejectsBadShapes) {
-  LlamaConfig c;
   // Llama 3.2 1B: 1,235,814,400 parameters with the tied head counted once.
-  c.vocab_size = 128256;
-  c.dim = 2048;
-  c.n_layers = 16;
-  c.n_heads = 32;
-  c.n_kv_heads = 8;
-  c.ffn_dim = 8192;
-  c.max_seq_len = 4096;
-  c.tie_embeddings = true;
+  LlamaConfig c = testing::llama_1b();
   EXPECT_EQ(c.num_parameters(), 1235814400);
   c.n_heads = 30;
   try {

@@ -6,6 +6,8 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/model_shapes.h"
+
 #include <cmath>
 #include <cstdio>
 
@@ -14,27 +16,8 @@
 namespace shardtrain::train {
 namespace {
 
-model::LlamaConfig llama_1b() {
-  model::LlamaConfig c;
-  c.vocab_size = 128256;
-  c.dim = 2048;
-  c.n_layers = 16;
-  c.n_heads = 32;
-  c.n_kv_heads = 8;
-  c.ffn_dim = 8192;
-  c.max_seq_len = 4096;
-  c.tie_embeddings = true;
-  return c;
-}
-
-model::LlamaConfig llama_8b() {
-  model::LlamaConfig c = llama_1b();
-  c.dim = 4096;
-  c.n_layers = 32;
-  c.ffn_dim = 14336;
-  c.tie_embeddings = false;
-  return c;
-}
+using testing::llama_1b;
+using testing::llama_8b;
 
 struct Measured {
   const char* what;

@@ -1,0 +1,32 @@
+// The published model shapes the tests check figures against: Llama 3.2 1B and Llama 3.1 8B.
+#pragma once
+
+#include "model/config.h"
+
+namespace shardtrain::testing {
+
+// 16 layers, width 2048, 32/8 heads, FFN 8192, vocabulary 128256, tied head, seq 4096.
+inline model::LlamaConfig llama_1b() {
+  model::LlamaConfig c;
+  c.vocab_size = 128256;
+  c.dim = 2048;
+  c.n_layers = 16;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.ffn_dim = 8192;
+  c.max_seq_len = 4096;
+  c.tie_embeddings = true;
+  return c;
+}
+
+// 32 layers, width 4096, 32/8 heads, FFN 14336, vocabulary 128256, untied head.
+inline model::LlamaConfig llama_8b() {
+  model::LlamaConfig c = llama_1b();
+  c.dim = 4096;
+  c.n_layers = 32;
+  c.ffn_dim = 14336;
+  c.tie_embeddings = false;
+  return c;
+}
+
+}  // namespace shardtrain::testing
