@@ -14,8 +14,11 @@
 //   train_bench [--shape 1b|8b] [--batch 4] [--accum 1] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
-//               [--keep-gathered] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
+//               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--device cuda|cpu]
+// --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
+// backward use (one GPU: in place; several: gathered without a cast), as the trainer's
+// parallel.compute_shards = on.
 // --graph: one GPU, each step's forward + backward replayed as a CUDA graph after the first
 // (model/captured_step.h), as the trainer does by default.
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
@@ -56,7 +59,7 @@ struct Args {
   int64_t batch = 4, accum = 1, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
-  bool tied = true, keep_gathered = false, reduce_bf16 = false, graph = false;
+  bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -100,6 +103,7 @@ Args parse(int argc, char** argv) {
       }
     }
     else if (k == "--keep-gathered") a.keep_gathered = true;
+    else if (k == "--compute-shards") a.compute_shards = true;
     else if (k == "--ac") {
       a.ac = model::parse_checkpointing(next(), "train_bench: --ac");
     } else if (k == "--device") a.device = next();
@@ -160,17 +164,14 @@ int main(int argc, char** argv) try {
   so.compute_dtype = compute;
   if (a.reduce_bf16) so.reduce_dtype = DType::kBF16;
   so.reshard_after_forward = !a.keep_gathered;
+  so.compute_shards = a.compute_shards;
   fsdp::ShardedUnitStore store(layout, comm.get(), so, dev);
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
   optim::AdamW opt(layout, rank, optim::AdamWConfig{}, DType::kF32, dev);
-  std::vector<Tensor*> params;
-  std::vector<const Tensor*> cgrads;
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    params.push_back(&store.master_shards()[u]);
-    cgrads.push_back(&store.grad_shards()[u]);
-  }
+  const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store.optimizer_targets();
+  const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
 
   std::vector<Tensor> ids, targets;  // [micro-batch]
   for (int64_t i = 0; i < a.accum; ++i) {
@@ -186,7 +187,8 @@ int main(int argc, char** argv) try {
   const double tokens = static_cast<double>(a.batch * a.accum * a.seq);  // per rank and optimizer step
   say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
-                     o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "", "\n"));
+                     o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
+                     a.compute_shards ? "; compute shards" : "", "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;
@@ -219,7 +221,7 @@ int main(int argc, char** argv) try {
     }
     const Clock::time_point t1 = Clock::now();
     const double norm = optim::global_grad_norm(cgrads, comm.get());
-    opt.step(params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0));
+    opt.step(targets_of_step.params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0), targets_of_step.compute_copies);
     synchronize(dev);
     const Clock::time_point t2 = Clock::now();
     loss_total.data<double>()[0] = loss_sum;

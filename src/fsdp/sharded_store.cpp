@@ -72,6 +72,7 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
         block && (!options.reshard_after_forward || (options.keep_last_block_gathered && u + 2 == units.size()));
     state_.push_back(st);
   }
+  set_compute_shards(options.compute_shards);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device.is_cuda()) overlap_ = std::make_unique<Overlap>(units.size());
 #endif
@@ -93,6 +94,8 @@ Tensor ShardedUnitStore::acquire_params(size_t u, Pass pass) {
   UnitState& st = state_[u];
   ++st.param_refs;
   if (params_aliased()) return master_[u];
+  if (compute_stale_ && !compute_.empty()) refresh_compute_shards();
+  if (params_in_place()) return compute_[u];
   if (!st.full_params.defined()) gather(u);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (overlap_) {
@@ -118,21 +121,56 @@ void ShardedUnitStore::gather(size_t u) {
   if (overlap_) {
     const Stream g = overlap_->gather_stream.get();
     overlap_->after_compute(g);  // the memory is free and the master shard is up to date
-    ops::cast(mine, master_[u], g);
-    comm_->all_gather(st.full_params, mine, g);
+    if (compute_.empty()) {
+      ops::cast(mine, master_[u], g);
+      comm_->all_gather(st.full_params, mine, g);
+    } else {
+      comm_->all_gather(st.full_params, compute_[u], g);  // the optimizer wrote it
+    }
     overlap_->gathered[u].record(g);
     overlap_->gather_waited[u] = false;
     return;
   }
 #endif
+  if (!compute_.empty()) return comm_->all_gather(st.full_params, compute_[u]);
   ops::cast(mine, master_[u]);
   comm_->all_gather(st.full_params, mine);
+}
+
+void ShardedUnitStore::before_replay() {
+  if (compute_stale_ && !compute_.empty()) refresh_compute_shards();
+}
+
+void ShardedUnitStore::set_compute_shards(bool on) {
+  options_.compute_shards = on;
+  compute_.clear();
+  compute_stale_ = true;
+  if (!on || options_.compute_dtype == options_.master_dtype) return;
+  for (const Tensor& m : master_)
+    compute_.push_back(Tensor::empty({m.numel()}, options_.compute_dtype, device_, "compute-dtype shard"));
+}
+
+void ShardedUnitStore::refresh_compute_shards() {
+  // on the compute stream: gathers start after it (after_compute), in-place use follows it
+  for (size_t u = 0; u < compute_.size(); ++u) ops::cast(compute_[u], master_[u]);
+  compute_stale_ = false;
+}
+
+ShardedUnitStore::OptimizerTargets ShardedUnitStore::optimizer_targets() {
+  OptimizerTargets t;
+  for (size_t u = 0; u < master_.size(); ++u) {
+    t.params.push_back(&master_[u]);
+    t.grads.push_back(&grad_[u]);
+    if (!compute_.empty()) t.compute_copies.push_back(&compute_[u]);
+  }
+  return t;
 }
 
 // The unit the model will ask for next: the next one in a forward, the previous block in a
 // backward (the embedding's backward needs no parameters). Gathered now, it arrives while
 // the current unit computes.
 void ShardedUnitStore::prefetch_after(size_t u, Pass pass) {
+  if (params_in_place()) return;
   const size_t n = layout_->units().size();
   size_t next = 0;
   if (pass == Pass::kBackward) {
@@ -249,6 +287,7 @@ double ShardedUnitStore::take_comm_wait_seconds() {
 }
 
 void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
+  compute_stale_ = true;
   // computed in place, on the device that holds the shard: no host pass over the model
   for_each_owned_range([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
     model::init_param_range(dst, p, first, seed, init_std);
@@ -256,6 +295,7 @@ void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
 }
 
 void ShardedUnitStore::load(const ParamReader& read) {
+  compute_stale_ = true;
   for_each_owned_range([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
     if (device_.is_cpu()) return read(p, first, dst);
     // readers fill host memory; the range then travels to the device
@@ -279,6 +319,7 @@ void ShardedUnitStore::for_each_owned_range(const ParamReader& fn) {
 }
 
 void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
+  compute_stale_ = true;
   const int64_t r = comm_->rank();
   for (size_t u = 0; u < layout_->units().size(); ++u) {
     const int64_t s = master_[u].numel();

@@ -32,6 +32,12 @@ struct ShardingOptions {
   // them by default since its backward comes first.
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
+  // Keep a compute-dtype copy of every master shard, written by the optimizer as it updates
+  // the weights (AdamW's compute_copy): gathers then all-gather the copy without a cast, and
+  // with one rank the copy is the unit's parameters, used in place (no gather at all). Costs
+  // one compute-dtype element per shard element. Ignored where the compute dtype is the
+  // master's.
+  bool compute_shards = false;
 };
 
 class ShardedUnitStore final : public model::UnitStore {
@@ -44,6 +50,7 @@ class ShardedUnitStore final : public model::UnitStore {
   Tensor acquire_grads(size_t unit) override;
   void release_grads(size_t unit) override;
   void finish_backward() override;
+  void before_replay() override;
   ~ShardedUnitStore() override;
 
   // Seconds the compute stream stood waiting on gathers and reductions since the last call
@@ -64,8 +71,29 @@ class ShardedUnitStore final : public model::UnitStore {
   void zero_grad_shards();
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
-  std::vector<Tensor>& master_shards() { return master_; }
+  // Taking the master shards for writing marks the compute shards (if any) out of date: they
+  // are cast afresh from the masters before the next unit is used. Write through the
+  // returned vector at once, not through references kept from an earlier call.
+  std::vector<Tensor>& master_shards() {
+    compute_stale_ = true;
+    return master_;
+  }
+  const std::vector<Tensor>& master_shards() const { return master_; }
   std::vector<Tensor>& grad_shards() { return grad_; }
+  // What the optimizer updates, per unit: master shards, gradient shards and, with
+  // ShardingOptions::compute_shards in effect, the compute shards it must write (else empty).
+  // Updating through these keeps the compute shards current.
+  struct OptimizerTargets {
+    std::vector<Tensor*> params;
+    std::vector<const Tensor*> grads;
+    std::vector<Tensor*> compute_copies;
+  };
+  OptimizerTargets optimizer_targets();
+  bool has_compute_shards() const { return !compute_.empty(); }
+  const std::vector<Tensor>& compute_shards() const { return compute_; }
+  // Turns ShardingOptions::compute_shards on or off after construction (allocating or freeing
+  // the copies); call between steps.
+  void set_compute_shards(bool on);
   const model::ModelLayout& layout() const { return *layout_; }
   int rank() const { return comm_->rank(); }
   int world_size() const { return comm_->world_size(); }
@@ -98,6 +126,11 @@ class ShardedUnitStore final : public model::UnitStore {
   ShardingOptions options_;
   Device device_;
   std::vector<Tensor> master_, grad_;
+  std::vector<Tensor> compute_;  // [unit] compute-dtype copy of the master shard (compute_shards)
+  bool compute_stale_ = true;    // compute_ must be cast afresh from master_ before use
+  void refresh_compute_shards();
+  // One rank with compute shards: a unit's parameters are its compute shard, never gathered.
+  bool params_in_place() const { return comm_->world_size() == 1 && !compute_.empty(); }
   std::vector<UnitState> state_;
 };
 

@@ -82,6 +82,7 @@ LossSum CapturedStep::run(const Tensor& ids_BT, const Tensor& targets_BT, double
     }
     s.graph.end_capture();
   }
+  m.store().before_replay();  // on the default stream, which the blocking stream follows
   copy(s.ids, ids_BT, stream);
   copy(s.targets, targets_BT, stream);
   copy(s.scale, s.host_scale, stream);

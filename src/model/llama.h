@@ -90,6 +90,7 @@ class Llama {
   Tensor new_loss() const;  // a zeroed loss accumulator for this device
   static double read_loss(const Tensor& loss);  // waits for the device
   void set_host_issue_seconds(double s) { phase_times_.host_issue_s = s; }
+  UnitStore& store() { return *store_; }
   Device device() const { return device_; }
   // Forward and loss only.
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);

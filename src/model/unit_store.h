@@ -28,6 +28,10 @@ class UnitStore {
   // The backward of a micro-batch is over: every gradient released so far must be in the
   // shards before the caller reads them (a store that reduces asynchronously waits here).
   virtual void finish_backward() {}
+  // Before each replay of a captured step (model/captured_step.h): a replay repeats the
+  // kernels, not this host code, so a store whose parameters can go out of date outside the
+  // step (compute copies after an outside write of the masters) refreshes them here.
+  virtual void before_replay() {}
 };
 
 // Every unit's parameters and gradients stay allocated: the store of a single rank.

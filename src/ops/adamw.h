@@ -25,6 +25,10 @@ struct AdamWOptions {
 struct AdamWTensors {
   Tensor param, exp_avg, exp_avg_sq, grad;
   bool decay = true;  // weight decay applies to this tensor
+  // Optional, same length, a narrower float dtype (bf16 for f32 master weights): overwritten
+  // with the updated param rounded to its dtype, bitwise what ops::cast(compute_copy, param)
+  // would write after the update, in the same pass (no second read of the weights).
+  Tensor compute_copy;
 };
 
 namespace cpu {
@@ -56,7 +60,7 @@ inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const
 }
 
 // The update of many tensors in one pass (one kernel launch on a GPU): options.weight_decay
-// applies to the tensors marked decay. Each gradient is first multiplied by grad_scale and
+// applies to the tensors marked decay; compute copies, where given, are written too. Each gradient is first multiplied by grad_scale and
 // rounded to its dtype (exactly as scaling the gradients in place before the step would,
 // e.g. by norm clipping). All tensors on one device.
 inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale = 1.0,
@@ -65,7 +69,8 @@ inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOpti
   profile::Cost cost;  // summed only for the profile: a pass over every tensor
   if (profile::enabled())
     for (const AdamWTensors& t : tensors)
-      cost.bytes += 2 * profile::bytes_of({&t.param, &t.exp_avg, &t.exp_avg_sq}) + profile::bytes_of({&t.grad});
+      cost.bytes += 2 * profile::bytes_of({&t.param, &t.exp_avg, &t.exp_avg_sq}) +
+                    profile::bytes_of({&t.grad, &t.compute_copy});
   profile::ScopedTimer profile_timer("adamw_step_multi", tensors.front().param.device(), cost);
   if (tensors.front().param.device().is_cpu()) return cpu::adamw_step_multi(tensors, options, grad_scale);
 #ifdef SHARDTRAIN_WITH_CUDA

@@ -27,8 +27,10 @@ AdamW::AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& conf
   }
 }
 
-void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale) {
+void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale,
+                 const std::vector<Tensor*>& compute_copies) {
   ST_ASSERT(params.size() == segments_.size() && grads.size() == segments_.size());
+  ST_ASSERT(compute_copies.empty() || compute_copies.size() == segments_.size());
   ++steps_;
   ops::AdamWOptions o;
   o.lr = lr;
@@ -42,7 +44,8 @@ void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& 
     for (const Segment& seg : segments_[u])
       tensors.push_back({params[u]->flat_range(seg.begin, seg.count), exp_avg_[u].flat_range(seg.begin, seg.count),
                          exp_avg_sq_[u].flat_range(seg.begin, seg.count), grads[u]->flat_range(seg.begin, seg.count),
-                         seg.decay});
+                         seg.decay,
+                         compute_copies.empty() ? Tensor() : compute_copies[u]->flat_range(seg.begin, seg.count)});
   ops::adamw_step_multi(tensors, o, grad_scale);
 }
 

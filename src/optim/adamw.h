@@ -28,7 +28,10 @@ class AdamW {
   // One update of every unit with learning rate `lr`, all in one multi-tensor pass.
   // params[u] and grads[u] are this rank's shard of unit u [shard_numel] (same dtype as the
   // state); each gradient is first multiplied by grad_scale (a clipping coefficient).
-  void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale = 1.0);
+  // compute_copies, when not empty, holds one compute-dtype tensor per unit shaped as params[u]:
+  // each parameter range is overwritten with its updated weights rounded to that dtype.
+  void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale = 1.0,
+            const std::vector<Tensor*>& compute_copies = {});
 
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }  // when resuming from a checkpoint

@@ -40,11 +40,14 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.master = 4 * p.shard_elements;
   p.optimizer = 8 * p.shard_elements;
   p.grad_shards = 4 * p.shard_elements;
+  const bool compute_shards = in.compute_shards && in.gpu;  // the CPU computes in the master dtype
+  if (compute_shards) p.compute_shards = 2 * p.shard_elements;
 
   // One rank whose compute dtype is the master's works on the shards themselves; otherwise
   // units are gathered (cast) into compute copies, and gradients land in full f32 unit
   // buffers until their reduce-scatter.
-  const bool params_aliased = world == 1 && !in.gpu;
+  // With compute shards on one GPU, units are used in place: nothing is gathered.
+  const bool params_aliased = world == 1 && (!in.gpu || compute_shards);
   const bool grads_aliased = world == 1;
   const int64_t head_weight_numel = c.tie_embeddings ? embed_numel + head_numel : head_numel;
   // the last block kept for its backward and the one prefetched; all of them without resharding
@@ -104,7 +107,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.in_backward = kept + temporaries + block_grads + blocks;
 
   const int64_t at_loss = p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk;
-  p.peak = p.master + p.optimizer + p.grad_shards + std::max(at_loss, p.in_backward);
+  p.peak = p.master + p.optimizer + p.grad_shards + p.compute_shards + std::max(at_loss, p.in_backward);
   p.flops_per_token = c.flops_per_token(in.seq_len);
   return p;
 }
@@ -129,6 +132,9 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   s += row("master weights (f32 shard)", p.master);
   s += row("AdamW m and v (f32 shards)", p.optimizer);
   s += row("gradient shards (f32)", p.grad_shards);
+  if (p.compute_shards > 0)
+    s += row(in.world_size == 1 ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
+             p.compute_shards);
   s += "  at the loss:\n";
   s += row(*kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers),
            p.activations_at_loss);
@@ -187,7 +193,15 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
         model::parse_checkpointing(job.training.activation_checkpointing, "training.activation_checkpointing");
   in.loss_chunk_tokens = job.training.loss_chunk_tokens;
   in.reshard_after_forward = job.parallel.reshard_after_forward;
+  in.compute_shards = job.parallel.compute_shards == "on";
   return in;
+}
+
+bool choose_compute_shards(PlanInput in, int64_t device_bytes) {
+  if (!in.gpu) return false;
+  in.compute_shards = true;
+  const MemoryPlan p = plan_memory(in);
+  return p.peak + checkpointing_reserve(p.peak) <= device_bytes;
 }
 
 model::LlamaConfig planned_model(const JobConfig& job) {

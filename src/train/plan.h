@@ -22,6 +22,7 @@ struct PlanInput {
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kNone;
   int64_t loss_chunk_tokens = 0;   // 0: the trainer's automatic choice
   bool reshard_after_forward = true;  // false: every block's compute copy stays until its backward
+  bool compute_shards = false;        // parallel.compute_shards in effect (GPU: bf16 copies of the shards)
 };
 
 // Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
@@ -34,6 +35,7 @@ struct MemoryPlan {
   int64_t master = 0;                // f32 master weights
   int64_t optimizer = 0;             // AdamW m and v (f32)
   int64_t grad_shards = 0;           // f32 accumulated gradient shards
+  int64_t compute_shards = 0;        // bf16 copies of the master shards (parallel.compute_shards)
   int64_t gathered_at_loss = 0;      // compute copies alive at the loss (head or tied embedding, blocks)
   int64_t unit_grads_at_loss = 0;    // the head's full f32 gradient before its reduce-scatter (N > 1)
   int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward
@@ -70,8 +72,13 @@ int64_t checkpointing_reserve(int64_t planned_peak);
 // For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.
 std::string describe_auto_checkpointing(PlanInput in);
 
+// parallel.compute_shards = "auto": on when, with them, the planned peak plus the reserve
+// above still fits `device_bytes` (GPU only; `in.compute_shards` is ignored).
+bool choose_compute_shards(PlanInput in, int64_t device_bytes);
+
 // The plan's input for `job` on `world_size` ranks, the model shape given (planned_model);
-// "auto" checkpointing is left for choose_checkpointing (in.checkpointing: none).
+// "auto" checkpointing is left for choose_checkpointing (in.checkpointing: none), and
+// "auto" compute shards for choose_compute_shards (in.compute_shards: false).
 PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int world_size);
 
 // The model shape a job trains: model.hf's config.json, or the model section with the

@@ -346,6 +346,24 @@ model::ActivationCheckpointing Trainer::checkpointing() const {
   return c.checkpointing;
 }
 
+bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const {
+  const std::string& v = config_.parallel.compute_shards;
+  if (!device_.is_cuda()) return false;  // the CPU computes in the master dtype: nothing to copy
+  if (v != "auto") return v == "on";
+  int64_t device_bytes = 0;
+#ifdef SHARDTRAIN_WITH_CUDA
+  device_bytes = cuda::total_memory_bytes(device_.index);
+#endif
+  PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
+  in.loss_chunk_tokens = loss_chunk_tokens();
+  in.checkpointing = checkpointing;
+  const bool on = choose_compute_shards(in, device_bytes);
+  in.compute_shards = on;
+  log::info(fmt::format("parallel.compute_shards = auto: {} (planned peak {} per rank on a {} GPU)", on ? "on" : "off",
+                        format_bytes(plan_memory(in).peak), format_bytes(device_bytes)));
+  return on;
+}
+
 std::string Trainer::tokenizer_source() const {
   if (!config_.model.hf.empty()) return config_.model.hf;
   const std::string& t = config_.data.tokenizer;
@@ -398,6 +416,7 @@ TrainSummary Trainer::run() {
   sc.min_lr_ratio = config_.schedule.min_lr_ratio;
   model::StepOptions so;
   so.checkpointing = checkpointing();
+  store_->set_compute_shards(compute_shards(so.checkpointing));
   so.loss_chunk_tokens = loss_chunk_tokens();
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
   // per-op profile synchronises around every op, which a graph capture forbids: it runs eagerly.
@@ -415,12 +434,8 @@ TrainSummary Trainer::run() {
     ids.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "ids"));
     targets.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "targets"));
   }
-  std::vector<Tensor*> params;
-  std::vector<const Tensor*> cgrads;
-  for (size_t u = 0; u < layout_->units().size(); ++u) {
-    params.push_back(&store_->master_shards()[u]);
-    cgrads.push_back(&store_->grad_shards()[u]);
-  }
+  const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store_->optimizer_targets();
+  const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   Tensor reduce_buf = Tensor::empty({2}, DType::kF64, Device::cpu(), "step totals");
 
@@ -486,7 +501,8 @@ TrainSummary Trainer::run() {
     const Clock::time_point t2 = Clock::now();
     const double norm = optim::global_grad_norm(cgrads, comm_);
     const double lr = optim::learning_rate(sc, step);
-    optimizer_->step(params, cgrads, lr, optim::clip_coefficient(norm, tc.max_grad_norm));  // clips inside
+    optimizer_->step(targets_of_step.params, cgrads, lr, optim::clip_coefficient(norm, tc.max_grad_norm),
+                     targets_of_step.compute_copies);  // clips inside; writes the compute shards
     synchronize(device_);  // step times are host-clock times of finished device work
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);

@@ -59,6 +59,9 @@ class Trainer {
   int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
   // training.activation_checkpointing, with "auto" decided by the plan and the GPU's memory.
   model::ActivationCheckpointing checkpointing() const;
+  // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and
+  // the GPU's memory.
+  bool compute_shards(model::ActivationCheckpointing checkpointing) const;
 
   JobConfig config_;
   Device device_;

@@ -17,6 +17,7 @@
 #include "fsdp/sharded_store.h"
 #include "model/captured_step.h"
 #include "model/llama.h"
+#include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
@@ -31,22 +32,18 @@ struct Engine {
   std::unique_ptr<Llama> model;
   std::unique_ptr<optim::AdamW> opt;
 
-  explicit Engine(const LlamaConfig& c) : layout(ModelLayout::llama(c, 1)) {
+  explicit Engine(const LlamaConfig& c, bool compute_shards = false) : layout(ModelLayout::llama(c, 1)) {
     fsdp::ShardingOptions so;
     so.compute_dtype = DType::kBF16;
+    so.compute_shards = compute_shards;
     store = std::make_unique<fsdp::ShardedUnitStore>(layout, comm.get(), so, Device::cuda(0));
     store->init_random(11, c.init_std);
     model = std::make_unique<Llama>(c, layout, store.get(), DType::kBF16, Device::cuda(0));
     opt = std::make_unique<optim::AdamW>(layout, 0, optim::AdamWConfig{}, DType::kF32, Device::cuda(0));
   }
   void update() {
-    std::vector<Tensor*> params;
-    std::vector<const Tensor*> grads;
-    for (size_t u = 0; u < layout.units().size(); ++u) {
-      params.push_back(&store->master_shards()[u]);
-      grads.push_back(&store->grad_shards()[u]);
-    }
-    opt->step(params, grads, 1e-3);
+    const fsdp::ShardedUnitStore::OptimizerTargets t = store->optimizer_targets();
+    opt->step(t.params, t.grads, 1e-3, 1.0, t.compute_copies);
   }
 };
 
@@ -148,6 +145,59 @@ TEST(CheckpointingCuda, EveryPolicyFollowsNone) {
       p->engine->update();
     }
     none.update();
+  }
+}
+
+// Compute shards (parallel.compute_shards): on one GPU the graph reads AdamW's bf16 copies of
+// the masters in place instead of casting them each step. They hold exactly what the cast
+// would (so the step follows the gathered engine's), also after the masters were written
+// from outside (a checkpoint load), which marks them for a fresh cast.
+TEST(CapturedStepCuda, ComputeShardsFollowTheCastCopies) {
+  ST_REQUIRE_CUDA();
+  const LlamaConfig c = small_config(true);
+  const int64_t B = 2, T = 128;
+  Engine cast_each_step(c), shards(c, /*compute_shards=*/true);
+  ASSERT_TRUE(shards.store->has_compute_shards());
+  StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T);
+  o.loss_chunk_tokens = 96;
+  CapturedStep step(*shards.model, B, T, o);
+  CounterRng rng(13);
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  auto shards_hold_the_cast = [&](const char* when) {
+    for (size_t u = 0; u < shards.layout.units().size(); ++u) {
+      const fsdp::ShardedUnitStore& read_only = *shards.store;  // the const overload marks nothing stale
+      const Tensor& master = read_only.master_shards()[u];
+      Tensor cast_now = Tensor::empty(master.shape(), DType::kBF16, master.device());
+      ops::cast(cast_now, master);
+      EXPECT_TRUE(testing::all_close(testing::to_host(shards.store->compute_shards()[u]), testing::to_host(cast_now),
+                                     testing::kExact))
+          << when << ", unit " << u;
+    }
+  };
+  for (int s = 0; s < 4; ++s) {
+    for (int64_t i = 0; i < B * T; ++i) {
+      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
+      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
+    }
+    if (s == 2) {  // an outside write of the masters, as a checkpoint load makes
+      for (fsdp::ShardedUnitStore* st : {cast_each_step.store.get(), shards.store.get()})
+        for (Tensor& m : st->master_shards()) ops::scale(m, 0.5);
+    }
+    cast_each_step.store->zero_grad_shards();
+    shards.store->zero_grad_shards();
+    const LossSum a = cast_each_step.model->forward_backward(ids, targets, o);
+    const LossSum b = step.run(ids, targets, o.grad_scale);
+    EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * a.loss_sum) << "step " << s;
+    if (s == 2) shards_hold_the_cast("after the outside write");
+    for (size_t u = 0; u < shards.layout.units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(testing::to_host(shards.store->grad_shards()[u]),
+                                     testing::to_host(cast_each_step.store->grad_shards()[u]),
+                                     testing::Tolerance{2e-3, 1e30, 1e30}))
+          << "step " << s << " unit " << u;
+    cast_each_step.update();
+    shards.update();
+    shards_hold_the_cast("after an update");
   }
 }
 

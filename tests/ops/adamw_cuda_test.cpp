@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "ops/adamw.h"
+#include "ops/elementwise.h"
 #include "testing/cuda_ops.h"
 
 namespace shardtrain::ops {
@@ -54,8 +55,10 @@ TEST(AdamWCudaF32, AdamWMultiTensor) {
     const int64_t n = sizes[k];
     Input p = random_input({n}, DType::kF32, 60 + k), g = random_input({n}, DType::kF32, 70 + k);
     Tensor m = Tensor::zeros({n}, DType::kF32), v = Tensor::zeros({n}, DType::kF32);
-    dev.push_back({to_device(p.host), to_device(m), to_device(v), to_device(g.host), k != 2});
-    host.push_back({p.f32, m, v, g.f32, k != 2});
+    // every tensor but the second also writes a bf16 compute copy
+    dev.push_back({to_device(p.host), to_device(m), to_device(v), to_device(g.host), k != 2,
+                   k == 1 ? Tensor() : to_device(Tensor::zeros({n}, DType::kBF16))});
+    host.push_back({p.f32, m, v, g.f32, k != 2, Tensor()});
   }
   for (int64_t step = 1; step <= 3; ++step) {
     o.step = step;
@@ -65,6 +68,11 @@ TEST(AdamWCudaF32, AdamWMultiTensor) {
   for (size_t k = 0; k < sizes.size(); ++k) {
     EXPECT_TRUE(all_close(to_host(dev[k].param), host[k].param, testing::kCudaF32VsCpu)) << "tensor " << k;
     EXPECT_TRUE(all_close(to_host(dev[k].exp_avg_sq), host[k].exp_avg_sq, testing::kCudaF32VsCpu)) << "tensor " << k;
+    if (!dev[k].compute_copy.defined()) continue;
+    // the copy is the updated weights rounded as ops::cast rounds them, bitwise
+    Tensor cast_after = to_device(Tensor::zeros({sizes[k]}, DType::kBF16));
+    cast(cast_after, dev[k].param);
+    EXPECT_TRUE(all_close(to_host(dev[k].compute_copy), to_host(cast_after), testing::kExact)) << "tensor " << k;
   }
 }
 

@@ -79,7 +79,7 @@ TEST(AdamW, MultiTensorEqualsScaledSingleUpdates) {
       return t;
     };
     AdamWTensors t{make(10 * k + 1, 0.1, 1, false), make(10 * k + 2, 0, 0.1, false), make(10 * k + 3, 0, 0.01, true),
-                   make(10 * k + 4, 0, 1, false), k != 1};
+                   make(10 * k + 4, 0, 1, false), k != 1, Tensor()};
     // copies for the reference path
     p1.push_back(testing::to_dtype(t.param, DType::kF32));
     m1.push_back(testing::to_dtype(t.exp_avg, DType::kF32));
@@ -96,6 +96,39 @@ TEST(AdamW, MultiTensorEqualsScaledSingleUpdates) {
     EXPECT_TRUE(testing::all_close(multi[k].param, p1[k], testing::kExact)) << "tensor " << k;
     EXPECT_TRUE(testing::all_close(multi[k].exp_avg, m1[k], testing::kExact)) << "tensor " << k;
     EXPECT_TRUE(testing::all_close(multi[k].exp_avg_sq, v1[k], testing::kExact)) << "tensor " << k;
+  }
+}
+
+// A compute copy, where given, holds the updated weights rounded to its dtype: bitwise what a
+// cast after the update writes. Tensors without one are updated as before.
+TEST(AdamW, MultiTensorWritesComputeCopiesAsACastWould) {
+  AdamWOptions o;
+  o.lr = 2e-2;
+  o.weight_decay = 0.1;
+  std::vector<AdamWTensors> with, without;
+  for (int k = 0; k < 3; ++k) {
+    const int64_t n = 1000 + 37 * k;
+    auto make = [&](uint64_t seed) { return testing::to_dtype(random_f64({n}, seed, 0.1, 1), DType::kF32); };
+    const Tensor p = make(20 + k), g = make(30 + k);
+    with.push_back({testing::to_dtype(p, DType::kF32), Tensor::zeros({n}, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                    g, true, k == 1 ? Tensor() : Tensor::zeros({n}, DType::kBF16)});
+    without.push_back({testing::to_dtype(p, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                       Tensor::zeros({n}, DType::kF32), g, true, Tensor()});
+  }
+  for (int64_t step = 1; step <= 2; ++step) {
+    o.step = step;
+    cpu::adamw_step_multi(with, o, 0.5);
+    cpu::adamw_step_multi(without, o, 0.5);
+  }
+  for (size_t k = 0; k < with.size(); ++k) {
+    EXPECT_TRUE(testing::all_close(with[k].param, without[k].param, testing::kExact)) << "tensor " << k;
+    if (!with[k].compute_copy.defined()) continue;
+    Tensor cast_after = Tensor::empty(with[k].param.shape(), DType::kBF16);
+    cpu::cast(cast_after, with[k].param);
+    EXPECT_TRUE(testing::all_close(with[k].compute_copy, cast_after, testing::kExact)) << "tensor " << k;
+    EXPECT_FALSE(testing::all_close(with[k].compute_copy, Tensor::zeros(with[k].param.shape(), DType::kBF16),
+                                    testing::kExact))
+        << "tensor " << k << ": the copy was written";
   }
 }
 

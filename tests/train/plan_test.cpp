@@ -26,6 +26,7 @@ struct Measured {
   int64_t batch;
   model::ActivationCheckpointing ac;
   double peak_gib;  // measured by train_bench (allocator peak), seq 4096
+  bool compute_shards = false;  // train_bench --compute-shards
 };
 
 TEST(Plan, MatchesThePeaksMeasuredOnGpus) {
@@ -43,6 +44,13 @@ TEST(Plan, MatchesThePeaksMeasuredOnGpus) {
       // one kind of machine lent then (the 2-H200 figure, 72.2 GiB at bs 4, predates them)
       {"8B, 1 H200, bs 2, full AC", llama_8b(), 1, 2, kFull, 125.5},
       {"8B, 1 H200, bs 4, full AC", llama_8b(), 1, 4, kFull, 127.8},
+      // session 8: the largest unchecked batch, and bf16 compute shards used in place
+      {"1B, H100, bs 10", llama_1b(), 1, 10, kNone, 68.1},
+      {"1B, H100, bs 4, shards", llama_1b(), 1, 4, kNone, 41.6, true},
+      {"1B, H100, bs 8, shards", llama_1b(), 1, 8, kNone, 60.4, true},
+      {"1B, H100, bs 10, shards", llama_1b(), 1, 10, kNone, 69.8, true},
+      {"1B, H100, bs 4, pointwise, shards", llama_1b(), 1, 4, kPointwise, 35.6, true},
+      {"1B, H100, bs 8, full AC, shards", llama_1b(), 1, 8, kFull, 26.0, true},
   };
   for (const Measured& m : runs) {
     PlanInput in;
@@ -52,11 +60,12 @@ TEST(Plan, MatchesThePeaksMeasuredOnGpus) {
     in.micro_batch = m.batch;
     in.seq_len = 4096;
     in.checkpointing = m.ac;
+    in.compute_shards = m.compute_shards;
     const MemoryPlan p = plan_memory(in);
     const double gib = static_cast<double>(p.peak) / (1u << 30);
     // the plan sums the engine's large buffers; small ones (norm statistics, rope tables,
     // the allocator's rounding) are the few percent it may miss either way
-    std::printf("%-28s planned %6.2f GiB, measured %6.2f GiB (%+.1f %%)\n", m.what, gib, m.peak_gib,
+    std::printf("%-34s planned %6.2f GiB, measured %6.2f GiB (%+.1f %%)\n", m.what, gib, m.peak_gib,
                 100 * (gib - m.peak_gib) / m.peak_gib);
     EXPECT_NEAR(gib, m.peak_gib, 0.03 * m.peak_gib) << m.what << ": planned " << gib << " GiB";
   }
@@ -140,6 +149,32 @@ TEST(Plan, AutoCheckpointingTakesTheLightestPolicyThatFits) {
   EXPECT_EQ(none_fits.checkpointing, kFull);
   EXPECT_FALSE(none_fits.fits);
   EXPECT_EQ(checkpointing_reserve(int64_t{100} << 30), (int64_t{5} << 30));  // 2 GiB + 3 %
+}
+
+// Compute shards cost 2 bytes per shard element; on one GPU they replace the gathered copies,
+// and "auto" keeps them exactly when the plan with them still fits beside the reserve.
+TEST(Plan, ComputeShardsReplaceGatheredCopiesOnOneGpuAndAutoKeepsThemWhenTheyFit) {
+  PlanInput in;
+  in.model = llama_1b();
+  in.micro_batch = 8;
+  in.seq_len = 4096;
+  const MemoryPlan off = plan_memory(in);
+  in.compute_shards = true;
+  const MemoryPlan on = plan_memory(in);
+  EXPECT_EQ(on.compute_shards, 2 * on.shard_elements);
+  EXPECT_EQ(on.gathered_at_loss, 0);
+  EXPECT_GT(off.gathered_at_loss, 0);
+  EXPECT_EQ(on.peak - off.peak, on.compute_shards - off.gathered_at_loss);
+  const int64_t needs = on.peak + checkpointing_reserve(on.peak);
+  EXPECT_TRUE(choose_compute_shards(in, needs));
+  EXPECT_FALSE(choose_compute_shards(in, needs - 1));
+  in.gpu = false;  // the CPU computes in the master dtype: nothing to copy
+  EXPECT_FALSE(choose_compute_shards(in, needs * 100));
+  EXPECT_EQ(plan_memory(in).compute_shards, 0);
+  // several ranks still gather, from the copies: the gathered buffers stay in the plan
+  in.gpu = true;
+  in.world_size = 2;
+  EXPECT_GT(plan_memory(in).gathered_at_loss, 0);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 
 #include "ops/adamw.h"
 #include "ops/cpu/common.h"
+#include "ops/elementwise.h"
 
 namespace shardtrain::ops::cpu {
 
@@ -51,6 +52,11 @@ void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o,
     AdamWOptions one = o;
     if (!t.decay) one.weight_decay = 0.0;
     adamw_scaled(t.param, t.exp_avg, t.exp_avg_sq, t.grad, one, grad_scale);
+    if (t.compute_copy.defined()) {
+      ST_CHECK(t.compute_copy.numel() == t.param.numel(), "adamw_step_multi: compute copy ", t.compute_copy.str(),
+               " does not match param ", t.param.str());
+      cast(t.compute_copy, t.param);  // the same rounding as a cast after the step
+    }
   }
 }
 

@@ -37,19 +37,25 @@ struct Chunk {
   float* m;
   float* v;
   const float* g;
+  void* copy;  // the compute copy (C), or null
   int64_t n;
   float decay_factor;
 };
 
+// C: the compute copies' element type (every chunk's copy, where present, has it).
+template <typename C>
 __global__ void adamw_multi_kernel(const Chunk* chunks, AdamWScalars c, float grad_scale, bool scaled) {
   const Chunk k = chunks[blockIdx.x];
+  C* copy = static_cast<C*>(k.copy);
   for (int64_t i = threadIdx.x; i < k.n; i += blockDim.x) {
     const float gi = scaled ? k.g[i] * grad_scale : k.g[i];  // as ops::scale would leave it
     const float mi = c.beta1 * k.m[i] + c.one_minus_beta1 * gi;
     const float vi = c.beta2 * k.v[i] + c.one_minus_beta2 * gi * gi;
     k.m[i] = mi;
     k.v[i] = vi;
-    k.p[i] = k.p[i] * k.decay_factor - c.step_size * mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
+    const float pi = k.p[i] * k.decay_factor - c.step_size * mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
+    k.p[i] = pi;
+    if (copy != nullptr) copy[i] = from_f32<C>(pi);  // as ops::cast rounds
   }
 }
 
@@ -76,16 +82,33 @@ void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o,
   const AdamWScalars c = scalars(o);
   const float no_decay = 1.0f;
   std::vector<Chunk> chunks;
+  DType copy_dtype = DType::kBF16;
+  bool any_copy = false;
   for (AdamWTensors& t : tensors) {
     for (const Tensor* x : std::initializer_list<const Tensor*>{&t.param, &t.exp_avg, &t.exp_avg_sq, &t.grad}) {
       check_cuda_tensor(*x, "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
       check_dtype(*x, DType::kF32, "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
       check_shape(*x, t.param.shape(), "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
     }
+    char* copy = nullptr;
+    if (t.compute_copy.defined()) {
+      check_cuda_tensor(t.compute_copy, "adamw_step_multi", "compute_copy");
+      check_shape(t.compute_copy, t.param.shape(), "adamw_step_multi", "compute_copy");
+      ST_CHECK(t.compute_copy.dtype() == DType::kBF16 || t.compute_copy.dtype() == DType::kF16,
+               "adamw_step_multi: a compute copy is bf16 or f16 on a GPU, found ", t.compute_copy.str());
+      ST_CHECK(!any_copy || t.compute_copy.dtype() == copy_dtype,
+               "adamw_step_multi: every compute copy of one call has one dtype, found ", dtype_name(copy_dtype),
+               " and ", t.compute_copy.str());
+      copy_dtype = t.compute_copy.dtype();
+      any_copy = true;
+      copy = static_cast<char*>(t.compute_copy.raw_data());
+    }
     const int64_t n = t.param.numel();
+    const int64_t copy_bytes = static_cast<int64_t>(dtype_size(copy_dtype));
     for (int64_t a = 0; a < n; a += kChunk)
       chunks.push_back({t.param.data<float>() + a, t.exp_avg.data<float>() + a, t.exp_avg_sq.data<float>() + a,
-                        t.grad.data<float>() + a, std::min(kChunk, n - a), t.decay ? c.decay_factor : no_decay});
+                        t.grad.data<float>() + a, copy ? copy + a * copy_bytes : nullptr, std::min(kChunk, n - a),
+                        t.decay ? c.decay_factor : no_decay});
   }
   if (chunks.empty()) return;
   const Device dev = tensors.front().param.device();
@@ -93,7 +116,8 @@ void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o,
                                "adamw chunk table", s);
   ST_CUDA_CHECK(cudaMemcpyAsync(table.raw_data(), chunks.data(), chunks.size() * sizeof(Chunk), cudaMemcpyHostToDevice,
                                 stream_of(s)));
-  adamw_multi_kernel<<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream_of(s)>>>(
+  auto kernel = copy_dtype == DType::kF16 ? adamw_multi_kernel<__half> : adamw_multi_kernel<__nv_bfloat16>;
+  kernel<<<static_cast<unsigned>(chunks.size()), kThreads, 0, stream_of(s)>>>(
       static_cast<const Chunk*>(table.raw_data()), c, static_cast<float>(grad_scale), grad_scale != 1.0);
   ST_CUDA_CHECK_LAUNCH();
 }
