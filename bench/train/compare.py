@@ -15,10 +15,12 @@ Presets (sequence 4096, random tokens, the shapes of BENCHMARKS.md):
   1b  one GPU, Llama-3.2-1B shape. shardtrain runs with --graph (the step as a CUDA graph,
       as the trainer does), 6 timed steps after 2 warm-up; the peer 6 after 3 (compile
       needs one more warm-up step). Rows:
-        ours-bs4, ours-bs8, ours-bs4-pointwise, ours-bs8-pointwise, ours-bs4x2-pointwise,
-        ours-bs8-selective, ours-bs8-full,
+        ours-bs4, ours-bs4-shards, ours-bs8, ours-bs8-shards, ours-bs10-shards,
+        ours-bs8-pointwise-shards, ours-bs4x2-pointwise, ours-bs8-selective-shards,
+        ours-bs8-full-shards,
       (bs4x2: two micro-batches of 4 per optimizer step, the global batch of bs 8 at the
-      memory of bs 4)
+      memory of bs 4, within 35 GiB; -shards: --compute-shards, AdamW's bf16 copies of the
+      weights used in place, the trainer's default where they fit)
         peer-eager-bs4, peer-compile-bs4, peer-compile-bs8-full
   8b  G GPUs of one host (--gpus, default 2), Llama-3.1-8B shape, sharded, every row
       started by torchrun; 4 timed steps after 2 warm-up on both sides; --batch is per
@@ -92,6 +94,7 @@ class Row:
     ac: str  # none | pointwise | selective | full (the peer knows only none | full)
     compile: bool = False  # peer only: torch.compile per block
     accum: int = 1  # ours only: micro-batches per optimizer step
+    shards: bool = False  # ours only: --compute-shards (the trainer's parallel.compute_shards)
 
     @property
     def batch_text(self) -> str:
@@ -111,9 +114,10 @@ class Preset:
     rows: tuple
 
 
-def _ours(batch: int, ac: str = "none", accum: int = 1) -> Row:
-    name = f"ours-bs{batch}" + ("" if accum == 1 else f"x{accum}") + ("" if ac == "none" else f"-{ac}")
-    return Row(name, "ours", batch, ac, accum=accum)
+def _ours(batch: int, ac: str = "none", accum: int = 1, shards: bool = False) -> Row:
+    name = (f"ours-bs{batch}" + ("" if accum == 1 else f"x{accum}") + ("" if ac == "none" else f"-{ac}")
+            + ("-shards" if shards else ""))
+    return Row(name, "ours", batch, ac, accum=accum, shards=shards)
 
 
 def _peer(batch: int, compile_: bool, ac: str = "none") -> Row:
@@ -128,8 +132,9 @@ PRESETS = {
         multi_gpu=False,
         # torch.compile settles in one more step than eager code, hence the peer's extra warm-up
         steps={"ours": (6, 2), "peer": (6, 3)},
-        rows=(_ours(4), _ours(8), _ours(4, "pointwise"), _ours(8, "pointwise"), _ours(4, "pointwise", 2),
-              _ours(8, "selective"), _ours(8, "full"),
+        rows=(_ours(4), _ours(4, shards=True), _ours(8), _ours(8, shards=True), _ours(10, shards=True),
+              _ours(8, "pointwise", shards=True), _ours(4, "pointwise", 2),
+              _ours(8, "selective", shards=True), _ours(8, "full", shards=True),
               _peer(4, False), _peer(4, True), _peer(8, True, "full")),
     ),
     "8b": Preset(
@@ -146,7 +151,10 @@ PRESETS = {
 def engine_label(row: Row, multi_gpu: bool) -> str:
     """The table's engine column, known before the run so that a failed row has one too."""
     if row.ours:
-        return "shardtrain" if multi_gpu else "shardtrain (graph)"
+        engine = "shardtrain" if multi_gpu else "shardtrain (graph"
+        if row.shards:
+            engine += " + shards" if multi_gpu else ", shards"
+        return engine if multi_gpu else engine + ")"
     return "HF + FSDP2 + compile" if row.compile else "HF + FSDP2 eager"
 
 
@@ -171,6 +179,8 @@ def build_plan(row: Row, preset: Preset, opts: argparse.Namespace) -> Plan:
     args = shape + ["--batch", str(row.batch), "--steps", str(steps), "--warmup", str(warmup)]
     if row.accum > 1:
         args += ["--accum", str(row.accum)]
+    if row.shards:
+        args.append("--compute-shards")
     if row.compile:
         args.append("--compile")
     if row.ac != "none":
@@ -510,8 +520,8 @@ def main(argv: list) -> int:
         print(f"Rows of --preset {opts.preset} ({preset.title}, {where}); run from {REPO}:")
         for row in preset.rows:
             plan = build_plan(row, preset, opts)
-            print(f"  {row.name:<24}{plan.label}, AC {row.ac}, batch {row.batch_text}/GPU")
-            print(f"  {'':<24}{shell_line(plan)}")
+            print(f"  {row.name:<27}{plan.label}, AC {row.ac}, batch {row.batch_text}/GPU")
+            print(f"  {'':<27}{shell_line(plan)}")
         return 0
 
     plans = [build_plan(r, preset, opts) for r in rows]
