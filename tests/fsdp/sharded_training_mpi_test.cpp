@@ -13,6 +13,8 @@
 #include "model/hf_config.h"
 #include "testing/shared_data.h"
 #include "model/llama.h"
+#include "optim/adamw.h"
+#include "core/random.h"
 #include "testing/compare.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -94,6 +96,72 @@ TEST(ShardedTraining, MatchesOneRank) {
     }
   }
   std::filesystem::remove(corpus);
+}
+
+// Compute shards (parallel.compute_shards) change where the compute copies come from, not
+// their values. With f64 master weights and f32 compute on the CPU (the GPU's f32/bf16 pair,
+// one level up), three steps with AdamW writing the copies equal three steps casting the
+// masters at every gather, bitwise: on all ranks (gathers send the copies) and on one rank
+// (the copies used in place, never gathered).
+struct ShardRun {
+  std::vector<double> losses;
+  std::vector<Tensor> masters;
+};
+
+ShardRun train_small(dist::Communicator* comm, bool compute_shards) {
+  model::LlamaConfig c;
+  c.vocab_size = 97;
+  c.dim = 40;  // no unit a multiple of 128 x ranks: every shard is padded
+  c.n_layers = 2;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 52;
+  c.max_seq_len = 16;
+  c.tie_embeddings = false;
+  const model::ModelLayout layout = model::ModelLayout::llama(c, comm->world_size());
+  fsdp::ShardingOptions so;
+  so.compute_dtype = so.grad_dtype = so.reduce_dtype = DType::kF32;
+  so.master_dtype = DType::kF64;
+  so.compute_shards = compute_shards;
+  fsdp::ShardedUnitStore store(layout, comm, so, Device::cpu());
+  EXPECT_EQ(store.has_compute_shards(), compute_shards);
+  store.init_random(21, c.init_std);
+  model::Llama m(c, layout, &store, DType::kF32, Device::cpu());
+  optim::AdamW opt(layout, comm->rank(), optim::AdamWConfig{}, DType::kF64, Device::cpu());
+  const int64_t B = 2, T = 16;
+  model::StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T * comm->world_size());
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  ShardRun run;
+  for (int step = 0; step < 3; ++step) {
+    CounterRng rng(100 * static_cast<uint64_t>(step) + static_cast<uint64_t>(comm->rank()));
+    for (int64_t i = 0; i < B * T; ++i) {
+      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(97));
+      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(97));
+    }
+    store.zero_grad_shards();
+    run.losses.push_back(m.forward_backward(ids, targets, o).loss_sum);
+    const fsdp::ShardedUnitStore::OptimizerTargets t = store.optimizer_targets();
+    EXPECT_EQ(t.compute_copies.size(), compute_shards ? layout.units().size() : 0u);
+    opt.step(t.params, t.grads, 2e-2, 1.0, t.compute_copies);
+  }
+  const fsdp::ShardedUnitStore& read_only = store;
+  for (const Tensor& shard : read_only.master_shards()) run.masters.push_back(testing::to_dtype(shard, DType::kF64));
+  return run;
+}
+
+TEST(ShardedTraining, ComputeShardsEqualCastingAtEveryGather) {
+  auto world = dist::make_mpi_world();
+  auto single = dist::make_single_rank();
+  for (dist::Communicator* comm : {world.get(), single.get()}) {
+    const ShardRun cast = train_small(comm, false), shards = train_small(comm, true);
+    const std::string what = comm == single.get() ? "one rank (in place)" : "all ranks (gathered)";
+    ASSERT_EQ(cast.losses.size(), shards.losses.size());
+    for (size_t i = 0; i < cast.losses.size(); ++i)
+      EXPECT_EQ(shards.losses[i], cast.losses[i]) << what << ", step " << i + 1;
+    for (size_t u = 0; u < cast.masters.size(); ++u)
+      EXPECT_TRUE(testing::all_close(shards.masters[u], cast.masters[u], testing::kExact)) << what << ", unit " << u;
+  }
 }
 
 // Every parameter of `store` (collective gather) equals `single`'s (a one-rank store).
