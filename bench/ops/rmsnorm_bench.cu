@@ -1,5 +1,5 @@
 // RMSNorm forward and backward (with the residual stream's gradient added, as the model
-// calls it) on 32,768 x 4,096 bf16 rows, in GB/s against a device copy. Validated against
+// calls it) on 32,768 x 4,096 and x 2,048 bf16 rows, in GB/s against a device copy. Validated against
 // the CPU twin first. Peer (F.rms_norm and its autograd backward): kernels_peer.py.
 //   rmsnorm_bench [iterations=20]
 #include <cstdio>
@@ -43,19 +43,22 @@ int main(int argc, char** argv) try {
   const double copy_gbs = copy_ceiling_gbs(iterations);
   std::printf("| op | time and bandwidth |\n|---|---|\n| device copy (read + write) | %.0f GB/s: the ceiling |\n",
               copy_gbs);
-  const int64_t T = 32768, D = 4096;
-  Tensor x = dev_normal({T, D}, DType::kBF16, 41), w = dev_normal({D}, DType::kBF16, 42, 0.2);
-  Tensor y = Tensor::empty({T, D}, DType::kBF16, Device::cuda(0)), rstd = Tensor::empty({T}, DType::kF32, Device::cuda(0));
-  Tensor dy = dev_normal({T, D}, DType::kBF16, 43), dx = Tensor::empty({T, D}, DType::kBF16, Device::cuda(0));
-  Tensor dres = dev_normal({T, D}, DType::kBF16, 44), dw = dev_zeros({D});
-  const double f_ms = time_ms([&] { ops::rmsnorm_forward(y, rstd, x, w, {1e-5}); }, iterations);
-  const double b_ms = time_ms([&] { ops::rmsnorm_backward(dx, dw, dy, x, w, rstd, dres); }, iterations);
-  const double elems = static_cast<double>(T) * static_cast<double>(D);
-  const double f_gbs = 4.0 * elems / f_ms / 1e6, b_gbs = 8.0 * elems / b_ms / 1e6;  // bf16: x, y | dy, x, dres, dx
-  std::printf("| RMSNorm forward, %lld x %lld bf16 | %.3f ms, %.0f GB/s (%.0f %% of copy) |\n",
-              static_cast<long long>(T), static_cast<long long>(D), f_ms, f_gbs, 100 * f_gbs / copy_gbs);
-  std::printf("| RMSNorm backward + residual gradient | %.3f ms, %.0f GB/s (%.0f %% of copy) |\n", b_ms, b_gbs,
-              100 * b_gbs / copy_gbs);
+  for (const int64_t D : {int64_t{4096}, int64_t{2048}}) {  // the 8B and 1B widths
+    const int64_t T = 32768;
+    Tensor x = dev_normal({T, D}, DType::kBF16, 41), w = dev_normal({D}, DType::kBF16, 42, 0.2);
+    Tensor y = Tensor::empty({T, D}, DType::kBF16, Device::cuda(0)),
+           rstd = Tensor::empty({T}, DType::kF32, Device::cuda(0));
+    Tensor dy = dev_normal({T, D}, DType::kBF16, 43), dx = Tensor::empty({T, D}, DType::kBF16, Device::cuda(0));
+    Tensor dres = dev_normal({T, D}, DType::kBF16, 44), dw = dev_zeros({D});
+    const double f_ms = time_ms([&] { ops::rmsnorm_forward(y, rstd, x, w, {1e-5}); }, iterations);
+    const double b_ms = time_ms([&] { ops::rmsnorm_backward(dx, dw, dy, x, w, rstd, dres); }, iterations);
+    const double elems = static_cast<double>(T) * static_cast<double>(D);
+    const double f_gbs = 4.0 * elems / f_ms / 1e6, b_gbs = 8.0 * elems / b_ms / 1e6;  // bf16: x, y | dy, x, dres, dx
+    std::printf("| RMSNorm forward, %lld x %lld bf16 | %.3f ms, %.0f GB/s (%.0f %% of copy) |\n",
+                static_cast<long long>(T), static_cast<long long>(D), f_ms, f_gbs, 100 * f_gbs / copy_gbs);
+    std::printf("| RMSNorm backward + residual gradient, %lld x %lld | %.3f ms, %.0f GB/s (%.0f %% of copy) |\n",
+                static_cast<long long>(T), static_cast<long long>(D), b_ms, b_gbs, 100 * b_gbs / copy_gbs);
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "rmsnorm_bench: %s\n", e.what());

@@ -219,12 +219,26 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* partial_dw, const T* 
   }
 }
 
+// dw[i] += sum over blocks b of partial[b, i]. A block owns 32 columns; its 32 x 32 threads
+// each sum every 32nd partial row of one column (many loads in flight instead of one long
+// chain per column), then thread row 0 adds the 32 sums in a fixed order: deterministic.
+constexpr int kSumCols = 32, kSumGroups = 32;
+
 template <typename T>
-__global__ void sum_columns_kernel(T* dw, const float* partial, int blocks, int64_t D) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < D; i += int64_t{gridDim.x} * blockDim.x) {
-    float acc = 0;
-    for (int b = 0; b < blocks; ++b) acc += partial[b * D + i];
-    dw[i] = from_f32<T>(to_f32(dw[i]) + acc);
+__global__ void __launch_bounds__(kSumCols* kSumGroups) sum_columns_kernel(T* dw, const float* partial, int blocks,
+                                                                            int64_t D) {
+  __shared__ float sums[kSumGroups][kSumCols + 1];
+  const int c = threadIdx.x, g = threadIdx.y;
+  const int64_t i = blockIdx.x * int64_t{kSumCols} + c;
+  float acc = 0;
+  if (i < D)
+    for (int b = g; b < blocks; b += kSumGroups) acc += partial[b * D + i];
+  sums[g][c] = acc;
+  __syncthreads();
+  if (g == 0 && i < D) {
+    float total = 0;
+    for (int k = 0; k < kSumGroups; ++k) total += sums[k][c];
+    dw[i] = from_f32<T>(to_f32(dw[i]) + total);
   }
 }
 
@@ -323,8 +337,9 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   ST_CUDA_CHECK_LAUNCH();
   // dweight may be f32 under bf16 data (f32 gradient accumulation)
   dispatch_float(dweight_D.dtype(), "rmsnorm_backward", [&]<typename W>() {
-    sum_columns_kernel<W><<<grid_for(D, 256), 256, 0, stream_of(s)>>>(static_cast<W*>(dweight_D.raw_data()),
-                                                                      partial.data<float>(), grid, D);
+    const unsigned blocks = static_cast<unsigned>((D + kSumCols - 1) / kSumCols);
+    sum_columns_kernel<W><<<blocks, dim3(kSumCols, kSumGroups), 0, stream_of(s)>>>(
+        static_cast<W*>(dweight_D.raw_data()), partial.data<float>(), grid, D);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
