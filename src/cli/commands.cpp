@@ -194,14 +194,13 @@ int run_plan(const std::vector<std::string>& args) {
     return 0;
   }
   std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);
-  if (job.parallel.compute_shards == "auto" && in.gpu) {
+  if (job.parallel.compute_shards == "auto" && in.gpu && ranks == 1) {
     train::PlanInput with = in;
     with.compute_shards = true;
     const int64_t peak = train::plan_memory(with).peak;
-    std::fputs(fmt::format("parallel.compute_shards = auto: with bf16 copies of the shards (no casts before the "
-                           "gathers{}) the peak is {}; they are kept on a GPU of at least {}\n",
-                           ranks == 1 ? ", no gathers on one GPU" : "", format_bytes(peak),
-                           format_bytes(peak + train::checkpointing_reserve(peak)))
+    std::fputs(fmt::format("parallel.compute_shards = auto: with bf16 copies of the weights used in place (no "
+                           "casts, no gathers) the peak is {}; they are kept on a GPU of at least {}\n",
+                           format_bytes(peak), format_bytes(peak + train::checkpointing_reserve(peak)))
                    .c_str(),
                stdout);
   }

@@ -226,7 +226,8 @@ const std::vector<KeyDef>& keys() {
       key("parallel.compute_shards", &C::parallel, &ParallelSection::compute_shards,
           "keep a bf16 copy of each rank's master-weight shards, written by AdamW as it updates them: units are "
           "then gathered without a cast, and on one GPU used in place without any gather (2 bytes per parameter "
-          "and rank); auto: on when the memory plan fits the GPU with it (GPU only; the CPU computes in f32)",
+          "and rank); auto: on for a single GPU whose memory plan fits with them (on: also with several GPUs; "
+          "ignored on the CPU, which computes in f32)",
           one_of({"auto", "on", "off"})),
       key("parallel.reduce_dtype", &C::parallel, &ParallelSection::reduce_dtype,
           "dtype gradients travel in for the reduce-scatter: f32, or bf16 (half the traffic, rounded sums)",

@@ -72,8 +72,9 @@ int64_t checkpointing_reserve(int64_t planned_peak);
 // For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.
 std::string describe_auto_checkpointing(PlanInput in);
 
-// parallel.compute_shards = "auto": on when, with them, the planned peak plus the reserve
-// above still fits `device_bytes` (GPU only; `in.compute_shards` is ignored).
+// parallel.compute_shards = "auto": on for one GPU when, with them, the planned peak plus the
+// reserve above still fits `device_bytes` (`in.compute_shards` is ignored); off on the CPU and
+// on several ranks, where "on" asks for them.
 bool choose_compute_shards(PlanInput in, int64_t device_bytes);
 
 // The plan's input for `job` on `world_size` ranks, the model shape given (planned_model);

@@ -171,10 +171,12 @@ TEST(Plan, ComputeShardsReplaceGatheredCopiesOnOneGpuAndAutoKeepsThemWhenTheyFit
   in.gpu = false;  // the CPU computes in the master dtype: nothing to copy
   EXPECT_FALSE(choose_compute_shards(in, needs * 100));
   EXPECT_EQ(plan_memory(in).compute_shards, 0);
-  // several ranks still gather, from the copies: the gathered buffers stay in the plan
+  // several ranks still gather, from the copies: the gathered buffers stay in the plan; auto
+  // leaves them off there (asked for with "on")
   in.gpu = true;
   in.world_size = 2;
   EXPECT_GT(plan_memory(in).gathered_at_loss, 0);
+  EXPECT_FALSE(choose_compute_shards(in, needs * 100));
 }
 
 }  // namespace
