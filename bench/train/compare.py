@@ -21,7 +21,7 @@ Presets (sequence 4096, random tokens, the shapes of BENCHMARKS.md):
       (bs4x2: two micro-batches of 4 per optimizer step, the global batch of bs 8 at the
       memory of bs 4, within 35 GiB; -shards: --compute-shards, AdamW's bf16 copies of the
       weights used in place, the trainer's default where they fit)
-        peer-eager-bs4, peer-compile-bs4, peer-compile-bs8-full
+        peer-eager-bs4, peer-compile-bs4, peer-eager-bs8-full, peer-compile-bs8-full
   8b  G GPUs of one host (--gpus, default 2), Llama-3.1-8B shape, sharded, every row
       started by torchrun; 4 timed steps after 2 warm-up on both sides; --batch is per
       GPU. NCCL_NVLS_ENABLE=0 is set unless the environment already sets it. Rows:
@@ -135,7 +135,7 @@ PRESETS = {
         rows=(_ours(4), _ours(4, shards=True), _ours(8), _ours(8, shards=True), _ours(10, shards=True),
               _ours(8, "pointwise", shards=True), _ours(4, "pointwise", 2),
               _ours(8, "selective", shards=True), _ours(8, "full", shards=True),
-              _peer(4, False), _peer(4, True), _peer(8, True, "full")),
+              _peer(4, False), _peer(4, True), _peer(8, False, "full"), _peer(8, True, "full")),
     ),
     "8b": Preset(
         shape="8b",
