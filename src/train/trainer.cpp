@@ -357,10 +357,14 @@ bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const
   PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
   in.loss_chunk_tokens = loss_chunk_tokens();
   in.checkpointing = checkpointing;
+  if (comm_->world_size() > 1) {
+    log::info("parallel.compute_shards = auto: off with several GPUs (`on` keeps bf16 copies of the shards there)");
+    return false;
+  }
   const bool on = choose_compute_shards(in, device_bytes);
-  in.compute_shards = on;
-  log::info(fmt::format("parallel.compute_shards = auto: {} (planned peak {} per rank on a {} GPU)", on ? "on" : "off",
-                        format_bytes(plan_memory(in).peak), format_bytes(device_bytes)));
+  in.compute_shards = true;
+  log::info(fmt::format("parallel.compute_shards = auto: {} (with them the planned peak is {} on a {} GPU)",
+                        on ? "on" : "off", format_bytes(plan_memory(in).peak), format_bytes(device_bytes)));
   return on;
 }
 
