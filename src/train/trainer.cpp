@@ -320,6 +320,19 @@ int64_t Trainer::loss_chunk_tokens() const {
   return auto_loss_chunk_tokens(!device_.is_cpu(), model_->config().vocab_size);
 }
 
+int64_t Trainer::gpu_memory_bytes() const {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device_.is_cuda()) return cuda::total_memory_bytes(device_.index);
+#endif
+  return 0;
+}
+
+PlanInput Trainer::launch_plan_input() const {
+  PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
+  in.loss_chunk_tokens = loss_chunk_tokens();
+  return in;
+}
+
 model::ActivationCheckpointing Trainer::checkpointing() const {
   const std::string& name = config_.training.activation_checkpointing;
   if (name != "auto") return model::parse_checkpointing(name, "training.activation_checkpointing");
@@ -327,13 +340,8 @@ model::ActivationCheckpointing Trainer::checkpointing() const {
     log::info("training.activation_checkpointing = auto: none (on the CPU)");
     return model::ActivationCheckpointing::kNone;
   }
-  int64_t device_bytes = 0;
-#ifdef SHARDTRAIN_WITH_CUDA
-  device_bytes = cuda::total_memory_bytes(device_.index);
-#endif
-  PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
-  in.loss_chunk_tokens = loss_chunk_tokens();
-  const CheckpointingChoice c = choose_checkpointing(in, device_bytes);
+  const int64_t device_bytes = gpu_memory_bytes();
+  const CheckpointingChoice c = choose_checkpointing(launch_plan_input(), device_bytes);
   const std::string line =
       fmt::format("training.activation_checkpointing = auto: {} (planned peak {} per rank on a {} GPU)",
                   model::checkpointing_name(c.checkpointing), format_bytes(c.plan.peak), format_bytes(device_bytes));
@@ -350,17 +358,13 @@ bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const
   const std::string& v = config_.parallel.compute_shards;
   if (!device_.is_cuda()) return false;  // the CPU computes in the master dtype: nothing to copy
   if (v != "auto") return v == "on";
-  int64_t device_bytes = 0;
-#ifdef SHARDTRAIN_WITH_CUDA
-  device_bytes = cuda::total_memory_bytes(device_.index);
-#endif
-  PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
-  in.loss_chunk_tokens = loss_chunk_tokens();
-  in.checkpointing = checkpointing;
   if (comm_->world_size() > 1) {
     log::info("parallel.compute_shards = auto: off with several GPUs (`on` keeps bf16 copies of the shards there)");
     return false;
   }
+  const int64_t device_bytes = gpu_memory_bytes();
+  PlanInput in = launch_plan_input();
+  in.checkpointing = checkpointing;
   const bool on = choose_compute_shards(in, device_bytes);
   in.compute_shards = true;
   log::info(fmt::format("parallel.compute_shards = auto: {} (with them the planned peak is {} on a {} GPU)",

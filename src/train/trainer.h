@@ -14,6 +14,7 @@
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "train/plan.h"
 #include "train/config.h"
 
 namespace shardtrain::train {
@@ -62,6 +63,8 @@ class Trainer {
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and
   // the GPU's memory.
   bool compute_shards(model::ActivationCheckpointing checkpointing) const;
+  int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
+  PlanInput launch_plan_input() const;  // the memory plan's input for this run, auto choices left open
 
   JobConfig config_;
   Device device_;
