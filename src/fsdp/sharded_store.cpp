@@ -94,7 +94,7 @@ Tensor ShardedUnitStore::acquire_params(size_t u, Pass pass) {
   UnitState& st = state_[u];
   ++st.param_refs;
   if (params_aliased()) return master_[u];
-  if (compute_stale_ && !compute_.empty()) refresh_compute_shards();
+  refresh_compute_shards_if_stale();
   if (params_in_place()) return compute_[u];
   if (!st.full_params.defined()) gather(u);
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -137,9 +137,7 @@ void ShardedUnitStore::gather(size_t u) {
   comm_->all_gather(st.full_params, mine);
 }
 
-void ShardedUnitStore::before_replay() {
-  if (compute_stale_ && !compute_.empty()) refresh_compute_shards();
-}
+void ShardedUnitStore::before_replay() { refresh_compute_shards_if_stale(); }
 
 void ShardedUnitStore::set_compute_shards(bool on) {
   options_.compute_shards = on;
@@ -150,7 +148,8 @@ void ShardedUnitStore::set_compute_shards(bool on) {
     compute_.push_back(Tensor::empty({m.numel()}, options_.compute_dtype, device_, "compute-dtype shard"));
 }
 
-void ShardedUnitStore::refresh_compute_shards() {
+void ShardedUnitStore::refresh_compute_shards_if_stale() {
+  if (!compute_stale_) return;
   // on the compute stream: gathers start after it (after_compute), in-place use follows it
   for (size_t u = 0; u < compute_.size(); ++u) ops::cast(compute_[u], master_[u]);
   compute_stale_ = false;

@@ -92,7 +92,7 @@ class ShardedUnitStore final : public model::UnitStore {
   bool has_compute_shards() const { return !compute_.empty(); }
   const std::vector<Tensor>& compute_shards() const { return compute_; }
   // Turns ShardingOptions::compute_shards on or off after construction (allocating or freeing
-  // the copies); call between steps.
+  // the copies); call between steps, before a captured step records their addresses.
   void set_compute_shards(bool on);
   const model::ModelLayout& layout() const { return *layout_; }
   int rank() const { return comm_->rank(); }
@@ -128,7 +128,7 @@ class ShardedUnitStore final : public model::UnitStore {
   std::vector<Tensor> master_, grad_;
   std::vector<Tensor> compute_;  // [unit] compute-dtype copy of the master shard (compute_shards)
   bool compute_stale_ = true;    // compute_ must be cast afresh from master_ before use
-  void refresh_compute_shards();
+  void refresh_compute_shards_if_stale();  // casts every compute shard from its master
   // One rank with compute shards: a unit's parameters are its compute shard, never gathered.
   bool params_in_place() const { return comm_->world_size() == 1 && !compute_.empty(); }
   std::vector<UnitState> state_;

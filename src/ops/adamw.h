@@ -60,9 +60,10 @@ inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const
 }
 
 // The update of many tensors in one pass (one kernel launch on a GPU): options.weight_decay
-// applies to the tensors marked decay; compute copies, where given, are written too. Each gradient is first multiplied by grad_scale and
-// rounded to its dtype (exactly as scaling the gradients in place before the step would,
-// e.g. by norm clipping). All tensors on one device.
+// applies to the tensors marked decay; compute copies, where given, are written too. Each
+// gradient is first multiplied by grad_scale and rounded to its dtype (exactly as scaling
+// the gradients in place before the step would, e.g. by norm clipping). All tensors on one
+// device.
 inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale = 1.0,
                              [[maybe_unused]] Stream stream = {}) {
   if (tensors.empty()) return;

@@ -37,17 +37,6 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
                           Stream stream);
 }  // namespace cuda
 
-// For logits = h_TD · weight_VD^T and integer targets_T (i32, each in [0, V) or ignore_index):
-//   loss_sum_1 += sum over counted t of (logsumexp(logits[t]) - logits[t, target[t]])
-//     (accumulates; 1-element tensor of stats_dtype(h))
-//   if compute_grad:
-//     dh_TD = grad_scale · (softmax(logits) - onehot(target)) · weight   (overwrites; rows of
-//             ignored tokens are zero)
-//     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates)
-// The logits and their gradient are held in h's dtype (bf16 logits for a bf16 model, as a
-// bf16 LlamaForCausalLM computes them); the softmax and loss math is f32 (CUDA) or f64 (CPU).
-// CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16; dh
-// of h's dtype or f32, dweight of h's dtype or f32; loss_sum_1 f32 on the device.
 // The chunked op's least work: its products (the logits, and with the gradient dh and dW:
 // 2·T·D·V FLOPs each) and its traffic: h, weight, dh, dweight (read and written), and per
 // logit written and read once, with the gradient also written once and read by both products.
@@ -62,6 +51,17 @@ inline profile::Cost linear_cross_entropy_cost(const Tensor& dh_TD, const Tensor
                            5 * e * logits};
 }
 
+// For logits = h_TD · weight_VD^T and integer targets_T (i32, each in [0, V) or ignore_index):
+//   loss_sum_1 += sum over counted t of (logsumexp(logits[t]) - logits[t, target[t]])
+//     (accumulates; 1-element tensor of stats_dtype(h))
+//   if compute_grad:
+//     dh_TD = grad_scale · (softmax(logits) - onehot(target)) · weight   (overwrites; rows of
+//             ignored tokens are zero)
+//     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates)
+// The logits and their gradient are held in h's dtype (bf16 logits for a bf16 model, as a
+// bf16 LlamaForCausalLM computes them); the softmax and loss math is f32 (CUDA) or f64 (CPU).
+// CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16; dh
+// of h's dtype or f32, dweight of h's dtype or f32; loss_sum_1 f32 on the device.
 inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD, const Tensor& h_TD,
                                  const Tensor& weight_VD, const Tensor& targets_T,
                                  const CrossEntropyOptions& options, [[maybe_unused]] Stream stream = {}) {

@@ -47,6 +47,16 @@ struct Engine {
   }
 };
 
+// Random ids and targets below the test vocabulary (1000); with ignore_every > 0, every
+// ignore_every-th target is the ignore index.
+void random_batch(CounterRng& rng, Tensor& ids, Tensor& targets, int64_t ignore_every = 0) {
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
+    const int32_t t = static_cast<int32_t>(rng.next_below(1000));
+    targets.data<int32_t>()[i] = ignore_every > 0 && i % ignore_every == 0 ? -100 : t;
+  }
+}
+
 // 3 blocks, width 256, GQA 4/2, sequences up to 128 tokens, vocabulary 1000.
 LlamaConfig small_config(bool tied) {
   LlamaConfig c;
@@ -73,10 +83,7 @@ TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
   CounterRng rng(5);
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
   for (int s = 0; s < 5; ++s) {
-    for (int64_t i = 0; i < B * T; ++i) {
-      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
-      targets.data<int32_t>()[i] = i % 17 == 0 ? -100 : static_cast<int32_t>(rng.next_below(1000));
-    }
+    random_batch(rng, ids, targets, 17);
     o.grad_scale = 1.0 / static_cast<double>(B * T - s * 7);
     eager.store->zero_grad_shards();
     graph.store->zero_grad_shards();
@@ -125,10 +132,7 @@ TEST(CheckpointingCuda, EveryPolicyFollowsNone) {
   CounterRng rng(9);
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
   for (int s = 0; s < 3; ++s) {
-    for (int64_t i = 0; i < B * T; ++i) {
-      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
-      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
-    }
+    random_batch(rng, ids, targets);
     none.store->zero_grad_shards();
     const LossSum a = none.model->forward_backward(ids, targets, o);
     for (auto& p : policies) {
@@ -176,10 +180,7 @@ TEST(CapturedStepCuda, ComputeShardsFollowTheCastCopies) {
     }
   };
   for (int s = 0; s < 4; ++s) {
-    for (int64_t i = 0; i < B * T; ++i) {
-      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
-      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
-    }
+    random_batch(rng, ids, targets);
     if (s == 2) {  // an outside write of the masters, as a checkpoint load makes
       for (fsdp::ShardedUnitStore* st : {cast_each_step.store.get(), shards.store.get()})
         for (Tensor& m : st->master_shards()) ops::scale(m, 0.5);

@@ -33,6 +33,25 @@ __device__ __forceinline__ float dot(const float* a, const float* b, int64_t H) 
   return s;
 }
 
+// A thread's share of a row of H values: h = threadIdx.x + i * kThreads for i < 4.
+// acc[i] += sum over the tile's rows r of w[r] * x[r * stride + h] (x at the tile's first row).
+__device__ __forceinline__ void add_weighted_rows(float (&acc)[4], const float* w, int64_t tile, const float* x,
+                                                  int64_t stride, int64_t H) {
+  for (int i = 0; i < 4; ++i) {
+    const int64_t h = threadIdx.x + i * int64_t{kThreads};
+    if (h >= H) break;
+    for (int64_t r = 0; r < tile; ++r) acc[i] += w[r] * x[r * stride + h];
+  }
+}
+
+// dst[h] = scale * acc[i] for the thread's share of the row.
+__device__ __forceinline__ void store_row(float* dst, const float (&acc)[4], float scale, int64_t H) {
+  for (int i = 0; i < 4; ++i) {
+    const int64_t h = threadIdx.x + i * int64_t{kThreads};
+    if (h < H) dst[h] = scale * acc[i];
+  }
+}
+
 // Block-wide reduction of one value per thread (max or sum); every thread gets the result.
 template <bool kMax>
 __device__ float block_reduce(float v, float* scratch) {
@@ -78,16 +97,9 @@ __global__ void forward_kernel(float* out, float* lse, const float* q, const flo
     p_tile[threadIdx.x] = j < keys ? expf(d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H) - row_lse) : 0.0f;
     __syncthreads();
     const int64_t tile = min(static_cast<int64_t>(kThreads), keys - j0);
-    for (int i = 0; i < 4; ++i) {
-      const int64_t h = threadIdx.x + i * int64_t{kThreads};
-      if (h >= d.H) break;
-      for (int64_t jj = 0; jj < tile; ++jj) acc[i] += p_tile[jj] * v[row(b, j0 + jj, d.M, m, d.T, d.H) + h];
-    }
+    add_weighted_rows(acc, p_tile, tile, v + row(b, j0, d.M, m, d.T, d.H), d.M * d.H, d.H);
   }
-  for (int i = 0; i < 4; ++i) {
-    const int64_t h = threadIdx.x + i * int64_t{kThreads};
-    if (h < d.H) out[row(b, t, d.N, n, d.T, d.H) + h] = acc[i];
-  }
+  store_row(out + row(b, t, d.N, n, d.T, d.H), acc, 1.0f, d.H);
   if (threadIdx.x == 0) lse[(b * d.N + n) * d.T + t] = row_lse;
 }
 
@@ -127,16 +139,9 @@ __global__ void dq_kernel(float* dq, const float* q, const float* k, const float
     ds_tile[threadIdx.x] = ds;
     __syncthreads();
     const int64_t tile = min(static_cast<int64_t>(kThreads), keys - j0);
-    for (int i = 0; i < 4; ++i) {
-      const int64_t h = threadIdx.x + i * int64_t{kThreads};
-      if (h >= d.H) break;
-      for (int64_t jj = 0; jj < tile; ++jj) acc[i] += ds_tile[jj] * k[row(b, j0 + jj, d.M, m, d.T, d.H) + h];
-    }
+    add_weighted_rows(acc, ds_tile, tile, k + row(b, j0, d.M, m, d.T, d.H), d.M * d.H, d.H);
   }
-  for (int i = 0; i < 4; ++i) {
-    const int64_t h = threadIdx.x + i * int64_t{kThreads};
-    if (h < d.H) dq[row(b, t, d.N, n, d.T, d.H) + h] = d.scale * acc[i];
-  }
+  store_row(dq + row(b, t, d.N, n, d.T, d.H), acc, d.scale, d.H);
 }
 
 // For key row j of kv head m: dv_j = sum over the group's query heads and the queries that
@@ -170,22 +175,12 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* q, const float* k,
       ds_tile[threadIdx.x] = ds;
       __syncthreads();
       const int64_t tile = min(static_cast<int64_t>(kThreads), d.T - i0);
-      for (int c = 0; c < 4; ++c) {
-        const int64_t h = threadIdx.x + c * int64_t{kThreads};
-        if (h >= d.H) break;
-        for (int64_t ii = 0; ii < tile; ++ii) {
-          acc_v[c] += p_tile[ii] * dout[row(b, i0 + ii, d.N, n, d.T, d.H) + h];
-          acc_k[c] += ds_tile[ii] * q[row(b, i0 + ii, d.N, n, d.T, d.H) + h];
-        }
-      }
+      add_weighted_rows(acc_v, p_tile, tile, dout + row(b, i0, d.N, n, d.T, d.H), d.N * d.H, d.H);
+      add_weighted_rows(acc_k, ds_tile, tile, q + row(b, i0, d.N, n, d.T, d.H), d.N * d.H, d.H);
     }
   }
-  for (int c = 0; c < 4; ++c) {
-    const int64_t h = threadIdx.x + c * int64_t{kThreads};
-    if (h >= d.H) continue;
-    dk[row(b, j, d.M, m, d.T, d.H) + h] = d.scale * acc_k[c];
-    dv[row(b, j, d.M, m, d.T, d.H) + h] = acc_v[c];
-  }
+  store_row(dk + row(b, j, d.M, m, d.T, d.H), acc_k, d.scale, d.H);
+  store_row(dv + row(b, j, d.M, m, d.T, d.H), acc_v, 1.0f, d.H);
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
