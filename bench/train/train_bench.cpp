@@ -15,12 +15,14 @@
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
-//               [--device cuda|cpu]
+//               [--zero-fill] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
 // --graph: one GPU, each step's forward + backward replayed as a CUDA graph after the first
 // (model/captured_step.h), as the trainer does by default.
+// --zero-fill: the gradients are cleared before each step and every micro-batch adds to them
+// (for comparison: by default, as in the trainer, the first micro-batch overwrites them).
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
 // training.grad_accum_steps): the global batch of --batch x N at the memory of --batch.
 #include <chrono>
@@ -60,6 +62,7 @@ struct Args {
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
+  bool zero_fill = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -88,6 +91,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--untied") a.tied = false;
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
     else if (k == "--graph") a.graph = true;
+    else if (k == "--zero-fill") a.zero_fill = true;
     else if (k == "--gemm") {
       a.gemm = next();
       ST_CHECK(a.gemm == "timed" || a.gemm == "heuristic", "train_bench: --gemm timed|heuristic, found ", a.gemm);
@@ -192,14 +196,16 @@ int main(int argc, char** argv) try {
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;
-  if (a.graph) {
-    ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
-    if (profile::enabled()) {  // its timers synchronise around every op, which a capture forbids
-      say("# SHARDTRAIN_PROFILE=1: steps run eagerly, not as a CUDA graph\n");
-    } else {
-      captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
-    }
-  }
+  if (a.graph) ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
+  if (a.graph && profile::enabled())  // its timers synchronise around every op, which a capture forbids
+    say("# SHARDTRAIN_PROFILE=1: steps run eagerly, not as a CUDA graph\n");
+  // as the trainer: the first micro-batch writes the gradients over the last step's
+  // (--zero-fill: cleared before each step, every micro-batch adds)
+  const model::GradientWrites writes =
+      a.zero_fill ? model::GradientWrites{}
+                  : model::gradient_writes(a.graph && !profile::enabled(), a.accum, store.grads_in_shards());
+  o.overwrite_grads = writes.graph_overwrites;
+  if (a.graph && !profile::enabled()) captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
   double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
   int64_t system_allocs_before = 0;
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {
@@ -210,9 +216,10 @@ int main(int argc, char** argv) try {
       }
     }
     const Clock::time_point t0 = Clock::now();
-    store.zero_grad_shards();
+    if (writes.zero_shards) store.zero_grad_shards();
     double loss_sum = 0, step_fwd = 0, step_bwd = 0, step_issue = 0;
     for (int64_t mb = 0; mb < a.accum; ++mb) {
+      o.overwrite_grads = writes.overwrites(mb);
       loss_sum += captured ? captured->run(ids[mb], targets[mb], o.grad_scale).loss_sum
                            : m.forward_backward(ids[mb], targets[mb], o).loss_sum;
       step_fwd += m.last_phase_times().forward_s;

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
+#include <string_view>
 
 #include "core/error.h"
 
@@ -14,6 +16,14 @@ namespace {
 
 constexpr size_t kCpuAlignment = 64;
 constexpr int kMaxCudaDevices = 64;
+
+std::atomic<bool>& host_poison() {
+  static std::atomic<bool> on{[] {
+    const char* v = std::getenv("SHARDTRAIN_POISON_HOST_ALLOCATIONS");
+    return v != nullptr && std::string_view(v) == "1";
+  }()};
+  return on;
+}
 
 class CpuAllocator final : public Allocator {
  public:
@@ -27,6 +37,7 @@ class CpuAllocator final : public Allocator {
     while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
     }
     ++num_allocs_;
+    if (host_poison().load(std::memory_order_relaxed)) std::memset(p, 0xFF, rounded);
     return p;
   }
   void deallocate(void* ptr, size_t bytes, Stream) override {
@@ -71,6 +82,8 @@ Allocator& allocator_for(Device device) {
            ": this build of shardtrain has no CUDA backend, or the device was not initialised");
   return *a;
 }
+
+void set_host_allocation_poison(bool on) { host_poison().store(on); }
 
 void register_allocator(Device device, Allocator* allocator) {
   ST_ASSERT(device.is_cuda() && device.index >= 0 && device.index < kMaxCudaDevices);

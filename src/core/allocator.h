@@ -37,6 +37,11 @@ class Allocator {
 Allocator& allocator_for(Device device);
 void register_allocator(Device device, Allocator* allocator);
 
+// Debugging: every new host allocation is filled with 0xFF bytes (NaN in every float dtype),
+// so that reading memory nothing wrote shows in the results. Off by default;
+// SHARDTRAIN_POISON_HOST_ALLOCATIONS=1 in the environment turns it on at start.
+void set_host_allocation_poison(bool on);
+
 // Formats bytes as "1.50 GiB" for messages and logs.
 std::string format_bytes(int64_t bytes);
 

@@ -191,15 +191,24 @@ void ShardedUnitStore::release_params(size_t u, Pass pass) {
   st.full_params = Tensor();
 }
 
-Tensor ShardedUnitStore::acquire_grads(size_t u) {
+Tensor ShardedUnitStore::acquire_grads(size_t u, bool overwrite) {
   UnitState& st = state_[u];
   if (grads_aliased()) {
     ++st.grad_refs;
     return grad_[u];  // one rank: accumulate straight into the shard
   }
   if (st.grad_refs++ == 0) {
-    st.full_grads = Tensor::empty({layout_->units()[u].numel}, options_.grad_dtype, device_, "full gradients");
-    ops::fill(st.full_grads, 0.0);
+    const model::UnitLayout& unit = layout_->units()[u];
+    st.full_grads = Tensor::empty({unit.numel}, options_.grad_dtype, device_, "full gradients");
+    if (!overwrite) {
+      ops::fill(st.full_grads, 0.0);
+    } else {
+      // the backward writes every parameter's range; the padding must reduce to zero
+      for (const auto& [first, end] : unit.padding()) {
+        Tensor gap = st.full_grads.flat_range(first, end - first);
+        ops::fill(gap, 0.0);
+      }
+    }
   }
   return st.full_grads;
 }

@@ -47,7 +47,7 @@ class ShardedUnitStore final : public model::UnitStore {
 
   Tensor acquire_params(size_t unit, model::Pass pass) override;
   void release_params(size_t unit, model::Pass pass) override;
-  Tensor acquire_grads(size_t unit) override;
+  Tensor acquire_grads(size_t unit, bool overwrite) override;
   void release_grads(size_t unit) override;
   void finish_backward() override;
   void before_replay() override;
@@ -69,6 +69,9 @@ class ShardedUnitStore final : public model::UnitStore {
   // unit beyond its shards. `read` is called on rank 0 only.
   void load_from_rank0(const ParamReader& read);
   void zero_grad_shards();
+  // One rank with the gradient dtype of the masters: acquire_grads hands out the gradient
+  // shards themselves, so a first micro-batch that overwrites them needs no zero_grad_shards.
+  bool grads_in_shards() const { return grads_aliased(); }
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
   // Taking the master shards for writing marks the compute shards (if any) out of date: they

@@ -171,12 +171,16 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
 }
 
 void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, BlockActivations& a, const BlockWeights& w,
-                    const BlockContext& ctx) {
+                    const BlockContext& ctx, bool overwrite_grads) {
   const LlamaConfig& c = *ctx.config;
   const int64_t B = ctx.batch, T = ctx.seq, D = c.dim, N = c.n_heads, M = c.n_kv_heads, H = c.head_dim(),
                 F = c.ffn_dim;
   const Tensor dy_TD = dy_BTD.view({B * T, D});
   Tensor none;
+  // each parameter receives one gradient here: the first write replaces when asked to
+  const ops::LinearBackwardOptions dw{.overwrite_dweight = overwrite_grads};
+  const ops::LinearBackwardOptions dw_dx{.accumulate_dx = true, .overwrite_dweight = overwrite_grads};
+  const ops::RmsNormBackwardOptions dnorm{.overwrite_dweight = overwrite_grads};
 
   // MLP: y = x2 + down(h); dy flows to x2 unchanged and through down_proj. gate and up are
   // read for the last time by the SwiGLU backward, so their gradients overwrite them. h
@@ -190,21 +194,21 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   Tensor h_out_TF = recompute_h ? h_TF : Tensor();
   ops::swiglu_backward(dgate_TF, dup_TF, h_out_TF, dh_TF, dgate_TF, dup_TF);
   dh_TF = Tensor();
-  ops::linear_backward(none, g.w_down_DF, none, dy_TD, h_TF, w.w_down_DF);
+  ops::linear_backward(none, g.w_down_DF, none, dy_TD, h_TF, w.w_down_DF, dw);
   a.h_BTF = h_TF = h_out_TF = Tensor();
   Tensor dxn2_TD = like({B * T, D}, dy_BTD, "dxn2");
   const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
-  ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD);
-  ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, {.accumulate_dx = true});
+  ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD, dw);
+  ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, dw_dx);
   a.gate_BTF = a.up_BTF = dgate_TF = dup_TF = Tensor();
   Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
   ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
-                        a.rstd2_BT.view({B * T}), dy_TD);
+                        a.rstd2_BT.view({B * T}), dy_TD, dnorm);
 
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj.
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
   Tensor dattn_TQ = dattn_BTNH.view({B * T, N * H});
-  ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ);
+  ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, dw);
   Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
   Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
   Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
@@ -216,14 +220,12 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
 
   Tensor dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
   const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
-  ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD);
-  ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD,
-                       {.accumulate_dx = true});
-  ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD,
-                       {.accumulate_dx = true});
+  ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);
+  ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD, dw_dx);
+  ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD, dw_dx);
   Tensor dx_TD = dx_BTD.view({B * T, D});
   ops::rmsnorm_backward(dx_TD, g.attn_norm_D, dxn1_TD, a.x_BTD.view({B * T, D}), w.attn_norm_D,
-                        a.rstd1_BT.view({B * T}), dx2_TD);
+                        a.rstd1_BT.view({B * T}), dx2_TD, dnorm);
 }
 
 }  // namespace shardtrain::model

@@ -79,12 +79,13 @@ struct BlockContext {
 void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
                    BlockPart part = BlockPart::kAll);
 
-// dx_BTD (overwrites) from dy_BTD; parameter gradients accumulate into `grads`.
+// dx_BTD (overwrites) from dy_BTD; parameter gradients accumulate into `grads`, or
+// overwrite them with `overwrite_grads` (each parameter gets one gradient per call).
 // dx_BTD may not alias dy_BTD. Consumes `acts`: gate and up are overwritten with their
 // gradients, and the MLP's [tokens, F] tensors are released once read. Without acts.h_BTF
 // (pointwise checkpointing) the SwiGLU backward recomputes h for the down projection's
 // weight gradient.
 void block_backward(Tensor& dx_BTD, BlockWeights& grads, const Tensor& dy_BTD, BlockActivations& acts,
-                    const BlockWeights& w, const BlockContext& ctx);
+                    const BlockWeights& w, const BlockContext& ctx, bool overwrite_grads = false);
 
 }  // namespace shardtrain::model

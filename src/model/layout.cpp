@@ -29,6 +29,17 @@ const ParamSpec* UnitLayout::find(const std::string& name) const {
   return nullptr;
 }
 
+std::vector<std::pair<int64_t, int64_t>> UnitLayout::padding() const {
+  std::vector<std::pair<int64_t, int64_t>> gaps;
+  int64_t end = 0;  // parameters are added in offset order
+  for (const ParamSpec& p : params) {
+    if (p.offset > end) gaps.emplace_back(end, p.offset);
+    end = p.offset + p.numel();
+  }
+  if (numel > end) gaps.emplace_back(end, numel);
+  return gaps;
+}
+
 ModelLayout ModelLayout::llama(const LlamaConfig& c, int world_size) {
   ST_CHECK(world_size >= 1, "world size must be >= 1, found ", world_size);
   ModelLayout layout;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -34,6 +35,9 @@ struct UnitLayout {
   int64_t numel = 0;      // padded: a multiple of kParamAlignment * world_size
   int64_t shard_numel(int world_size) const { return numel / world_size; }
   const ParamSpec* find(const std::string& name) const;
+  // The element ranges [first, end) of the flat buffer no parameter covers (alignment gaps
+  // and the tail padding), in order.
+  std::vector<std::pair<int64_t, int64_t>> padding() const;
 };
 
 // Parameters start on multiples of this many elements: 256 bytes in bf16, 512 in f32,

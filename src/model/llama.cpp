@@ -225,6 +225,16 @@ struct Llama::PhaseEvents {
 struct Llama::PhaseEvents {};
 #endif
 
+GradientWrites gradient_writes(bool graph, int64_t micro_batches, bool grads_in_shards) {
+  GradientWrites w;
+  if (graph && micro_batches > 1) return w;  // one graph for all: every micro-batch adds
+  w.first_overwrites = true;
+  w.later_overwrite = !grads_in_shards;
+  w.zero_shards = !grads_in_shards;
+  w.graph_overwrites = graph;
+  return w;
+}
+
 int64_t Llama::check_inputs(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o,
                             const char* what) const {
   check_batch(ids_BT, config_, what);
@@ -285,8 +295,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   {
     const Tensor head = store_->acquire_params(head_unit(), Pass::kBackward);
     const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kBackward) : Tensor();
-    Tensor dhead = store_->acquire_grads(head_unit());
-    Tensor dembed = config_.tie_embeddings ? store_->acquire_grads(kEmbedUnit) : Tensor();
+    Tensor dhead = store_->acquire_grads(head_unit(), o.overwrite_grads);
+    Tensor dembed = config_.tie_embeddings ? store_->acquire_grads(kEmbedUnit, o.overwrite_grads) : Tensor();
     Tensor dweight = config_.tie_embeddings ? view(dembed, kEmbedUnit, "model.embed_tokens.weight")
                                             : view(dhead, head_unit(), "lm_head.weight");
     Tensor dh_TD = Tensor::empty({B * T, D}, dtype_, device_, "dh");
@@ -296,12 +306,13 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ce.grad_scale_device = o.grad_scale_device;
     ce.chunk_tokens = o.loss_chunk_tokens;
     ce.check_targets = false;  // checked on the host above
+    ce.overwrite_dweight = o.overwrite_grads;  // the head's (tied: the table's) first gradient
     ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
     h_TD = Tensor();
     Tensor dx_TD = dx_BTD.view({B * T, D});
     Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
     ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), "model.norm.weight"),
-                          final_rstd_T);
+                          final_rstd_T, Tensor(), {.overwrite_dweight = o.overwrite_grads});
     store_->release_grads(head_unit());
     release_head(Pass::kBackward);  // the backward acquisition
     release_head(Pass::kForward);   // held since forward_hidden
@@ -318,16 +329,19 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
       const Tensor input = a.x_BTD;
       block_forward(a, w, input, ctx, recompute_part(o.checkpointing));
     }
-    Tensor grads = store_->acquire_grads(u);
+    Tensor grads = store_->acquire_grads(u, o.overwrite_grads);
     BlockWeights g = BlockWeights::view(grads, layout_.units()[u], config_);
-    block_backward(dprev_BTD, g, dx_BTD, a, w, ctx);
+    block_backward(dprev_BTD, g, dx_BTD, a, w, ctx, o.overwrite_grads);
     store_->release_grads(u);
     store_->release_params(u, Pass::kBackward);
     a = BlockActivations();
     std::swap(dx_BTD, dprev_BTD);
   }
-  Tensor dembed = store_->acquire_grads(kEmbedUnit);
+  Tensor dembed = store_->acquire_grads(kEmbedUnit, o.overwrite_grads);
   Tensor dtable = view(dembed, kEmbedUnit, "model.embed_tokens.weight");
+  // tied: the head wrote the table's first gradient above; untied, the scatter adds to rows
+  // a batch touches, so an overwritten table starts from zero
+  if (o.overwrite_grads && !config_.tie_embeddings) ops::fill(dtable, 0.0);
   ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids.view({B * T}));
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head

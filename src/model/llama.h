@@ -27,7 +27,26 @@ struct StepOptions {
   ActivationCheckpointing checkpointing = ActivationCheckpointing::kNone;
   int64_t loss_chunk_tokens = 256;
   int32_t ignore_index = -100;
+  // true: every parameter's first gradient of this micro-batch replaces what its buffer held
+  // (UnitStore::acquire_grads's overwrite): the first micro-batch of a step, with no
+  // zero-fill of the gradients before it. false: the gradients add to the buffers.
+  bool overwrite_grads = false;
 };
+
+// How the micro-batches of a step write the gradients. The first replaces what the buffers
+// hold (StepOptions::overwrite_grads), so nothing clears them before it; where the store
+// hands out the gradient shards themselves (one rank), the later micro-batches add to them;
+// elsewhere every micro-batch gets fresh buffers and overwrites them, and the shards, which
+// the reductions add into, are cleared first. A CUDA graph's kernels are fixed, so one graph
+// replayed for several micro-batches has them all add, onto cleared shards.
+struct GradientWrites {
+  bool zero_shards = true;        // clear the gradient shards before the first micro-batch
+  bool first_overwrites = false;  // micro-batch 0
+  bool later_overwrite = false;   // micro-batches 1, 2, ...
+  bool graph_overwrites = false;  // the options a captured step is built with
+  bool overwrites(int64_t micro_batch) const { return micro_batch == 0 ? first_overwrites : later_overwrite; }
+};
+GradientWrites gradient_writes(bool graph, int64_t micro_batches, bool grads_in_shards);
 
 // Time of the last forward_backward's phases: the host clock on the CPU; on a GPU, events
 // recorded on the compute stream at the phase boundaries (no synchronisation between the

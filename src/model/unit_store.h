@@ -21,8 +21,13 @@ class UnitStore {
   // The full parameter buffer [unit.numel] of `unit`, valid until release_params(unit, pass).
   virtual Tensor acquire_params(size_t unit, Pass pass) = 0;
   virtual void release_params(size_t unit, Pass pass) = 0;
-  // The full gradient buffer [unit.numel]; parameter gradients accumulate into it.
-  virtual Tensor acquire_grads(size_t unit) = 0;
+  // The full gradient buffer [unit.numel]; parameter gradients accumulate into it. With
+  // `overwrite`, the caller's backward replaces every parameter's gradient with its first
+  // write (the first micro-batch of a step): the store need not clear a buffer it hands out
+  // (it keeps the padding between parameters zero). A store that hands out the gradient
+  // shards themselves (one rank) then loses what they held, so ask for it only where that
+  // is wanted.
+  virtual Tensor acquire_grads(size_t unit, bool overwrite) = 0;
   // The unit's gradient for this micro-batch is complete.
   virtual void release_grads(size_t unit) = 0;
   // The backward of a micro-batch is over: every gradient released so far must be in the
@@ -41,7 +46,7 @@ class ResidentUnitStore final : public UnitStore {
 
   Tensor acquire_params(size_t unit, Pass) override { return params_[unit]; }
   void release_params(size_t, Pass) override {}
-  Tensor acquire_grads(size_t unit) override { return grads_[unit]; }
+  Tensor acquire_grads(size_t unit, bool) override { return grads_[unit]; }
   void release_grads(size_t) override {}
 
   std::vector<Tensor>& params() { return params_; }

@@ -24,6 +24,9 @@ struct CrossEntropyOptions {
   // synchronisation). false: the caller has checked them (the model checks its host
   // targets), and a bad target turns the loss into NaN instead of an error.
   bool check_targets = true;
+  // dweight_VD overwritten instead of accumulated: the first gradient a micro-batch writes
+  // into a buffer whose old contents are not wanted (no zero-fill needed before).
+  bool overwrite_dweight = false;
 };
 
 namespace cpu {
@@ -47,8 +50,8 @@ inline profile::Cost linear_cross_entropy_cost(const Tensor& dh_TD, const Tensor
   const double product = 2 * logits * static_cast<double>(h_TD.size(1));
   const double e = static_cast<double>(dtype_size(h_TD.dtype()));
   if (!options.compute_grad) return {product, profile::bytes_of({&h_TD, &weight_VD}) + 2 * e * logits};
-  return {3 * product, profile::bytes_of({&h_TD, &weight_VD, &dh_TD}) + 2 * profile::bytes_of({&dweight_VD}) +
-                           5 * e * logits};
+  return {3 * product, profile::bytes_of({&h_TD, &weight_VD, &dh_TD}) +
+                           (options.overwrite_dweight ? 1 : 2) * profile::bytes_of({&dweight_VD}) + 5 * e * logits};
 }
 
 // For logits = h_TD · weight_VD^T and integer targets_T (i32, each in [0, V) or ignore_index):
@@ -57,7 +60,8 @@ inline profile::Cost linear_cross_entropy_cost(const Tensor& dh_TD, const Tensor
 //   if compute_grad:
 //     dh_TD = grad_scale · (softmax(logits) - onehot(target)) · weight   (overwrites; rows of
 //             ignored tokens are zero)
-//     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates)
+//     dweight_VD += grad_scale · (softmax(logits) - onehot(target))^T · h (accumulates, or
+//                  overwrites with options.overwrite_dweight)
 // The logits and their gradient are held in h's dtype (bf16 logits for a bf16 model, as a
 // bf16 LlamaForCausalLM computes them); the softmax and loss math is f32 (CUDA) or f64 (CPU).
 // CPU: h, weight, dh, dweight share one dtype (f32/f64). CUDA: h and weight f32 or bf16; dh

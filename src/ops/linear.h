@@ -13,6 +13,10 @@ struct LinearBackwardOptions {
   // Exception to the house rule, for branches that meet (q/k/v, gate/up share an input):
   // when true, dx_TI accumulates (+=) instead of being overwritten.
   bool accumulate_dx = false;
+  // When true, dweight_OI and dbias_O are overwritten instead of accumulated (+=): the first
+  // gradient a micro-batch writes into a buffer whose old contents are not wanted, so that
+  // buffer needs no zero-fill beforehand and the GEMM reads no old values.
+  bool overwrite_dweight = false;
 };
 
 // How the CUDA linear picks the cuBLASLt algorithm for a GEMM shape it meets for the first
@@ -63,9 +67,10 @@ inline profile::Cost linear_backward_cost(const Tensor& dx_TI, const Tensor& dwe
   }
   if (dweight_OI.defined()) {
     c.flops += product;
-    c.bytes += profile::bytes_of({&dy_TO, &x_TI}) + 2 * profile::bytes_of({&dweight_OI});
+    c.bytes += profile::bytes_of({&dy_TO, &x_TI}) + (options.overwrite_dweight ? 1 : 2) * profile::bytes_of({&dweight_OI});
   }
-  if (dbias_O.defined()) c.bytes += profile::bytes_of({&dy_TO}) + 2 * profile::bytes_of({&dbias_O});
+  if (dbias_O.defined())
+    c.bytes += profile::bytes_of({&dy_TO}) + (options.overwrite_dweight ? 1 : 2) * profile::bytes_of({&dbias_O});
   return c;
 }
 
@@ -108,8 +113,9 @@ inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& w
 }
 
 // dx_TI = dy_TO · weight_OI (overwrites, or accumulates with options.accumulate_dx; skipped
-// when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates; skipped when
-// undefined), dbias_O += sum over T of dy_TO (accumulates; skipped when undefined). x_TI is
+// when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates, or overwrites with
+// options.overwrite_dweight; skipped when undefined), dbias_O += sum over T of dy_TO (as
+// dweight; skipped when undefined). x_TI is
 // read only for dweight_OI: a call for dx_TI alone may leave x_TI undefined (a backward that
 // recomputes x later, after dx). CUDA: dweight and dbias may be f32
 // with bf16 inputs (f32 gradient accumulation for mixed precision); a bf16/f16 dx that

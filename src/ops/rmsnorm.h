@@ -13,18 +13,25 @@ struct RmsNormOptions {
   double eps = 1e-5;
 };
 
+struct RmsNormBackwardOptions {
+  // dweight_D overwritten instead of accumulated: the first gradient a micro-batch writes
+  // into a buffer whose old contents are not wanted (no zero-fill needed before).
+  bool overwrite_dweight = false;
+};
+
 namespace cpu {
 void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
                      const RmsNormOptions& options);
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                      const Tensor& weight_D, const Tensor& rstd_T);
+                      const Tensor& weight_D, const Tensor& rstd_T, const RmsNormBackwardOptions& options = {});
 }  // namespace cpu
 
 namespace cuda {
 void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Tensor& weight_D,
                      const RmsNormOptions& options, Stream stream);
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                      const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD, Stream stream);
+                      const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD,
+                      const RmsNormBackwardOptions& options, Stream stream);
 }  // namespace cuda
 
 // y_TD (overwrites) and rstd_T (overwrites; stats_dtype(x), kept for the backward) from
@@ -41,23 +48,24 @@ inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, co
 #endif
 }
 
-// dx_TD (overwrites) and dweight_D (accumulates) from dy_TD, the forward's x_TD, weight_D
-// and rstd_T. dx may not alias dy. dresidual_TD, when defined, is added to dx: the gradient
+// dx_TD (overwrites) and dweight_D (accumulates, or overwrites with
+// options.overwrite_dweight) from dy_TD, the forward's x_TD, weight_D and rstd_T. dx may not alias dy. dresidual_TD, when defined, is added to dx: the gradient
 // of a residual stream that also flows around the norm (CUDA adds it before rounding; the
 // CPU adds it after, as a separate op). CUDA: dweight may be f32 under bf16/f16 data.
 inline void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
                              const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD = Tensor(),
-                             [[maybe_unused]] Stream stream = {}) {
+                             const RmsNormBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
   const double read_written = profile::bytes_of({&dx_TD, &dy_TD, &x_TD, &weight_D, &rstd_T, &dresidual_TD});
-  profile::ScopedTimer profile_timer("rmsnorm_backward", dx_TD.device(),
-                                     {0, read_written + 2 * profile::bytes_of({&dweight_D})});
+  profile::ScopedTimer profile_timer(
+      "rmsnorm_backward", dx_TD.device(),
+      {0, read_written + (options.overwrite_dweight ? 1 : 2) * profile::bytes_of({&dweight_D})});
   if (x_TD.device().is_cpu()) {
-    cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T);
+    cpu::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, options);
     if (dresidual_TD.defined()) cpu::add(dx_TD, dx_TD, dresidual_TD);
     return;
   }
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, dresidual_TD, stream);
+  return cuda::rmsnorm_backward(dx_TD, dweight_D, dy_TD, x_TD, weight_D, rstd_T, dresidual_TD, options, stream);
 #else
   no_kernel("rmsnorm_backward", x_TD);
 #endif

@@ -428,14 +428,15 @@ TrainSummary Trainer::run() {
   so.loss_chunk_tokens = loss_chunk_tokens();
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
   // per-op profile synchronises around every op, which a graph capture forbids: it runs eagerly.
+  const bool graphed = tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1;
+  if (graphed && profile::enabled())
+    log::info("SHARDTRAIN_PROFILE=1: the step runs eagerly, not as a CUDA graph (training.cuda_graph)");
+  // The first micro-batch of a step writes the gradients over the last step's (no zero-fill),
+  // unless one graph replays every micro-batch of several: then all of them add.
+  const model::GradientWrites writes = model::gradient_writes(graphed && !profile::enabled(), accum, store_->grads_in_shards());
+  so.overwrite_grads = writes.graph_overwrites;
   std::unique_ptr<model::CapturedStep> captured;
-  if (tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1) {
-    if (profile::enabled()) {
-      log::info("SHARDTRAIN_PROFILE=1: the step runs eagerly, not as a CUDA graph (training.cuda_graph)");
-    } else {
-      captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
-    }
-  }
+  if (graphed && !profile::enabled()) captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
 
   std::vector<Tensor> ids, targets;
   for (int64_t m = 0; m < accum; ++m) {
@@ -492,10 +493,11 @@ TrainSummary Trainer::run() {
     const double global_counted = reduce_buf.data<double>()[0];
     const double t_data = seconds_since(t0);
     const Clock::time_point t1 = Clock::now();
-    store_->zero_grad_shards();
+    if (writes.zero_shards) store_->zero_grad_shards();
     so.grad_scale = 1.0 / global_counted;  // gradient of the mean loss over the global batch
     double loss_sum = 0, t_forward = 0, t_backward = 0;
     for (int64_t m = 0; m < accum; ++m) {
+      so.overwrite_grads = writes.overwrites(m);
       loss_sum += captured ? captured->run(ids[m], targets[m], so.grad_scale).loss_sum
                            : model_->forward_backward(ids[m], targets[m], so).loss_sum;
       t_forward += model_->last_phase_times().forward_s;

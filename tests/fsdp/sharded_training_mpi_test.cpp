@@ -14,6 +14,8 @@
 #include "testing/shared_data.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/clip.h"
+#include "core/allocator.h"
 #include "core/random.h"
 #include "testing/compare.h"
 #include "train/checkpoint.h"
@@ -104,11 +106,12 @@ TEST(ShardedTraining, MatchesOneRank) {
 // masters at every gather, bitwise: on all ranks (gathers send the copies) and on one rank
 // (the copies used in place, never gathered).
 struct ShardRun {
-  std::vector<double> losses;
+  std::vector<double> losses, grad_norms;
   std::vector<Tensor> masters;
 };
 
-ShardRun train_small(dist::Communicator* comm, bool compute_shards) {
+ShardRun train_small(dist::Communicator* comm, bool compute_shards, bool overwrite_grads = false,
+                     DType master = DType::kF64) {
   model::LlamaConfig c;
   c.vocab_size = 97;
   c.dim = 40;  // no unit a multiple of 128 x ranks: every shard is padded
@@ -121,26 +124,37 @@ ShardRun train_small(dist::Communicator* comm, bool compute_shards) {
   const model::ModelLayout layout = model::ModelLayout::llama(c, comm->world_size());
   fsdp::ShardingOptions so;
   so.compute_dtype = so.grad_dtype = so.reduce_dtype = DType::kF32;
-  so.master_dtype = DType::kF64;
+  so.master_dtype = master;
   so.compute_shards = compute_shards;
   fsdp::ShardedUnitStore store(layout, comm, so, Device::cpu());
-  EXPECT_EQ(store.has_compute_shards(), compute_shards);
+  EXPECT_EQ(store.has_compute_shards(), compute_shards && master != so.compute_dtype);
   store.init_random(21, c.init_std);
   model::Llama m(c, layout, &store, DType::kF32, Device::cpu());
-  optim::AdamW opt(layout, comm->rank(), optim::AdamWConfig{}, DType::kF64, Device::cpu());
+  optim::AdamW opt(layout, comm->rank(), optim::AdamWConfig{}, master, Device::cpu());
   const int64_t B = 2, T = 16;
   model::StepOptions o;
-  o.grad_scale = 1.0 / static_cast<double>(B * T * comm->world_size());
+  o.grad_scale = 1.0 / static_cast<double>(2 * B * T * comm->world_size());
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  // two micro-batches per step: clearing the gradients before each step and adding both, or
+  // as the trainer, the first writing over the last step's (model::gradient_writes)
+  const model::GradientWrites writes =
+      overwrite_grads ? model::gradient_writes(false, 2, store.grads_in_shards()) : model::GradientWrites{};
   ShardRun run;
   for (int step = 0; step < 3; ++step) {
-    CounterRng rng(100 * static_cast<uint64_t>(step) + static_cast<uint64_t>(comm->rank()));
-    for (int64_t i = 0; i < B * T; ++i) {
-      ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(97));
-      targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(97));
+    if (writes.zero_shards) store.zero_grad_shards();
+    double loss = 0;
+    for (int mb = 0; mb < 2; ++mb) {
+      CounterRng rng(100 * static_cast<uint64_t>(step) + 10 * static_cast<uint64_t>(mb) +
+                     static_cast<uint64_t>(comm->rank()));
+      for (int64_t i = 0; i < B * T; ++i) {
+        ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(97));
+        targets.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(97));
+      }
+      o.overwrite_grads = writes.overwrites(mb);
+      loss += m.forward_backward(ids, targets, o).loss_sum;
     }
-    store.zero_grad_shards();
-    run.losses.push_back(m.forward_backward(ids, targets, o).loss_sum);
+    run.losses.push_back(loss);
+    run.grad_norms.push_back(optim::global_grad_norm(store.optimizer_targets().grads, comm));  // padding included
     const fsdp::ShardedUnitStore::OptimizerTargets t = store.optimizer_targets();
     EXPECT_EQ(t.compute_copies.size(), compute_shards ? layout.units().size() : 0u);
     opt.step(t.params, t.grads, 2e-2, 1.0, t.compute_copies);
@@ -162,6 +176,40 @@ TEST(ShardedTraining, ComputeShardsEqualCastingAtEveryGather) {
     for (size_t u = 0; u < cast.masters.size(); ++u)
       EXPECT_TRUE(testing::all_close(shards.masters[u], cast.masters[u], testing::kExact)) << what << ", unit " << u;
   }
+}
+
+// The trainer's gradient writes (model::gradient_writes): one rank overwrites its gradient
+// shards in the first micro-batch and adds in the second; several ranks overwrite fresh
+// buffers whose padding the store clears, reduced into cleared shards. Both bitwise equal
+// clearing the gradients and adding every micro-batch. The units are padded (width 40), so
+// padding that reached the reductions uncleared would show in the masters.
+TEST(ShardedTraining, OverwritingGradientsEqualsClearingThem) {
+  set_host_allocation_poison(true);  // fresh buffers hold NaN, not zeros by luck
+  auto world = dist::make_mpi_world();
+  auto single = dist::make_single_rank();
+  struct Variant {
+    const char* name;
+    bool compute_shards;
+    DType master;
+  };
+  // f32 masters: one rank's store hands out the gradient shards themselves
+  for (dist::Communicator* comm : {world.get(), single.get()}) {
+    for (Variant v : {Variant{"f64 masters", false, DType::kF64}, Variant{"compute shards", true, DType::kF64},
+                      Variant{"f32 masters", false, DType::kF32}}) {
+      const ShardRun cleared = train_small(comm, v.compute_shards, false, v.master),
+                     overwritten = train_small(comm, v.compute_shards, true, v.master);
+      const std::string what = std::string(comm == single.get() ? "one rank, " : "all ranks, ") + v.name;
+      ASSERT_EQ(cleared.losses.size(), overwritten.losses.size());
+      for (size_t i = 0; i < cleared.losses.size(); ++i) {
+        EXPECT_EQ(overwritten.losses[i], cleared.losses[i]) << what << ", step " << i + 1;
+        EXPECT_EQ(overwritten.grad_norms[i], cleared.grad_norms[i]) << what << ", step " << i + 1;
+      }
+      for (size_t u = 0; u < cleared.masters.size(); ++u)
+        EXPECT_TRUE(testing::all_close(overwritten.masters[u], cleared.masters[u], testing::kExact))
+            << what << ", unit " << u;
+    }
+  }
+  set_host_allocation_poison(false);
 }
 
 // Every parameter of `store` (collective gather) equals `single`'s (a one-rank store).

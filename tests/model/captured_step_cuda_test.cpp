@@ -71,22 +71,26 @@ LlamaConfig small_config(bool tied) {
   return c;
 }
 
-TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
-  ST_REQUIRE_CUDA();
+// Also as the trainer runs it (overwrite): the graph writes its gradients over the last
+// step's, never cleared, while the eager step clears them and adds.
+void replays_follow_the_eager_step(bool overwrite) {
+  SCOPED_TRACE(overwrite ? "graph overwrites the gradients" : "graph adds to cleared gradients");
   const LlamaConfig c = small_config(true);
   const int64_t B = 2, T = 128;  // a different gradient scale every step reaches the graph
   Engine eager(c), graph(c);
   StepOptions o;
   o.grad_scale = 1.0 / static_cast<double>(B * T);
   o.loss_chunk_tokens = 96;  // several chunks, the last one short
-  CapturedStep step(*graph.model, B, T, o);
+  StepOptions graph_options = o;
+  graph_options.overwrite_grads = overwrite;
+  CapturedStep step(*graph.model, B, T, graph_options);
   CounterRng rng(5);
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
   for (int s = 0; s < 5; ++s) {
     random_batch(rng, ids, targets, 17);
     o.grad_scale = 1.0 / static_cast<double>(B * T - s * 7);
     eager.store->zero_grad_shards();
-    graph.store->zero_grad_shards();
+    if (!overwrite) graph.store->zero_grad_shards();
     const LossSum a = eager.model->forward_backward(ids, targets, o);
     const LossSum b = step.run(ids, targets, o.grad_scale);
     EXPECT_EQ(step.captured(), s >= 1) << "step " << s;
@@ -101,6 +105,12 @@ TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
     eager.update();
     graph.update();
   }
+}
+
+TEST(CapturedStepCuda, ReplaysFollowTheEagerStep) {
+  ST_REQUIRE_CUDA();
+  replays_follow_the_eager_step(false);
+  replays_follow_the_eager_step(true);
 }
 
 // Recomputation runs the forward's kernels on the forward's inputs, so the losses are equal

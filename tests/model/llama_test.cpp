@@ -90,6 +90,43 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
+// StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
+// buffer held (garbage here; the padding stays zero), the second adds: bitwise what clearing
+// the gradients and adding both gives. Tied head (the table's gradient is written by the head
+// and added to by the embedding), untied (the table cleared before the scatter), biases.
+TEST_P(LlamaGradient, OverwritingGradientsEqualsClearingThem) {
+  const LlamaConfig cfg = tiny_config(GetParam());
+  const int64_t B = 2, T = 7;
+  Tensor ids[2], targets[2];
+  for (int i = 0; i < 2; ++i) {
+    ids[i] = Tensor::empty({B, T}, DType::kI32);
+    targets[i] = Tensor::empty({B, T}, DType::kI32);
+    testing::fill_random_ints(ids[i], 50 + i, 0, cfg.vocab_size);
+    testing::fill_random_ints(targets[i], 60 + i, 0, cfg.vocab_size);
+  }
+  StepOptions o;
+  o.grad_scale = 1.0 / 28.0;
+  o.loss_chunk_tokens = 5;
+  Llama cleared(cfg, DType::kF32), overwritten(cfg, DType::kF32);
+  randomize(cleared, 17);
+  randomize(overwritten, 17);
+  cleared.zero_grads();
+  for (size_t u = 0; u < overwritten.layout().units().size(); ++u)
+    for (const ParamSpec& p : overwritten.layout().units()[u].params) {
+      Tensor g = overwritten.grad(p.name);
+      testing::fill_random(g, 90 + u, 3.0, 1.0);
+    }
+  for (int i = 0; i < 2; ++i) {
+    StepOptions oi = o;
+    oi.overwrite_grads = i == 0;
+    const LossSum a = cleared.forward_backward(ids[i], targets[i], o), b = overwritten.forward_backward(ids[i], targets[i], oi);
+    EXPECT_EQ(a.loss_sum, b.loss_sum);
+  }
+  for (size_t u = 0; u < cleared.layout().units().size(); ++u)
+    EXPECT_TRUE(testing::all_close(overwritten.unit_grads(u), cleared.unit_grads(u), testing::kExact))
+        << GetParam().name << ", unit " << u;
+}
+
 // Selective and full checkpointing recompute exactly what the forward computed (the same
 // kernels on the same inputs), so loss and every gradient equal the run that keeps all.
 TEST(Llama, CheckpointingIsBitwiseEqual) {

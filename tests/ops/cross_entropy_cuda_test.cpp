@@ -72,6 +72,17 @@ TEST_P(CrossEntropyCuda, MatchesCpu) {
   EXPECT_TRUE(all_close(to_host(loss), loss_ref, narrow ? testing::kCudaBf16 : testing::kCudaF32VsCpu)) << "loss";
   EXPECT_TRUE(all_close(to_host(dh), to_dtype(dh_ref, dt), bound(V, dh_ref))) << "dh";
   EXPECT_TRUE(all_close(to_host(dw), dw_ref, bound(T, dw_ref))) << "dweight (accumulated)";
+
+  // overwrite_dweight: the first chunk replaces what dweight held, the others add (the CPU
+  // twin accumulates onto zeros)
+  CrossEntropyOptions over = o;
+  over.overwrite_dweight = true;
+  Tensor dw_new = to_device(dw0);
+  linear_cross_entropy(loss, dh, dw_new, to_device(to_dtype(h, dt)), to_device(to_dtype(w, dt)), to_device(targets),
+                       over);
+  Tensor loss_unused = Tensor::zeros({1}, DType::kF64), dw_new_ref = Tensor::zeros({V, D}, DType::kF32);
+  cpu::linear_cross_entropy(loss_unused, dh_ref, dw_new_ref, h, w, targets, o);
+  EXPECT_TRUE(all_close(to_host(dw_new), dw_new_ref, bound(T, dw_new_ref))) << "dweight (overwritten)";
 }
 
 // A target outside [0, V): an error naming it when checked; NaN (never a finite loss or a

@@ -69,6 +69,25 @@ TEST(CrossEntropy, GradientsMatchFiniteDifferences_f64_T9_D6_V11) {
   expect_gradients({{"h", &h, dh}, {"weight", &w, dw_only}}, [&] { return direct_loss(h, w, targets, -100) / 8.0; });
 }
 
+// overwrite_dweight: the first chunk's weight gradient replaces what the buffer held and the
+// later chunks add to it: bitwise what accumulating every chunk onto zeros gives.
+TEST(CrossEntropy, OverwriteDweightEqualsAccumulatingOntoZeros) {
+  for (int64_t T : {0, 9}) {
+    const int64_t D = 6, V = 11;
+    const Tensor h = random_f64({T, D}, 41), w = random_f64({V, D}, 42, 0.0, 0.5);
+    Tensor targets = Tensor::empty({T}, DType::kI32);
+    testing::fill_random_ints(targets, 43, 0, V);
+    CrossEntropyOptions o;
+    o.chunk_tokens = 4;  // three chunks
+    Tensor loss = Tensor::zeros({1}, DType::kF64), dh = Tensor::empty({T, D}, DType::kF64);
+    Tensor dw_zero = Tensor::zeros({V, D}, DType::kF64), dw_over = random_f64({V, D}, 44);
+    cpu::linear_cross_entropy(loss, dh, dw_zero, h, w, targets, o);
+    o.overwrite_dweight = true;
+    cpu::linear_cross_entropy(loss, dh, dw_over, h, w, targets, o);
+    EXPECT_TRUE(testing::all_close(dw_over, dw_zero, testing::kExact)) << "T=" << T;
+  }
+}
+
 TEST(CrossEntropy, LossOnlyLeavesGradientsAndBadTargetsAreNamed) {
   const Tensor h = random_f64({3, 4}, 9), w = random_f64({5, 4}, 10);
   Tensor targets = Tensor::zeros({3}, DType::kI32);

@@ -146,6 +146,22 @@ void check_against_cpu(const Case& c) {
   linear_backward(no_dx, dw_alone, no_bias, to_device(to_dtype(dy, dt)), to_device(to_dtype(x, dt)),
                   to_device(to_dtype(w, dt)));
   EXPECT_TRUE(all_close(to_host(dw_alone), to_host(dw2), testing::kExact)) << "dweight alone";
+
+  // overwrite_dweight: dweight and dbias replace what their buffers held (the CPU twin
+  // accumulates onto zeros); the timed selection's trials may write into them first
+  Tensor dw_new = to_device(dw0), db_new = to_device(db0), dbias_new = with_bias ? db_new : Tensor();
+  linear_backward(no_dx, dw_new, dbias_new, to_device(to_dtype(dy, dt)), to_device(to_dtype(x, dt)),
+                  to_device(to_dtype(w, dt)), {.overwrite_dweight = true});
+  Tensor dw_new_ref = Tensor::zeros({O, I}, DType::kF32), db_new_ref = Tensor::zeros({O}, DType::kF32);
+  Tensor dbias_new_ref = with_bias ? db_new_ref : Tensor();
+  cpu::linear_backward(no_dx, dw_new_ref, dbias_new_ref, dy, x, w, {});
+  EXPECT_TRUE(all_close(to_host(dw_new), dw_new_ref, gemm_tolerance(testing::kCudaF32VsCpu, T, max_abs(dw_new_ref))))
+      << "dweight (f32, overwritten)";
+  if (with_bias) {
+    EXPECT_TRUE(all_close(to_host(db_new), db_new_ref,
+                          gemm_tolerance(testing::kCudaF32VsCpu, T, max_abs(db_new_ref))))
+        << "dbias (overwritten)";
+  }
 }
 
 // Both ways of choosing the algorithm: the timed one runs trial products first, which must

@@ -83,6 +83,28 @@ TEST(Linear, BackwardMatchesFiniteDifferences_f64_T7_I9_O5) {
                           "`x_TI` may be undefined only in a call for `dx_TI` alone"));
 }
 
+// overwrite_dweight: the weight's and bias's gradients replace what their buffers held,
+// bitwise what accumulating onto zeros gives, in both dtypes and with no tokens at all.
+TEST(Linear, OverwriteDweightEqualsAccumulatingOntoZeros) {
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    for (int64_t T : {0, 1, 33}) {
+      const int64_t I = 19, O = 11;
+      const Tensor x = testing::to_dtype(random_f64({T, I}, 21), dt), w = testing::to_dtype(random_f64({O, I}, 22), dt);
+      const Tensor dy = testing::to_dtype(random_f64({T, O}, 23), dt);
+      Tensor dw_zero = testing::to_dtype(Tensor::zeros({O, I}, DType::kF64), dt);
+      Tensor db_zero = testing::to_dtype(Tensor::zeros({O}, DType::kF64), dt);
+      Tensor dw_over = testing::to_dtype(random_f64({O, I}, 24), dt);  // garbage to be replaced
+      Tensor db_over = testing::to_dtype(random_f64({O}, 25), dt);
+      Tensor none;
+      cpu::linear_backward(none, dw_zero, db_zero, dy, x, w, {});
+      cpu::linear_backward(none, dw_over, db_over, dy, x, w, {.overwrite_dweight = true});
+      const std::string what = std::string(dtype_name(dt)) + " T=" + std::to_string(T);
+      EXPECT_TRUE(testing::all_close(dw_over, dw_zero, testing::kExact)) << what;
+      EXPECT_TRUE(testing::all_close(db_over, db_zero, testing::kExact)) << what;
+    }
+  }
+}
+
 TEST(Linear, ErrorsNameTheArgument) {
   Tensor x = Tensor::zeros({4, 8}, DType::kF32), w = Tensor::zeros({3, 9}, DType::kF32), y = Tensor::zeros({4, 3}, DType::kF32);
   EXPECT_TRUE(throws_with([&] { cpu::linear_forward(y, x, w, Tensor()); }, "`weight_OI` expected shape [3, 8], found [3, 9]"));

@@ -52,6 +52,22 @@ TEST(RmsNorm, BackwardMatchesFiniteDifferences_f64_T5_D13) {
   });
 }
 
+// overwrite_dweight: the weight's gradient replaces what its buffer held, bitwise what
+// accumulating onto zeros gives (also with no rows: zero).
+TEST(RmsNorm, OverwriteDweightEqualsAccumulatingOntoZeros) {
+  for (int64_t T : {0, 6}) {
+    const int64_t D = 13;
+    const Tensor x = random_f64({T, D}, 31, 0.3, 2.0), w = random_f64({D}, 32, 1.0, 0.3), dy = random_f64({T, D}, 33);
+    Tensor y = Tensor::empty({T, D}, DType::kF64), rstd = Tensor::empty({T}, DType::kF64);
+    cpu::rmsnorm_forward(y, rstd, x, w, {1e-5});
+    Tensor dx = Tensor::empty({T, D}, DType::kF64), dw_zero = Tensor::zeros({D}, DType::kF64);
+    Tensor dw_over = random_f64({D}, 34);  // garbage to be replaced
+    cpu::rmsnorm_backward(dx, dw_zero, dy, x, w, rstd);
+    cpu::rmsnorm_backward(dx, dw_over, dy, x, w, rstd, {.overwrite_dweight = true});
+    EXPECT_TRUE(testing::all_close(dw_over, dw_zero, testing::kExact)) << "T=" << T;
+  }
+}
+
 TEST(RmsNorm, ErrorsNameTheArgument) {
   Tensor x = Tensor::zeros({4, 8}, DType::kF32), w = Tensor::zeros({9}, DType::kF32), y = Tensor::zeros({4, 8}, DType::kF32),
          r = Tensor::zeros({4}, DType::kF32);

@@ -52,6 +52,7 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
   ST_CHECK(V < INT32_MAX && D < INT32_MAX, op, ": dimensions exceed BLAS's 32-bit sizes");
 
   dispatch_real(h_TD, op, "h_TD", [&]<typename F>() {
+    if (o.compute_grad && o.overwrite_dweight && T == 0) std::fill_n(dweight_VD.data<F>(), V * D, F(0));
     const F* h = h_TD.data<F>();
     const F* w = weight_VD.data<F>();
     const int64_t C = std::min(o.chunk_tokens, std::max<int64_t>(T, 1));
@@ -83,7 +84,9 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
       loss += chunk_loss;
       if (o.compute_grad) {
         gemm(CblasNoTrans, CblasNoTrans, rows, D, V, logits.data(), V, w, D, F(0), dh_TD.data<F>() + t0 * D, D);
-        gemm(CblasTrans, CblasNoTrans, V, D, rows, logits.data(), V, h + t0 * D, D, F(1), dweight_VD.data<F>(), D);
+        const bool overwrite = o.overwrite_dweight && t0 == 0;  // the first chunk replaces, the rest add
+        gemm(CblasTrans, CblasNoTrans, V, D, rows, logits.data(), V, h + t0 * D, D, F(overwrite ? 0 : 1),
+             dweight_VD.data<F>(), D);
       }
     }
     if (loss_sum_1.dtype() == DType::kF64) {

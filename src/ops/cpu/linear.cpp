@@ -80,14 +80,18 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
         std::fill_n(dx_TI.data<F>(), T * I, F(0));
       }
     }
-    if (dweight_OI.defined() && T > 0)
-      gemm(true, false, O, I, T, 1.0, dy, O, x_TI.data<F>(), I, 1.0, dweight_OI.data<F>(), I);
+    const bool overwrite = options.overwrite_dweight;
+    if (dweight_OI.defined() && T > 0) {
+      gemm(true, false, O, I, T, 1.0, dy, O, x_TI.data<F>(), I, overwrite ? 0.0 : 1.0, dweight_OI.data<F>(), I);
+    } else if (dweight_OI.defined() && overwrite) {
+      std::fill_n(dweight_OI.data<F>(), O * I, F(0));  // no tokens: the gradient is zero
+    }
     if (dbias_O.defined()) {
       F* db = dbias_O.data<F>();
       for (int64_t o = 0; o < O; ++o) {
         double acc = 0;
         for (int64_t t = 0; t < T; ++t) acc += dy[t * O + o];
-        db[o] += static_cast<F>(acc);
+        db[o] = overwrite ? static_cast<F>(acc) : db[o] + static_cast<F>(acc);
       }
     }
   });

@@ -15,7 +15,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
   check_arg(weight_D, op, "weight_D", x_TD.dtype(), {D});
   check_arg(y_TD, op, "y_TD", x_TD.dtype(), {T, D});
   check_arg(rstd_T, op, "rstd_T", stats_dtype(x_TD.dtype()), {T});
-  ST_CHECK(y_TD.raw_data() != x_TD.raw_data(), op, ": `y_TD` may not alias `x_TD`");
+  ST_CHECK(T == 0 || y_TD.raw_data() != x_TD.raw_data(), op, ": `y_TD` may not alias `x_TD`");
   dispatch_real(x_TD, op, "x_TD", [&]<typename F>() {
     const F* x = x_TD.data<F>();
     const F* w = weight_D.data<F>();
@@ -34,7 +34,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
 
 // With xhat = x r and g = dy w:  dx = r (g - xhat mean(g xhat)),  dweight += sum_t dy xhat.
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                      const Tensor& weight_D, const Tensor& rstd_T) {
+                      const Tensor& weight_D, const Tensor& rstd_T, const RmsNormBackwardOptions& options) {
   const char* op = "rmsnorm_backward";
   check_arg(x_TD, op, "x_TD");
   ST_CHECK(x_TD.ndim() == 2, op, ": `x_TD` must be 2-D, found ", x_TD.str());
@@ -45,7 +45,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   check_arg(dy_TD, op, "dy_TD", dt, {T, D});
   check_arg(dx_TD, op, "dx_TD", dt, {T, D});
   check_arg(rstd_T, op, "rstd_T", stats_dtype(dt), {T});
-  ST_CHECK(dx_TD.raw_data() != dy_TD.raw_data(), op, ": `dx_TD` may not alias `dy_TD`");
+  ST_CHECK(T == 0 || dx_TD.raw_data() != dy_TD.raw_data(), op, ": `dx_TD` may not alias `dy_TD`");
   dispatch_real(x_TD, op, "x_TD", [&]<typename F>() {
     const F* x = x_TD.data<F>();
     const F* w = weight_D.data<F>();
@@ -69,7 +69,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
     for (int64_t i = 0; i < D; ++i) {
       double acc = 0;
       for (int64_t t = 0; t < T; ++t) acc += static_cast<double>(dy[t * D + i]) * x[t * D + i] * rstd[t];
-      dw[i] += static_cast<F>(acc);
+      dw[i] = options.overwrite_dweight ? static_cast<F>(acc) : dw[i] + static_cast<F>(acc);
     }
   });
 }

@@ -3,7 +3,7 @@
 // LlamaForCausalLM's lm_head produces them before its f32 loss); one block per row computes
 // the log-sum-exp in f32 (one pass, online rescaling) and the row's loss, and overwrites the
 // logits in place with grad_scale * (softmax - onehot); two GEMMs then give dh (overwrite)
-// and dW (accumulate). A block is 1024 threads and one runs per SM, so the rows in flight
+// and dW (accumulate, or overwrite in the first chunk). A block is 1024 threads and one runs per SM, so the rows in flight
 // (132 x 256 KiB for V = 128,256 in bf16 on an H100) stay in L2 for the second read.
 // Row losses land in a per-token buffer summed in a fixed order: deterministic. Nothing is
 // read back to the host: targets outside [0, V) (not the ignore index) make the loss NaN
@@ -161,7 +161,10 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
     check_cuda_tensor(dweight_VD, op, "dweight_VD");
     check_shape(dweight_VD, {V, D}, op, "dweight_VD");
   }
-  if (T == 0) return;
+  if (T == 0) {
+    if (o.compute_grad && o.overwrite_dweight) fill(dweight_VD, 0.0, s);  // no tokens: the gradient is zero
+    return;
+  }
   const Device dev = h_TD.device();
   if (o.check_targets) {
     Tensor bad = Tensor::empty({1}, DType::kI32, dev, "target check", s);
@@ -199,8 +202,11 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
     ST_CUDA_CHECK_LAUNCH();
     if (o.compute_grad) {
       Tensor dh = dh_TD.slice(0, t0, t0 + rows);
-      // dh = G W (overwrite) and dW += G^T h: the linear backward with G as dy
-      linear_backward(dh, dweight_VD, none, z, h_TD.slice(0, t0, t0 + rows), weight_VD, {}, s);
+      // dh = G W (overwrite) and dW += G^T h: the linear backward with G as dy (the first
+      // chunk overwrites dW when asked to)
+      LinearBackwardOptions lo;
+      lo.overwrite_dweight = o.overwrite_dweight && t0 == 0;
+      cuda::linear_backward(dh, dweight_VD, none, z, h_TD.slice(0, t0, t0 + rows), weight_VD, lo, s);
     }
   }
   sum_losses_kernel<<<1, kSumThreads, 0, stream_of(s)>>>(loss_sum_1.data<float>(), row_loss.data<float>(), T);

@@ -188,13 +188,14 @@ int current_device() {
   return d;
 }
 
-// dbias[o] += sum_t dy[t, o]: one thread per column, rows in order (deterministic).
+// dbias[o] += sum_t dy[t, o] (or = with overwrite): one thread per column, rows in order
+// (deterministic).
 template <typename T, typename G>
-__global__ void bias_grad_kernel(G* dbias, const T* dy, int64_t rows, int64_t cols) {
+__global__ void bias_grad_kernel(G* dbias, const T* dy, int64_t rows, int64_t cols, bool overwrite) {
   for (int64_t o = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; o < cols; o += int64_t{gridDim.x} * blockDim.x) {
     float acc = 0;
     for (int64_t t = 0; t < rows; ++t) acc += to_f32(dy[t * cols + o]);
-    dbias[o] = from_f32<G>(to_f32(dbias[o]) + acc);
+    dbias[o] = from_f32<G>(overwrite ? acc : to_f32(dbias[o]) + acc);
   }
 }
 
@@ -275,17 +276,20 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
     GemmKey key{dev, I, T, O, I, O, I, false, false, options.accumulate_dx, in, dx_TI.dtype()};
     gemm(key, weight_OI.raw_data(), dy_TO.raw_data(), dx_TI.raw_data(), stream_of(s));
   }
+  const bool overwrite = options.overwrite_dweight;
   if (dweight_OI.defined() && T > 0 && I > 0 && O > 0) {
-    GemmKey key{dev, I, O, T, I, O, I, false, true, true, x_TI.dtype(), dweight_OI.dtype()};
+    GemmKey key{dev, I, O, T, I, O, I, false, true, !overwrite, x_TI.dtype(), dweight_OI.dtype()};
     gemm(key, x_TI.raw_data(), dy_TO.raw_data(), dweight_OI.raw_data(), stream_of(s));
+  } else if (dweight_OI.defined() && overwrite) {
+    fill(dweight_OI, 0.0, s);  // no tokens: the gradient is zero
   }
-  if (dbias_O.defined() && T > 0) {
+  if (dbias_O.defined() && (T > 0 || overwrite)) {
     check_cuda_tensor(dbias_O, op, "dbias_O");
     check_shape(dbias_O, {O}, op, "dbias_O");
     dispatch_float(dy_TO.dtype(), op, [&]<typename F>() {
       dispatch_float(dbias_O.dtype(), op, [&]<typename G>() {
         bias_grad_kernel<F, G><<<grid_for(O, 128), 128, 0, stream_of(s)>>>(
-            static_cast<G*>(dbias_O.raw_data()), static_cast<const F*>(dy_TO.raw_data()), T, O);
+            static_cast<G*>(dbias_O.raw_data()), static_cast<const F*>(dy_TO.raw_data()), T, O, overwrite);
       });
     });
     ST_CUDA_CHECK_LAUNCH();

@@ -219,14 +219,14 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* partial_dw, const T* 
   }
 }
 
-// dw[i] += sum over blocks b of partial[b, i]. A block owns 32 columns; its 32 x 32 threads
+// dw[i] += sum over blocks b of partial[b, i] (dw[i] = with overwrite). A block owns 32 columns; its 32 x 32 threads
 // each sum every 32nd partial row of one column (many loads in flight instead of one long
 // chain per column), then thread row 0 adds the 32 sums in a fixed order: deterministic.
 constexpr int kSumCols = 32, kSumGroups = 32;
 
 template <typename T>
 __global__ void __launch_bounds__(kSumCols* kSumGroups) sum_columns_kernel(T* dw, const float* partial, int blocks,
-                                                                            int64_t D) {
+                                                                            int64_t D, bool overwrite) {
   __shared__ float sums[kSumGroups][kSumCols + 1];
   const int c = threadIdx.x, g = threadIdx.y;
   const int64_t i = blockIdx.x * int64_t{kSumCols} + c;
@@ -238,7 +238,7 @@ __global__ void __launch_bounds__(kSumCols* kSumGroups) sum_columns_kernel(T* dw
   if (g == 0 && i < D) {
     float total = 0;
     for (int k = 0; k < kSumGroups; ++k) total += sums[k][c];
-    dw[i] = from_f32<T>(to_f32(dw[i]) + total);
+    dw[i] = from_f32<T>(overwrite ? total : to_f32(dw[i]) + total);
   }
 }
 
@@ -287,7 +287,8 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
 }
 
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
-                      const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD, Stream s) {
+                      const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD,
+                      const RmsNormBackwardOptions& options, Stream s) {
   check(x_TD, weight_D, rstd_T, "rmsnorm_backward");
   for (const Tensor* t : std::initializer_list<const Tensor*>{&dx_TD, &dy_TD}) {
     check_cuda_tensor(*t, "rmsnorm_backward", "dx_TD/dy_TD");
@@ -297,7 +298,10 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   check_cuda_tensor(dweight_D, "rmsnorm_backward", "dweight_D");
   check_shape(dweight_D, weight_D.shape(), "rmsnorm_backward", "dweight_D");
   const int64_t rows = x_TD.size(0), D = x_TD.size(1);
-  if (rows == 0) return;
+  if (rows == 0) {
+    if (options.overwrite_dweight) fill(dweight_D, 0.0, s);  // no rows: the gradient is zero
+    return;
+  }
   const bool residual = dresidual_TD.defined();
   if (residual) {
     check_cuda_tensor(dresidual_TD, "rmsnorm_backward", "dresidual_TD");
@@ -339,7 +343,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   dispatch_float(dweight_D.dtype(), "rmsnorm_backward", [&]<typename W>() {
     const unsigned blocks = static_cast<unsigned>((D + kSumCols - 1) / kSumCols);
     sum_columns_kernel<W><<<blocks, dim3(kSumCols, kSumGroups), 0, stream_of(s)>>>(
-        static_cast<W*>(dweight_D.raw_data()), partial.data<float>(), grid, D);
+        static_cast<W*>(dweight_D.raw_data()), partial.data<float>(), grid, D, options.overwrite_dweight);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
