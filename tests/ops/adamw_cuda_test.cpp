@@ -45,7 +45,8 @@ TEST(AdamWCudaF32, AdamW) {
 
 TEST(AdamWCudaF32, AdamWMultiTensor) {
   ST_REQUIRE_CUDA();
-  const std::vector<int64_t> sizes = {1, 37, 40000, 100003};  // one or several chunks each
+  // one or several chunks each; the last starts 4 bytes into its buffers (no 16-byte loads)
+  const std::vector<int64_t> sizes = {1, 37, 40000, 100003, 50001};
   AdamWOptions o;
   o.lr = 1e-2;
   o.beta2 = 0.95;
@@ -56,8 +57,15 @@ TEST(AdamWCudaF32, AdamWMultiTensor) {
     Input p = random_input({n}, DType::kF32, 60 + k), g = random_input({n}, DType::kF32, 70 + k);
     Tensor m = Tensor::zeros({n}, DType::kF32), v = Tensor::zeros({n}, DType::kF32);
     // every tensor but the second also writes a bf16 compute copy
-    dev.push_back({to_device(p.host), to_device(m), to_device(v), to_device(g.host), k != 2,
-                   k == 1 ? Tensor() : to_device(Tensor::zeros({n}, DType::kBF16))});
+    auto placed = [&](const Tensor& host_values) {
+      if (k != 4) return to_device(host_values);
+      Tensor buffer = Tensor::empty({n + 1}, host_values.dtype(), Device::cuda(0));
+      Tensor view = buffer.flat_range(1, n);
+      copy(view, host_values);
+      return view;
+    };
+    dev.push_back({placed(p.host), placed(m), placed(v), placed(g.host), k != 2,
+                   k == 1 ? Tensor() : placed(Tensor::zeros({n}, DType::kBF16))});
     host.push_back({p.f32, m, v, g.f32, k != 2, Tensor()});
   }
   for (int64_t step = 1; step <= 3; ++step) {

@@ -2,6 +2,7 @@
 // the bias corrections computed once on the host in f64.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <vector>
 
 #include "ops/adamw.h"
@@ -18,17 +19,6 @@ struct AdamWScalars {
   float lr, beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay_factor, step_size, inv_sqrt_bc2;
 };
 
-__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64_t n, AdamWScalars c) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const float gi = g[i];
-    const float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
-    const float vi = c.beta2 * v[i] + c.one_minus_beta2 * gi * gi;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = p[i] * c.decay_factor - c.step_size * mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
-  }
-}
-
 // Multi-tensor: one block per chunk of at most kChunk elements of one tensor.
 constexpr int64_t kChunk = 32768;
 
@@ -42,20 +32,64 @@ struct Chunk {
   float decay_factor;
 };
 
-// C: the compute copies' element type (every chunk's copy, where present, has it).
+// One element's update: m, v and p in place (the same arithmetic in every path).
+__device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float decay_factor,
+                                              const AdamWScalars& c, float grad_scale, bool scaled) {
+  const float gi = scaled ? g * grad_scale : g;  // as ops::scale would leave it
+  m = c.beta1 * m + c.one_minus_beta1 * gi;
+  v = c.beta2 * v + c.one_minus_beta2 * gi * gi;
+  p = p * decay_factor - c.step_size * m / (sqrtf(v) * c.inv_sqrt_bc2 + c.eps);
+}
+
+__global__ void adamw_kernel(float* p, float* m, float* v, const float* g, int64_t n, AdamWScalars c) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    float pi = p[i], mi = m[i], vi = v[i];
+    adamw_element(pi, mi, vi, g[i], c.decay_factor, c, 1.0f, false);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+  }
+}
+
+// C: the compute copies' element type (every chunk's copy, where present, has it). Chunks
+// whose four f32 arrays start 16-byte aligned (and the copy 8-byte) move four elements per
+// load and store; the rest, and the tail past a multiple of four, one at a time.
 template <typename C>
 __global__ void adamw_multi_kernel(const Chunk* chunks, AdamWScalars c, float grad_scale, bool scaled) {
   const Chunk k = chunks[blockIdx.x];
   C* copy = static_cast<C*>(k.copy);
-  for (int64_t i = threadIdx.x; i < k.n; i += blockDim.x) {
-    const float gi = scaled ? k.g[i] * grad_scale : k.g[i];  // as ops::scale would leave it
-    const float mi = c.beta1 * k.m[i] + c.one_minus_beta1 * gi;
-    const float vi = c.beta2 * k.v[i] + c.one_minus_beta2 * gi * gi;
-    k.m[i] = mi;
-    k.v[i] = vi;
-    const float pi = k.p[i] * k.decay_factor - c.step_size * mi / (sqrtf(vi) * c.inv_sqrt_bc2 + c.eps);
-    k.p[i] = pi;
-    if (copy != nullptr) copy[i] = from_f32<C>(pi);  // as ops::cast rounds
+  const auto bits = [](const void* q) { return reinterpret_cast<uintptr_t>(q); };
+  const bool vector = ((bits(k.p) | bits(k.m) | bits(k.v) | bits(k.g)) % 16 == 0) && bits(copy) % 8 == 0;
+  int64_t done = 0;
+  if (vector) {
+    const int64_t quads = k.n / 4;
+    for (int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
+      float4 p = reinterpret_cast<const float4*>(k.p)[q], m = reinterpret_cast<const float4*>(k.m)[q],
+             v = reinterpret_cast<const float4*>(k.v)[q];
+      const float4 g = reinterpret_cast<const float4*>(k.g)[q];
+      adamw_element(p.x, m.x, v.x, g.x, k.decay_factor, c, grad_scale, scaled);
+      adamw_element(p.y, m.y, v.y, g.y, k.decay_factor, c, grad_scale, scaled);
+      adamw_element(p.z, m.z, v.z, g.z, k.decay_factor, c, grad_scale, scaled);
+      adamw_element(p.w, m.w, v.w, g.w, k.decay_factor, c, grad_scale, scaled);
+      reinterpret_cast<float4*>(k.m)[q] = m;
+      reinterpret_cast<float4*>(k.v)[q] = v;
+      reinterpret_cast<float4*>(k.p)[q] = p;
+      if (copy != nullptr) {
+        struct alignas(8) Four {
+          C e[4];
+        } out{{from_f32<C>(p.x), from_f32<C>(p.y), from_f32<C>(p.z), from_f32<C>(p.w)}};  // as ops::cast rounds
+        reinterpret_cast<Four*>(copy)[q] = out;
+      }
+    }
+    done = quads * 4;
+  }
+  for (int64_t i = done + threadIdx.x; i < k.n; i += blockDim.x) {
+    float p = k.p[i], m = k.m[i], v = k.v[i];
+    adamw_element(p, m, v, k.g[i], k.decay_factor, c, grad_scale, scaled);
+    k.m[i] = m;
+    k.v[i] = v;
+    k.p[i] = p;
+    if (copy != nullptr) copy[i] = from_f32<C>(p);  // as ops::cast rounds
   }
 }
 
