@@ -24,16 +24,16 @@ __global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B,
 }
 
 // The same with 16-byte packs: one thread per (b, t, head, pack of k), when K is a
-// multiple of the pack and x and the tables are 16-byte aligned.
-template <typename T>
-__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, int64_t B, int64_t S, int64_t heads,
-                                   int64_t K, float sign) {
+// multiple of the pack and x and the tables are 16-byte aligned. I: the index type, 32-bit
+// when every element offset fits (its divisions cost a fraction of 64-bit ones).
+template <typename T, typename I>
+__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B, I S, I heads, I K, float sign) {
   constexpr int P = Pack<T>::kSize;
-  const int64_t packs_per_half = K / P;
-  const int64_t n = B * S * heads * packs_per_half;
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    const int64_t k = (i % packs_per_half) * P;
-    const int64_t t = (i / (packs_per_half * heads)) % S;
+  const I packs_per_half = K / P;
+  const I n = B * S * heads * packs_per_half;
+  for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < n; i += I(gridDim.x) * I(blockDim.x)) {
+    const I k = (i % packs_per_half) * P;
+    const I t = (i / (packs_per_half * heads)) % S;
     T* row = x + (i / packs_per_half) * 2 * K;
     Pack<T>* lo = reinterpret_cast<Pack<T>*>(row + k);
     Pack<T>* hi = reinterpret_cast<Pack<T>*>(row + K + k);
@@ -68,9 +68,18 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
   dispatch_float(x.dtype(), op, [&]<typename T>() {
     if (packable({&x, &cos_TK, &sin_TK}, K, sizeof(T))) {
       const int64_t packs = n / Pack<T>::kSize;
-      rope_kernel_packed<T><<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
-          static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
-          static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, sign);
+      const int grid = grid_for(packs, kThreads);
+      T* xp = static_cast<T*>(x.raw_data());
+      const T* cp = static_cast<const T*>(cos_TK.raw_data());
+      const T* sp = static_cast<const T*>(sin_TK.raw_data());
+      // 32-bit indices while x's offsets and the loop's last stride stay below 2^31
+      if (x.numel() + int64_t{grid} * kThreads < INT32_MAX && cos_TK.numel() < INT32_MAX) {
+        rope_kernel_packed<T, int32_t><<<grid, kThreads, 0, stream_of(s)>>>(
+            xp, cp, sp, static_cast<int32_t>(B), static_cast<int32_t>(S), static_cast<int32_t>(heads),
+            static_cast<int32_t>(K), sign);
+      } else {
+        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, B, S, heads, K, sign);
+      }
       return;
     }
     rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
