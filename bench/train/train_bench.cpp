@@ -197,15 +197,17 @@ int main(int argc, char** argv) try {
 
   std::unique_ptr<model::CapturedStep> captured;
   if (a.graph) ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
-  if (a.graph && profile::enabled())  // its timers synchronise around every op, which a capture forbids
+  bool graphed = a.graph;
+  if (graphed && profile::enabled()) {  // its timers synchronise around every op, which a capture forbids
     say("# SHARDTRAIN_PROFILE=1: steps run eagerly, not as a CUDA graph\n");
+    graphed = false;
+  }
   // as the trainer: the first micro-batch writes the gradients over the last step's
   // (--zero-fill: cleared before each step, every micro-batch adds)
   const model::GradientWrites writes =
-      a.zero_fill ? model::GradientWrites{}
-                  : model::gradient_writes(a.graph && !profile::enabled(), a.accum, store.grads_in_shards());
-  o.overwrite_grads = writes.graph_overwrites;
-  if (a.graph && !profile::enabled()) captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
+      a.zero_fill ? model::GradientWrites{} : model::gradient_writes(graphed, a.accum, store.grads_in_shards());
+  o.overwrite_grads = writes.overwrites(0);
+  if (graphed) captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
   double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
   int64_t system_allocs_before = 0;
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {

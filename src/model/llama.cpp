@@ -231,7 +231,6 @@ GradientWrites gradient_writes(bool graph, int64_t micro_batches, bool grads_in_
   w.first_overwrites = true;
   w.later_overwrite = !grads_in_shards;
   w.zero_shards = !grads_in_shards;
-  w.graph_overwrites = graph;
   return w;
 }
 

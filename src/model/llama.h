@@ -38,12 +38,12 @@ struct StepOptions {
 // hands out the gradient shards themselves (one rank), the later micro-batches add to them;
 // elsewhere every micro-batch gets fresh buffers and overwrites them, and the shards, which
 // the reductions add into, are cleared first. A CUDA graph's kernels are fixed, so one graph
-// replayed for several micro-batches has them all add, onto cleared shards.
+// replayed for several micro-batches has them all add, onto cleared shards (a captured step
+// is built with overwrites(0)).
 struct GradientWrites {
   bool zero_shards = true;        // clear the gradient shards before the first micro-batch
   bool first_overwrites = false;  // micro-batch 0
   bool later_overwrite = false;   // micro-batches 1, 2, ...
-  bool graph_overwrites = false;  // the options a captured step is built with
   bool overwrites(int64_t micro_batch) const { return micro_batch == 0 ? first_overwrites : later_overwrite; }
 };
 GradientWrites gradient_writes(bool graph, int64_t micro_batches, bool grads_in_shards);

@@ -53,8 +53,8 @@ inline double linear_flops(const Tensor& y_TO, const Tensor& x_TI) {
 }
 
 // linear_backward's products and the traffic of each: dx (dy and weight read, dx written,
-// and read first when it accumulates), dweight (dy and x read, dweight read and written),
-// dbias (dy read, dbias read and written).
+// and read first when it accumulates), dweight (dy and x read, dweight written, and read
+// first when it accumulates), dbias (dy read, dbias as dweight).
 inline profile::Cost linear_backward_cost(const Tensor& dx_TI, const Tensor& dweight_OI, const Tensor& dbias_O,
                                           const Tensor& dy_TO, const Tensor& x_TI, const Tensor& weight_OI,
                                           const LinearBackwardOptions& options) {
@@ -65,12 +65,12 @@ inline profile::Cost linear_backward_cost(const Tensor& dx_TI, const Tensor& dwe
     c.flops += product;
     c.bytes += profile::bytes_of({&dy_TO, &weight_OI}) + (options.accumulate_dx ? 2 : 1) * profile::bytes_of({&dx_TI});
   }
+  const double passes = options.overwrite_dweight ? 1 : 2;  // dweight and dbias: written, or read and written
   if (dweight_OI.defined()) {
     c.flops += product;
-    c.bytes += profile::bytes_of({&dy_TO, &x_TI}) + (options.overwrite_dweight ? 1 : 2) * profile::bytes_of({&dweight_OI});
+    c.bytes += profile::bytes_of({&dy_TO, &x_TI}) + passes * profile::bytes_of({&dweight_OI});
   }
-  if (dbias_O.defined())
-    c.bytes += profile::bytes_of({&dy_TO}) + (options.overwrite_dweight ? 1 : 2) * profile::bytes_of({&dbias_O});
+  if (dbias_O.defined()) c.bytes += profile::bytes_of({&dy_TO}) + passes * profile::bytes_of({&dbias_O});
   return c;
 }
 
@@ -115,11 +115,11 @@ inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& w
 // dx_TI = dy_TO · weight_OI (overwrites, or accumulates with options.accumulate_dx; skipped
 // when dx_TI is undefined), dweight_OI += dy_TO^T · x_TI (accumulates, or overwrites with
 // options.overwrite_dweight; skipped when undefined), dbias_O += sum over T of dy_TO (as
-// dweight; skipped when undefined). x_TI is
-// read only for dweight_OI: a call for dx_TI alone may leave x_TI undefined (a backward that
-// recomputes x later, after dx). CUDA: dweight and dbias may be f32
-// with bf16 inputs (f32 gradient accumulation for mixed precision); a bf16/f16 dx that
-// accumulates receives the product rounded to its dtype, then the sum rounded again.
+// dweight; skipped when undefined). x_TI is read only for dweight_OI: a call for dx_TI alone
+// may leave x_TI undefined (a backward that recomputes x later, after dx). CUDA: dweight and
+// dbias may be f32 with bf16 inputs (f32 gradient accumulation for mixed precision); a
+// bf16/f16 dx that accumulates receives the product rounded to its dtype, then the sum
+// rounded again.
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
                             const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {

@@ -49,9 +49,10 @@ inline void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, co
 }
 
 // dx_TD (overwrites) and dweight_D (accumulates, or overwrites with
-// options.overwrite_dweight) from dy_TD, the forward's x_TD, weight_D and rstd_T. dx may not alias dy. dresidual_TD, when defined, is added to dx: the gradient
-// of a residual stream that also flows around the norm (CUDA adds it before rounding; the
-// CPU adds it after, as a separate op). CUDA: dweight may be f32 under bf16/f16 data.
+// options.overwrite_dweight) from dy_TD, the forward's x_TD, weight_D and rstd_T. dx may
+// not alias dy. dresidual_TD, when defined, is added to dx: the gradient of a residual
+// stream that also flows around the norm (CUDA adds it before rounding; the CPU adds it
+// after, as a separate op). CUDA: dweight may be f32 under bf16/f16 data.
 inline void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
                              const Tensor& weight_D, const Tensor& rstd_T, const Tensor& dresidual_TD = Tensor(),
                              const RmsNormBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {

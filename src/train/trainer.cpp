@@ -428,15 +428,17 @@ TrainSummary Trainer::run() {
   so.loss_chunk_tokens = loss_chunk_tokens();
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
   // per-op profile synchronises around every op, which a graph capture forbids: it runs eagerly.
-  const bool graphed = tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1;
-  if (graphed && profile::enabled())
+  bool graphed = tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1;
+  if (graphed && profile::enabled()) {
     log::info("SHARDTRAIN_PROFILE=1: the step runs eagerly, not as a CUDA graph (training.cuda_graph)");
+    graphed = false;
+  }
   // The first micro-batch of a step writes the gradients over the last step's (no zero-fill),
   // unless one graph replays every micro-batch of several: then all of them add.
-  const model::GradientWrites writes = model::gradient_writes(graphed && !profile::enabled(), accum, store_->grads_in_shards());
-  so.overwrite_grads = writes.graph_overwrites;
+  const model::GradientWrites writes = model::gradient_writes(graphed, accum, store_->grads_in_shards());
+  so.overwrite_grads = writes.overwrites(0);
   std::unique_ptr<model::CapturedStep> captured;
-  if (graphed && !profile::enabled()) captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
+  if (graphed) captured = std::make_unique<model::CapturedStep>(*model_, B, T, so);
 
   std::vector<Tensor> ids, targets;
   for (int64_t m = 0; m < accum; ++m) {

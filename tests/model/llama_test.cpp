@@ -119,7 +119,8 @@ TEST_P(LlamaGradient, OverwritingGradientsEqualsClearingThem) {
   for (int i = 0; i < 2; ++i) {
     StepOptions oi = o;
     oi.overwrite_grads = i == 0;
-    const LossSum a = cleared.forward_backward(ids[i], targets[i], o), b = overwritten.forward_backward(ids[i], targets[i], oi);
+    const LossSum a = cleared.forward_backward(ids[i], targets[i], o);
+    const LossSum b = overwritten.forward_backward(ids[i], targets[i], oi);
     EXPECT_EQ(a.loss_sum, b.loss_sum);
   }
   for (size_t u = 0; u < cleared.layout().units().size(); ++u)

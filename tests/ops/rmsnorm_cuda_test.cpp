@@ -51,7 +51,8 @@ TEST_P(RmsNormCuda, RmsNorm) {
     EXPECT_TRUE(all_close(to_host(dw32), dw_ref, column_sum)) << "f32 dweight T=" << T << " D=" << D;
 
     // overwrite_dweight: bitwise what accumulating onto zeros gives
-    Tensor dw_zero = Tensor::empty({D}, DType::kF32, Device::cuda(0)), dw_over = to_device(to_dtype(dw0.host, DType::kF32));
+    Tensor dw_zero = Tensor::empty({D}, DType::kF32, Device::cuda(0));
+    Tensor dw_over = to_device(to_dtype(dw0.host, DType::kF32));
     fill(dw_zero, 0.0);
     rmsnorm_backward(dx2, dw_zero, to_device(dy.host), to_device(x.host), to_device(w.host), rstd);
     rmsnorm_backward(dx2, dw_over, to_device(dy.host), to_device(x.host), to_device(w.host), rstd, Tensor(),

@@ -219,9 +219,10 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* partial_dw, const T* 
   }
 }
 
-// dw[i] += sum over blocks b of partial[b, i] (dw[i] = with overwrite). A block owns 32 columns; its 32 x 32 threads
-// each sum every 32nd partial row of one column (many loads in flight instead of one long
-// chain per column), then thread row 0 adds the 32 sums in a fixed order: deterministic.
+// dw[i] += sum over blocks b of partial[b, i] (= with overwrite). A block owns 32 columns;
+// its 32 x 32 threads each sum every 32nd partial row of one column (many loads in flight
+// instead of one long chain per column), then thread row 0 adds the 32 sums in a fixed
+// order: deterministic.
 constexpr int kSumCols = 32, kSumGroups = 32;
 
 template <typename T>
