@@ -23,11 +23,15 @@ struct LinearBackwardOptions {
 // time (the choice is then cached for the process):
 //   kHeuristic: cuBLASLt's first recommendation; the same on every run (bitwise reproducible).
 //   kTimed: times up to 8 recommendations on that first call's own operands and keeps the
-//     fastest (0.8 % more tokens/s on the 1B shape on an H100, about the step-to-step noise;
-//     the pick can differ between processes, and with it the last bits of the results). The trial runs write into the
-//     call's output when it is overwritten anyway, else into a scratch buffer (up to
-//     256 MiB; larger accumulating outputs keep the heuristic's choice); no trials during
-//     CUDA graph capture.
+//     fastest. The trials run back to back on a board held at its power cap, as a training
+//     step runs them (three interleaved rounds of ~20 ms per candidate, the median round;
+//     the process's first selection loads the board for 300 ms first), about half a second
+//     per shape. On the 1B shape on an H100: +0.3-0.5 % tokens/s; the pick can differ
+//     between processes, and with it the last bits of the results. The trial runs write
+//     into the call's output when it is overwritten anyway, else into a scratch buffer (up
+//     to 256 MiB; larger accumulating outputs keep the heuristic's choice). No trials
+//     during CUDA graph capture: a captured step replays the picks its eager first step
+//     made, and a shape first met inside a capture keeps the heuristic's choice.
 enum class GemmSelection { kHeuristic, kTimed };
 void set_gemm_selection(GemmSelection selection);
 GemmSelection gemm_selection();
@@ -44,6 +48,8 @@ void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_O
                         Stream stream);
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
                      const Tensor& weight_OI, const LinearBackwardOptions& options, Stream stream);
+// How many GEMM problems (shape, layout, selection) have a cached algorithm, over every device.
+size_t cached_gemm_algorithms();
 }  // namespace cuda
 
 // FLOPs of one product y_TO = x_TI · weight^T: 2·T·I·O.

@@ -3,10 +3,13 @@
 // gradients of bf16 inputs, and the backward's dx and dweight halves called alone.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <sstream>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
+#include "core/cuda/stream.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
 #include "testing/compare.h"
@@ -171,6 +174,59 @@ TEST_P(LinearCuda, ForwardAndBackwardMatchCpu) {
     SCOPED_TRACE(selection == GemmSelection::kTimed ? "timed selection" : "heuristic selection");
     set_gemm_selection(selection);
     check_against_cpu(GetParam());
+  }
+  set_gemm_selection(GemmSelection::kHeuristic);
+}
+
+// Timed selection picks each shape's algorithm on its first eager call; a CUDA graph captured
+// afterwards must replay those picks, not fall back to the heuristic's: the replay's outputs
+// equal the eager calls' bitwise, and the capture adds no choice of its own to the cache.
+TEST(LinearCudaGraph, CapturedCallsReplayTheTimedPicks) {
+  ST_REQUIRE_CUDA();
+  set_gemm_selection(GemmSelection::kTimed);
+  const Device dev = Device::cuda(0);
+  for (auto [T, I, O] : {std::tuple<int64_t, int64_t, int64_t>{4096, 2048, 8192}, {4096, 8192, 2048},
+                         {4096, 2048, 512}, {2048, 2048, 2048}}) {
+    SCOPED_TRACE(::testing::Message() << "T" << T << " I" << I << " O" << O);
+    auto normal = [&](const Shape& s, DType t, uint64_t key) {
+      Tensor x = Tensor::empty(s, t, dev, "test input");
+      fill_normal(x, 3, key, 0, 0.5);
+      return x;
+    };
+    const Tensor x = normal({T, I}, DType::kBF16, 1), w = normal({O, I}, DType::kBF16, 2),
+                 dy = normal({T, O}, DType::kBF16, 3);
+    Tensor y[2], dx[2], dw[2];
+    for (int k = 0; k < 2; ++k) {
+      y[k] = Tensor::empty({T, O}, DType::kBF16, dev, "y");
+      dx[k] = Tensor::empty({T, I}, DType::kBF16, dev, "dx");
+      dw[k] = Tensor::empty({O, I}, DType::kF32, dev, "dw");
+    }
+    LinearBackwardOptions o;
+    o.overwrite_dweight = true;
+    Tensor no_bias;
+    auto products = [&](int k) {
+      linear_forward(y[k], x, w, no_bias);
+      linear_backward(dx[k], dw[k], no_bias, dy, x, w, o);
+    };
+    products(0);  // eager: times and caches the picks
+    const size_t cached = cuda::cached_gemm_algorithms();
+    {
+      shardtrain::cuda::BlockingStream stream;
+      set_current_compute_stream(stream.get().handle);
+      shardtrain::cuda::Graph graph;
+      graph.begin_capture(stream.get());
+      products(1);
+      graph.end_capture();
+      graph.launch(stream.get());
+      synchronize(dev);
+      set_current_compute_stream(nullptr);
+    }
+    EXPECT_EQ(cuda::cached_gemm_algorithms(), cached) << "the capture chose algorithms of its own";
+    for (auto [a, b, name] : {std::tuple{&y[0], &y[1], "y"}, {&dx[0], &dx[1], "dx"}, {&dw[0], &dw[1], "dw"}}) {
+      const Tensor ha = to_host(*a), hb = to_host(*b);
+      EXPECT_EQ(std::memcmp(ha.raw_data(), hb.raw_data(), ha.nbytes()), 0)
+          << name << ": the graph's product differs from the eager call's";
+    }
   }
   set_gemm_selection(GemmSelection::kHeuristic);
 }
