@@ -15,7 +15,7 @@
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
-//               [--zero-fill] [--device cuda|cpu]
+//               [--zero-fill] [--deterministic] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -23,6 +23,8 @@
 // (model/captured_step.h), as the trainer does by default.
 // --zero-fill: the gradients are cleared before each step and every micro-batch adds to them
 // (for comparison: by default, as in the trainer, the first micro-batch overwrites them).
+// --deterministic: the attention backward's bitwise-reproducible algorithm, as the trainer's
+// training.deterministic = true.
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
 // training.grad_accum_steps): the global batch of --batch x N at the memory of --batch.
 #include <chrono>
@@ -62,7 +64,7 @@ struct Args {
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
-  bool zero_fill = false;
+  bool zero_fill = false, deterministic = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -92,6 +94,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
     else if (k == "--graph") a.graph = true;
     else if (k == "--zero-fill") a.zero_fill = true;
+    else if (k == "--deterministic") a.deterministic = true;
     else if (k == "--gemm") {
       a.gemm = next();
       ST_CHECK(a.gemm == "timed" || a.gemm == "heuristic", "train_bench: --gemm timed|heuristic, found ", a.gemm);
@@ -185,6 +188,7 @@ int main(int argc, char** argv) try {
   CounterRng rng(7 + static_cast<uint64_t>(rank));  // each rank its own part of the global batch
   model::StepOptions o;
   o.checkpointing = a.ac;
+  o.deterministic = a.deterministic;
   o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
   ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
   o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * world);
@@ -192,7 +196,7 @@ int main(int argc, char** argv) try {
   say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
-                     a.compute_shards ? "; compute shards" : "", "\n"));
+                     a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "", "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;

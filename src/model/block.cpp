@@ -212,8 +212,10 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
   Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
   Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
+  ops::AttentionOptions attention;
+  attention.deterministic = ctx.deterministic;
   ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
-                          a.lse_BNT, {});
+                          a.lse_BNT, attention);
   dattn_BTNH = Tensor();
   ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
   ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);

@@ -71,6 +71,7 @@ struct BlockContext {
   int64_t batch = 0;   // B
   int64_t seq = 0;     // T
   Tensor cos_TK, sin_TK;  // rope tables with at least T rows, in the compute dtype
+  bool deterministic = false;  // the attention backward's bitwise-reproducible algorithm (StepOptions)
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);

@@ -317,7 +317,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     release_head(Pass::kForward);   // held since forward_hidden
   }
 
-  const BlockContext ctx = context(B, T);
+  BlockContext ctx = context(B, T);
+  ctx.deterministic = o.deterministic;
   Tensor dprev_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t u = static_cast<size_t>(l) + 1;

@@ -31,6 +31,9 @@ struct StepOptions {
   // (UnitStore::acquire_grads's overwrite): the first micro-batch of a step, with no
   // zero-fill of the gradients before it. false: the gradients add to the buffers.
   bool overwrite_grads = false;
+  // GPU: the attention backward takes cuDNN's deterministic algorithm (no atomic adds), so
+  // with the heuristic's GEMM algorithms a step repeats bit for bit (slower: see README).
+  bool deterministic = false;
 };
 
 // How the micro-batches of a step write the gradients. The first replaces what the buffers

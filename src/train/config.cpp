@@ -178,10 +178,16 @@ const std::vector<KeyDef>& keys() {
           "a GPU as many as keep a chunk's bf16 logits within 2 GiB, at most 8192)",
           non_negative()),
       key("training.gemm_selection", &C::training, &TrainingSection::gemm_selection,
-          "how a GPU picks each matrix-product shape's cuBLASLt algorithm: heuristic (cuBLASLt's first choice: "
-          "bitwise-reproducible runs) or timed (the fastest of 8 candidates, timed on the first call; the last bits "
-          "of results can then differ between runs)",
+          "how a GPU picks each matrix-product shape's cuBLASLt algorithm: heuristic (cuBLASLt's first choice, the "
+          "same in every run) or timed (the fastest of 8 candidates, timed back to back under load on the first "
+          "call, about half a second per shape; +0.3-0.5 % tokens/s on the 1B shape on an H100; the pick, and with "
+          "it the last bits of the results, can differ between runs)",
           one_of({"timed", "heuristic"})),
+      key("training.deterministic", &C::training, &TrainingSection::deterministic,
+          "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "
+          "of its default, which does not promise the same bits from run to run (on the 1B shape at batch 8 on an "
+          "H100: 4 % fewer tokens/s and 5.3 GiB more memory, outside `shardtrain plan`'s estimate); needs "
+          "training.gemm_selection = heuristic. The other ops are deterministic already; the CPU always is"),
       key("training.cuda_graph", &C::training, &TrainingSection::cuda_graph,
           "on one GPU, capture a micro-batch's forward and backward into a CUDA graph after the first step and "
           "replay it (one launch instead of ~50 per block; several GPUs run eagerly)"),
@@ -421,6 +427,9 @@ void validate(const JobConfig& c) {
   if (m.hf.empty())  // with model.hf the limit comes from its config.json (checked when loaded)
     ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
              ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
+  ST_CHECK(!c.training.deterministic || c.training.gemm_selection == "heuristic",
+           "`training.deterministic` needs `training.gemm_selection` = \"heuristic\" (found \"",
+           c.training.gemm_selection, "\"): timed picks can differ between runs");
   ST_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor, "`model.rope_high_freq_factor` (",
            m.rope_high_freq_factor, ") must exceed `model.rope_low_freq_factor` (", m.rope_low_freq_factor, ")");
 }

@@ -53,6 +53,7 @@ struct TrainingSection {
   int64_t loss_chunk_tokens = 0;  // 0: auto
   std::string gemm_selection = "heuristic";  // timed | heuristic (ops::GemmSelection)
   bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
+  bool deterministic = false;  // GPU: bitwise-repeatable steps (model::StepOptions::deterministic)
 };
 
 struct OptimizerSection {

@@ -424,6 +424,7 @@ TrainSummary Trainer::run() {
   sc.min_lr_ratio = config_.schedule.min_lr_ratio;
   model::StepOptions so;
   so.checkpointing = checkpointing();
+  so.deterministic = tc.deterministic;
   store_->set_compute_shards(compute_shards(so.checkpointing));
   so.loss_chunk_tokens = loss_chunk_tokens();
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The

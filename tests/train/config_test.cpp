@@ -77,6 +77,11 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   EXPECT_NE(e.find("exceeds `model.max_seq_len`"), std::string::npos) << e;
   e = error_of("", {"--schedule.type=exp"});
   EXPECT_NE(e.find("`schedule.type` must be one of cosine, linear, constant"), std::string::npos) << e;
+  e = error_of("", {"--training.deterministic=true", "--training.gemm_selection=timed"});
+  EXPECT_NE(e.find("`training.deterministic` needs `training.gemm_selection` = \"heuristic\" (found \"timed\")"),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of("", {"--training.deterministic=true"}), "");
   e = error_of("[model\n", {});
   EXPECT_NE(e.find("config `"), std::string::npos) << e;
 }
