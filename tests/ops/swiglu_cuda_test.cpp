@@ -1,5 +1,5 @@
 // SwiGLU forward and backward on the GPU against the CPU twin, on random data in f32 and bf16,
-// odd and aligned shapes, with and without the backward's recompute of h. Skips without a device.
+// odd and aligned shapes, with and without the backward's recompute of h, in place. Skips without a device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -16,7 +16,9 @@ class SwiGluCuda : public testing::CudaDtypeTest {};
 
 TEST_P(SwiGluCuda, SwiGlu) {
   const DType dt = GetParam();
-  for (auto [T, F] : {std::pair<int64_t, int64_t>{37, 67}, {512, 8192}}) {
+  // odd (element kernels), few packs (fewer than the grid's threads), many packs (two per
+  // thread and iteration, and a tail)
+  for (auto [T, F] : {std::pair<int64_t, int64_t>{37, 67}, {64, 64}, {512, 8192}}) {
     Input g = random_input({T, F}, dt, 31, 0.2, 2.0), u = random_input({T, F}, dt, 32), dh = random_input({T, F}, dt, 33);
     Tensor h = Tensor::empty({T, F}, dt, Device::cuda(0));
     swiglu_forward(h, to_device(g.host), to_device(u.host));
@@ -37,6 +39,11 @@ TEST_P(SwiGluCuda, SwiGlu) {
     EXPECT_TRUE(all_close(to_host(h2), to_host(h), kExact)) << "recomputed h";
     EXPECT_TRUE(all_close(to_host(dg2), to_host(dg), kExact)) << "dgate with h";
     EXPECT_TRUE(all_close(to_host(du2), to_host(du), kExact)) << "dup with h";
+    // in place, as the block runs it: the gradients overwrite gate and up
+    Tensor g_in_place = to_device(g.host), u_in_place = to_device(u.host);
+    swiglu_backward(g_in_place, u_in_place, no_h, to_device(dh.host), g_in_place, u_in_place);
+    EXPECT_TRUE(all_close(to_host(g_in_place), to_host(dg), kExact)) << "dgate in place";
+    EXPECT_TRUE(all_close(to_host(u_in_place), to_host(du), kExact)) << "dup in place";
   }
 }
 

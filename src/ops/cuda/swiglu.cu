@@ -30,37 +30,62 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, T* h, const T* dh, cons
 }
 
 // The same math over 16-byte packs (8 bf16 values per load), for aligned tensors whose
-// length is a multiple of the pack: full-width memory transactions.
+// length is a multiple of the pack: full-width memory transactions. Each thread takes two
+// packs a grid-stride apart per iteration and issues all their loads before any math, so
+// twice the bytes are in flight per thread.
 template <typename T>
-__global__ void swiglu_forward_packed(Pack<T>* h, const Pack<T>* gate, const Pack<T>* up, int64_t packs) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < packs; i += int64_t{gridDim.x} * blockDim.x) {
-    const Pack<T> g = gate[i], u = up[i];
-    Pack<T> out;
+__device__ __forceinline__ Pack<T> silu_times_pack(const Pack<T>& g, const Pack<T>& u) {
+  Pack<T> out;
 #pragma unroll
-    for (int k = 0; k < Pack<T>::kSize; ++k) out.v[k] = from_f32<T>(silu_times(to_f32(g.v[k]), to_f32(u.v[k])));
-    h[i] = out;
+  for (int k = 0; k < Pack<T>::kSize; ++k) out.v[k] = from_f32<T>(silu_times(to_f32(g.v[k]), to_f32(u.v[k])));
+  return out;
+}
+
+template <typename T>
+__global__ void swiglu_forward_packed(Pack<T>* __restrict__ h, const Pack<T>* __restrict__ gate,
+                                      const Pack<T>* __restrict__ up, int64_t packs) {
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (; i + stride < packs; i += 2 * stride) {
+    const Pack<T> g0 = gate[i], u0 = up[i], g1 = gate[i + stride], u1 = up[i + stride];
+    h[i] = silu_times_pack(g0, u0);
+    h[i + stride] = silu_times_pack(g1, u1);
   }
+  if (i < packs) h[i] = silu_times_pack(gate[i], up[i]);
+}
+
+// One pack of the backward: dgate, dup and (kWithH) h from dh, gate and up. No __restrict__:
+// dgate and dup may alias gate and up (every pack is loaded before its results are stored).
+template <typename T, bool kWithH>
+__device__ __forceinline__ void swiglu_backward_pack(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, int64_t i,
+                                                     const Pack<T>& gp, const Pack<T>& upk, const Pack<T>& dp) {
+  Pack<T> dg, du, hp;
+#pragma unroll
+  for (int k = 0; k < Pack<T>::kSize; ++k) {
+    const float g = to_f32(gp.v[k]), u = to_f32(upk.v[k]), d = to_f32(dp.v[k]);
+    const float sig = 1.0f / (1.0f + __expf(-g));
+    dg.v[k] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
+    du.v[k] = from_f32<T>(d * g * sig);
+    if constexpr (kWithH) hp.v[k] = from_f32<T>(silu_times(g, u));
+  }
+  dgate[i] = dg;
+  dup[i] = du;
+  if constexpr (kWithH) h[i] = hp;
 }
 
 // kWithH: also write h (a template flag, so the common case carries no branch or registers).
 template <typename T, bool kWithH>
 __global__ void swiglu_backward_packed(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, const Pack<T>* dh,
                                        const Pack<T>* gate, const Pack<T>* up, int64_t packs) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < packs; i += int64_t{gridDim.x} * blockDim.x) {
-    const Pack<T> gp = gate[i], upk = up[i], dp = dh[i];
-    Pack<T> dg, du, hp;
-#pragma unroll
-    for (int k = 0; k < Pack<T>::kSize; ++k) {
-      const float g = to_f32(gp.v[k]), u = to_f32(upk.v[k]), d = to_f32(dp.v[k]);
-      const float sig = 1.0f / (1.0f + __expf(-g));
-      dg.v[k] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
-      du.v[k] = from_f32<T>(d * g * sig);
-      if constexpr (kWithH) hp.v[k] = from_f32<T>(silu_times(g, u));
-    }
-    dgate[i] = dg;
-    dup[i] = du;
-    if constexpr (kWithH) h[i] = hp;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
+  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  for (; i + stride < packs; i += 2 * stride) {
+    const int64_t j = i + stride;
+    const Pack<T> g0 = gate[i], u0 = up[i], d0 = dh[i], g1 = gate[j], u1 = up[j], d1 = dh[j];
+    swiglu_backward_pack<T, kWithH>(dgate, dup, h, i, g0, u0, d0);
+    swiglu_backward_pack<T, kWithH>(dgate, dup, h, j, g1, u1, d1);
   }
+  if (i < packs) swiglu_backward_pack<T, kWithH>(dgate, dup, h, i, gate[i], up[i], dh[i]);
 }
 
 void check_all(std::initializer_list<const Tensor*> ts, const Tensor& ref, const char* op) {
