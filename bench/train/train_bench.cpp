@@ -258,7 +258,9 @@ int main(int argc, char** argv) try {
       comm_wait += waited;
     }
     if (step == a.warmup) system_allocs_before = allocator_for(dev).stats().num_system_allocs;
-    say(detail::concat("# step ", step, " loss ", loss, "  ", 1e3 * std::chrono::duration<double>(t2 - t0).count(),
+    char loss_text[32];  // every digit: two runs can be compared for bitwise repetition
+    std::snprintf(loss_text, sizeof loss_text, "%.17g", loss);
+    say(detail::concat("# step ", step, " loss ", loss_text, "  ", 1e3 * std::chrono::duration<double>(t2 - t0).count(),
                        " ms", world > 1 ? detail::concat("  comm wait ", 1e3 * waited, " ms") : "", "\n"));
   }
   const double n = static_cast<double>(a.steps);

@@ -216,8 +216,9 @@ TEST(CapturedStepCuda, ComputeShardsFollowTheCastCopies) {
 // StepOptions::deterministic: the attention backward takes cuDNN's deterministic algorithm,
 // so with the heuristic's GEMM algorithms a step repeats bit for bit: two eager engines and a
 // captured one (the same kernels), all from the same init, give the same losses and
-// gradients over steps with AdamW updates between them. 2048-token sequences give the
-// backward many key tiles per query tile to add.
+// gradients over steps with AdamW updates between them. At this size cuDNN's default backward
+// happened to repeat too (H100); tests/ops/attention_cuda_test.cpp holds the deterministic
+// backward to bitwise repetition at a size where the default does not.
 TEST(CapturedStepCuda, DeterministicStepsRepeatBitForBit) {
   ST_REQUIRE_CUDA();
   LlamaConfig c = small_config(false);

@@ -1,14 +1,17 @@
 // CUDA attention (cuDNN flash attention) against the CPU twin computed in f64 on the same
 // bf16-rounded inputs: causal and not, GQA groups 1/2/4/8, head dims 64 and 128, odd and
-// aligned lengths, forward output, log-sum-exp and all three input gradients. The f32
+// aligned lengths, forward output, log-sum-exp and all three input gradients (the default
+// and the deterministic backward), and the deterministic backward's bitwise repetition. The f32
 // kernels (f32 check runs) are held to f32 error on the same cases and on odd head dims.
 // Skips without a device.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
 
@@ -88,10 +91,49 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
 
   Tensor dq = Tensor::empty(q.shape(), dt, gpu), dk = Tensor::empty(k.shape(), dt, gpu),
          dv = Tensor::empty(v.shape(), dt, gpu);
-  attention_backward(dq, dk, dv, ddout, dq_in, dk_in, dv_in, out, lse, o);
-  EXPECT_TRUE(close(dq, ref.dq)) << "dq";
-  EXPECT_TRUE(close(dk, ref.dk)) << "dk";
-  EXPECT_TRUE(close(dv, ref.dv)) << "dv";
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic backward" : "default backward");
+    o.deterministic = deterministic;
+    attention_backward(dq, dk, dv, ddout, dq_in, dk_in, dv_in, out, lse, o);
+    EXPECT_TRUE(close(dq, ref.dq)) << "dq";
+    EXPECT_TRUE(close(dk, ref.dk)) << "dk";
+    EXPECT_TRUE(close(dv, ref.dv)) << "dv";
+  }
+}
+
+// The deterministic backward repeats bit for bit at the 1B shape's size (a batch of 4 x 4096
+// tokens, 32 query and 8 kv heads of 64), where cuDNN's default backward was seen to differ
+// from run to run in the last bits (training losses of two runs of train_bench, H100).
+TEST(AttentionCudaDeterministic, BackwardRepeatsBitForBit) {
+  ST_REQUIRE_CUDA();
+  const int64_t B = 4, T = 4096, N = 32, M = 8, H = 64;
+  const Device gpu = Device::cuda(0);
+  auto normal = [&](const Shape& s, uint64_t key) {
+    Tensor x = Tensor::empty(s, DType::kBF16, gpu, "test input");
+    fill_normal(x, 5, key, 0, 1);
+    return x;
+  };
+  const Tensor q = normal({B, T, N, H}, 1), k = normal({B, T, M, H}, 2), v = normal({B, T, M, H}, 3),
+               dout = normal({B, T, N, H}, 4);
+  Tensor out = Tensor::empty(q.shape(), DType::kBF16, gpu), lse = Tensor::empty({B, N, T}, DType::kF32, gpu);
+  AttentionOptions o;
+  o.deterministic = true;
+  attention_forward(out, lse, q, k, v, o);
+  Tensor first[3];
+  for (int run = 0; run < 3; ++run) {
+    Tensor dq = Tensor::empty(q.shape(), DType::kBF16, gpu), dk = Tensor::empty(k.shape(), DType::kBF16, gpu),
+           dv = Tensor::empty(v.shape(), DType::kBF16, gpu);
+    attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+    const Tensor got[3] = {to_host(dq), to_host(dk), to_host(dv)};
+    for (int t = 0; t < 3; ++t) {
+      if (run == 0) {
+        first[t] = got[t];
+        continue;
+      }
+      EXPECT_EQ(std::memcmp(first[t].raw_data(), got[t].raw_data(), got[t].nbytes()), 0)
+          << "run " << run << ": " << (t == 0 ? "dq" : t == 1 ? "dk" : "dv") << " differs from the first run";
+    }
+  }
 }
 
 // f32 on CUDA goes to exact kernels (no bf16 rounding anywhere), so every tensor matches the
