@@ -57,9 +57,10 @@ double time_calls_ms(const std::function<void()>& fn, int calls) {
   return stop.elapsed_ms_since(start) / calls;
 }
 
-// Sustained timing of every candidate, as ops::linear's timed selection does it: the first
-// sweep loads the board for 2 s; then three rounds, each running every candidate back to
-// back for about 50 ms, interleaved; a candidate's time is its median round.
+// Sustained timing of every candidate, the method of ops::linear's timed selection with
+// longer trials (its are 20 ms after 300 ms of load): the first sweep loads the board for
+// 2 s; then three rounds, each running every candidate back to back for about 50 ms,
+// interleaved; a candidate's time is its median round.
 std::vector<double> time_sustained_ms(const std::vector<std::function<void()>>& fns) {
   static bool heated = false;
   std::vector<int> calls;

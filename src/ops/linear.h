@@ -25,8 +25,8 @@ struct LinearBackwardOptions {
 //   kTimed: times up to 8 recommendations on that first call's own operands and keeps the
 //     fastest. The trials run back to back on a board held at its power cap, as a training
 //     step runs them (three interleaved rounds of ~20 ms per candidate, the median round;
-//     the process's first selection loads the board for 300 ms first), about half a second
-//     per shape. On the 1B shape on an H100: +0.3-0.5 % tokens/s; the pick can differ
+//     the process's first selection loads the board for 300 ms first): 8 x 3 x 20 ms, about
+//     half a second per shape. On the 1B shape on an H100: +0.3-0.5 % tokens/s; the pick can differ
 //     between processes, and with it the last bits of the results. The trial runs write
 //     into the call's output when it is overwritten anyway, else into a scratch buffer (up
 //     to 256 MiB; larger accumulating outputs keep the heuristic's choice). No trials

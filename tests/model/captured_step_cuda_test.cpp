@@ -72,6 +72,15 @@ LlamaConfig small_config(bool tied) {
   return c;
 }
 
+// Every gradient shard of `got` within 2e-3 relative norm of `want`'s: the attention
+// backward's atomic-order noise after step `step`.
+void expect_grads_near(const Engine& got, const Engine& want, int step) {
+  for (size_t u = 0; u < want.layout.units().size(); ++u)
+    EXPECT_TRUE(testing::all_close(testing::to_host(got.store->grad_shards()[u]),
+                                   testing::to_host(want.store->grad_shards()[u]), testing::Tolerance{2e-3, 1e30, 1e30}))
+        << "step " << step << " unit " << u;
+}
+
 // Also as the trainer runs it (overwrite): the graph writes its gradients over the last
 // step's, never cleared, while the eager step clears them and adds.
 void replays_follow_the_eager_step(bool overwrite) {
@@ -98,11 +107,7 @@ void replays_follow_the_eager_step(bool overwrite) {
     EXPECT_EQ(a.tokens, b.tokens);
     EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * a.loss_sum) << "step " << s;
     EXPECT_GT(graph.model->last_phase_times().backward_s, 0.0) << "phase events inside the graph";
-    for (size_t u = 0; u < eager.layout.units().size(); ++u)
-      EXPECT_TRUE(testing::all_close(testing::to_host(graph.store->grad_shards()[u]),
-                                     testing::to_host(eager.store->grad_shards()[u]),
-                                     testing::Tolerance{2e-3, 1e30, 1e30}))
-          << "step " << s << " unit " << u;
+    expect_grads_near(graph, eager, s);
     eager.update();
     graph.update();
   }
@@ -152,11 +157,10 @@ TEST(CheckpointingCuda, EveryPolicyFollowsNone) {
       const LossSum b = p->graph ? p->step->run(ids, targets, o.grad_scale)
                                  : p->engine->model->forward_backward(ids, targets, p->options);
       EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * a.loss_sum) << name << ", step " << s;
-      for (size_t u = 0; u < none.layout.units().size(); ++u)
-        EXPECT_TRUE(testing::all_close(testing::to_host(p->engine->store->grad_shards()[u]),
-                                       testing::to_host(none.store->grad_shards()[u]),
-                                       testing::Tolerance{2e-3, 1e30, 1e30}))
-            << name << ", step " << s << " unit " << u;
+      {
+        SCOPED_TRACE(name);
+        expect_grads_near(*p->engine, none, s);
+      }
       p->engine->update();
     }
     none.update();
@@ -202,11 +206,7 @@ TEST(CapturedStepCuda, ComputeShardsFollowTheCastCopies) {
     const LossSum b = step.run(ids, targets, o.grad_scale);
     EXPECT_NEAR(b.loss_sum, a.loss_sum, 1e-5 * a.loss_sum) << "step " << s;
     if (s == 2) shards_hold_the_cast("after the outside write");
-    for (size_t u = 0; u < shards.layout.units().size(); ++u)
-      EXPECT_TRUE(testing::all_close(testing::to_host(shards.store->grad_shards()[u]),
-                                     testing::to_host(cast_each_step.store->grad_shards()[u]),
-                                     testing::Tolerance{2e-3, 1e30, 1e30}))
-          << "step " << s << " unit " << u;
+    expect_grads_near(shards, cast_each_step, s);
     cast_each_step.update();
     shards.update();
     shards_hold_the_cast("after an update");
