@@ -3,14 +3,30 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <vector>
 
 #include "core/cuda/stream.h"
 #include "core/error.h"
 #include "core/tensor.h"
 #include "ops/elementwise.h"
+
+// Status checks for benchmarks that call cuBLASLt or the CUDA runtime themselves (the
+// including file includes their headers).
+#define ST_BENCH_CUBLAS(expr)                                                        \
+  do {                                                                              \
+    const cublasStatus_t s_ = (expr);                                               \
+    ST_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error ", static_cast<int>(s_), \
+             " in `", #expr, "`");                                                  \
+  } while (0)
+#define ST_BENCH_CUDA(expr)                                                                    \
+  do {                                                                                         \
+    const cudaError_t e_ = (expr);                                                             \
+    ST_CHECK(e_ == cudaSuccess, "CUDA error ", cudaGetErrorString(e_), " in `", #expr, "`"); \
+  } while (0)
 
 namespace shardtrain::bench {
 
@@ -76,6 +92,39 @@ inline double copy_ceiling_gbs(int iterations) {
   Tensor src = dev_zeros({n}), dst = Tensor::empty({n}, DType::kF32, Device::cuda(0), "copy target");
   const double ms = time_ms([&] { copy(dst, src); }, iterations);
   return 2.0 * 4 * static_cast<double>(n) / ms / 1e6;
+}
+
+// Mean milliseconds per call of `calls` back-to-back calls of fn (no L2 flush).
+inline double time_calls_ms(const std::function<void()>& fn, int calls) {
+  cuda::Event start, stop;
+  start.record(Stream{});
+  for (int i = 0; i < calls; ++i) fn();
+  stop.record(Stream{});
+  stop.synchronize();
+  return stop.elapsed_ms_since(start) / calls;
+}
+
+// Sustained timing, as a training step runs on a board at its power cap: fns[0] loads the
+// board for about load_ms (none when 0); then three rounds, each running every fn back to
+// back for about round_ms, interleaved so a drifting clock treats them alike; each fn's
+// time is its median round (ms per call).
+inline std::vector<double> time_sustained_ms(const std::vector<std::function<void()>>& fns, double round_ms,
+                                             double load_ms) {
+  std::vector<int> calls;
+  for (const auto& fn : fns) {
+    fn();
+    calls.push_back(static_cast<int>(round_ms / time_calls_ms(fn, 1)) + 1);
+  }
+  if (load_ms > 0) time_calls_ms(fns[0], static_cast<int>(calls[0] * load_ms / round_ms));
+  std::vector<std::array<double, 3>> ms(fns.size());
+  for (int round = 0; round < 3; ++round)
+    for (size_t i = 0; i < fns.size(); ++i) ms[i][round] = time_calls_ms(fns[i], calls[i]);
+  std::vector<double> median;
+  for (auto& m : ms) {
+    std::sort(m.begin(), m.end());
+    median.push_back(m[1]);
+  }
+  return median;
 }
 
 }  // namespace shardtrain::bench

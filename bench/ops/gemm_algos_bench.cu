@@ -24,13 +24,6 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-#define CHECK_LT(expr)                                                              \
-  do {                                                                              \
-    const cublasStatus_t s_ = (expr);                                               \
-    ST_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error ", static_cast<int>(s_), \
-             " in `", #expr, "`");                                                  \
-  } while (0)
-
 constexpr size_t kWorkspace = size_t{32} << 20;
 constexpr int kMaxCandidates = 16;
 
@@ -47,65 +40,29 @@ struct Result {
 
 bool g_sustained = false;
 
-// Mean milliseconds per call of `calls` back-to-back calls of fn.
-double time_calls_ms(const std::function<void()>& fn, int calls) {
-  cuda::Event start, stop;
-  start.record(Stream{});
-  for (int i = 0; i < calls; ++i) fn();
-  stop.record(Stream{});
-  stop.synchronize();
-  return stop.elapsed_ms_since(start) / calls;
-}
-
-// Sustained timing of every candidate, the method of ops::linear's timed selection with
-// longer trials (its are 20 ms after 300 ms of load): the first sweep loads the board for
-// 2 s; then three rounds, each running every candidate back to back for about 50 ms,
-// interleaved; a candidate's time is its median round.
-std::vector<double> time_sustained_ms(const std::vector<std::function<void()>>& fns) {
-  static bool heated = false;
-  std::vector<int> calls;
-  for (const auto& fn : fns) {
-    fn();
-    calls.push_back(static_cast<int>(50 / time_calls_ms(fn, 1)) + 1);
-  }
-  if (!heated) {
-    time_calls_ms(fns[0], calls[0] * 40);
-    heated = true;
-  }
-  std::vector<std::array<double, 3>> ms(fns.size());
-  for (int round = 0; round < 3; ++round)
-    for (size_t i = 0; i < fns.size(); ++i) ms[i][round] = time_calls_ms(fns[i], calls[i]);
-  std::vector<double> median;
-  for (auto& m : ms) {
-    std::sort(m.begin(), m.end());
-    median.push_back(m[1]);
-  }
-  return median;
-}
-
 Result sweep(cublasLtHandle_t lt, void* workspace, const Problem& p, int iterations, int max_candidates) {
   const int64_t a_elems = p.m * p.k, b_elems = p.n * p.k, c_elems = p.m * p.n;
   Tensor a = dev_normal({a_elems}, DType::kBF16, 1, 0.05), b = dev_normal({b_elems}, DType::kBF16, 2);
   Tensor c = dev_normal({c_elems}, p.f32_out ? DType::kF32 : DType::kBF16, 3);
   cublasLtMatmulDesc_t op;
-  CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  ST_BENCH_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   cublasLtMatrixLayout_t la, lb, lc;
-  CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lc, p.f32_out ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldc));
+  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda));
+  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb));
+  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, p.f32_out ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldc));
   cublasLtMatmulPreference_t pref;
-  CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kWorkspace;
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                 sizeof schemes));
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
   int found = 0;
-  CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, std::min(max_candidates, kMaxCandidates),
+  ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, std::min(max_candidates, kMaxCandidates),
                                           results, &found));
   ST_CHECK(found > 0, "gemm_algos_bench: no algorithm");
   const float alpha = 1, beta = p.accumulate ? 1.0f : 0.0f;
@@ -114,12 +71,14 @@ Result sweep(cublasLtHandle_t lt, void* workspace, const Problem& p, int iterati
   std::vector<std::function<void()>> calls;
   for (int i = 0; i < found; ++i)
     calls.push_back([&, i] {
-      CHECK_LT(cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc,
+      ST_BENCH_CUBLAS(cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc,
                               c.raw_data(), lc, &results[i].algo, workspace, kWorkspace, nullptr));
     });
   std::vector<double> ms;
   if (g_sustained) {
-    ms = time_sustained_ms(calls);
+    static bool heated = false;  // the first sweep loads the board for 2 s
+    ms = time_sustained_ms(calls, 50, heated ? 0 : 2000);
+    heated = true;
   } else {
     for (const auto& call : calls) ms.push_back(time_ms(call, iterations));
   }
@@ -176,7 +135,7 @@ int main(int argc, char** argv) try {
   ST_CHECK(cuda::device_count() > 0, "gemm_algos_bench: no CUDA device");
   cuda::init_device(0);
   cublasLtHandle_t lt;
-  CHECK_LT(cublasLtCreate(&lt));
+  ST_BENCH_CUBLAS(cublasLtCreate(&lt));
   Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
   if (g_sustained)
     std::printf("# %s, sustained: median of 3 interleaved rounds of ~50 ms back-to-back calls after 2 s of load; "

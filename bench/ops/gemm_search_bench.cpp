@@ -30,13 +30,6 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-#define CHECK_LT(expr)                                                              \
-  do {                                                                              \
-    const cublasStatus_t s_ = (expr);                                               \
-    ST_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error ", static_cast<int>(s_), \
-             " in `", #expr, "`");                                                  \
-  } while (0)
-
 constexpr size_t kWorkspace = size_t{32} << 20;
 
 struct Problem {
@@ -45,20 +38,11 @@ struct Problem {
   bool ta, tb, accumulate, f32_out;
 };
 
-double time_calls_ms(const std::function<void()>& fn, int calls) {
-  cuda::Event start, stop;
-  start.record(Stream{});
-  for (int i = 0; i < calls; ++i) fn();
-  stop.record(Stream{});
-  stop.synchronize();
-  return stop.elapsed_ms_since(start) / calls;
-}
-
 template <typename T>
 T config(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoConfigAttributes_t attr) {
   T v{};
   size_t written = 0;
-  CHECK_LT(cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof v, &written));
+  ST_BENCH_CUBLAS(cublasLtMatmulAlgoConfigGetAttribute(&a, attr, &v, sizeof v, &written));
   return v;
 }
 
@@ -79,7 +63,7 @@ std::vector<T> cap_list(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoCapAttr
   size_t bytes = 0;
   if (cublasLtMatmulAlgoCapGetAttribute(&a, attr, nullptr, 0, &bytes) != CUBLAS_STATUS_SUCCESS || bytes == 0) return {};
   std::vector<T> v(bytes / sizeof(T));
-  CHECK_LT(cublasLtMatmulAlgoCapGetAttribute(&a, attr, v.data(), bytes, &bytes));
+  ST_BENCH_CUBLAS(cublasLtMatmulAlgoCapGetAttribute(&a, attr, v.data(), bytes, &bytes));
   return v;
 }
 
@@ -96,33 +80,33 @@ void search(cublasLtHandle_t lt, void* workspace, const Problem& p, double scree
   const cudaDataType_t cd = p.f32_out ? CUDA_R_32F : CUDA_R_16BF;
   Tensor c = dev_normal({p.m * p.n}, p.f32_out ? DType::kF32 : DType::kBF16, 3);
   cublasLtMatmulDesc_t op;
-  CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  ST_BENCH_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
   cublasLtMatrixLayout_t la, lb, lc;
-  CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb));
-  CHECK_LT(cublasLtMatrixLayoutCreate(&lc, cd, p.m, p.n, p.ldc));
+  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda));
+  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb));
+  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, cd, p.m, p.n, p.ldc));
   const float alpha = 1, beta = p.accumulate ? 1.0f : 0.0f;
 
   // The heuristic's candidates, as ops::linear asks for them.
   cublasLtMatmulPreference_t pref;
-  CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
   const size_t ws = kWorkspace;
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
+  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
   const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                 sizeof schemes));
   cublasLtMatmulHeuristicResult_t heur[8];
   int found = 0;
-  CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 8, heur, &found));
+  ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 8, heur, &found));
   cublasLtMatmulPreferenceDestroy(pref);
 
   // The whole space.
   int ids[256], n_ids = 0;
-  CHECK_LT(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, cd, cd, 256, ids,
-                                    &n_ids));
+  ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetIds(lt, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF, cd, cd, 256,
+                                           ids, &n_ids));
   std::vector<cublasLtMatmulAlgo_t> space;
   for (int i = 0; i < n_ids; ++i) {
     cublasLtMatmulAlgo_t base;
@@ -166,14 +150,14 @@ void search(cublasLtHandle_t lt, void* workspace, const Problem& p, double scree
               static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k), n_ids,
               space.size());
   // Load the board, then screen every configuration with one burst.
-  CHECK_LT(run(heur[0].algo));
-  const double one = time_calls_ms([&] { CHECK_LT(run(heur[0].algo)); }, 1);
+  ST_BENCH_CUBLAS(run(heur[0].algo));
+  const double one = time_calls_ms([&] { ST_BENCH_CUBLAS(run(heur[0].algo)); }, 1);
   const int burst = std::max(1, static_cast<int>(screen_ms / one));
-  time_calls_ms([&] { CHECK_LT(run(heur[0].algo)); }, static_cast<int>(1000 / one));
+  time_calls_ms([&] { ST_BENCH_CUBLAS(run(heur[0].algo)); }, static_cast<int>(1000 / one));
   std::vector<std::pair<double, size_t>> screened;
   for (size_t i = 0; i < space.size(); ++i) {
     if (run(space[i]) != CUBLAS_STATUS_SUCCESS) continue;
-    screened.emplace_back(time_calls_ms([&] { CHECK_LT(run(space[i])); }, burst), i);
+    screened.emplace_back(time_calls_ms([&] { ST_BENCH_CUBLAS(run(space[i])); }, burst), i);
   }
   std::sort(screened.begin(), screened.end());
   // Sustained rounds: the heuristic's candidates and the screen's 12 best.
@@ -189,11 +173,11 @@ void search(cublasLtHandle_t lt, void* workspace, const Problem& p, double scree
   }
   std::vector<int> calls;
   for (const auto& f : finalists)
-    calls.push_back(std::max(1, static_cast<int>(40 / time_calls_ms([&] { CHECK_LT(run(f)); }, 2))));
+    calls.push_back(std::max(1, static_cast<int>(40 / time_calls_ms([&] { ST_BENCH_CUBLAS(run(f)); }, 2))));
   std::vector<std::array<double, 3>> ms(finalists.size());
   for (int round = 0; round < 3; ++round)
     for (size_t i = 0; i < finalists.size(); ++i)
-      ms[i][round] = time_calls_ms([&] { CHECK_LT(run(finalists[i])); }, calls[i]);
+      ms[i][round] = time_calls_ms([&] { ST_BENCH_CUBLAS(run(finalists[i])); }, calls[i]);
   std::printf("| candidate | configuration | ms | TFLOP/s |\n|---|---|---|---|\n");
   for (size_t i = 0; i < finalists.size(); ++i) {
     std::sort(ms[i].begin(), ms[i].end());
@@ -218,7 +202,7 @@ int main(int argc, char** argv) try {
   ST_CHECK(cuda::device_count() > 0, "gemm_search_bench: no CUDA device");
   cuda::init_device(0);
   cublasLtHandle_t lt;
-  CHECK_LT(cublasLtCreate(&lt));
+  ST_BENCH_CUBLAS(cublasLtCreate(&lt));
   Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
   std::printf("# %s; cuBLASLt %zu\n", cuda::device_name(0).c_str(), cublasLtGetVersion());
   const int64_t T = 8 * 4096, D = 2048, F = 8192, V = 128256, C = 8192;

@@ -36,12 +36,6 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-#define CHECK_RT(expr)                                                                         \
-  do {                                                                                         \
-    const cudaError_t e_ = (expr);                                                             \
-    ST_CHECK(e_ == cudaSuccess, "CUDA error ", cudaGetErrorString(e_), " in `", #expr, "`"); \
-  } while (0)
-
 constexpr int kBM = 128, kBN = 128, kBK = 64;
 constexpr int kABytes = kBM * kBK * 2, kBBytes = 2 * kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
 // Output staging: per consumer warp group two buffers of 64 rows x 128 columns (two 64 x 64
@@ -328,7 +322,7 @@ CUtensorMap make_map(const Tensor& t, int rows, int cols, int box_rows, int box_
   static PFN_cuTensorMapEncodeTiled_v12000 encode = [] {
     void* fn = nullptr;
     cudaDriverEntryPointQueryResult q;
-    CHECK_RT(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
+    ST_BENCH_CUDA(cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q));
     ST_CHECK(fn != nullptr && q == cudaDriverEntryPointSuccess, "mlp_fused_bench: no cuTensorMapEncodeTiled");
     return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
   }();
@@ -369,41 +363,14 @@ void fused(Tensor& gate, Tensor& up, Tensor& h, const Tensor& x, const Tensor& w
   // would double the time.
   static int resident = 0;
   if (resident == 0) {
-    CHECK_RT(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, V::kSmemBytes));
+    ST_BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, V::kSmemBytes));
     config.gridDim = dim3(sms / kCluster * kCluster);
-    CHECK_RT(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
+    ST_BENCH_CUDA(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
     std::printf("# variant stages %d cluster %d multicast %d buffers %d: %d clusters resident, %d bytes of smem\n",
                 kStages, kCluster, kMulticast ? 1 : 0, kBuffers, resident, V::kSmemBytes);
   }
   config.gridDim = dim3(kCluster * std::min(groups, resident));
-  CHECK_RT(cudaLaunchKernelEx(&config, kernel, mx, mg, mu, mgate, mup, mh, T, D, F));
-}
-
-double time_calls_ms(const std::function<void()>& fn, int calls) {
-  cuda::Event start, stop;
-  start.record(Stream{});
-  for (int i = 0; i < calls; ++i) fn();
-  stop.record(Stream{});
-  stop.synchronize();
-  return stop.elapsed_ms_since(start) / calls;
-}
-
-std::vector<double> time_sustained_ms(const std::vector<std::function<void()>>& fns) {
-  std::vector<int> calls;
-  for (const auto& fn : fns) {
-    fn();
-    calls.push_back(static_cast<int>(100 / time_calls_ms(fn, 1)) + 1);
-  }
-  time_calls_ms(fns[0], calls[0] * 20);
-  std::vector<std::array<double, 3>> ms(fns.size());
-  for (int round = 0; round < 3; ++round)
-    for (size_t i = 0; i < fns.size(); ++i) ms[i][round] = time_calls_ms(fns[i], calls[i]);
-  std::vector<double> median;
-  for (auto& m : ms) {
-    std::sort(m.begin(), m.end());
-    median.push_back(m[1]);
-  }
-  return median;
+  ST_BENCH_CUDA(cudaLaunchKernelEx(&config, kernel, mx, mg, mu, mgate, mup, mh, T, D, F));
 }
 
 // Largest |a - b| relative to max |b|, and how many elements differ at all.
@@ -430,7 +397,7 @@ int main(int argc, char** argv) try {
   ST_CHECK(cuda::device_count() > 0, "mlp_fused_bench: no CUDA device");
   cuda::init_device(0);
   int sms = 0;
-  CHECK_RT(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  ST_BENCH_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Tensor x = dev_normal({T, D}, DType::kBF16, 1), wg = dev_normal({F, D}, DType::kBF16, 2, 0.02),
          wu = dev_normal({F, D}, DType::kBF16, 3, 0.02);
   auto empty = [&](const char* what) { return Tensor::empty({T, F}, DType::kBF16, Device::cuda(0), what); };
@@ -491,7 +458,7 @@ int main(int argc, char** argv) try {
     fns.push_back(v.fn);
     names.push_back(v.name);
   }
-  const std::vector<double> ms = time_sustained_ms(fns);
+  const std::vector<double> ms = time_sustained_ms(fns, 100, 2000);
   for (size_t i = 0; i < fns.size(); ++i)
     std::printf("| %-22s | %.3f ms | %.0f TFLOP/s |\n", names[i].c_str(), ms[i], flops / ms[i] / 1e9);
   return 0;

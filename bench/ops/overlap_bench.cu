@@ -32,18 +32,6 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-#define CHECK_LT(expr)                                                              \
-  do {                                                                              \
-    const cublasStatus_t s_ = (expr);                                               \
-    ST_CHECK(s_ == CUBLAS_STATUS_SUCCESS, "cuBLASLt error ", static_cast<int>(s_), \
-             " in `", #expr, "`");                                                  \
-  } while (0)
-#define CHECK_RT(expr)                                                                         \
-  do {                                                                                         \
-    const cudaError_t e_ = (expr);                                                             \
-    ST_CHECK(e_ == cudaSuccess, "CUDA error ", cudaGetErrorString(e_), " in `", #expr, "`"); \
-  } while (0)
-
 constexpr size_t kWorkspace = size_t{32} << 20;
 
 // dW'[m = F, n = D] = h'[F, T] dy'[D, T]^T, column-major as ops::linear issues it.
@@ -56,61 +44,36 @@ struct WeightGrad {
 
   WeightGrad(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, int sms) : lt(handle) {
     ws = Tensor::empty({static_cast<int64_t>(kWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
-    CHECK_LT(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    ST_BENCH_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_T;
-    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (sms > 0) CHECK_LT(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, k, n));
-    CHECK_LT(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m));
+    ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+    ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+    if (sms > 0)
+      ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
+    ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m));
+    ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, k, n));
+    ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m));
     cublasLtMatmulPreference_t pref;
-    CHECK_LT(cublasLtMatmulPreferenceCreate(&pref));
+    ST_BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
     const size_t wsb = kWorkspace;
-    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    ST_BENCH_CUBLAS(
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    CHECK_LT(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
+    ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
                                                   sizeof schemes));
     cublasLtMatmulHeuristicResult_t result;
     int found = 0;
-    CHECK_LT(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &result, &found));
+    ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &result, &found));
     ST_CHECK(found > 0, "overlap_bench: no algorithm for SM target ", sms);
     algo = result.algo;
     cublasLtMatmulPreferenceDestroy(pref);
   }
   void run(const Tensor& a, const Tensor& b, Tensor& c, cudaStream_t s) const {
     const float alpha = 1, beta = 0;
-    CHECK_LT(cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc,
+    ST_BENCH_CUBLAS(cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc,
                             c.raw_data(), lc, &algo, ws.raw_data(), kWorkspace, s));
   }
 };
-
-double time_calls_ms(const std::function<void()>& fn, int calls) {
-  cuda::Event start, stop;
-  start.record(Stream{});
-  for (int i = 0; i < calls; ++i) fn();
-  stop.record(Stream{});
-  stop.synchronize();
-  return stop.elapsed_ms_since(start) / calls;
-}
-
-std::vector<double> time_sustained_ms(const std::vector<std::function<void()>>& fns) {
-  std::vector<int> calls;
-  for (const auto& fn : fns) {
-    fn();
-    calls.push_back(static_cast<int>(100 / time_calls_ms(fn, 1)) + 1);
-  }
-  time_calls_ms(fns[0], calls[0] * 20);
-  std::vector<std::array<double, 3>> ms(fns.size());
-  for (int round = 0; round < 3; ++round)
-    for (size_t i = 0; i < fns.size(); ++i) ms[i][round] = time_calls_ms(fns[i], calls[i]);
-  std::vector<double> median;
-  for (auto& m : ms) {
-    std::sort(m.begin(), m.end());
-    median.push_back(m[1]);
-  }
-  return median;
-}
 
 }  // namespace
 
@@ -125,32 +88,32 @@ int main(int argc, char** argv) try {
   cuda::init_device(0);
   const int64_t T = 8 * 4096, D = 2048, F = 8192;
   cublasLtHandle_t lt;
-  CHECK_LT(cublasLtCreate(&lt));
+  ST_BENCH_CUBLAS(cublasLtCreate(&lt));
   Tensor h = dev_normal({T, F}, DType::kBF16, 1), dy = dev_normal({T, D}, DType::kBF16, 2, 0.05);
   Tensor dw = Tensor::empty({D, F}, DType::kF32, Device::cuda(0), "dW");
   Tensor gate = dev_normal({T, F}, DType::kBF16, 3), up = dev_normal({T, F}, DType::kBF16, 4);
   Tensor dh = dev_normal({T, F}, DType::kBF16, 5, 0.01), none;
 
   int lo = 0, hi = 0;
-  CHECK_RT(cudaDeviceGetStreamPriorityRange(&lo, &hi));
+  ST_BENCH_CUDA(cudaDeviceGetStreamPriorityRange(&lo, &hi));
   cudaStream_t main_s, side_s;
-  CHECK_RT(cudaStreamCreateWithPriority(&main_s, cudaStreamNonBlocking, hi));
-  CHECK_RT(cudaStreamCreateWithPriority(&side_s, cudaStreamNonBlocking, lo));
+  ST_BENCH_CUDA(cudaStreamCreateWithPriority(&main_s, cudaStreamNonBlocking, hi));
+  ST_BENCH_CUDA(cudaStreamCreateWithPriority(&side_s, cudaStreamNonBlocking, lo));
   cudaEvent_t fork, join;
-  CHECK_RT(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
-  CHECK_RT(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
+  ST_BENCH_CUDA(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  ST_BENCH_CUDA(cudaEventCreateWithFlags(&join, cudaEventDisableTiming));
   // Every variant is issued on main_s, framed by the legacy stream's events: main_s waits
   // for the legacy stream first and the legacy stream for main_s after.
   cudaEvent_t enter, leave;
-  CHECK_RT(cudaEventCreateWithFlags(&enter, cudaEventDisableTiming));
-  CHECK_RT(cudaEventCreateWithFlags(&leave, cudaEventDisableTiming));
+  ST_BENCH_CUDA(cudaEventCreateWithFlags(&enter, cudaEventDisableTiming));
+  ST_BENCH_CUDA(cudaEventCreateWithFlags(&leave, cudaEventDisableTiming));
   auto framed = [&](const std::function<void()>& body) {
     return [&, body] {
-      CHECK_RT(cudaEventRecord(enter, nullptr));
-      CHECK_RT(cudaStreamWaitEvent(main_s, enter));
+      ST_BENCH_CUDA(cudaEventRecord(enter, nullptr));
+      ST_BENCH_CUDA(cudaStreamWaitEvent(main_s, enter));
       body();
-      CHECK_RT(cudaEventRecord(leave, main_s));
-      CHECK_RT(cudaStreamWaitEvent(nullptr, leave));
+      ST_BENCH_CUDA(cudaEventRecord(leave, main_s));
+      ST_BENCH_CUDA(cudaStreamWaitEvent(nullptr, leave));
     };
   };
   // The pass reads gate/up and writes dgate/dup in place: the data drifts, the traffic does not.
@@ -174,19 +137,19 @@ int main(int argc, char** argv) try {
   for (size_t i = 0; i < targets.size(); ++i) {
     names.push_back("overlap(" + std::to_string(targets[i]) + ")");
     fns.push_back(framed([&, i] {
-      CHECK_RT(cudaEventRecord(fork, main_s));
-      CHECK_RT(cudaStreamWaitEvent(side_s, fork));
+      ST_BENCH_CUDA(cudaEventRecord(fork, main_s));
+      ST_BENCH_CUDA(cudaStreamWaitEvent(side_s, fork));
       gemms[i].run(h, dy, dw, side_s);
       pass();
-      CHECK_RT(cudaEventRecord(join, side_s));
-      CHECK_RT(cudaStreamWaitEvent(main_s, join));
+      ST_BENCH_CUDA(cudaEventRecord(join, side_s));
+      ST_BENCH_CUDA(cudaStreamWaitEvent(main_s, join));
     }));
   }
   std::printf("# %s; dW[%lld, %lld] over %lld tokens (%.1f GFLOP) and a SwiGLU backward over [%lld, %lld]; "
               "sustained, median of 3 rounds\n",
               cuda::device_name(0).c_str(), static_cast<long long>(D), static_cast<long long>(F),
               static_cast<long long>(T), 2.0 * T * D * F / 1e9, static_cast<long long>(T), static_cast<long long>(F));
-  const std::vector<double> ms = time_sustained_ms(fns);
+  const std::vector<double> ms = time_sustained_ms(fns, 100, 2000);
   const double flops = 2.0 * T * D * F;
   for (size_t i = 0; i < fns.size(); ++i)
     std::printf("| %-14s | %7.3f ms | %6.0f TFLOP/s of the GEMM |\n", names[i].c_str(), ms[i],
