@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "gemm_problem.h"
 #include "core/cuda/device.h"
 
 namespace {
@@ -24,14 +25,7 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-constexpr size_t kWorkspace = size_t{32} << 20;
 constexpr int kMaxCandidates = 16;
-
-struct Problem {
-  int64_t m, n, k, lda, ldb, ldc;
-  bool ta, tb, accumulate;
-  bool f32_out;
-};
 
 struct Result {
   double heuristic_ms = 0, best_ms = 0;
@@ -40,43 +34,25 @@ struct Result {
 
 bool g_sustained = false;
 
-Result sweep(cublasLtHandle_t lt, void* workspace, const Problem& p, int iterations, int max_candidates) {
+Result sweep(cublasLtHandle_t lt, void* workspace, const GemmProblem& p, int iterations, int max_candidates) {
   const int64_t a_elems = p.m * p.k, b_elems = p.n * p.k, c_elems = p.m * p.n;
   Tensor a = dev_normal({a_elems}, DType::kBF16, 1, 0.05), b = dev_normal({b_elems}, DType::kBF16, 2);
   Tensor c = dev_normal({c_elems}, p.f32_out ? DType::kF32 : DType::kBF16, 3);
-  cublasLtMatmulDesc_t op;
-  ST_BENCH_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  cublasLtMatrixLayout_t la, lb, lc;
-  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda));
-  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb));
-  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, p.f32_out ? CUDA_R_32F : CUDA_R_16BF, p.m, p.n, p.ldc));
-  cublasLtMatmulPreference_t pref;
-  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = kWorkspace;
-  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-                                                sizeof schemes));
+  const GemmDescs descs(p);
   cublasLtMatmulHeuristicResult_t results[kMaxCandidates];
-  int found = 0;
-  ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, std::min(max_candidates, kMaxCandidates),
-                                          results, &found));
-  ST_CHECK(found > 0, "gemm_algos_bench: no algorithm");
-  const float alpha = 1, beta = p.accumulate ? 1.0f : 0.0f;
+  const int found = descs.heuristic(lt, std::min(max_candidates, kMaxCandidates), results);
   Result r;
   r.candidates = found;
   std::vector<std::function<void()>> calls;
   for (int i = 0; i < found; ++i)
     calls.push_back([&, i] {
-      ST_BENCH_CUBLAS(cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc,
-                              c.raw_data(), lc, &results[i].algo, workspace, kWorkspace, nullptr));
+      ST_BENCH_CUBLAS(descs.run(lt, results[i].algo, a.raw_data(), b.raw_data(), c.raw_data(), workspace, nullptr));
     });
   std::vector<double> ms;
   if (g_sustained) {
-    static bool heated = false;  // the first sweep loads the board for 2 s
+    // ops::linear's timed selection with longer trials (its are 20 ms after 300 ms of load):
+    // the first sweep loads the board for 2 s, then 50 ms rounds
+    static bool heated = false;
     ms = time_sustained_ms(calls, 50, heated ? 0 : 2000);
     heated = true;
   } else {
@@ -89,11 +65,6 @@ Result sweep(cublasLtHandle_t lt, void* workspace, const Problem& p, int iterati
       r.best_index = i;
     }
   }
-  cublasLtMatmulPreferenceDestroy(pref);
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
   return r;
 }
 
@@ -109,11 +80,11 @@ struct Totals {
 };
 
 void bench_linear(cublasLtHandle_t lt, void* ws, const Linear& l, int iterations, int candidates, Totals& t) {
-  const Problem fwd{l.O, l.T, l.I, l.I, l.I, l.O, true, false, false, false};
-  const Problem dx{l.I, l.T, l.O, l.I, l.O, l.I, false, false, l.accumulate_dx, false};
-  const Problem dw{l.I, l.O, l.T, l.I, l.O, l.I, false, true, true, true};
+  const GemmProblem fwd{l.O, l.T, l.I, l.I, l.I, l.O, true, false, false, false};
+  const GemmProblem dx{l.I, l.T, l.O, l.I, l.O, l.I, false, false, l.accumulate_dx, false};
+  const GemmProblem dw{l.I, l.O, l.T, l.I, l.O, l.I, false, true, true, true};
   const char* names[3] = {"forward", "dx", "dW f32 +="};
-  const Problem* ps[3] = {&fwd, &dx, &dw};
+  const GemmProblem* ps[3] = {&fwd, &dx, &dw};
   for (int i = 0; i < 3; ++i) {
     const Result r = sweep(lt, ws, *ps[i], iterations, candidates);
     const double flops = 2.0 * static_cast<double>(l.T) * static_cast<double>(l.I) * static_cast<double>(l.O);
@@ -136,7 +107,7 @@ int main(int argc, char** argv) try {
   cuda::init_device(0);
   cublasLtHandle_t lt;
   ST_BENCH_CUBLAS(cublasLtCreate(&lt));
-  Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
+  Tensor workspace = Tensor::empty({static_cast<int64_t>(kGemmWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
   if (g_sustained)
     std::printf("# %s, sustained: median of 3 interleaved rounds of ~50 ms back-to-back calls after 2 s of load; "
                 "heuristic's first vs best of %d\n",

@@ -1,10 +1,11 @@
 // Does cuBLASLt hold GEMM configurations that beat its heuristic's candidates on a board at
 // its power cap? ops::linear's timed selection tries the heuristic's first 8; this program
-// walks the whole configuration space cuBLASLt reports for a product (every algorithm id,
-// tile, stage count, cluster shape, CTA swizzle and custom option it accepts, no split-K),
+// walks the configuration space cuBLASLt reports for a product (every algorithm id, tile and
+// stage count, seven cluster shapes up to 2x2 or 4x1, both CTA swizzles where supported,
+// custom options 0-3; no split-K), keeping what cublasLtMatmulAlgoCheck accepts; it
 // screens each configuration with one short burst of back-to-back calls, and times the 12
-// fastest of the screen, with the heuristic's first 8, sustained (three interleaved rounds
-// of ~40 ms after 1 s of load, the median round). Shapes of the Llama 3.2 1B block at
+// fastest of the screen, with the heuristic's first 8, sustained (1 s of load before the
+// screen; then three interleaved rounds of ~40 ms, the median round). Shapes of the Llama 3.2 1B block at
 // 8 x 4096 tokens in ops::linear's column-major form (forward, dx, f32 dW). On an H100 with
 // cuBLASLt 13.1 that is 3,745 configurations and about two minutes per product (each
 // configuration's first call loads its kernel), so name the products wanted.
@@ -13,7 +14,6 @@
 #include <cublasLt.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdio>
 #include <functional>
 #include <map>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "gemm_problem.h"
 #include "core/cuda/device.h"
 
 namespace {
@@ -30,12 +31,9 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-constexpr size_t kWorkspace = size_t{32} << 20;
-
-struct Problem {
+struct Named {
   const char* name;
-  int64_t m, n, k, lda, ldb, ldc;
-  bool ta, tb, accumulate, f32_out;
+  GemmProblem p;
 };
 
 template <typename T>
@@ -75,33 +73,14 @@ T cap(const cublasLtMatmulAlgo_t& a, cublasLtMatmulAlgoCapAttributes_t attr) {
   return v;
 }
 
-void search(cublasLtHandle_t lt, void* workspace, const Problem& p, double screen_ms) {
+void search(cublasLtHandle_t lt, void* workspace, const Named& named, double screen_ms) {
+  const GemmProblem& p = named.p;
   Tensor a = dev_normal({p.m * p.k}, DType::kBF16, 1, 0.05), b = dev_normal({p.n * p.k}, DType::kBF16, 2);
-  const cudaDataType_t cd = p.f32_out ? CUDA_R_32F : CUDA_R_16BF;
   Tensor c = dev_normal({p.m * p.n}, p.f32_out ? DType::kF32 : DType::kBF16, 3);
-  cublasLtMatmulDesc_t op;
-  ST_BENCH_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-  const cublasOperation_t ta = p.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
-  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-  ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  cublasLtMatrixLayout_t la, lb, lc;
-  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, p.ta ? p.k : p.m, p.ta ? p.m : p.k, p.lda));
-  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, p.tb ? p.n : p.k, p.tb ? p.k : p.n, p.ldb));
-  ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, cd, p.m, p.n, p.ldc));
-  const float alpha = 1, beta = p.accumulate ? 1.0f : 0.0f;
-
-  // The heuristic's candidates, as ops::linear asks for them.
-  cublasLtMatmulPreference_t pref;
-  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-  const size_t ws = kWorkspace;
-  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws));
-  const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-                                                sizeof schemes));
-  cublasLtMatmulHeuristicResult_t heur[8];
-  int found = 0;
-  ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 8, heur, &found));
-  cublasLtMatmulPreferenceDestroy(pref);
+  const cudaDataType_t cd = GemmDescs::out_type(p);
+  const GemmDescs descs(p);
+  cublasLtMatmulHeuristicResult_t heur[8];  // what ops::linear's timed selection tries
+  const int found = descs.heuristic(lt, 8, heur);
 
   // The whole space.
   int ids[256], n_ids = 0;
@@ -136,17 +115,18 @@ void search(cublasLtHandle_t lt, void* workspace, const Problem& p, double scree
               cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swizzle, sizeof swizzle);
               cublasLtMatmulAlgoConfigSetAttribute(&algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, &option, sizeof option);
               cublasLtMatmulHeuristicResult_t r;
-              if (cublasLtMatmulAlgoCheck(lt, op, la, lb, lc, lc, &algo, &r) != CUBLAS_STATUS_SUCCESS) continue;
-              if (r.workspaceSize > kWorkspace) continue;
+              if (cublasLtMatmulAlgoCheck(lt, descs.op, descs.a, descs.b, descs.c, descs.c, &algo, &r) !=
+                  CUBLAS_STATUS_SUCCESS)
+                continue;
+              if (r.workspaceSize > kGemmWorkspace) continue;
               space.push_back(algo);
             }
   }
   auto run = [&](const cublasLtMatmulAlgo_t& algo) {
-    return cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc, c.raw_data(),
-                          lc, &algo, workspace, kWorkspace, nullptr);
+    return descs.run(lt, algo, a.raw_data(), b.raw_data(), c.raw_data(), workspace, nullptr);
   };
   const double flops = 2.0 * static_cast<double>(p.m) * static_cast<double>(p.n) * static_cast<double>(p.k);
-  std::printf("## %s: m %lld n %lld k %lld; %d algorithm ids, %zu configurations accepted\n", p.name,
+  std::printf("## %s: m %lld n %lld k %lld; %d algorithm ids, %zu configurations accepted\n", named.name,
               static_cast<long long>(p.m), static_cast<long long>(p.n), static_cast<long long>(p.k), n_ids,
               space.size());
   // Load the board, then screen every configuration with one burst.
@@ -171,23 +151,13 @@ void search(cublasLtHandle_t lt, void* workspace, const Problem& p, double scree
     finalists.push_back(space[screened[i].second]);
     labels.push_back("screen #" + std::to_string(i));
   }
-  std::vector<int> calls;
-  for (const auto& f : finalists)
-    calls.push_back(std::max(1, static_cast<int>(40 / time_calls_ms([&] { ST_BENCH_CUBLAS(run(f)); }, 2))));
-  std::vector<std::array<double, 3>> ms(finalists.size());
-  for (int round = 0; round < 3; ++round)
-    for (size_t i = 0; i < finalists.size(); ++i)
-      ms[i][round] = time_calls_ms([&] { ST_BENCH_CUBLAS(run(finalists[i])); }, calls[i]);
+  std::vector<std::function<void()>> fns;
+  for (const auto& f : finalists) fns.push_back([&] { ST_BENCH_CUBLAS(run(f)); });
+  const std::vector<double> ms = time_sustained_ms(fns, 40, 0);  // the screen has loaded the board
   std::printf("| candidate | configuration | ms | TFLOP/s |\n|---|---|---|---|\n");
-  for (size_t i = 0; i < finalists.size(); ++i) {
-    std::sort(ms[i].begin(), ms[i].end());
-    std::printf("| %s | %s | %.3f | %.0f |\n", labels[i].c_str(), describe(finalists[i]).c_str(), ms[i][1],
-                flops / ms[i][1] / 1e9);
-  }
-  cublasLtMatrixLayoutDestroy(la);
-  cublasLtMatrixLayoutDestroy(lb);
-  cublasLtMatrixLayoutDestroy(lc);
-  cublasLtMatmulDescDestroy(op);
+  for (size_t i = 0; i < finalists.size(); ++i)
+    std::printf("| %s | %s | %.3f | %.0f |\n", labels[i].c_str(), describe(finalists[i]).c_str(), ms[i],
+                flops / ms[i] / 1e9);
 }
 
 }  // namespace
@@ -203,21 +173,21 @@ int main(int argc, char** argv) try {
   cuda::init_device(0);
   cublasLtHandle_t lt;
   ST_BENCH_CUBLAS(cublasLtCreate(&lt));
-  Tensor workspace = Tensor::empty({static_cast<int64_t>(kWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
+  Tensor workspace = Tensor::empty({static_cast<int64_t>(kGemmWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
   std::printf("# %s; cuBLASLt %zu\n", cuda::device_name(0).c_str(), cublasLtGetVersion());
   const int64_t T = 8 * 4096, D = 2048, F = 8192, V = 128256, C = 8192;
   // name, m, n, k, lda, ldb, ldc, ta, tb, accumulate, f32 out (ops::linear's column-major keys)
-  const std::vector<Problem> problems = {
-      {"gate_fwd", F, T, D, D, D, F, true, false, false, false},
-      {"down_fwd", D, T, F, F, F, D, true, false, true, false},
-      {"down_dx", F, T, D, F, D, F, false, false, false, false},
-      {"gate_dx", D, T, F, D, F, D, false, false, false, false},
-      {"gate_dw", D, F, T, D, F, D, false, true, false, true},
-      {"down_dw", F, D, T, F, D, F, false, true, false, true},
-      {"q_fwd", D, T, D, D, D, D, true, false, false, false},
-      {"head_fwd", V, C, D, D, D, V, true, false, false, false},
+  const std::vector<Named> problems = {
+      {"gate_fwd", {F, T, D, D, D, F, true, false, false, false}},
+      {"down_fwd", {D, T, F, F, F, D, true, false, true, false}},
+      {"down_dx", {F, T, D, F, D, F, false, false, false, false}},
+      {"gate_dx", {D, T, F, D, F, D, false, false, false, false}},
+      {"gate_dw", {D, F, T, D, F, D, false, true, false, true}},
+      {"down_dw", {F, D, T, F, D, F, false, true, false, true}},
+      {"q_fwd", {D, T, D, D, D, D, true, false, false, false}},
+      {"head_fwd", {V, C, D, D, D, V, true, false, false, false}},
   };
-  for (const Problem& p : problems)
+  for (const Named& p : problems)
     if (wanted.empty() || wanted.count(p.name)) search(lt, workspace.raw_data(), p, screen_ms);
   return 0;
 } catch (const std::exception& e) {

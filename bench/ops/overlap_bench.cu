@@ -19,11 +19,13 @@
 #include <array>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <sstream>
 #include <string>
 #include <vector>
 
 #include "bench_util.h"
+#include "gemm_problem.h"
 #include "core/cuda/device.h"
 #include "ops/swiglu.h"
 
@@ -32,46 +34,23 @@ namespace {
 using namespace shardtrain;
 using namespace shardtrain::bench;
 
-constexpr size_t kWorkspace = size_t{32} << 20;
-
-// dW'[m = F, n = D] = h'[F, T] dy'[D, T]^T, column-major as ops::linear issues it.
+// dW'[m = F, n = D] = h'[F, T] dy'[D, T]^T, column-major as ops::linear issues it, with the
+// heuristic's first algorithm for an SM count target (0: all SMs) and a workspace of its own.
 struct WeightGrad {
   cublasLtHandle_t lt;
-  cublasLtMatmulDesc_t op;
-  cublasLtMatrixLayout_t la, lb, lc;
+  GemmDescs descs;
   cublasLtMatmulAlgo_t algo;
   Tensor ws;
 
-  WeightGrad(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, int sms) : lt(handle) {
-    ws = Tensor::empty({static_cast<int64_t>(kWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
-    ST_BENCH_CUBLAS(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
-    const cublasOperation_t ta = CUBLAS_OP_N, tb = CUBLAS_OP_T;
-    ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
-    ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-    if (sms > 0)
-      ST_BENCH_CUBLAS(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
-    ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, m, k, m));
-    ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, n, k, n));
-    ST_BENCH_CUBLAS(cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, m, n, m));
-    cublasLtMatmulPreference_t pref;
-    ST_BENCH_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
-    const size_t wsb = kWorkspace;
-    ST_BENCH_CUBLAS(
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
-    const uint32_t schemes = CUBLASLT_REDUCTION_SCHEME_NONE | CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-    ST_BENCH_CUBLAS(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &schemes,
-                                                  sizeof schemes));
-    cublasLtMatmulHeuristicResult_t result;
-    int found = 0;
-    ST_BENCH_CUBLAS(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, 1, &result, &found));
-    ST_CHECK(found > 0, "overlap_bench: no algorithm for SM target ", sms);
-    algo = result.algo;
-    cublasLtMatmulPreferenceDestroy(pref);
+  WeightGrad(cublasLtHandle_t handle, int64_t m, int64_t n, int64_t k, int sms)
+      : lt(handle), descs({m, n, k, m, n, m, false, true, false, true}, sms) {
+    ws = Tensor::empty({static_cast<int64_t>(kGemmWorkspace)}, DType::kU8, Device::cuda(0), "workspace");
+    cublasLtMatmulHeuristicResult_t first;
+    descs.heuristic(lt, 1, &first);
+    algo = first.algo;
   }
   void run(const Tensor& a, const Tensor& b, Tensor& c, cudaStream_t s) const {
-    const float alpha = 1, beta = 0;
-    ST_BENCH_CUBLAS(cublasLtMatmul(lt, op, &alpha, a.raw_data(), la, b.raw_data(), lb, &beta, c.raw_data(), lc,
-                            c.raw_data(), lc, &algo, ws.raw_data(), kWorkspace, s));
+    ST_BENCH_CUBLAS(descs.run(lt, algo, a.raw_data(), b.raw_data(), c.raw_data(), ws.raw_data(), s));
   }
 };
 
@@ -119,19 +98,19 @@ int main(int argc, char** argv) try {
   // The pass reads gate/up and writes dgate/dup in place: the data drifts, the traffic does not.
   auto pass = [&] { ops::cuda::swiglu_backward(gate, up, none, dh, gate, up, Stream{main_s}); };
 
-  std::vector<WeightGrad> gemms;
-  for (int k : targets) gemms.emplace_back(lt, F, D, T, k);
+  std::vector<std::unique_ptr<WeightGrad>> gemms;
+  for (int k : targets) gemms.push_back(std::make_unique<WeightGrad>(lt, F, D, T, k));
   std::vector<std::function<void()>> fns;
   std::vector<std::string> names;
   for (size_t i = 0; i < targets.size(); ++i) {
     names.push_back("gemm(" + std::to_string(targets[i]) + ")");
-    fns.push_back(framed([&, i] { gemms[i].run(h, dy, dw, main_s); }));
+    fns.push_back(framed([&, i] { gemms[i]->run(h, dy, dw, main_s); }));
   }
   names.push_back("pass");
   fns.push_back(framed(pass));
   names.push_back("serial");
   fns.push_back(framed([&] {
-    gemms[0].run(h, dy, dw, main_s);
+    gemms[0]->run(h, dy, dw, main_s);
     pass();
   }));
   for (size_t i = 0; i < targets.size(); ++i) {
@@ -139,7 +118,7 @@ int main(int argc, char** argv) try {
     fns.push_back(framed([&, i] {
       ST_BENCH_CUDA(cudaEventRecord(fork, main_s));
       ST_BENCH_CUDA(cudaStreamWaitEvent(side_s, fork));
-      gemms[i].run(h, dy, dw, side_s);
+      gemms[i]->run(h, dy, dw, side_s);
       pass();
       ST_BENCH_CUDA(cudaEventRecord(join, side_s));
       ST_BENCH_CUDA(cudaStreamWaitEvent(main_s, join));
