@@ -5,14 +5,15 @@
 // tile is 128 tokens x 128 features of both products: one m64n256k16 wgmma per consumer
 // warp group and k-step covers the gate and up columns of its 64 rows, so x is loaded once
 // for both and h is formed in registers; the outputs leave through swizzled shared memory
-// and TMA stores. Five variants (pipeline stages, 1- or 2-CTA clusters, the weight tiles
-// multicast to both CTAs of a cluster, one or two staging buffers) are each validated
+// and TMA stores. Variants (cooperative or ping-pong consumers, pipeline stages, 1- or 2-CTA
+// clusters, the weight tiles multicast to both CTAs of a cluster, one or two staging buffers,
+// the tile order's group size) are each validated
 // against the cuBLASLt path (every element of gate, up and h) and, for shapes of at most
 // 4M outputs, against the f64 CPU twin (linear and SwiGLU), then all are timed sustained
 // with it (2 s of load, three interleaved rounds of ~100 ms, the median). Not used by the
-// engine: at the 1B shape it matches the cuBLASLt path (BENCHMARKS.md, session 11) but does
-// not yet beat it; the epilogue does not overlap the next tile's products.
-//   mlp_fused_bench [tokens = 32768] [dim = 2048] [ffn = 8192]
+// engine: at the 1B shape it is within a few per cent of the cuBLASLt path either way
+// (BENCHMARKS.md, sessions 11 and 12).
+//   mlp_fused_bench [tokens = 32768] [dim = 2048] [ffn = 8192] [--once: each path once, for ncu]
 #include <cuda.h>
 #include <cudaTypedefs.h>
 #include <cuda_bf16.h>
@@ -37,19 +38,11 @@ using namespace shardtrain;
 using namespace shardtrain::bench;
 
 constexpr int kBM = 128, kBN = 128, kBK = 64;
-constexpr int kABytes = kBM * kBK * 2, kBBytes = 2 * kBN * kBK * 2, kStageBytes = kABytes + kBBytes;
-// Output staging: per consumer warp group two buffers of 64 rows x 128 columns (two 64 x 64
-// boxes of the 128-byte swizzle), written from registers and stored by TMA.
+constexpr int kBBytes = 2 * kBN * kBK * 2;  // a stage's weight tiles: 128 rows of Wg over 128 of Wu
+// Output staging: per consumer warp group one or two buffers of 64 rows x 128 columns (two
+// 64 x 64 boxes of the 128-byte swizzle), written from registers and stored by TMA.
 constexpr int kOutBox = 64 * 64 * 2, kOutBuffer = 2 * kOutBox;
-// A variant of the kernel: pipeline stages, CTAs per cluster (1 or 2), whether a cluster's
-// two CTAs share the weight tiles by multicast, staging buffers per consumer warp group.
-template <int kStages, int kCluster, bool kMulticast, int kBuffers>
-struct Variant {
-  static constexpr int kOutBytes = 2 * kBuffers * kOutBuffer;
-  static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * 8;
-};
 constexpr int kThreads = 384;
-constexpr int kGroupM = 16;  // tiles walk 16 token blocks per feature block: a wave's operands stay in L2
 
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -175,23 +168,41 @@ __device__ __forceinline__ void wgmma_256(float (&d)[128], uint64_t da, uint64_t
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 // gate, up, h [T, F] from x [T, D] (map_x) and Wg, Wu [F, D] (map_g, map_u); T % 128,
-// F % 128 and D % 64 are zero.
-template <int kStages, int kCluster, bool kMulticast, int kBuffers>
+// F % 128 and D % 64 are zero. Two forms:
+// - cooperative: each CTA tile is 128 tokens x 128 features, both consumer warp groups work
+//   on it (rows 0-63 and 64-127), then both write their outputs while the tensor cores idle;
+// - ping-pong: each consumer warp group owns whole tiles of 64 tokens x 128 features and the
+//   two take turns (group 0 the CTA's even tiles, group 1 its odd ones), so one group's
+//   products run while the other writes its outputs; the price is twice the weight-tile
+//   traffic per FLOP.
+// The producer fills the stage ring in the CTA's tile order, so k-block kb of the tile at
+// place p in that order is ring slot p * kblocks + kb in either form.
+// kGroupM: tiles walk kGroupM (cluster) token blocks per feature block.
+template <int kStages, int kBuffers, bool kPingPong>
+struct Layout {
+  static constexpr int kRows = kPingPong ? 64 : kBM;  // token rows per stage's x tile
+  static constexpr int kABytes = kRows * kBK * 2, kStageBytes = kABytes + kBBytes;
+  static constexpr int kOutBytes = 2 * kBuffers * kOutBuffer;
+  static constexpr int kSmemBytes = kStages * kStageBytes + kOutBytes + 1024 + 2 * kStages * 8;
+};
+
+template <int kStages, int kCluster, bool kMulticast, int kBuffers, int kGroupM, bool kPingPong>
 __global__ void __launch_bounds__(kThreads, 1)
     mlp_up_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_g,
                   const __grid_constant__ CUtensorMap map_u, const __grid_constant__ CUtensorMap map_gate,
                   const __grid_constant__ CUtensorMap map_up, const __grid_constant__ CUtensorMap map_h, int T,
                   int D, int F) {
+  using L = Layout<kStages, kBuffers, kPingPong>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t{1023});
-  uint8_t* out_smem = smem + kStages * kStageBytes;
-  uint64_t* full = reinterpret_cast<uint64_t*>(out_smem + Variant<kStages, kCluster, kMulticast, kBuffers>::kOutBytes);
+  uint8_t* out_smem = smem + kStages * L::kStageBytes;
+  uint64_t* full = reinterpret_cast<uint64_t*>(out_smem + L::kOutBytes);
   uint64_t* empty = full + kStages;
   const int wg = threadIdx.x / 128;
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       bar_init(&full[s], 1);
-      bar_init(&empty[s], 2 * kCluster);  // both consumer warp groups of every CTA
+      bar_init(&empty[s], (kPingPong ? 1 : 2) * kCluster);  // every consumer group that reads it, in each CTA
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -199,7 +210,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // The cluster's CTAs take token blocks kCluster p + rank of one feature block.
   const uint32_t rank = kCluster > 1 ? cluster_rank() : 0;
   const int cluster = blockIdx.x / kCluster, clusters = gridDim.x / kCluster;
-  const int tiles_m = T / kBM / kCluster, tiles_n = F / kBN, tiles = tiles_m * tiles_n, kblocks = D / kBK;
+  const int tiles_m = T / L::kRows / kCluster, tiles_n = F / kBN, tiles = tiles_m * tiles_n, kblocks = D / kBK;
   auto tile_coords = [&](int t, int& tm, int& tn) {
     const int per_group = kGroupM * tiles_n;
     const int group = t / per_group, first_m = group * kGroupM;
@@ -217,16 +228,16 @@ __global__ void __launch_bounds__(kThreads, 1)
         int tm, tn;
         tile_coords(t, tm, tn);
         for (int kb = 0; kb < kblocks; ++kb) {
-          bar_wait(&empty[stage], phase ^ 1);  // both CTAs' consumers are done with this stage
-          uint8_t* a = smem + stage * kStageBytes;
-          bar_expect_tx(&full[stage], kStageBytes);
-          tma_load(a, &map_x, &full[stage], kb * kBK, tm * kBM);
+          bar_wait(&empty[stage], phase ^ 1);  // the consumers of every CTA are done with this stage
+          uint8_t* a = smem + stage * L::kStageBytes;
+          bar_expect_tx(&full[stage], L::kStageBytes);
+          tma_load(a, &map_x, &full[stage], kb * kBK, tm * L::kRows);
           if constexpr (kMulticast) {
-            tma_load_multicast(a + kABytes + rank * (kBBytes / 2), rank == 0 ? &map_g : &map_u, &full[stage],
+            tma_load_multicast(a + L::kABytes + rank * (kBBytes / 2), rank == 0 ? &map_g : &map_u, &full[stage],
                                kb * kBK, tn * kBN, 0x3);
           } else {
-            tma_load(a + kABytes, &map_g, &full[stage], kb * kBK, tn * kBN);
-            tma_load(a + kABytes + kBBytes / 2, &map_u, &full[stage], kb * kBK, tn * kBN);
+            tma_load(a + L::kABytes, &map_g, &full[stage], kb * kBK, tn * kBN);
+            tma_load(a + L::kABytes + kBBytes / 2, &map_u, &full[stage], kb * kBK, tn * kBN);
           }
           if (++stage == kStages) {
             stage = 0;
@@ -237,47 +248,50 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 232;");
-    const int cw = wg - 1;  // consumer: rows 64 cw .. 64 cw + 63 of the tile
+    const int cw = wg - 1;
     const int warp = (threadIdx.x % 128) / 32, lane = threadIdx.x % 32;
-    int stage = 0;
-    uint32_t phase = 0;
+    const bool leader = threadIdx.x % 128 == 0;
+    uint8_t* buffers = out_smem + cw * kBuffers * kOutBuffer;
+    const CUtensorMap* maps[3] = {&map_gate, &map_up, &map_h};
+    // Ping-pong: the groups take turns at the products, ordered by two named barriers (3:
+    // group 0 may start, 4: group 1 may), each waiting until the other has waited on all of
+    // its stages, since a stage's parity names its fill only within one lap of the ring.
+    const int length = (tiles - cluster + clusters - 1) / clusters;  // tiles in the CTA's order
+    const int first_place = kPingPong ? cw : 0, step = kPingPong ? 2 : 1;
     float d[128];
-    for (int t = cluster; t < tiles; t += clusters) {
+    for (int place = first_place; place < length; place += step) {
       int tm, tn;
-      tile_coords(t, tm, tn);
+      tile_coords(cluster + place * clusters, tm, tn);
+      if (kPingPong && place > 0) asm volatile("bar.sync %0, 256;" ::"r"(3 + cw) : "memory");
+      const uint8_t* a_rows = smem + (kPingPong ? 0 : cw * 64 * 128);
       int prev_stage = -1;
       for (int kb = 0; kb < kblocks; ++kb) {
-        bar_wait(&full[stage], phase);
-        const uint8_t* a = smem + stage * kStageBytes + cw * 64 * 128;
-        const uint8_t* b = smem + stage * kStageBytes + kABytes;
+        const int slot = place * kblocks + kb, stage = slot % kStages;
+        bar_wait(&full[stage], static_cast<uint32_t>((slot / kStages) & 1));
+        const uint8_t* a = a_rows + stage * L::kStageBytes;
+        const uint8_t* b = smem + stage * L::kStageBytes + L::kABytes;
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kBK / 16; ++kk)
           wgmma_256(d, desc_of(a + kk * 32), desc_of(b + kk * 32), kb > 0 || kk > 0);
         wgmma_commit();
         wgmma_wait<1>();  // the previous k-block's products are done: its stage is free
-        if (prev_stage >= 0 && threadIdx.x % 128 == 0) {
+        if (prev_stage >= 0 && leader) {
           for (int c = 0; c < kCluster; ++c) bar_arrive_cluster(&empty[prev_stage], c);
         }
         prev_stage = stage;
-        if (++stage == kStages) {
-          stage = 0;
-          phase ^= 1;
-        }
       }
+      if (kPingPong && place + 1 < length) asm volatile("bar.arrive %0, 256;" ::"r"(4 - cw) : "memory");
       wgmma_wait<0>();
-      if (threadIdx.x % 128 == 0) {
+      if (leader) {
         for (int c = 0; c < kCluster; ++c) bar_arrive_cluster(&empty[prev_stage], c);
       }
       // Accumulator layout of m64nNk16: register 4j + e holds row 16 warp + lane / 4 (+ 8 for
       // e >= 2), column 8j + 2 (lane % 4) + (e & 1). Columns 0..127 are gate, 128..255 up.
       // Each output goes through a staging buffer in the 128-byte swizzle (16-byte unit u of
       // row r at unit u ^ (r % 8)), stored by TMA while the next tile's products run.
-      const bool leader = threadIdx.x % 128 == 0;
-      uint8_t* buffers = out_smem + cw * kBuffers * kOutBuffer;
       if (leader) tma_store_wait_read<0>();  // the last tile's stores have left the buffers
       group_sync(cw + 1);
-      const CUtensorMap* maps[3] = {&map_gate, &map_up, &map_h};
 #pragma unroll
       for (int out = 0; out < 3; ++out) {
         uint8_t* buf = buffers + (kBuffers == 2 && out == 1 ? kOutBuffer : 0);
@@ -306,14 +320,14 @@ __global__ void __launch_bounds__(kThreads, 1)
         fence_async_smem();
         group_sync(cw + 1);
         if (leader) {
-          const int row = tm * kBM + cw * 64, col = tn * kBN;
+          const int row = tm * L::kRows + (kPingPong ? 0 : cw * 64), col = tn * kBN;
           tma_store(maps[out], buf, col, row);
           tma_store(maps[out], buf + kOutBox, col + 64, row);
           tma_store_commit();
         }
       }
     }
-    if (threadIdx.x % 128 == 0) tma_store_wait_read<0>();
+    if (leader) tma_store_wait_read<0>();
   }
   if constexpr (kCluster > 1) cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers
 }
@@ -338,20 +352,20 @@ CUtensorMap make_map(const Tensor& t, int rows, int cols, int box_rows, int box_
   return map;
 }
 
-template <int kStages, int kCluster, bool kMulticast, int kBuffers>
+template <int kStages, int kCluster, bool kMulticast, int kBuffers, int kGroupM, bool kPingPong = false>
 void fused(Tensor& gate, Tensor& up, Tensor& h, const Tensor& x, const Tensor& wg, const Tensor& wu, int sms) {
-  using V = Variant<kStages, kCluster, kMulticast, kBuffers>;
-  auto kernel = mlp_up_kernel<kStages, kCluster, kMulticast, kBuffers>;
+  using L = Layout<kStages, kBuffers, kPingPong>;
+  auto kernel = mlp_up_kernel<kStages, kCluster, kMulticast, kBuffers, kGroupM, kPingPong>;
   const int T = static_cast<int>(x.size(0)), D = static_cast<int>(x.size(1)), F = static_cast<int>(wg.size(0));
   ST_CHECK(T % (kCluster * kBM) == 0 && F % kBN == 0 && D % kBK == 0,
            "mlp_fused_bench: shape not a multiple of the tile");
-  const CUtensorMap mx = make_map(x, T, D, kBM), mg = make_map(wg, F, D, kBN), mu = make_map(wu, F, D, kBN);
+  const CUtensorMap mx = make_map(x, T, D, L::kRows), mg = make_map(wg, F, D, kBN), mu = make_map(wu, F, D, kBN);
   const CUtensorMap mgate = make_map(gate, T, F, 64, 64), mup = make_map(up, T, F, 64, 64),
                     mh = make_map(h, T, F, 64, 64);
-  const int groups = (T / kBM / kCluster) * (F / kBN);
+  const int groups = (T / L::kRows / kCluster) * (F / kBN);
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = V::kSmemBytes;
+  config.dynamicSmemBytes = L::kSmemBytes;
   cudaLaunchAttribute cluster;
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kCluster;
@@ -363,11 +377,12 @@ void fused(Tensor& gate, Tensor& up, Tensor& h, const Tensor& x, const Tensor& w
   // would double the time.
   static int resident = 0;
   if (resident == 0) {
-    ST_BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, V::kSmemBytes));
+    ST_BENCH_CUDA(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kSmemBytes));
     config.gridDim = dim3(sms / kCluster * kCluster);
     ST_BENCH_CUDA(cudaOccupancyMaxActiveClusters(&resident, kernel, &config));
-    std::printf("# variant stages %d cluster %d multicast %d buffers %d: %d clusters resident, %d bytes of smem\n",
-                kStages, kCluster, kMulticast ? 1 : 0, kBuffers, resident, V::kSmemBytes);
+    std::printf("# %s stages %d cluster %d multicast %d buffers %d group %d: %d clusters resident, %d bytes of smem\n",
+                kPingPong ? "ping-pong" : "cooperative", kStages, kCluster, kMulticast ? 1 : 0, kBuffers, kGroupM,
+                resident, L::kSmemBytes);
   }
   config.gridDim = dim3(kCluster * std::min(groups, resident));
   ST_BENCH_CUDA(cudaLaunchKernelEx(&config, kernel, mx, mg, mu, mgate, mup, mh, T, D, F));
@@ -414,12 +429,20 @@ int main(int argc, char** argv) try {
     std::function<void()> fn;
   };
   const std::vector<Run> variants = {
-      {"fused s3 c1 b2", [&] { fused<3, 1, false, 2>(g1, u1, h1, x, wg, wu, sms); }},
-      {"fused s4 c1 b1", [&] { fused<4, 1, false, 1>(g1, u1, h1, x, wg, wu, sms); }},
-      {"fused s3 c2 b2", [&] { fused<3, 2, false, 2>(g1, u1, h1, x, wg, wu, sms); }},
-      {"fused s3 c2 mc b2", [&] { fused<3, 2, true, 2>(g1, u1, h1, x, wg, wu, sms); }},
-      {"fused s4 c2 mc b1", [&] { fused<4, 2, true, 1>(g1, u1, h1, x, wg, wu, sms); }},
+      {"cooperative s4 c2 mc b1 g4", [&] { fused<4, 2, true, 1, 4>(g1, u1, h1, x, wg, wu, sms); }},
+      {"cooperative s4 c2 mc b1 g8", [&] { fused<4, 2, true, 1, 8>(g1, u1, h1, x, wg, wu, sms); }},
+      {"cooperative s4 c2 mc b1 g16", [&] { fused<4, 2, true, 1, 16>(g1, u1, h1, x, wg, wu, sms); }},
+      {"cooperative s4 c2 mc b1 g32", [&] { fused<4, 2, true, 1, 32>(g1, u1, h1, x, wg, wu, sms); }},
+      {"ping-pong s4 c1 b2 g32", [&] { fused<4, 1, false, 2, 32, true>(g1, u1, h1, x, wg, wu, sms); }},
+      {"ping-pong s4 c2 mc b2 g16", [&] { fused<4, 2, true, 2, 16, true>(g1, u1, h1, x, wg, wu, sms); }},
   };
+  // --once: every path once, unchecked and untimed, for a profiler (ncu) to look at.
+  if (argc > 4 && std::string(argv[4]) == "--once") {
+    engine();
+    for (const Run& v : variants) v.fn();
+    synchronize(Device::cuda(0));
+    return 0;
+  }
   engine();
   // Small shapes: the CPU twin too (f64 products of the same bf16 inputs, then SwiGLU).
   const bool with_cpu = T * F <= (int64_t{1} << 22);
