@@ -180,8 +180,8 @@ const std::vector<KeyDef>& keys() {
       key("training.gemm_selection", &C::training, &TrainingSection::gemm_selection,
           "how a GPU picks each matrix-product shape's cuBLASLt algorithm: heuristic (cuBLASLt's first choice, the "
           "same in every run) or timed (the fastest of 8 candidates, timed back to back under load on the first "
-          "call: 3 rounds of ~20 ms each, about half a second per shape; +0.3-0.5 % tokens/s on the 1B shape on an H100; the pick, and with "
-          "it the last bits of the results, can differ between runs)",
+          "call: 3 rounds of ~20 ms each, about half a second per shape; +0.3-0.5 % tokens/s on the 1B shape on an "
+          "H100; the pick, and with it the last bits of the results, can differ between runs)",
           one_of({"timed", "heuristic"})),
       key("training.deterministic", &C::training, &TrainingSection::deterministic,
           "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "

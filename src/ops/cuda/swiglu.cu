@@ -29,10 +29,7 @@ __global__ void swiglu_backward_kernel(T* dgate, T* dup, T* h, const T* dh, cons
   }
 }
 
-// The same math over 16-byte packs (8 bf16 values per load), for aligned tensors whose
-// length is a multiple of the pack: full-width memory transactions. Each thread takes two
-// packs a grid-stride apart per iteration and issues all their loads before any math, so
-// twice the bytes are in flight per thread.
+// h = silu(g) * u for one pack.
 template <typename T>
 __device__ __forceinline__ Pack<T> silu_times_pack(const Pack<T>& g, const Pack<T>& u) {
   Pack<T> out;
@@ -41,6 +38,10 @@ __device__ __forceinline__ Pack<T> silu_times_pack(const Pack<T>& g, const Pack<
   return out;
 }
 
+// The same math over 16-byte packs (8 bf16 values per load), for aligned tensors whose
+// length is a multiple of the pack: full-width memory transactions. Each thread takes two
+// packs a grid-stride apart per iteration and issues all their loads before any math, so
+// twice the bytes are in flight per thread.
 template <typename T>
 __global__ void swiglu_forward_packed(Pack<T>* __restrict__ h, const Pack<T>* __restrict__ gate,
                                       const Pack<T>* __restrict__ up, int64_t packs) {
