@@ -60,6 +60,10 @@ inline double rel_err(const Tensor& dev, const Tensor& ref) {
   return std::sqrt(num / std::max(den, 1e-300));
 }
 
+// Relative difference allowed between two f32 sums of the same `terms` products taken in
+// different orders (different GEMM algorithms): round-off grows as sqrt(terms) * 2^-24.
+inline double f32_sum_tolerance(int64_t terms) { return 4.0 * std::sqrt(static_cast<double>(terms)) * 0x1p-24; }
+
 // Fails the benchmark (before any timing) when the device result strays from the CPU twin.
 inline void expect_close(const char* bench, const char* what, const Tensor& dev, const Tensor& ref, double tol) {
   const double e = rel_err(dev, ref);

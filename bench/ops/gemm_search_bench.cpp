@@ -3,10 +3,11 @@
 // walks the configuration space cuBLASLt reports for a product (every algorithm id, tile and
 // stage count, seven cluster shapes up to 2x2 or 4x1, both CTA swizzles where supported,
 // custom options 0-3; no split-K), keeping what cublasLtMatmulAlgoCheck accepts; it
-// screens each configuration with one short burst of back-to-back calls, and times the 12
-// fastest of the screen, with the heuristic's first 8, sustained (1 s of load before the
-// screen; then three interleaved rounds of ~40 ms, the median round). Shapes of the Llama 3.2 1B block at
-// 8 x 4096 tokens in ops::linear's column-major form (forward, dx, f32 dW). On an H100 with
+// screens each configuration with one short burst of back-to-back calls (after 1 s of
+// load), checks the 12 fastest of the screen and the heuristic's first 8 against the
+// heuristic's first product, and times them sustained (three interleaved rounds of ~40 ms,
+// the median round). Shapes of the Llama 3.2 1B block at 8 x 4096 tokens in ops::linear's
+// column-major form (forward, dx, f32 dW). On an H100 with
 // cuBLASLt 13.1 that is 3,745 configurations and about two minutes per product (each
 // configuration's first call loads its kernel), so name the products wanted.
 //   gemm_search_bench [products, comma-separated names; default all] [screen ms = 4]
@@ -150,6 +151,18 @@ void search(cublasLtHandle_t lt, void* workspace, const Named& named, double scr
   for (size_t i = 0; i < std::min<size_t>(12, screened.size()); ++i) {
     finalists.push_back(space[screened[i].second]);
     labels.push_back("screen #" + std::to_string(i));
+  }
+  // Every finalist's product against the heuristic's first choice before timing (the
+  // first 2^24 outputs: many tiles, a host copy of bounded size).
+  Tensor ref = Tensor::empty(c.shape(), c.dtype(), Device::cuda(0), "reference product");
+  ST_BENCH_CUBLAS(descs.run(lt, heur[0].algo, a.raw_data(), b.raw_data(), ref.raw_data(), workspace, nullptr));
+  const int64_t checked = std::min<int64_t>(c.numel(), int64_t{1} << 24);
+  const Tensor ref_part = host_of(ref.flat_range(0, checked));
+  for (size_t i = 0; i < finalists.size(); ++i) {
+    ST_BENCH_CUBLAS(run(finalists[i]));
+    const double e = rel_err(c.flat_range(0, checked), ref_part);
+    ST_CHECK(e < 1e-2, "gemm_search_bench: ", named.name, " ", labels[i], " (", describe(finalists[i]),
+             ") differs from the heuristic's product: relative error ", e);
   }
   std::vector<std::function<void()>> fns;
   for (const auto& f : finalists) fns.push_back([&] { ST_BENCH_CUBLAS(run(f)); });

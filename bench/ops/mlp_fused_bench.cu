@@ -362,7 +362,7 @@ void fused(Tensor& gate, Tensor& up, Tensor& h, const Tensor& x, const Tensor& w
   const CUtensorMap mx = make_map(x, T, D, L::kRows), mg = make_map(wg, F, D, kBN), mu = make_map(wu, F, D, kBN);
   const CUtensorMap mgate = make_map(gate, T, F, 64, 64), mup = make_map(up, T, F, 64, 64),
                     mh = make_map(h, T, F, 64, 64);
-  const int groups = (T / L::kRows / kCluster) * (F / kBN);
+  const int cluster_tiles = (T / L::kRows / kCluster) * (F / kBN);
   cudaLaunchConfig_t config = {};
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = L::kSmemBytes;
@@ -384,7 +384,7 @@ void fused(Tensor& gate, Tensor& up, Tensor& h, const Tensor& x, const Tensor& w
                 kPingPong ? "ping-pong" : "cooperative", kStages, kCluster, kMulticast ? 1 : 0, kBuffers, kGroupM,
                 resident, L::kSmemBytes);
   }
-  config.gridDim = dim3(kCluster * std::min(groups, resident));
+  config.gridDim = dim3(kCluster * std::min(cluster_tiles, resident));
   ST_BENCH_CUDA(cudaLaunchKernelEx(&config, kernel, mx, mg, mu, mgate, mup, mh, T, D, F));
 }
 

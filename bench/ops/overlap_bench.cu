@@ -11,6 +11,7 @@
 //   serial       GEMM then pass on one stream (what the engine does now)
 //   overlap(k)   the GEMM on a low-priority stream limited to k SMs, the pass on a high-priority
 //                stream, joined by events every repetition
+// Every variant's weight gradient is checked against the all-SM product before timing.
 //   overlap_bench [sm targets, comma-separated: default 0,128,124,120,116,112,104]
 #include <cublasLt.h>
 #include <cuda_runtime.h>
@@ -124,6 +125,20 @@ int main(int argc, char** argv) try {
       ST_BENCH_CUDA(cudaStreamWaitEvent(main_s, join));
     }));
   }
+  // Before timing: the GEMM of every variant (any SM target, alone or beside the pass)
+  // writes the all-SM product (f32 sums of the same bf16 inputs, up to summation order).
+  gemms[0]->run(h, dy, dw, main_s);
+  ST_BENCH_CUDA(cudaStreamSynchronize(main_s));
+  const Tensor reference = host_of(dw);
+  for (size_t i = 0; i < fns.size(); ++i) {
+    if (names[i] == "pass") continue;
+    ops::fill(dw, 0.0);
+    fns[i]();
+    synchronize(Device::cuda(0));
+    const double e = rel_err(dw, reference);
+    ST_CHECK(e < f32_sum_tolerance(T), "overlap_bench: ", names[i], "'s weight gradient differs from the all-SM product: ", e);
+  }
+  std::printf("# check: every variant's weight gradient equals the all-SM product to within f32 summation\n");
   std::printf("# %s; dW[%lld, %lld] over %lld tokens (%.1f GFLOP) and a SwiGLU backward over [%lld, %lld]; "
               "sustained, median of 3 rounds\n",
               cuda::device_name(0).c_str(), static_cast<long long>(D), static_cast<long long>(F),
