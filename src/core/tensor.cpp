@@ -215,23 +215,87 @@ void check_dtype(const Tensor& t, DType expected, const char* op, const char* ar
            ", found ", dtype_name(t.dtype()));
 }
 
+bool row_layout(const Tensor& t, int run_from, RowLayout& out) {
+  const int n = t.ndim();
+  if (run_from < 0 || run_from > n) return false;
+  int64_t cols = 1;  // dims [run_from, n) packed
+  for (int i = n - 1; i >= run_from; --i) {
+    if (t.size(i) != 1 && t.stride(i) != cols) return false;
+    cols *= t.size(i);
+  }
+  int64_t rows = 1, pitch = 0, step = 0;  // dims [0, run_from): one uniform step between runs
+  for (int i = run_from - 1; i >= 0; --i) {
+    if (t.size(i) != 1) {
+      if (pitch == 0) pitch = step = t.stride(i);
+      if (t.stride(i) != step) return false;
+    }
+    rows *= t.size(i);
+    step *= t.size(i);
+  }
+  if (pitch == 0) pitch = cols;
+  if (pitch < cols && rows > 1) return false;
+  out = {rows, cols, pitch};
+  return true;
+}
+
+bool row_layout(const Tensor& t, RowLayout& out) {
+  int run_from = t.ndim();  // the longest packed run of trailing dims
+  for (int64_t packed = 1; run_from > 0; --run_from) {
+    const int i = run_from - 1;
+    if (t.size(i) != 1 && t.stride(i) != packed) break;
+    packed *= t.size(i);
+  }
+  return row_layout(t, run_from, out);
+}
+
 void copy(Tensor& dst, const Tensor& src, [[maybe_unused]] Stream stream) {
   ST_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy: destination ", dst.str(),
            " and source ", src.str(), " differ in dtype or element count");
-  check_contiguous(dst, "copy", "dst");
-  check_contiguous(src, "copy", "src");
   if (dst.numel() == 0 || dst.raw_data() == src.raw_data()) return;
+  const bool packed = dst.is_contiguous() && src.is_contiguous();
+  RowLayout d{}, s{};
+  if (!packed) {
+    // a contiguous side takes the strided side's runs
+    const bool ok = row_layout(dst, d) && row_layout(src, s);
+    if (ok && dst.is_contiguous()) d = {s.rows, s.cols, s.cols};
+    if (ok && src.is_contiguous()) s = {d.rows, d.cols, d.cols};
+    ST_CHECK(ok && d.rows == s.rows && d.cols == s.cols, "copy: ", src.str(), " -> ", dst.str(),
+             ": strided copies need both sides as runs of the same length");
+    ST_CHECK(dst.device() == src.device(), "copy: strided copies stay on one device, found ", src.str(), " -> ",
+             dst.str());
+  }
+  const size_t elem = dtype_size(dst.dtype());
   if (dst.device().is_cpu() && src.device().is_cpu()) {
-    std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+    if (packed) {
+      std::memcpy(dst.raw_data(), src.raw_data(), dst.nbytes());
+      return;
+    }
+    for (int64_t r = 0; r < d.rows; ++r)
+      std::memcpy(static_cast<char*>(dst.raw_data()) + static_cast<size_t>(r * d.pitch) * elem,
+                  static_cast<const char*>(src.raw_data()) + static_cast<size_t>(r * s.pitch) * elem,
+                  static_cast<size_t>(d.cols) * elem);
     return;
   }
 #ifdef SHARDTRAIN_WITH_CUDA
-  const auto s = static_cast<cudaStream_t>(resolve(stream).handle);
-  ST_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, s));
-  if (dst.device().is_cpu()) ST_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto st = static_cast<cudaStream_t>(resolve(stream).handle);
+  if (packed) {
+    ST_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(), dst.nbytes(), cudaMemcpyDefault, st));
+  } else {
+    ST_CUDA_CHECK(cudaMemcpy2DAsync(dst.raw_data(), static_cast<size_t>(d.pitch) * elem, src.raw_data(),
+                                    static_cast<size_t>(s.pitch) * elem, static_cast<size_t>(d.cols) * elem,
+                                    static_cast<size_t>(d.rows), cudaMemcpyDefault, st));
+  }
+  if (dst.device().is_cpu()) ST_CUDA_CHECK(cudaStreamSynchronize(st));
 #else
   ST_THROW("copy: ", src.str(), " -> ", dst.str(), " needs the CUDA backend");
 #endif
+}
+
+Tensor contiguous(const Tensor& t, Stream stream) {
+  if (t.is_contiguous()) return t;
+  Tensor c = Tensor::empty(t.shape(), t.dtype(), t.device(), "contiguous copy", stream);
+  copy(c, t, stream);
+  return c;
 }
 
 void synchronize([[maybe_unused]] Device device) {

@@ -116,10 +116,28 @@ class Tensor {
   DType dtype_ = DType::kF32;
 };
 
-// dst = src byte for byte: same dtype and element count, both contiguous, any devices
-// (host <-> device and device <-> device through the CUDA runtime, ordered on `stream`).
-// When dst is on the host and src on a device, returns after the bytes have arrived.
+// A tensor as `rows` runs of `cols` contiguous elements, each run `pitch` elements after the
+// last: every contiguous tensor (one run per leading index), and the views the model takes
+// of a stacked tensor, e.g. the query heads of a [B, T, (N + 2M) * H] q|k|v product seen
+// as [B, T, N, H] (rows B * T, cols N * H, pitch (N + 2M) * H). `cols` spans the longest
+// packed run of trailing dims; the leading dims must step uniformly by `pitch`.
+struct RowLayout {
+  int64_t rows = 0, cols = 0, pitch = 0;
+};
+// t's layout with its dims from `run_from` on as one run (rows: the product of the dims
+// before); false when t is not such a view (then `out` is unspecified).
+bool row_layout(const Tensor& t, int run_from, RowLayout& out);
+// The same with the longest packed run of trailing dims as the run.
+bool row_layout(const Tensor& t, RowLayout& out);
+
+// dst = src element for element: same dtype and element count, both contiguous, or (same
+// device) both with row layouts of the same rows and cols; any devices (host <-> device and
+// device <-> device through the CUDA runtime, ordered on `stream`). When dst is on the host
+// and src on a device, returns after the bytes have arrived.
 void copy(Tensor& dst, const Tensor& src, Stream stream = {});
+
+// t itself when contiguous, else a contiguous copy (same device, ordered on `stream`).
+Tensor contiguous(const Tensor& t, Stream stream = {});
 
 // Checks used at op entry: name the op and the argument in the message.
 void check_shape(const Tensor& t, const Shape& expected, const char* op, const char* arg);

@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
+#include <utility>
 
 #include "core/profile.h"
 #include "core/tensor.h"
@@ -20,6 +22,28 @@ struct AttentionOptions {
   int64_t block_keys = 64;     // up to rounding)
   bool deterministic = false;  // CUDA backward: a bitwise-reproducible (slower) algorithm
 };
+
+// Whether every tensor given is contiguous.
+inline bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
+  for (const Tensor* t : tensors)
+    if (!t->is_contiguous()) return false;
+  return true;
+}
+
+// For the kernels that read and write contiguous tensors only (the CPU's, and on CUDA the f32
+// check kernels and the one-token case): runs fn(dq, dk, dv, q, k, v) on contiguous copies of
+// strided q, k, v and on contiguous stand-ins for strided dq, dk, dv, copied back after.
+template <typename Fn>
+void attention_backward_on_contiguous(Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k,
+                                      const Tensor& v, Stream stream, Fn&& fn) {
+  auto stand_in = [&](const Tensor& t) {
+    return t.is_contiguous() ? t : Tensor::empty(t.shape(), t.dtype(), t.device(), "attention gradient", stream);
+  };
+  Tensor cdq = stand_in(dq), cdk = stand_in(dk), cdv = stand_in(dv);
+  fn(cdq, cdk, cdv, contiguous(q, stream), contiguous(k, stream), contiguous(v, stream));
+  for (auto [dst, src] : {std::pair<Tensor*, Tensor*>{&dq, &cdq}, {&dk, &cdk}, {&dv, &cdv}})
+    if (dst->raw_data() != src->raw_data()) copy(*dst, *src, stream);
+}
 
 namespace cpu {
 void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,

@@ -20,6 +20,8 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
 }  // namespace cuda
 
 // h_TF = silu(gate_TF) * up_TF (overwrites). One dtype (f32/f64 on the CPU). No aliasing.
+// Every [T, F] argument here and below may have its rows a pitch apart (gate and up as the
+// halves of one stacked [T, 2F] product); on CUDA strided rows must be 16-byte aligned.
 inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("swiglu_forward", h_TF.device(),
                                      {0, profile::bytes_of({&h_TF, &gate_TF, &up_TF})});

@@ -39,6 +39,47 @@ TEST(Tensor, BadViewsNameTheShapes) {
   EXPECT_THROW((void)t.data<double>(), Error);
 }
 
+TEST(Tensor, RowLayoutsAndStridedCopies) {
+  // [B=2, T=3, 6 heads, H=4] as a stacked q|k|v tensor: 3 query heads, 2 key, 1 value head
+  Tensor t = Tensor::zeros({2, 3, 6, 4}, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i);
+  RowLayout r;
+  ASSERT_TRUE(row_layout(t, r));
+  EXPECT_EQ(r.rows, 1);
+  EXPECT_EQ(r.cols, 144);
+  ASSERT_TRUE(row_layout(t, 2, r));  // tokens as rows
+  EXPECT_EQ(r.rows, 6);
+  EXPECT_EQ(r.cols, 24);
+  EXPECT_EQ(r.pitch, 24);
+  const Tensor k = t.slice(2, 3, 5);
+  ASSERT_TRUE(row_layout(k, r));
+  EXPECT_EQ(r.rows, 6);
+  EXPECT_EQ(r.cols, 8);
+  EXPECT_EQ(r.pitch, 24);
+  EXPECT_FALSE(row_layout(k, 1, r));  // a token's heads are not one run with the next token's
+  EXPECT_FALSE(row_layout(t.slice(3, 0, 2), 2, r));  // half of each head: not packed
+  EXPECT_FALSE(row_layout(t.slice(1, 0, 2).slice(2, 0, 3), r));  // two pitches: tokens, then sequences
+
+  // strided -> contiguous -> strided round trip, element for element
+  const Tensor c = contiguous(k);
+  EXPECT_TRUE(c.is_contiguous());
+  for (int64_t row = 0; row < 6; ++row)
+    for (int64_t j = 0; j < 8; ++j)
+      ASSERT_EQ(c.data<float>()[row * 8 + j], static_cast<float>(row * 24 + 12 + j)) << row << ", " << j;
+  Tensor dst = Tensor::zeros({2, 3, 6, 4}, DType::kF32);
+  Tensor dst_k = dst.slice(2, 3, 5);
+  copy(dst_k, c);
+  for (int64_t i = 0; i < dst.numel(); ++i) {
+    const bool in_k = i % 24 >= 12 && i % 24 < 20;
+    ASSERT_EQ(dst.data<float>()[i], in_k ? static_cast<float>(i) : 0.0f) << i;  // nothing else touched
+  }
+  Tensor q_into_k = t.slice(2, 0, 3);
+  EXPECT_THROW(copy(dst_k, q_into_k), Error);  // other element counts
+  Tensor other = Tensor::zeros({2, 3, 2, 4}, DType::kF32);
+  copy(other, k);  // strided to contiguous
+  EXPECT_EQ(other.data<float>()[8], 36.0f);
+}
+
 TEST(Tensor, AllocatorTracksPeak) {
   Allocator& a = allocator_for(Device::cpu());
   a.reset_peak();

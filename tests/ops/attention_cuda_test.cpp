@@ -173,6 +173,48 @@ TEST_P(AttentionCudaF32, MatchesCpuToF32Error) {
   EXPECT_TRUE(close_f32(dv, ref.dv)) << "dv";
 }
 
+// q, k, v as head slices of one stacked [B, T, N + 2M, H] tensor (the model's q|k|v product)
+// and dq, dk, dv as slices of another: cuDNN (bf16) reads and writes them where they lie,
+// the f32 and one-token kernels through contiguous copies; each matches the CPU twin as the
+// contiguous tensors do.
+class AttentionCudaStacked : public AttentionCuda {};
+
+TEST_P(AttentionCudaStacked, HeadSlicesMatchCpu) {
+  const Case c = GetParam();
+  const int64_t E = c.N + 2 * c.M;
+  const Device gpu = Device::cuda(0);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const uint64_t seed = static_cast<uint64_t>(c.T * 29 + c.N * 3 + c.H);
+    const Tensor stacked = rounded_f32({c.B, c.T, E, c.H}, dt, seed, 0.0, 1.0);
+    const Tensor dout = rounded_f32({c.B, c.T, c.N, c.H}, dt, seed + 1, 0.0, 1.0);
+    const Tensor q = to_dtype(stacked.slice(2, 0, c.N), DType::kF32),
+                 k = to_dtype(stacked.slice(2, c.N, c.N + c.M), DType::kF32),
+                 v = to_dtype(stacked.slice(2, c.N + c.M, E), DType::kF32);
+    AttentionOptions o;
+    o.causal = c.causal;
+    const Reference ref = reference(q, k, v, dout, o);
+    auto check = [&](const Tensor& device, const Tensor& ref64) {
+      return dt == DType::kBF16 ? close(contiguous(device), ref64) : close_f32(contiguous(device), ref64);
+    };
+
+    const Tensor qkv = to_device(to_dtype(stacked, dt));
+    const Tensor qd = qkv.slice(2, 0, c.N), kd = qkv.slice(2, c.N, c.N + c.M), vd = qkv.slice(2, c.N + c.M, E);
+    Tensor out = Tensor::empty(q.shape(), dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+    attention_forward(out, lse, qd, kd, vd, o);
+    EXPECT_TRUE(check(out, ref.out)) << "out";
+    Tensor dqkv = Tensor::empty({c.B, c.T, E, c.H}, dt, gpu);
+    Tensor dq = dqkv.slice(2, 0, c.N), dk = dqkv.slice(2, c.N, c.N + c.M), dv = dqkv.slice(2, c.N + c.M, E);
+    attention_backward(dq, dk, dv, to_device(to_dtype(dout, dt)), qd, kd, vd, out, lse, o);
+    EXPECT_TRUE(check(dq, ref.dq)) << "dq";
+    EXPECT_TRUE(check(dk, ref.dk)) << "dk";
+    EXPECT_TRUE(check(dv, ref.dv)) << "dv";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaStacked,
+                         ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
+                                           Case{1, 130, 8, 8, 128, true}, Case{1, 2048, 32, 8, 64, true}));
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{2, 256, 8, 1, 64, true},

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <utility>
 
 #include "ops/attention.h"
 #include "ops/op_testing.h"
@@ -103,6 +104,28 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       return testing::dot(dout, out);
     });
   }
+}
+
+// q, k, v as head slices of one stacked [B, T, N + 2M, H] tensor (the model's q|k|v product),
+// dq, dk, dv as slices of another: the same bits as on contiguous copies.
+TEST(Attention, HeadSlicesOfStackedTensors) {
+  const int64_t B = 2, T = 9, N = 4, M = 2, H = 6, E = N + 2 * M;
+  const Tensor qkv = random_f64({B, T, E, H}, 11);
+  const Tensor q = qkv.slice(2, 0, N), k = qkv.slice(2, N, N + M), v = qkv.slice(2, N + M, E);
+  const Tensor dout = random_f64({B, T, N, H}, 12);
+  Tensor out = Tensor::empty({B, T, N, H}, DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+  Tensor out_ref = Tensor::empty(out.shape(), DType::kF64), lse_ref = Tensor::empty(lse.shape(), DType::kF64);
+  cpu::attention_forward(out, lse, q, k, v, {});
+  cpu::attention_forward(out_ref, lse_ref, contiguous(q), contiguous(k), contiguous(v), {});
+  EXPECT_EQ(std::memcmp(out.raw_data(), out_ref.raw_data(), out.nbytes()), 0);
+  Tensor dqkv = Tensor::zeros({B, T, E, H}, DType::kF64);
+  Tensor dq = dqkv.slice(2, 0, N), dk = dqkv.slice(2, N, N + M), dv = dqkv.slice(2, N + M, E);
+  Tensor dq_ref = Tensor::empty(q.shape(), DType::kF64), dk_ref = Tensor::empty(k.shape(), DType::kF64),
+         dv_ref = Tensor::empty(v.shape(), DType::kF64);
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, {});
+  cpu::attention_backward(dq_ref, dk_ref, dv_ref, dout, contiguous(q), contiguous(k), contiguous(v), out, lse, {});
+  for (auto [got, want] : {std::pair<Tensor*, Tensor*>{&dq, &dq_ref}, {&dk, &dk_ref}, {&dv, &dv_ref}})
+    EXPECT_EQ(std::memcmp(contiguous(*got).raw_data(), want->raw_data(), want->nbytes()), 0);
 }
 
 TEST(Attention, ErrorsNameTheArgument) {

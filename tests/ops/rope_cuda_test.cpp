@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <tuple>
 
 #include "ops/rope.h"
 #include "testing/cuda_ops.h"
@@ -37,6 +39,36 @@ TEST_P(RopeCuda, RopeAndInverse) {
     rope_backward(back, to_device(cos_t), to_device(sin_t));
     cpu::rope_backward(back_ref, cf, sf);
     EXPECT_TRUE(matches(back, back_ref)) << "backward T=" << T << " H=" << H;
+  }
+}
+
+// q's and k's heads sliced out of a stacked [B, T, N + 2M, H] tensor (the model's q|k|v
+// product, rotated in one call): the same as the CPU twin on them, the v heads untouched.
+TEST_P(RopeCuda, HeadsOfAStackedTensor) {
+  const DType dt = GetParam();
+  for (auto [B, T, N, M, H] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{2, 37, 4, 2, 16},
+                               {1, 33, 3, 1, 12}, {2, 64, 32, 8, 64}}) {
+    Tensor cos64 = Tensor::empty({T, H / 2}, DType::kF32), sin64 = Tensor::empty({T, H / 2}, DType::kF32);
+    rope_table(cos64, sin64, H, RopeOptions{});
+    const Tensor cos_t = to_dtype(cos64, dt), sin_t = to_dtype(sin64, dt);
+    const Tensor cf = to_dtype(cos_t, DType::kF32), sf = to_dtype(sin_t, DType::kF32);
+    const Input x = random_input({B, T, N + 2 * M, H}, dt, 23);
+    for (bool forward : {true, false}) {
+      Tensor dev = to_device(x.host);
+      Tensor qk = dev.slice(2, 0, N + M);
+      Tensor ref = to_dtype(x.f32.slice(2, 0, N + M), DType::kF32);
+      if (forward) {
+        rope_forward(qk, to_device(cos_t), to_device(sin_t));
+        cpu::rope_forward(ref, cf, sf);
+      } else {
+        rope_backward(qk, to_device(cos_t), to_device(sin_t));
+        cpu::rope_backward(ref, cf, sf);
+      }
+      EXPECT_TRUE(matches(contiguous(qk), ref)) << "T=" << T << " H=" << H << (forward ? " forward" : " backward");
+      const Tensor v = to_host(contiguous(dev.slice(2, N + M, N + 2 * M)));
+      const Tensor v0 = to_dtype(x.host.slice(2, N + M, N + 2 * M), dt);
+      EXPECT_EQ(std::memcmp(v.raw_data(), v0.raw_data(), v.nbytes()), 0) << "v heads changed, T=" << T;
+    }
   }
 }
 

@@ -80,6 +80,32 @@ TEST(Rope, ForwardPairsIWithIPlusHalfAndBackwardIsItsGradient) {
   });
 }
 
+// q's and k's heads sliced out of one stacked [B, T, N + 2M, H] tensor (the model's q|k|v
+// product): rotated as a contiguous copy would be, the v heads left alone.
+TEST(Rope, HeadsOfAStackedTensor) {
+  const int64_t B = 2, T = 9, N = 4, M = 2, H = 8, K = H / 2;
+  Tensor cos_t = Tensor::empty({T, K}, DType::kF64), sin_t = Tensor::empty({T, K}, DType::kF64);
+  rope_table(cos_t, sin_t, H, RopeOptions{});
+  const Tensor qkv0 = random_f64({B, T, N + 2 * M, H}, 3);
+  for (bool forward : {true, false}) {
+    Tensor qkv = testing::to_f64(qkv0);
+    Tensor qk = qkv.slice(2, 0, N + M);
+    Tensor ref = contiguous(qk);
+    if (forward) {
+      cpu::rope_forward(qk, cos_t, sin_t);
+      cpu::rope_forward(ref, cos_t, sin_t);
+    } else {
+      cpu::rope_backward(qk, cos_t, sin_t);
+      cpu::rope_backward(ref, cos_t, sin_t);
+    }
+    EXPECT_EQ(std::memcmp(contiguous(qk).raw_data(), ref.raw_data(), ref.nbytes()), 0) << forward;
+    const Tensor v = contiguous(qkv.slice(2, N + M, N + 2 * M)), v0 = contiguous(qkv0.slice(2, N + M, N + 2 * M));
+    EXPECT_EQ(std::memcmp(v.raw_data(), v0.raw_data(), v.nbytes()), 0) << forward;
+  }
+  Tensor half_heads = testing::to_f64(qkv0).slice(3, 0, K);  // not whole heads: named
+  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(half_heads, cos_t, sin_t); }, "each token's heads contiguously"));
+}
+
 TEST(Rope, TableTooShortIsNamed) {
   Tensor c = Tensor::zeros({4, 2}, DType::kF32), s = Tensor::zeros({4, 2}, DType::kF32), x = Tensor::zeros({1, 5, 1, 4}, DType::kF32);
   EXPECT_TRUE(throws_with([&] { cpu::rope_forward(x, c, s); }, "`cos_TK` must be [>= 5, 2]"));

@@ -47,6 +47,31 @@ TEST_P(SwiGluCuda, SwiGlu) {
   }
 }
 
+// gate and up as the two halves of one stacked [T, 2F] product (the block's gate|up GEMM
+// output), the gradients written over them in place: the row kernels against the CPU twin.
+TEST_P(SwiGluCuda, HalvesOfAStackedTensor) {
+  const DType dt = GetParam();
+  for (auto [T, F] : {std::pair<int64_t, int64_t>{37, 64}, {3, 8192}, {1000, 1024}}) {
+    const Input gu = random_input({T, 2 * F}, dt, 41, 0.2, 2.0), dh = random_input({T, F}, dt, 42);
+    const Tensor g32 = to_dtype(gu.f32.slice(1, 0, F), DType::kF32);
+    const Tensor u32 = to_dtype(gu.f32.slice(1, F, 2 * F), DType::kF32);
+    const Tensor dev = to_device(gu.host);
+    Tensor h = Tensor::empty({T, F}, dt, Device::cuda(0));
+    swiglu_forward(h, dev.slice(1, 0, F), dev.slice(1, F, 2 * F));
+    Tensor h_ref = Tensor::empty({T, F}, DType::kF32);
+    cpu::swiglu_forward(h_ref, g32, u32);
+    EXPECT_TRUE(matches(h, h_ref)) << "forward T=" << T;
+    Tensor dgu = to_device(gu.host);
+    Tensor dg = dgu.slice(1, 0, F), du = dgu.slice(1, F, 2 * F), h2 = Tensor::empty({T, F}, dt, Device::cuda(0));
+    swiglu_backward(dg, du, h2, to_device(dh.host), dg, du);
+    Tensor dg_ref = Tensor::empty({T, F}, DType::kF32), du_ref = Tensor::empty({T, F}, DType::kF32), no_h;
+    cpu::swiglu_backward(dg_ref, du_ref, no_h, dh.f32, g32, u32);
+    EXPECT_TRUE(matches(contiguous(dg), dg_ref)) << "dgate T=" << T;
+    EXPECT_TRUE(matches(contiguous(du), du_ref)) << "dup T=" << T;
+    EXPECT_TRUE(all_close(to_host(h2), to_host(h), kExact)) << "recomputed h T=" << T;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, SwiGluCuda, ::testing::Values(DType::kF32, DType::kBF16), testing::dtype_param_name);
 
 }  // namespace

@@ -55,5 +55,25 @@ TEST(SwiGlu, BackwardRecomputesTheForwardsH) {
   }
 }
 
+// gate and up as the two halves of one stacked [T, 2F] product (rows 2F apart), the
+// gradients written over them in place as the block does: the same bits as contiguous.
+TEST(SwiGlu, HalvesOfAStackedTensor) {
+  const int64_t T = 9, F = 13;
+  const Tensor gu = random_f64({T, 2 * F}, 21, 0.2, 2.0), dh = random_f64({T, F}, 22);
+  const Tensor g = contiguous(gu.slice(1, 0, F)), u = contiguous(gu.slice(1, F, 2 * F));
+  Tensor h = Tensor::empty({T, F}, DType::kF64), h_ref = Tensor::empty({T, F}, DType::kF64);
+  cpu::swiglu_forward(h, gu.slice(1, 0, F), gu.slice(1, F, 2 * F));
+  cpu::swiglu_forward(h_ref, g, u);
+  EXPECT_TRUE(testing::all_close(h, h_ref, testing::kExact));
+  Tensor dgu = testing::to_f64(gu);
+  Tensor dg = dgu.slice(1, 0, F), du = dgu.slice(1, F, 2 * F), h_again = Tensor::empty({T, F}, DType::kF64);
+  cpu::swiglu_backward(dg, du, h_again, dh, dg, du);
+  Tensor dg_ref = Tensor::empty({T, F}, DType::kF64), du_ref = Tensor::empty({T, F}, DType::kF64), no_h;
+  cpu::swiglu_backward(dg_ref, du_ref, no_h, dh, g, u);
+  EXPECT_TRUE(testing::all_close(contiguous(dg), dg_ref, testing::kExact));
+  EXPECT_TRUE(testing::all_close(contiguous(du), du_ref, testing::kExact));
+  EXPECT_TRUE(testing::all_close(h_again, h_ref, testing::kExact));
+}
+
 }  // namespace
 }  // namespace shardtrain::ops

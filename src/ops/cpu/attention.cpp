@@ -45,6 +45,9 @@ F dot(const F* a, const F* b, int64_t n) {
 void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
                        const Tensor& v_BTMH, const AttentionOptions& options) {
   const char* op = "attention_forward";
+  if (!all_contiguous({&q_BTNH, &k_BTMH, &v_BTMH}))  // heads sliced from a stacked q|k|v tensor
+    return cpu::attention_forward(out_BTNH, lse_BNT, contiguous(q_BTNH), contiguous(k_BTMH), contiguous(v_BTMH),
+                                  options);
   const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op);
   check_arg(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_arg(lse_BNT, op, "lse_BNT", stats_dtype(q_BTNH.dtype()), {d.B, d.N, d.T});
@@ -114,6 +117,12 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                         const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
                         const Tensor& lse_BNT, const AttentionOptions& options) {
   const char* op = "attention_backward";
+  if (!all_contiguous({&q_BTNH, &k_BTMH, &v_BTMH, &dq_BTNH, &dk_BTMH, &dv_BTMH}))
+    return attention_backward_on_contiguous(
+        dq_BTNH, dk_BTMH, dv_BTMH, q_BTNH, k_BTMH, v_BTMH, {},
+        [&](Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v) {
+          cpu::attention_backward(dq, dk, dv, dout_BTNH, q, k, v, out_BTNH, lse_BNT, options);
+        });
   const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op);
   const DType dt = q_BTNH.dtype();
   check_arg(dout_BTNH, op, "dout_BTNH", dt, q_BTNH.shape());

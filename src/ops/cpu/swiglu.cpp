@@ -10,20 +10,32 @@ namespace {
 // silu(g) * u in double; the forward and the backward's recompute share it, so bitwise equal.
 double silu_times(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
 
+// [T, F] with rows a pitch apart (gate and up as halves of one stacked [T, 2F] product): the
+// pitch, after the device, dtype and shape checks.
+int64_t pitch_of(const Tensor& t, const char* op, const char* arg, const Tensor& ref) {
+  check_cpu_float(t, op, arg);
+  check_dtype(t, ref.dtype(), op, arg);
+  check_shape(t, ref.shape(), op, arg);
+  RowLayout l;
+  ST_CHECK(t.ndim() == 2 && row_layout(t, 1, l), op, ": `", arg, "` must be [T, F] with contiguous rows, found ",
+           t.str());
+  return l.pitch;
+}
+
 }  // namespace
 
 void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF) {
   const char* op = "swiglu_forward";
-  check_arg(gate_TF, op, "gate_TF");
-  check_arg(up_TF, op, "up_TF", gate_TF.dtype(), gate_TF.shape());
-  check_arg(h_TF, op, "h_TF", gate_TF.dtype(), gate_TF.shape());
-  const int64_t n = h_TF.numel();
-  dispatch_real(gate_TF, op, "gate_TF", [&]<typename F>() {
-    const F* g = gate_TF.data<F>();
-    const F* u = up_TF.data<F>();
-    F* h = h_TF.data<F>();
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) h[i] = static_cast<F>(silu_times(g[i], u[i]));
+  const int64_t pg = pitch_of(gate_TF, op, "gate_TF", gate_TF), pu = pitch_of(up_TF, op, "up_TF", gate_TF),
+                ph = pitch_of(h_TF, op, "h_TF", gate_TF);
+  const int64_t T = gate_TF.size(0), F = gate_TF.size(1);
+  dispatch_real(gate_TF, op, "gate_TF", [&]<typename F_>() {
+    const F_* g = gate_TF.data<F_>();
+    const F_* u = up_TF.data<F_>();
+    F_* h = h_TF.data<F_>();
+#pragma omp parallel for if (T * F > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t f = 0; f < F; ++f) h[t * ph + f] = static_cast<F_>(silu_times(g[t * pg + f], u[t * pu + f]));
   });
 }
 
@@ -31,27 +43,27 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF) {
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
                      const Tensor& up_TF) {
   const char* op = "swiglu_backward";
-  check_arg(gate_TF, op, "gate_TF");
-  for (const Tensor* t : {&up_TF, &dh_TF}) check_arg(*t, op, "up_TF/dh_TF", gate_TF.dtype(), gate_TF.shape());
-  check_arg(dgate_TF, op, "dgate_TF", gate_TF.dtype(), gate_TF.shape());
-  check_arg(dup_TF, op, "dup_TF", gate_TF.dtype(), gate_TF.shape());
-  if (h_TF.defined()) check_arg(h_TF, op, "h_TF", gate_TF.dtype(), gate_TF.shape());
-  const int64_t n = dh_TF.numel();
-  dispatch_real(gate_TF, op, "gate_TF", [&]<typename F>() {
-    const F* g = gate_TF.data<F>();
-    const F* u = up_TF.data<F>();
-    const F* dh = dh_TF.data<F>();
-    F* dg = dgate_TF.data<F>();
-    F* du = dup_TF.data<F>();
-    F* h = h_TF.defined() ? h_TF.data<F>() : nullptr;
-#pragma omp parallel for if (n > 65536)
-    for (int64_t i = 0; i < n; ++i) {
-      const double gi = g[i], ui = u[i], d = dh[i];
-      const double s = 1.0 / (1.0 + std::exp(-gi));
-      if (h) h[i] = static_cast<F>(silu_times(gi, ui));
-      dg[i] = static_cast<F>(d * ui * s * (1.0 + gi * (1.0 - s)));
-      du[i] = static_cast<F>(d * gi * s);
-    }
+  const int64_t pg = pitch_of(gate_TF, op, "gate_TF", gate_TF), pu = pitch_of(up_TF, op, "up_TF", gate_TF),
+                pdh = pitch_of(dh_TF, op, "dh_TF", gate_TF), pdg = pitch_of(dgate_TF, op, "dgate_TF", gate_TF),
+                pdu = pitch_of(dup_TF, op, "dup_TF", gate_TF);
+  const int64_t ph = h_TF.defined() ? pitch_of(h_TF, op, "h_TF", gate_TF) : 0;
+  const int64_t T = gate_TF.size(0), F = gate_TF.size(1);
+  dispatch_real(gate_TF, op, "gate_TF", [&]<typename F_>() {
+    const F_* g = gate_TF.data<F_>();
+    const F_* u = up_TF.data<F_>();
+    const F_* dh = dh_TF.data<F_>();
+    F_* dg = dgate_TF.data<F_>();
+    F_* du = dup_TF.data<F_>();
+    F_* h = h_TF.defined() ? h_TF.data<F_>() : nullptr;
+#pragma omp parallel for if (T * F > 65536)
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t f = 0; f < F; ++f) {
+        const double gi = g[t * pg + f], ui = u[t * pu + f], d = dh[t * pdh + f];
+        const double s = 1.0 / (1.0 + std::exp(-gi));
+        if (h) h[t * ph + f] = static_cast<F_>(silu_times(gi, ui));
+        dg[t * pdg + f] = static_cast<F_>(d * ui * s * (1.0 + gi * (1.0 - s)));
+        du[t * pdu + f] = static_cast<F_>(d * gi * s);
+      }
   });
 }
 

@@ -5,7 +5,7 @@
 // of each scaled score row) that the backward reads. One graph is built per problem and
 // device, with its execution plan chosen by cuDNN's heuristics, and cached. f32 tensors,
 // which cuDNN's flash kernels do not take, go to plain exact kernels (attention_f32.cu).
-#include <cudnn.h>
+#include "ops/cuda/attention_cudnn.h"
 
 #include <cmath>
 #include <map>
@@ -14,17 +14,99 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <cudnn_frontend.h>
-
 #include "core/cuda/cuda_check.h"
 #include "ops/attention.h"
 #include "ops/cuda/attention_f32.h"
 #include "ops/cuda/attention_single.h"
 
 namespace shardtrain::ops::cuda {
+
+namespace cudnn_attention {
 namespace {
 
 namespace fe = cudnn_frontend;
+
+fe::DataType_t fe_type(DType t, const char* op) {
+  switch (t) {
+    case DType::kBF16: return fe::DataType_t::BFLOAT16;
+    case DType::kF16: return fe::DataType_t::HALF;
+    default:
+      ST_THROW(op, ": CUDA attention runs on bf16 or f16 tensors (cuDNN flash attention) or f32 (exact check "
+               "kernels), found ", dtype_name(t), "; cast q, k and v first");
+  }
+}
+
+// [B, T, heads, H] memory, tokens `pitch` elements apart, seen as [B, heads, T, H].
+std::shared_ptr<fe::graph::Tensor_attributes> bthd(fe::graph::Graph& g, const char* name, Uid uid, int64_t B,
+                                                   int64_t T, int64_t heads, int64_t H, int64_t pitch) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({B, heads, T, H})
+                      .set_stride({T * pitch, H, pitch, 1}));
+}
+
+void set_bthd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, int64_t B, int64_t T, int64_t heads,
+              int64_t H, int64_t pitch) {
+  t->set_output(true).set_uid(uid).set_dim({B, heads, T, H}).set_stride({T * pitch, H, pitch, 1});
+}
+
+}  // namespace
+
+void check(fe::error_t e, const char* op, const char* stage) {
+  if (e.is_bad()) ST_THROW(op, ": cuDNN attention ", stage, " failed: ", e.get_message());
+}
+
+std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_t handle, const char* op,
+                                                  fe::AttentionImplementation_t implementation) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe_type(k.dtype, op))
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H, k.pitch_q);
+  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H, k.pitch_k);
+  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H, k.pitch_v);
+  if (!k.backward) {
+    auto attrs = fe::graph::SDPA_attributes()
+                     .set_name("attention_forward")
+                     .set_generate_stats(true)
+                     .set_attn_scale(static_cast<float>(k.scale))
+                     .set_causal_mask(k.causal)
+                     .set_implementation(implementation);
+    auto [o, stats] = g->sdpa(q, kk, v, attrs);
+    set_bthd(o, kO, k.B, k.T, k.N, k.H, k.N * k.H);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
+        .set_dim({k.B, k.N, k.T, 1}).set_stride({k.N * k.T, k.T, 1, 1});
+  } else {
+    auto o = bthd(*g, "o", kO, k.B, k.T, k.N, k.H, k.N * k.H);
+    auto dout = bthd(*g, "dout", kDO, k.B, k.T, k.N, k.H, k.N * k.H);
+    auto stats = g->tensor(fe::graph::Tensor_attributes()
+                               .set_name("stats")
+                               .set_uid(kStats)
+                               .set_dim({k.B, k.N, k.T, 1})
+                               .set_stride({k.N * k.T, k.T, 1, 1})
+                               .set_data_type(fe::DataType_t::FLOAT));
+    auto attrs = fe::graph::SDPA_backward_attributes()
+                     .set_name("attention_backward")
+                     .set_attn_scale(static_cast<float>(k.scale))
+                     .set_causal_mask(k.causal)
+                     .set_deterministic_algorithm(k.deterministic);
+    auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
+    set_bthd(dq, kDQ, k.B, k.T, k.N, k.H, k.pitch_q);  // the gradients lie as their inputs do
+    set_bthd(dk, kDK, k.B, k.T, k.M, k.H, k.pitch_k);
+    set_bthd(dv, kDV, k.B, k.T, k.M, k.H, k.pitch_v);
+  }
+  check(g->validate(), op, "graph validation");
+  check(g->build_operation_graph(handle), op, "operation graph");
+  return g;
+}
+
+}  // namespace cudnn_attention
+
+namespace {
+
+namespace fe = cudnn_frontend;
+using namespace cudnn_attention;
 
 #define ST_CUDNN_CHECK(expr)                                                                              \
   do {                                                                                                    \
@@ -34,22 +116,12 @@ namespace fe = cudnn_frontend;
                ") in `", #expr, "`");                                                                     \
   } while (0)
 
-void fe_check(fe::error_t e, const char* op, const char* stage) {
-  if (e.is_bad()) ST_THROW(op, ": cuDNN attention ", stage, " failed: ", e.get_message());
-}
-
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
-
 struct Key {
   int device;
-  bool backward;
-  int64_t B, T, N, M, H;
-  DType dtype;
-  bool causal;
-  double scale;
-  bool deterministic;
-  auto tie() const { return std::tie(device, backward, B, T, N, M, H, dtype, causal, scale, deterministic); }
-  bool operator<(const Key& o) const { return tie() < o.tie(); }
+  Problem problem;
+  bool operator<(const Key& o) const {
+    return device != o.device ? device < o.device : problem < o.problem;
+  }
 };
 
 struct Built {
@@ -74,76 +146,14 @@ PerDevice& per_device(int device) {
   return *p;
 }
 
-fe::DataType_t fe_type(DType t, const char* op) {
-  switch (t) {
-    case DType::kBF16: return fe::DataType_t::BFLOAT16;
-    case DType::kF16: return fe::DataType_t::HALF;
-    default:
-      ST_THROW(op, ": CUDA attention runs on bf16 or f16 tensors (cuDNN flash attention) or f32 (exact check "
-               "kernels), found ", dtype_name(t), "; cast q, k and v first");
-  }
-}
-
-// [B, T, heads, H] memory seen as [B, heads, T, H].
-std::shared_ptr<fe::graph::Tensor_attributes> bthd(fe::graph::Graph& g, const char* name, Uid uid, int64_t B,
-                                                   int64_t T, int64_t heads, int64_t H) {
-  return g.tensor(fe::graph::Tensor_attributes()
-                      .set_name(name)
-                      .set_uid(uid)
-                      .set_dim({B, heads, T, H})
-                      .set_stride({T * heads * H, H, heads * H, 1}));
-}
-
-void set_bthd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, int64_t B, int64_t T, int64_t heads,
-              int64_t H) {
-  t->set_output(true).set_uid(uid).set_dim({B, heads, T, H}).set_stride({T * heads * H, H, heads * H, 1});
-}
-
+// The plan cuDNN's heuristics rank first.
 Built build(const Key& k, cudnnHandle_t handle, const char* op) {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe_type(k.dtype, op))
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H);
-  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H);
-  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H);
-  if (!k.backward) {
-    auto attrs = fe::graph::SDPA_attributes()
-                     .set_name("attention_forward")
-                     .set_generate_stats(true)
-                     .set_attn_scale(static_cast<float>(k.scale))
-                     .set_causal_mask(k.causal);
-    auto [o, stats] = g->sdpa(q, kk, v, attrs);
-    set_bthd(o, kO, k.B, k.T, k.N, k.H);
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({k.B, k.N, k.T, 1}).set_stride({k.N * k.T, k.T, 1, 1});
-  } else {
-    auto o = bthd(*g, "o", kO, k.B, k.T, k.N, k.H);
-    auto dout = bthd(*g, "dout", kDO, k.B, k.T, k.N, k.H);
-    auto stats = g->tensor(fe::graph::Tensor_attributes()
-                               .set_name("stats")
-                               .set_uid(kStats)
-                               .set_dim({k.B, k.N, k.T, 1})
-                               .set_stride({k.N * k.T, k.T, 1, 1})
-                               .set_data_type(fe::DataType_t::FLOAT));
-    auto attrs = fe::graph::SDPA_backward_attributes()
-                     .set_name("attention_backward")
-                     .set_attn_scale(static_cast<float>(k.scale))
-                     .set_causal_mask(k.causal)
-                     .set_deterministic_algorithm(k.deterministic);
-    auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
-    set_bthd(dq, kDQ, k.B, k.T, k.N, k.H);
-    set_bthd(dk, kDK, k.B, k.T, k.M, k.H);
-    set_bthd(dv, kDV, k.B, k.T, k.M, k.H);
-  }
-  fe_check(g->validate(), op, "graph validation");
-  fe_check(g->build_operation_graph(handle), op, "operation graph");
-  fe_check(g->create_execution_plans({fe::HeurMode_t::A}), op, "plan search");
-  fe_check(g->check_support(handle), op, "support check (B, T, heads, head dim not supported?)");
-  fe_check(g->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), op, "plan build");
   Built b;
-  b.graph = g;
-  fe_check(g->get_workspace_size(b.workspace_bytes), op, "workspace query");
+  b.graph = operation_graph(k.problem, handle, op);
+  check(b.graph->create_execution_plans({fe::HeurMode_t::A}), op, "plan search");
+  check(b.graph->check_support(handle), op, "support check (B, T, heads, head dim not supported?)");
+  check(b.graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), op, "plan build");
+  check(b.graph->get_workspace_size(b.workspace_bytes), op, "workspace query");
   return b;
 }
 
@@ -157,30 +167,44 @@ void run(const Key& key, std::unordered_map<int64_t, void*>& pointers, Stream st
   if (it->second.workspace_bytes > 0)
     workspace = Tensor::empty({it->second.workspace_bytes}, DType::kU8, Device::cuda(key.device),
                               "cuDNN attention workspace");
-  fe_check(it->second.graph->execute(pd.handle, pointers, workspace.defined() ? workspace.raw_data() : nullptr), op,
-           "execution");
+  check(it->second.graph->execute(pd.handle, pointers, workspace.defined() ? workspace.raw_data() : nullptr), op,
+        "execution");
 }
 
-void check(const Tensor& t, const char* op, const char* arg, DType dtype, const Shape& shape) {
+// Contiguous, or (heads_strided) [B, T, heads, H] with each token's heads contiguous and
+// tokens a pitch apart (heads sliced from a stacked q|k|v tensor); returns that pitch.
+int64_t check_tensor(const Tensor& t, const char* op, const char* arg, DType dtype, const Shape& shape,
+                     bool heads_strided = false) {
   ST_CHECK(t.device().is_cuda(), op, ": `", arg, "` expected on a CUDA device, found ", t.str());
-  ST_CHECK(t.is_contiguous(), op, ": `", arg, "` must be contiguous, found ", t.str());
   ST_CHECK(t.dtype() == dtype, op, ": `", arg, "` expected dtype ", dtype_name(dtype), ", found ", t.str());
   ST_CHECK(t.shape() == shape, op, ": `", arg, "` expected shape ", shape.str(), ", found ", t.str());
+  if (!heads_strided) {
+    ST_CHECK(t.is_contiguous(), op, ": `", arg, "` must be contiguous, found ", t.str());
+    return 0;
+  }
+  RowLayout rows;
+  ST_CHECK(row_layout(t, 2, rows) && rows.rows == shape[0] * shape[1] && rows.cols == shape[2] * shape[3], op, ": `",
+           arg, "` must hold each token's heads contiguously (contiguous, or heads sliced from a stacked tensor), "
+           "found strided ", t.str());
+  return rows.pitch;
 }
 
 Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, bool backward,
              const char* op) {
   ST_CHECK(q.ndim() == 4 && k.ndim() == 4, op, ": expected q [B, T, N, H] and k [B, T, M, H], found ", q.str(),
            " and ", k.str());
-  Key key{q.device().index, backward, q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), o.causal,
-          o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), o.deterministic};
-  if (q.dtype() != DType::kF32) fe_type(q.dtype(), op);
-  check(q, op, "q_BTNH", q.dtype(), q.shape());
-  check(k, op, "k_BTMH", q.dtype(), {key.B, key.T, key.M, key.H});
-  check(v, op, "v_BTMH", q.dtype(), {key.B, key.T, key.M, key.H});
-  ST_CHECK(key.M > 0 && key.N % key.M == 0, op, ": key/value heads (", key.M, ") must divide query heads (", key.N,
-           ")");
-  ST_CHECK(q.dtype() == DType::kF32 || (key.H % 8 == 0 && key.H <= 256), op, ": head dim ", key.H,
+  Key key{q.device().index,
+          Problem{backward, q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), o.causal,
+                  o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), o.deterministic}};
+  Problem& p = key.problem;
+  p.pitch_q = check_tensor(q, op, "q_BTNH", q.dtype(), q.shape(), true);
+  p.pitch_k = check_tensor(k, op, "k_BTMH", q.dtype(), {p.B, p.T, p.M, p.H}, true);
+  p.pitch_v = check_tensor(v, op, "v_BTMH", q.dtype(), {p.B, p.T, p.M, p.H}, true);
+  ST_CHECK(p.M > 0 && p.N % p.M == 0, op, ": key/value heads (", p.M, ") must divide query heads (", p.N, ")");
+  ST_CHECK(q.dtype() == DType::kF32 || q.dtype() == DType::kBF16 || q.dtype() == DType::kF16, op,
+           ": CUDA attention runs on bf16 or f16 tensors (cuDNN flash attention) or f32 (exact check kernels), "
+           "found ", q.str(), "; cast q, k and v first");
+  ST_CHECK(q.dtype() == DType::kF32 || (p.H % 8 == 0 && p.H <= 256), op, ": head dim ", p.H,
            " not supported by cuDNN flash attention (a multiple of 8, at most 256)");
   return key;
 }
@@ -191,9 +215,11 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
                        const Tensor& v_BTMH, const AttentionOptions& options, Stream stream) {
   const char* op = "attention_forward";
   const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
-  check(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
-  check(lse_BNT, op, "lse_BNT", DType::kF32, {key.B, key.N, key.T});
-  if (key.dtype == DType::kF32) return attention_forward_f32(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
+  check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
+  if (key.problem.dtype == DType::kF32)
+    return attention_forward_f32(out_BTNH, lse_BNT, contiguous(q_BTNH, stream), contiguous(k_BTMH, stream),
+                                 contiguous(v_BTMH, stream), options, stream);
   std::unordered_map<int64_t, void*> p = {{kQ, q_BTNH.raw_data()}, {kK, k_BTMH.raw_data()},
                                           {kV, v_BTMH.raw_data()}, {kO, out_BTNH.raw_data()},
                                           {kStats, lse_BNT.raw_data()}};
@@ -205,21 +231,31 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                         const Tensor& lse_BNT, const AttentionOptions& options, Stream stream) {
   const char* op = "attention_backward";
   const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
-  check(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
-  check(dout_BTNH, op, "dout_BTNH", q_BTNH.dtype(), q_BTNH.shape());
-  check(lse_BNT, op, "lse_BNT", DType::kF32, {key.B, key.N, key.T});
-  check(dq_BTNH, op, "dq_BTNH", q_BTNH.dtype(), q_BTNH.shape());
-  check(dk_BTMH, op, "dk_BTMH", q_BTNH.dtype(), k_BTMH.shape());
-  check(dv_BTMH, op, "dv_BTMH", q_BTNH.dtype(), k_BTMH.shape());
-  if (key.T == 1) return attention_backward_single_token(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, stream);
-  if (key.dtype == DType::kF32)
+  check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check_tensor(dout_BTNH, op, "dout_BTNH", q_BTNH.dtype(), q_BTNH.shape());
+  check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
+  const Problem& p = key.problem;
+  const bool same_pitches = check_tensor(dq_BTNH, op, "dq_BTNH", p.dtype, q_BTNH.shape(), true) == p.pitch_q &&
+                            check_tensor(dk_BTMH, op, "dk_BTMH", p.dtype, k_BTMH.shape(), true) == p.pitch_k &&
+                            check_tensor(dv_BTMH, op, "dv_BTMH", p.dtype, k_BTMH.shape(), true) == p.pitch_v;
+  // cuDNN takes strided views as they are, its gradients laid out as their inputs; the other
+  // kernels (and gradients laid out otherwise) work on contiguous copies
+  if (p.T == 1 || p.dtype == DType::kF32 || !same_pitches)
+    if (!all_contiguous({&q_BTNH, &k_BTMH, &v_BTMH, &dq_BTNH, &dk_BTMH, &dv_BTMH}))
+      return attention_backward_on_contiguous(
+          dq_BTNH, dk_BTMH, dv_BTMH, q_BTNH, k_BTMH, v_BTMH, stream,
+          [&](Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v) {
+            cuda::attention_backward(dq, dk, dv, dout_BTNH, q, k, v, out_BTNH, lse_BNT, options, stream);
+          });
+  if (p.T == 1) return attention_backward_single_token(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, stream);
+  if (p.dtype == DType::kF32)
     return attention_backward_f32(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
                                   options, stream);
-  std::unordered_map<int64_t, void*> p = {
+  std::unordered_map<int64_t, void*> ptrs = {
       {kQ, q_BTNH.raw_data()},   {kK, k_BTMH.raw_data()},     {kV, v_BTMH.raw_data()},
       {kO, out_BTNH.raw_data()}, {kDO, dout_BTNH.raw_data()}, {kStats, lse_BNT.raw_data()},
       {kDQ, dq_BTNH.raw_data()}, {kDK, dk_BTMH.raw_data()},   {kDV, dv_BTMH.raw_data()}};
-  run(key, p, stream, op);
+  run(key, ptrs, stream, op);
 }
 
 }  // namespace shardtrain::ops::cuda

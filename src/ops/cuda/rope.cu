@@ -8,14 +8,17 @@ namespace {
 constexpr int kThreads = 256;
 
 // One thread per (b, t, head, k) pair; sign = +1 rotates by the angle, -1 by its negative.
+// Token b·S + t's heads start `pitch` elements after token b·S + t - 1's (heads · 2K when x
+// is contiguous; more for heads sliced out of a stacked q|k|v tensor).
 template <typename T>
 __global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B, int64_t S, int64_t heads, int64_t K,
-                            float sign) {
+                            int64_t pitch, float sign) {
   const int64_t n = B * S * heads * K;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t k = i % K;
-    const int64_t t = (i / (K * heads)) % S;
-    T* row = x + (i / K) * 2 * K;
+    const int64_t token = i / (K * heads);
+    const int64_t t = token % S;
+    T* row = x + token * pitch + (i / K) % heads * 2 * K;
     const float c = to_f32(cos_tab[t * K + k]), sn = sign * to_f32(sin_tab[t * K + k]);
     const float a = to_f32(row[k]), b = to_f32(row[k + K]);
     row[k] = from_f32<T>(a * c - b * sn);
@@ -27,14 +30,17 @@ __global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B,
 // multiple of the pack and x and the tables are 16-byte aligned. I: the index type, 32-bit
 // when every element offset fits (its divisions cost a fraction of 64-bit ones).
 template <typename T, typename I>
-__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B, I S, I heads, I K, float sign) {
+__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B, I S, I heads, I K, I pitch,
+                                   float sign) {
   constexpr int P = Pack<T>::kSize;
   const I packs_per_half = K / P;
   const I n = B * S * heads * packs_per_half;
   for (I i = blockIdx.x * I(blockDim.x) + threadIdx.x; i < n; i += I(gridDim.x) * I(blockDim.x)) {
     const I k = (i % packs_per_half) * P;
-    const I t = (i / (packs_per_half * heads)) % S;
-    T* row = x + (i / packs_per_half) * 2 * K;
+    const I head_row = i / packs_per_half;  // token * heads + head
+    const I token = head_row / heads;
+    const I t = token % S;
+    T* row = x + token * pitch + (head_row - token * heads) * 2 * K;
     Pack<T>* lo = reinterpret_cast<Pack<T>*>(row + k);
     Pack<T>* hi = reinterpret_cast<Pack<T>*>(row + K + k);
     const Pack<T> c = *reinterpret_cast<const Pack<T>*>(cos_tab + t * K + k);
@@ -53,11 +59,15 @@ __global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B
 }
 
 void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, const char* op, Stream s) {
-  check_cuda_tensor(x, op, "x_BTNH");
+  ST_CHECK(x.device().is_cuda(), op, ": `x_BTNH` expected on a CUDA device, found ", x.str());
   check_cuda_tensor(cos_TK, op, "cos_TK");
   check_cuda_tensor(sin_TK, op, "sin_TK");
   ST_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, op, ": `x_BTNH` must be [B, T, heads, H] with even H, found ", x.str());
   const int64_t B = x.size(0), S = x.size(1), heads = x.size(2), K = x.size(3) / 2;
+  RowLayout rows;
+  ST_CHECK(row_layout(x, 2, rows) && rows.cols == heads * 2 * K && rows.rows == B * S, op,
+           ": `x_BTNH` must hold each token's heads contiguously (contiguous, or heads sliced from a stacked "
+           "tensor), found strided ", x.str());
   ST_CHECK(cos_TK.ndim() == 2 && cos_TK.size(1) == K && cos_TK.size(0) >= S, op, ": `cos_TK` must be [>= ", S, ", ",
            K, "], found ", cos_TK.str());
   check_shape(sin_TK, cos_TK.shape(), op, "sin_TK");
@@ -66,25 +76,26 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
   const int64_t n = B * S * heads * K;
   if (n == 0) return;
   dispatch_float(x.dtype(), op, [&]<typename T>() {
-    if (packable({&x, &cos_TK, &sin_TK}, K, sizeof(T))) {
+    if (packable({&x, &cos_TK, &sin_TK}, K, sizeof(T)) && rows.pitch % Pack<T>::kSize == 0) {
       const int64_t packs = n / Pack<T>::kSize;
       const int grid = grid_for(packs, kThreads);
       T* xp = static_cast<T*>(x.raw_data());
       const T* cp = static_cast<const T*>(cos_TK.raw_data());
       const T* sp = static_cast<const T*>(sin_TK.raw_data());
       // 32-bit indices while x's offsets and the loop's last stride stay below 2^31
-      if (x.numel() + int64_t{grid} * kThreads < INT32_MAX && cos_TK.numel() < INT32_MAX) {
+      if (rows.rows * rows.pitch + int64_t{grid} * kThreads < INT32_MAX && cos_TK.numel() < INT32_MAX) {
         rope_kernel_packed<T, int32_t><<<grid, kThreads, 0, stream_of(s)>>>(
             xp, cp, sp, static_cast<int32_t>(B), static_cast<int32_t>(S), static_cast<int32_t>(heads),
-            static_cast<int32_t>(K), sign);
+            static_cast<int32_t>(K), static_cast<int32_t>(rows.pitch), sign);
       } else {
-        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, B, S, heads, K, sign);
+        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, B, S, heads, K, rows.pitch,
+                                                                           sign);
       }
       return;
     }
     rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
-        static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, sign);
+        static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, rows.pitch, sign);
   });
   ST_CUDA_CHECK_LAUNCH();
 }

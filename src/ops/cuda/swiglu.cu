@@ -2,6 +2,9 @@
 #include "ops/cuda/common.cuh"
 #include "ops/swiglu.h"
 
+#include <algorithm>
+#include <vector>
+
 namespace shardtrain::ops::cuda {
 namespace {
 
@@ -89,20 +92,110 @@ __global__ void swiglu_backward_packed(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h,
   if (i < packs) swiglu_backward_pack<T, kWithH>(dgate, dup, h, i, gate[i], up[i], dh[i]);
 }
 
-void check_all(std::initializer_list<const Tensor*> ts, const Tensor& ref, const char* op) {
+// Row-strided tensors: [rows, cols] with rows `pitch` packs apart (gate and up as the two
+// halves of one stacked [tokens, 2F] product). A 2-D grid, no index division: x covers a
+// row's packs, y strides over rows, each thread taking two rows per iteration with all their
+// loads issued first (as the contiguous kernels do).
+struct Pitches {
+  int64_t h, gate, up, dh, dgate, dup;  // in packs
+};
+
+template <typename T>
+__global__ void swiglu_forward_rows(Pack<T>* __restrict__ h, const Pack<T>* __restrict__ gate,
+                                    const Pack<T>* __restrict__ up, int64_t rows, int64_t row_packs, Pitches p) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= row_packs) return;
+  int64_t r = blockIdx.y;
+  for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
+    const int64_t r1 = r + gridDim.y;
+    const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], g1 = gate[r1 * p.gate + c],
+                  u1 = up[r1 * p.up + c];
+    h[r * p.h + c] = silu_times_pack(g0, u0);
+    h[r1 * p.h + c] = silu_times_pack(g1, u1);
+  }
+  if (r < rows) h[r * p.h + c] = silu_times_pack(gate[r * p.gate + c], up[r * p.up + c]);
+}
+
+template <typename T, bool kWithH>
+__global__ void swiglu_backward_rows(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, const Pack<T>* dh, const Pack<T>* gate,
+                                     const Pack<T>* up, int64_t rows, int64_t row_packs, Pitches p) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= row_packs) return;
+  // swiglu_backward_pack writes element i of dgate, dup and h: point them at row r's start
+  auto one = [&](int64_t r, const Pack<T>& g, const Pack<T>& u, const Pack<T>& d) {
+    Pack<T> dg, du, hp;
+    swiglu_backward_pack<T, kWithH>(&dg, &du, &hp, 0, g, u, d);
+    dgate[r * p.dgate + c] = dg;
+    dup[r * p.dup + c] = du;
+    if constexpr (kWithH) h[r * p.h + c] = hp;
+  };
+  int64_t r = blockIdx.y;
+  for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
+    const int64_t r1 = r + gridDim.y;
+    const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], d0 = dh[r * p.dh + c];
+    const Pack<T> g1 = gate[r1 * p.gate + c], u1 = up[r1 * p.up + c], d1 = dh[r1 * p.dh + c];
+    one(r, g0, u0, d0);
+    one(r1, g1, u1, d1);
+  }
+  if (r < rows) one(r, gate[r * p.gate + c], up[r * p.up + c], dh[r * p.dh + c]);
+}
+
+// Half as many y blocks as rows, so each thread takes two rows at once.
+dim3 rows_grid(int64_t rows, int64_t row_packs) {
+  return dim3(static_cast<unsigned>((row_packs + kThreads - 1) / kThreads),
+              static_cast<unsigned>(std::clamp<int64_t>((rows + 1) / 2, 1, 65535)));
+}
+
+// Device, shape and dtype of each tensor; their row layouts ([T, F]: tokens as rows) into
+// `layouts` (nullptr entries skipped). True when all are contiguous.
+bool check_all(std::initializer_list<const Tensor*> ts, const Tensor& ref, const char* op,
+               std::vector<RowLayout>* layouts = nullptr) {
+  bool contiguous = true;
   for (const Tensor* t : ts) {
-    check_cuda_tensor(*t, op, "tensor");
+    ST_CHECK(t->device().is_cuda(), op, ": expected tensors on a CUDA device, found ", t->str());
     check_shape(*t, ref.shape(), op, "tensor");
     check_dtype(*t, ref.dtype(), op, "tensor");
+    RowLayout l;
+    ST_CHECK(t->ndim() == 2 && row_layout(*t, 1, l), op, ": expected [T, F] tensors whose rows are contiguous, found ",
+             t->str());
+    if (layouts) layouts->push_back(l);
+    contiguous = contiguous && t->is_contiguous();
   }
+  return contiguous;
+}
+
+// Row pitches in packs when every tensor's rows and base are 16-byte aligned.
+bool pitches_in_packs(const std::vector<RowLayout>& l, const std::vector<const Tensor*>& ts, int64_t cols,
+                      size_t element_bytes, std::vector<int64_t>& out) {
+  const int64_t P = static_cast<int64_t>(16 / element_bytes);
+  if (cols % P != 0) return false;
+  for (size_t i = 0; i < l.size(); ++i) {
+    if (l[i].pitch % P != 0 || reinterpret_cast<uintptr_t>(ts[i]->raw_data()) % 16 != 0) return false;
+    out.push_back(l[i].pitch / P);
+  }
+  return true;
 }
 
 }  // namespace
 
 void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream s) {
-  check_all({&h_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_forward");
+  std::vector<RowLayout> l;
+  const bool contiguous = check_all({&h_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_forward", &l);
   const int64_t n = h_TF.numel();
   if (n == 0) return;
+  if (!contiguous) {
+    dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
+      std::vector<int64_t> pp;
+      ST_CHECK(pitches_in_packs(l, {&h_TF, &gate_TF, &up_TF}, gate_TF.size(1), sizeof(T), pp),
+               "swiglu_forward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
+      const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
+      swiglu_forward_rows<T><<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
+          static_cast<Pack<T>*>(h_TF.raw_data()), static_cast<const Pack<T>*>(gate_TF.raw_data()),
+          static_cast<const Pack<T>*>(up_TF.raw_data()), rows, row_packs, Pitches{pp[0], pp[1], pp[2], 0, 0, 0});
+    });
+    ST_CUDA_CHECK_LAUNCH();
+    return;
+  }
   dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
     if (packable({&h_TF, &gate_TF, &up_TF}, n, sizeof(T))) {
       const int64_t packs = n / Pack<T>::kSize;
@@ -120,11 +213,31 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, St
 
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
                      const Tensor& up_TF, Stream s) {
-  check_all({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_backward");
+  std::vector<RowLayout> l;
+  bool contiguous = check_all({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_backward", &l);
   const bool with_h = h_TF.defined();
-  if (with_h) check_all({&h_TF}, gate_TF, "swiglu_backward");
+  if (with_h) contiguous = check_all({&h_TF}, gate_TF, "swiglu_backward", &l) && contiguous;
   const int64_t n = dh_TF.numel();
   if (n == 0) return;
+  if (!contiguous) {
+    dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
+      std::vector<int64_t> pp;
+      std::vector<const Tensor*> ts = {&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF};
+      if (with_h) ts.push_back(&h_TF);
+      ST_CHECK(pitches_in_packs(l, ts, gate_TF.size(1), sizeof(T), pp),
+               "swiglu_backward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
+      const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
+      const Pitches p{with_h ? pp[5] : 0, pp[3], pp[4], pp[2], pp[0], pp[1]};
+      auto* kernel = with_h ? swiglu_backward_rows<T, true> : swiglu_backward_rows<T, false>;
+      kernel<<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
+          static_cast<Pack<T>*>(dgate_TF.raw_data()), static_cast<Pack<T>*>(dup_TF.raw_data()),
+          static_cast<Pack<T>*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const Pack<T>*>(dh_TF.raw_data()),
+          static_cast<const Pack<T>*>(gate_TF.raw_data()), static_cast<const Pack<T>*>(up_TF.raw_data()), rows,
+          row_packs, p);
+    });
+    ST_CUDA_CHECK_LAUNCH();
+    return;
+  }
   dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
     if (packable({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, n, sizeof(T)) &&
         (!with_h || packable({&h_TF}, n, sizeof(T)))) {

@@ -1,0 +1,48 @@
+// The cuDNN graph behind ops::cuda::attention_forward / attention_backward, shared by the
+// engine (attention.cpp) and bench/ops/attention_plans_bench.cu, which times every execution
+// plan cuDNN offers for it. Needs the cudnn-frontend headers (SHARDTRAIN_CUDNN_FRONTEND).
+#pragma once
+
+#include <cudnn.h>
+
+#include <cstdint>
+#include <memory>
+#include <tuple>
+
+#include <cudnn_frontend.h>
+
+#include "core/dtype.h"
+
+namespace shardtrain::ops::cuda::cudnn_attention {
+
+// The graph's tensor ids: what a variant pack maps to device pointers.
+enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+
+// One attention problem: [B, T, N, H] queries, [B, T, M, H] keys and values; in memory each
+// token's heads are contiguous and tokens lie pitch_* elements apart (N·H and M·H when
+// contiguous; more for heads sliced from a stacked q|k|v tensor); the gradients dq, dk, dv
+// lie as q, k, v do; out and dout are contiguous.
+struct Problem {
+  bool backward;
+  int64_t B, T, N, M, H;
+  DType dtype;
+  bool causal;
+  double scale;
+  bool deterministic;
+  int64_t pitch_q = 0, pitch_k = 0, pitch_v = 0;
+  auto tie() const {
+    return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v);
+  }
+  bool operator<(const Problem& o) const { return tie() < o.tie(); }
+};
+
+// Throws "<op>: cuDNN attention <stage> failed: <cuDNN's message>" when e is bad.
+void check(cudnn_frontend::error_t e, const char* op, const char* stage);
+
+// The problem's graph, validated and lowered to a cuDNN operation graph; no execution plan
+// chosen yet. `implementation` picks the forward's cuDNN node (the backward has one).
+std::shared_ptr<cudnn_frontend::graph::Graph> operation_graph(
+    const Problem& p, cudnnHandle_t handle, const char* op,
+    cudnn_frontend::AttentionImplementation_t implementation = cudnn_frontend::AttentionImplementation_t::AUTO);
+
+}  // namespace shardtrain::ops::cuda::cudnn_attention
