@@ -15,7 +15,7 @@
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
-//               [--zero-fill] [--deterministic] [--device cuda|cpu]
+//               [--zero-fill] [--deterministic] [--separate-projections] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -23,6 +23,8 @@
 // (model/captured_step.h), as the trainer does by default.
 // --zero-fill: the gradients are cleared before each step and every micro-batch adds to them
 // (for comparison: by default, as in the trainer, the first micro-batch overwrites them).
+// --separate-projections: one product per q/k/v projection (for comparison: by default, as in
+// the trainer, one product makes all three from their stacked weights).
 // --deterministic: the attention backward's bitwise-reproducible algorithm, as the trainer's
 // training.deterministic = true.
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
@@ -64,7 +66,7 @@ struct Args {
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
-  bool zero_fill = false, deterministic = false;
+  bool zero_fill = false, deterministic = false, separate_projections = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -95,6 +97,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--graph") a.graph = true;
     else if (k == "--zero-fill") a.zero_fill = true;
     else if (k == "--deterministic") a.deterministic = true;
+    else if (k == "--separate-projections") a.separate_projections = true;
     else if (k == "--gemm") {
       a.gemm = next();
       ST_CHECK(a.gemm == "timed" || a.gemm == "heuristic", "train_bench: --gemm timed|heuristic, found ", a.gemm);
@@ -176,6 +179,7 @@ int main(int argc, char** argv) try {
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
+  m.set_separate_projections(a.separate_projections);
   optim::AdamW opt(layout, rank, optim::AdamWConfig{}, DType::kF32, dev);
   const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store.optimizer_targets();
   const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
@@ -196,7 +200,8 @@ int main(int argc, char** argv) try {
   say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
-                     a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "", "\n"));
+                     a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "",
+                     a.separate_projections ? "; separate q/k/v products" : "", "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;

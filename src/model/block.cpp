@@ -44,6 +44,29 @@ BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, cons
   w.w_gate_FD = param_view(flat, unit, n("mlp.gate_proj.weight"));
   w.w_up_FD = param_view(flat, unit, n("mlp.up_proj.weight"));
   w.w_down_DF = param_view(flat, unit, n("mlp.down_proj.weight"));
+  // the stacked projection: q, k, v (and their biases) back to back in the unit
+  const ParamSpec* q = unit.find(n("self_attn.q_proj.weight"));
+  const ParamSpec* k = unit.find(n("self_attn.k_proj.weight"));
+  const ParamSpec* v = unit.find(n("self_attn.v_proj.weight"));
+  if (k->offset == q->offset + q->numel() && v->offset == k->offset + k->numel()) {
+    const int64_t E = q->shape[0] + k->shape[0] + v->shape[0];
+    w.wqkv_ED = flat.flat_range(q->offset, E * q->shape[1]).view({E, q->shape[1]});
+    const ParamSpec* bq = unit.find(n("self_attn.q_proj.bias"));
+    const ParamSpec* bk = unit.find(n("self_attn.k_proj.bias"));
+    const ParamSpec* bv = unit.find(n("self_attn.v_proj.bias"));
+    if (bq != nullptr) {
+      if (bk != nullptr && bv != nullptr && bk->offset == bq->offset + bq->numel() &&
+          bv->offset == bk->offset + bk->numel()) {
+        w.bqkv_E = flat.flat_range(bq->offset, E).view({E});
+      } else {
+        w.wqkv_ED = Tensor();  // biases elsewhere: one product per projection
+      }
+    }
+  }
+  const ParamSpec* gate = unit.find(n("mlp.gate_proj.weight"));
+  const ParamSpec* up = unit.find(n("mlp.up_proj.weight"));
+  if (up->offset == gate->offset + gate->numel())
+    w.w_gate_up_2FD = flat.flat_range(gate->offset, 2 * gate->numel()).view({2 * gate->shape[0], gate->shape[1]});
   return w;
 }
 
@@ -59,7 +82,7 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
       }
       return;
     case ActivationCheckpointing::kSelective:
-      gate_BTF = up_BTF = Tensor();
+      gate_BTF = up_BTF = gate_up_BT2F = Tensor();
       [[fallthrough]];
     case ActivationCheckpointing::kPointwise:
       xn1_BTD = rstd1_BT = Tensor();
@@ -93,6 +116,11 @@ Dims dims_of(const BlockContext& ctx, const Tensor& x_BTD) {
           ops::stats_dtype(x_BTD.dtype()), x_BTD.device()};
 }
 
+// Whether q, k and v come from one product (their weights stacked, and not told otherwise).
+bool stacked(const BlockWeights& w, const BlockContext& ctx) {
+  return w.wqkv_ED.defined() && !ctx.separate_projections;
+}
+
 // xn = norm(x) with its f32 1/rms.
 void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps,
           const char* name, const char* rstd_name) {
@@ -107,17 +135,30 @@ void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& we
 void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const Tensor& x = a.x_BTD;
   const Tensor xn1_TD = a.xn1_BTD.view({d.B * d.T, d.D});
-  a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
-  a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
-  a.v_BTMH = like({d.B, d.T, d.M, d.H}, x, "v");
-  Tensor q_TQ = a.q_BTNH.view({d.B * d.T, d.N * d.H});
-  Tensor k_TK = a.k_BTMH.view({d.B * d.T, d.M * d.H});
-  Tensor v_TK = a.v_BTMH.view({d.B * d.T, d.M * d.H});
-  ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
-  ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
-  ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
-  ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK);
-  ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK);
+  if (stacked(w, ctx)) {
+    // one product for q, k and v; each a slice of its heads; rope on q's and k's heads at once
+    const int64_t heads = d.N + 2 * d.M;
+    const Tensor qkv_BTEH = like({d.B, d.T, heads, d.H}, x, "qkv");
+    Tensor qkv_TE = qkv_BTEH.view({d.B * d.T, heads * d.H});
+    ops::linear_forward(qkv_TE, xn1_TD, w.wqkv_ED, w.bqkv_E);
+    a.q_BTNH = qkv_BTEH.slice(2, 0, d.N);
+    a.k_BTMH = qkv_BTEH.slice(2, d.N, d.N + d.M);
+    a.v_BTMH = qkv_BTEH.slice(2, d.N + d.M, heads);
+    Tensor qk_BTXH = qkv_BTEH.slice(2, 0, d.N + d.M);
+    ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK);
+  } else {
+    a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
+    a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
+    a.v_BTMH = like({d.B, d.T, d.M, d.H}, x, "v");
+    Tensor q_TQ = a.q_BTNH.view({d.B * d.T, d.N * d.H});
+    Tensor k_TK = a.k_BTMH.view({d.B * d.T, d.M * d.H});
+    Tensor v_TK = a.v_BTMH.view({d.B * d.T, d.M * d.H});
+    ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
+    ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
+    ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
+    ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK);
+    ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK);
+  }
 
   a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
   a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
@@ -129,14 +170,24 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
 }
 
 // gate, up and h = silu(gate) * up from a.xn2.
-void mlp_inner(BlockActivations& a, const BlockWeights& w, const Dims& d) {
+void mlp_inner(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const Tensor xn2_TD = a.xn2_BTD.view({d.B * d.T, d.D});
+  a.h_BTF = like({d.B, d.T, d.F}, a.x_BTD, "h");
+  Tensor h_TF = a.h_BTF.view({d.B * d.T, d.F});
+  if (w.w_gate_up_2FD.defined() && !ctx.separate_projections) {
+    // one product for both; gate and up the halves of each token's row
+    a.gate_up_BT2F = like({d.B, d.T, 2 * d.F}, a.x_BTD, "gate|up");
+    Tensor gate_up_T2F = a.gate_up_BT2F.view({d.B * d.T, 2 * d.F});
+    ops::linear_forward(gate_up_T2F, xn2_TD, w.w_gate_up_2FD);
+    a.gate_BTF = a.gate_up_BT2F.slice(2, 0, d.F);
+    a.up_BTF = a.gate_up_BT2F.slice(2, d.F, 2 * d.F);
+    ops::swiglu_forward(h_TF, gate_up_T2F.slice(1, 0, d.F), gate_up_T2F.slice(1, d.F, 2 * d.F));
+    return;
+  }
   a.gate_BTF = like({d.B, d.T, d.F}, a.x_BTD, "gate");
   a.up_BTF = like({d.B, d.T, d.F}, a.x_BTD, "up");
-  a.h_BTF = like({d.B, d.T, d.F}, a.x_BTD, "h");
   Tensor gate_TF = a.gate_BTF.view({d.B * d.T, d.F});
   Tensor up_TF = a.up_BTF.view({d.B * d.T, d.F});
-  Tensor h_TF = a.h_BTF.view({d.B * d.T, d.F});
   ops::linear_forward(gate_TF, xn2_TD, w.w_gate_FD);
   ops::linear_forward(up_TF, xn2_TD, w.w_up_FD);
   ops::swiglu_forward(h_TF, gate_TF, up_TF);
@@ -162,7 +213,7 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
               "and up");
     return;
   }
-  mlp_inner(a, w, d);
+  mlp_inner(a, w, ctx, d);
   if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
 
   a.y_BTD = like({d.B, d.T, d.D}, x_BTD, "y");
@@ -188,7 +239,11 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   // gradient, which therefore comes after.
   Tensor dh_TF = like({B * T, F}, dy_BTD, "dh");
   ops::linear_backward(dh_TF, none, none, dy_TD, none, w.w_down_DF);
-  Tensor dgate_TF = a.gate_BTF.view({B * T, F}), dup_TF = a.up_BTF.view({B * T, F});
+  // gate and up: two tensors, or the halves of one stacked [B·T, 2F] product
+  const bool stacked_mlp = a.gate_up_BT2F.defined() && g.w_gate_up_2FD.defined();
+  Tensor gate_up_T2F = stacked_mlp ? a.gate_up_BT2F.view({B * T, 2 * F}) : Tensor();
+  Tensor dgate_TF = stacked_mlp ? gate_up_T2F.slice(1, 0, F) : a.gate_BTF.view({B * T, F});
+  Tensor dup_TF = stacked_mlp ? gate_up_T2F.slice(1, F, 2 * F) : a.up_BTF.view({B * T, F});
   const bool recompute_h = !a.h_BTF.defined();
   Tensor h_TF = recompute_h ? like({B * T, F}, dy_BTD, "h (recomputed)") : a.h_BTF.view({B * T, F});
   Tensor h_out_TF = recompute_h ? h_TF : Tensor();
@@ -198,9 +253,13 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   a.h_BTF = h_TF = h_out_TF = Tensor();
   Tensor dxn2_TD = like({B * T, D}, dy_BTD, "dxn2");
   const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
-  ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD, dw);
-  ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, dw_dx);
-  a.gate_BTF = a.up_BTF = dgate_TF = dup_TF = Tensor();
+  if (stacked_mlp) {
+    ops::linear_backward(dxn2_TD, g.w_gate_up_2FD, none, gate_up_T2F, xn2_TD, w.w_gate_up_2FD, dw);
+  } else {
+    ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD, dw);
+    ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, dw_dx);
+  }
+  a.gate_BTF = a.up_BTF = a.gate_up_BT2F = gate_up_T2F = dgate_TF = dup_TF = Tensor();
   Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
   ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
                         a.rstd2_BT.view({B * T}), dy_TD, dnorm);
@@ -209,22 +268,36 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
   Tensor dattn_TQ = dattn_BTNH.view({B * T, N * H});
   ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, dw);
-  Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
-  Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
-  Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
-  ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
-                          a.lse_BNT, attention);
-  dattn_BTNH = Tensor();
-  ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
-  ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);
-
   Tensor dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
   const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
-  ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);
-  ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD, dw_dx);
-  ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD, dw_dx);
+  if (stacked(w, ctx) && g.wqkv_ED.defined()) {
+    // dq, dk, dv as head slices of one tensor: one product for the input gradient (and one
+    // for the stacked weight gradient) instead of three
+    const int64_t heads = N + 2 * M;
+    Tensor dqkv_BTEH = like({B, T, heads, H}, dy_BTD, "dqkv");
+    Tensor dq_BTNH = dqkv_BTEH.slice(2, 0, N), dk_BTMH = dqkv_BTEH.slice(2, N, N + M),
+           dv_BTMH = dqkv_BTEH.slice(2, N + M, heads);
+    ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
+                            a.lse_BNT, attention);
+    dattn_BTNH = Tensor();
+    Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
+    ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK);
+    ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({B * T, heads * H}), xn1_TD, w.wqkv_ED, dw);
+  } else {
+    Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
+    Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
+    Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
+    ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
+                            a.lse_BNT, attention);
+    dattn_BTNH = Tensor();
+    ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
+    ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);
+    ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);
+    ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD, dw_dx);
+    ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD, dw_dx);
+  }
   Tensor dx_TD = dx_BTD.view({B * T, D});
   ops::rmsnorm_backward(dx_TD, g.attn_norm_D, dxn1_TD, a.x_BTD.view({B * T, D}), w.attn_norm_D,
                         a.rstd1_BT.view({B * T}), dx2_TD, dnorm);

@@ -18,6 +18,12 @@ struct BlockWeights {
   Tensor wo_DQ;
   Tensor ffn_norm_D;
   Tensor w_gate_FD, w_up_FD, w_down_DF;
+  // q, k and v's weights (and biases) as one [N·H + 2·M·H, D] matrix ([..] vector) when
+  // they lie back to back in the unit, as shardtrain lays them out: one product makes all
+  // three (undefined otherwise).
+  Tensor wqkv_ED, bqkv_E;
+  // gate's and up's weights as one [2F, D] matrix, when back to back (as laid out here).
+  Tensor w_gate_up_2FD;
 
   // Views into `flat` (a unit buffer laid out by `unit`).
   static BlockWeights view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig& config);
@@ -40,11 +46,12 @@ constexpr ActivationCheckpointing kCheckpointingByMemory[] = {
 struct BlockActivations {
   Tensor x_BTD;                 // input (the previous block's output; shared, not copied)
   Tensor xn1_BTD, rstd1_BT;     // attention-norm output and its 1/rms
-  Tensor q_BTNH, k_BTMH, v_BTMH;  // after rope (q, k)
+  Tensor q_BTNH, k_BTMH, v_BTMH;  // after rope (q, k); head slices of one [B, T, N+2M, H] tensor when stacked
   Tensor attn_BTNH, lse_BNT;    // attention output and its log-sum-exp rows
   Tensor x2_BTD;                // residual stream after attention
   Tensor xn2_BTD, rstd2_BT;
   Tensor gate_BTF, up_BTF, h_BTF;  // h = silu(gate) * up
+  Tensor gate_up_BT2F;             // when stacked: one product, gate and up its halves (views)
   Tensor y_BTD;                 // block output
 
   // After the block's forward: drops what `checkpointing` recomputes (and y, the next
@@ -72,6 +79,9 @@ struct BlockContext {
   int64_t seq = 0;     // T
   Tensor cos_TK, sin_TK;  // rope tables with at least T rows, in the compute dtype
   bool deterministic = false;  // the attention backward's bitwise-reproducible algorithm (StepOptions)
+  // One product per projection even where q, k and v's (gate and up's) weights are stacked:
+  // for comparison only (train_bench --separate-projections); same math, other rounding.
+  bool separate_projections = false;
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);

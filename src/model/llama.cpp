@@ -180,6 +180,7 @@ BlockContext Llama::context(int64_t batch, int64_t seq) const {
   ctx.seq = seq;
   ctx.cos_TK = cos_TK_;
   ctx.sin_TK = sin_TK_;
+  ctx.separate_projections = separate_projections_;
   return ctx;
 }
 

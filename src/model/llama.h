@@ -114,6 +114,9 @@ class Llama {
   void set_host_issue_seconds(double s) { phase_times_.host_issue_s = s; }
   UnitStore& store() { return *store_; }
   Device device() const { return device_; }
+  // One product per q/k/v projection instead of the stacked one (BlockContext): for
+  // comparison (train_bench --separate-projections).
+  void set_separate_projections(bool separate) { separate_projections_ = separate; }
   // Forward and loss only.
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   // Logits [B, V] of the last position of each sequence (for sampling).
@@ -143,6 +146,7 @@ class Llama {
   std::unique_ptr<ResidentUnitStore> resident_;
   UnitStore* store_;
   Tensor cos_TK_, sin_TK_;
+  bool separate_projections_ = false;
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward
   std::shared_ptr<PhaseEvents> phase_events_;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include "model/block.h"
 #include "model/llama.h"
 #include "testing/compare.h"
 #include "testing/gradcheck.h"
@@ -126,6 +127,45 @@ TEST_P(LlamaGradient, OverwritingGradientsEqualsClearingThem) {
   for (size_t u = 0; u < cleared.layout().units().size(); ++u)
     EXPECT_TRUE(testing::all_close(overwritten.unit_grads(u), cleared.unit_grads(u), testing::kExact))
         << GetParam().name << ", unit " << u;
+}
+
+// q, k and v (and gate and up) from one product of their stacked weights (the default)
+// against one product each (Llama::set_separate_projections): the same model up to the
+// order of f64 sums, with and without biases. The weights stack when they lie back to back
+// in the unit: each projection's size a multiple of the 128-element parameter alignment, as
+// in every Llama shape (the tiny ones above are not, and run one product per projection).
+TEST(Llama, StackedProjectionsEqualSeparateOnes) {
+  for (bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "biases" : "no biases");
+    LlamaConfig cfg = tiny_config({"stackable", 4, 2, !bias, bias, false});
+    cfg.dim = 256;  // head dim 64: q 256 x 256, k and v 128 x 256, biases 256 and 128
+    cfg.init_std = 0.05;
+    const int64_t B = 2, T = 7;
+    Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+    testing::fill_random_ints(ids, 70, 0, cfg.vocab_size);
+    testing::fill_random_ints(targets, 71, 0, cfg.vocab_size);
+    StepOptions o;
+    o.grad_scale = 1.0 / 14.0;
+    o.loss_chunk_tokens = 5;
+    Llama stacked(cfg, DType::kF64), separate(cfg, DType::kF64);
+    randomize(stacked, 19);
+    randomize(separate, 19);
+    const UnitLayout& block = stacked.layout().units()[1];
+    const BlockWeights w = BlockWeights::view(stacked.unit_params(1), block, cfg);
+    ASSERT_TRUE(w.wqkv_ED.defined()) << "q, k, v not back to back in " << block.name;
+    EXPECT_EQ(w.wqkv_ED.shape(), Shape({512, 256}));
+    EXPECT_EQ(w.bqkv_E.defined(), bias);
+    ASSERT_TRUE(w.w_gate_up_2FD.defined()) << "gate, up not back to back in " << block.name;
+    separate.set_separate_projections(true);
+    stacked.zero_grads();
+    separate.zero_grads();
+    const LossSum a = stacked.forward_backward(ids, targets, o);
+    const LossSum b = separate.forward_backward(ids, targets, o);
+    EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-12 * std::abs(b.loss_sum));
+    for (size_t u = 0; u < stacked.layout().units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(stacked.unit_grads(u), separate.unit_grads(u), {1e-12, 1e-8, 1e-12}))
+          << "unit " << u;
+  }
 }
 
 // Selective and full checkpointing recompute exactly what the forward computed (the same
