@@ -23,8 +23,8 @@
 // (model/captured_step.h), as the trainer does by default.
 // --zero-fill: the gradients are cleared before each step and every micro-batch adds to them
 // (for comparison: by default, as in the trainer, the first micro-batch overwrites them).
-// --separate-projections: one product per q/k/v projection (for comparison: by default, as in
-// the trainer, one product makes all three from their stacked weights).
+// --separate-projections: one product per projection (for comparison: by default, as in the
+// trainer, one product makes q, k and v from their stacked weights, and one gate and up).
 // --deterministic: the attention backward's bitwise-reproducible algorithm, as the trainer's
 // training.deterministic = true.
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
@@ -201,7 +201,7 @@ int main(int argc, char** argv) try {
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
                      a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "",
-                     a.separate_projections ? "; separate q/k/v products" : "", "\n"));
+                     a.separate_projections ? "; separate q/k/v and gate/up products" : "", "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;

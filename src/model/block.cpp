@@ -116,9 +116,13 @@ Dims dims_of(const BlockContext& ctx, const Tensor& x_BTD) {
           ops::stats_dtype(x_BTD.dtype()), x_BTD.device()};
 }
 
-// Whether q, k and v come from one product (their weights stacked, and not told otherwise).
-bool stacked(const BlockWeights& w, const BlockContext& ctx) {
+// Whether q, k and v (gate and up) come from one product: their weights stacked, and not
+// told otherwise.
+bool qkv_stacked(const BlockWeights& w, const BlockContext& ctx) {
   return w.wqkv_ED.defined() && !ctx.separate_projections;
+}
+bool gate_up_stacked(const BlockWeights& w, const BlockContext& ctx) {
+  return w.w_gate_up_2FD.defined() && !ctx.separate_projections;
 }
 
 // xn = norm(x) with its f32 1/rms.
@@ -135,7 +139,7 @@ void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& we
 void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const Tensor& x = a.x_BTD;
   const Tensor xn1_TD = a.xn1_BTD.view({d.B * d.T, d.D});
-  if (stacked(w, ctx)) {
+  if (qkv_stacked(w, ctx)) {
     // one product for q, k and v; each a slice of its heads; rope on q's and k's heads at once
     const int64_t heads = d.N + 2 * d.M;
     const Tensor qkv_BTEH = like({d.B, d.T, heads, d.H}, x, "qkv");
@@ -174,7 +178,7 @@ void mlp_inner(BlockActivations& a, const BlockWeights& w, const BlockContext& c
   const Tensor xn2_TD = a.xn2_BTD.view({d.B * d.T, d.D});
   a.h_BTF = like({d.B, d.T, d.F}, a.x_BTD, "h");
   Tensor h_TF = a.h_BTF.view({d.B * d.T, d.F});
-  if (w.w_gate_up_2FD.defined() && !ctx.separate_projections) {
+  if (gate_up_stacked(w, ctx)) {
     // one product for both; gate and up the halves of each token's row
     a.gate_up_BT2F = like({d.B, d.T, 2 * d.F}, a.x_BTD, "gate|up");
     Tensor gate_up_T2F = a.gate_up_BT2F.view({d.B * d.T, 2 * d.F});
@@ -272,7 +276,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   attention.deterministic = ctx.deterministic;
   Tensor dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
   const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
-  if (stacked(w, ctx) && g.wqkv_ED.defined()) {
+  if (qkv_stacked(w, ctx) && g.wqkv_ED.defined()) {
     // dq, dk, dv as head slices of one tensor: one product for the input gradient (and one
     // for the stacked weight gradient) instead of three
     const int64_t heads = N + 2 * M;

@@ -114,8 +114,8 @@ class Llama {
   void set_host_issue_seconds(double s) { phase_times_.host_issue_s = s; }
   UnitStore& store() { return *store_; }
   Device device() const { return device_; }
-  // One product per q/k/v projection instead of the stacked one (BlockContext): for
-  // comparison (train_bench --separate-projections).
+  // One product per projection instead of the stacked q|k|v and gate|up ones
+  // (BlockContext): for comparison (train_bench --separate-projections).
   void set_separate_projections(bool separate) { separate_projections_ = separate; }
   // Forward and loss only.
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);

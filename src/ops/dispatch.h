@@ -14,4 +14,9 @@ inline DType stats_dtype(DType data) { return data == DType::kF64 ? DType::kF64 
 // CPU kernels take f32 or f64; bf16/f16 tensors are converted with ops::cast first.
 void check_cpu_float(const Tensor& t, const char* op, const char* arg);
 
+// The elements between one token's heads and the next's in a [B, T, heads, H] tensor whose
+// every token holds its heads contiguously: heads·H for a contiguous tensor, more for heads
+// sliced from a stacked q|k|v product. An error naming op and arg for any other layout.
+int64_t token_pitch(const Tensor& x_BTXH, const char* op, const char* arg);
+
 }  // namespace shardtrain::ops

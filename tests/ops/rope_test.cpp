@@ -103,7 +103,7 @@ TEST(Rope, HeadsOfAStackedTensor) {
     EXPECT_EQ(std::memcmp(v.raw_data(), v0.raw_data(), v.nbytes()), 0) << forward;
   }
   Tensor half_heads = testing::to_f64(qkv0).slice(3, 0, K);  // not whole heads: named
-  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(half_heads, cos_t, sin_t); }, "each token's heads contiguously"));
+  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(half_heads, cos_t, sin_t); }, "each token's heads contiguous"));
 }
 
 TEST(Rope, TableTooShortIsNamed) {

@@ -57,11 +57,7 @@ void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, 
   ST_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, op, ": `x_BTNH` must be [B, T, heads, H] with even H, found ",
            x.str());
   const int64_t B = x.size(0), T = x.size(1), heads = x.size(2), K = x.size(3) / 2;
-  // each token's heads contiguous, tokens `pitch` apart (heads sliced from a stacked tensor)
-  RowLayout rows;
-  ST_CHECK(row_layout(x, 2, rows) && rows.cols == heads * 2 * K && rows.rows == B * T, op,
-           ": `x_BTNH` must hold each token's heads contiguously (contiguous, or heads sliced from a stacked "
-           "tensor), found strided ", x.str());
+  const int64_t pitch = token_pitch(x, op, "x_BTNH");  // more than heads·H for heads of a stacked tensor
   check_arg(cos_TK, op, "cos_TK");
   ST_CHECK(cos_TK.ndim() == 2 && cos_TK.size(1) == K && cos_TK.size(0) >= T, op, ": `cos_TK` must be [>= ", T, ", ",
            K, "], found ", cos_TK.str());
@@ -75,7 +71,7 @@ void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, 
     for (int64_t b = 0; b < B; ++b)
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < heads; ++h) {
-          F* row = p + (b * T + t) * rows.pitch + h * 2 * K;
+          F* row = p + (b * T + t) * pitch + h * 2 * K;
           for (int64_t k = 0; k < K; ++k) {
             const F ck = c[t * K + k], sk = static_cast<F>(sign) * s[t * K + k];
             const F a = row[k], bb = row[k + K];

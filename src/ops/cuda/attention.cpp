@@ -178,15 +178,9 @@ int64_t check_tensor(const Tensor& t, const char* op, const char* arg, DType dty
   ST_CHECK(t.device().is_cuda(), op, ": `", arg, "` expected on a CUDA device, found ", t.str());
   ST_CHECK(t.dtype() == dtype, op, ": `", arg, "` expected dtype ", dtype_name(dtype), ", found ", t.str());
   ST_CHECK(t.shape() == shape, op, ": `", arg, "` expected shape ", shape.str(), ", found ", t.str());
-  if (!heads_strided) {
-    ST_CHECK(t.is_contiguous(), op, ": `", arg, "` must be contiguous, found ", t.str());
-    return 0;
-  }
-  RowLayout rows;
-  ST_CHECK(row_layout(t, 2, rows) && rows.rows == shape[0] * shape[1] && rows.cols == shape[2] * shape[3], op, ": `",
-           arg, "` must hold each token's heads contiguously (contiguous, or heads sliced from a stacked tensor), "
-           "found strided ", t.str());
-  return rows.pitch;
+  if (heads_strided) return token_pitch(t, op, arg);
+  ST_CHECK(t.is_contiguous(), op, ": `", arg, "` must be contiguous, found ", t.str());
+  return 0;
 }
 
 Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionOptions& o, bool backward,

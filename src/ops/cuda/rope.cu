@@ -64,10 +64,7 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
   check_cuda_tensor(sin_TK, op, "sin_TK");
   ST_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, op, ": `x_BTNH` must be [B, T, heads, H] with even H, found ", x.str());
   const int64_t B = x.size(0), S = x.size(1), heads = x.size(2), K = x.size(3) / 2;
-  RowLayout rows;
-  ST_CHECK(row_layout(x, 2, rows) && rows.cols == heads * 2 * K && rows.rows == B * S, op,
-           ": `x_BTNH` must hold each token's heads contiguously (contiguous, or heads sliced from a stacked "
-           "tensor), found strided ", x.str());
+  const int64_t pitch = token_pitch(x, op, "x_BTNH");  // more than heads·H for heads of a stacked tensor
   ST_CHECK(cos_TK.ndim() == 2 && cos_TK.size(1) == K && cos_TK.size(0) >= S, op, ": `cos_TK` must be [>= ", S, ", ",
            K, "], found ", cos_TK.str());
   check_shape(sin_TK, cos_TK.shape(), op, "sin_TK");
@@ -76,26 +73,26 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
   const int64_t n = B * S * heads * K;
   if (n == 0) return;
   dispatch_float(x.dtype(), op, [&]<typename T>() {
-    if (packable({&x, &cos_TK, &sin_TK}, K, sizeof(T)) && rows.pitch % Pack<T>::kSize == 0) {
+    if (packable({&x, &cos_TK, &sin_TK}, K, sizeof(T)) && pitch % Pack<T>::kSize == 0) {
       const int64_t packs = n / Pack<T>::kSize;
       const int grid = grid_for(packs, kThreads);
       T* xp = static_cast<T*>(x.raw_data());
       const T* cp = static_cast<const T*>(cos_TK.raw_data());
       const T* sp = static_cast<const T*>(sin_TK.raw_data());
       // 32-bit indices while x's offsets and the loop's last stride stay below 2^31
-      if (rows.rows * rows.pitch + int64_t{grid} * kThreads < INT32_MAX && cos_TK.numel() < INT32_MAX) {
+      if (B * S * pitch + int64_t{grid} * kThreads < INT32_MAX && cos_TK.numel() < INT32_MAX) {
         rope_kernel_packed<T, int32_t><<<grid, kThreads, 0, stream_of(s)>>>(
             xp, cp, sp, static_cast<int32_t>(B), static_cast<int32_t>(S), static_cast<int32_t>(heads),
-            static_cast<int32_t>(K), static_cast<int32_t>(rows.pitch), sign);
+            static_cast<int32_t>(K), static_cast<int32_t>(pitch), sign);
       } else {
-        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, B, S, heads, K, rows.pitch,
+        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, B, S, heads, K, pitch,
                                                                            sign);
       }
       return;
     }
     rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
-        static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, rows.pitch, sign);
+        static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, pitch, sign);
   });
   ST_CUDA_CHECK_LAUNCH();
 }

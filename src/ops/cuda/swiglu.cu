@@ -121,13 +121,9 @@ __global__ void swiglu_backward_rows(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, c
                                      const Pack<T>* up, int64_t rows, int64_t row_packs, Pitches p) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (c >= row_packs) return;
-  // swiglu_backward_pack writes element i of dgate, dup and h: point them at row r's start
+  // swiglu_backward_pack writes pack i of dgate, dup and h: point them at row r's start
   auto one = [&](int64_t r, const Pack<T>& g, const Pack<T>& u, const Pack<T>& d) {
-    Pack<T> dg, du, hp;
-    swiglu_backward_pack<T, kWithH>(&dg, &du, &hp, 0, g, u, d);
-    dgate[r * p.dgate + c] = dg;
-    dup[r * p.dup + c] = du;
-    if constexpr (kWithH) h[r * p.h + c] = hp;
+    swiglu_backward_pack<T, kWithH>(dgate + r * p.dgate, dup + r * p.dup, kWithH ? h + r * p.h : h, c, g, u, d);
   };
   int64_t r = blockIdx.y;
   for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
