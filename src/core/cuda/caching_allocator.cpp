@@ -163,6 +163,19 @@ double memory_bandwidth(int index) {
   return 2.0 * 1e3 * khz * bits / 8;
 }
 
+double dense_bf16_flops_per_clock(int index) {
+  cudaDeviceProp prop{};
+  ST_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  const double per_sm = prop.major == 9 ? 4096.0 : prop.major == 8 && prop.minor == 0 ? 2048.0 : 0.0;
+  return per_sm * prop.multiProcessorCount;
+}
+
+std::string pci_bus_id(int index) {
+  char id[32] = {};
+  ST_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof id, index));
+  return id;
+}
+
 int64_t total_memory_bytes(int index) {
   cudaDeviceProp prop{};
   ST_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));

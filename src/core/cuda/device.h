@@ -17,11 +17,17 @@ std::string device_name(int index);
 // Dense bf16 tensor-core peak in FLOP/s from the datasheet (H100 SXM / H200: 989e12, H100
 // PCIe: 756e12, A100: 312e12); 0 when the device is not in that table. For MFU.
 double dense_bf16_peak_flops(int index);
+// Dense bf16 tensor-core FLOPs per clock cycle of the whole device (SMs x 4096 on Hopper, x 2048
+// on Ampere); 0 for other architectures. Times an SM clock, the peak at that clock: the
+// datasheet's peak is this at its boost clock (989e12 = 132 x 4096 x 1.83 GHz on an H100 SXM).
+double dense_bf16_flops_per_clock(int index);
 // Peak memory bandwidth in bytes/s from the memory clock and bus width the driver reports
 // (double data rate): 3.35e12 for an H100 SXM.
 double memory_bandwidth(int index);
 // The device's memory in bytes, as the driver reports it.
 int64_t total_memory_bytes(int index);
+// The device's PCI bus id ("0000:00:06.0"): how NVML and nvidia-smi name it (core/gpu_monitor.h).
+std::string pci_bus_id(int index);
 // Returns cached, unused device memory of `index` to the driver (synchronises the device).
 void empty_cache(int index);
 
