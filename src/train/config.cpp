@@ -221,6 +221,10 @@ const std::vector<KeyDef>& keys() {
           one_of({"debug", "info", "warn", "error"})),
       key("logging.progress", &C::logging, &LoggingSection::progress,
           "progress bar: auto (when stderr is a terminal), on or off", one_of({"auto", "on", "off"})),
+      key("logging.gpu_power", &C::logging, &LoggingSection::gpu_power,
+          "on a GPU, add the board's mean power, SM clock and the share of time its power cap held the clock "
+          "down to each log line, and the energy per token to the run's summary (read through the driver's NVML "
+          "20 times a second by a background thread; each rank reads its own GPU, the log shows rank 0's)"),
 
       key("run.output_dir", &C::run, &RunSection::output_dir, "folder for metrics and outputs"),
 

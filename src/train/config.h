@@ -81,6 +81,7 @@ struct LoggingSection {
   std::string metrics_file = "metrics.jsonl";
   std::string level = "info";
   std::string progress = "auto";
+  bool gpu_power = true;
 };
 
 struct ParallelSection {

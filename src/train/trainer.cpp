@@ -18,6 +18,7 @@
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/device.h"
 #endif
+#include "core/gpu_monitor.h"
 #include "core/log.h"
 #include "core/profile.h"
 #include "data/bpe_tokenizer.h"
@@ -467,6 +468,15 @@ TrainSummary Trainer::run() {
     profile::set_roofline(peak_flops, cuda::memory_bandwidth(device_.index));
   }
 #endif
+  // the board's power and clock over each log window and the run (logging.gpu_power)
+  GpuMonitor power;
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device_.is_cuda() && config_.logging.gpu_power) {
+    power = GpuMonitor::open(cuda::pci_bus_id(device_.index));
+    if (!power.available()) log::info("GPU power readings off: " + power.why_unavailable());
+  }
+#endif
+  GpuActivity window_power, run_power;
   const double flops_per_token = model_->config().flops_per_token(T);
   auto mfu = [&](double tokens_per_second) {
     return peak_flops > 0 ? flops_per_token * tokens_per_second / static_cast<double>(world) / peak_flops : 0.0;
@@ -520,6 +530,9 @@ TrainSummary Trainer::run() {
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
     const double t_comm_wait = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
+    const GpuActivity step_power = power.take();
+    accumulate(window_power, step_power);
+    if (step > first_step) accumulate(run_power, step_power);
     train_seconds += step_seconds;
     window_seconds += step_seconds;
     window_comm_wait += t_comm_wait;
@@ -548,6 +561,10 @@ TrainSummary Trainer::run() {
                    {"peak_resident_bytes", peak_resident_bytes()},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
                    {"time_comm_wait_s", t_comm_wait}, {"mfu", mfu(r.tokens_per_second)}});
+    if (power.available())
+      metrics.write({{"step", step}, {"gpu_power_w", step_power.mean_power_w}, {"gpu_energy_j", step_power.energy_j},
+                     {"gpu_sm_mhz", step_power.mean_sm_mhz}, {"gpu_power_capped", step_power.power_capped},
+                     {"gpu_power_limit_w", step_power.power_limit_w}});
     if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
       progress.clear();
       std::string device_part;
@@ -556,11 +573,17 @@ TrainSummary Trainer::run() {
                                   100.0 * mfu(window_tps), format_bytes(peak_device_bytes()),
                                   world > 1 ? fmt::format("  comm wait {:.1f}%", 100.0 * window_comm_wait / window_seconds)
                                             : std::string());
+      if (window_power.samples > 0)
+        device_part += fmt::format("  {:.0f} W  SM {:.0f} MHz{}", window_power.mean_power_w, window_power.mean_sm_mhz,
+                                   window_power.power_capped > 0
+                                       ? fmt::format(" (power-capped {:.0f}%)", 100.0 * window_power.power_capped)
+                                       : std::string());
       log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
                             step, tc.steps, r.loss, lr, norm, window_tps, device_part,
                             format_duration(seconds_since(start)), format_duration(eta)));
       window_seconds = window_comm_wait = 0;
       window_steps = 0;
+      window_power = GpuActivity();
     }
     const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
     if (eval_now) {
@@ -596,6 +619,11 @@ TrainSummary Trainer::run() {
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
                                                        format_bytes(peak_device_bytes()),
                                                        100.0 * mfu(summary.tokens_per_second))));
+  if (run_power.samples > 0 && run_power.seconds > 0 && summary.tokens_per_second > 0)
+    log::info(fmt::format("GPU{}: {}; {:.2f} mJ per token (after the first step)",
+                          world > 1 ? fmt::format(" of rank {}", rank) : std::string(),
+                          format_activity(run_power),
+                          1e3 * run_power.mean_power_w / (summary.tokens_per_second / static_cast<double>(world))));
   if (profile::enabled() && comm_->rank() == 0)
     log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
