@@ -53,8 +53,10 @@ line is taken); its table row then says "failed: <reason>", usually the last err
 of its stderr (an out-of-memory message, say), and the remaining rows still run.
 
 Output: the table `| engine | AC | batch/GPU | tokens/s/GPU | MFU | peak GiB |
-fwd / bwd / optimizer |` (the last column for shardtrain rows only; with several GPUs it
-also gives the share of the step spent waiting on communication), then for each
+fwd / bwd / optimizer | board |` (the phases for shardtrain rows only; with several GPUs
+they also give the share of the step spent waiting on communication; board: rank 0's GPU
+over the timed steps as both programs read it through NVML: mean power, SM clock, the
+share of samples in which the power cap held the clock down, energy per token), then for each
 shardtrain row its tokens/s over each peer row at equal settings (same AC and batch) and
 over the fastest peer row with the same AC at any batch, each with the peak-memory ratio.
 
@@ -367,14 +369,22 @@ def cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def board_cell(r: dict) -> str:
+    """The board over the timed steps (rank 0's GPU), where the row's program could read it."""
+    if r.get("gpu_power_w") is None:
+        return ""
+    return (f"{r['gpu_power_w']:.0f} W, {r['gpu_sm_mhz']:.0f} MHz, {100 * r['gpu_power_capped']:.0f} % capped, "
+            f"{r['mj_per_token']:.1f} mJ/token")
+
+
 def table(outcomes: list, multi_gpu: bool) -> list:
     last = "fwd / bwd / optimizer" + (", comm wait" if multi_gpu else "")
-    lines = [f"| engine | AC | batch/GPU | tokens/s/GPU | MFU | peak GiB | {last} |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [f"| engine | AC | batch/GPU | tokens/s/GPU | MFU | peak GiB | {last} | board |",
+             "|---|---|---|---|---|---|---|---|"]
     for o in outcomes:
         row, r = o.plan.row, o.result
         if not o.ok:
-            cells = [o.plan.label, row.ac, row.batch_text, f"failed: {o.error}", "", "", ""]
+            cells = [o.plan.label, row.ac, row.batch_text, f"failed: {o.error}", "", "", "", ""]
         else:
             phases = ""
             if row.ours and r.get("forward_ms") is not None:
@@ -383,7 +393,7 @@ def table(outcomes: list, multi_gpu: bool) -> list:
                     phases += f", {100 * r['comm_wait_fraction']:.1f} %"
             cells = [o.plan.label, str(r.get("ac", row.ac)), row.batch_text,
                      fmt_int(r["tokens_per_s_per_gpu"]), f"{100 * r.get('mfu', 0):.1f} %",
-                     f"{r.get('peak_gib', 0):.1f}", phases]
+                     f"{r.get('peak_gib', 0):.1f}", phases, board_cell(r)]
         lines.append("| " + " | ".join(cell(c) for c in cells) + " |")
     return lines
 

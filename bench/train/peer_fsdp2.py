@@ -4,16 +4,20 @@ attention) wrapped with FSDP2 `fully_shard` (per block, then the root), bf16 par
 with f32 gradient reduction, fused AdamW, optional torch.compile per block and full
 activation checkpointing per block. Same shape, batch, random tokens and step count as
 train_bench; prints the same table row and JSON line (tokens/s and MFU per GPU).
-One rank by default; under torchrun, one rank per GPU (--batch is per rank).
+One rank by default; under torchrun, one rank per GPU (--batch is per rank). Where the
+driver's NVML is there, it also reports the board's mean power, SM clock, power-capped share
+and energy per token over the timed steps, as train_bench does.
 
   python3 bench/train/peer_fsdp2.py [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
                                     [--compile] [--ac none|full] [--shape 1b|8b]
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
 """
 import argparse
+import ctypes
 import json
 import math
 import os
+import threading
 import time
 
 import torch
@@ -21,6 +25,74 @@ import torch.distributed as dist
 import transformers
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
+
+
+class Board:
+    """The GPU's energy counter, SM clock and power-cap state through NVML (the driver's
+    libnvidia-ml, by ctypes), as train_bench reads them (core/gpu_monitor.h): mean power and
+    energy over an interval, the clock and the power-capped share sampled every 50 ms by a
+    thread. finish() gives {} where NVML or its energy counter is unavailable."""
+
+    SW_POWER_CAP = 0x4
+
+    def __init__(self, device_index):
+        self.handle = None
+        self.samples, self.stop = [], threading.Event()
+        try:
+            nvml = ctypes.CDLL("libnvidia-ml.so.1")
+            if nvml.nvmlInit_v2() != 0:
+                return
+            props = torch.cuda.get_device_properties(device_index)
+            handle = ctypes.c_void_p()
+            if hasattr(props, "pci_bus_id"):
+                bus = f"{getattr(props, 'pci_domain_id', 0):08x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}.0"
+                found = nvml.nvmlDeviceGetHandleByPciBusId_v2(bus.encode(), ctypes.byref(handle)) == 0
+            else:
+                found = nvml.nvmlDeviceGetHandleByIndex_v2(device_index, ctypes.byref(handle)) == 0
+            # the clock event reasons were called throttle reasons before driver 535
+            reasons = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+                nvml.nvmlDeviceGetCurrentClocksThrottleReasons
+            if found:
+                self.nvml, self.handle, self.reasons = nvml, handle, reasons
+        except (OSError, AttributeError):
+            pass
+
+    def _energy_mj(self):
+        e = ctypes.c_ulonglong()
+        return e.value if self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(e)) == 0 else None
+
+    def _sample(self):
+        while not self.stop.is_set():
+            mhz, reasons = ctypes.c_uint(), ctypes.c_ulonglong()
+            if self.nvml.nvmlDeviceGetClockInfo(self.handle, 1, ctypes.byref(mhz)) == 0:  # 1: NVML_CLOCK_SM
+                if self.reasons(self.handle, ctypes.byref(reasons)) != 0:
+                    reasons.value = 0
+                self.samples.append((mhz.value, reasons.value))
+            self.stop.wait(0.05)
+
+    def start(self):
+        if self.handle is None:
+            return
+        self.t0, self.e0 = time.perf_counter(), self._energy_mj()
+        self.thread = threading.Thread(target=self._sample, daemon=True)
+        self.thread.start()
+
+    def finish(self, tokens):
+        """Readings since start(): mean power (W), SM clock (MHz), power-capped share and
+        energy per token (mJ), or {} without NVML."""
+        if self.handle is None:
+            return {}
+        self.stop.set()
+        self.thread.join()
+        seconds, e1 = time.perf_counter() - self.t0, self._energy_mj()
+        if self.e0 is None or e1 is None or not self.samples:
+            return {}
+        joules = (e1 - self.e0) / 1000
+        return dict(gpu_power_w=round(joules / seconds, 1),
+                    gpu_sm_mhz=round(sum(m for m, _ in self.samples) / len(self.samples)),
+                    gpu_power_capped=round(sum(1 for _, r in self.samples if r & self.SW_POWER_CAP)
+                                           / len(self.samples), 3),
+                    mj_per_token=round(1000 * joules / tokens, 3))
 
 
 def main():
@@ -77,6 +149,9 @@ def main():
         f"{n_params} parameters")
 
     g = torch.Generator(device="cuda").manual_seed(7 + rank)
+    board = Board(local)
+    if a.warmup == 0:
+        board.start()
     timed = 0.0
     torch.cuda.reset_peak_memory_stats()
     for step in range(1, a.warmup + a.steps + 1):
@@ -98,7 +173,10 @@ def main():
             assert -0.5 < value - math.log(cfg.vocab_size) < 1.5, f"first loss {value} not near ln V"
         if step > a.warmup:
             timed += dt
+        if step == a.warmup:
+            board.start()  # the timed steps only
         say(f"# step {step} loss {value:.4f}  {1e3 * dt:.1f} ms")
+    power = board.finish(a.batch * a.seq * a.steps)
     tps = a.batch * a.seq * a.steps / timed
     mfu = flops_per_token * tps / peak if peak else 0.0
     peak_mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
@@ -106,8 +184,13 @@ def main():
     peak_gib = peak_mem.item()
     label = "HF + FSDP2" + (" + compile" if a.compile else " eager")
     say(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
+    if power:
+        say(f"# GPU{' of rank 0' if world > 1 else ''} over the timed steps: {power['gpu_power_w']:.0f} W, "
+            f"SM {power['gpu_sm_mhz']} MHz, power-capped {100 * power['gpu_power_capped']:.0f} %; "
+            f"{power['mj_per_token']:.2f} mJ per token")
     say(json.dumps(dict(engine=label, shape=a.shape, gpus=world, ac=a.ac, batch=a.batch, seq=a.seq,
-                        tokens_per_s_per_gpu=round(tps, 1), mfu=round(mfu, 4), peak_gib=round(peak_gib, 2))))
+                        tokens_per_s_per_gpu=round(tps, 1), mfu=round(mfu, 4), peak_gib=round(peak_gib, 2),
+                        **power)))
     dist.destroy_process_group()
 
 

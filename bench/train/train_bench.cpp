@@ -5,6 +5,9 @@
 // Validates before timing (the first loss of a random init is near ln V, every loss is
 // finite), then reports tokens/s, MFU (torchtitan's FLOPs per token against the device's
 // dense bf16 peak), the phase split and peak device memory, as a table row and a JSON line.
+// On a GPU it also reads the board through NVML over the timed steps (core/gpu_monitor.h):
+// mean power, SM clock, the share of time the power cap held the clock down, energy per token,
+// and the dense peak at that clock, which bounds a power-capped step better than the datasheet's.
 // With SHARDTRAIN_PROFILE=1 it also prints the time per op (core/profile.h).
 // Several GPUs: start one process per GPU with a torchrun-style environment (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); the model is then sharded over them
@@ -38,6 +41,7 @@
 
 #include "core/allocator.h"
 #include "core/error.h"
+#include "core/gpu_monitor.h"
 #include "core/profile.h"
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/device.h"
@@ -131,6 +135,8 @@ int main(int argc, char** argv) try {
   Device dev = Device::cpu();
   double peak_flops = 0;
   std::string device_name = "cpu";
+  double flops_per_clock = 0;
+  GpuMonitor power;  // the board's power and clock over the timed steps
   std::unique_ptr<dist::Communicator> comm;
   const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -146,6 +152,8 @@ int main(int argc, char** argv) try {
     peak_flops = cuda::dense_bf16_peak_flops(gpu);
     profile::set_roofline(peak_flops, cuda::memory_bandwidth(gpu));
     device_name = cuda::device_name(gpu);
+    flops_per_clock = cuda::dense_bf16_flops_per_clock(gpu);
+    power = GpuMonitor::open(cuda::pci_bus_id(gpu));
   }
 #endif
   if (!comm) {
@@ -219,6 +227,7 @@ int main(int argc, char** argv) try {
   if (graphed) captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
   double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
   int64_t system_allocs_before = 0;
+  (void)power.take();
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {
     for (int64_t mb = 0; mb < a.accum; ++mb) {
       for (int64_t i = 0; i < ids[mb].numel(); ++i) {
@@ -253,7 +262,10 @@ int main(int argc, char** argv) try {
     if (step == 1)
       ST_CHECK(loss > ln_v - 0.5 && loss < ln_v + 1.5, "train_bench: first loss ", loss, " is not near ln V = ", ln_v,
                ": the model is wrong");
-    if (step == a.warmup) (void)profile::report_and_reset();  // profile the timed steps only
+    if (step == a.warmup) {  // profile and read the power of the timed steps only
+      (void)profile::report_and_reset();
+      (void)power.take();
+    }
     if (step > a.warmup) {
       timed += std::chrono::duration<double>(t2 - t0).count();
       fwd += step_fwd;
@@ -268,6 +280,7 @@ int main(int argc, char** argv) try {
     say(detail::concat("# step ", step, " loss ", loss_text, "  ", 1e3 * std::chrono::duration<double>(t2 - t0).count(),
                        " ms", world > 1 ? detail::concat("  comm wait ", 1e3 * waited, " ms") : "", "\n"));
   }
+  const GpuActivity board = power.take();
   const double n = static_cast<double>(a.steps);
   if (!dev.is_cpu())
     say(detail::concat("# host time issuing forward + backward: ", 1e3 * host_issue / n, " ms of ",
@@ -279,13 +292,35 @@ int main(int argc, char** argv) try {
                 static_cast<long long>(a.steps), profile::report_and_reset().c_str());
   const double tps = tokens * n / timed;
   const double mfu = peak_flops > 0 ? c.flops_per_token(a.seq) * tps / peak_flops : 0.0;
+  // per rank: energy per token, and the dense peak at the clock the board held
+  const double mj_per_token = board.samples > 0 ? 1e3 * board.energy_j / (tokens * n) : 0.0;
+  const double clock_peak = flops_per_clock * board.mean_sm_mhz * 1e6;
+  if (board.samples > 0) {
+    char line[512];
+    int len = std::snprintf(line, sizeof line, "# GPU%s over the timed steps: %s; %.2f mJ per token",
+                            world > 1 ? " of rank 0" : "", format_activity(board).c_str(), mj_per_token);
+    if (clock_peak > 0)
+      std::snprintf(line + len, sizeof line - static_cast<size_t>(len),
+                    "; dense bf16 peak at the mean SM clock %.0f TFLOP/s (datasheet %.0f): model FLOPs at %.1f %% of it",
+                    clock_peak / 1e12, peak_flops / 1e12, 100 * c.flops_per_token(a.seq) * tps / clock_peak);
+    say(std::string(line) + "\n");
+  } else if (!dev.is_cpu()) {
+    say("# GPU power readings off: " + power.why_unavailable() + "\n");
+  }
   const double peak_gib = static_cast<double>(allocator_for(dev).stats().peak_allocated_bytes) / (1u << 30);
   const std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
   const std::string wait_part =
       world > 1 ? detail::concat(", comm wait ", 100 * comm_wait / timed, " % of the step") : std::string();
   const std::string batch_text =
       a.accum > 1 ? detail::concat(a.batch, " x ", a.accum, " micro-batches") : std::to_string(a.batch);
-  char row[512];
+  char row[768];
+  std::string gpu_fields;  // the board's readings, where there are some
+  if (board.samples > 0) {
+    std::snprintf(row, sizeof row,
+                  ", \"gpu_power_w\": %.1f, \"gpu_sm_mhz\": %.0f, \"gpu_power_capped\": %.3f, \"mj_per_token\": %.3f",
+                  board.mean_power_w, board.mean_sm_mhz, board.power_capped, mj_per_token);
+    gpu_fields = row;
+  }
   std::snprintf(row, sizeof row, "| %s | %s | %s | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n",
                 label.c_str(), model::checkpointing_name(a.ac), batch_text.c_str(), tps, 100 * mfu, peak_gib,
                 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
@@ -293,10 +328,10 @@ int main(int argc, char** argv) try {
   std::snprintf(row, sizeof row,
                 "{\"engine\": \"shardtrain\", \"gpus\": %d, \"ac\": \"%s\", \"batch\": %lld, \"accum\": %lld, \"seq\": %lld, "
                 "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
-                "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f}\n",
+                "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f%s}\n",
                 world, model::checkpointing_name(a.ac), static_cast<long long>(a.batch), static_cast<long long>(a.accum),
                 static_cast<long long>(a.seq), tps,
-                mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed);
+                mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed, gpu_fields.c_str());
   say(row);
   return 0;
 } catch (const std::exception& e) {
