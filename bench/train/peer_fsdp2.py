@@ -85,7 +85,8 @@ class Board:
         self.stop.set()
         self.thread.join()
         seconds, e1 = time.perf_counter() - self.t0, self._energy_mj()
-        if self.e0 is None or e1 is None or not self.samples:
+        # the counter advances in steps of ~0.1 s: under 2 s the mean power is too coarse
+        if self.e0 is None or e1 is None or not self.samples or seconds < 2.0:
             return {}
         joules = (e1 - self.e0) / 1000
         return dict(gpu_power_w=round(joules / seconds, 1),

@@ -293,15 +293,19 @@ int main(int argc, char** argv) try {
   const double tps = tokens * n / timed;
   const double mfu = peak_flops > 0 ? c.flops_per_token(a.seq) * tps / peak_flops : 0.0;
   // per rank: energy per token, and the dense peak at the clock the board held
-  const double mj_per_token = board.samples > 0 ? 1e3 * board.energy_j / (tokens * n) : 0.0;
+  const bool watts = board.samples > 0 && std::isfinite(board.mean_power_w);  // timed steps over kMinPowerSeconds
+  const double mj_per_token = watts ? 1e3 * board.energy_j / (tokens * n) : 0.0;
   const double clock_peak = flops_per_clock * board.mean_sm_mhz * 1e6;
   if (board.samples > 0) {
     char line[512];
-    int len = std::snprintf(line, sizeof line, "# GPU%s over the timed steps: %s; %.2f mJ per token",
-                            world > 1 ? " of rank 0" : "", format_activity(board).c_str(), mj_per_token);
+    int len = std::snprintf(line, sizeof line, "# GPU%s over the timed steps: %s", world > 1 ? " of rank 0" : "",
+                            format_activity(board).c_str());
+    if (watts)
+      len += std::snprintf(line + len, sizeof line - static_cast<size_t>(len), "; %.2f mJ per token", mj_per_token);
     if (clock_peak > 0)
       std::snprintf(line + len, sizeof line - static_cast<size_t>(len),
-                    "; dense bf16 peak at the mean SM clock %.0f TFLOP/s (datasheet %.0f): model FLOPs at %.1f %% of it",
+                    "; dense bf16 peak at the mean SM clock %.0f TFLOP/s (datasheet %.0f): "
+                    "model FLOPs at %.1f %% of it",
                     clock_peak / 1e12, peak_flops / 1e12, 100 * c.flops_per_token(a.seq) * tps / clock_peak);
     say(std::string(line) + "\n");
   } else if (!dev.is_cpu()) {
@@ -315,7 +319,7 @@ int main(int argc, char** argv) try {
       a.accum > 1 ? detail::concat(a.batch, " x ", a.accum, " micro-batches") : std::to_string(a.batch);
   char row[768];
   std::string gpu_fields;  // the board's readings, where there are some
-  if (board.samples > 0) {
+  if (watts) {
     std::snprintf(row, sizeof row,
                   ", \"gpu_power_w\": %.1f, \"gpu_sm_mhz\": %.0f, \"gpu_power_capped\": %.3f, \"mj_per_token\": %.3f",
                   board.mean_power_w, board.mean_sm_mhz, board.power_capped, mj_per_token);

@@ -99,7 +99,7 @@ GpuActivity ActivityAccumulator::finish(double seconds, double energy_mj, double
   a.samples = samples_;
   if (std::isfinite(energy_mj)) {
     a.energy_j = energy_mj / 1000.0;
-    a.mean_power_w = seconds > 0 ? a.energy_j / seconds : 0.0;
+    a.mean_power_w = seconds >= kMinPowerSeconds ? a.energy_j / seconds : NAN;
   } else if (power_samples_ > 0) {  // no energy counter: the sampled power stands in
     a.mean_power_w = power_w_sum_ / static_cast<double>(power_samples_);
     a.energy_j = a.mean_power_w * seconds;
@@ -125,7 +125,7 @@ void accumulate(GpuActivity& total, const GpuActivity& part) {
   total.samples += part.samples;
   total.seconds += part.seconds;
   total.energy_j += part.energy_j;
-  total.mean_power_w = total.seconds > 0 ? total.energy_j / total.seconds : 0.0;
+  total.mean_power_w = total.seconds >= kMinPowerSeconds ? total.energy_j / total.seconds : NAN;
   if (part.samples > 0 || part.seconds > 0) {
     total.power_limit_w = part.power_limit_w;
     total.max_sm_mhz = part.max_sm_mhz;
@@ -135,9 +135,14 @@ void accumulate(GpuActivity& total, const GpuActivity& part) {
 std::string format_activity(const GpuActivity& a) {
   if (a.samples == 0) return "no samples";
   char buf[160];
-  std::snprintf(buf, sizeof buf, "%.0f W of %.0f, SM %.0f MHz of %.0f, power-capped %.0f %%", a.mean_power_w,
-                a.power_limit_w, a.mean_sm_mhz, a.max_sm_mhz, 100.0 * a.power_capped);
-  std::string s = buf;
+  std::string s;
+  if (std::isfinite(a.mean_power_w)) {
+    std::snprintf(buf, sizeof buf, "%.0f W of %.0f, ", a.mean_power_w, a.power_limit_w);
+    s = buf;
+  }
+  std::snprintf(buf, sizeof buf, "SM %.0f MHz of %.0f, power-capped %.0f %%", a.mean_sm_mhz, a.max_sm_mhz,
+                100.0 * a.power_capped);
+  s += buf;
   if (a.thermal > 0) {
     std::snprintf(buf, sizeof buf, ", thermal slowdown %.0f %%", 100.0 * a.thermal);
     s += buf;

@@ -19,11 +19,16 @@ inline constexpr uint64_t kClockReasonSwThermal = 0x20;
 inline constexpr uint64_t kClockReasonHwThermal = 0x40;
 inline constexpr uint64_t kClockReasonHwPowerBrake = 0x80;
 
+// The board's energy counter advances in steps (about every 0.1 s on an H100), so the mean
+// power of a shorter interval than this is not given (NaN): 2 s keeps its error within ~5 %.
+// Energies of short intervals still add up exactly over a longer one (accumulate below).
+inline constexpr double kMinPowerSeconds = 2.0;
+
 // What the board did over an interval.
 struct GpuActivity {
   double seconds = 0;        // length of the interval
   double energy_j = 0;       // from the board's energy counter
-  double mean_power_w = 0;   // energy_j / seconds
+  double mean_power_w = 0;   // energy_j / seconds; NaN for an interval under kMinPowerSeconds
   double power_limit_w = 0;  // the enforced power limit at the interval's end
   double mean_sm_mhz = 0;    // SM clock, mean over the samples
   double max_sm_mhz = 0;     // the board's highest SM clock
@@ -52,7 +57,7 @@ class ActivityAccumulator {
 void accumulate(GpuActivity& total, const GpuActivity& part);
 
 // "692 W of 700, SM 1484 MHz of 1980, power-capped 99 %" (with ", thermal slowdown N %" when
-// any sample had one); "no samples" for an empty interval.
+// any sample had one; without the power where it is NaN); "no samples" for an empty interval.
 std::string format_activity(const GpuActivity& a);
 
 class GpuMonitor {

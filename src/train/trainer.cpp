@@ -561,10 +561,7 @@ TrainSummary Trainer::run() {
                    {"peak_resident_bytes", peak_resident_bytes()},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
                    {"time_comm_wait_s", t_comm_wait}, {"mfu", mfu(r.tokens_per_second)}});
-    if (power.available())
-      metrics.write({{"step", step}, {"gpu_power_w", step_power.mean_power_w}, {"gpu_energy_j", step_power.energy_j},
-                     {"gpu_sm_mhz", step_power.mean_sm_mhz}, {"gpu_power_capped", step_power.power_capped},
-                     {"gpu_power_limit_w", step_power.power_limit_w}});
+
     if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
       progress.clear();
       std::string device_part;
@@ -573,11 +570,23 @@ TrainSummary Trainer::run() {
                                   100.0 * mfu(window_tps), format_bytes(peak_device_bytes()),
                                   world > 1 ? fmt::format("  comm wait {:.1f}%", 100.0 * window_comm_wait / window_seconds)
                                             : std::string());
-      if (window_power.samples > 0)
-        device_part += fmt::format("  {:.0f} W  SM {:.0f} MHz{}", window_power.mean_power_w, window_power.mean_sm_mhz,
+      if (window_power.samples > 0) {
+        // the board over the window; its mean power only once the window is long enough
+        const bool watts = std::isfinite(window_power.mean_power_w);
+        const std::string w = watts ? fmt::format("{:.0f} W  ", window_power.mean_power_w) : std::string();
+        device_part += fmt::format("  {}SM {:.0f} MHz{}", w, window_power.mean_sm_mhz,
                                    window_power.power_capped > 0
                                        ? fmt::format(" (power-capped {:.0f}%)", 100.0 * window_power.power_capped)
                                        : std::string());
+        nlohmann::json board = {{"step", step},
+                                {"gpu_window_s", window_power.seconds},
+                                {"gpu_energy_j", window_power.energy_j},
+                                {"gpu_sm_mhz", window_power.mean_sm_mhz},
+                                {"gpu_power_capped", window_power.power_capped},
+                                {"gpu_power_limit_w", window_power.power_limit_w}};
+        if (watts) board["gpu_power_w"] = window_power.mean_power_w;
+        metrics.write(board);
+      }
       log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
                             step, tc.steps, r.loss, lr, norm, window_tps, device_part,
                             format_duration(seconds_since(start)), format_duration(eta)));
@@ -619,7 +628,7 @@ TrainSummary Trainer::run() {
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
                                                        format_bytes(peak_device_bytes()),
                                                        100.0 * mfu(summary.tokens_per_second))));
-  if (run_power.samples > 0 && run_power.seconds > 0 && summary.tokens_per_second > 0)
+  if (run_power.samples > 0 && std::isfinite(run_power.mean_power_w) && summary.tokens_per_second > 0)
     log::info(fmt::format("GPU{}: {}; {:.2f} mJ per token (after the first step)",
                           world > 1 ? fmt::format(" of rank {}", rank) : std::string(),
                           format_activity(run_power),

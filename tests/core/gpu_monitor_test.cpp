@@ -72,8 +72,29 @@ TEST(GpuMonitor, FormatsTheInterval) {
   ActivityAccumulator acc;
   acc.add_sample(1484, kClockReasonSwPowerCap);
   acc.add_sample(1484, kClockReasonSwPowerCap | kClockReasonHwThermal);
-  const GpuActivity a = acc.finish(1.0, 692'000.0, 700.0, 1980.0);
+  const GpuActivity a = acc.finish(2.0, 1'384'000.0, 700.0, 1980.0);
   EXPECT_EQ(format_activity(a), "692 W of 700, SM 1484 MHz of 1980, power-capped 100 %, thermal slowdown 50 %");
+  acc.add_sample(1980, 0);
+  const GpuActivity short_one = acc.finish(0.5, 100'000.0, 700.0, 1980.0);
+  EXPECT_EQ(format_activity(short_one), "SM 1980 MHz of 1980, power-capped 0 %");
+}
+
+TEST(GpuMonitor, ShortIntervalsGiveNoPowerButTheirEnergiesAddUp) {
+  // the counter advances in steps: a 10 ms interval may see none (0 J) or a whole step
+  ActivityAccumulator acc;
+  GpuActivity total;
+  for (int i = 0; i < 300; ++i) {
+    acc.add_sample(1500, 0);
+    const GpuActivity step = acc.finish(0.01, i % 10 == 9 ? 70'000.0 : 0.0, 700.0, 1980.0);
+    EXPECT_TRUE(std::isnan(step.mean_power_w)) << "a 10 ms interval has no mean power";
+    accumulate(total, step);
+    if (i == 100) {
+      EXPECT_TRUE(std::isnan(total.mean_power_w)) << "1 s is still under kMinPowerSeconds";
+    }
+  }
+  EXPECT_NEAR(total.seconds, 3.0, 1e-9);
+  EXPECT_NEAR(total.energy_j, 2100.0, 1e-9);
+  EXPECT_NEAR(total.mean_power_w, 700.0, 1e-9);
 }
 
 TEST(GpuMonitor, AnUnknownDeviceLeavesItUnavailableWithAReason) {
