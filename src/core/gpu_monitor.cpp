@@ -77,6 +77,9 @@ double seconds_between(std::chrono::steady_clock::time_point a, std::chrono::ste
   return std::chrono::duration<double>(b - a).count();
 }
 
+// The one rule for an interval's mean power, wherever its energy came from.
+double mean_power(double energy_j, double seconds) { return seconds >= kMinPowerSeconds ? energy_j / seconds : NAN; }
+
 }  // namespace
 
 void ActivityAccumulator::add_sample(double sm_mhz, uint64_t reasons, double power_w) {
@@ -97,13 +100,11 @@ GpuActivity ActivityAccumulator::finish(double seconds, double energy_mj, double
   a.power_limit_w = power_limit_w;
   a.max_sm_mhz = max_sm_mhz;
   a.samples = samples_;
-  if (std::isfinite(energy_mj)) {
+  if (std::isfinite(energy_mj))
     a.energy_j = energy_mj / 1000.0;
-    a.mean_power_w = seconds >= kMinPowerSeconds ? a.energy_j / seconds : NAN;
-  } else if (power_samples_ > 0) {  // no energy counter: the sampled power stands in
-    a.mean_power_w = power_w_sum_ / static_cast<double>(power_samples_);
-    a.energy_j = a.mean_power_w * seconds;
-  }
+  else if (power_samples_ > 0)  // no energy counter: the sampled power stands in
+    a.energy_j = power_w_sum_ / static_cast<double>(power_samples_) * seconds;
+  a.mean_power_w = mean_power(a.energy_j, seconds);
   if (samples_ > 0) {
     const double n = static_cast<double>(samples_);
     a.mean_sm_mhz = sm_mhz_sum_ / n;
@@ -125,7 +126,7 @@ void accumulate(GpuActivity& total, const GpuActivity& part) {
   total.samples += part.samples;
   total.seconds += part.seconds;
   total.energy_j += part.energy_j;
-  total.mean_power_w = total.seconds >= kMinPowerSeconds ? total.energy_j / total.seconds : NAN;
+  total.mean_power_w = mean_power(total.energy_j, total.seconds);
   if (part.samples > 0 || part.seconds > 0) {
     total.power_limit_w = part.power_limit_w;
     total.max_sm_mhz = part.max_sm_mhz;

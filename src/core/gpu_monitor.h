@@ -21,7 +21,8 @@ inline constexpr uint64_t kClockReasonHwPowerBrake = 0x80;
 
 // The board's energy counter advances in steps (about every 0.1 s on an H100), so the mean
 // power of a shorter interval than this is not given (NaN): 2 s keeps its error within ~5 %.
-// Energies of short intervals still add up exactly over a longer one (accumulate below).
+// Energies of short intervals still add up exactly over a longer one (accumulate below). The
+// same rule holds where a board without the counter has its energy from sampled powers.
 inline constexpr double kMinPowerSeconds = 2.0;
 
 // What the board did over an interval.

@@ -530,9 +530,6 @@ TrainSummary Trainer::run() {
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
     const double t_comm_wait = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
-    const GpuActivity step_power = power.take();
-    accumulate(window_power, step_power);
-    if (step > first_step) accumulate(run_power, step_power);
     train_seconds += step_seconds;
     window_seconds += step_seconds;
     window_comm_wait += t_comm_wait;
@@ -561,8 +558,15 @@ TrainSummary Trainer::run() {
                    {"peak_resident_bytes", peak_resident_bytes()},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
                    {"time_comm_wait_s", t_comm_wait}, {"mfu", mfu(r.tokens_per_second)}});
-
-    if (step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps) {
+    const bool log_now = step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps;
+    if (log_now || step == first_step) {
+      // the board is read at log lines only (NVML calls stay off the other steps), and after
+      // the first step, which the run's figures leave out
+      const GpuActivity part = power.take();
+      accumulate(window_power, part);
+      if (step > first_step) accumulate(run_power, part);
+    }
+    if (log_now) {
       progress.clear();
       std::string device_part;
       if (device_.is_cuda())
