@@ -18,8 +18,10 @@ class RmsNormCuda : public testing::CudaDtypeTest {};
 TEST_P(RmsNormCuda, RmsNorm) {
   const DType dt = GetParam();
   // odd width: element loops; 2048, 4096: 16-byte packs, a block per row in the backward;
-  // 8200: rows too wide for that (more than 1024 packs), the shared-memory backward
-  for (auto [T, D] : {std::pair<int64_t, int64_t>{37, 67}, {256, 2048}, {1031, 4096}, {19, 8200}}) {
+  // 3001 x 512: more rows than the backward's blocks, so each block takes several rows and
+  // prefetches past the last one; 8200: rows too wide for a block per row (more than 1024
+  // packs), the shared-memory backward
+  for (auto [T, D] : {std::pair<int64_t, int64_t>{37, 67}, {256, 2048}, {1031, 4096}, {3001, 512}, {19, 8200}}) {
     Input x = random_input({T, D}, dt, 11, 0.3, 2.0), w = random_input({D}, dt, 12, 1.0, 0.2),
           dy = random_input({T, D}, dt, 13);
     Tensor y = Tensor::empty({T, D}, dt, Device::cuda(0)), rstd = Tensor::empty({T}, DType::kF32, Device::cuda(0));
