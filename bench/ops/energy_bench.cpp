@@ -18,6 +18,7 @@
 #include "core/cuda/device.h"
 #include "core/error.h"
 #include "core/gpu_monitor.h"
+#include "energy_util.h"
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
@@ -26,7 +27,8 @@
 namespace {
 
 using namespace shardtrain;
-using Clock = std::chrono::steady_clock;
+using bench::run_sustained;
+using bench::SustainedRun;
 
 Tensor device_normal(const Shape& s, uint64_t key) {
   Tensor t = Tensor::empty(s, DType::kBF16, Device::cuda(0), "energy_bench input");
@@ -146,19 +148,10 @@ int main(int argc, char** argv) {
     std::printf("| workload | rate | W | SM MHz | power-capped | of the peak at that clock | energy |\n");
     std::printf("|---|---|---|---|---|---|---|\n");
     for (const Workload& wl : loads) {
-      wl.run();
-      synchronize(dev);
-      (void)board.take();
-      const Clock::time_point t0 = Clock::now();
-      int64_t calls = 0;
-      double elapsed = 0;
-      while (elapsed < seconds) {
-        for (int i = 0; i < 10; ++i) wl.run();
-        calls += 10;
-        synchronize(dev);
-        elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
-      }
-      const GpuActivity a = board.take();
+      const SustainedRun r = run_sustained(board, dev, seconds, wl.run);
+      const GpuActivity& a = r.board;
+      const double elapsed = r.seconds;
+      const int64_t calls = r.calls;
       const double work = static_cast<double>(calls) * (wl.flops > 0 ? wl.flops : wl.bytes);
       const double rate = work / elapsed;
       char rate_text[64], share_text[32], energy_text[64];
