@@ -8,9 +8,9 @@
 //   copy, 16-byte loads and stores through registers, 4 in flight per thread
 //   copy, the same with evict-first cache hints (ld.global.cs / st.global.cs)
 //   copy, TMA bulk copies through shared memory (one thread per CTA, 6 stages of 32 KiB)
-//   SwiGLU forward, the engine's op (h = silu(gate) * up, bf16, 16-byte loads) on separate
-//   gate and up tensors, and on gate and up as the halves of one [tokens, 2F] product (the
-//   engine's stacked layout, a row-strided kernel)
+//   SwiGLU forward, the engine's op (h = silu(gate) * up, bf16, 16-byte loads, a grid of
+//   row pairs) on separate gate and up tensors, and on gate and up as the halves of one
+//   [tokens, 2F] product (the engine's stacked layout)
 //   SwiGLU forward, gate and up brought in and h sent out by TMA bulk copies, the math from
 //   shared memory (4 stages of 3 x 16 KiB)
 // Every variant's output is checked first: the copies byte for byte against the source, the

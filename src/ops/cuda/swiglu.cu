@@ -41,23 +41,6 @@ __device__ __forceinline__ Pack<T> silu_times_pack(const Pack<T>& g, const Pack<
   return out;
 }
 
-// The same math over 16-byte packs (8 bf16 values per load), for aligned tensors whose
-// length is a multiple of the pack: full-width memory transactions. Each thread takes two
-// packs a grid-stride apart per iteration and issues all their loads before any math, so
-// twice the bytes are in flight per thread.
-template <typename T>
-__global__ void swiglu_forward_packed(Pack<T>* __restrict__ h, const Pack<T>* __restrict__ gate,
-                                      const Pack<T>* __restrict__ up, int64_t packs) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  for (; i + stride < packs; i += 2 * stride) {
-    const Pack<T> g0 = gate[i], u0 = up[i], g1 = gate[i + stride], u1 = up[i + stride];
-    h[i] = silu_times_pack(g0, u0);
-    h[i + stride] = silu_times_pack(g1, u1);
-  }
-  if (i < packs) h[i] = silu_times_pack(gate[i], up[i]);
-}
-
 // One pack of the backward: dgate, dup and (kWithH) h from dh, gate and up. No __restrict__:
 // dgate and dup may alias gate and up (every pack is loaded before its results are stored).
 template <typename T, bool kWithH>
@@ -75,21 +58,6 @@ __device__ __forceinline__ void swiglu_backward_pack(Pack<T>* dgate, Pack<T>* du
   dgate[i] = dg;
   dup[i] = du;
   if constexpr (kWithH) h[i] = hp;
-}
-
-// kWithH: also write h (a template flag, so the common case carries no branch or registers).
-template <typename T, bool kWithH>
-__global__ void swiglu_backward_packed(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, const Pack<T>* dh,
-                                       const Pack<T>* gate, const Pack<T>* up, int64_t packs) {
-  const int64_t stride = int64_t{gridDim.x} * blockDim.x;
-  int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  for (; i + stride < packs; i += 2 * stride) {
-    const int64_t j = i + stride;
-    const Pack<T> g0 = gate[i], u0 = up[i], d0 = dh[i], g1 = gate[j], u1 = up[j], d1 = dh[j];
-    swiglu_backward_pack<T, kWithH>(dgate, dup, h, i, g0, u0, d0);
-    swiglu_backward_pack<T, kWithH>(dgate, dup, h, j, g1, u1, d1);
-  }
-  if (i < packs) swiglu_backward_pack<T, kWithH>(dgate, dup, h, i, gate[i], up[i], dh[i]);
 }
 
 // Row-strided tensors: [rows, cols] with rows `pitch` packs apart (gate and up as the two
@@ -179,27 +147,18 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, St
   const bool contiguous = check_all({&h_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_forward", &l);
   const int64_t n = h_TF.numel();
   if (n == 0) return;
-  if (!contiguous) {
-    dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
-      std::vector<int64_t> pp;
-      ST_CHECK(pitches_in_packs(l, {&h_TF, &gate_TF, &up_TF}, gate_TF.size(1), sizeof(T), pp),
-               "swiglu_forward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
+  dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
+    std::vector<int64_t> pp;
+    // 16-byte rows, contiguous or not: the row kernel (its grid of row pairs moves ~10 % more
+    // bytes per second than a grid-stride loop over the flat tensor, stream_energy_bench)
+    if (pitches_in_packs(l, {&h_TF, &gate_TF, &up_TF}, gate_TF.size(1), sizeof(T), pp)) {
       const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
       swiglu_forward_rows<T><<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
           static_cast<Pack<T>*>(h_TF.raw_data()), static_cast<const Pack<T>*>(gate_TF.raw_data()),
           static_cast<const Pack<T>*>(up_TF.raw_data()), rows, row_packs, Pitches{pp[0], pp[1], pp[2], 0, 0, 0});
-    });
-    ST_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
-    if (packable({&h_TF, &gate_TF, &up_TF}, n, sizeof(T))) {
-      const int64_t packs = n / Pack<T>::kSize;
-      swiglu_forward_packed<T><<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
-          static_cast<Pack<T>*>(h_TF.raw_data()), static_cast<const Pack<T>*>(gate_TF.raw_data()),
-          static_cast<const Pack<T>*>(up_TF.raw_data()), packs);
       return;
     }
+    ST_CHECK(contiguous, "swiglu_forward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
     swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(h_TF.raw_data()), static_cast<const T*>(gate_TF.raw_data()),
         static_cast<const T*>(up_TF.raw_data()), n);
@@ -215,13 +174,11 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
   if (with_h) contiguous = check_all({&h_TF}, gate_TF, "swiglu_backward", &l) && contiguous;
   const int64_t n = dh_TF.numel();
   if (n == 0) return;
-  if (!contiguous) {
-    dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
-      std::vector<int64_t> pp;
-      std::vector<const Tensor*> ts = {&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF};
-      if (with_h) ts.push_back(&h_TF);
-      ST_CHECK(pitches_in_packs(l, ts, gate_TF.size(1), sizeof(T), pp),
-               "swiglu_backward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
+  dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
+    std::vector<int64_t> pp;
+    std::vector<const Tensor*> ts = {&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF};
+    if (with_h) ts.push_back(&h_TF);
+    if (pitches_in_packs(l, ts, gate_TF.size(1), sizeof(T), pp)) {  // as in the forward
       const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
       const Pitches p{with_h ? pp[5] : 0, pp[3], pp[4], pp[2], pp[0], pp[1]};
       auto* kernel = with_h ? swiglu_backward_rows<T, true> : swiglu_backward_rows<T, false>;
@@ -230,21 +187,9 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
           static_cast<Pack<T>*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const Pack<T>*>(dh_TF.raw_data()),
           static_cast<const Pack<T>*>(gate_TF.raw_data()), static_cast<const Pack<T>*>(up_TF.raw_data()), rows,
           row_packs, p);
-    });
-    ST_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
-    if (packable({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, n, sizeof(T)) &&
-        (!with_h || packable({&h_TF}, n, sizeof(T)))) {
-      const int64_t packs = n / Pack<T>::kSize;
-      auto* kernel = with_h ? swiglu_backward_packed<T, true> : swiglu_backward_packed<T, false>;
-      kernel<<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
-          static_cast<Pack<T>*>(dgate_TF.raw_data()), static_cast<Pack<T>*>(dup_TF.raw_data()),
-          static_cast<Pack<T>*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const Pack<T>*>(dh_TF.raw_data()),
-          static_cast<const Pack<T>*>(gate_TF.raw_data()), static_cast<const Pack<T>*>(up_TF.raw_data()), packs);
       return;
     }
+    ST_CHECK(contiguous, "swiglu_backward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
     swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(dgate_TF.raw_data()), static_cast<T*>(dup_TF.raw_data()),
         static_cast<T*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const T*>(dh_TF.raw_data()),
