@@ -14,7 +14,8 @@
 //   SwiGLU forward, gate and up brought in and h sent out by TMA bulk copies, the math from
 //   shared memory (4 stages of 3 x 16 KiB)
 // Every variant's output is checked first: the copies byte for byte against the source, the
-// TMA SwiGLU bit for bit against the engine's op.
+// engine's SwiGLU against the CPU twin on its first rows, the other SwiGLUs bit for bit against
+// the engine's.
 //   stream_energy_bench [seconds per variant = 4] [MiB per copy buffer = 1024]
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -191,8 +192,14 @@ struct Variant {
   std::string name;
   double bytes;  // moved per call: read + written
   std::function<void()> run;
-  std::function<unsigned long long()> check;  // words that differ from the expected output
+  std::function<void()> check;  // throws when the output is not what it should be; prints what it checked
 };
+
+// Fails the benchmark when `bad` words of `what` differ from their expected values.
+void expect_equal_words(const char* what, unsigned long long bad) {
+  ST_CHECK(bad == 0, "stream_energy_bench: ", what, ": ", bad, " words differ from the expected output");
+  std::printf("# check %-38s 0 words differ\n", what);
+}
 
 }  // namespace
 
@@ -224,18 +231,29 @@ int main(int argc, char** argv) {
     Tensor gate_up = Tensor::empty({R, 2 * F}, DType::kBF16, dev, "gate|up");
     Tensor gate_half = gate_up.slice(1, 0, F), up_half = gate_up.slice(1, F, 2 * F);
     Tensor h_stacked = Tensor::empty({R, F}, DType::kBF16, dev, "h (stacked)");
-    for (const auto& [half, from] : {std::pair<Tensor*, Tensor*>{&gate_half, &gate}, {&up_half, &up}})
-      ST_BENCH_CUDA(cudaMemcpy2D(half->raw_data(), 2 * F * 2, from->raw_data(), F * 2, F * 2, R,
-                                 cudaMemcpyDeviceToDevice));
+    copy(gate_half, gate);
+    copy(up_half, up);
     Tensor h_tma = Tensor::empty({R, F}, DType::kBF16, dev, "h (TMA)");
     const int swiglu_smem = kSwigluStages * 3 * kSwigluBytes + kSwigluStages * 8;
     ST_BENCH_CUDA(cudaFuncSetAttribute(swiglu_tma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, swiglu_smem));
     ST_CHECK(elems % kSwigluElems == 0, "stream_energy_bench: SwiGLU size is not a multiple of a segment");
 
-    auto same_as_src = [&] {
-      const unsigned long long n = mismatches(src.raw_data(), dst.raw_data(), copy_bytes);
-      ST_BENCH_CUDA(cudaMemset(dst.raw_data(), 0, copy_bytes));  // the next variant must write every byte
-      return n;
+    auto same_as_src = [&](const char* what) {
+      return [&, what] {
+        expect_equal_words(what, mismatches(src.raw_data(), dst.raw_data(), copy_bytes));
+        ST_BENCH_CUDA(cudaMemset(dst.raw_data(), 0, copy_bytes));  // the next variant must write every byte
+      };
+    };
+    auto same_as_engine = [&](const char* what, const Tensor& h) {
+      return [&, what, out = &h] {
+        expect_equal_words(what, mismatches(out->raw_data(), h_engine.raw_data(), elems * 2));
+      };
+    };
+    auto engine_vs_cpu = [&] {  // the first 64 rows against the f64 CPU twin
+      const Tensor g64 = host_of(gate.slice(0, 0, 64)), u64 = host_of(up.slice(0, 0, 64));
+      Tensor ref = Tensor::empty({64, F}, DType::kF64);
+      ops::swiglu_forward(ref, g64, u64);
+      expect_close("stream_energy_bench", "SwiGLU forward, the engine's op", h_engine.slice(0, 0, 64), ref, 1e-2);
     };
     const std::vector<Variant> variants = {
         {"copy, 16-byte loads and stores", 2.0 * copy_bytes,
@@ -243,31 +261,31 @@ int main(int argc, char** argv) {
            copy_lsu_kernel<false><<<sms * 8, 256>>>(static_cast<const uint4*>(src.raw_data()),
                                                     static_cast<uint4*>(dst.raw_data()), copy_bytes / 16);
          },
-         same_as_src},
+         same_as_src("copy through registers")},
         {"copy, 16-byte, evict-first hints", 2.0 * copy_bytes,
          [&] {
            copy_lsu_kernel<true><<<sms * 8, 256>>>(static_cast<const uint4*>(src.raw_data()),
                                                    static_cast<uint4*>(dst.raw_data()), copy_bytes / 16);
          },
-         same_as_src},
+         same_as_src("copy with evict-first hints")},
         {"copy, TMA bulk (1 thread per SM)", 2.0 * copy_bytes,
          [&] {
            copy_tma_kernel<<<sms, 32, copy_smem>>>(static_cast<const char*>(src.raw_data()),
                                                    static_cast<char*>(dst.raw_data()), copy_bytes / kCopySegment);
          },
-         same_as_src},
+         same_as_src("copy by TMA")},
         {"SwiGLU forward, the engine's op", 6.0 * elems, [&] { ops::swiglu_forward(h_engine, gate, up); },
-         [] { return 0ull; }},
+         engine_vs_cpu},
         {"SwiGLU forward, the engine's op, stacked", 6.0 * elems,
          [&] { ops::swiglu_forward(h_stacked, gate_half, up_half); },
-         [&] { return mismatches(h_stacked.raw_data(), h_engine.raw_data(), elems * 2); }},
+         same_as_engine("SwiGLU forward, stacked", h_stacked)},
         {"SwiGLU forward, TMA bulk in and out", 6.0 * elems,
          [&] {
            swiglu_tma_kernel<<<sms, kSwigluThreads, swiglu_smem>>>(
                static_cast<const __nv_bfloat16*>(gate.raw_data()), static_cast<const __nv_bfloat16*>(up.raw_data()),
                static_cast<__nv_bfloat16*>(h_tma.raw_data()), elems / kSwigluElems);
          },
-         [&] { return mismatches(h_tma.raw_data(), h_engine.raw_data(), elems * 2); }},
+         same_as_engine("SwiGLU forward, TMA", h_tma)},
     };
 
     std::printf("# %s, %d SMs; %.1f s per variant; copy buffers %.0f MiB; SwiGLU [%lld, %lld] bf16\n",
@@ -277,9 +295,7 @@ int main(int argc, char** argv) {
       v.run();
       ST_BENCH_CUDA(cudaGetLastError());
       synchronize(dev);
-      const unsigned long long bad = v.check();
-      ST_CHECK(bad == 0, "stream_energy_bench: ", v.name, ": ", bad, " words differ from the expected output");
-      std::printf("# check %-38s 0 words differ\n", v.name.c_str());
+      v.check();
     }
     std::printf("| variant | GB/s | W | SM MHz | power-capped | energy |\n|---|---|---|---|---|---|\n");
     for (int round = 0; round < 2; ++round)

@@ -60,10 +60,10 @@ __device__ __forceinline__ void swiglu_backward_pack(Pack<T>* dgate, Pack<T>* du
   if constexpr (kWithH) h[i] = hp;
 }
 
-// Row-strided tensors: [rows, cols] with rows `pitch` packs apart (gate and up as the two
-// halves of one stacked [tokens, 2F] product). A 2-D grid, no index division: x covers a
-// row's packs, y strides over rows, each thread taking two rows per iteration with all their
-// loads issued first (as the contiguous kernels do).
+// [rows, cols] tensors with rows `pitch` packs apart (cols / 8 for a contiguous bf16 tensor;
+// 2F / 8 for gate and up as the two halves of one stacked [tokens, 2F] product). A 2-D grid,
+// no index division: x covers a row's packs, y strides over rows, each thread taking two rows
+// per iteration with all their loads issued first.
 struct Pitches {
   int64_t h, gate, up, dh, dgate, dup;  // in packs
 };
