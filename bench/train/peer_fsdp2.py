@@ -4,12 +4,15 @@ attention) wrapped with FSDP2 `fully_shard` (per block, then the root), bf16 par
 with f32 gradient reduction, fused AdamW, optional torch.compile per block and full
 activation checkpointing per block. Same shape, batch, random tokens and step count as
 train_bench; prints the same table row and JSON line (tokens/s and MFU per GPU).
+With --cpu-offload, FSDP2's CPUOffloadPolicy keeps the sharded parameters, gradients and
+AdamW state in host memory and the fused AdamW runs on the CPU (the peer of train_bench
+--offload, the trainer's parallel.offload).
 One rank by default; under torchrun, one rank per GPU (--batch is per rank). Where the
 driver's NVML is there, it also reports the board's mean power, SM clock, power-capped share
 and energy per token over the timed steps, as train_bench does.
 
   python3 bench/train/peer_fsdp2.py [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
-                                    [--compile] [--ac none|full] [--shape 1b|8b]
+                                    [--compile] [--ac none|full] [--shape 1b|8b] [--cpu-offload]
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
 """
 import argparse
@@ -23,7 +26,7 @@ import time
 import torch
 import torch.distributed as dist
 import transformers
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.utils.checkpoint import checkpoint
 
 
@@ -104,6 +107,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--compile", action="store_true")
     p.add_argument("--ac", choices=["none", "full"], default="none")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="FSDP2 CPUOffloadPolicy: shards and AdamW state in host memory, AdamW on the CPU")
     p.add_argument("--shape", choices=["1b", "8b"], default="1b",
                    help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions")
     p.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
@@ -128,14 +133,15 @@ def main():
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(cfg)
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    offload = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
     for i, layer in enumerate(model.model.layers):
         if a.ac == "full":
             fwd = layer.forward
             layer.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(fwd)
         if a.compile:
             layer.compile()
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(model.model.layers) - 1)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(model.model.layers) - 1, offload_policy=offload)
+    fully_shard(model, mp_policy=mp, offload_policy=offload)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
 
     n_params = sum(p.numel() for p in model.parameters())
@@ -183,7 +189,7 @@ def main():
     peak_mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
     peak_gib = peak_mem.item()
-    label = "HF + FSDP2" + (" + compile" if a.compile else " eager")
+    label = "HF + FSDP2" + (" + compile" if a.compile else " eager") + (", CPU offload" if a.cpu_offload else "")
     say(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
     if power:
         say(f"# GPU{' of rank 0' if world > 1 else ''} over the timed steps: {power['gpu_power_w']:.0f} W, "

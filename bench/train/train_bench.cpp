@@ -18,7 +18,7 @@
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
-//               [--zero-fill] [--deterministic] [--separate-projections] [--device cuda|cpu]
+//               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -30,6 +30,8 @@
 // trainer, one product makes q, k and v from their stacked weights, and one gate and up).
 // --deterministic: the attention backward's bitwise-reproducible algorithm, as the trainer's
 // training.deterministic = true.
+// --offload: the shards and AdamW state in page-locked host memory, AdamW on the host's cores
+// (the trainer's parallel.offload = true; no --graph); peak GPU memory then leaves them out.
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
 // training.grad_accum_steps): the global batch of --batch x N at the memory of --batch.
 #include <chrono>
@@ -38,6 +40,8 @@
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include <omp.h>
 
 #include "core/allocator.h"
 #include "core/error.h"
@@ -70,7 +74,7 @@ struct Args {
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
-  bool zero_fill = false, deterministic = false, separate_projections = false;
+  bool zero_fill = false, deterministic = false, separate_projections = false, offload = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -118,6 +122,7 @@ Args parse(int argc, char** argv) {
     }
     else if (k == "--keep-gathered") a.keep_gathered = true;
     else if (k == "--compute-shards") a.compute_shards = true;
+    else if (k == "--offload") a.offload = true;
     else if (k == "--ac") {
       a.ac = model::parse_checkpointing(next(), "train_bench: --ac");
     } else if (k == "--device") a.device = next();
@@ -183,12 +188,16 @@ int main(int argc, char** argv) try {
   if (a.reduce_bf16) so.reduce_dtype = DType::kBF16;
   so.reshard_after_forward = !a.keep_gathered;
   so.compute_shards = a.compute_shards;
+  so.offload = a.offload;
+  ST_CHECK(!a.offload || !a.graph, "train_bench: --offload runs eagerly (no --graph)");
   fsdp::ShardedUnitStore store(layout, comm.get(), so, dev);
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
   m.set_separate_projections(a.separate_projections);
-  optim::AdamW opt(layout, rank, optim::AdamWConfig{}, DType::kF32, dev);
+  optim::AdamWConfig oc;
+  oc.host_f32 = a.offload;
+  optim::AdamW opt(layout, rank, oc, DType::kF32, store.shard_device());
   const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store.optimizer_targets();
   const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
 
@@ -209,7 +218,12 @@ int main(int argc, char** argv) try {
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
                      a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "",
-                     a.separate_projections ? "; separate q/k/v and gate/up products" : "", "\n"));
+                     a.separate_projections ? "; separate q/k/v and gate/up products" : "",
+                     a.offload ? detail::concat("; offloaded: ", format_bytes(store.pinned_bytes()),
+                                                " page-locked host memory, AdamW on ", omp_get_max_threads(),
+                                                " host threads")
+                               : std::string(),
+                     "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;

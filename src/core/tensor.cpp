@@ -248,7 +248,9 @@ bool row_layout(const Tensor& t, RowLayout& out) {
   return row_layout(t, run_from, out);
 }
 
-void copy(Tensor& dst, const Tensor& src, [[maybe_unused]] Stream stream) {
+namespace {
+
+void copy_impl(Tensor& dst, const Tensor& src, [[maybe_unused]] Stream stream, [[maybe_unused]] bool wait_for_host) {
   ST_CHECK(dst.dtype() == src.dtype() && dst.numel() == src.numel(), "copy: destination ", dst.str(),
            " and source ", src.str(), " differ in dtype or element count");
   if (dst.numel() == 0 || dst.raw_data() == src.raw_data()) return;
@@ -285,11 +287,17 @@ void copy(Tensor& dst, const Tensor& src, [[maybe_unused]] Stream stream) {
                                     static_cast<size_t>(s.pitch) * elem, static_cast<size_t>(d.cols) * elem,
                                     static_cast<size_t>(d.rows), cudaMemcpyDefault, st));
   }
-  if (dst.device().is_cpu()) ST_CUDA_CHECK(cudaStreamSynchronize(st));
+  if (dst.device().is_cpu() && wait_for_host) ST_CUDA_CHECK(cudaStreamSynchronize(st));
 #else
   ST_THROW("copy: ", src.str(), " -> ", dst.str(), " needs the CUDA backend");
 #endif
 }
+
+}  // namespace
+
+void copy(Tensor& dst, const Tensor& src, Stream stream) { copy_impl(dst, src, stream, true); }
+
+void copy_async(Tensor& dst, const Tensor& src, Stream stream) { copy_impl(dst, src, stream, false); }
 
 Tensor contiguous(const Tensor& t, Stream stream) {
   if (t.is_contiguous()) return t;

@@ -135,6 +135,10 @@ bool row_layout(const Tensor& t, RowLayout& out);
 // device <-> device through the CUDA runtime, ordered on `stream`). When dst is on the host
 // and src on a device, returns after the bytes have arrived.
 void copy(Tensor& dst, const Tensor& src, Stream stream = {});
+// copy() without the host wait: a transfer to the host is only queued on `stream`, and `dst`
+// holds the data once the stream has reached this point (an event, a synchronisation). For
+// page-locked host memory (cuda::PinnedBuffer); host-to-host copies still run at once.
+void copy_async(Tensor& dst, const Tensor& src, Stream stream);
 
 // t itself when contiguous, else a contiguous copy (same device, ordered on `stream`).
 Tensor contiguous(const Tensor& t, Stream stream = {});

@@ -1,6 +1,7 @@
 // The sharded store: synchronous on the CPU, overlapped on a GPU (see the header).
 #include "fsdp/sharded_store.h"
 
+#include <algorithm>
 #include <deque>
 
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -56,11 +57,16 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
     : layout_(&layout), comm_(comm), options_(options), device_(device) {
   ST_CHECK(layout.world_size() == comm->world_size(), "sharded store: layout padded for ", layout.world_size(),
            " ranks but the communicator has ", comm->world_size());
+  ST_CHECK(!options.offload || device.is_cuda(), "offloading the shards to host memory (parallel.offload) is for "
+           "training on GPUs; this run is on ", device.str(), ", where they are in host memory already");
   const auto& units = layout.units();
+  landing_.resize(units.size());
+  grad_cleared_.assign(units.size(), false);
+  grad_landed_.assign(units.size(), false);
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t s = units[u].shard_numel(comm->world_size());
-    master_.push_back(Tensor::empty({s}, options.master_dtype, device, "master weights shard"));
-    grad_.push_back(Tensor::empty({s}, options.master_dtype, device, "gradient shard"));
+    master_.push_back(shard_tensor(s, options.master_dtype, "master weights shard", pinned_));
+    grad_.push_back(shard_tensor(s, options.master_dtype, "gradient shard", pinned_));
     ops::fill(master_.back(), 0.0);
     ops::fill(grad_.back(), 0.0);
     UnitState st;
@@ -82,12 +88,34 @@ ShardedUnitStore::~ShardedUnitStore() {
   if (overlap_) synchronize(device_);  // transfers in flight still use the buffers
 }
 
+Tensor ShardedUnitStore::shard_tensor(int64_t n, DType dtype, const char* what,
+                                      std::vector<std::shared_ptr<void>>& owners) {
+  if (!options_.offload) return Tensor::empty({n}, dtype, device_, what);
+#ifdef SHARDTRAIN_WITH_CUDA
+  const size_t bytes = std::max<size_t>(static_cast<size_t>(n) * dtype_size(dtype), 64);
+  auto buffer = std::make_shared<cuda::PinnedBuffer>(bytes, what);
+  owners.push_back(buffer);
+  return Tensor::from_blob(buffer->data(), {n}, dtype, Device::cpu());
+#else
+  (void)owners;
+  ST_THROW("sharded store: offload needs the CUDA backend");
+#endif
+}
+
+int64_t ShardedUnitStore::pinned_bytes() const {
+  if (!options_.offload) return 0;
+  int64_t bytes = 0;
+  for (const std::vector<Tensor>* v : {&master_, &grad_, &compute_, &landing_})
+    for (const Tensor& t : *v) bytes += t.defined() ? t.nbytes() : 0;
+  return bytes;
+}
+
 bool ShardedUnitStore::params_aliased() const {
-  return comm_->world_size() == 1 && options_.compute_dtype == options_.master_dtype;
+  return comm_->world_size() == 1 && options_.compute_dtype == options_.master_dtype && !options_.offload;
 }
 
 bool ShardedUnitStore::grads_aliased() const {
-  return comm_->world_size() == 1 && options_.grad_dtype == options_.master_dtype;
+  return comm_->world_size() == 1 && options_.grad_dtype == options_.master_dtype && !options_.offload;
 }
 
 Tensor ShardedUnitStore::acquire_params(size_t u, Pass pass) {
@@ -121,7 +149,13 @@ void ShardedUnitStore::gather(size_t u) {
   if (overlap_) {
     const Stream g = overlap_->gather_stream.get();
     overlap_->after_compute(g);  // the memory is free and the master shard is up to date
-    if (compute_.empty()) {
+    if (options_.offload) {
+      // the host shard (the optimizer's compute copy, or the masters when they are the
+      // compute dtype) comes up into this rank's slice, then the slices are gathered
+      const Tensor& host = compute_.empty() ? master_[u] : compute_[u];
+      copy_async(mine, host, g);
+      if (comm_->world_size() > 1) comm_->all_gather(st.full_params, mine, g);
+    } else if (compute_.empty()) {
       ops::cast(mine, master_[u], g);
       comm_->all_gather(st.full_params, mine, g);
     } else {
@@ -140,16 +174,21 @@ void ShardedUnitStore::gather(size_t u) {
 void ShardedUnitStore::before_replay() { refresh_compute_shards_if_stale(); }
 
 void ShardedUnitStore::set_compute_shards(bool on) {
+  on = on || options_.offload;  // offloaded, the bus carries the compute dtype
+  if (on == options_.compute_shards && (!compute_.empty() || options_.compute_dtype == options_.master_dtype)) return;
   options_.compute_shards = on;
+  if (overlap_) synchronize(device_);  // no transfer still reads the old copies
   compute_.clear();
+  compute_pinned_.clear();
   compute_stale_ = true;
   if (!on || options_.compute_dtype == options_.master_dtype) return;
   for (const Tensor& m : master_)
-    compute_.push_back(Tensor::empty({m.numel()}, options_.compute_dtype, device_, "compute-dtype shard"));
+    compute_.push_back(shard_tensor(m.numel(), options_.compute_dtype, "compute-dtype shard", compute_pinned_));
 }
 
 void ShardedUnitStore::refresh_compute_shards_if_stale() {
   if (!compute_stale_) return;
+  if (options_.offload) synchronize(device_);  // host copies: no gather may still be reading them
   // on the compute stream: gathers start after it (after_compute), in-place use follows it
   for (size_t u = 0; u < compute_.size(); ++u) ops::cast(compute_[u], master_[u]);
   compute_stale_ = false;
@@ -237,14 +276,29 @@ void ShardedUnitStore::reduce(size_t u) {
     send = Tensor::empty(st.full_grads.shape(), options_.reduce_dtype, device_, "gradients to reduce", stream);
     ops::cast(send, st.full_grads, stream);
   }
-  Tensor reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
-  comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
-  if (options_.reduce_dtype != options_.master_dtype) {
+  Tensor reduced = send;  // offloaded on one rank the full gradient is the shard
+  if (comm_->world_size() > 1 || !options_.offload) {
+    reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
+    comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
+  }
+  if (reduced.dtype() != options_.master_dtype) {
     Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard", stream);
     ops::cast(r, reduced, stream);
     reduced = r;
   }
-  ops::add(grad_[u], grad_[u], reduced, stream);
+  if (options_.offload) {
+    // down to the host: over a cleared shard, or into the landing buffer to be added at
+    // finish_backward (the memory of `reduced` is reused only after this, in stream order)
+    if (!grad_cleared_[u] && !landing_[u].defined())
+      landing_[u] = shard_tensor(s, options_.master_dtype, "gradient landing buffer", pinned_);
+    Tensor& host = grad_cleared_[u] ? grad_[u] : landing_[u];
+    ST_ASSERT(!grad_landed_[u], "unit ", layout_->units()[u].name, " reduced twice in one backward");
+    copy_async(host, reduced, stream);
+    grad_landed_[u] = !grad_cleared_[u];
+    grad_cleared_[u] = false;
+  } else {
+    ops::add(grad_[u], grad_[u], reduced, stream);
+  }
 #ifdef SHARDTRAIN_WITH_CUDA
   if (overlap_) {
     Overlap& ov = *overlap_;
@@ -263,6 +317,17 @@ void ShardedUnitStore::reduce(size_t u) {
 void ShardedUnitStore::finish_backward() {
 #ifdef SHARDTRAIN_WITH_CUDA
   if (!overlap_) return;
+  if (options_.offload) {
+    // every gradient shard is down (and nothing prefetched is left in flight); the host
+    // adds the ones that accumulate
+    synchronize(device_);
+    for (size_t u = 0; u < grad_.size(); ++u)
+      if (grad_landed_[u]) {
+        ops::add(grad_[u], grad_[u], landing_[u]);
+        grad_landed_[u] = false;
+      }
+    settle_cleared_grads();
+  }
   Overlap& ov = *overlap_;
   for (const Overlap::InFlight& f : ov.in_flight) ov.compute_waits_for(ov.reduced[f.unit]);
   ov.in_flight.clear();
@@ -305,7 +370,7 @@ void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
 void ShardedUnitStore::load(const ParamReader& read) {
   compute_stale_ = true;
   for_each_owned_range([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
-    if (device_.is_cpu()) return read(p, first, dst);
+    if (dst.device().is_cpu()) return read(p, first, dst);
     // readers fill host memory; the range then travels to the device
     Tensor staged = Tensor::empty({dst.numel()}, options_.master_dtype, Device::cpu(), "parameter staging");
     read(p, first, staged);
@@ -349,7 +414,19 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
 }
 
 void ShardedUnitStore::zero_grad_shards() {
+  if (options_.offload) {
+    grad_cleared_.assign(grad_.size(), true);  // the first gradient to land is written over it
+    return;
+  }
   for (Tensor& g : grad_) ops::fill(g, 0.0);
+}
+
+void ShardedUnitStore::settle_cleared_grads() {
+  for (size_t u = 0; u < grad_cleared_.size(); ++u)
+    if (grad_cleared_[u]) {
+      ops::fill(grad_[u], 0.0);
+      grad_cleared_[u] = false;
+    }
 }
 
 int ShardedUnitStore::gathered_units() const {

@@ -9,6 +9,8 @@
 // previous one in the backward); reduce-scatters run on a third stream while the backward
 // goes on, and the compute stream waits for them only in finish_backward() or when more than
 // two are in flight. Events order the streams; the compute stream is the legacy default one.
+// Offloaded (ShardingOptions::offload), the shards live in page-locked host memory and travel
+// to and from the GPU on those same streams.
 #pragma once
 
 #include <cstdint>
@@ -38,6 +40,13 @@ struct ShardingOptions {
   // one compute-dtype element per shard element. Ignored where the compute dtype is the
   // master's.
   bool compute_shards = false;
+  // ZeRO-3 with CPU offload: every shard (master weights, gradients, compute copies) lives
+  // in page-locked host memory and the optimizer runs on the host; the GPU holds only the
+  // units in use, their gradients until reduced, and the activations. A gather copies the
+  // unit's compute shard up on the gather stream before its all-gather; a reduced gradient
+  // shard comes down on the reduction stream, and finish_backward() waits for the device
+  // and adds any that must accumulate. Needs a GPU; compute shards are always kept then.
+  bool offload = false;
 };
 
 class ShardedUnitStore final : public model::UnitStore {
@@ -68,10 +77,18 @@ class ShardedUnitStore final : public model::UnitStore {
   // parameters) and broadcasts it; each rank keeps its slice. No rank holds more than one
   // unit beyond its shards. `read` is called on rank 0 only.
   void load_from_rank0(const ParamReader& read);
+  // Clears the gradient shards. Offloaded, lazily: a shard's first reduced gradient is
+  // written over it, and one that gets none is zero-filled by finish_backward() (or when
+  // grad_shards() is asked for first).
   void zero_grad_shards();
   // One rank with the gradient dtype of the masters: acquire_grads hands out the gradient
   // shards themselves, so a first micro-batch that overwrites them needs no zero_grad_shards.
   bool grads_in_shards() const { return grads_aliased(); }
+  // Where the shards live: the store's device, or the host when offloaded.
+  Device shard_device() const { return options_.offload ? Device::cpu() : device_; }
+  bool offloaded() const { return options_.offload; }
+  // Page-locked host bytes held for offloaded shards and gradient landing buffers.
+  int64_t pinned_bytes() const;
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
   // Taking the master shards for writing marks the compute shards (if any) out of date: they
@@ -82,7 +99,10 @@ class ShardedUnitStore final : public model::UnitStore {
     return master_;
   }
   const std::vector<Tensor>& master_shards() const { return master_; }
-  std::vector<Tensor>& grad_shards() { return grad_; }
+  std::vector<Tensor>& grad_shards() {
+    settle_cleared_grads();
+    return grad_;
+  }
   // What the optimizer updates, per unit: master shards, gradient shards and, with
   // ShardingOptions::compute_shards in effect, the compute shards it must write (else empty).
   // Updating through these keeps the compute shards current.
@@ -114,6 +134,10 @@ class ShardedUnitStore final : public model::UnitStore {
   // One rank and equal dtypes: the full buffers are the shards themselves.
   bool params_aliased() const;
   bool grads_aliased() const;
+  // A shard of n elements where the shards live (page-locked host memory when offloaded,
+  // kept alive by `owners`).
+  Tensor shard_tensor(int64_t n, DType dtype, const char* what, std::vector<std::shared_ptr<void>>& owners);
+  void settle_cleared_grads();  // offload: zero-fills the shards zero_grad_shards left to clear
   // Calls fn(spec, first, dst) for each parameter range inside this rank's slices, with
   // dst the matching range of the master shard (on the store's device).
   void for_each_owned_range(const ParamReader& fn);
@@ -133,8 +157,15 @@ class ShardedUnitStore final : public model::UnitStore {
   bool compute_stale_ = true;    // compute_ must be cast afresh from master_ before use
   void refresh_compute_shards_if_stale();  // casts every compute shard from its master
   // One rank with compute shards: a unit's parameters are its compute shard, never gathered.
-  bool params_in_place() const { return comm_->world_size() == 1 && !compute_.empty(); }
+  bool params_in_place() const { return comm_->world_size() == 1 && !compute_.empty() && !options_.offload; }
   std::vector<UnitState> state_;
+  // Offload: owners of the page-locked memory behind the host shards (compute shards apart,
+  // as set_compute_shards replaces them), a host landing buffer per unit for gradients that
+  // add to a shard, and per unit: cleared by zero_grad_shards and not yet written; a landed
+  // gradient waiting to be added at finish_backward.
+  std::vector<std::shared_ptr<void>> pinned_, compute_pinned_;
+  std::vector<Tensor> landing_;
+  std::vector<bool> grad_cleared_, grad_landed_;
 };
 
 }  // namespace shardtrain::fsdp

@@ -19,6 +19,10 @@ struct AdamWOptions {
   double eps = 1e-8;
   double weight_decay = 0.0;
   int64_t step = 1;  // 1-based step count after this update, for bias correction
+  // CPU, f32 tensors: the CUDA kernel's f32 arithmetic in one fused, threaded pass that also
+  // writes the compute copies (the host optimizer of parallel.offload). false: f64
+  // arithmetic, the CPU engine's update and every kernel's oracle.
+  bool host_f32 = false;
 };
 
 // One tensor of a multi-tensor update: 1-D views of the same length.

@@ -39,6 +39,7 @@ void AdamW::step(std::vector<Tensor*> params, const std::vector<const Tensor*>& 
   o.eps = config_.eps;
   o.weight_decay = config_.weight_decay;
   o.step = steps_;
+  o.host_f32 = config_.host_f32;
   std::vector<ops::AdamWTensors> tensors;
   for (size_t u = 0; u < segments_.size(); ++u)
     for (const Segment& seg : segments_[u])

@@ -18,6 +18,9 @@ struct AdamWConfig {
   double eps = 1e-8;
   double weight_decay = 0.1;
   bool decay_1d = false;  // also decay norm weights and biases
+  // State on the host for a GPU run (parallel.offload): f32 arithmetic in one fused, threaded
+  // pass that also writes the compute copies (ops::AdamWOptions::host_f32).
+  bool host_f32 = false;
 };
 
 class AdamW {

@@ -88,6 +88,7 @@ struct ParallelSection {
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
   std::string compute_shards = "auto";
+  bool offload = false;
   std::string reduce_dtype = "f32";
   std::string hf_load = "ranges";
   double init_timeout_s = 300;

@@ -40,15 +40,19 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.master = 4 * p.shard_elements;
   p.optimizer = 8 * p.shard_elements;
   p.grad_shards = 4 * p.shard_elements;
-  const bool compute_shards = in.compute_shards && in.gpu;  // the CPU computes in the master dtype
+  const bool offload = in.offload && in.gpu;
+  // the CPU computes in the master dtype; offloaded, the bus carries bf16 copies
+  const bool compute_shards = (in.compute_shards || offload) && in.gpu;
   if (compute_shards) p.compute_shards = 2 * p.shard_elements;
+  if (offload) p.host = p.master + p.optimizer + p.grad_shards + p.compute_shards;
 
   // One rank whose compute dtype is the master's works on the shards themselves; otherwise
   // units are gathered (cast) into compute copies, and gradients land in full f32 unit
   // buffers until their reduce-scatter.
   // With compute shards on one GPU, units are used in place: nothing is gathered.
-  const bool params_aliased = world == 1 && (!in.gpu || compute_shards);
-  const bool grads_aliased = world == 1;
+  // Offloaded, every unit comes up from the host and every gradient goes down to it.
+  const bool params_aliased = world == 1 && (!in.gpu || compute_shards) && !offload;
+  const bool grads_aliased = world == 1 && !offload;
   const int64_t head_weight_numel = c.tie_embeddings ? embed_numel + head_numel : head_numel;
   // the last block kept for its backward and the one prefetched; all of them without resharding
   const int64_t blocks_gathered = in.reshard_after_forward ? std::min<int64_t>(2, c.n_layers) : c.n_layers;
@@ -107,7 +111,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.in_backward = kept + temporaries + block_grads + blocks;
 
   const int64_t at_loss = p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk;
-  p.peak = p.master + p.optimizer + p.grad_shards + p.compute_shards + std::max(at_loss, p.in_backward);
+  const int64_t shards = offload ? 0 : p.master + p.optimizer + p.grad_shards + p.compute_shards;
+  p.peak = shards + std::max(at_loss, p.in_backward);
   p.flops_per_token = c.flops_per_token(in.seq_len);
   return p;
 }
@@ -129,12 +134,21 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                    in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
   s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
                    fmt::group_digits(p.parameters), fmt::group_digits(p.shard_elements));
-  s += row("master weights (f32 shard)", p.master);
-  s += row("AdamW m and v (f32 shards)", p.optimizer);
-  s += row("gradient shards (f32)", p.grad_shards);
-  if (p.compute_shards > 0)
-    s += row(in.world_size == 1 ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
-             p.compute_shards);
+  if (p.host > 0) {
+    s += row("in host memory (parallel.offload), not on the GPU:", p.host);
+    s += row("  master weights (f32 shard)", p.master);
+    s += row("  AdamW m and v (f32 shards)", p.optimizer);
+    s += row("  gradient shards (f32)", p.grad_shards);
+    s += row("  compute shards (bf16, copied up for each gather)", p.compute_shards);
+    s += "on the GPU:\n";
+  } else {
+    s += row("master weights (f32 shard)", p.master);
+    s += row("AdamW m and v (f32 shards)", p.optimizer);
+    s += row("gradient shards (f32)", p.grad_shards);
+    if (p.compute_shards > 0)
+      s += row(in.world_size == 1 ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
+               p.compute_shards);
+  }
   s += "  at the loss:\n";
   s += row(*kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers),
            p.activations_at_loss);
@@ -144,7 +158,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   if (p.unit_grads_at_loss > 0) s += row("  head gradient before its reduce-scatter", p.unit_grads_at_loss);
   s += row("  logit chunk (logits, then their gradient)", p.loss_chunk);
   s += row("inside a block's backward (all but the shards)", p.in_backward);
-  s += row("estimated peak", p.peak);
+  s += row(p.host > 0 ? "estimated GPU peak" : "estimated peak", p.peak);
   s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,
                    p.flops_per_token * static_cast<double>(p.tokens_per_micro_batch));
   s += "The estimate leaves out the CUDA context, cuBLAS and cuDNN workspaces and allocator slack\n"
@@ -194,12 +208,14 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.loss_chunk_tokens = job.training.loss_chunk_tokens;
   in.reshard_after_forward = job.parallel.reshard_after_forward;
   in.compute_shards = job.parallel.compute_shards == "on";
+  in.offload = job.parallel.offload;
   return in;
 }
 
 bool choose_compute_shards(PlanInput in, int64_t device_bytes) {
   // one GPU only: measured there (+1-1.5 % tokens/s); several GPUs take them when asked ("on")
   if (!in.gpu || in.world_size != 1) return false;
+  if (in.offload) return true;  // offloaded they are in host memory, and always kept
   in.compute_shards = true;
   const MemoryPlan p = plan_memory(in);
   return p.peak + checkpointing_reserve(p.peak) <= device_bytes;

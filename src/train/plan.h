@@ -23,6 +23,7 @@ struct PlanInput {
   int64_t loss_chunk_tokens = 0;   // 0: the trainer's automatic choice
   bool reshard_after_forward = true;  // false: every block's compute copy stays until its backward
   bool compute_shards = false;        // parallel.compute_shards in effect (GPU: bf16 copies of the shards)
+  bool offload = false;               // parallel.offload (GPU): the shards and AdamW state in host memory
 };
 
 // Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
@@ -36,6 +37,9 @@ struct MemoryPlan {
   int64_t optimizer = 0;             // AdamW m and v (f32)
   int64_t grad_shards = 0;           // f32 accumulated gradient shards
   int64_t compute_shards = 0;        // bf16 copies of the master shards (parallel.compute_shards)
+  // parallel.offload: master, optimizer, grad_shards and compute_shards live in host memory
+  // (their sum, page-locked but for the optimizer's); `peak` then leaves them out.
+  int64_t host = 0;
   int64_t gathered_at_loss = 0;      // compute copies alive at the loss (head or tied embedding, blocks)
   int64_t unit_grads_at_loss = 0;    // the head's full f32 gradient before its reduce-scatter (N > 1)
   int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward

@@ -257,6 +257,13 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   }
   so.reshard_after_forward = config_.parallel.reshard_after_forward;
   so.keep_last_block_gathered = config_.parallel.keep_last_block_gathered;
+  if (config_.parallel.offload) {
+    ST_CHECK(device_.is_cuda(), "`parallel.offload` = true moves each rank's shards and AdamW state from its GPU to "
+             "host memory; this run trains on the CPU (`training.device` = `", config_.training.device,
+             "`), where they are in host memory already");
+    so.offload = true;
+    so.compute_shards = true;
+  }
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
   if (!config_.model.hf.empty()) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything
@@ -285,7 +292,14 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   oc.eps = config_.optimizer.eps;
   oc.weight_decay = config_.optimizer.weight_decay;
   oc.decay_1d = config_.optimizer.decay_1d;
-  optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, master, device_);
+  oc.host_f32 = store_->offloaded();
+  optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, master, store_->shard_device());
+  if (store_->offloaded())
+    log::info(fmt::format("parallel.offload: shards in {} of page-locked host memory, AdamW state in {} more; "
+                          "AdamW runs on the host ({} threads)",
+                          format_bytes(store_->pinned_bytes()),
+                          format_bytes(8 * layout_->total_numel() / comm_->world_size()),
+                          omp_get_max_threads()));
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
   if (!config_.checkpoint.resume.empty()) {
@@ -358,6 +372,7 @@ model::ActivationCheckpointing Trainer::checkpointing() const {
 bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const {
   const std::string& v = config_.parallel.compute_shards;
   if (!device_.is_cuda()) return false;  // the CPU computes in the master dtype: nothing to copy
+  if (config_.parallel.offload) return true;  // in host memory: the bf16 copies are what travels up
   if (v != "auto") return v == "on";
   if (comm_->world_size() > 1) {
     log::info("parallel.compute_shards = auto: off with several GPUs (`on` keeps bf16 copies of the shards there)");
@@ -431,6 +446,10 @@ TrainSummary Trainer::run() {
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
   // per-op profile synchronises around every op, which a graph capture forbids: it runs eagerly.
   bool graphed = tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1;
+  if (graphed && store_->offloaded()) {
+    log::info("parallel.offload: the step runs eagerly, not as a CUDA graph (the host adds and clears gradients)");
+    graphed = false;
+  }
   if (graphed && profile::enabled()) {
     log::info("SHARDTRAIN_PROFILE=1: the step runs eagerly, not as a CUDA graph (training.cuda_graph)");
     graphed = false;

@@ -84,5 +84,40 @@ TEST(AdamWCudaF32, AdamWMultiTensor) {
   }
 }
 
+
+// The host optimizer of parallel.offload runs the kernel's f32 arithmetic: the two agree to
+// f32 rounding (contracted multiply-adds on the GPU), compute copies included.
+TEST(AdamWCudaF32, HostF32PassFollowsTheKernel) {
+  ST_REQUIRE_CUDA();
+  const std::vector<int64_t> sizes = {37, 100003};
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  std::vector<AdamWTensors> dev, host;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    Input p = random_input({n}, DType::kF32, 80 + k), g = random_input({n}, DType::kF32, 90 + k);
+    Tensor m = Tensor::zeros({n}, DType::kF32), v = Tensor::zeros({n}, DType::kF32);
+    dev.push_back({to_device(p.host), to_device(m), to_device(v), to_device(g.host), k != 0,
+                   to_device(Tensor::zeros({n}, DType::kBF16))});
+    host.push_back({testing::to_dtype(p.host, DType::kF32), testing::to_dtype(m, DType::kF32),
+                    testing::to_dtype(v, DType::kF32), g.f32, k != 0, Tensor::zeros({n}, DType::kBF16)});
+  }
+  AdamWOptions on_host = o;
+  on_host.host_f32 = true;
+  for (int64_t step = 1; step <= 3; ++step) {
+    o.step = on_host.step = step;
+    adamw_step_multi(dev, o, 0.6);
+    cpu::adamw_step_multi(host, on_host, 0.6);
+  }
+  constexpr testing::Tolerance kF32Rounding{1e-6, 1e-5, 1e-7};
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    EXPECT_TRUE(all_close(to_host(dev[k].param), host[k].param, kF32Rounding)) << "tensor " << k;
+    EXPECT_TRUE(all_close(to_host(dev[k].exp_avg_sq), host[k].exp_avg_sq, kF32Rounding)) << "tensor " << k;
+    EXPECT_TRUE(all_close(to_host(dev[k].compute_copy), host[k].compute_copy, testing::kCudaBf16)) << "tensor " << k;
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::ops

@@ -132,5 +132,59 @@ TEST(AdamW, MultiTensorWritesComputeCopiesAsACastWould) {
   }
 }
 
+
+// The host optimizer of an offloaded GPU run (host_f32): f32 arithmetic in one threaded pass
+// over many tensors, against the f64 update, over three steps with clipping, per-tensor
+// decay and compute copies (bitwise the cast of its own updated weights, in bf16 and f16).
+TEST(AdamW, HostF32FusedPassFollowsTheF64Update) {
+  AdamWOptions o;
+  o.lr = 2e-2;
+  o.beta2 = 0.95;
+  o.weight_decay = 0.1;
+  const std::vector<int64_t> sizes = {1, 37, 70001, 200003};  // pieces of 65,536 shared out, a short last one
+  std::vector<AdamWTensors> fused, reference;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    auto make = [&](uint64_t seed) { return testing::to_dtype(random_f64({n}, seed, 0.1, 1), DType::kF32); };
+    const Tensor p = make(40 + k);
+    const DType copy_dtype = k == 3 ? DType::kF16 : DType::kBF16;
+    fused.push_back({testing::to_dtype(p, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                     Tensor::zeros({n}, DType::kF32), Tensor(), k != 1,
+                     k == 2 ? Tensor() : Tensor::zeros({n}, copy_dtype)});
+    reference.push_back({testing::to_dtype(p, DType::kF32), Tensor::zeros({n}, DType::kF32),
+                         Tensor::zeros({n}, DType::kF32), Tensor(), k != 1, Tensor()});
+  }
+  for (int64_t step = 1; step <= 3; ++step) {
+    o.step = step;
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      fused[k].grad = testing::to_dtype(random_f64({sizes[k]}, 50 + 10 * step + k, 0.05, 0.5), DType::kF32);
+      reference[k].grad = fused[k].grad;
+    }
+    AdamWOptions host = o;
+    host.host_f32 = true;
+    cpu::adamw_step_multi(fused, host, 0.7);
+    cpu::adamw_step_multi(reference, o, 0.7);
+  }
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    EXPECT_TRUE(testing::all_close(fused[k].param, reference[k].param, testing::kCpuF32VsF64)) << "tensor " << k;
+    EXPECT_TRUE(testing::all_close(fused[k].exp_avg, reference[k].exp_avg, testing::kCpuF32VsF64)) << "tensor " << k;
+    EXPECT_TRUE(testing::all_close(fused[k].exp_avg_sq, reference[k].exp_avg_sq, testing::kCpuF32VsF64))
+        << "tensor " << k;
+    EXPECT_FALSE(testing::all_close(fused[k].param, testing::to_dtype(random_f64({sizes[k]}, 40 + k, 0.1, 1),
+                                                                       DType::kF32), testing::kExact))
+        << "tensor " << k << ": updated";
+    if (!fused[k].compute_copy.defined()) continue;
+    Tensor cast_after = Tensor::empty(fused[k].param.shape(), fused[k].compute_copy.dtype());
+    cpu::cast(cast_after, fused[k].param);
+    EXPECT_TRUE(testing::all_close(fused[k].compute_copy, cast_after, testing::kExact)) << "tensor " << k;
+  }
+  // a wrong dtype is named
+  std::vector<AdamWTensors> bad = {{Tensor::zeros({4}, DType::kF64), Tensor::zeros({4}, DType::kF64),
+                                    Tensor::zeros({4}, DType::kF64), Tensor::zeros({4}, DType::kF64), true, Tensor()}};
+  AdamWOptions host = o;
+  host.host_f32 = true;
+  EXPECT_THROW(cpu::adamw_step_multi(bad, host, 1.0), Error);
+}
+
 }  // namespace
 }  // namespace shardtrain::ops

@@ -179,5 +179,31 @@ TEST(Plan, ComputeShardsReplaceGatheredCopiesOnOneGpuAndAutoKeepsThemWhenTheyFit
   EXPECT_FALSE(choose_compute_shards(in, needs * 100));
 }
 
+
+// parallel.offload: the sharded state (masters, AdamW, gradient shards, bf16 copies) moves to
+// the host and leaves the GPU's peak; the GPU then gathers every unit and holds full
+// gradients until they go down, as several ranks do.
+TEST(Plan, OffloadMovesTheShardsToTheHost) {
+  PlanInput in;
+  in.model = llama_1b();
+  in.micro_batch = 8;
+  in.seq_len = 4096;
+  in.compute_shards = true;
+  const MemoryPlan resident = plan_memory(in);
+  in.offload = true;
+  const MemoryPlan off = plan_memory(in);
+  EXPECT_EQ(resident.host, 0);
+  EXPECT_EQ(off.host, (4 + 8 + 4 + 2) * off.shard_elements);
+  EXPECT_GT(off.gathered_at_loss, 0);
+  EXPECT_GT(off.unit_grads_at_loss, 0);
+  const int64_t state = resident.master + resident.optimizer + resident.grad_shards + resident.compute_shards;
+  EXPECT_GE(off.peak, resident.peak - state) << "the activations stay";
+  EXPECT_LT(off.peak, resident.peak - state / 2) << "the shards leave (less the gathered units and gradients)";
+  EXPECT_NE(describe_plan(in, off).find("host memory"), std::string::npos);
+  EXPECT_TRUE(choose_compute_shards(in, 1)) << "offloaded, the copies are always kept (on the host)";
+  in.compute_shards = false;
+  EXPECT_EQ(plan_memory(in).compute_shards, off.compute_shards) << "offload keeps them without being asked";
+}
+
 }  // namespace
 }  // namespace shardtrain::train

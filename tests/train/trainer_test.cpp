@@ -86,5 +86,22 @@ TEST(Trainer, HeldOutSplitTooSmallForOneBatchIsAnErrorBeforeTraining) {
   }
 }
 
+
+// parallel.offload moves a GPU's shards to host memory; on the CPU it is refused by name.
+TEST(Trainer, OffloadOnTheCpuIsAnError) {
+  const std::string out = (std::filesystem::temp_directory_path() / ("shardtrain_trainer_offload_" + std::to_string(::getpid()))).string();
+  JobConfig c = short_default_job(out);
+  c.training.device = "cpu";
+  c.parallel.offload = true;
+  try {
+    Trainer t(c);
+    ADD_FAILURE() << "parallel.offload was accepted on the CPU";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("`parallel.offload` = true"), std::string::npos) << m;
+    EXPECT_NE(m.find("trains on the CPU"), std::string::npos) << m;
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::train

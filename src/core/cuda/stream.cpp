@@ -1,7 +1,9 @@
 // CUDA streams and events behind the CUDA-free header core/cuda/stream.h.
 #include "core/cuda/stream.h"
 
+#include "core/allocator.h"
 #include "core/cuda/cuda_check.h"
+#include "core/error.h"
 
 namespace shardtrain::cuda {
 namespace {
@@ -37,6 +39,21 @@ void Event::record_timing(Stream stream) {
   // that records the event each time the graph runs, so elapsed times work on replays
   const unsigned flags = is_capturing(stream) ? cudaEventRecordExternal : cudaEventRecordDefault;
   ST_CUDA_CHECK(cudaEventRecordWithFlags(static_cast<cudaEvent_t>(handle_), raw(stream), flags));
+}
+
+PinnedBuffer::PinnedBuffer(size_t bytes, const char* what) : bytes_(bytes) {
+  if (bytes == 0) return;
+  const cudaError_t e = cudaHostAlloc(&data_, bytes, cudaHostAllocDefault);
+  if (e != cudaSuccess) {
+    cudaGetLastError();  // clear it
+    data_ = nullptr;
+    ST_THROW("could not page-lock ", format_bytes(static_cast<int64_t>(bytes)), " of host memory for ", what, ": ",
+             cudaGetErrorString(e), " (the host's free memory or the locked-memory limit, `ulimit -l`)");
+  }
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (data_ != nullptr) cudaFreeHost(data_);
 }
 
 BlockingStream::BlockingStream() {

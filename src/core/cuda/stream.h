@@ -84,4 +84,22 @@ class Graph {
   void* exec_ = nullptr;
 };
 
+// Page-locked host memory (cudaHostAlloc), freed with the object: copies between it and a
+// GPU run asynchronously on a stream at the bus's full rate (the offloaded shards of
+// fsdp/sharded_store.h live here). Allocation failures name `what` and the size.
+class PinnedBuffer {
+ public:
+  PinnedBuffer(size_t bytes, const char* what);
+  ~PinnedBuffer();
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  PinnedBuffer(PinnedBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) { other.data_ = nullptr; }
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 }  // namespace shardtrain::cuda

@@ -1,5 +1,8 @@
 // CPU AdamW, torch.optim.AdamW's formula in f64 arithmetic, one rounding per store.
+#include <algorithm>
 #include <cmath>
+#include <type_traits>
+#include <vector>
 
 #include "ops/adamw.h"
 #include "ops/cpu/common.h"
@@ -41,6 +44,86 @@ void adamw_scaled(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tens
   });
 }
 
+// The CUDA kernel's arithmetic (ops/cuda/adamw.cu), scalars rounded to f32 the same way.
+struct F32Scalars {
+  float beta1, beta2, one_minus_beta1, one_minus_beta2, eps, decay_factor, step_size, inv_sqrt_bc2;
+};
+
+F32Scalars f32_scalars(const AdamWOptions& o) {
+  const double bc1 = 1.0 - std::pow(o.beta1, static_cast<double>(o.step));
+  const double bc2 = 1.0 - std::pow(o.beta2, static_cast<double>(o.step));
+  return {static_cast<float>(o.beta1),     static_cast<float>(o.beta2),
+          static_cast<float>(1.0 - o.beta1), static_cast<float>(1.0 - o.beta2),
+          static_cast<float>(o.eps),       static_cast<float>(1.0 - o.lr * o.weight_decay),
+          static_cast<float>(o.lr / bc1),  static_cast<float>(1.0 / std::sqrt(bc2))};
+}
+
+// Elements [a, b) of one f32 tensor and its compute copy (C: BFloat16, Float16, or void for none).
+template <typename C>
+void adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c, float decay_factor, float grad_scale,
+                     bool scaled) {
+  float* p = t.param.data<float>();
+  float* m = t.exp_avg.data<float>();
+  float* v = t.exp_avg_sq.data<float>();
+  const float* g = t.grad.data<float>();
+  [[maybe_unused]] C* copy = nullptr;
+  if constexpr (!std::is_void_v<C>) copy = t.compute_copy.data<C>();
+  for (int64_t i = a; i < b; ++i) {
+    const float gi = scaled ? g[i] * grad_scale : g[i];
+    const float mi = c.beta1 * m[i] + c.one_minus_beta1 * gi;
+    const float vi = c.beta2 * v[i] + c.one_minus_beta2 * gi * gi;
+    const float pi = p[i] * decay_factor - c.step_size * mi / (std::sqrt(vi) * c.inv_sqrt_bc2 + c.eps);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+    if constexpr (std::is_same_v<C, BFloat16>) copy[i] = float_to_bf16(pi);
+    if constexpr (std::is_same_v<C, Float16>) copy[i] = float_to_f16(pi);
+  }
+}
+
+void adamw_multi_host_f32(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale) {
+  const char* op = "adamw_step_multi";
+  ST_CHECK(o.step >= 1, op, ": step must be >= 1, found ", o.step);
+  for (AdamWTensors& t : tensors) {
+    check_arg(t.param, op, "param", DType::kF32, t.param.shape());
+    check_arg(t.exp_avg, op, "exp_avg", DType::kF32, t.param.shape());
+    check_arg(t.exp_avg_sq, op, "exp_avg_sq", DType::kF32, t.param.shape());
+    check_arg(t.grad, op, "grad", DType::kF32, t.param.shape());
+    if (t.compute_copy.defined()) {
+      check_arg(t.compute_copy, op, "compute_copy");
+      check_shape(t.compute_copy, t.param.shape(), op, "compute_copy");
+      ST_CHECK(t.compute_copy.dtype() == DType::kBF16 || t.compute_copy.dtype() == DType::kF16, op,
+               ": with host_f32 a compute copy is bf16 or f16, found ", t.compute_copy.str());
+    }
+  }
+  const F32Scalars c = f32_scalars(o);
+  // every tensor cut into pieces the threads share out; one piece per (tensor, range)
+  constexpr int64_t kPiece = 1 << 16;
+  struct Piece {
+    size_t tensor;
+    int64_t a, b;
+  };
+  std::vector<Piece> pieces;
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    const int64_t n = tensors[k].param.numel();
+    for (int64_t a = 0; a < n; a += kPiece) pieces.push_back({k, a, std::min(n, a + kPiece)});
+  }
+  const float gs = static_cast<float>(grad_scale);
+  const bool scaled = grad_scale != 1.0;
+#pragma omp parallel for schedule(dynamic, 4)
+  for (int64_t i = 0; i < static_cast<int64_t>(pieces.size()); ++i) {
+    const Piece& piece = pieces[static_cast<size_t>(i)];
+    AdamWTensors& t = tensors[piece.tensor];
+    const float decay = t.decay ? c.decay_factor : 1.0f;
+    if (!t.compute_copy.defined())
+      adamw_f32_range<void>(t, piece.a, piece.b, c, decay, gs, scaled);
+    else if (t.compute_copy.dtype() == DType::kBF16)
+      adamw_f32_range<BFloat16>(t, piece.a, piece.b, c, decay, gs, scaled);
+    else
+      adamw_f32_range<Float16>(t, piece.a, piece.b, c, decay, gs, scaled);
+  }
+}
+
 }  // namespace
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o) {
@@ -48,6 +131,7 @@ void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor
 }
 
 void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale) {
+  if (o.host_f32) return adamw_multi_host_f32(tensors, o, grad_scale);
   for (AdamWTensors& t : tensors) {
     AdamWOptions one = o;
     if (!t.decay) one.weight_decay = 0.0;

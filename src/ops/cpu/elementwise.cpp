@@ -114,9 +114,15 @@ void sum_squares(Tensor& out_1, const Tensor& x) {
 #pragma omp parallel for if (chunks > 1)
   for (int64_t c = 0; c < chunks; ++c) {
     double acc = 0;
-    for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i) {
-      const double v = load(x.raw_data(), x.dtype(), i);
-      acc += v * v;
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    if (x.dtype() == DType::kF32) {  // the common case (f32 gradient shards) without a per-element switch
+      const float* f = x.data<float>();
+      for (int64_t i = c * kChunk; i < end; ++i) acc += static_cast<double>(f[i]) * static_cast<double>(f[i]);
+    } else {
+      for (int64_t i = c * kChunk; i < end; ++i) {
+        const double v = load(x.raw_data(), x.dtype(), i);
+        acc += v * v;
+      }
     }
     partial[static_cast<size_t>(c)] = acc;
   }

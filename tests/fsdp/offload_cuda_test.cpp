@@ -1,0 +1,214 @@
+// ZeRO-3 with CPU offload (ShardingOptions::offload) against the same store with its shards
+// on the GPU: the weights, gradients and AdamW state live in page-locked host memory, every
+// unit comes up for each use and every gradient shard goes down, and AdamW runs on the host
+// in f32. Both engines start from the same master weights, so the first step's losses and
+// gradients agree bit for bit (deterministic attention backward). The host AdamW rounds a
+// few weights differently from the kernel (contracted multiply-adds on the GPU: 1e-8 of the
+// masters, under 1e-6 of the bf16 copies), and one flipped bf16 weight changes roundings
+// all through a bf16 forward and backward, so from the second step the gradients differ at
+// bf16's precision (measured on an H100: 2e-3 to 7e-3 relative norm) while a lost or doubled
+// update would move the weights by ~lr against weights of ~0.02 (5 %). With two
+// micro-batches the second gradient lands in a host buffer and is added there. The GPU
+// engine's own gradients, written over the last step's as the trainer does, equal a
+// zero-filled and accumulated engine's bit for bit at every step. Skips without a device.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "core/random.h"
+#include "dist/communicator.h"
+#include "fsdp/sharded_store.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "optim/clip.h"
+#include "testing/compare.h"
+#include "testing/cuda_util.h"
+
+namespace shardtrain::fsdp {
+namespace {
+
+struct Engine {
+  std::unique_ptr<dist::Communicator> comm = dist::make_single_rank();
+  model::ModelLayout layout;
+  std::unique_ptr<ShardedUnitStore> store;
+  std::unique_ptr<model::Llama> model;
+  std::unique_ptr<optim::AdamW> opt;
+
+  Engine(const model::LlamaConfig& c, bool offload) : layout(model::ModelLayout::llama(c, 1)) {
+    ShardingOptions so;
+    so.compute_dtype = DType::kBF16;
+    so.compute_shards = true;
+    so.offload = offload;
+    store = std::make_unique<ShardedUnitStore>(layout, comm.get(), so, Device::cuda(0));
+    store->init_random(11, c.init_std);
+    model = std::make_unique<model::Llama>(c, layout, store.get(), DType::kBF16, Device::cuda(0));
+    optim::AdamWConfig oc;
+    oc.host_f32 = offload;
+    opt = std::make_unique<optim::AdamW>(layout, 0, oc, DType::kF32, store->shard_device());
+  }
+  // As the trainer: grad-norm clipping at 0.5 (every step of this test clips), then AdamW.
+  double update() {
+    const ShardedUnitStore::OptimizerTargets t = store->optimizer_targets();
+    const double norm = optim::global_grad_norm(t.grads, comm.get());
+    opt->step(t.params, t.grads, 1e-3, optim::clip_coefficient(norm, 0.5), t.compute_copies);
+    synchronize(Device::cuda(0));
+    return norm;
+  }
+};
+
+// 3 blocks, width 256, GQA 4/2, tied, vocabulary 1000.
+model::LlamaConfig small_config() {
+  model::LlamaConfig c;
+  c.vocab_size = 1000;
+  c.dim = 256;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 640;
+  c.max_seq_len = 128;
+  c.tie_embeddings = true;
+  return c;
+}
+
+// sqrt(sum (a - b)^2) / sqrt(sum b^2) over two host tensors of any float dtype.
+double rel_norm(const Tensor& a, const Tensor& b) {
+  const Tensor x = testing::to_f64(a), y = testing::to_f64(b);
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    const double d = x.data<double>()[i] - y.data<double>()[i];
+    num += d * d;
+    den += y.data<double>()[i] * y.data<double>()[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+void random_batch(CounterRng& rng, Tensor& ids, Tensor& targets) {
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
+    targets.data<int32_t>()[i] = i % 23 == 0 ? -100 : static_cast<int32_t>(rng.next_below(1000));
+  }
+}
+
+// One optimizer step of `accum` micro-batches, as the trainer writes the gradients.
+double forward_backward(Engine& e, const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
+                        model::StepOptions o, bool zero_fill = false) {
+  const model::GradientWrites writes =
+      zero_fill ? model::GradientWrites{}
+                : model::gradient_writes(false, static_cast<int64_t>(ids.size()), e.store->grads_in_shards());
+  if (writes.zero_shards) e.store->zero_grad_shards();
+  double loss = 0;
+  for (size_t m = 0; m < ids.size(); ++m) {
+    o.overwrite_grads = writes.overwrites(static_cast<int64_t>(m));
+    loss += e.model->forward_backward(ids[m], targets[m], o).loss_sum;
+  }
+  return loss;
+}
+
+void offload_follows_the_gpu_shards(int64_t accum) {
+  SCOPED_TRACE(::testing::Message() << accum << " micro-batch(es)");
+  const model::LlamaConfig c = small_config();
+  Engine gpu(c, false), host(c, true), zeroed(c, false);
+  ASSERT_TRUE(host.store->offloaded());
+  ASSERT_TRUE(host.store->shard_device().is_cpu());
+  for (size_t u = 0; u < host.layout.units().size(); ++u) {
+    ASSERT_TRUE(host.store->master_shards()[u].device().is_cpu()) << "unit " << u;
+    ASSERT_TRUE(host.opt->exp_avg()[u].device().is_cpu()) << "unit " << u;
+    // the same starting weights (the host drew its own with the CPU kernels)
+    copy(host.store->master_shards()[u], gpu.store->master_shards()[u]);
+    copy(zeroed.store->master_shards()[u], gpu.store->master_shards()[u]);
+  }
+  EXPECT_GT(host.store->pinned_bytes(), 0);
+  EXPECT_EQ(gpu.store->pinned_bytes(), 0);
+
+  const int64_t B = 2, T = 96;
+  model::StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T * accum);
+  o.loss_chunk_tokens = 64;
+  o.deterministic = true;  // bitwise-repeatable attention backward: the first step's gradients agree exactly
+  CounterRng rng(3);
+  std::vector<Tensor> ids, targets;
+  for (int64_t m = 0; m < accum; ++m) {
+    ids.push_back(Tensor::empty({B, T}, DType::kI32));
+    targets.push_back(Tensor::empty({B, T}, DType::kI32));
+  }
+  for (int step = 0; step < 4; ++step) {
+    for (int64_t m = 0; m < accum; ++m) random_batch(rng, ids[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
+    const double a = forward_backward(gpu, ids, targets, o), b = forward_backward(host, ids, targets, o);
+    const double z = forward_backward(zeroed, ids, targets, o, true);
+    EXPECT_EQ(z, a) << "step " << step << ": zero-filled and overwritten GPU gradients, losses";
+    for (size_t u = 0; u < gpu.layout.units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(testing::to_host(gpu.store->grad_shards()[u]),
+                                     testing::to_host(zeroed.store->grad_shards()[u]), testing::kExact))
+          << "step " << step << " unit " << u << ": overwritten against zero-filled GPU gradients";
+    zeroed.update();
+    double worst = 0;
+    for (size_t u = 0; u < gpu.layout.units().size(); ++u) {
+      const Tensor want = testing::to_host(gpu.store->grad_shards()[u]);
+      worst = std::max(worst, rel_norm(host.store->grad_shards()[u], want));
+      const Tensor& got = host.store->grad_shards()[u];
+      // step 0: the same weights and kernels (one micro-batch: bit for bit; two: the second
+      // adds on the host instead of in the GPU's epilogues); later, rounding of the update
+      const testing::Tolerance tol = step == 0 ? (accum == 1 ? testing::kExact : testing::Tolerance{1e-6, 1e-5, 1e-9})
+                                               : testing::Tolerance{1.5e-2, 1e30, 1e30};
+      EXPECT_TRUE(testing::all_close(got, want, tol)) << "step " << step << " unit " << u;
+    }
+    std::printf("step %d: loss sums %.9g (GPU shards) %.9g (offloaded); gradients differ by up to %.2e (relative "
+                "norm of a unit)\n", step, a, b, worst);
+    if (step == 0)
+      EXPECT_EQ(a, b) << "the first step's losses";
+    else
+      EXPECT_NEAR(b, a, 1e-4 * a) << "step " << step;  // measured: up to 3e-5
+    const double na = gpu.update(), nb = host.update();
+    EXPECT_NEAR(nb, na, 1e-3 * na) << "step " << step << ": gradient norm";
+    EXPECT_GT(na, 0.5) << "every step clips";
+  }
+  for (size_t u = 0; u < gpu.layout.units().size(); ++u) {
+    // an update lost or applied twice moves a weight by ~lr = 1e-3 against weights of ~0.02
+    EXPECT_TRUE(testing::all_close(host.store->master_shards()[u], testing::to_host(gpu.store->master_shards()[u]),
+                                   testing::Tolerance{2e-3, 1e30, 1e30}))
+        << "unit " << u << ": master weights after 4 steps";  // measured: up to 4e-4 after 3
+    EXPECT_TRUE(testing::all_close(host.opt->exp_avg_sq()[u], testing::to_host(gpu.opt->exp_avg_sq()[u]),
+                                   testing::Tolerance{3e-2, 1e30, 1e30}))
+        << "unit " << u << ": AdamW's second moment (squares of gradients that differ at bf16 precision)";
+  }
+}
+
+TEST(OffloadCuda, FollowsTheShardsOnTheGpu) {
+  ST_REQUIRE_CUDA();
+  offload_follows_the_gpu_shards(1);
+  offload_follows_the_gpu_shards(2);
+}
+
+// zero_grad_shards clears lazily when offloaded: a shard no gradient reaches still reads zero.
+TEST(OffloadCuda, ClearedShardsReadZeroWithoutABackward) {
+  ST_REQUIRE_CUDA();
+  Engine host(small_config(), true);
+  for (Tensor& g : host.store->grad_shards()) g.data<float>()[0] = 5.0f;
+  host.store->zero_grad_shards();
+  for (const Tensor& g : host.store->grad_shards()) {
+    double sum = 0;
+    for (int64_t i = 0; i < g.numel(); ++i) sum += std::abs(g.data<float>()[i]);
+    EXPECT_EQ(sum, 0.0);
+  }
+}
+
+TEST(OffloadCuda, NeedsAGpu) {
+  const model::LlamaConfig c = small_config();
+  const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
+  auto comm = dist::make_single_rank();
+  ShardingOptions so;
+  so.offload = true;
+  try {
+    ShardedUnitStore store(layout, comm.get(), so, Device::cpu());
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.offload"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace shardtrain::fsdp
