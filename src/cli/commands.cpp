@@ -194,7 +194,7 @@ int run_plan(const std::vector<std::string>& args) {
     return 0;
   }
   std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);
-  if (job.parallel.compute_shards == "auto" && in.gpu && ranks == 1) {
+  if (job.parallel.compute_shards == "auto" && in.gpu && ranks == 1 && !in.offload) {
     train::PlanInput with = in;
     with.compute_shards = true;
     const int64_t peak = train::plan_memory(with).peak;

@@ -139,7 +139,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     s += row("  master weights (f32 shard)", p.master);
     s += row("  AdamW m and v (f32 shards)", p.optimizer);
     s += row("  gradient shards (f32)", p.grad_shards);
-    s += row("  compute shards (bf16, copied up for each gather)", p.compute_shards);
+    s += row("  compute shards (bf16, copied up to gather)", p.compute_shards);
     s += "on the GPU:\n";
   } else {
     s += row("master weights (f32 shard)", p.master);
