@@ -27,6 +27,7 @@
 #include "optim/clip.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
+#include "testing/model_shapes.h"
 
 namespace shardtrain::fsdp {
 namespace {
@@ -60,19 +61,7 @@ struct Engine {
   }
 };
 
-// 3 blocks, width 256, GQA 4/2, tied, vocabulary 1000.
-model::LlamaConfig small_config() {
-  model::LlamaConfig c;
-  c.vocab_size = 1000;
-  c.dim = 256;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 640;
-  c.max_seq_len = 128;
-  c.tie_embeddings = true;
-  return c;
-}
+model::LlamaConfig small_config() { return testing::small_gqa(true); }
 
 // sqrt(sum (a - b)^2) / sqrt(sum b^2) over two host tensors of any float dtype.
 double rel_norm(const Tensor& a, const Tensor& b) {

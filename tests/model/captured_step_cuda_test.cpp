@@ -22,6 +22,7 @@
 #include "optim/adamw.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
+#include "testing/model_shapes.h"
 
 namespace shardtrain::model {
 namespace {
@@ -58,19 +59,7 @@ void random_batch(CounterRng& rng, Tensor& ids, Tensor& targets, int64_t ignore_
   }
 }
 
-// 3 blocks, width 256, GQA 4/2, sequences up to 128 tokens, vocabulary 1000.
-LlamaConfig small_config(bool tied) {
-  LlamaConfig c;
-  c.vocab_size = 1000;
-  c.dim = 256;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 640;
-  c.max_seq_len = 128;
-  c.tie_embeddings = tied;
-  return c;
-}
+LlamaConfig small_config(bool tied) { return testing::small_gqa(tied); }
 
 // Every gradient shard of `got` within 2e-3 relative norm of `want`'s: the attention
 // backward's atomic-order noise after step `step`.

@@ -1,4 +1,5 @@
-// The published model shapes the tests check figures against: Llama 3.2 1B and Llama 3.1 8B.
+// The published model shapes the tests check figures against (Llama 3.2 1B and Llama 3.1
+// 8B), and the small GQA shape the GPU engine tests train.
 #pragma once
 
 #include "model/config.h"
@@ -26,6 +27,20 @@ inline model::LlamaConfig llama_8b() {
   c.n_layers = 32;
   c.ffn_dim = 14336;
   c.tie_embeddings = false;
+  return c;
+}
+
+// 3 blocks, width 256, GQA 4/2, FFN 640, sequences up to 128 tokens, vocabulary 1000.
+inline model::LlamaConfig small_gqa(bool tied) {
+  model::LlamaConfig c;
+  c.vocab_size = 1000;
+  c.dim = 256;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 640;
+  c.max_seq_len = 128;
+  c.tie_embeddings = tied;
   return c;
 }
 
