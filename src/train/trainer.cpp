@@ -261,8 +261,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     ST_CHECK(device_.is_cuda(), "`parallel.offload` = true moves each rank's shards and AdamW state from its GPU to "
              "host memory; this run trains on the CPU (`training.device` = `", config_.training.device,
              "`), where they are in host memory already");
-    so.offload = true;
-    so.compute_shards = true;
+    so.offload = true;  // the store keeps the bf16 compute shards then (what travels up)
   }
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
   if (!config_.model.hf.empty()) {

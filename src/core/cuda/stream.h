@@ -93,7 +93,6 @@ class PinnedBuffer {
   ~PinnedBuffer();
   PinnedBuffer(const PinnedBuffer&) = delete;
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  PinnedBuffer(PinnedBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) { other.data_ = nullptr; }
   void* data() const { return data_; }
   size_t bytes() const { return bytes_; }
 
