@@ -197,6 +197,28 @@ Tensor Tensor::flat_range(int64_t start, int64_t count) const {
   return t;
 }
 
+Tensor Tensor::base() const {
+  ST_CHECK(defined(), "base() of an undefined tensor");
+  Tensor t;
+  t.storage_ = storage_;
+  t.dtype_ = DType::kU8;
+  t.shape_.push_back(static_cast<int64_t>(storage_->bytes()));
+  t.strides_[0] = 1;
+  return t;
+}
+
+Tensor Tensor::rebased(const Tensor& new_base) const {
+  ST_CHECK(defined(), "rebased() of an undefined tensor");
+  ST_CHECK(new_base.dtype() == DType::kU8 && new_base.ndim() == 1 && new_base.is_contiguous() &&
+               new_base.nbytes() >= storage_->bytes(),
+           "rebased(): expected a contiguous u8 block of at least ", storage_->bytes(), " bytes (the storage under ",
+           str(), "), found ", new_base.str());
+  Tensor t = *this;
+  t.storage_ = new_base.storage_;
+  t.offset_bytes_ = new_base.offset_bytes_ + offset_bytes_;
+  return t;
+}
+
 std::string Tensor::str() const {
   return std::string(dtype_name(dtype_)) + shape_.str() + " " + device().str();
 }

@@ -104,6 +104,12 @@ class Tensor {
   Tensor select(int64_t i) const;
   // 1-D view of elements [start, start + count) of a contiguous tensor.
   Tensor flat_range(int64_t start, int64_t count) const;
+  // The whole storage under this tensor (and under every view sharing it) as a contiguous
+  // 1-D u8 tensor; rebased(b) is this tensor's view (offset, shape, strides) carried over to
+  // another such block `b` of at least the storage's bytes, on any device. Together they move
+  // a tensor with its views in one copy (activation offload: model/activation_offload.h).
+  Tensor base() const;
+  Tensor rebased(const Tensor& new_base) const;
 
   std::string str() const;  // "f32[2, 37, 64] cpu"
   void check_dtype(DType expected) const;

@@ -92,6 +92,11 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
   }
 }
 
+std::vector<Tensor*> BlockActivations::tensors() {
+  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &attn_BTNH, &lse_BNT,
+          &x2_BTD, &xn2_BTD, &rstd2_BT, &gate_BTF, &up_BTF, &h_BTF, &gate_up_BT2F, &y_BTD};
+}
+
 BlockPart recompute_part(ActivationCheckpointing checkpointing) {
   switch (checkpointing) {
     case ActivationCheckpointing::kPointwise: return BlockPart::kNorms;

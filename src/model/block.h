@@ -4,6 +4,8 @@
 //   y  = x2 + down_proj(silu(gate_proj(norm2(x2))) * up_proj(norm2(x2)))
 #pragma once
 
+#include <vector>
+
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/layout.h"
@@ -58,6 +60,8 @@ struct BlockActivations {
   // block's input, kept there): pointwise: xn1, xn2, their rstd and h; selective: also gate
   // and up; full: everything but x.
   void release_for(ActivationCheckpointing checkpointing);
+  // Every member above (defined or not), for code that moves them all (activation offload).
+  std::vector<Tensor*> tensors();
 };
 
 // What block_forward computes. The output y is never needed by the block's own backward

@@ -186,7 +186,7 @@ BlockContext Llama::context(int64_t batch, int64_t seq) const {
 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                              Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                             bool ids_checked_on_host) {
+                             bool ids_checked_on_host, ActivationOffload* offload) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   const BlockContext ctx = context(B, T);
   Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
@@ -208,7 +208,9 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     store_->release_params(u, pass);
     x_BTD = a.y_BTD;
     a.release_for(checkpointing);
+    if (offload) offload->after_forward(l, config_.n_layers, a);
   }
+  if (offload) offload->finish_forward();
   const Tensor head = store_->acquire_params(head_unit(), pass);
   final_in_TD = x_BTD.view({B * T, D});
   Tensor h_TD = Tensor::empty({B * T, D}, dtype_, device_, "final norm");
@@ -284,7 +286,12 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   const Clock::time_point t0 = Clock::now();
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true);
+  ActivationOffload* offload = nullptr;
+  if (o.offload_activations) {
+    if (!offload_) offload_ = std::make_unique<ActivationOffload>(device_);
+    offload = offload_.get();
+  }
+  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true, offload);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (on_gpu) phase_events_->forward_done.record_timing(Stream{});
 #endif
@@ -324,6 +331,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t u = static_cast<size_t>(l) + 1;
     BlockActivations& a = acts[static_cast<size_t>(l)];
+    if (offload) offload->before_backward(l, acts);
     const Tensor params = store_->acquire_params(u, Pass::kBackward);
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     if (o.checkpointing != ActivationCheckpointing::kNone) {

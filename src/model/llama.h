@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/tensor.h"
+#include "model/activation_offload.h"
 #include "model/block.h"
 #include "model/config.h"
 #include "model/layout.h"
@@ -34,6 +35,9 @@ struct StepOptions {
   // GPU: the attention backward takes cuDNN's deterministic algorithm (no atomic adds), so
   // with the heuristic's GEMM algorithms a step repeats bit for bit (slower: see README).
   bool deterministic = false;
+  // GPU: what each block keeps between its forward and backward (with full checkpointing: its
+  // input) waits in page-locked host memory, all but the last two blocks' (model/activation_offload.h).
+  bool offload_activations = false;
 };
 
 // How the micro-batches of a step write the gradients. The first replaces what the buffers
@@ -113,6 +117,8 @@ class Llama {
   static double read_loss(const Tensor& loss);  // waits for the device
   void set_host_issue_seconds(double s) { phase_times_.host_issue_s = s; }
   UnitStore& store() { return *store_; }
+  // The activation offload of the last step that asked for it (null before any).
+  const ActivationOffload* activation_offload() const { return offload_.get(); }
   Device device() const { return device_; }
   // One product per projection instead of the stacked q|k|v and gate|up ones
   // (BlockContext): for comparison (train_bench --separate-projections).
@@ -129,7 +135,7 @@ class Llama {
   // parameters (and the embedding's, when tied) acquired for the caller to release.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                        bool ids_checked_on_host);
+                        bool ids_checked_on_host, ActivationOffload* offload = nullptr);
   BlockContext context(int64_t batch, int64_t seq) const;
   void make_rope_tables();
   Tensor on_device(const Tensor& host) const;  // a copy on the model's device (or host itself)
@@ -150,6 +156,7 @@ class Llama {
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward
   std::shared_ptr<PhaseEvents> phase_events_;
+  std::unique_ptr<ActivationOffload> offload_;  // made on the first step that offloads
 };
 
 // Writes elements [first, first + count) of parameter `spec`'s initial values into `out`

@@ -167,6 +167,12 @@ const std::vector<KeyDef>& keys() {
           "the first of none, pointwise, selective, full whose planned peak fits the GPU's memory with 2 GiB and "
           "3 % to spare, as `shardtrain plan` estimates it; none on the CPU)",
           one_of({"none", "pointwise", "selective", "full", "auto"})),
+      key("training.offload_activations", &C::training, &TrainingSection::offload_activations,
+          "on GPUs, move what each block keeps between its forward and its backward to page-locked host memory "
+          "after its forward and bring it back one block ahead of its backward, on a copy stream beside the "
+          "compute (all but the last two blocks; activation checkpointing with CPU offload). With full "
+          "checkpointing only block inputs travel: [batch_size x seq_len x dim] bf16 per block each way; with "
+          "auto checkpointing it takes full"),
       key("training.device", &C::training, &TrainingSection::device,
           "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "
           "LOCAL_RANK modulo the visible GPUs)",

@@ -54,6 +54,7 @@ struct TrainingSection {
   std::string gemm_selection = "heuristic";  // timed | heuristic (ops::GemmSelection)
   bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
   bool deterministic = false;  // GPU: bitwise-repeatable steps (model::StepOptions::deterministic)
+  bool offload_activations = false;  // GPU: kept activations in host memory (model::StepOptions)
 };
 
 struct OptimizerSection {

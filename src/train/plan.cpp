@@ -93,6 +93,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
       p.activations_at_loss = stream * (L + 1) + final_norm;  // every block's input, the last output
       break;
   }
+  if (in.offload_activations && in.gpu && L > model::ActivationOffload::kResidentBlocks) {
+    // every block keeps the same (the last output and the final norm are not a block's)
+    const int64_t per_block = (p.activations_at_loss - stream - final_norm) / L;
+    p.host_activations = (L - model::ActivationOffload::kResidentBlocks) * per_block;
+    p.activations_at_loss -= p.host_activations;
+  }
   p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
   const int64_t chunk = std::min(p.loss_chunk_tokens, tokens);
   p.loss_chunk = chunk * V * cb;  // logits in the compute dtype, overwritten by their gradient
@@ -101,6 +107,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // checkpointing, what the blocks keep plus the one block's recomputed part, h included),
   // the backward's temporaries (dy, dx and dh; gate's and up's gradients overwrite them), the
   // gathered blocks and up to three f32 block gradients in flight.
+  // (offloaded: the two blocks on the GPU are the one in its backward and the next, coming up)
   int64_t kept = p.activations_at_loss - final_norm;
   if (in.checkpointing == ActivationCheckpointing::kPointwise) kept += tokens * per_token_pointwise_recomputed;
   if (in.checkpointing == ActivationCheckpointing::kSelective) kept += tokens * per_token_selective_recomputed;
@@ -134,14 +141,21 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                    in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
   s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
                    fmt::group_digits(p.parameters), fmt::group_digits(p.shard_elements));
-  if (p.host > 0) {
-    s += row("in host memory (parallel.offload), not on the GPU:", p.host);
-    s += row("  master weights (f32 shard)", p.master);
-    s += row("  AdamW m and v (f32 shards)", p.optimizer);
-    s += row("  gradient shards (f32)", p.grad_shards);
-    s += row("  compute shards (bf16, copied up to gather)", p.compute_shards);
+  if (p.host > 0 || p.host_activations > 0) {
+    s += row("in host memory, not on the GPU:", p.host + p.host_activations);
+    if (p.host > 0) {
+      s += row("  master weights (f32 shard, parallel.offload)", p.master);
+      s += row("  AdamW m and v (f32 shards)", p.optimizer);
+      s += row("  gradient shards (f32)", p.grad_shards);
+      s += row("  compute shards (bf16, copied up to gather)", p.compute_shards);
+    }
+    if (p.host_activations > 0)
+      s += row(fmt::format("  activations of {} blocks (offloaded)",
+                           in.model.n_layers - model::ActivationOffload::kResidentBlocks),
+               p.host_activations);
     s += "on the GPU:\n";
-  } else {
+  }
+  if (p.host == 0) {
     s += row("master weights (f32 shard)", p.master);
     s += row("AdamW m and v (f32 shards)", p.optimizer);
     s += row("gradient shards (f32)", p.grad_shards);
@@ -150,8 +164,9 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                p.compute_shards);
   }
   s += "  at the loss:\n";
-  s += row(*kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers),
-           p.activations_at_loss);
+  std::string kept_row = *kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers);
+  if (p.host_activations > 0) kept_row += ", last 2 blocks'";
+  s += row(kept_row, p.activations_at_loss);
   s += row(in.reshard_after_forward ? "  gathered compute copies (head, 2 blocks)"
                                     : "  gathered compute copies (head, every block)",
            p.gathered_at_loss);
@@ -170,6 +185,12 @@ int64_t checkpointing_reserve(int64_t planned_peak) { return (int64_t{2} << 30) 
 
 CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes) {
   CheckpointingChoice c;
+  if (in.offload_activations && in.gpu) {
+    in.checkpointing = model::ActivationCheckpointing::kFull;
+    c.plan = plan_memory(in);
+    c.fits = c.plan.peak + checkpointing_reserve(c.plan.peak) <= device_bytes;
+    return c;
+  }
   for (model::ActivationCheckpointing ac : model::kCheckpointingByMemory) {
     in.checkpointing = ac;
     c.checkpointing = ac;
@@ -209,6 +230,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.reshard_after_forward = job.parallel.reshard_after_forward;
   in.compute_shards = job.parallel.compute_shards == "on";
   in.offload = job.parallel.offload;
+  in.offload_activations = job.training.offload_activations;
   return in;
 }
 

@@ -24,6 +24,7 @@ struct PlanInput {
   bool reshard_after_forward = true;  // false: every block's compute copy stays until its backward
   bool compute_shards = false;        // parallel.compute_shards in effect (GPU: bf16 copies of the shards)
   bool offload = false;               // parallel.offload (GPU): the shards and AdamW state in host memory
+  bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
 };
 
 // Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
@@ -42,7 +43,10 @@ struct MemoryPlan {
   int64_t host = 0;
   int64_t gathered_at_loss = 0;      // compute copies alive at the loss (head or tied embedding, blocks)
   int64_t unit_grads_at_loss = 0;    // the head's full f32 gradient before its reduce-scatter (N > 1)
-  int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward
+  int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward, on the GPU
+  // training.offload_activations: what all but the last two blocks keep, in page-locked host
+  // memory (and over the bus twice a micro-batch); activations_at_loss then holds two blocks'.
+  int64_t host_activations = 0;
   int64_t loss_chunk = 0;            // one chunk's logits (overwritten by their gradient)
   int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state
   int64_t peak = 0;
@@ -62,7 +66,8 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& plan);
 
 // training.activation_checkpointing = "auto": the lightest policy (none, then pointwise,
 // selective, full) whose planned peak, plus the reserve below, fits `device_bytes` of GPU
-// memory; full when none does (`fits` then says so). `in.checkpointing` is ignored.
+// memory; full when none does (`fits` then says so). `in.checkpointing` is ignored. With
+// activation offload, full: the least to carry over the bus (block inputs only).
 struct CheckpointingChoice {
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kFull;
   MemoryPlan plan;

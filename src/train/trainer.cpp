@@ -263,6 +263,9 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
              "`), where they are in host memory already");
     so.offload = true;  // the store keeps the bf16 compute shards then (what travels up)
   }
+  ST_CHECK(!config_.training.offload_activations || device_.is_cuda(), "`training.offload_activations` = true moves "
+           "activations from the GPU to host memory; this run trains on the CPU (`training.device` = `",
+           config_.training.device, "`), where they are in host memory already");
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
   if (!config_.model.hf.empty()) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything
@@ -440,6 +443,7 @@ TrainSummary Trainer::run() {
   model::StepOptions so;
   so.checkpointing = checkpointing();
   so.deterministic = tc.deterministic;
+  so.offload_activations = tc.offload_activations;  // a GPU's (checked at construction)
   store_->set_compute_shards(compute_shards(so.checkpointing));
   so.loss_chunk_tokens = loss_chunk_tokens();
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
@@ -616,6 +620,10 @@ TrainSummary Trainer::run() {
       window_steps = 0;
       window_power = GpuActivity();
     }
+    if (step == first_step && so.offload_activations && model_->activation_offload())
+      log::info(fmt::format("training.offload_activations: {} per micro-batch to host memory and back ({} "
+                            "page-locked)", format_bytes(model_->activation_offload()->bytes_offloaded()),
+                            format_bytes(model_->activation_offload()->host_bytes())));
     const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
     if (eval_now) {
       const double e = evaluate();

@@ -1,5 +1,6 @@
 // Tensor views, shapes, dtype conversions and the counter-based generator.
 #include <cmath>
+#include <cstring>
 
 #include <gtest/gtest.h>
 
@@ -37,6 +38,35 @@ TEST(Tensor, BadViewsNameTheShapes) {
   EXPECT_THROW((void)t.slice(0, 2, 5), Error);
   EXPECT_THROW((void)t.select(4), Error);
   EXPECT_THROW((void)t.data<double>(), Error);
+}
+
+TEST(Tensor, RebasedViewsKeepTheirPlaceInTheNewStorage) {
+  // a stacked tensor and two strided head views of it, moved to another block in one copy
+  Tensor t = Tensor::zeros({2, 3, 6, 4}, DType::kF32);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] = static_cast<float>(i);
+  const Tensor q = t.slice(2, 0, 3), v = t.slice(2, 5, 6).select(1);
+  const Tensor b = t.base();
+  EXPECT_EQ(b.dtype(), DType::kU8);
+  EXPECT_EQ(b.numel(), static_cast<int64_t>(t.nbytes()));
+  EXPECT_EQ(q.base().raw_data(), b.raw_data());
+  Tensor moved = Tensor::empty({b.numel() + 64}, DType::kU8);
+  Tensor dst = moved.flat_range(64, b.numel());  // an offset block: offsets add up
+  copy(dst, b);
+  std::memset(t.raw_data(), 0, t.nbytes());  // the old storage no longer holds the values
+  const Tensor q2 = q.rebased(dst), v2 = v.rebased(dst);
+  EXPECT_EQ(q2.shape(), q.shape());
+  EXPECT_FALSE(q2.is_contiguous());
+  Tensor qf = Tensor::empty(q2.shape(), DType::kF32), vf = Tensor::empty(v2.shape(), DType::kF32);
+  copy(qf, q2);
+  copy(vf, v2);
+  for (int64_t bt = 0; bt < 6; ++bt)
+    for (int64_t j = 0; j < 3 * 4; ++j) ASSERT_EQ(qf.data<float>()[bt * 12 + j], static_cast<float>(bt * 24 + j));
+  ASSERT_EQ(vf.shape(), Shape({3, 1, 4}));  // batch 1's value head
+  for (int64_t tt = 0; tt < 3; ++tt)
+    for (int64_t h = 0; h < 4; ++h)
+      ASSERT_EQ(vf.data<float>()[tt * 4 + h], static_cast<float>((3 + tt) * 24 + 20 + h));
+  EXPECT_THROW((void)q.rebased(moved.flat_range(0, 100)), Error);  // smaller than the storage
+  EXPECT_THROW((void)q.rebased(t), Error);                          // not a u8 block
 }
 
 TEST(Tensor, RowLayoutsAndStridedCopies) {

@@ -27,35 +27,18 @@
 #include "optim/clip.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
+#include "testing/gpu_engine.h"
 #include "testing/model_shapes.h"
 
 namespace shardtrain::fsdp {
 namespace {
 
-struct Engine {
-  std::unique_ptr<dist::Communicator> comm = dist::make_single_rank();
-  model::ModelLayout layout;
-  std::unique_ptr<ShardedUnitStore> store;
-  std::unique_ptr<model::Llama> model;
-  std::unique_ptr<optim::AdamW> opt;
-
-  Engine(const model::LlamaConfig& c, bool offload) : layout(model::ModelLayout::llama(c, 1)) {
-    ShardingOptions so;
-    so.compute_dtype = DType::kBF16;
-    so.compute_shards = true;
-    so.offload = offload;
-    store = std::make_unique<ShardedUnitStore>(layout, comm.get(), so, Device::cuda(0));
-    store->init_random(11, c.init_std);
-    model = std::make_unique<model::Llama>(c, layout, store.get(), DType::kBF16, Device::cuda(0));
-    optim::AdamWConfig oc;
-    oc.host_f32 = offload;
-    opt = std::make_unique<optim::AdamW>(layout, 0, oc, DType::kF32, store->shard_device());
-  }
+struct Engine : testing::GpuEngine {
+  Engine(const model::LlamaConfig& c, bool offload) : GpuEngine(c, testing::bf16_sharding(true, offload)) {}
   // As the trainer: grad-norm clipping at 0.5 (every step of this test clips), then AdamW.
   double update() {
-    const ShardedUnitStore::OptimizerTargets t = store->optimizer_targets();
-    const double norm = optim::global_grad_norm(t.grads, comm.get());
-    opt->step(t.params, t.grads, 1e-3, optim::clip_coefficient(norm, 0.5), t.compute_copies);
+    const double norm = optim::global_grad_norm(store->optimizer_targets().grads, comm.get());
+    GpuEngine::update(optim::clip_coefficient(norm, 0.5));
     synchronize(Device::cuda(0));
     return norm;
   }

@@ -22,42 +22,14 @@
 #include "optim/adamw.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
+#include "testing/gpu_engine.h"
 #include "testing/model_shapes.h"
 
 namespace shardtrain::model {
 namespace {
 
-struct Engine {
-  std::unique_ptr<dist::Communicator> comm = dist::make_single_rank();
-  ModelLayout layout;
-  std::unique_ptr<fsdp::ShardedUnitStore> store;
-  std::unique_ptr<Llama> model;
-  std::unique_ptr<optim::AdamW> opt;
-
-  explicit Engine(const LlamaConfig& c, bool compute_shards = false) : layout(ModelLayout::llama(c, 1)) {
-    fsdp::ShardingOptions so;
-    so.compute_dtype = DType::kBF16;
-    so.compute_shards = compute_shards;
-    store = std::make_unique<fsdp::ShardedUnitStore>(layout, comm.get(), so, Device::cuda(0));
-    store->init_random(11, c.init_std);
-    model = std::make_unique<Llama>(c, layout, store.get(), DType::kBF16, Device::cuda(0));
-    opt = std::make_unique<optim::AdamW>(layout, 0, optim::AdamWConfig{}, DType::kF32, Device::cuda(0));
-  }
-  void update() {
-    const fsdp::ShardedUnitStore::OptimizerTargets t = store->optimizer_targets();
-    opt->step(t.params, t.grads, 1e-3, 1.0, t.compute_copies);
-  }
-};
-
-// Random ids and targets below the test vocabulary (1000); with ignore_every > 0, every
-// ignore_every-th target is the ignore index.
-void random_batch(CounterRng& rng, Tensor& ids, Tensor& targets, int64_t ignore_every = 0) {
-  for (int64_t i = 0; i < ids.numel(); ++i) {
-    ids.data<int32_t>()[i] = static_cast<int32_t>(rng.next_below(1000));
-    const int32_t t = static_cast<int32_t>(rng.next_below(1000));
-    targets.data<int32_t>()[i] = ignore_every > 0 && i % ignore_every == 0 ? -100 : t;
-  }
-}
+using Engine = testing::GpuEngine;
+using testing::random_batch;
 
 LlamaConfig small_config(bool tied) { return testing::small_gqa(tied); }
 
@@ -87,7 +59,7 @@ void replays_follow_the_eager_step(bool overwrite) {
   CounterRng rng(5);
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
   for (int s = 0; s < 5; ++s) {
-    random_batch(rng, ids, targets, 17);
+    random_batch(rng, ids, targets, 1000, 17);
     o.grad_scale = 1.0 / static_cast<double>(B * T - s * 7);
     eager.store->zero_grad_shards();
     if (!overwrite) graph.store->zero_grad_shards();
@@ -165,7 +137,7 @@ TEST(CapturedStepCuda, ComputeShardsFollowTheCastCopies) {
   ST_REQUIRE_CUDA();
   const LlamaConfig c = small_config(true);
   const int64_t B = 2, T = 128;
-  Engine cast_each_step(c), shards(c, /*compute_shards=*/true);
+  Engine cast_each_step(c), shards(c, testing::bf16_sharding(/*compute_shards=*/true));
   ASSERT_TRUE(shards.store->has_compute_shards());
   StepOptions o;
   o.grad_scale = 1.0 / static_cast<double>(B * T);
@@ -225,7 +197,7 @@ TEST(CapturedStepCuda, DeterministicStepsRepeatBitForBit) {
   CounterRng rng(17);
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
   for (int s = 0; s < 3; ++s) {
-    random_batch(rng, ids, targets, 23);
+    random_batch(rng, ids, targets, 1000, 23);
     const LossSum a = first.model->forward_backward(ids, targets, o);
     const LossSum b = second.model->forward_backward(ids, targets, o);
     const LossSum g = step.run(ids, targets, o.grad_scale);

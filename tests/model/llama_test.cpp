@@ -196,6 +196,23 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
   }
 }
 
+TEST(Llama, ActivationOffloadOnTheCpuIsAnError) {
+  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
+  Tensor ids = Tensor::empty({1, 8}, DType::kI32), targets = Tensor::empty({1, 8}, DType::kI32);
+  testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
+  testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
+  Llama m(cfg, DType::kF32);
+  StepOptions o;
+  o.offload_activations = true;
+  try {
+    m.forward_backward(ids, targets, o);
+    ADD_FAILURE() << "offload_activations was accepted on the CPU";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training.offload_activations"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpu"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Llama, CheckpointingNamesParse) {
   for (ActivationCheckpointing ac : kCheckpointingByMemory)
     EXPECT_EQ(parse_checkpointing(checkpointing_name(ac), "x"), ac);

@@ -205,5 +205,39 @@ TEST(Plan, OffloadMovesTheShardsToTheHost) {
   EXPECT_EQ(plan_memory(in).compute_shards, off.compute_shards) << "offload keeps them without being asked";
 }
 
+TEST(Plan, ActivationOffloadKeepsTwoBlocksOnTheGpu) {
+  PlanInput in;
+  in.model = llama_1b();  // 16 blocks
+  in.micro_batch = 8;
+  in.seq_len = 4096;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  const MemoryPlan resident = plan_memory(in);
+  in.offload_activations = true;
+  const MemoryPlan off = plan_memory(in);
+  const int64_t input = int64_t{8} * 4096 * 2048 * 2;  // one block's bf16 input
+  EXPECT_EQ(resident.host_activations, 0);
+  EXPECT_EQ(off.host_activations, 14 * input);
+  EXPECT_EQ(off.activations_at_loss, resident.activations_at_loss - 14 * input);
+  EXPECT_EQ(off.in_backward, resident.in_backward - 14 * input);
+  EXPECT_EQ(off.peak, resident.peak - 14 * input) << "the peak is inside a block's backward with full checkpointing";
+  const std::string text = describe_plan(in, off);
+  EXPECT_NE(text.find("activations of 14 blocks (offloaded)"), std::string::npos) << text;
+  // auto takes full with offload: only block inputs cross the bus
+  const CheckpointingChoice c = choose_checkpointing(in, int64_t{80} << 30);
+  EXPECT_EQ(c.checkpointing, model::ActivationCheckpointing::kFull);
+  EXPECT_TRUE(c.fits);
+  // without checkpointing, every block's kept tensors but two leave (the same per block)
+  in.checkpointing = model::ActivationCheckpointing::kNone;
+  const MemoryPlan none = plan_memory(in);
+  EXPECT_EQ(none.host_activations % 14, 0);
+  EXPECT_EQ(none.activations_at_loss + none.host_activations, [&] {
+    PlanInput r = in;
+    r.offload_activations = false;
+    return plan_memory(r).activations_at_loss;
+  }());
+  in.gpu = false;
+  EXPECT_EQ(plan_memory(in).host_activations, 0) << "the CPU has nothing to offload";
+}
+
 }  // namespace
 }  // namespace shardtrain::train

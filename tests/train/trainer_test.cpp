@@ -88,19 +88,28 @@ TEST(Trainer, HeldOutSplitTooSmallForOneBatchIsAnErrorBeforeTraining) {
 
 
 // parallel.offload moves a GPU's shards to host memory; on the CPU it is refused by name.
-TEST(Trainer, OffloadOnTheCpuIsAnError) {
-  const std::string out = (std::filesystem::temp_directory_path() / ("shardtrain_trainer_offload_" + std::to_string(::getpid()))).string();
+// A GPU-only setting on a CPU run: the trainer refuses it at construction, naming the key.
+void expect_rejected_on_the_cpu(const char* key, void (*set)(JobConfig&)) {
+  SCOPED_TRACE(key);
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_trainer_gpu_only_" + std::to_string(::getpid()))).string();
   JobConfig c = short_default_job(out);
   c.training.device = "cpu";
-  c.parallel.offload = true;
+  set(c);
   try {
     Trainer t(c);
-    ADD_FAILURE() << "parallel.offload was accepted on the CPU";
+    ADD_FAILURE() << key << " was accepted on the CPU";
   } catch (const Error& e) {
     const std::string m = e.what();
-    EXPECT_NE(m.find("`parallel.offload` = true"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::string("`") + key + "` = true"), std::string::npos) << m;
     EXPECT_NE(m.find("trains on the CPU"), std::string::npos) << m;
   }
+}
+
+TEST(Trainer, OffloadOnTheCpuIsAnError) {
+  expect_rejected_on_the_cpu("parallel.offload", [](JobConfig& c) { c.parallel.offload = true; });
+  expect_rejected_on_the_cpu("training.offload_activations",
+                             [](JobConfig& c) { c.training.offload_activations = true; });
 }
 
 }  // namespace

@@ -112,7 +112,9 @@ class CachingAllocator final : public Allocator {
                " for ", what, ": ", format_bytes(stats_.allocated_bytes), " allocated by shardtrain, ",
                format_bytes(stats_.reserved_bytes), " reserved, ", format_bytes(static_cast<int64_t>(free_b)),
                " free of ", format_bytes(static_cast<int64_t>(total_b)),
-               " (lower training.batch_size, or turn on activation checkpointing)");
+               " (lower training.batch_size, turn on training.activation_checkpointing, move activations or "
+               "weights to host memory with training.offload_activations or parallel.offload; `shardtrain plan` "
+               "shows where the memory goes)");
     }
     ST_CUDA_CHECK(st);
     ++stats_.num_system_allocs;
