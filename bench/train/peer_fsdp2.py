@@ -7,12 +7,17 @@ train_bench; prints the same table row and JSON line (tokens/s and MFU per GPU).
 With --cpu-offload, FSDP2's CPUOffloadPolicy keeps the sharded parameters, gradients and
 AdamW state in host memory and the fused AdamW runs on the CPU (the peer of train_bench
 --offload, the trainer's parallel.offload).
+With --offload-activations (needs --ac full), each block's checkpointed input goes to pinned
+host memory through torch.autograd.graph.save_on_cpu around the block alone: the block is
+checkpointed with use_reentrant=True so that its input is a saved tensor the hook moves (the peer of
+train_bench --offload-activations, the trainer's training.offload_activations).
 One rank by default; under torchrun, one rank per GPU (--batch is per rank). Where the
 driver's NVML is there, it also reports the board's mean power, SM clock, power-capped share
 and energy per token over the timed steps, as train_bench does.
 
   python3 bench/train/peer_fsdp2.py [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
                                     [--compile] [--ac none|full] [--shape 1b|8b] [--cpu-offload]
+                                    [--offload-activations]
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
 """
 import argparse
@@ -99,6 +104,17 @@ class Board:
                     mj_per_token=round(1000 * joules / tokens, 3))
 
 
+def offloaded_checkpoint(forward):
+    """A block's forward checkpointed with its input saved in pinned host memory: reentrant, so
+    that the input is a saved tensor that save_on_cpu's hooks move (the keyword arguments, the
+    rotary tables and masks every block shares, stay in the closure on the GPU)."""
+    def run(*args, **kwargs):
+        hidden = args[0] if args else kwargs.pop("hidden_states")
+        with torch.autograd.graph.save_on_cpu(pin_memory=True):
+            return checkpoint(lambda h: forward(h, *args[1:], **kwargs), hidden, use_reentrant=True)
+    return run
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=4)
@@ -109,10 +125,14 @@ def main():
     p.add_argument("--ac", choices=["none", "full"], default="none")
     p.add_argument("--cpu-offload", action="store_true",
                    help="FSDP2 CPUOffloadPolicy: shards and AdamW state in host memory, AdamW on the CPU")
+    p.add_argument("--offload-activations", action="store_true",
+                   help="with --ac full: checkpointed block inputs in pinned host memory (save_on_cpu)")
     p.add_argument("--shape", choices=["1b", "8b"], default="1b",
                    help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions")
     p.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
     a = p.parse_args()
+    if a.offload_activations and a.ac != "full":
+        p.error("--offload-activations offloads checkpointed block inputs: it needs --ac full")
 
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_RANK", "0"))
@@ -135,7 +155,9 @@ def main():
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
     for i, layer in enumerate(model.model.layers):
-        if a.ac == "full":
+        if a.ac == "full" and a.offload_activations:
+            layer.forward = offloaded_checkpoint(layer.forward)
+        elif a.ac == "full":
             fwd = layer.forward
             layer.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(fwd)
         if a.compile:
@@ -189,7 +211,8 @@ def main():
     peak_mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
     peak_gib = peak_mem.item()
-    label = "HF + FSDP2" + (" + compile" if a.compile else " eager") + (", CPU offload" if a.cpu_offload else "")
+    label = "HF + FSDP2" + (" + compile" if a.compile else " eager") + (", CPU offload" if a.cpu_offload else "") \
+        + (", activations offloaded" if a.offload_activations else "")
     say(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
     if power:
         say(f"# GPU{' of rank 0' if world > 1 else ''} over the timed steps: {power['gpu_power_w']:.0f} W, "

@@ -18,7 +18,8 @@
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
-//               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--device cuda|cpu]
+//               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-activations]
+//               [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -32,6 +33,9 @@
 // training.deterministic = true.
 // --offload: the shards and AdamW state in page-locked host memory, AdamW on the host's cores
 // (the trainer's parallel.offload = true; no --graph); peak GPU memory then leaves them out.
+// --offload-activations: what each block keeps between forward and backward (with --ac full:
+// its input) waits in page-locked host memory but for the last two blocks' (the trainer's
+// training.offload_activations = true); works with --graph.
 // --accum N: N micro-batches of --batch sequences per optimizer step (the trainer's
 // training.grad_accum_steps): the global batch of --batch x N at the memory of --batch.
 #include <chrono>
@@ -75,6 +79,7 @@ struct Args {
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
   bool zero_fill = false, deterministic = false, separate_projections = false, offload = false;
+  bool offload_activations = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -123,6 +128,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--keep-gathered") a.keep_gathered = true;
     else if (k == "--compute-shards") a.compute_shards = true;
     else if (k == "--offload") a.offload = true;
+    else if (k == "--offload-activations") a.offload_activations = true;
     else if (k == "--ac") {
       a.ac = model::parse_checkpointing(next(), "train_bench: --ac");
     } else if (k == "--device") a.device = next();
@@ -210,6 +216,7 @@ int main(int argc, char** argv) try {
   model::StepOptions o;
   o.checkpointing = a.ac;
   o.deterministic = a.deterministic;
+  o.offload_activations = a.offload_activations;
   o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
   ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
   o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * world);
@@ -223,7 +230,7 @@ int main(int argc, char** argv) try {
                                                 " page-locked host memory, AdamW on ", omp_get_max_threads(),
                                                 " host threads")
                                : std::string(),
-                     "\n"));
+                     a.offload_activations ? "; activations offloaded" : "", "\n"));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   std::unique_ptr<model::CapturedStep> captured;
@@ -300,6 +307,9 @@ int main(int argc, char** argv) try {
     say(detail::concat("# host time issuing forward + backward: ", 1e3 * host_issue / n, " ms of ",
                        1e3 * (fwd + bwd) / n, " ms on the device; device allocations in the timed steps: ",
                        allocator_for(dev).stats().num_system_allocs - system_allocs_before, "\n"));
+  if (const model::ActivationOffload* ao = m.activation_offload())
+    say(detail::concat("# activations offloaded: ", format_bytes(ao->bytes_offloaded()),
+                       " per micro-batch down and back up; ", format_bytes(ao->host_bytes()), " page-locked\n"));
   if (profile::enabled() && rank == 0)
     std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower); roofline: "
                 "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time\n%s",
@@ -326,7 +336,9 @@ int main(int argc, char** argv) try {
     say("# GPU power readings off: " + power.why_unavailable() + "\n");
   }
   const double peak_gib = static_cast<double>(allocator_for(dev).stats().peak_allocated_bytes) / (1u << 30);
-  const std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
+  std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
+  if (a.offload) label += ", ZeRO offload";
+  if (a.offload_activations) label += ", activations offloaded";
   const std::string wait_part =
       world > 1 ? detail::concat(", comm wait ", 100 * comm_wait / timed, " % of the step") : std::string();
   const std::string batch_text =
