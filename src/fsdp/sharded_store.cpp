@@ -2,7 +2,11 @@
 #include "fsdp/sharded_store.h"
 
 #include <algorithm>
+#include <condition_variable>
 #include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
 
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/stream.h"
@@ -52,6 +56,67 @@ struct ShardedUnitStore::Overlap {
 struct ShardedUnitStore::Overlap {};
 #endif
 
+struct ShardedUnitStore::HostUpdate {
+  std::thread worker;
+  mutable std::mutex mutex;
+  mutable std::condition_variable changed;
+  std::vector<bool> done;  // [unit] written by the update in flight
+  bool running = false;
+  std::exception_ptr error;
+};
+
+void ShardedUnitStore::run_host_update(std::function<void(const UnitDone& done)> update) {
+  ST_CHECK(options_.offload, "run_host_update: the shards are on ", device_.str(), ", not offloaded to the host");
+  wait_for_host_update();
+  if (!host_update_) host_update_ = std::make_unique<HostUpdate>();
+  HostUpdate& h = *host_update_;
+  h.done.assign(master_.size(), false);
+  h.running = true;
+  h.worker = std::thread([&h, update = std::move(update)] {
+    try {
+      update([&h](size_t u) {
+        std::lock_guard<std::mutex> lock(h.mutex);
+        h.done[u] = true;
+        h.changed.notify_all();
+      });
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(h.mutex);
+      h.error = std::current_exception();
+    }
+    std::lock_guard<std::mutex> lock(h.mutex);
+    h.running = false;
+    h.changed.notify_all();
+  });
+}
+
+void ShardedUnitStore::wait_for_host_update() const {
+  if (!host_update_ || !host_update_->worker.joinable()) return;
+  HostUpdate& h = *host_update_;
+  h.worker.join();
+  if (h.error) {
+    const std::exception_ptr e = h.error;
+    h.error = nullptr;
+    std::rethrow_exception(e);
+  }
+}
+
+void ShardedUnitStore::wait_for_unit_update(size_t u) const {
+  if (!host_update_) return;
+  HostUpdate& h = *host_update_;
+  std::unique_lock<std::mutex> lock(h.mutex);
+  h.changed.wait(lock, [&] { return !h.running || h.done[u]; });
+  if (h.error) {
+    lock.unlock();
+    wait_for_host_update();  // rethrows
+  }
+}
+
+bool ShardedUnitStore::unit_update_pending(size_t u) const {
+  if (!host_update_) return false;
+  std::lock_guard<std::mutex> lock(host_update_->mutex);
+  return host_update_->running && !host_update_->done[u];
+}
+
 ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm,
                                    const ShardingOptions& options, Device device)
     : layout_(&layout), comm_(comm), options_(options), device_(device) {
@@ -85,6 +150,7 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
 }
 
 ShardedUnitStore::~ShardedUnitStore() {
+  if (host_update_ && host_update_->worker.joinable()) host_update_->worker.join();  // it writes the shards
   if (overlap_) synchronize(device_);  // transfers in flight still use the buffers
 }
 
@@ -152,6 +218,7 @@ void ShardedUnitStore::gather(size_t u) {
     if (options_.offload) {
       // the host shard (the optimizer's compute copy, or the masters when they are the
       // compute dtype) comes up into this rank's slice, then the slices are gathered
+      wait_for_unit_update(u);
       const Tensor& host = compute_.empty() ? master_[u] : compute_[u];
       copy_async(mine, host, g);
       if (comm_->world_size() > 1) comm_->all_gather(st.full_params, mine, g);
@@ -174,6 +241,7 @@ void ShardedUnitStore::gather(size_t u) {
 void ShardedUnitStore::before_replay() { refresh_compute_shards_if_stale(); }
 
 void ShardedUnitStore::set_compute_shards(bool on) {
+  wait_for_host_update();
   on = on || options_.offload;  // offloaded, the bus carries the compute dtype
   if (on == options_.compute_shards && (!compute_.empty() || options_.compute_dtype == options_.master_dtype)) return;
   options_.compute_shards = on;
@@ -188,6 +256,7 @@ void ShardedUnitStore::set_compute_shards(bool on) {
 
 void ShardedUnitStore::refresh_compute_shards_if_stale() {
   if (!compute_stale_) return;
+  wait_for_host_update();
   if (options_.offload) synchronize(device_);  // host copies: no gather may still be reading them
   // on the compute stream: gathers start after it (after_compute), in-place use follows it
   for (size_t u = 0; u < compute_.size(); ++u) ops::cast(compute_[u], master_[u]);
@@ -195,6 +264,7 @@ void ShardedUnitStore::refresh_compute_shards_if_stale() {
 }
 
 ShardedUnitStore::OptimizerTargets ShardedUnitStore::optimizer_targets() {
+  wait_for_host_update();
   OptimizerTargets t;
   for (size_t u = 0; u < master_.size(); ++u) {
     t.params.push_back(&master_[u]);
@@ -219,7 +289,9 @@ void ShardedUnitStore::prefetch_after(size_t u, Pass pass) {
     if (u + 1 >= n) return;
     next = u + 1;
   }
-  if (!state_[next].full_params.defined()) gather(next);
+  // a unit the host is still updating is gathered when acquired (its wait then holds up only
+  // that unit's issue, not the one computing now)
+  if (!state_[next].full_params.defined() && !unit_update_pending(next)) gather(next);
 }
 
 void ShardedUnitStore::release_params(size_t u, Pass pass) {
@@ -293,6 +365,13 @@ void ShardedUnitStore::reduce(size_t u) {
       landing_[u] = shard_tensor(s, options_.master_dtype, "gradient landing buffer", pinned_);
     Tensor& host = grad_cleared_[u] ? grad_[u] : landing_[u];
     ST_ASSERT(!grad_landed_[u], "unit ", layout_->units()[u].name, " reduced twice in one backward");
+    wait_for_unit_update(u);  // the host update of the last step still reads this gradient shard
+    if (grad_cleared_[u] && landed_sum_squares_valid_) {
+      Tensor slot = landed_sum_squares_.slice(0, static_cast<int64_t>(u), static_cast<int64_t>(u) + 1);
+      ops::sum_squares(slot, reduced, stream);  // the shard's whole contribution to the norm
+    } else {
+      landed_sum_squares_valid_ = false;  // it adds to an earlier gradient on the host
+    }
     copy_async(host, reduced, stream);
     grad_landed_[u] = !grad_cleared_[u];
     grad_cleared_[u] = false;
@@ -320,6 +399,7 @@ void ShardedUnitStore::finish_backward() {
   if (options_.offload) {
     // every gradient shard is down (and nothing prefetched is left in flight); the host
     // adds the ones that accumulate
+    wait_for_host_update();
     synchronize(device_);
     for (size_t u = 0; u < grad_.size(); ++u)
       if (grad_landed_[u]) {
@@ -379,6 +459,7 @@ void ShardedUnitStore::load(const ParamReader& read) {
 }
 
 void ShardedUnitStore::for_each_owned_range(const ParamReader& fn) {
+  wait_for_host_update();  // it writes the masters
   const int64_t r = comm_->rank();
   for (size_t u = 0; u < layout_->units().size(); ++u) {
     const int64_t s = master_[u].numel(), lo = r * s, hi = lo + s;
@@ -392,6 +473,7 @@ void ShardedUnitStore::for_each_owned_range(const ParamReader& fn) {
 }
 
 void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
+  wait_for_host_update();
   compute_stale_ = true;
   const int64_t r = comm_->rank();
   for (size_t u = 0; u < layout_->units().size(); ++u) {
@@ -416,12 +498,30 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
 void ShardedUnitStore::zero_grad_shards() {
   if (options_.offload) {
     grad_cleared_.assign(grad_.size(), true);  // the first gradient to land is written over it
+    if (device_.is_cuda()) {
+      // cleared in compute-stream order; each reduction starts after the compute reached it
+      if (!landed_sum_squares_.defined())
+        landed_sum_squares_ = Tensor::empty({static_cast<int64_t>(grad_.size())}, DType::kF64, device_,
+                                            "landed gradient sums of squares");
+      ops::fill(landed_sum_squares_, 0.0);
+      landed_sum_squares_valid_ = true;
+    }
     return;
   }
   for (Tensor& g : grad_) ops::fill(g, 0.0);
 }
 
+std::optional<double> ShardedUnitStore::landed_grad_sum_squares() const {
+  if (!options_.offload || !landed_sum_squares_valid_) return std::nullopt;
+  Tensor host = Tensor::empty(landed_sum_squares_.shape(), DType::kF64, Device::cpu(), "landed sums of squares");
+  copy(host, landed_sum_squares_);  // after the reductions: finish_backward() waited for them
+  double sum = 0;
+  for (int64_t u = 0; u < host.numel(); ++u) sum += host.data<double>()[u];  // a shard never landed adds 0
+  return sum;
+}
+
 void ShardedUnitStore::settle_cleared_grads() {
+  wait_for_host_update();
   for (size_t u = 0; u < grad_cleared_.size(); ++u)
     if (grad_cleared_[u]) {
       ops::fill(grad_[u], 0.0);

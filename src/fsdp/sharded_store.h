@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "dist/communicator.h"
@@ -89,16 +90,39 @@ class ShardedUnitStore final : public model::UnitStore {
   bool offloaded() const { return options_.offload; }
   // Page-locked host bytes held for offloaded shards and gradient landing buffers.
   int64_t pinned_bytes() const;
+  // Offloaded, after finish_backward(): the sum of squares of this rank's gradient shards,
+  // taken on the GPU from each reduced shard before it went down (so the host need not read
+  // them again for the norm), when every gradient since zero_grad_shards() landed over a
+  // cleared shard (one micro-batch per step); nothing otherwise (gradient accumulation, no
+  // offload): then sum the shards themselves.
+  std::optional<double> landed_grad_sum_squares() const;
+
+  // Offloaded: runs `update` (the optimizer over this rank's host shards, unit by unit in
+  // unit order, calling done(u) once unit u's masters and compute shard are written) on a
+  // worker thread, and returns at once, so the host update overlaps the next step's forward.
+  // Until unit u is done its gather waits for it (the copy up of its compute shard; the
+  // prefetch skips it), and so does the copy down of its next gradient (the update reads the
+  // gradient shard). Everything else here that reads or writes the shards (their accessors,
+  // finish_backward, loads) waits for the whole update first; so must callers that read the
+  // optimizer's own state (a checkpoint): wait_for_host_update(), which also rethrows an
+  // error of the update.
+  using UnitDone = std::function<void(size_t unit)>;
+  void run_host_update(std::function<void(const UnitDone& done)> update);
+  void wait_for_host_update() const;
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
   // Taking the master shards for writing marks the compute shards (if any) out of date: they
   // are cast afresh from the masters before the next unit is used. Write through the
   // returned vector at once, not through references kept from an earlier call.
   std::vector<Tensor>& master_shards() {
+    wait_for_host_update();
     compute_stale_ = true;
     return master_;
   }
-  const std::vector<Tensor>& master_shards() const { return master_; }
+  const std::vector<Tensor>& master_shards() const {
+    wait_for_host_update();
+    return master_;
+  }
   std::vector<Tensor>& grad_shards() {
     settle_cleared_grads();
     return grad_;
@@ -113,7 +137,10 @@ class ShardedUnitStore final : public model::UnitStore {
   };
   OptimizerTargets optimizer_targets();
   bool has_compute_shards() const { return !compute_.empty(); }
-  const std::vector<Tensor>& compute_shards() const { return compute_; }
+  const std::vector<Tensor>& compute_shards() const {
+    wait_for_host_update();
+    return compute_;
+  }
   // Turns ShardingOptions::compute_shards on or off after construction (allocating or freeing
   // the copies); call between steps, before a captured step records their addresses.
   void set_compute_shards(bool on);
@@ -166,6 +193,14 @@ class ShardedUnitStore final : public model::UnitStore {
   std::vector<std::shared_ptr<void>> pinned_, compute_pinned_;
   std::vector<Tensor> landing_;
   std::vector<bool> grad_cleared_, grad_landed_;
+  // Offload: [unit] f64 sums of squares of the gradients landed over cleared shards, on the
+  // device (filled on the reduction stream); valid while no gradient used a landing buffer.
+  Tensor landed_sum_squares_;
+  bool landed_sum_squares_valid_ = false;
+  struct HostUpdate;  // the worker thread of run_host_update and its per-unit progress
+  std::unique_ptr<HostUpdate> host_update_;
+  void wait_for_unit_update(size_t u) const;  // until unit u's host update is written
+  bool unit_update_pending(size_t u) const;
 };
 
 }  // namespace shardtrain::fsdp

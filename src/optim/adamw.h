@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/tensor.h"
 #include "model/layout.h"
+#include "ops/adamw.h"
 
 namespace shardtrain::optim {
 
@@ -35,6 +37,12 @@ class AdamW {
   // each parameter range is overwritten with its updated weights rounded to that dtype.
   void step(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale = 1.0,
             const std::vector<Tensor*>& compute_copies = {});
+  // The same update unit by unit in unit order, calling after_unit(u) once unit u's weights
+  // (and compute copy) are written: for the host update of parallel.offload, which overlaps
+  // the next forward (fsdp::ShardedUnitStore::run_host_update). Every element's update is
+  // independent of the others, so the results are step()'s bit for bit.
+  void step_units(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale,
+                  const std::vector<Tensor*>& compute_copies, const std::function<void(size_t unit)>& after_unit);
 
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }  // when resuming from a checkpoint
@@ -47,6 +55,11 @@ class AdamW {
     int64_t begin, count;  // within the shard
     bool decay;
   };
+  // Checks the arguments and counts the step; the options of its update.
+  ops::AdamWOptions begin_step(const std::vector<Tensor*>& params, const std::vector<const Tensor*>& grads, double lr,
+                               const std::vector<Tensor*>& compute_copies);
+  void append_unit(std::vector<ops::AdamWTensors>& tensors, size_t u, const std::vector<Tensor*>& params,
+                   const std::vector<const Tensor*>& grads, const std::vector<Tensor*>& compute_copies);
   AdamWConfig config_;
   std::vector<std::vector<Segment>> segments_;  // per unit
   std::vector<Tensor> exp_avg_, exp_avg_sq_;

@@ -15,6 +15,12 @@ double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communica
   for (const Tensor* g : grads) ops::sum_squares(local, *g);
   Tensor sum = Tensor::empty({1}, DType::kF64, Device::cpu(), "grad norm");
   ops::cast(sum, local);
+  return grad_norm_from_sum_squares(sum.data<double>()[0], comm);
+}
+
+double grad_norm_from_sum_squares(double local_sum_squares, dist::Communicator* comm) {
+  Tensor sum = Tensor::empty({1}, DType::kF64, Device::cpu(), "grad norm");
+  sum.data<double>()[0] = local_sum_squares;
   if (comm != nullptr) comm->all_reduce(sum, dist::ReduceOp::kSum);
   return std::sqrt(sum.data<double>()[0]);
 }

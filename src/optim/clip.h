@@ -11,6 +11,9 @@ namespace shardtrain::optim {
 
 // sqrt(sum over all buffers of sum(g^2)), accumulated in f64.
 double global_grad_norm(const std::vector<const Tensor*>& grads, dist::Communicator* comm = nullptr);
+// The same from this rank's sum of squares of its gradients, summed already (e.g. on the GPU
+// as the gradients were reduced: fsdp::ShardedUnitStore::landed_grad_sum_squares).
+double grad_norm_from_sum_squares(double local_sum_squares, dist::Communicator* comm = nullptr);
 
 // The factor clipping applies: max_norm / (norm + 1e-6) when max_norm > 0 and norm >
 // max_norm, else 1 (torch.nn.utils.clip_grad_norm_). Pass it to AdamW::step as grad_scale

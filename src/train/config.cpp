@@ -248,9 +248,10 @@ const std::vector<KeyDef>& keys() {
       key("parallel.offload", &C::parallel, &ParallelSection::offload,
           "ZeRO-3 with CPU offload (GPUs only): each rank's f32 master weights, gradient shards, bf16 weight "
           "copies and AdamW state live in host memory (page-locked but for AdamW's) and AdamW runs on the host's "
-          "cores in one fused f32 pass; the GPU holds only the units in use, their gradients until reduced, and "
-          "the activations. Each unit's weights come up for every gather and each gradient shard goes down, "
-          "overlapped with the compute; the step runs without a CUDA graph"),
+          "cores in one fused f32 pass, unit by unit beside the next step's forward, which takes each unit as it "
+          "is updated; the GPU holds only the units in use, their gradients until reduced, and the activations. "
+          "Each unit's weights come up for every gather and each gradient shard goes down, overlapped with the "
+          "compute; the step runs without a CUDA graph"),
       key("parallel.reduce_dtype", &C::parallel, &ParallelSection::reduce_dtype,
           "dtype gradients travel in for the reduce-scatter: f32, or bf16 (half the traffic, rounded sums)",
           one_of({"f32", "bf16"})),

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -544,10 +545,25 @@ TrainSummary Trainer::run() {
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
-    const double norm = optim::global_grad_norm(cgrads, comm_);
+    // offloaded with one micro-batch, the GPU summed the squares as the gradients went down
+    const std::optional<double> landed = store_->landed_grad_sum_squares();
+    const double norm =
+        landed ? optim::grad_norm_from_sum_squares(*landed, comm_) : optim::global_grad_norm(cgrads, comm_);
     const double lr = optim::learning_rate(sc, step);
-    optimizer_->step(targets_of_step.params, cgrads, lr, optim::clip_coefficient(norm, tc.max_grad_norm),
-                     targets_of_step.compute_copies);  // clips inside; writes the compute shards
+    const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
+    const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
+    const int64_t every = config_.checkpoint.interval_steps;
+    const bool checkpoint_now = every > 0 && (step % every == 0 || step == tc.steps);
+    if (store_->offloaded()) {
+      // on the host's cores beside the next step's forward, which takes each unit as it is
+      // written; complete within this step where an evaluation, a checkpoint or the end follows
+      store_->run_host_update([&, lr, clip](const fsdp::ShardedUnitStore::UnitDone& done) {
+        optimizer_->step_units(targets_of_step.params, cgrads, lr, clip, targets_of_step.compute_copies, done);
+      });
+      if (eval_now || checkpoint_now) store_->wait_for_host_update();
+    } else {
+      optimizer_->step(targets_of_step.params, cgrads, lr, clip, targets_of_step.compute_copies);  // writes the compute shards
+    }
     synchronize(device_);  // step times are host-clock times of finished device work
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
@@ -624,7 +640,6 @@ TrainSummary Trainer::run() {
       log::info(fmt::format("training.offload_activations: {} per micro-batch to host memory and back ({} "
                             "page-locked)", format_bytes(model_->activation_offload()->bytes_offloaded()),
                             format_bytes(model_->activation_offload()->host_bytes())));
-    const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
     if (eval_now) {
       const double e = evaluate();
       summary.evals.emplace_back(step, e);
@@ -632,8 +647,7 @@ TrainSummary Trainer::run() {
       log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", step, e, std::exp(e)));
       metrics.write({{"step", step}, {"eval_loss", e}});
     }
-    const int64_t every = config_.checkpoint.interval_steps;
-    if (every > 0 && (step % every == 0 || step == tc.steps)) {
+    if (checkpoint_now) {
       const Clock::time_point tc0 = Clock::now();
       const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
                                               optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));

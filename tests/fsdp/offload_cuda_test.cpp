@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdio>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -134,6 +135,20 @@ void offload_follows_the_gpu_shards(int64_t accum) {
       EXPECT_EQ(a, b) << "the first step's losses";
     else
       EXPECT_NEAR(b, a, 1e-4 * a) << "step " << step;  // measured: up to 3e-5
+    // the sums of squares the GPU took of the reduced shards as they went down: the host's own
+    // sum over the landed shards (in another order), with one micro-batch; none with two
+    EXPECT_FALSE(gpu.store->landed_grad_sum_squares().has_value()) << "not offloaded";
+    const std::optional<double> landed = host.store->landed_grad_sum_squares();
+    if (accum == 1) {
+      double host_sum = 0;
+      for (const Tensor& g : host.store->grad_shards())
+        for (int64_t i = 0; i < g.numel(); ++i)
+          host_sum += static_cast<double>(g.data<float>()[i]) * static_cast<double>(g.data<float>()[i]);
+      ASSERT_TRUE(landed.has_value()) << "step " << step;
+      EXPECT_NEAR(*landed, host_sum, 1e-12 * host_sum) << "step " << step;
+    } else {
+      EXPECT_FALSE(landed.has_value()) << "step " << step << ": the second micro-batch added on the host";
+    }
     const double na = gpu.update(), nb = host.update();
     EXPECT_NEAR(nb, na, 1e-3 * na) << "step " << step << ": gradient norm";
     EXPECT_GT(na, 0.5) << "every step clips";
@@ -153,6 +168,49 @@ TEST(OffloadCuda, FollowsTheShardsOnTheGpu) {
   ST_REQUIRE_CUDA();
   offload_follows_the_gpu_shards(1);
   offload_follows_the_gpu_shards(2);
+}
+
+// The trainer's offloaded step: the host update runs on a worker thread while the next step's
+// forward gathers each unit once it is written (and the backward lands each gradient once the
+// update has read the old one). The same arithmetic in another schedule: losses, gradients,
+// weights and AdamW state equal the synchronous update's bit for bit.
+TEST(OffloadCuda, OverlappedHostUpdateIsTheSameUpdate) {
+  ST_REQUIRE_CUDA();
+  const model::LlamaConfig c = small_config();
+  Engine sync(c, true), overlapped(c, true);
+  const int64_t B = 2, T = 96;
+  model::StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T);
+  o.loss_chunk_tokens = 64;
+  o.deterministic = true;
+  CounterRng rng(29);
+  std::vector<Tensor> ids{Tensor::empty({B, T}, DType::kI32)}, targets{Tensor::empty({B, T}, DType::kI32)};
+  for (int step = 0; step < 4; ++step) {
+    random_batch(rng, ids[0], targets[0]);
+    const double a = forward_backward(sync, ids, targets, o), b = forward_backward(overlapped, ids, targets, o);
+    EXPECT_EQ(a, b) << "step " << step << ": losses";
+    for (size_t u = 0; u < sync.layout.units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(overlapped.store->grad_shards()[u], sync.store->grad_shards()[u], testing::kExact))
+          << "step " << step << " unit " << u;
+    const double na = sync.update();
+    const ShardedUnitStore::OptimizerTargets t = overlapped.store->optimizer_targets();
+    const double nb = optim::global_grad_norm(t.grads, overlapped.comm.get());
+    EXPECT_EQ(na, nb) << "step " << step;
+    const double clip = optim::clip_coefficient(nb, 0.5);
+    overlapped.store->run_host_update([&overlapped, t, clip](const ShardedUnitStore::UnitDone& done) {
+      overlapped.opt->step_units(t.params, t.grads, 1e-3, clip, t.compute_copies, done);
+    });
+  }
+  overlapped.store->wait_for_host_update();
+  for (size_t u = 0; u < sync.layout.units().size(); ++u) {
+    EXPECT_TRUE(testing::all_close(overlapped.store->master_shards()[u], sync.store->master_shards()[u],
+                                   testing::kExact)) << "unit " << u;
+    EXPECT_TRUE(testing::all_close(overlapped.store->compute_shards()[u], sync.store->compute_shards()[u],
+                                   testing::kExact)) << "unit " << u;
+    EXPECT_TRUE(testing::all_close(overlapped.opt->exp_avg_sq()[u], sync.opt->exp_avg_sq()[u], testing::kExact))
+        << "unit " << u;
+  }
+  EXPECT_EQ(overlapped.opt->steps_taken(), 4);
 }
 
 // zero_grad_shards clears lazily when offloaded: a shard no gradient reaches still reads zero.
