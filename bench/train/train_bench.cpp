@@ -18,8 +18,8 @@
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
-//               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-activations]
-//               [--device cuda|cpu]
+//               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
+//               [--offload-activations] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -32,7 +32,11 @@
 // --deterministic: the attention backward's bitwise-reproducible algorithm, as the trainer's
 // training.deterministic = true.
 // --offload: the shards and AdamW state in page-locked host memory, AdamW on the host's cores
-// (the trainer's parallel.offload = true; no --graph); peak GPU memory then leaves them out.
+// (the trainer's parallel.offload = true; no --graph); peak GPU memory then leaves them out. As
+// in the trainer, the host AdamW of a step runs beside the next step's forward, which waits
+// for each unit's update before copying it up: the forward column then includes those waits
+// and the optimizer column only the norm and the update's launch. --offload-sync: the update
+// runs before the next step starts instead (for comparison).
 // --offload-activations: what each block keeps between forward and backward (with --ac full:
 // its input) waits in page-locked host memory but for the last two blocks' (the trainer's
 // training.offload_activations = true); works with --graph.
@@ -42,6 +46,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -79,7 +84,7 @@ struct Args {
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
   bool zero_fill = false, deterministic = false, separate_projections = false, offload = false;
-  bool offload_activations = false;
+  bool offload_activations = false, offload_sync = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -129,6 +134,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--compute-shards") a.compute_shards = true;
     else if (k == "--offload") a.offload = true;
     else if (k == "--offload-activations") a.offload_activations = true;
+    else if (k == "--offload-sync") a.offload_sync = true;
     else if (k == "--ac") {
       a.ac = model::parse_checkpointing(next(), "train_bench: --ac");
     } else if (k == "--device") a.device = next();
@@ -268,8 +274,19 @@ int main(int argc, char** argv) try {
       step_issue += m.last_phase_times().host_issue_s;
     }
     const Clock::time_point t1 = Clock::now();
-    const double norm = optim::global_grad_norm(cgrads, comm.get());
-    opt.step(targets_of_step.params, cgrads, 1e-5, optim::clip_coefficient(norm, 1.0), targets_of_step.compute_copies);
+    // as the trainer: offloaded, the norm from the sums of squares the GPU took as the gradients
+    // went down, and the host update beside the next step's forward (unless --offload-sync)
+    const std::optional<double> landed = store.landed_grad_sum_squares();
+    const double norm = landed ? optim::grad_norm_from_sum_squares(*landed, comm.get())
+                               : optim::global_grad_norm(cgrads, comm.get());
+    const double clip = optim::clip_coefficient(norm, 1.0);
+    if (a.offload && !a.offload_sync) {
+      store.run_host_update([&](const fsdp::ShardedUnitStore::UnitDone& done) {
+        opt.step_units(targets_of_step.params, cgrads, 1e-5, clip, targets_of_step.compute_copies, done);
+      });
+    } else {
+      opt.step(targets_of_step.params, cgrads, 1e-5, clip, targets_of_step.compute_copies);
+    }
     synchronize(dev);
     const Clock::time_point t2 = Clock::now();
     loss_total.data<double>()[0] = loss_sum;
@@ -301,6 +318,11 @@ int main(int argc, char** argv) try {
     say(detail::concat("# step ", step, " loss ", loss_text, "  ", 1e3 * std::chrono::duration<double>(t2 - t0).count(),
                        " ms", world > 1 ? detail::concat("  comm wait ", 1e3 * waited, " ms") : "", "\n"));
   }
+  // Offloaded and overlapped, each timed step's forward waits for the previous step's host
+  // update (the first timed step for the last warm-up step's): one update per timed step, as
+  // in a long run. The last one has no forward after it to overlap; it drains here, outside
+  // the timing, as a run's last update does once at its end.
+  store.wait_for_host_update();
   const GpuActivity board = power.take();
   const double n = static_cast<double>(a.steps);
   if (!dev.is_cpu())
