@@ -210,6 +210,15 @@ int main(int argc, char** argv) try {
   optim::AdamWConfig oc;
   oc.host_f32 = a.offload;
   optim::AdamW opt(layout, rank, oc, DType::kF32, store.shard_device());
+  struct DrainHostUpdate {  // an update still in flight when an error leaves: it uses opt, which goes first
+    fsdp::ShardedUnitStore& store;
+    ~DrainHostUpdate() {
+      try {
+        store.wait_for_host_update();
+      } catch (...) {
+      }
+    }
+  } drain{store};
   const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store.optimizer_targets();
   const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
 

@@ -326,7 +326,16 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
                           comm_->name(), layout_->total_numel() / comm_->world_size(), layout_->total_numel()));
 }
 
-Trainer::~Trainer() = default;
+Trainer::~Trainer() {
+  // an offloaded host update still in flight (a run left by an error) uses the optimizer,
+  // which goes before the store
+  if (store_) {
+    try {
+      store_->wait_for_host_update();
+    } catch (...) {  // a destructor must not throw; a run that left one in flight ended with its own error
+    }
+  }
+}
 
 std::string Trainer::checkpoint_root() const {
   return config_.checkpoint.dir.empty() ? (std::filesystem::path(config_.run.output_dir) / "checkpoints").string()
