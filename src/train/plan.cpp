@@ -204,8 +204,12 @@ CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes) {
 std::string describe_auto_checkpointing(PlanInput in) {
   std::string s = fmt::format("model: {}\nmicro-batch per rank: {} x {} tokens on {} GPU rank(s)\n", in.model.summary(),
                               in.micro_batch, in.seq_len, in.world_size);
-  s += "training.activation_checkpointing = auto takes, at launch, the first of these whose peak fits the GPU\n"
-       "with 2 GiB and 3 % to spare:\n";
+  if (in.offload_activations && in.gpu)
+    s += "training.activation_checkpointing = auto takes full with training.offload_activations (only block\n"
+         "inputs cross the bus); each policy's peak with its activations offloaded:\n";
+  else
+    s += "training.activation_checkpointing = auto takes, at launch, the first of these whose peak fits the GPU\n"
+         "with 2 GiB and 3 % to spare:\n";
   for (model::ActivationCheckpointing ac : model::kCheckpointingByMemory) {
     in.checkpointing = ac;
     const int64_t peak = plan_memory(in).peak;

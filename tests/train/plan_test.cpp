@@ -226,6 +226,7 @@ TEST(Plan, ActivationOffloadKeepsTwoBlocksOnTheGpu) {
   const CheckpointingChoice c = choose_checkpointing(in, int64_t{80} << 30);
   EXPECT_EQ(c.checkpointing, model::ActivationCheckpointing::kFull);
   EXPECT_TRUE(c.fits);
+  EXPECT_NE(describe_auto_checkpointing(in).find("takes full with training.offload_activations"), std::string::npos);
   // without checkpointing, every block's kept tensors but two leave (the same per block)
   in.checkpointing = model::ActivationCheckpointing::kNone;
   const MemoryPlan none = plan_memory(in);
