@@ -1,8 +1,8 @@
 // Sharded training on several GPUs (NCCL, overlapped gathers and reduce-scatters) follows
 // one GPU with the same global batch: `shardtrain train` is started as 2 ranks with a
 // torchrun-style environment and as 1 rank, and their loss curves are compared step by step
-// (bf16 compute: the two differ only in GEMM shapes and reduction order). Skips with fewer
-// than 2 GPUs.
+// (bf16 compute: the two differ only in GEMM shapes and reduction order); so does a 2-rank run
+// with ZeRO-3 CPU offload and activation offload. Skips with fewer than 2 GPUs.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -193,28 +193,43 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   bf16.push_back("--parallel.reduce_dtype=bf16");
   st = launch(2, bf16, two_bf16);
   ASSERT_EQ(st[0], 0) << read_file(two_bf16 / "rank0.log");
+  // ZeRO-3 with CPU offload on both ranks (host AdamW beside the next forward, gradients
+  // accumulated on the host over the two micro-batches) and the checkpointed block inputs in
+  // host memory too: the same curve
+  const fs::path two_offload = scratch() / "two_offload";
+  fs::create_directories(two_offload);
+  std::vector<std::string> offload = job(corpus, B, two_offload);
+  offload.insert(offload.end(), {"--parallel.offload=true", "--training.offload_activations=true",
+                                 "--training.activation_checkpointing=full"});
+  st = launch(2, offload, two_offload);
+  ASSERT_EQ(st[0], 0) << read_file(two_offload / "rank0.log");
+  ASSERT_EQ(st[1], 0) << read_file(two_offload / "rank1.log");
+  EXPECT_NE(read_file(two_offload / "rank0.log").find("training.offload_activations:"), std::string::npos);
 
   const std::string log = read_file(two / "rank0.log");
   EXPECT_NE(log.find("sharded over 2 ranks (nccl)"), std::string::npos) << log;
   EXPECT_NE(log.find("comm wait"), std::string::npos) << log;
 
   const Curve a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl"),
-              c = read_metrics(two_bf16 / "metrics.jsonl");
+              c = read_metrics(two_bf16 / "metrics.jsonl"), d = read_metrics(two_offload / "metrics.jsonl");
   ASSERT_EQ(a.loss.size(), 30u);
   ASSERT_EQ(b.loss.size(), 30u);
   ASSERT_EQ(c.loss.size(), 30u);
+  ASSERT_EQ(d.loss.size(), 30u);
   // Step 1 sees identical weights and tokens: only the forward's GEMM shapes differ.
   EXPECT_NEAR(b.loss[0], a.loss[0], 2e-3 * a.loss[0]);
   EXPECT_NEAR(b.grad_norm[0], a.grad_norm[0], 1e-2 * a.grad_norm[0]);
-  double worst = 0, worst_bf16 = 0;
+  double worst = 0, worst_bf16 = 0, worst_offload = 0;
   for (size_t i = 0; i < a.loss.size(); ++i) {
     worst = std::max(worst, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
     worst_bf16 = std::max(worst_bf16, std::abs(c.loss[i] - a.loss[i]) / a.loss[i]);
+    worst_offload = std::max(worst_offload, std::abs(d.loss[i] - a.loss[i]) / a.loss[i]);
   }
-  std::printf("worst relative loss gap over 30 steps: f32 reduce %.2e, bf16 reduce %.2e; eval %.4f vs %.4f\n", worst,
-              worst_bf16, b.eval, a.eval);
+  std::printf("worst relative loss gap over 30 steps: f32 reduce %.2e, bf16 reduce %.2e, offloaded %.2e; eval %.4f "
+              "vs %.4f\n", worst, worst_bf16, worst_offload, b.eval, a.eval);
   EXPECT_LT(worst, 1e-2);
   EXPECT_LT(worst_bf16, 2e-2);
+  EXPECT_LT(worst_offload, 1e-2);  // as the f32 reduce: offload moves only where AdamW runs and micro-batches add
   EXPECT_NEAR(b.eval, a.eval, 1e-2 * a.eval);
   EXPECT_LT(a.loss.back(), a.loss.front() - 1.0) << "the run should learn";
 }
