@@ -261,7 +261,7 @@ int main(int argc, char** argv) try {
       a.zero_fill ? model::GradientWrites{} : model::gradient_writes(graphed, a.accum, store.grads_in_shards());
   o.overwrite_grads = writes.overwrites(0);
   if (graphed) captured = std::make_unique<model::CapturedStep>(m, a.batch, a.seq, o);
-  double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, host_issue = 0;
+  double timed = 0, fwd = 0, bwd = 0, optim_s = 0, comm_wait = 0, offload_wait = 0, host_issue = 0;
   int64_t system_allocs_before = 0;
   (void)power.take();
   for (int64_t step = 1; step <= a.warmup + a.steps; ++step) {
@@ -302,6 +302,7 @@ int main(int argc, char** argv) try {
     comm->all_reduce(loss_total, dist::ReduceOp::kSum);
     const double loss = loss_total.data<double>()[0] / (tokens * world);
     const double waited = store.take_comm_wait_seconds();
+    const double act_waited = m.activation_offload() ? m.activation_offload()->take_wait_seconds() : 0.0;
     ST_CHECK(std::isfinite(loss), "train_bench: loss is ", loss, " at step ", step);
     // random logits of spread s start near ln V + s^2/2: deep models (8B: 32 blocks of
     // std-0.02 weights) start up to ~1 above ln V; far outside that the model is broken
@@ -320,6 +321,7 @@ int main(int argc, char** argv) try {
       optim_s += std::chrono::duration<double>(t2 - t1).count();
       host_issue += step_issue;
       comm_wait += waited;
+      offload_wait += act_waited;
     }
     if (step == a.warmup) system_allocs_before = allocator_for(dev).stats().num_system_allocs;
     char loss_text[32];  // every digit: two runs can be compared for bitwise repetition
@@ -338,9 +340,11 @@ int main(int argc, char** argv) try {
     say(detail::concat("# host time issuing forward + backward: ", 1e3 * host_issue / n, " ms of ",
                        1e3 * (fwd + bwd) / n, " ms on the device; device allocations in the timed steps: ",
                        allocator_for(dev).stats().num_system_allocs - system_allocs_before, "\n"));
-  if (const model::ActivationOffload* ao = m.activation_offload())
+  if (model::ActivationOffload* ao = m.activation_offload())
     say(detail::concat("# activations offloaded: ", format_bytes(ao->bytes_offloaded()),
-                       " per micro-batch down and back up; ", format_bytes(ao->host_bytes()), " page-locked\n"));
+                       " per micro-batch down and back up; ", format_bytes(ao->host_bytes()), " page-locked",
+                       a.graph ? "" : detail::concat("; the compute stream waited for the copies ",
+                                                     1e3 * offload_wait / n, " ms a timed step"), "\n"));
   if (profile::enabled() && rank == 0)
     std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower); roofline: "
                 "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time\n%s",

@@ -47,6 +47,33 @@ struct ActivationOffload::State {
   std::vector<Tensor> leaving;   // device storage of block `leaving_block`, still being copied down
   int64_t leaving_block = -1;
   int64_t bytes_offloaded = 0;
+  // Event pairs around each compute-stream wait: (before, after) elapsed = time stood still.
+  // Past kMaxTimedWaits pairs (a caller that never takes them) the oldest are summed into
+  // waited_ms, so the pairs do not grow without bound.
+  static constexpr size_t kMaxTimedWaits = 1024;
+  std::deque<std::pair<cuda::Event, cuda::Event>> waits;
+  size_t waits_used = 0;
+  double waited_ms = 0;
+
+  double sum_waits_ms() {
+    double ms = 0;
+    for (size_t i = 0; i < waits_used; ++i) {
+      waits[i].second.synchronize();
+      ms += waits[i].second.elapsed_ms_since(waits[i].first);
+    }
+    waits_used = 0;
+    return ms;
+  }
+  // The compute stream waits for `e`; timed outside a capture.
+  void compute_waits_for(const cuda::Event& e) {
+    if (cuda::is_capturing(Stream{})) return e.make_wait(Stream{});
+    if (waits_used == kMaxTimedWaits) waited_ms += sum_waits_ms();
+    if (waits_used == waits.size()) waits.emplace_back();
+    auto& [before, after] = waits[waits_used++];
+    before.record(Stream{});
+    e.make_wait(Stream{});
+    after.record(Stream{});
+  }
 
   void size_for(int64_t n_blocks) {
     const auto n = static_cast<size_t>(n_blocks);
@@ -63,7 +90,7 @@ struct ActivationOffload::State {
   // back to the allocator in compute-stream order after that wait.
   void settle_leaving() {
     if (leaving_block < 0) return;
-    down[static_cast<size_t>(leaving_block)].make_wait(Stream{});
+    compute_waits_for(down[static_cast<size_t>(leaving_block)]);
     leaving.clear();
     leaving_block = -1;
   }
@@ -120,7 +147,7 @@ void ActivationOffload::before_backward(int64_t l, std::vector<BlockActivations>
   const auto b = static_cast<size_t>(l);
   if (s.on_host[b]) prefetch(l, acts[b]);
   if (s.coming_up[b]) {
-    s.up[b].make_wait(Stream{});
+    s.compute_waits_for(s.up[b]);
     s.coming_up[b] = false;
   }
   if (l >= 1) prefetch(l - 1, acts[b - 1]);
@@ -157,6 +184,13 @@ int64_t ActivationOffload::host_bytes() const {
 
 int64_t ActivationOffload::bytes_offloaded() const { return s_->bytes_offloaded; }
 
+double ActivationOffload::take_wait_seconds() {
+  State& s = *s_;
+  const double ms = s.waited_ms + s.sum_waits_ms();
+  s.waited_ms = 0;
+  return ms / 1e3;
+}
+
 #else
 struct ActivationOffload::State {};
 ActivationOffload::ActivationOffload(Device device) {
@@ -170,6 +204,7 @@ void ActivationOffload::before_backward(int64_t, std::vector<BlockActivations>&)
 void ActivationOffload::prefetch(int64_t, BlockActivations&) {}
 int64_t ActivationOffload::host_bytes() const { return 0; }
 int64_t ActivationOffload::bytes_offloaded() const { return 0; }
+double ActivationOffload::take_wait_seconds() { return 0; }
 #endif
 
 }  // namespace shardtrain::model

@@ -43,6 +43,10 @@ class ActivationOffload {
   int64_t host_bytes() const;
   // Bytes copied down in the last forward (the same come back up in its backward).
   int64_t bytes_offloaded() const;
+  // Seconds the compute stream stood waiting for these copies since the last call (event
+  // pairs around each wait; none inside a CUDA graph capture, whose replays are not timed).
+  // Synchronises with the recorded events.
+  double take_wait_seconds();
 
  private:
   void prefetch(int64_t l, BlockActivations& acts);

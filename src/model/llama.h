@@ -119,6 +119,7 @@ class Llama {
   UnitStore& store() { return *store_; }
   // The activation offload of the last step that asked for it (null before any).
   const ActivationOffload* activation_offload() const { return offload_.get(); }
+  ActivationOffload* activation_offload() { return offload_.get(); }
   Device device() const { return device_; }
   // One product per projection instead of the stacked q|k|v and gate|up ones
   // (BlockContext): for comparison (train_bench --separate-projections).

@@ -520,7 +520,7 @@ TrainSummary Trainer::run() {
   double train_seconds = 0;
   // Rates in the log cover the steps since the previous log line; the first step (plans,
   // caches, warm-up) is timed alone, and the ETA and the final rate leave it out.
-  double window_seconds = 0, window_comm_wait = 0, steady_seconds = 0;
+  double window_seconds = 0, window_comm_wait = 0, window_offload_wait = 0, steady_seconds = 0;
   int64_t window_steps = 0;
   const double tokens_per_step = static_cast<double>(B * T * accum * world);
   const int64_t first_step = start_step_;
@@ -577,9 +577,12 @@ TrainSummary Trainer::run() {
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
     const double t_comm_wait = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
+    // GPU, activation offload: compute stood waiting on the activations' copies (eager steps)
+    const double t_offload_wait = model_->activation_offload() ? model_->activation_offload()->take_wait_seconds() : 0;
     train_seconds += step_seconds;
     window_seconds += step_seconds;
     window_comm_wait += t_comm_wait;
+    window_offload_wait += t_offload_wait;
     ++window_steps;
     if (step > first_step) steady_seconds += step_seconds;
 
@@ -604,7 +607,8 @@ TrainSummary Trainer::run() {
                    {"peak_host_bytes", allocator_for(Device::cpu()).stats().peak_allocated_bytes},
                    {"peak_resident_bytes", peak_resident_bytes()},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
-                   {"time_comm_wait_s", t_comm_wait}, {"mfu", mfu(r.tokens_per_second)}});
+                   {"time_comm_wait_s", t_comm_wait}, {"time_offload_wait_s", t_offload_wait},
+                   {"mfu", mfu(r.tokens_per_second)}});
     const bool log_now = step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps;
     if (log_now || step == first_step) {
       // the board is read at log lines only (NVML calls stay off the other steps), and after
@@ -621,6 +625,8 @@ TrainSummary Trainer::run() {
                                   100.0 * mfu(window_tps), format_bytes(peak_device_bytes()),
                                   world > 1 ? fmt::format("  comm wait {:.1f}%", 100.0 * window_comm_wait / window_seconds)
                                             : std::string());
+      if (so.offload_activations && !graphed)  // a graph's replays are not timed
+        device_part += fmt::format("  offload wait {:.1f}%", 100.0 * window_offload_wait / window_seconds);
       if (window_power.samples > 0) {
         // the board over the window; its mean power only once the window is long enough
         const bool watts = std::isfinite(window_power.mean_power_w);
@@ -641,7 +647,7 @@ TrainSummary Trainer::run() {
       log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
                             step, tc.steps, r.loss, lr, norm, window_tps, device_part,
                             format_duration(seconds_since(start)), format_duration(eta)));
-      window_seconds = window_comm_wait = 0;
+      window_seconds = window_comm_wait = window_offload_wait = 0;
       window_steps = 0;
       window_power = GpuActivity();
     }

@@ -69,8 +69,11 @@ TEST(ActivationOffloadCuda, EveryPolicyMatchesTheResidentRunBitForBit) {
         resident.update();
         offloaded.update();
       }
-      const ActivationOffload* ao = offloaded.model->activation_offload();
+      ActivationOffload* ao = offloaded.model->activation_offload();
       ASSERT_NE(ao, nullptr);
+      const double waited = ao->take_wait_seconds();  // the timed waits of 6 eager micro-batches
+      EXPECT_TRUE(waited >= 0 && waited < 10) << waited;
+      EXPECT_EQ(ao->take_wait_seconds(), 0.0) << "taken: the next call starts from zero";
       if (ac == ActivationCheckpointing::kFull) {
         EXPECT_EQ(ao->bytes_offloaded(), 3 * B * T * c.dim * 2) << "three blocks' bf16 inputs";
       }
