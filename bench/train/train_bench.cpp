@@ -19,7 +19,7 @@
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
-//               [--offload-activations] [--device cuda|cpu]
+//               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0] [--mlp-chunk -1 (auto, as the trainer; 0: at once)] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -37,6 +37,13 @@
 // for each unit's update before copying it up: the forward column then includes those waits
 // and the optimizer column only the norm and the update's launch. --offload-sync: the update
 // runs before the next step starts instead (for comparison).
+// --mlp-chunk N: with --ac selective|full, each block's MLP runs N tokens at a time (the
+// trainer's training.mlp_chunk_tokens; by default its automatic choice, 0 every token at once).
+// --offload-gpu-grads: with --offload, the gradient shards stay on the GPU and the host holds
+// only master weights and AdamW state (the trainer's parallel.offload_gradients = false; no
+// bf16 copies on the host unless --compute-shards).
+// --offload-activation-blocks N: with --offload-activations, only the first N blocks offload
+// (the trainer's training.offload_activations_blocks; 0: all but the last two).
 // --offload-activations: what each block keeps between forward and backward (with --ac full:
 // its input) waits in page-locked host memory but for the last two blocks' (the trainer's
 // training.offload_activations = true); works with --graph.
@@ -84,8 +91,10 @@ struct Args {
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
   bool zero_fill = false, deterministic = false, separate_projections = false, offload = false;
-  bool offload_activations = false, offload_sync = false;
+  bool offload_activations = false, offload_sync = false, offload_gpu_grads = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
+  int64_t mlp_chunk = -1;
+  int64_t offload_activation_blocks = 0;  // -1: the trainer's automatic choice; 0: every token at once
   std::string device = "cuda";
   std::string gemm = "heuristic";
 };
@@ -110,6 +119,9 @@ Args parse(int argc, char** argv) {
     else if (k == "--ffn") a.ffn = std::stoll(next());
     else if (k == "--vocab") a.vocab = std::stoll(next());
     else if (k == "--loss-chunk") a.loss_chunk = std::stoll(next());
+    else if (k == "--mlp-chunk") a.mlp_chunk = std::stoll(next());
+    else if (k == "--offload-gpu-grads") a.offload_gpu_grads = true;
+    else if (k == "--offload-activation-blocks") a.offload_activation_blocks = std::stoll(next());
     else if (k == "--untied") a.tied = false;
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
     else if (k == "--graph") a.graph = true;
@@ -201,12 +213,16 @@ int main(int argc, char** argv) try {
   so.reshard_after_forward = !a.keep_gathered;
   so.compute_shards = a.compute_shards;
   so.offload = a.offload;
+  so.offload_grads = !a.offload_gpu_grads;
+  ST_CHECK(a.offload || !a.offload_gpu_grads, "train_bench: --offload-gpu-grads goes with --offload");
   ST_CHECK(!a.offload || !a.graph, "train_bench: --offload runs eagerly (no --graph)");
   fsdp::ShardedUnitStore store(layout, comm.get(), so, dev);
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
   m.set_separate_projections(a.separate_projections);
+  m.set_mlp_chunk_tokens(a.mlp_chunk >= 0 ? a.mlp_chunk
+                                          : train::auto_mlp_chunk_tokens(!dev.is_cpu(), a.ffn, a.batch * a.seq));
   optim::AdamWConfig oc;
   oc.host_f32 = a.offload;
   optim::AdamW opt(layout, rank, oc, DType::kF32, store.shard_device());
@@ -232,16 +248,20 @@ int main(int argc, char** argv) try {
   o.checkpointing = a.ac;
   o.deterministic = a.deterministic;
   o.offload_activations = a.offload_activations;
+  o.offload_activation_blocks = a.offload_activation_blocks;
   o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
   ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
   o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * world);
   const double tokens = static_cast<double>(a.batch * a.accum * a.seq);  // per rank and optimizer step
   say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
-                     o.loss_chunk_tokens, " tokens; GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
+                     o.loss_chunk_tokens, " tokens; MLP piece ",
+                     m.mlp_chunk_tokens() > 0 ? std::to_string(m.mlp_chunk_tokens()) + " tokens" : std::string("all"),
+                     " (with selective/full AC); GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
                      a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "",
                      a.separate_projections ? "; separate q/k/v and gate/up products" : "",
-                     a.offload ? detail::concat("; offloaded: ", format_bytes(store.pinned_bytes()),
+                     a.offload ? detail::concat("; offloaded", a.offload_gpu_grads ? " (gradients on the GPU)" : "",
+                                                ": ", format_bytes(store.pinned_bytes()),
                                                 " page-locked host memory, AdamW on ", omp_get_max_threads(),
                                                 " host threads")
                                : std::string(),
@@ -289,10 +309,11 @@ int main(int argc, char** argv) try {
     const double norm = landed ? optim::grad_norm_from_sum_squares(*landed, comm.get())
                                : optim::global_grad_norm(cgrads, comm.get());
     const double clip = optim::clip_coefficient(norm, 1.0);
-    if (a.offload && !a.offload_sync) {
+    if (a.offload) {
       store.run_host_update([&](const fsdp::ShardedUnitStore::UnitDone& done) {
         opt.step_units(targets_of_step.params, cgrads, 1e-5, clip, targets_of_step.compute_copies, done);
       });
+      if (a.offload_sync) store.wait_for_host_update();
     } else {
       opt.step(targets_of_step.params, cgrads, 1e-5, clip, targets_of_step.compute_copies);
     }

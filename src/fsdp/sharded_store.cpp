@@ -9,6 +9,7 @@
 #include <thread>
 
 #ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #endif
 #include "model/llama.h"
@@ -22,6 +23,10 @@ using model::Pass;
 struct ShardedUnitStore::Overlap {
   static constexpr size_t kMaxReductionsInFlight = 2;
   cuda::OwnedStream gather_stream, reduce_stream;
+  // Offloaded with the gradients on the GPU: the host update's copies down, after the
+  // backward's last write (grads_final), into the staging buffer u % 2 (grad_down[u % 2]).
+  cuda::OwnedStream grad_down_stream;
+  cuda::Event grads_final, grad_down[2];
   std::deque<cuda::Event> gathered;  // [unit] its gather has finished
   std::vector<bool> gather_waited;   // [unit] the compute stream already waits for it
   std::deque<cuda::Event> reduced;   // [unit] its reduce-scatter (and add into the shard) finished
@@ -72,9 +77,32 @@ void ShardedUnitStore::run_host_update(std::function<void(const UnitDone& done)>
   HostUpdate& h = *host_update_;
   h.done.assign(master_.size(), false);
   h.running = true;
-  h.worker = std::thread([&h, update = std::move(update)] {
+#ifdef SHARDTRAIN_WITH_CUDA
+  const bool fetch = !grads_on_host();
+  if (fetch) {
+    // the gradients are final once the compute stream's queued work is done
+    overlap_->grads_final.record(Stream{});
+    overlap_->grads_final.make_wait(overlap_->grad_down_stream.get());
+  }
+#else
+  const bool fetch = false;
+#endif
+  h.worker = std::thread([this, &h, fetch, update = std::move(update)] {
     try {
-      update([&h](size_t u) {
+#ifdef SHARDTRAIN_WITH_CUDA
+      if (fetch) {
+        cuda::init_device(device_.index);  // this thread issues the copies down
+        fetch_grad_for_host(0);
+        wait_grad_for_host(0);
+        if (grad_.size() > 1) fetch_grad_for_host(1);
+      }
+#endif
+      update([this, &h, fetch](size_t u) {
+        if (fetch && u + 1 < grad_.size()) {
+          // unit u's buffer is free again: unit u + 1's gradient must be down, u + 2's goes into it
+          wait_grad_for_host(u + 1);
+          if (u + 2 < grad_.size()) fetch_grad_for_host(u + 2);
+        }
         std::lock_guard<std::mutex> lock(h.mutex);
         h.done[u] = true;
         h.changed.notify_all();
@@ -87,6 +115,20 @@ void ShardedUnitStore::run_host_update(std::function<void(const UnitDone& done)>
     h.running = false;
     h.changed.notify_all();
   });
+}
+
+void ShardedUnitStore::fetch_grad_for_host([[maybe_unused]] size_t u) {
+#ifdef SHARDTRAIN_WITH_CUDA
+  const Stream s = overlap_->grad_down_stream.get();
+  copy_async(host_grad_views_[u], grad_[u], s);
+  overlap_->grad_down[u % 2].record(s);
+#endif
+}
+
+void ShardedUnitStore::wait_grad_for_host([[maybe_unused]] size_t u) const {
+#ifdef SHARDTRAIN_WITH_CUDA
+  overlap_->grad_down[u % 2].synchronize();
+#endif
 }
 
 void ShardedUnitStore::wait_for_host_update() const {
@@ -131,7 +173,9 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
   for (size_t u = 0; u < units.size(); ++u) {
     const int64_t s = units[u].shard_numel(comm->world_size());
     master_.push_back(shard_tensor(s, options.master_dtype, "master weights shard", pinned_));
-    grad_.push_back(shard_tensor(s, options.master_dtype, "gradient shard", pinned_));
+    grad_.push_back(grads_on_host() || !options.offload
+                        ? shard_tensor(s, options.master_dtype, "gradient shard", pinned_)
+                        : Tensor::empty({s}, options.master_dtype, device_, "gradient shard"));
     ops::fill(master_.back(), 0.0);
     ops::fill(grad_.back(), 0.0);
     UnitState st;
@@ -142,6 +186,15 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
     st.keep_for_backward =
         block && (!options.reshard_after_forward || (options.keep_last_block_gathered && u + 2 == units.size()));
     state_.push_back(st);
+  }
+  if (options.offload && !grads_on_host()) {
+    int64_t largest = 0;
+    for (const Tensor& g : grad_) largest = std::max(largest, g.numel());
+    for (int i = 0; i < 2; ++i)
+      grad_staging_.push_back(host_tensor(largest, options.master_dtype, "gradient staging for the host update",
+                                          pinned_));
+    for (size_t u = 0; u < grad_.size(); ++u)
+      host_grad_views_.push_back(grad_staging_[u % 2].flat_range(0, grad_[u].numel()));
   }
   set_compute_shards(options.compute_shards);
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -157,13 +210,18 @@ ShardedUnitStore::~ShardedUnitStore() {
 Tensor ShardedUnitStore::shard_tensor(int64_t n, DType dtype, const char* what,
                                       std::vector<std::shared_ptr<void>>& owners) {
   if (!options_.offload) return Tensor::empty({n}, dtype, device_, what);
+  return host_tensor(n, dtype, what, owners);
+}
+
+Tensor ShardedUnitStore::host_tensor(int64_t n, DType dtype, const char* what,
+                                     std::vector<std::shared_ptr<void>>& owners) {
 #ifdef SHARDTRAIN_WITH_CUDA
   const size_t bytes = std::max<size_t>(static_cast<size_t>(n) * dtype_size(dtype), 64);
   auto buffer = std::make_shared<cuda::PinnedBuffer>(bytes, what);
   owners.push_back(buffer);
   return Tensor::from_blob(buffer->data(), {n}, dtype, Device::cpu());
 #else
-  (void)owners;
+  (void)n, (void)dtype, (void)what, (void)owners;
   ST_THROW("sharded store: offload needs the CUDA backend");
 #endif
 }
@@ -171,8 +229,8 @@ Tensor ShardedUnitStore::shard_tensor(int64_t n, DType dtype, const char* what,
 int64_t ShardedUnitStore::pinned_bytes() const {
   if (!options_.offload) return 0;
   int64_t bytes = 0;
-  for (const std::vector<Tensor>* v : {&master_, &grad_, &compute_, &landing_})
-    for (const Tensor& t : *v) bytes += t.defined() ? t.nbytes() : 0;
+  for (const std::vector<Tensor>* v : {&master_, &grad_, &compute_, &landing_, &grad_staging_})
+    for (const Tensor& t : *v) bytes += t.defined() && t.device().is_cpu() ? t.nbytes() : 0;
   return bytes;
 }
 
@@ -181,7 +239,7 @@ bool ShardedUnitStore::params_aliased() const {
 }
 
 bool ShardedUnitStore::grads_aliased() const {
-  return comm_->world_size() == 1 && options_.grad_dtype == options_.master_dtype && !options_.offload;
+  return comm_->world_size() == 1 && options_.grad_dtype == options_.master_dtype && !grads_on_host();
 }
 
 Tensor ShardedUnitStore::acquire_params(size_t u, Pass pass) {
@@ -219,8 +277,20 @@ void ShardedUnitStore::gather(size_t u) {
       // the host shard (the optimizer's compute copy, or the masters when they are the
       // compute dtype) comes up into this rank's slice, then the slices are gathered
       wait_for_unit_update(u);
-      const Tensor& host = compute_.empty() ? master_[u] : compute_[u];
-      copy_async(mine, host, g);
+      if (!compute_.empty() || options_.compute_dtype == options_.master_dtype) {
+        copy_async(mine, compute_.empty() ? master_[u] : compute_[u], g);
+      } else {
+        // no compute copy on the host: the f32 masters come up piece by piece, cast here
+        constexpr int64_t kPiece = int64_t{1} << 24;
+        Tensor up = Tensor::empty({std::min(s, kPiece)}, options_.master_dtype, device_, "master shard coming up", g);
+        for (int64_t first = 0; first < s; first += kPiece) {
+          const int64_t n_piece = std::min(kPiece, s - first);
+          Tensor piece = up.flat_range(0, n_piece);
+          copy_async(piece, master_[u].flat_range(first, n_piece), g);
+          Tensor dst = mine.flat_range(first, n_piece);
+          ops::cast(dst, piece, g);
+        }
+      }
       if (comm_->world_size() > 1) comm_->all_gather(st.full_params, mine, g);
     } else if (compute_.empty()) {
       ops::cast(mine, master_[u], g);
@@ -242,7 +312,7 @@ void ShardedUnitStore::before_replay() { refresh_compute_shards_if_stale(); }
 
 void ShardedUnitStore::set_compute_shards(bool on) {
   wait_for_host_update();
-  on = on || options_.offload;  // offloaded, the bus carries the compute dtype
+  on = on || grads_on_host();  // fully offloaded, the bus carries the compute dtype
   if (on == options_.compute_shards && (!compute_.empty() || options_.compute_dtype == options_.master_dtype)) return;
   options_.compute_shards = on;
   if (overlap_) synchronize(device_);  // no transfer still reads the old copies
@@ -268,7 +338,7 @@ ShardedUnitStore::OptimizerTargets ShardedUnitStore::optimizer_targets() {
   OptimizerTargets t;
   for (size_t u = 0; u < master_.size(); ++u) {
     t.params.push_back(&master_[u]);
-    t.grads.push_back(&grad_[u]);
+    t.grads.push_back(host_grad_views_.empty() ? &grad_[u] : &host_grad_views_[u]);
     if (!compute_.empty()) t.compute_copies.push_back(&compute_[u]);
   }
   return t;
@@ -349,7 +419,7 @@ void ShardedUnitStore::reduce(size_t u) {
     ops::cast(send, st.full_grads, stream);
   }
   Tensor reduced = send;  // offloaded on one rank the full gradient is the shard
-  if (comm_->world_size() > 1 || !options_.offload) {
+  if (comm_->world_size() > 1 || !grads_on_host()) {
     reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
     comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
   }
@@ -358,7 +428,7 @@ void ShardedUnitStore::reduce(size_t u) {
     ops::cast(r, reduced, stream);
     reduced = r;
   }
-  if (options_.offload) {
+  if (grads_on_host()) {
     // down to the host: over a cleared shard, or into the landing buffer to be added at
     // finish_backward (the memory of `reduced` is reused only after this, in stream order)
     if (!grad_cleared_[u] && !landing_[u].defined())
@@ -396,7 +466,7 @@ void ShardedUnitStore::reduce(size_t u) {
 void ShardedUnitStore::finish_backward() {
 #ifdef SHARDTRAIN_WITH_CUDA
   if (!overlap_) return;
-  if (options_.offload) {
+  if (grads_on_host()) {
     // every gradient shard is down (and nothing prefetched is left in flight); the host
     // adds the ones that accumulate
     wait_for_host_update();
@@ -496,7 +566,7 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
 }
 
 void ShardedUnitStore::zero_grad_shards() {
-  if (options_.offload) {
+  if (grads_on_host()) {
     grad_cleared_.assign(grad_.size(), true);  // the first gradient to land is written over it
     if (device_.is_cuda()) {
       // cleared in compute-stream order; each reduction starts after the compute reached it
@@ -508,10 +578,25 @@ void ShardedUnitStore::zero_grad_shards() {
     }
     return;
   }
+  if (options_.offload) wait_for_host_update();  // it copies the shards down
   for (Tensor& g : grad_) ops::fill(g, 0.0);
 }
 
 std::optional<double> ShardedUnitStore::landed_grad_sum_squares() const {
+  if (options_.offload && !grads_on_host()) {
+    // the shards are on the GPU: summed there, in a fixed order
+    Tensor sums = Tensor::empty({static_cast<int64_t>(grad_.size())}, DType::kF64, device_, "gradient sums of squares");
+    ops::fill(sums, 0.0);  // sum_squares adds
+    for (size_t u = 0; u < grad_.size(); ++u) {
+      Tensor slot = sums.slice(0, static_cast<int64_t>(u), static_cast<int64_t>(u) + 1);
+      ops::sum_squares(slot, grad_[u]);
+    }
+    Tensor host = Tensor::empty(sums.shape(), DType::kF64, Device::cpu(), "gradient sums of squares");
+    copy(host, sums);
+    double sum = 0;
+    for (int64_t u = 0; u < host.numel(); ++u) sum += host.data<double>()[u];
+    return sum;
+  }
   if (!options_.offload || !landed_sum_squares_valid_) return std::nullopt;
   Tensor host = Tensor::empty(landed_sum_squares_.shape(), DType::kF64, Device::cpu(), "landed sums of squares");
   copy(host, landed_sum_squares_);  // after the reductions: finish_backward() waited for them

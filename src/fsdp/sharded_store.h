@@ -48,6 +48,13 @@ struct ShardingOptions {
   // shard comes down on the reduction stream, and finish_backward() waits for the device
   // and adds any that must accumulate. Needs a GPU; compute shards are always kept then.
   bool offload = false;
+  // With offload: false keeps the gradient shards (f32) on the GPU, written (one rank) or
+  // reduced (several) there as without offload, so the host holds only the master weights,
+  // AdamW's state and, when compute_shards asks for them (here not forced), the compute
+  // shards; without them a gather copies the f32 master shard up and casts it on the GPU.
+  // The host update (run_host_update) copies each unit's gradient shard down into one of two
+  // page-locked buffers just before it updates that unit.
+  bool offload_grads = true;
 };
 
 class ShardedUnitStore final : public model::UnitStore {
@@ -91,15 +98,20 @@ class ShardedUnitStore final : public model::UnitStore {
   // Page-locked host bytes held for offloaded shards and gradient landing buffers.
   int64_t pinned_bytes() const;
   // Offloaded, after finish_backward(): the sum of squares of this rank's gradient shards,
-  // taken on the GPU from each reduced shard before it went down (so the host need not read
+  // taken on the GPU: from each reduced shard before it went down (so the host need not read
   // them again for the norm), when every gradient since zero_grad_shards() landed over a
-  // cleared shard (one micro-batch per step); nothing otherwise (gradient accumulation, no
-  // offload): then sum the shards themselves.
+  // cleared shard (one micro-batch per step); or from the shards themselves where they stay
+  // on the GPU (offload_grads off). Nothing otherwise (gradient accumulation with offloaded
+  // gradients, no offload): then sum the shards themselves.
   std::optional<double> landed_grad_sum_squares() const;
 
   // Offloaded: runs `update` (the optimizer over this rank's host shards, unit by unit in
   // unit order, calling done(u) once unit u's masters and compute shard are written) on a
   // worker thread, and returns at once, so the host update overlaps the next step's forward.
+  // With the gradients on the GPU (offload_grads off) the update's gradients
+  // (optimizer_targets().grads) are two page-locked buffers taken in turn: unit 0's shard is
+  // down before `update` starts, unit u + 1's by the time done(u) returns (copied while unit
+  // u updates), so the update must read unit u's gradient only before it calls done(u).
   // Until unit u is done its gather waits for it (the copy up of its compute shard; the
   // prefetch skips it), and so does the copy down of its next gradient (the update reads the
   // gradient shard). Everything else here that reads or writes the shards (their accessors,
@@ -129,7 +141,9 @@ class ShardedUnitStore final : public model::UnitStore {
   }
   // What the optimizer updates, per unit: master shards, gradient shards and, with
   // ShardingOptions::compute_shards in effect, the compute shards it must write (else empty).
-  // Updating through these keeps the compute shards current.
+  // Updating through these keeps the compute shards current. Offloaded with the gradients on
+  // the GPU, `grads` are the host update's page-locked buffers (run_host_update), valid only
+  // inside it; grad_shards() are the shards themselves.
   struct OptimizerTargets {
     std::vector<Tensor*> params;
     std::vector<const Tensor*> grads;
@@ -164,6 +178,7 @@ class ShardedUnitStore final : public model::UnitStore {
   // A shard of n elements where the shards live (page-locked host memory when offloaded,
   // kept alive by `owners`).
   Tensor shard_tensor(int64_t n, DType dtype, const char* what, std::vector<std::shared_ptr<void>>& owners);
+  Tensor host_tensor(int64_t n, DType dtype, const char* what, std::vector<std::shared_ptr<void>>& owners);
   void settle_cleared_grads();  // offload: zero-fills the shards zero_grad_shards left to clear
   // Calls fn(spec, first, dst) for each parameter range inside this rank's slices, with
   // dst the matching range of the master shard (on the store's device).
@@ -186,6 +201,12 @@ class ShardedUnitStore final : public model::UnitStore {
   // One rank with compute shards: a unit's parameters are its compute shard, never gathered.
   bool params_in_place() const { return comm_->world_size() == 1 && !compute_.empty() && !options_.offload; }
   std::vector<UnitState> state_;
+  // Offloaded with the gradients on the GPU: two page-locked buffers of the largest shard,
+  // and per unit a view of the one its gradient comes down into (u % 2).
+  bool grads_on_host() const { return options_.offload && options_.offload_grads; }
+  std::vector<Tensor> grad_staging_, host_grad_views_;
+  void fetch_grad_for_host(size_t u);  // issues unit u's copy down (offload_grads off)
+  void wait_grad_for_host(size_t u) const;
   // Offload: owners of the page-locked memory behind the host shards (compute shards apart,
   // as set_compute_shards replaces them), a host landing buffer per unit for gradients that
   // add to a shard, and per unit: cleared by zero_grad_shards and not yet written; a landed

@@ -112,7 +112,7 @@ void ActivationOffload::after_forward(int64_t l, int64_t n_blocks, BlockActivati
   acts.y_BTD = Tensor();  // the next block's input: kept (and offloaded) there
   s.settle_leaving();     // block l-1's copy down ran beside block l's forward
   if (l == 0) s.bytes_offloaded = 0;
-  if (l >= n_blocks - kResidentBlocks) return;
+  if (l >= n_blocks - kResidentBlocks || (max_blocks_ > 0 && l >= max_blocks_)) return;
   const auto b = static_cast<size_t>(l);
   std::vector<Group> groups = groups_of(acts);
   std::vector<std::shared_ptr<cuda::PinnedBuffer>>& buffers = s.pinned[b];
@@ -174,8 +174,14 @@ void ActivationOffload::prefetch(int64_t l, BlockActivations& acts) {
   s.coming_up[b] = true;
 }
 
+void ActivationOffload::set_max_blocks(int64_t n) {
+  ST_CHECK(n >= 0, "activation offload: expected 0 (every block but the last two) or a number of blocks, found ", n);
+  max_blocks_ = n;
+}
+
 int64_t ActivationOffload::host_bytes() const {
   int64_t n = 0;
+  if (!s_) return 0;
   for (const auto& block : s_->pinned)
     for (const auto& buffer : block)
       if (buffer) n += static_cast<int64_t>(buffer->bytes());
@@ -193,6 +199,7 @@ double ActivationOffload::take_wait_seconds() {
 
 #else
 struct ActivationOffload::State {};
+void ActivationOffload::set_max_blocks(int64_t n) { max_blocks_ = n; }
 ActivationOffload::ActivationOffload(Device device) {
   ST_THROW("activation offload (training.offload_activations) needs a GPU; this build has no CUDA backend (model "
            "on ", device.str(), ")");

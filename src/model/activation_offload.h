@@ -39,6 +39,10 @@ class ActivationOffload {
   // the loss, then the one in its backward and the next).
   void before_backward(int64_t l, std::vector<BlockActivations>& acts);
 
+  // Offload only blocks [0, n) (0: every block but the last two). The first blocks' inputs
+  // wait longest for their backward; a limit caps the host memory the offload takes.
+  void set_max_blocks(int64_t n);
+
   // Page-locked host bytes held for the offloaded blocks (grows to the largest step seen).
   int64_t host_bytes() const;
   // Bytes copied down in the last forward (the same come back up in its backward).
@@ -53,6 +57,7 @@ class ActivationOffload {
   struct State;
   std::unique_ptr<State> s_;
   Device device_;
+  int64_t max_blocks_ = 0;
 };
 
 }  // namespace shardtrain::model

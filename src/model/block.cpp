@@ -1,6 +1,9 @@
 // Llama block forward and backward as a fixed sequence of ops (HF LlamaDecoderLayer).
 #include "model/block.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "ops/linear.h"
@@ -178,28 +181,95 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
   ops::linear_forward_add(x2_TD, a.attn_BTNH.view({d.B * d.T, d.N * d.H}), w.wo_DQ, x.view({d.B * d.T, d.D}));
 }
 
-// gate, up and h = silu(gate) * up from a.xn2.
-void mlp_inner(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
-  const Tensor xn2_TD = a.xn2_BTD.view({d.B * d.T, d.D});
-  a.h_BTF = like({d.B, d.T, d.F}, a.x_BTD, "h");
-  Tensor h_TF = a.h_BTF.view({d.B * d.T, d.F});
+// The MLP's inner tensors for some token rows: gate and up (the halves of one stacked
+// product when the weights are stacked) and, with `with_h`, h = silu(gate) * up.
+struct MlpRows {
+  Tensor gate_up_R2F, gate_RF, up_RF, h_RF;
+};
+MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx, int64_t F, bool with_h) {
+  const int64_t R = xn2_RD.size(0);
+  MlpRows m;
+  if (with_h) m.h_RF = like({R, F}, xn2_RD, "h");
   if (gate_up_stacked(w, ctx)) {
     // one product for both; gate and up the halves of each token's row
-    a.gate_up_BT2F = like({d.B, d.T, 2 * d.F}, a.x_BTD, "gate|up");
-    Tensor gate_up_T2F = a.gate_up_BT2F.view({d.B * d.T, 2 * d.F});
-    ops::linear_forward(gate_up_T2F, xn2_TD, w.w_gate_up_2FD);
+    m.gate_up_R2F = like({R, 2 * F}, xn2_RD, "gate|up");
+    ops::linear_forward(m.gate_up_R2F, xn2_RD, w.w_gate_up_2FD);
+    m.gate_RF = m.gate_up_R2F.slice(1, 0, F);
+    m.up_RF = m.gate_up_R2F.slice(1, F, 2 * F);
+  } else {
+    m.gate_RF = like({R, F}, xn2_RD, "gate");
+    m.up_RF = like({R, F}, xn2_RD, "up");
+    ops::linear_forward(m.gate_RF, xn2_RD, w.w_gate_FD);
+    ops::linear_forward(m.up_RF, xn2_RD, w.w_up_FD);
+  }
+  if (with_h) ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
+  return m;
+}
+
+// gate, up and h = silu(gate) * up from a.xn2, kept in `a`.
+void mlp_inner(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
+  MlpRows m = mlp_products(a.xn2_BTD.view({d.B * d.T, d.D}), w, ctx, d.F, true);
+  a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
+  if (m.gate_up_R2F.defined()) {
+    a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
     a.gate_BTF = a.gate_up_BT2F.slice(2, 0, d.F);
     a.up_BTF = a.gate_up_BT2F.slice(2, d.F, 2 * d.F);
-    ops::swiglu_forward(h_TF, gate_up_T2F.slice(1, 0, d.F), gate_up_T2F.slice(1, d.F, 2 * d.F));
-    return;
+  } else {
+    a.gate_BTF = m.gate_RF.view({d.B, d.T, d.F});
+    a.up_BTF = m.up_RF.view({d.B, d.T, d.F});
   }
-  a.gate_BTF = like({d.B, d.T, d.F}, a.x_BTD, "gate");
-  a.up_BTF = like({d.B, d.T, d.F}, a.x_BTD, "up");
-  Tensor gate_TF = a.gate_BTF.view({d.B * d.T, d.F});
-  Tensor up_TF = a.up_BTF.view({d.B * d.T, d.F});
-  ops::linear_forward(gate_TF, xn2_TD, w.w_gate_FD);
-  ops::linear_forward(up_TF, xn2_TD, w.w_up_FD);
-  ops::swiglu_forward(h_TF, gate_TF, up_TF);
+}
+
+// Token rows per MLP piece: ctx.mlp_chunk_tokens, or every row at once.
+int64_t mlp_piece_rows(const BlockContext& ctx, int64_t rows) {
+  return ctx.mlp_chunk_tokens > 0 ? std::min(ctx.mlp_chunk_tokens, rows) : rows;
+}
+
+// y = x2 + down(h) piece by piece: each piece's gate, up and h are dropped once its rows of
+// y are written, so the block keeps none of them.
+void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
+  const int64_t rows = d.B * d.T, C = mlp_piece_rows(ctx, rows);
+  const Tensor xn2_TD = a.xn2_BTD.view({rows, d.D}), x2_TD = a.x2_BTD.view({rows, d.D});
+  a.y_BTD = like({d.B, d.T, d.D}, a.x_BTD, "y");
+  Tensor y_TD = a.y_BTD.view({rows, d.D});
+  for (int64_t r0 = 0; r0 < rows; r0 += C) {
+    const int64_t r1 = std::min(rows, r0 + C);
+    const MlpRows m = mlp_products(xn2_TD.slice(0, r0, r1), w, ctx, d.F, true);
+    Tensor y_RD = y_TD.slice(0, r0, r1);
+    ops::linear_forward_add(y_RD, m.h_RF, w.w_down_DF, x2_TD.slice(0, r0, r1));
+  }
+}
+
+// The MLP's backward over some token rows: dxn2_RD (overwrites; allocated here when
+// undefined, after dh is freed) from dy_RD. gate and up (gate_up_R2F their stacked tensor,
+// when the gradient has the stacked weight too) are overwritten with their gradients; h,
+// when undefined, is recomputed by the SwiGLU backward for the down projection's weight
+// gradient. Weight gradients per `dw` (and `dw_dx` for the second product into dxn2).
+void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, const Tensor& xn2_RD, Tensor gate_up_R2F,
+                       Tensor gate_RF, Tensor up_RF, Tensor h_RF, const BlockWeights& w,
+                       const ops::LinearBackwardOptions& dw, const ops::LinearBackwardOptions& dw_dx) {
+  const int64_t R = dy_RD.size(0), F = gate_RF.size(1), D = dy_RD.size(1);
+  Tensor none;
+  // y = x2 + down(h): dy flows to x2 unchanged and through down_proj. gate and up are read
+  // for the last time by the SwiGLU backward, so their gradients overwrite them. h feeds the
+  // down projection's weight gradient, which therefore comes after.
+  Tensor dh_RF = like({R, F}, dy_RD, "dh");
+  ops::linear_backward(dh_RF, none, none, dy_RD, none, w.w_down_DF);
+  const bool stacked = gate_up_R2F.defined() && g.w_gate_up_2FD.defined();
+  const bool recompute_h = !h_RF.defined();
+  if (recompute_h) h_RF = like({R, F}, dy_RD, "h (recomputed)");
+  Tensor h_out_RF = recompute_h ? h_RF : Tensor();
+  ops::swiglu_backward(gate_RF, up_RF, h_out_RF, dh_RF, gate_RF, up_RF);
+  dh_RF = Tensor();
+  ops::linear_backward(none, g.w_down_DF, none, dy_RD, h_RF, w.w_down_DF, dw);
+  h_RF = h_out_RF = Tensor();
+  if (!dxn2_RD.defined()) dxn2_RD = like({R, D}, dy_RD, "dxn2");
+  if (stacked) {
+    ops::linear_backward(dxn2_RD, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD, dw);
+  } else {
+    ops::linear_backward(dxn2_RD, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, dw);
+    ops::linear_backward(dxn2_RD, g.w_up_FD, none, up_RF, xn2_RD, w.w_up_FD, dw_dx);
+  }
 }
 
 }  // namespace
@@ -222,6 +292,11 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
               "and up");
     return;
   }
+  if (ctx.mlp_chunk_tokens > 0) {
+    // a chunked MLP keeps none of its inner tensors: the backward recomputes them by pieces
+    if (part == BlockPart::kAll) mlp_output_by_pieces(a, w, ctx, d);
+    return;
+  }
   mlp_inner(a, w, ctx, d);
   if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
 
@@ -242,36 +317,41 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const ops::LinearBackwardOptions dw_dx{.accumulate_dx = true, .overwrite_dweight = overwrite_grads};
   const ops::RmsNormBackwardOptions dnorm{.overwrite_dweight = overwrite_grads};
 
-  // MLP: y = x2 + down(h); dy flows to x2 unchanged and through down_proj. gate and up are
-  // read for the last time by the SwiGLU backward, so their gradients overwrite them. h
-  // (recomputed there when checkpointing dropped it) feeds the down projection's weight
-  // gradient, which therefore comes after.
-  Tensor dh_TF = like({B * T, F}, dy_BTD, "dh");
-  ops::linear_backward(dh_TF, none, none, dy_TD, none, w.w_down_DF);
-  // gate and up: two tensors, or the halves of one stacked [B·T, 2F] product
-  const bool stacked_mlp = a.gate_up_BT2F.defined() && g.w_gate_up_2FD.defined();
-  Tensor gate_up_T2F = stacked_mlp ? a.gate_up_BT2F.view({B * T, 2 * F}) : Tensor();
-  Tensor dgate_TF = stacked_mlp ? gate_up_T2F.slice(1, 0, F) : a.gate_BTF.view({B * T, F});
-  Tensor dup_TF = stacked_mlp ? gate_up_T2F.slice(1, F, 2 * F) : a.up_BTF.view({B * T, F});
-  const bool recompute_h = !a.h_BTF.defined();
-  Tensor h_TF = recompute_h ? like({B * T, F}, dy_BTD, "h (recomputed)") : a.h_BTF.view({B * T, F});
-  Tensor h_out_TF = recompute_h ? h_TF : Tensor();
-  ops::swiglu_backward(dgate_TF, dup_TF, h_out_TF, dh_TF, dgate_TF, dup_TF);
-  dh_TF = Tensor();
-  ops::linear_backward(none, g.w_down_DF, none, dy_TD, h_TF, w.w_down_DF, dw);
-  a.h_BTF = h_TF = h_out_TF = Tensor();
-  Tensor dxn2_TD = like({B * T, D}, dy_BTD, "dxn2");
+  Tensor dxn2_TD;
   const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
-  if (stacked_mlp) {
-    ops::linear_backward(dxn2_TD, g.w_gate_up_2FD, none, gate_up_T2F, xn2_TD, w.w_gate_up_2FD, dw);
+  if (a.gate_BTF.defined()) {
+    // the kept (or recomputed) gate and up of every token
+    const bool stacked = a.gate_up_BT2F.defined();
+    Tensor gate_up = stacked ? a.gate_up_BT2F.view({B * T, 2 * F}) : Tensor();
+    Tensor gate = stacked ? gate_up.slice(1, 0, F) : a.gate_BTF.view({B * T, F});
+    Tensor up = stacked ? gate_up.slice(1, F, 2 * F) : a.up_BTF.view({B * T, F});
+    Tensor h = a.h_BTF.defined() ? a.h_BTF.view({B * T, F}) : Tensor();
+    a.gate_BTF = a.up_BTF = a.gate_up_BT2F = a.h_BTF = Tensor();  // freed inside, once read
+    mlp_backward_rows(dxn2_TD, g, dy_TD, xn2_TD, std::move(gate_up), std::move(gate), std::move(up), std::move(h), w,
+                      dw, dw_dx);
   } else {
-    ops::linear_backward(dxn2_TD, g.w_gate_FD, none, dgate_TF, xn2_TD, w.w_gate_FD, dw);
-    ops::linear_backward(dxn2_TD, g.w_up_FD, none, dup_TF, xn2_TD, w.w_up_FD, dw_dx);
+    // a chunked MLP (BlockContext::mlp_chunk_tokens): gate and up recomputed piece by piece;
+    // each weight gradient gets one piece's product after another (the first may overwrite)
+    const int64_t rows = B * T, C = mlp_piece_rows(ctx, rows);
+    dxn2_TD = like({rows, D}, dy_BTD, "dxn2");
+    for (int64_t r0 = 0; r0 < rows; r0 += C) {
+      const int64_t r1 = std::min(rows, r0 + C);
+      const bool first = overwrite_grads && r0 == 0;
+      const ops::LinearBackwardOptions piece_dw{.overwrite_dweight = first};
+      const ops::LinearBackwardOptions piece_dw_dx{.accumulate_dx = true, .overwrite_dweight = first};
+      const Tensor xn2_RD = xn2_TD.slice(0, r0, r1);
+      MlpRows m = mlp_products(xn2_RD, w, ctx, F, false);
+      Tensor dxn2_RD = dxn2_TD.slice(0, r0, r1);
+      mlp_backward_rows(dxn2_RD, g, dy_TD.slice(0, r0, r1), xn2_RD, std::move(m.gate_up_R2F), std::move(m.gate_RF),
+                        std::move(m.up_RF), Tensor(), w, piece_dw, piece_dw_dx);
+    }
   }
-  a.gate_BTF = a.up_BTF = a.gate_up_BT2F = gate_up_T2F = dgate_TF = dup_TF = Tensor();
   Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
   ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
                         a.rstd2_BT.view({B * T}), dy_TD, dnorm);
+  // read for the last time: freed before the attention's backward, the block's other peak
+  dxn2_TD = Tensor();
+  a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj.
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
@@ -290,7 +370,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
            dv_BTMH = dqkv_BTEH.slice(2, N + M, heads);
     ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
                             a.lse_BNT, attention);
-    dattn_BTNH = Tensor();
+    dattn_BTNH = dattn_TQ = Tensor();
+    a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
     ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK);
     ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({B * T, heads * H}), xn1_TD, w.wqkv_ED, dw);
@@ -300,7 +381,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
     ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
                             a.lse_BNT, attention);
-    dattn_BTNH = Tensor();
+    dattn_BTNH = dattn_TQ = Tensor();
+    a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
     ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);
     ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);

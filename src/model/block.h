@@ -86,11 +86,18 @@ struct BlockContext {
   // One product per projection even where q, k and v's (gate and up's) weights are stacked:
   // for comparison only (train_bench --separate-projections); same math, other rounding.
   bool separate_projections = false;
+  // Tokens per piece of the MLP where its inner [tokens, F] tensors (gate, up, h) are not
+  // kept between forward and backward (selective and full checkpointing): 0 computes them for
+  // every token at once; C > 0 runs the MLP C token rows at a time in the forward (keeping
+  // none of them) and again, recomputed piece by piece, in the backward, so at most C rows of
+  // them exist at once. For long sequences, where those tensors are most of a block's memory.
+  int64_t mlp_chunk_tokens = 0;
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);
 // kNormsAndMlp and kNorms read the kept acts.x2_BTD. Recomputed members are bitwise the
-// forward's.
+// forward's. With ctx.mlp_chunk_tokens (parts kAll, kAllButOutput, kNormsAndMlp only) gate,
+// up and h are never filled: kAll makes y piece by piece and block_backward recomputes them.
 void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
                    BlockPart part = BlockPart::kAll);
 
@@ -99,7 +106,8 @@ void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& 
 // dx_BTD may not alias dy_BTD. Consumes `acts`: gate and up are overwritten with their
 // gradients, and the MLP's [tokens, F] tensors are released once read. Without acts.h_BTF
 // (pointwise checkpointing) the SwiGLU backward recomputes h for the down projection's
-// weight gradient.
+// weight gradient. Without gate and up (a chunked MLP, BlockContext::mlp_chunk_tokens) the
+// MLP's backward recomputes them from xn2 piece by piece.
 void block_backward(Tensor& dx_BTD, BlockWeights& grads, const Tensor& dy_BTD, BlockActivations& acts,
                     const BlockWeights& w, const BlockContext& ctx, bool overwrite_grads = false);
 

@@ -173,8 +173,15 @@ const char* checkpointing_name(ActivationCheckpointing c) {
   return "?";
 }
 
-BlockContext Llama::context(int64_t batch, int64_t seq) const {
+void Llama::set_mlp_chunk_tokens(int64_t tokens) {
+  ST_CHECK(tokens >= 0, "MLP chunk: expected 0 (every token at once) or a positive number of tokens, found ", tokens);
+  mlp_chunk_tokens_ = tokens;
+}
+
+BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const {
   BlockContext ctx;
+  if (checkpointing == ActivationCheckpointing::kSelective || checkpointing == ActivationCheckpointing::kFull)
+    ctx.mlp_chunk_tokens = mlp_chunk_tokens_;
   ctx.config = &config_;
   ctx.batch = batch;
   ctx.seq = seq;
@@ -188,7 +195,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
                              Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
                              bool ids_checked_on_host, ActivationOffload* offload) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
-  const BlockContext ctx = context(B, T);
+  const BlockContext ctx = context(B, T, checkpointing);
   Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
   {
     const Tensor embed = store_->acquire_params(kEmbedUnit, pass);
@@ -289,6 +296,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   ActivationOffload* offload = nullptr;
   if (o.offload_activations) {
     if (!offload_) offload_ = std::make_unique<ActivationOffload>(device_);
+    offload_->set_max_blocks(o.offload_activation_blocks);
     offload = offload_.get();
   }
   Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true, offload);
@@ -325,7 +333,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     release_head(Pass::kForward);   // held since forward_hidden
   }
 
-  BlockContext ctx = context(B, T);
+  BlockContext ctx = context(B, T, o.checkpointing);
   ctx.deterministic = o.deterministic;
   Tensor dprev_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {

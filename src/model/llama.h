@@ -38,6 +38,8 @@ struct StepOptions {
   // GPU: what each block keeps between its forward and backward (with full checkpointing: its
   // input) waits in page-locked host memory, all but the last two blocks' (model/activation_offload.h).
   bool offload_activations = false;
+  // With offload_activations: only blocks [0, n) offload (0: all but the last two).
+  int64_t offload_activation_blocks = 0;
 };
 
 // How the micro-batches of a step write the gradients. The first replaces what the buffers
@@ -124,6 +126,11 @@ class Llama {
   // One product per projection instead of the stacked q|k|v and gate|up ones
   // (BlockContext): for comparison (train_bench --separate-projections).
   void set_separate_projections(bool separate) { separate_projections_ = separate; }
+  // Token rows per piece of the MLP in blocks whose MLP keeps nothing for the backward
+  // (selective and full checkpointing, and evaluation): BlockContext::mlp_chunk_tokens.
+  // 0 (the default) runs every token at once.
+  void set_mlp_chunk_tokens(int64_t tokens);
+  int64_t mlp_chunk_tokens() const { return mlp_chunk_tokens_; }
   // Forward and loss only.
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   // Logits [B, V] of the last position of each sequence (for sampling).
@@ -137,7 +144,8 @@ class Llama {
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
                         bool ids_checked_on_host, ActivationOffload* offload = nullptr);
-  BlockContext context(int64_t batch, int64_t seq) const;
+  // The blocks' context; the MLP runs by pieces where `checkpointing` drops its inner tensors.
+  BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const;
   void make_rope_tables();
   Tensor on_device(const Tensor& host) const;  // a copy on the model's device (or host itself)
   Tensor view(const Tensor& unit_buffer, size_t unit, const char* name) const;
@@ -154,6 +162,7 @@ class Llama {
   UnitStore* store_;
   Tensor cos_TK_, sin_TK_;
   bool separate_projections_ = false;
+  int64_t mlp_chunk_tokens_ = 0;
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward
   std::shared_ptr<PhaseEvents> phase_events_;

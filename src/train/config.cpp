@@ -173,6 +173,11 @@ const std::vector<KeyDef>& keys() {
           "compute (all but the last two blocks; activation checkpointing with CPU offload). With full "
           "checkpointing only block inputs travel: [batch_size x seq_len x dim] bf16 per block each way; with "
           "auto checkpointing it takes full"),
+      key("training.offload_activations_blocks", &C::training, &TrainingSection::offload_activations_blocks,
+          "with training.offload_activations: offload only the first n blocks (whose backward comes last), "
+          "keeping the others on the GPU, to cap the host memory it takes (n x one block's kept activations); "
+          "0: every block but the last two",
+          non_negative()),
       key("training.device", &C::training, &TrainingSection::device,
           "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "
           "LOCAL_RANK modulo the visible GPUs)",
@@ -182,6 +187,13 @@ const std::vector<KeyDef>& keys() {
       key("training.loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
           "tokens per chunk of the fused head + cross-entropy (bounds logits memory); 0: auto (256 on the CPU; on "
           "a GPU as many as keep a chunk's bf16 logits within 2 GiB, at most 8192)",
+          non_negative()),
+      key("training.mlp_chunk_tokens", &C::training, &TrainingSection::mlp_chunk_tokens,
+          "tokens per piece of each block's MLP where selective or full checkpointing keeps none of its [tokens, "
+          "ffn_dim] tensors: the forward and the backward's recomputation run that many token rows at a time, so "
+          "long sequences need a piece's gate, up and h instead of every token's; 0: auto (on a GPU, pieces of "
+          "equal size whose gate, up, h and dh stay within 2 GiB in bf16, when a micro-batch has more tokens than "
+          "that; otherwise, and on the CPU, every token at once)",
           non_negative()),
       key("training.gemm_selection", &C::training, &TrainingSection::gemm_selection,
           "how a GPU picks each matrix-product shape's cuBLASLt algorithm: heuristic (cuBLASLt's first choice, the "
@@ -252,6 +264,12 @@ const std::vector<KeyDef>& keys() {
           "is updated; the GPU holds only the units in use, their gradients until reduced, and the activations. "
           "Each unit's weights come up for every gather and each gradient shard goes down, overlapped with the "
           "compute; the step runs without a CUDA graph"),
+      key("parallel.offload_gradients", &C::parallel, &ParallelSection::offload_gradients,
+          "with parallel.offload: false keeps the f32 gradient shards on the GPU (4 bytes per parameter and rank "
+          "there) and the bf16 weight copies off the host unless parallel.compute_shards = on, so the host holds "
+          "only the f32 master weights and AdamW's m and v (12 bytes per parameter instead of 18: an 8B model "
+          "needs 90 GiB of host memory, not 135); each gather then copies the f32 master shard up and casts it on "
+          "the GPU, and the host update copies each unit's gradient shard down just before updating that unit"),
       key("parallel.reduce_dtype", &C::parallel, &ParallelSection::reduce_dtype,
           "dtype gradients travel in for the reduce-scatter: f32, or bf16 (half the traffic, rounded sums)",
           one_of({"f32", "bf16"})),

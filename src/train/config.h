@@ -51,10 +51,12 @@ struct TrainingSection {
   std::string device = "auto";
   int64_t threads = 0;
   int64_t loss_chunk_tokens = 0;  // 0: auto
+  int64_t mlp_chunk_tokens = 0;   // 0: auto
   std::string gemm_selection = "heuristic";  // timed | heuristic (ops::GemmSelection)
   bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
   bool deterministic = false;  // GPU: bitwise-repeatable steps (model::StepOptions::deterministic)
   bool offload_activations = false;  // GPU: kept activations in host memory (model::StepOptions)
+  int64_t offload_activations_blocks = 0;  // with offload_activations: only the first n blocks (0: all but 2)
 };
 
 struct OptimizerSection {
@@ -90,6 +92,7 @@ struct ParallelSection {
   bool keep_last_block_gathered = true;
   std::string compute_shards = "auto";
   bool offload = false;
+  bool offload_gradients = true;  // with offload: false keeps the gradient shards on the GPU
   std::string reduce_dtype = "f32";
   std::string hf_load = "ranges";
   double init_timeout_s = 300;

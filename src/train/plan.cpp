@@ -20,6 +20,15 @@ int64_t auto_loss_chunk_tokens(bool gpu, int64_t vocab_size) {
   return std::clamp<int64_t>(fit / 256 * 256, 256, 8192);
 }
 
+int64_t auto_mlp_chunk_tokens(bool gpu, int64_t ffn_dim, int64_t tokens) {
+  if (!gpu || ffn_dim <= 0 || tokens <= 0) return 0;
+  const int64_t most = std::max<int64_t>(128, (int64_t{2} << 30) / (4 * ffn_dim * 2));
+  if (tokens <= most) return 0;
+  const int64_t pieces = (tokens + most - 1) / most;
+  const int64_t piece = (tokens + pieces - 1) / pieces;
+  return std::min((piece + 127) / 128 * 128, most / 128 * 128);
+}
+
 MemoryPlan plan_memory(const PlanInput& in) {
   const model::LlamaConfig& c = in.model;
   const model::ModelLayout layout = model::ModelLayout::llama(c, in.world_size);
@@ -41,10 +50,18 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.optimizer = 8 * p.shard_elements;
   p.grad_shards = 4 * p.shard_elements;
   const bool offload = in.offload && in.gpu;
-  // the CPU computes in the master dtype; offloaded, the bus carries bf16 copies
-  const bool compute_shards = (in.compute_shards || offload) && in.gpu;
+  const bool grads_on_host = offload && in.offload_grads;
+  p.grad_shards_on_gpu = offload && !in.offload_grads;
+  // the CPU computes in the master dtype; fully offloaded, the bus carries bf16 copies
+  const bool compute_shards = (in.compute_shards || grads_on_host) && in.gpu;
   if (compute_shards) p.compute_shards = 2 * p.shard_elements;
-  if (offload) p.host = p.master + p.optimizer + p.grad_shards + p.compute_shards;
+  if (p.grad_shards_on_gpu) {
+    int64_t largest = 0;
+    for (const model::UnitLayout& u : layout.units()) largest = std::max(largest, u.shard_numel(in.world_size));
+    p.host_grad_staging = 2 * 4 * largest;
+  }
+  if (offload)
+    p.host = p.master + p.optimizer + (grads_on_host ? p.grad_shards : 0) + p.compute_shards + p.host_grad_staging;
 
   // One rank whose compute dtype is the master's works on the shards themselves; otherwise
   // units are gathered (cast) into compute copies, and gradients land in full f32 unit
@@ -52,7 +69,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // With compute shards on one GPU, units are used in place: nothing is gathered.
   // Offloaded, every unit comes up from the host and every gradient goes down to it.
   const bool params_aliased = world == 1 && (!in.gpu || compute_shards) && !offload;
-  const bool grads_aliased = world == 1 && !offload;
+  const bool grads_aliased = world == 1 && !grads_on_host;
   const int64_t head_weight_numel = c.tie_embeddings ? embed_numel + head_numel : head_numel;
   // the last block kept for its backward and the one prefetched; all of them without resharding
   const int64_t blocks_gathered = in.reshard_after_forward ? std::min<int64_t>(2, c.n_layers) : c.n_layers;
@@ -96,7 +113,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (in.offload_activations && in.gpu && L > model::ActivationOffload::kResidentBlocks) {
     // every block keeps the same (the last output and the final norm are not a block's)
     const int64_t per_block = (p.activations_at_loss - stream - final_norm) / L;
-    p.host_activations = (L - model::ActivationOffload::kResidentBlocks) * per_block;
+    p.offloaded_blocks = L - model::ActivationOffload::kResidentBlocks;
+    if (in.offload_activation_blocks > 0) p.offloaded_blocks = std::min(p.offloaded_blocks, in.offload_activation_blocks);
+    p.host_activations = p.offloaded_blocks * per_block;
     p.activations_at_loss -= p.host_activations;
   }
   p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
@@ -108,17 +127,43 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // the backward's temporaries (dy, dx and dh; gate's and up's gradients overwrite them), the
   // gathered blocks and up to three f32 block gradients in flight.
   // (offloaded: the two blocks on the GPU are the one in its backward and the next, coming up)
+  // A chunked MLP (selective or full checkpointing with training.mlp_chunk_tokens) holds one
+  // piece's gate, up, h and dh instead of every token's, and xn2's gradient for every token
+  // from the first piece on.
+  const bool mlp_recomputed = in.checkpointing == ActivationCheckpointing::kSelective ||
+                              in.checkpointing == ActivationCheckpointing::kFull;
+  const int64_t mlp_chunk = in.mlp_chunk_tokens > 0 ? in.mlp_chunk_tokens : auto_mlp_chunk_tokens(in.gpu, F, tokens);
+  const int64_t piece = mlp_recomputed && mlp_chunk > 0 ? std::min(mlp_chunk, tokens) : 0;
+  p.mlp_chunk_tokens = piece > 0 ? piece : tokens;
+  const int64_t mlp_inner_recomputed = piece > 0 ? tokens * cb * 3 * F : 0;
   int64_t kept = p.activations_at_loss - final_norm;
   if (in.checkpointing == ActivationCheckpointing::kPointwise) kept += tokens * per_token_pointwise_recomputed;
-  if (in.checkpointing == ActivationCheckpointing::kSelective) kept += tokens * per_token_selective_recomputed;
-  if (in.checkpointing == ActivationCheckpointing::kFull) kept += tokens * per_token_full_recomputed;
-  const int64_t temporaries = tokens * cb * (F + 2 * D);
+  if (in.checkpointing == ActivationCheckpointing::kSelective)
+    kept += tokens * per_token_selective_recomputed - mlp_inner_recomputed;
+  if (in.checkpointing == ActivationCheckpointing::kFull)
+    kept += tokens * per_token_full_recomputed - mlp_inner_recomputed;
+  const int64_t temporaries = piece > 0 ? tokens * cb * 3 * D + piece * cb * 4 * F : tokens * cb * (F + 2 * D);
   const int64_t block_grads = grads_aliased ? 0 : 3 * 4 * block_numel;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
   p.in_backward = kept + temporaries + block_grads + blocks;
+  // The block backward's other peak, at the attention backward (selective and full
+  // checkpointing, where the MLP's tensors are gone by then): what the blocks keep, this
+  // block's recomputed attention input half (full: xn1, q|k|v, the output and its statistics;
+  // selective: xn1), dy, dx, x2's and the output's gradients, dq|dk|dv, and on a GPU cuDNN's
+  // workspace (8 bytes per query element: 4.0 GiB measured at 131,072 tokens x 32 x 128).
+  if (mlp_recomputed) {
+    int64_t attention_half = tokens * cb * D;
+    if (in.checkpointing == ActivationCheckpointing::kFull) attention_half = tokens * (cb * (3 * D + 2 * M * H) + 4 * N + 4);
+    const int64_t gradients = tokens * cb * (5 * D + 2 * M * H);
+    const int64_t workspace = in.gpu ? tokens * 8 * N * H : 0;
+    p.in_attention_backward = (p.activations_at_loss - final_norm) + attention_half + gradients + workspace +
+                              block_grads + blocks;
+    p.in_backward = std::max(p.in_backward, p.in_attention_backward);
+  }
 
   const int64_t at_loss = p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk;
-  const int64_t shards = offload ? 0 : p.master + p.optimizer + p.grad_shards + p.compute_shards;
+  const int64_t shards = offload ? (p.grad_shards_on_gpu ? p.grad_shards : 0)
+                                 : p.master + p.optimizer + p.grad_shards + p.compute_shards;
   p.peak = shards + std::max(at_loss, p.in_backward);
   p.flops_per_token = c.flops_per_token(in.seq_len);
   return p;
@@ -139,6 +184,8 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                    in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
   s += fmt::format("micro-batch per rank: {} x {} tokens; activation checkpointing: {}; loss chunk: {} tokens\n",
                    in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
+  if (p.mlp_chunk_tokens < p.tokens_per_micro_batch)
+    s += fmt::format("MLP in pieces of {} tokens (training.mlp_chunk_tokens)\n", p.mlp_chunk_tokens);
   s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
                    fmt::group_digits(p.parameters), fmt::group_digits(p.shard_elements));
   if (p.host > 0 || p.host_activations > 0) {
@@ -146,14 +193,14 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     if (p.host > 0) {
       s += row("  master weights (f32 shard, parallel.offload)", p.master);
       s += row("  AdamW m and v (f32 shards)", p.optimizer);
-      s += row("  gradient shards (f32)", p.grad_shards);
-      s += row("  compute shards (bf16, copied up to gather)", p.compute_shards);
+      if (!p.grad_shards_on_gpu) s += row("  gradient shards (f32)", p.grad_shards);
+      if (p.compute_shards > 0) s += row("  compute shards (bf16, copied up to gather)", p.compute_shards);
+      if (p.host_grad_staging > 0) s += row("  gradient buffers of the host update (2 units)", p.host_grad_staging);
     }
     if (p.host_activations > 0)
-      s += row(fmt::format("  activations of {} blocks (offloaded)",
-                           in.model.n_layers - model::ActivationOffload::kResidentBlocks),
-               p.host_activations);
+      s += row(fmt::format("  activations of {} blocks (offloaded)", p.offloaded_blocks), p.host_activations);
     s += "on the GPU:\n";
+    if (p.grad_shards_on_gpu) s += row("gradient shards (f32, kept on the GPU)", p.grad_shards);
   }
   if (p.host == 0) {
     s += row("master weights (f32 shard)", p.master);
@@ -165,7 +212,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   }
   s += "  at the loss:\n";
   std::string kept_row = *kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers);
-  if (p.host_activations > 0) kept_row += ", last 2 blocks'";
+  if (p.host_activations > 0) kept_row += fmt::format(", last {} blocks'", in.model.n_layers - p.offloaded_blocks);
   s += row(kept_row, p.activations_at_loss);
   s += row(in.reshard_after_forward ? "  gathered compute copies (head, 2 blocks)"
                                     : "  gathered compute copies (head, every block)",
@@ -231,17 +278,21 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
     in.checkpointing =
         model::parse_checkpointing(job.training.activation_checkpointing, "training.activation_checkpointing");
   in.loss_chunk_tokens = job.training.loss_chunk_tokens;
+  in.mlp_chunk_tokens = job.training.mlp_chunk_tokens;
   in.reshard_after_forward = job.parallel.reshard_after_forward;
   in.compute_shards = job.parallel.compute_shards == "on";
   in.offload = job.parallel.offload;
+  in.offload_grads = job.parallel.offload_gradients;
   in.offload_activations = job.training.offload_activations;
+  in.offload_activation_blocks = job.training.offload_activations_blocks;
   return in;
 }
 
 bool choose_compute_shards(PlanInput in, int64_t device_bytes) {
   // one GPU only: measured there (+1-1.5 % tokens/s); several GPUs take them when asked ("on")
   if (!in.gpu || in.world_size != 1) return false;
-  if (in.offload) return true;  // offloaded they are in host memory, and always kept
+  // offloaded they are in host memory: always kept with the gradients there, else when asked
+  if (in.offload) return in.offload_grads || in.compute_shards;
   in.compute_shards = true;
   const MemoryPlan p = plan_memory(in);
   return p.peak + checkpointing_reserve(p.peak) <= device_bytes;

@@ -21,10 +21,13 @@ struct PlanInput {
   int64_t seq_len = 4096;
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kNone;
   int64_t loss_chunk_tokens = 0;   // 0: the trainer's automatic choice
+  int64_t mlp_chunk_tokens = 0;    // 0: the trainer's automatic choice (training.mlp_chunk_tokens)
   bool reshard_after_forward = true;  // false: every block's compute copy stays until its backward
   bool compute_shards = false;        // parallel.compute_shards in effect (GPU: bf16 copies of the shards)
   bool offload = false;               // parallel.offload (GPU): the shards and AdamW state in host memory
+  bool offload_grads = true;          // parallel.offload_gradients: with offload, the gradient shards too
   bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
+  int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
 };
 
 // Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
@@ -40,17 +43,27 @@ struct MemoryPlan {
   int64_t compute_shards = 0;        // bf16 copies of the master shards (parallel.compute_shards)
   // parallel.offload: master, optimizer, grad_shards and compute_shards live in host memory
   // (their sum, page-locked but for the optimizer's); `peak` then leaves them out.
+  // With parallel.offload_gradients = false the gradient shards stay on the GPU (and count in
+  // `peak`), the compute shards are on the host only when asked for, and the host update's two
+  // page-locked gradient buffers (the largest unit's shard each) join `host`.
   int64_t host = 0;
+  int64_t host_grad_staging = 0;
+  bool grad_shards_on_gpu = false;   // offloaded, with the gradient shards left on the GPU
   int64_t gathered_at_loss = 0;      // compute copies alive at the loss (head or tied embedding, blocks)
   int64_t unit_grads_at_loss = 0;    // the head's full f32 gradient before its reduce-scatter (N > 1)
   int64_t activations_at_loss = 0;   // what the blocks keep between forward and backward, on the GPU
   // training.offload_activations: what all but the last two blocks keep, in page-locked host
   // memory (and over the bus twice a micro-batch); activations_at_loss then holds two blocks'.
   int64_t host_activations = 0;
+  int64_t offloaded_blocks = 0;      // blocks whose activations are in host_activations
   int64_t loss_chunk = 0;            // one chunk's logits (overwritten by their gradient)
-  int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state
+  int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state (the larger of two)
+  int64_t in_attention_backward = 0; // at the attention backward (selective and full checkpointing)
   int64_t peak = 0;
   int64_t loss_chunk_tokens = 0;
+  // Token rows per MLP piece in the block's backward (selective and full checkpointing);
+  // the micro-batch's tokens when the MLP runs at once.
+  int64_t mlp_chunk_tokens = 0;
   double flops_per_token = 0;
   int64_t tokens_per_micro_batch = 0;  // per rank
 };
@@ -58,6 +71,12 @@ struct MemoryPlan {
 // The trainer's automatic logit chunk: as many tokens as keep one chunk's bf16 logits
 // within 2 GiB on a GPU (256 to 8192, a multiple of 256); 256 on the CPU.
 int64_t auto_loss_chunk_tokens(bool gpu, int64_t vocab_size);
+
+// The trainer's automatic MLP piece (training.mlp_chunk_tokens = 0) for a micro-batch of
+// `tokens`: on a GPU, when gate, up, h and dh of every token (4 x ffn_dim bf16 values each)
+// would exceed 2 GiB, equal pieces (a multiple of 128 rows) that stay within it; otherwise 0,
+// every token at once (and always on the CPU).
+int64_t auto_mlp_chunk_tokens(bool gpu, int64_t ffn_dim, int64_t tokens);
 
 MemoryPlan plan_memory(const PlanInput& in);
 

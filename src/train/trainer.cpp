@@ -263,7 +263,11 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
              "host memory; this run trains on the CPU (`training.device` = `", config_.training.device,
              "`), where they are in host memory already");
     so.offload = true;  // the store keeps the bf16 compute shards then (what travels up)
+    so.offload_grads = config_.parallel.offload_gradients;
   }
+  ST_CHECK(config_.parallel.offload_gradients || config_.parallel.offload, "`parallel.offload_gradients` = false "
+           "keeps the gradient shards on the GPU while `parallel.offload` moves the rest to host memory; without "
+           "`parallel.offload` = true every shard is on the GPU already");
   ST_CHECK(!config_.training.offload_activations || device_.is_cuda(), "`training.offload_activations` = true moves "
            "activations from the GPU to host memory; this run trains on the CPU (`training.device` = `",
            config_.training.device, "`), where they are in host memory already");
@@ -289,6 +293,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     store_->init_random(config_.training.seed, mc.init_std);
   }
   model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, device_);
+  model_->set_mlp_chunk_tokens(mlp_chunk_tokens());
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
   oc.beta2 = config_.optimizer.beta2;
@@ -298,10 +303,11 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   oc.host_f32 = store_->offloaded();
   optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(), oc, master, store_->shard_device());
   if (store_->offloaded())
-    log::info(fmt::format("parallel.offload: shards in {} of page-locked host memory, AdamW state in {} more; "
+    log::info(fmt::format("parallel.offload: shards in {} of page-locked host memory, AdamW state in {} more{}; "
                           "AdamW runs on the host ({} threads)",
                           format_bytes(store_->pinned_bytes()),
                           format_bytes(8 * layout_->total_numel() / comm_->world_size()),
+                          config_.parallel.offload_gradients ? "" : "; gradient shards on the GPU",
                           omp_get_max_threads()));
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
@@ -347,6 +353,12 @@ int64_t Trainer::loss_chunk_tokens() const {
   return auto_loss_chunk_tokens(!device_.is_cpu(), model_->config().vocab_size);
 }
 
+int64_t Trainer::mlp_chunk_tokens() const {
+  if (config_.training.mlp_chunk_tokens > 0) return config_.training.mlp_chunk_tokens;
+  return auto_mlp_chunk_tokens(!device_.is_cpu(), model_->config().ffn_dim,
+                               config_.training.batch_size * config_.training.seq_len);
+}
+
 int64_t Trainer::gpu_memory_bytes() const {
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device_.is_cuda()) return cuda::total_memory_bytes(device_.index);
@@ -357,6 +369,7 @@ int64_t Trainer::gpu_memory_bytes() const {
 PlanInput Trainer::launch_plan_input() const {
   PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
   in.loss_chunk_tokens = loss_chunk_tokens();
+  in.mlp_chunk_tokens = mlp_chunk_tokens();
   return in;
 }
 
@@ -384,7 +397,9 @@ model::ActivationCheckpointing Trainer::checkpointing() const {
 bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const {
   const std::string& v = config_.parallel.compute_shards;
   if (!device_.is_cuda()) return false;  // the CPU computes in the master dtype: nothing to copy
-  if (config_.parallel.offload) return true;  // in host memory: the bf16 copies are what travels up
+  // fully offloaded, the host's bf16 copies are what travels up; with the gradients on the GPU
+  // they are kept only when asked for (the host then holds master, m and v alone)
+  if (config_.parallel.offload) return config_.parallel.offload_gradients || v == "on";
   if (v != "auto") return v == "on";
   if (comm_->world_size() > 1) {
     log::info("parallel.compute_shards = auto: off with several GPUs (`on` keeps bf16 copies of the shards there)");
@@ -454,8 +469,14 @@ TrainSummary Trainer::run() {
   so.checkpointing = checkpointing();
   so.deterministic = tc.deterministic;
   so.offload_activations = tc.offload_activations;  // a GPU's (checked at construction)
+  so.offload_activation_blocks = tc.offload_activations_blocks;
   store_->set_compute_shards(compute_shards(so.checkpointing));
   so.loss_chunk_tokens = loss_chunk_tokens();
+  if (const int64_t piece = model_->mlp_chunk_tokens(); piece > 0 && piece < B * T &&
+      (so.checkpointing == model::ActivationCheckpointing::kSelective ||
+       so.checkpointing == model::ActivationCheckpointing::kFull))
+    log::info(fmt::format("training.mlp_chunk_tokens: each block's MLP runs {} of a micro-batch's {} tokens at a time",
+                          piece, B * T));
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The
   // per-op profile synchronises around every op, which a graph capture forbids: it runs eagerly.
   bool graphed = tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1;

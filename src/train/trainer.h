@@ -58,6 +58,7 @@ class Trainer {
  private:
   std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
   int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
+  int64_t mlp_chunk_tokens() const;      // training.mlp_chunk_tokens, or its automatic value (0: at once)
   // training.activation_checkpointing, with "auto" decided by the plan and the GPU's memory.
   model::ActivationCheckpointing checkpointing() const;
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and

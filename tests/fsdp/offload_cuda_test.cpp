@@ -36,6 +36,7 @@ namespace {
 
 struct Engine : testing::GpuEngine {
   Engine(const model::LlamaConfig& c, bool offload) : GpuEngine(c, testing::bf16_sharding(true, offload)) {}
+  Engine(const model::LlamaConfig& c, const ShardingOptions& so) : GpuEngine(c, so) {}
   // As the trainer: grad-norm clipping at 0.5 (every step of this test clips), then AdamW.
   double update() {
     const double norm = optim::global_grad_norm(store->optimizer_targets().grads, comm.get());
@@ -211,6 +212,98 @@ TEST(OffloadCuda, OverlappedHostUpdateIsTheSameUpdate) {
         << "unit " << u;
   }
   EXPECT_EQ(overlapped.opt->steps_taken(), 4);
+}
+
+// Offloaded with the gradient shards left on the GPU (ShardingOptions::offload_grads off, no
+// compute shards on the host): the backward writes the shards in place, each gather copies the
+// f32 master shard up and casts it on the GPU, and the host update copies each unit's gradient
+// down into one of two page-locked buffers as it goes. Against the fully offloaded store (its
+// bf16 copies are the host's rounding of the same masters, its gradients the same kernels'):
+// losses, gradients, norms, masters and AdamW state bit for bit over 4 overlapped steps with one
+// micro-batch; with two, the second micro-batch adds in the GPU's epilogues instead of on the
+// host (f32 rounding), and the masters follow within the bf16 drift of the first test.
+void gpu_gradients_follow_the_full_offload(int64_t accum) {
+  SCOPED_TRACE(::testing::Message() << accum << " micro-batch(es)");
+  const model::LlamaConfig c = small_config();
+  ShardingOptions kept = testing::bf16_sharding(false, true);
+  kept.offload_grads = false;
+  Engine full(c, true), gpu_grads(c, kept);
+  ASSERT_FALSE(gpu_grads.store->has_compute_shards()) << "no bf16 copies on the host unless asked for";
+  ASSERT_TRUE(gpu_grads.store->grads_in_shards()) << "one rank: the backward writes the shards on the GPU";
+  for (size_t u = 0; u < full.layout.units().size(); ++u) {
+    ASSERT_TRUE(gpu_grads.store->master_shards()[u].device().is_cpu()) << "unit " << u;
+    ASSERT_TRUE(gpu_grads.store->grad_shards()[u].device().is_cuda()) << "unit " << u;
+    ASSERT_TRUE(gpu_grads.store->optimizer_targets().grads[u]->device().is_cpu()) << "unit " << u;
+    copy(gpu_grads.store->master_shards()[u], full.store->master_shards()[u]);
+  }
+  // master weights and two gradient buffers against master, gradients and bf16 copies
+  EXPECT_LT(gpu_grads.store->pinned_bytes(), full.store->pinned_bytes() * 2 / 3);
+
+  const int64_t B = 2, T = 96;
+  model::StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T * accum);
+  o.loss_chunk_tokens = 64;
+  o.deterministic = true;
+  CounterRng rng(41);
+  std::vector<Tensor> ids, targets;
+  for (int64_t m = 0; m < accum; ++m) {
+    ids.push_back(Tensor::empty({B, T}, DType::kI32));
+    targets.push_back(Tensor::empty({B, T}, DType::kI32));
+  }
+  const bool exact = accum == 1;
+  auto run_update = [](Engine& e, double clip) {
+    const ShardedUnitStore::OptimizerTargets t = e.store->optimizer_targets();
+    e.store->run_host_update([&e, t, clip](const ShardedUnitStore::UnitDone& done) {
+      e.opt->step_units(t.params, t.grads, 1e-3, clip, t.compute_copies, done);
+    });
+  };
+  for (int step = 0; step < 4; ++step) {
+    for (int64_t m = 0; m < accum; ++m) random_batch(rng, ids[static_cast<size_t>(m)], targets[static_cast<size_t>(m)]);
+    const double a = forward_backward(full, ids, targets, o), b = forward_backward(gpu_grads, ids, targets, o);
+    if (exact)
+      EXPECT_EQ(a, b) << "step " << step << ": losses";
+    else
+      EXPECT_NEAR(b, a, 1e-4 * a) << "step " << step << ": losses";
+    for (size_t u = 0; u < full.layout.units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(testing::to_host(gpu_grads.store->grad_shards()[u]), full.store->grad_shards()[u],
+                                     exact ? testing::kExact : testing::Tolerance{1.5e-2, 1e30, 1e30}))
+          << "step " << step << " unit " << u;
+    const std::optional<double> sa = full.store->landed_grad_sum_squares();
+    const std::optional<double> sb = gpu_grads.store->landed_grad_sum_squares();
+    ASSERT_TRUE(sb.has_value()) << "the GPU sums its own shards";
+    double host_sum = 0;  // the full offload's gradients, summed here
+    for (const Tensor& g : full.store->grad_shards())
+      for (int64_t i = 0; i < g.numel(); ++i)
+        host_sum += static_cast<double>(g.data<float>()[i]) * static_cast<double>(g.data<float>()[i]);
+    if (exact) {
+      ASSERT_TRUE(sa.has_value());
+      EXPECT_EQ(*sa, *sb) << "step " << step << ": sums of squares of the same gradients, on the GPU";
+    } else {
+      EXPECT_NEAR(*sb, host_sum, 3e-2 * host_sum) << "step " << step;
+    }
+    const double na = optim::grad_norm_from_sum_squares(sa ? *sa : host_sum, full.comm.get());
+    const double nb = optim::grad_norm_from_sum_squares(*sb, gpu_grads.comm.get());
+    EXPECT_GT(na, 0.5) << "every step clips";
+    run_update(full, optim::clip_coefficient(na, 0.5));
+    run_update(gpu_grads, optim::clip_coefficient(nb, 0.5));
+  }
+  full.store->wait_for_host_update();
+  gpu_grads.store->wait_for_host_update();
+  for (size_t u = 0; u < full.layout.units().size(); ++u) {
+    EXPECT_TRUE(testing::all_close(gpu_grads.store->master_shards()[u], full.store->master_shards()[u],
+                                   exact ? testing::kExact : testing::Tolerance{2e-3, 1e30, 1e30}))
+        << "unit " << u << ": master weights after 4 steps";
+    EXPECT_TRUE(testing::all_close(gpu_grads.opt->exp_avg_sq()[u], full.opt->exp_avg_sq()[u],
+                                   exact ? testing::kExact : testing::Tolerance{3e-2, 1e30, 1e30}))
+        << "unit " << u << ": AdamW's second moment";
+  }
+  EXPECT_EQ(gpu_grads.opt->steps_taken(), 4);
+}
+
+TEST(OffloadCuda, GradientsOnTheGpuFollowTheFullOffload) {
+  ST_REQUIRE_CUDA();
+  gpu_gradients_follow_the_full_offload(1);
+  gpu_gradients_follow_the_full_offload(2);
 }
 
 // zero_grad_shards clears lazily when offloaded: a shard no gradient reaches still reads zero.

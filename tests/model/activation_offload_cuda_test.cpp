@@ -39,6 +39,36 @@ void expect_same_grads(const Engine& got, const Engine& want, const char* what, 
         << what << ", step " << step << ", unit " << want.layout.units()[u].name;
 }
 
+// training.offload_activations_blocks: only the first blocks offload (here 1 of the 5; the
+// others stay), the same values bit for bit, and only that block's input leaves the GPU.
+TEST(ActivationOffloadCuda, ALimitOffloadsOnlyTheFirstBlocks) {
+  ST_REQUIRE_CUDA();
+  const int64_t B = 2, T = 128;
+  const LlamaConfig c = five_blocks(false);
+  Engine resident(c), offloaded(c);
+  StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T);
+  o.loss_chunk_tokens = 96;
+  o.deterministic = true;
+  o.checkpointing = ActivationCheckpointing::kFull;
+  StepOptions off = o;
+  off.offload_activations = true;
+  off.offload_activation_blocks = 1;
+  CounterRng rng(37);
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  for (int s = 0; s < 2; ++s) {
+    testing::random_batch(rng, ids, targets, c.vocab_size, 13);
+    resident.store->zero_grad_shards();
+    offloaded.store->zero_grad_shards();
+    EXPECT_EQ(resident.model->forward_backward(ids, targets, o).loss_sum,
+              offloaded.model->forward_backward(ids, targets, off).loss_sum) << "step " << s;
+    expect_same_grads(offloaded, resident, "one block offloaded", s);
+    resident.update();
+    offloaded.update();
+  }
+  EXPECT_EQ(offloaded.model->activation_offload()->bytes_offloaded(), B * T * c.dim * 2) << "block 0's bf16 input";
+}
+
 TEST(ActivationOffloadCuda, EveryPolicyMatchesTheResidentRunBitForBit) {
   ST_REQUIRE_CUDA();
   const int64_t B = 2, T = 128;

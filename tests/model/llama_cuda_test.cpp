@@ -16,6 +16,8 @@
 #include "optim/adamw.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
+#include "testing/gpu_engine.h"
+#include "testing/model_shapes.h"
 #include "testing/shared_data.h"
 
 namespace shardtrain::model {
@@ -120,6 +122,52 @@ TEST_P(HfParityCuda, MixedPrecisionMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda, ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3"));
+
+// A chunked MLP on the GPU (Llama::set_mlp_chunk_tokens; 192 token rows in pieces of 40, the
+// last of 32) under selective and full checkpointing, against the MLP at once: the same
+// kernels on fewer rows per call, so the loss and gradients agree to bf16 rounding (the f32
+// weight gradients sum their pieces' products in another order); two micro-batches, the first
+// overwriting the gradients (the first piece must, the others add).
+TEST(LlamaCuda, ChunkedMlpFollowsTheMlpAtOnce) {
+  ST_REQUIRE_CUDA();
+  const LlamaConfig c = testing::small_gqa(true);
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(ac));
+    testing::GpuEngine whole(c, testing::bf16_sharding(true)), pieces(c, testing::bf16_sharding(true));
+    pieces.model->set_mlp_chunk_tokens(40);
+    const int64_t B = 2, T = 96;
+    StepOptions o;
+    o.grad_scale = 1.0 / static_cast<double>(2 * B * T);
+    o.loss_chunk_tokens = 64;
+    o.checkpointing = ac;
+    o.deterministic = true;
+    CounterRng rng(5);
+    Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+    double a = 0, b = 0;
+    for (int m = 0; m < 2; ++m) {
+      testing::random_batch(rng, ids, targets);
+      o.overwrite_grads = m == 0;
+      a += whole.model->forward_backward(ids, targets, o).loss_sum;
+      b += pieces.model->forward_backward(ids, targets, o).loss_sum;
+    }
+    EXPECT_NEAR(b, a, 2e-3 * a);
+    double worst = 0;
+    for (size_t u = 0; u < whole.layout.units().size(); ++u) {
+      const Tensor want = testing::to_host(whole.store->grad_shards()[u]);
+      const Tensor got = testing::to_host(pieces.store->grad_shards()[u]);
+      EXPECT_TRUE(testing::all_close(got, want, testing::Tolerance{1e-2, 1e30, 1e30})) << "unit " << u;
+      const Tensor x = testing::to_dtype(got, DType::kF64), y = testing::to_dtype(want, DType::kF64);
+      double num = 0, den = 0;
+      for (int64_t i = 0; i < x.numel(); ++i) {
+        num += (x.data<double>()[i] - y.data<double>()[i]) * (x.data<double>()[i] - y.data<double>()[i]);
+        den += y.data<double>()[i] * y.data<double>()[i];
+      }
+      worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+    }
+    std::printf("%s: loss sums %.9g (at once) %.9g (pieces); gradients differ by up to %.2e (relative norm)\n",
+                checkpointing_name(ac), a, b, worst);
+  }
+}
 
 }  // namespace
 }  // namespace shardtrain::model

@@ -196,6 +196,65 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
   }
 }
 
+// A chunked MLP (Llama::set_mlp_chunk_tokens) under selective and full checkpointing: the
+// forward's y, the recomputation and the backward run by pieces of token rows (5 of 14 here:
+// pieces of 5, 5 and 4), so every weight gradient is a sum of per-piece products. Against the
+// MLP at once: the same model up to the order of f64 sums, for stacked and separate gate/up,
+// over two micro-batches whose first overwrites gradient buffers holding garbage (the first
+// piece must overwrite, the others add) and whose second adds; evaluation too. Without
+// checkpointing the setting is ignored: bitwise the plain run.
+TEST(Llama, ChunkedMlpEqualsTheMlpAtOnce) {
+  for (bool stackable : {true, false}) {
+    SCOPED_TRACE(stackable ? "stacked gate|up" : "separate gate and up");
+    LlamaConfig cfg = stackable ? tiny_config({"gqa", 4, 2, false, false, true}) : tiny_config({"gqa", 2, 1, false, false, true});
+    if (stackable) cfg.dim = 256;  // head dim 64; gate and up a multiple of the parameter alignment: stacked
+    cfg.init_std = 0.05;
+    const int64_t B = 2, T = 7;
+    std::vector<Tensor> ids, targets;
+    for (int i = 0; i < 2; ++i) {
+      ids.push_back(Tensor::empty({B, T}, DType::kI32));
+      targets.push_back(Tensor::empty({B, T}, DType::kI32));
+      testing::fill_random_ints(ids.back(), 80 + i, 0, cfg.vocab_size);
+      testing::fill_random_ints(targets.back(), 90 + i, 0, cfg.vocab_size);
+    }
+    for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective,
+                                       ActivationCheckpointing::kFull}) {
+      SCOPED_TRACE(checkpointing_name(ac));
+      StepOptions o;
+      o.grad_scale = 1.0 / 28.0;
+      o.loss_chunk_tokens = 5;
+      o.checkpointing = ac;
+      Llama whole(cfg, DType::kF64), pieces(cfg, DType::kF64);
+      randomize(whole, 23);
+      randomize(pieces, 23);
+      pieces.set_mlp_chunk_tokens(5);
+      ASSERT_EQ(BlockWeights::view(whole.unit_params(1), whole.layout().units()[1], cfg).w_gate_up_2FD.defined(),
+                stackable);
+      for (size_t u = 0; u < whole.layout().units().size(); ++u) {
+        Tensor gw = whole.unit_grads(u), gp = pieces.unit_grads(u);
+        testing::fill_random(gw, 300 + u, 0.3, 1.0);
+        testing::fill_random(gp, 300 + u, 0.3, 1.0);
+      }
+      for (int i = 0; i < 2; ++i) {
+        o.overwrite_grads = i == 0;
+        const LossSum a = whole.forward_backward(ids[i], targets[i], o);
+        const LossSum b = pieces.forward_backward(ids[i], targets[i], o);
+        if (ac == ActivationCheckpointing::kNone)
+          EXPECT_EQ(a.loss_sum, b.loss_sum);
+        else
+          EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-12 * std::abs(a.loss_sum));
+      }
+      for (size_t u = 0; u < whole.layout().units().size(); ++u) {
+        const testing::Tolerance tol = ac == ActivationCheckpointing::kNone ? testing::kExact
+                                                                             : testing::Tolerance{1e-12, 1e-8, 1e-12};
+        EXPECT_TRUE(testing::all_close(pieces.unit_grads(u), whole.unit_grads(u), tol)) << "unit " << u;
+      }
+      const LossSum ea = whole.evaluate(ids[1], targets[1], o), eb = pieces.evaluate(ids[1], targets[1], o);
+      EXPECT_NEAR(ea.loss_sum, eb.loss_sum, 1e-12 * std::abs(ea.loss_sum));
+    }
+  }
+}
+
 TEST(Llama, ActivationOffloadOnTheCpuIsAnError) {
   const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
   Tensor ids = Tensor::empty({1, 8}, DType::kI32), targets = Tensor::empty({1, 8}, DType::kI32);

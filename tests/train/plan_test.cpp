@@ -205,6 +205,76 @@ TEST(Plan, OffloadMovesTheShardsToTheHost) {
   EXPECT_EQ(plan_memory(in).compute_shards, off.compute_shards) << "offload keeps them without being asked";
 }
 
+// parallel.offload_gradients = false: the host keeps master weights and AdamW state (and two
+// gradient buffers of the largest unit, the 8B's embedding), the GPU the f32 gradient shards;
+// no bf16 copies on the host unless asked for.
+TEST(Plan, OffloadWithTheGradientsOnTheGpu) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.micro_batch = 1;
+  in.seq_len = 131072;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  in.offload = true;
+  const MemoryPlan full = plan_memory(in);
+  in.offload_grads = false;
+  const MemoryPlan kept = plan_memory(in);
+  int64_t embed = 0;  // the largest unit's shard on one rank: the embedding (padded)
+  const model::ModelLayout layout = model::ModelLayout::llama(in.model, 1);
+  for (const model::UnitLayout& u : layout.units()) embed = std::max(embed, u.shard_numel(1));
+  EXPECT_GE(embed, int64_t{128256} * 4096);
+  EXPECT_EQ(kept.host_grad_staging, 2 * 4 * embed);
+  EXPECT_EQ(kept.host, (4 + 8) * kept.shard_elements + 2 * 4 * embed);
+  EXPECT_EQ(kept.compute_shards, 0);
+  EXPECT_TRUE(kept.grad_shards_on_gpu);
+  EXPECT_EQ(full.host, (4 + 8 + 4 + 2) * full.shard_elements);
+  EXPECT_LT(kept.host, full.host * 7 / 10);
+  // one rank: the backward writes the shards (no full f32 unit gradients besides them)
+  EXPECT_EQ(kept.unit_grads_at_loss, 0);
+  EXPECT_EQ(kept.peak - kept.grad_shards, std::max(kept.gathered_at_loss + kept.activations_at_loss + kept.loss_chunk,
+                                                    kept.in_backward));
+  EXPECT_NE(describe_plan(in, kept).find("kept on the GPU"), std::string::npos);
+  EXPECT_FALSE(choose_compute_shards(in, int64_t{1} << 40)) << "not kept on the host unless asked for";
+  in.compute_shards = true;
+  EXPECT_TRUE(choose_compute_shards(in, 1));
+  EXPECT_EQ(plan_memory(in).compute_shards, 2 * kept.shard_elements);
+}
+
+// A chunked MLP (training.mlp_chunk_tokens) under full checkpointing: the block backward holds
+// one piece's gate, up, h and dh instead of every token's. The automatic piece keeps those
+// within 2 GiB in bf16 and leaves micro-batches that fit whole.
+TEST(Plan, ChunkedMlpBoundsTheBlockBackward) {
+  EXPECT_EQ(auto_mlp_chunk_tokens(true, 14336, 131072), 16384);  // 8 pieces
+  EXPECT_EQ(auto_mlp_chunk_tokens(true, 14336, 16384), 0);
+  EXPECT_EQ(auto_mlp_chunk_tokens(true, 8192, 32768), 0);       // the 1B benchmark: unchanged
+  EXPECT_EQ(auto_mlp_chunk_tokens(true, 8192, 65536), 32768);
+  EXPECT_EQ(auto_mlp_chunk_tokens(false, 14336, 131072), 0);    // the CPU: at once
+  const int64_t rounded = auto_mlp_chunk_tokens(true, 14336, 100000);
+  EXPECT_EQ(rounded % 128, 0);
+  EXPECT_LE(rounded * 4 * 14336 * 2, int64_t{2} << 30);
+  PlanInput in;
+  in.model = llama_8b();
+  in.micro_batch = 1;
+  in.seq_len = 131072;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  const MemoryPlan pieces = plan_memory(in);
+  EXPECT_EQ(pieces.mlp_chunk_tokens, 16384);
+  in.mlp_chunk_tokens = 131072;  // one piece of every token
+  const MemoryPlan whole = plan_memory(in);
+  const int64_t T = 131072;
+  // one piece of every token: the SwiGLU backward's moment (gate, up, h and dh of every
+  // token) is the peak; in pieces it drops below the attention backward's, which is then the peak
+  EXPECT_GT(whole.in_backward, whole.in_attention_backward);
+  EXPECT_EQ(pieces.in_backward, pieces.in_attention_backward);
+  EXPECT_EQ(pieces.in_attention_backward, whole.in_attention_backward);
+  EXPECT_GT(whole.in_backward - pieces.in_backward, int64_t{9} << 30);
+  // the attention moment: cuDNN's workspace of 8 bytes per query element is in it
+  EXPECT_GT(pieces.in_attention_backward, pieces.activations_at_loss + T * 8 * 4096);
+  EXPECT_NE(describe_plan(in, pieces).find("MLP in pieces"), std::string::npos);
+  in.checkpointing = model::ActivationCheckpointing::kNone;  // the MLP's tensors are kept: no pieces
+  in.mlp_chunk_tokens = 0;
+  EXPECT_EQ(plan_memory(in).mlp_chunk_tokens, T);
+}
+
 TEST(Plan, ActivationOffloadKeepsTwoBlocksOnTheGpu) {
   PlanInput in;
   in.model = llama_1b();  // 16 blocks

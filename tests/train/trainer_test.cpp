@@ -112,5 +112,19 @@ TEST(Trainer, OffloadOnTheCpuIsAnError) {
                              [](JobConfig& c) { c.training.offload_activations = true; });
 }
 
+TEST(Trainer, GradientsOnTheGpuNeedOffload) {
+  const std::string out = (std::filesystem::temp_directory_path() /
+                           ("shardtrain_trainer_offload_grads_" + std::to_string(::getpid()))).string();
+  JobConfig c = short_default_job(out);
+  c.training.device = "cpu";
+  c.parallel.offload_gradients = false;
+  try {
+    Trainer t(c);
+    ADD_FAILURE() << "parallel.offload_gradients = false was accepted without parallel.offload";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`parallel.offload_gradients` = false"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::train
