@@ -214,7 +214,10 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
     store_->release_params(u, pass);
     x_BTD = a.y_BTD;
-    a.release_for(checkpointing);
+    if (pass == Pass::kEval)
+      a = BlockActivations();  // no backward follows: not even the block's input is kept
+    else
+      a.release_for(checkpointing);
     if (offload) offload->after_forward(l, config_.n_layers, a);
   }
   if (offload) offload->finish_forward();
@@ -373,7 +376,7 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  // Activations are dropped block by block: evaluation keeps only block inputs.
+  // Activations are dropped block by block: evaluation keeps only the block in flight.
   const Tensor targets = on_device(targets_BT);
   const Tensor h_TD =
       forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, true);

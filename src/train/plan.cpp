@@ -223,8 +223,8 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   s += row(p.host > 0 ? "estimated GPU peak" : "estimated peak", p.peak);
   s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,
                    p.flops_per_token * static_cast<double>(p.tokens_per_micro_batch));
-  s += "The estimate leaves out the CUDA context, cuBLAS and cuDNN workspaces and allocator slack\n"
-       "(together about 1-2 GiB on a GPU).\n";
+  s += "The estimate leaves out the CUDA context, cuBLAS workspaces and allocator slack (together about\n"
+       "1-2 GiB on a GPU; cuDNN's attention workspace is in the block-backward moment).\n";
   return s;
 }
 
