@@ -182,5 +182,45 @@ TEST(TrainerCuda, OffloadFollowsTheResidentRunAndResumes) {
   std::filesystem::remove_all(dir);
 }
 
+// parallel.offload with parallel.offload_gradients = false (the gradient shards on the GPU, the
+// host holding master weights and AdamW state only): through the trainer, the fully offloaded
+// run's losses bit for bit (the same arithmetic: tests/fsdp/offload_cuda_test.cpp) with the
+// deterministic attention backward, the same learning, and a resume from its checkpoint that
+// repeats the straight run exactly.
+TEST(TrainerCuda, OffloadWithTheGradientsOnTheGpuFollowsTheFullOffloadAndResumes) {
+  ST_REQUIRE_CUDA();
+  const std::string corpus = write_corpus();
+  JobConfig full_job = job(corpus, "cuda", "--parallel.offload=true");
+  full_job.training.deterministic = true;
+  full_job.training.steps = 20;
+  JobConfig kept_job = full_job;
+  kept_job.parallel.offload_gradients = false;
+  const TrainSummary full = Trainer(full_job).run();
+  Trainer kept(kept_job);
+  ASSERT_TRUE(kept.store().offloaded());
+  ASSERT_TRUE(kept.store().grad_shards()[0].device().is_cuda());
+  ASSERT_FALSE(kept.store().has_compute_shards());
+  const TrainSummary k = kept.run();
+  ASSERT_EQ(k.steps.size(), 20u);
+  for (size_t i = 0; i < k.steps.size(); ++i) EXPECT_EQ(k.steps[i].loss, full.steps[i].loss) << "step " << i + 1;
+  EXPECT_LT(k.steps.back().loss, k.steps.front().loss - 1.0);  // it learns
+
+  const std::string dir = (std::filesystem::temp_directory_path() /
+                           ("shardtrain_cuda_offload_grads_ckpt_" + std::to_string(::getpid()))).string();
+  JobConfig straight_job = kept_job;
+  straight_job.training.steps = 12;
+  straight_job.checkpoint.interval_steps = 6;
+  straight_job.checkpoint.dir = dir;
+  const TrainSummary straight = Trainer(straight_job).run();
+  JobConfig resumed_job = straight_job;
+  resumed_job.checkpoint.resume = dir + "/step_00000006";
+  resumed_job.checkpoint.interval_steps = 0;
+  const TrainSummary resumed = Trainer(resumed_job).run();
+  ASSERT_EQ(resumed.steps.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(resumed.steps[i].loss, straight.steps[6 + i].loss) << "resumed step " << resumed.steps[i].step;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace shardtrain::train
