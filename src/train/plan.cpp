@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <unistd.h>
+
 #include <fmt/format.h>
 
 #include "core/allocator.h"
@@ -226,6 +228,34 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   s += "The estimate leaves out the CUDA context, cuBLAS workspaces and allocator slack (together about\n"
        "1-2 GiB on a GPU; cuDNN's attention workspace is in the block-backward moment).\n";
   return s;
+}
+
+int64_t host_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+std::string host_memory_problem(const PlanInput& in, const MemoryPlan& p, int64_t host_bytes) {
+  // a tenth stays for the system, the process's own memory and the data
+  const int64_t need = p.host + p.host_activations, usable = host_bytes / 10 * 9;
+  if (host_bytes <= 0 || need <= usable) return "";
+  std::string s = fmt::format("this rank needs {} of host memory, more than 90 % of this machine's {}: ",
+                              format_bytes(need), format_bytes(host_bytes));
+  if (p.host > 0) {
+    s += fmt::format("{} for the offloaded shards and AdamW state (parallel.offload)", format_bytes(p.host));
+    if (!p.grad_shards_on_gpu) {
+      PlanInput kept = in;
+      kept.offload_grads = false;
+      kept.compute_shards = false;
+      s += fmt::format("; parallel.offload_gradients = false keeps the gradients on the GPU and the host's part at {}",
+                       format_bytes(plan_memory(kept).host));
+    }
+  }
+  if (p.host_activations > 0)
+    s += fmt::format("{}{} for {} blocks' activations (training.offload_activations; "
+                     "training.offload_activations_blocks offloads fewer)",
+                     p.host > 0 ? "; " : "", format_bytes(p.host_activations), p.offloaded_blocks);
+  return s + "; more ranks (GPUs) divide the sharded state";
 }
 
 int64_t checkpointing_reserve(int64_t planned_peak) { return (int64_t{2} << 30) + planned_peak * 3 / 100; }

@@ -97,6 +97,14 @@ CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes);
 // workspaces and the allocator's slack, 2 GiB plus 3 % of the peak.
 int64_t checkpointing_reserve(int64_t planned_peak);
 
+// This machine's physical memory in bytes (0 where it cannot be read).
+int64_t host_memory_bytes();
+// Where a rank's planned host memory (offloaded shards and AdamW state, offloaded
+// activations) exceeds 90 % of `host_bytes` (a machine's memory, the rest left to the system
+// and the process; 0: unknown, nothing said): a message naming what takes it and the keys
+// that lower it; empty otherwise.
+std::string host_memory_problem(const PlanInput& in, const MemoryPlan& plan, int64_t host_bytes);
+
 // For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.
 std::string describe_auto_checkpointing(PlanInput in);
 

@@ -271,6 +271,22 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   ST_CHECK(!config_.training.offload_activations || device_.is_cuda(), "`training.offload_activations` = true moves "
            "activations from the GPU to host memory; this run trains on the CPU (`training.device` = `",
            config_.training.device, "`), where they are in host memory already");
+  if (device_.is_cuda() && (config_.parallel.offload || config_.training.offload_activations)) {
+    // before any page-locked memory is taken: a host too small fails here, naming the keys
+    // that help, not inside the driver or the kernel's out-of-memory killer
+    PlanInput in = plan_input(config_, mc, comm_->world_size());
+    if (in.offload_activations && config_.training.activation_checkpointing == "auto")
+      in.checkpointing = model::ActivationCheckpointing::kFull;  // what auto takes with activation offload
+    int64_t local_ranks = 1;  // ranks sharing this machine's memory (torchrun's, Open MPI's count)
+    for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
+      if (const char* v = std::getenv(name); v != nullptr && std::atoll(v) > 0) {
+        local_ranks = std::atoll(v);
+        break;
+      }
+    const std::string problem = host_memory_problem(in, plan_memory(in), host_memory_bytes() / local_ranks);
+    ST_CHECK(problem.empty(), "host memory", local_ranks > 1 ? fmt::format(" ({} ranks on this machine)", local_ranks)
+                                                            : std::string(), ": ", problem);
+  }
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
   if (!config_.model.hf.empty()) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything

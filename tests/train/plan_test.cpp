@@ -239,6 +239,33 @@ TEST(Plan, OffloadWithTheGradientsOnTheGpu) {
   EXPECT_EQ(plan_memory(in).compute_shards, 2 * kept.shard_elements);
 }
 
+// The trainer refuses a plan whose host memory exceeds the machine's, naming what takes it and
+// the keys that lower it: the 8B on one GPU against a 125 GiB host.
+TEST(Plan, HostMemoryProblemNamesTheKeysThatHelp) {
+  const int64_t host = int64_t{125} << 30;
+  PlanInput in;
+  in.model = llama_8b();
+  in.micro_batch = 1;
+  in.seq_len = 131072;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  in.offload = true;  // 18 bytes per parameter: 134.6 GiB
+  const std::string full = host_memory_problem(in, plan_memory(in), host);
+  EXPECT_NE(full.find("134.6"), std::string::npos) << full;
+  EXPECT_NE(full.find("parallel.offload_gradients = false"), std::string::npos) << full;
+  EXPECT_NE(full.find("93.66 GiB"), std::string::npos) << full;  // what the host then needs
+  std::printf("%s\n", full.c_str());
+  EXPECT_EQ(host_memory_problem(in, plan_memory(in), 0), "") << "an unknown host size says nothing";
+  in.offload_grads = false;
+  EXPECT_EQ(host_memory_problem(in, plan_memory(in), host), "");
+  in.offload_activations = true;  // all but the last two blocks: 30 GiB more
+  const std::string acts = host_memory_problem(in, plan_memory(in), host);
+  EXPECT_NE(acts.find("training.offload_activations_blocks"), std::string::npos) << acts;
+  EXPECT_EQ(acts.find("offload_gradients"), std::string::npos) << acts;
+  std::printf("%s\n", acts.c_str());
+  in.offload_activation_blocks = 12;  // the ready job's
+  EXPECT_EQ(host_memory_problem(in, plan_memory(in), host), "");
+}
+
 // A chunked MLP (training.mlp_chunk_tokens) under full checkpointing: the block backward holds
 // one piece's gate, up, h and dh instead of every token's. The automatic piece keeps those
 // within 2 GiB in bf16 and leaves micro-batches that fit whole.
