@@ -181,7 +181,6 @@ void ActivationOffload::set_max_blocks(int64_t n) {
 
 int64_t ActivationOffload::host_bytes() const {
   int64_t n = 0;
-  if (!s_) return 0;
   for (const auto& block : s_->pinned)
     for (const auto& buffer : block)
       if (buffer) n += static_cast<int64_t>(buffer->bytes());

@@ -77,6 +77,12 @@ enum class BlockPart {
 // `checkpointing` (not kNone).
 BlockPart recompute_part(ActivationCheckpointing checkpointing);
 
+// Whether `checkpointing` keeps none of the MLP's inner tensors (selective and full), so the
+// MLP may run in pieces of tokens (BlockContext::mlp_chunk_tokens).
+constexpr bool mlp_recomputed(ActivationCheckpointing checkpointing) {
+  return checkpointing == ActivationCheckpointing::kSelective || checkpointing == ActivationCheckpointing::kFull;
+}
+
 struct BlockContext {
   const LlamaConfig* config = nullptr;
   int64_t batch = 0;   // B

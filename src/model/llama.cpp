@@ -180,8 +180,7 @@ void Llama::set_mlp_chunk_tokens(int64_t tokens) {
 
 BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const {
   BlockContext ctx;
-  if (checkpointing == ActivationCheckpointing::kSelective || checkpointing == ActivationCheckpointing::kFull)
-    ctx.mlp_chunk_tokens = mlp_chunk_tokens_;
+  if (mlp_recomputed(checkpointing)) ctx.mlp_chunk_tokens = mlp_chunk_tokens_;
   ctx.config = &config_;
   ctx.batch = batch;
   ctx.seq = seq;

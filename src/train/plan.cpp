@@ -132,8 +132,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // A chunked MLP (selective or full checkpointing with training.mlp_chunk_tokens) holds one
   // piece's gate, up, h and dh instead of every token's, and xn2's gradient for every token
   // from the first piece on.
-  const bool mlp_recomputed = in.checkpointing == ActivationCheckpointing::kSelective ||
-                              in.checkpointing == ActivationCheckpointing::kFull;
+  const bool mlp_recomputed = model::mlp_recomputed(in.checkpointing);
   const int64_t mlp_chunk = in.mlp_chunk_tokens > 0 ? in.mlp_chunk_tokens : auto_mlp_chunk_tokens(in.gpu, F, tokens);
   const int64_t piece = mlp_recomputed && mlp_chunk > 0 ? std::min(mlp_chunk, tokens) : 0;
   p.mlp_chunk_tokens = piece > 0 ? piece : tokens;

@@ -275,8 +275,8 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     // before any page-locked memory is taken: a host too small fails here, naming the keys
     // that help, not inside the driver or the kernel's out-of-memory killer
     PlanInput in = plan_input(config_, mc, comm_->world_size());
-    if (in.offload_activations && config_.training.activation_checkpointing == "auto")
-      in.checkpointing = model::ActivationCheckpointing::kFull;  // what auto takes with activation offload
+    if (config_.training.activation_checkpointing == "auto")
+      in.checkpointing = choose_checkpointing(in, gpu_memory_bytes()).checkpointing;
     int64_t local_ranks = 1;  // ranks sharing this machine's memory (torchrun's, Open MPI's count)
     for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
       if (const char* v = std::getenv(name); v != nullptr && std::atoll(v) > 0) {
@@ -488,9 +488,8 @@ TrainSummary Trainer::run() {
   so.offload_activation_blocks = tc.offload_activations_blocks;
   store_->set_compute_shards(compute_shards(so.checkpointing));
   so.loss_chunk_tokens = loss_chunk_tokens();
-  if (const int64_t piece = model_->mlp_chunk_tokens(); piece > 0 && piece < B * T &&
-      (so.checkpointing == model::ActivationCheckpointing::kSelective ||
-       so.checkpointing == model::ActivationCheckpointing::kFull))
+  if (const int64_t piece = model_->mlp_chunk_tokens();
+      piece > 0 && piece < B * T && model::mlp_recomputed(so.checkpointing))
     log::info(fmt::format("training.mlp_chunk_tokens: each block's MLP runs {} of a micro-batch's {} tokens at a time",
                           piece, B * T));
   // One rank on a GPU: each micro-batch is a CUDA graph replay after the first step. The

@@ -146,6 +146,27 @@ TEST(TrainerCuda, FollowsTheCpuLossCurve) {
 }
 
 
+// A run of `job` with a checkpoint at step 6 of 12, then a run resumed from it: the resumed
+// steps' losses equal the straight run's bit for bit (the job takes the deterministic
+// attention backward).
+void expect_resume_repeats_the_run(JobConfig straight_job, const std::string& name) {
+  const std::string dir =
+      (std::filesystem::temp_directory_path() / (name + "_" + std::to_string(::getpid()))).string();
+  straight_job.training.deterministic = true;
+  straight_job.training.steps = 12;
+  straight_job.checkpoint.interval_steps = 6;
+  straight_job.checkpoint.dir = dir;
+  const TrainSummary straight = Trainer(straight_job).run();
+  JobConfig resumed_job = straight_job;
+  resumed_job.checkpoint.resume = dir + "/step_00000006";
+  resumed_job.checkpoint.interval_steps = 0;
+  const TrainSummary resumed = Trainer(resumed_job).run();
+  ASSERT_EQ(resumed.steps.size(), 6u);
+  for (size_t i = 0; i < 6; ++i)
+    EXPECT_EQ(resumed.steps[i].loss, straight.steps[6 + i].loss) << "resumed step " << resumed.steps[i].step;
+  std::filesystem::remove_all(dir);
+}
+
 // parallel.offload (shards and AdamW in host memory, AdamW on the host in f32): the same
 // curve as the GPU-resident eager run while the attention backward's noise is small, the
 // same learning, and a checkpoint written from the host shards resumes bit for bit (with
@@ -163,23 +184,7 @@ TEST(TrainerCuda, OffloadFollowsTheResidentRunAndResumes) {
     EXPECT_LT(std::abs(o.steps[i].loss - resident.steps[i].loss), 1e-3 * resident.steps[i].loss)
         << "offload vs resident, step " << i + 1;
   EXPECT_LT(o.steps.back().loss, o.steps.front().loss - 2.0);  // it learns
-
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("shardtrain_cuda_offload_ckpt_" + std::to_string(::getpid()))).string();
-  JobConfig straight_job = job(corpus, "cuda", "--parallel.offload=true");
-  straight_job.training.deterministic = true;
-  straight_job.training.steps = 12;
-  straight_job.checkpoint.interval_steps = 6;
-  straight_job.checkpoint.dir = dir;
-  const TrainSummary straight = Trainer(straight_job).run();
-  JobConfig resumed_job = straight_job;
-  resumed_job.checkpoint.resume = dir + "/step_00000006";
-  resumed_job.checkpoint.interval_steps = 0;
-  const TrainSummary resumed = Trainer(resumed_job).run();
-  ASSERT_EQ(resumed.steps.size(), 6u);
-  for (size_t i = 0; i < 6; ++i)
-    EXPECT_EQ(resumed.steps[i].loss, straight.steps[6 + i].loss) << "resumed step " << resumed.steps[i].step;
-  std::filesystem::remove_all(dir);
+  expect_resume_repeats_the_run(job(corpus, "cuda", "--parallel.offload=true"), "shardtrain_cuda_offload_ckpt");
 }
 
 // parallel.offload with parallel.offload_gradients = false (the gradient shards on the GPU, the
@@ -204,22 +209,7 @@ TEST(TrainerCuda, OffloadWithTheGradientsOnTheGpuFollowsTheFullOffloadAndResumes
   ASSERT_EQ(k.steps.size(), 20u);
   for (size_t i = 0; i < k.steps.size(); ++i) EXPECT_EQ(k.steps[i].loss, full.steps[i].loss) << "step " << i + 1;
   EXPECT_LT(k.steps.back().loss, k.steps.front().loss - 1.0);  // it learns
-
-  const std::string dir = (std::filesystem::temp_directory_path() /
-                           ("shardtrain_cuda_offload_grads_ckpt_" + std::to_string(::getpid()))).string();
-  JobConfig straight_job = kept_job;
-  straight_job.training.steps = 12;
-  straight_job.checkpoint.interval_steps = 6;
-  straight_job.checkpoint.dir = dir;
-  const TrainSummary straight = Trainer(straight_job).run();
-  JobConfig resumed_job = straight_job;
-  resumed_job.checkpoint.resume = dir + "/step_00000006";
-  resumed_job.checkpoint.interval_steps = 0;
-  const TrainSummary resumed = Trainer(resumed_job).run();
-  ASSERT_EQ(resumed.steps.size(), 6u);
-  for (size_t i = 0; i < 6; ++i)
-    EXPECT_EQ(resumed.steps[i].loss, straight.steps[6 + i].loss) << "resumed step " << resumed.steps[i].step;
-  std::filesystem::remove_all(dir);
+  expect_resume_repeats_the_run(kept_job, "shardtrain_cuda_offload_grads_ckpt");
 }
 
 }  // namespace
