@@ -392,6 +392,7 @@ int main(int argc, char** argv) try {
     say("# GPU power readings off: " + power.why_unavailable() + "\n");
   }
   const double peak_gib = static_cast<double>(allocator_for(dev).stats().peak_allocated_bytes) / (1u << 30);
+  if (const std::string peak = describe_peak_breakdown(allocator_for(dev)); !peak.empty()) say("# " + peak);
   std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
   if (a.offload) label += ", ZeRO offload";
   if (a.offload_activations) label += ", activations offloaded";

@@ -107,6 +107,20 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+std::string describe_peak_breakdown(const Allocator& allocator) {
+  const std::vector<std::pair<std::string, int64_t>> parts = allocator.peak_breakdown();
+  if (parts.empty()) return "";
+  int64_t total = 0;
+  for (const auto& [what, bytes] : parts) total += bytes;
+  std::string s = "allocated on " + allocator.device().str() + " at the peak (" + format_bytes(total) + "), by name:\n";
+  for (const auto& [what, bytes] : parts) {
+    char line[64];
+    std::snprintf(line, sizeof line, "  %12s  ", format_bytes(bytes).c_str());
+    s += line + what + "\n";
+  }
+  return s;
+}
+
 std::string Device::str() const {
   return is_cpu() ? std::string("cpu") : "cuda:" + std::to_string(index);
 }

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/device.h"
 
@@ -30,7 +32,15 @@ class Allocator {
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual Device device() const = 0;
+  // What was allocated at the moment of the peak, bytes by the name each allocation gave
+  // (`what`), largest first. Only the CUDA caching allocator keeps it, and only when
+  // SHARDTRAIN_MEMORY_PEAK_REPORT=1 was in the environment when it was made (it costs a map
+  // update per allocation); empty otherwise.
+  virtual std::vector<std::pair<std::string, int64_t>> peak_breakdown() const { return {}; }
 };
+
+// peak_breakdown() as lines "  <bytes>  <name>" under a heading; empty when there is none.
+std::string describe_peak_breakdown(const Allocator& allocator);
 
 // The process-wide allocator of a device. CUDA allocators are registered by core/cuda
 // when the CUDA backend is linked; asking for one without it throws.

@@ -318,7 +318,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const ops::RmsNormBackwardOptions dnorm{.overwrite_dweight = overwrite_grads};
 
   Tensor dxn2_TD;
-  const Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
+  // a view holds its storage: dropped with a.xn2_BTD below, not at the function's end
+  Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
   if (a.gate_BTF.defined()) {
     // the kept (or recomputed) gate and up of every token
     const bool stacked = a.gate_up_BT2F.defined();
@@ -350,7 +351,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
                         a.rstd2_BT.view({B * T}), dy_TD, dnorm);
   // read for the last time: freed before the attention's backward, the block's other peak
-  dxn2_TD = Tensor();
+  dxn2_TD = xn2_TD = Tensor();
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj.
@@ -359,7 +360,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, dw);
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
-  Tensor dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
+  // allocated once the attention backward has freed its inputs (that moment is the peak)
+  Tensor dxn1_TD;
   const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
   if (qkv_stacked(w, ctx) && g.wqkv_ED.defined()) {
     // dq, dk, dv as head slices of one tensor: one product for the input gradient (and one
@@ -374,6 +376,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
     ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK);
+    dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
     ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({B * T, heads * H}), xn1_TD, w.wqkv_ED, dw);
   } else {
     Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
@@ -385,6 +388,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
     ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);
+    dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
     ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);
     ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD, dw_dx);
     ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD, dw_dx);

@@ -728,6 +728,9 @@ TrainSummary Trainer::run() {
                           world > 1 ? fmt::format(" of rank {}", rank) : std::string(),
                           format_activity(run_power),
                           1e3 * run_power.mean_power_w / (summary.tokens_per_second / static_cast<double>(world))));
+  if (!device_.is_cpu())
+    if (const std::string peak = describe_peak_breakdown(allocator_for(device_)); !peak.empty())
+      log::info("SHARDTRAIN_MEMORY_PEAK_REPORT=1: " + peak);
   if (profile::enabled() && comm_->rank() == 0)
     log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +

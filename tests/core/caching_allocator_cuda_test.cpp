@@ -1,5 +1,11 @@
 // The CUDA caching allocator: reuse without new driver allocations, statistics, and the
 // out-of-memory message. Skips without a device.
+#include <algorithm>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
 #include <gtest/gtest.h>
 
 #include "core/cuda/device.h"
@@ -7,6 +13,9 @@
 
 namespace shardtrain {
 namespace {
+
+// Before main, so before any allocator exists: the peak breakdown is on for this binary.
+const bool kPeakReportOn = setenv("SHARDTRAIN_MEMORY_PEAK_REPORT", "1", 1) == 0;
 
 class CachingAllocatorTest : public ::testing::Test {
  protected:
@@ -30,6 +39,34 @@ TEST_F(CachingAllocatorTest, SecondStepReusesBlocks) {
   EXPECT_EQ(after_second.allocated_bytes, after_first.allocated_bytes);
   EXPECT_GE(after_second.reserved_bytes, 1000 * 37 * 4 + (3 << 20) * 2);
   EXPECT_GE(after_second.peak_allocated_bytes, 1000 * 37 * 4 + (3 << 20) * 2);
+}
+
+// The breakdown is the named allocations alive at the peak, in 2 MiB-rounded sizes, largest
+// first; what came after the peak without exceeding it is not in it.
+TEST_F(CachingAllocatorTest, PeakBreakdownNamesWhatWasAliveAtThePeak) {
+  ASSERT_TRUE(kPeakReportOn);
+  Allocator& a = allocator_for(Device::cuda(0));
+  a.reset_peak();
+  {
+    Tensor b = Tensor::empty({5 << 20}, DType::kU8, Device::cuda(0), "peak test b");
+    {
+      Tensor first = Tensor::empty({3 << 20}, DType::kU8, Device::cuda(0), "peak test a");
+    }
+    Tensor c = Tensor::empty({1 << 20}, DType::kU8, Device::cuda(0), "peak test c");
+  }
+  std::map<std::string, int64_t> at_peak;
+  std::vector<int64_t> order;
+  for (const auto& [what, bytes] : a.peak_breakdown()) {
+    at_peak[what] = bytes;
+    order.push_back(bytes);
+  }
+  EXPECT_EQ(at_peak["peak test b"], 6 << 20);
+  EXPECT_EQ(at_peak["peak test a"], 4 << 20);
+  EXPECT_EQ(at_peak.count("peak test c"), 0u);
+  EXPECT_TRUE(std::is_sorted(order.rbegin(), order.rend()));
+  const std::string text = describe_peak_breakdown(a);
+  EXPECT_NE(text.find("peak test b"), std::string::npos) << text;
+  EXPECT_NE(text.find("6.00 MiB"), std::string::npos) << text;
 }
 
 TEST_F(CachingAllocatorTest, OutOfMemoryNamesTheRequest) {

@@ -3,7 +3,9 @@
 // device synchronisation; memory returns to the driver only on out-of-memory or
 // empty_cache. Blocks are not split: training steps repeat the same sizes, so exact size
 // classes hit after the first step.
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -38,7 +40,10 @@ size_t round_size(size_t bytes) {
 
 class CachingAllocator final : public Allocator {
  public:
-  explicit CachingAllocator(int device) : device_(device) {}
+  explicit CachingAllocator(int device) : device_(device) {
+    const char* v = std::getenv("SHARDTRAIN_MEMORY_PEAK_REPORT");
+    track_names_ = v != nullptr && std::string(v) == "1";
+  }
 
   void* allocate(size_t bytes, Stream stream, const char* what) override {
     const size_t size = round_size(bytes);
@@ -55,7 +60,14 @@ class CachingAllocator final : public Allocator {
     }
     live_[ptr] = size;
     stats_.allocated_bytes += static_cast<int64_t>(size);
+    const bool new_peak = stats_.allocated_bytes > stats_.peak_allocated_bytes;
     stats_.peak_allocated_bytes = std::max(stats_.peak_allocated_bytes, stats_.allocated_bytes);
+    if (track_names_) {
+      std::string name = what != nullptr ? what : "(unnamed)";
+      by_name_[name] += static_cast<int64_t>(size);
+      live_names_[ptr] = std::move(name);
+      if (new_peak) at_peak_ = by_name_;
+    }
     return ptr;
   }
 
@@ -64,6 +76,12 @@ class CachingAllocator final : public Allocator {
     auto it = live_.find(ptr);
     ST_ASSERT(it != live_.end(), "freeing a pointer this allocator does not own");
     stats_.allocated_bytes -= static_cast<int64_t>(it->second);
+    if (track_names_) {
+      auto named = live_names_.find(ptr);
+      auto total = by_name_.find(named->second);
+      if ((total->second -= static_cast<int64_t>(it->second)) == 0) by_name_.erase(total);
+      live_names_.erase(named);
+    }
     free_[stream.handle].emplace(it->second, ptr);
     live_.erase(it);
   }
@@ -76,8 +94,16 @@ class CachingAllocator final : public Allocator {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.peak_allocated_bytes = stats_.allocated_bytes;
     stats_.peak_reserved_bytes = stats_.reserved_bytes;
+    at_peak_ = by_name_;
   }
   Device device() const override { return Device::cuda(device_); }
+
+  std::vector<std::pair<std::string, int64_t>> peak_breakdown() const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<std::pair<std::string, int64_t>> parts(at_peak_.begin(), at_peak_.end());
+    std::stable_sort(parts.begin(), parts.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    return parts;
+  }
 
   void release_cached() {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -128,6 +154,10 @@ class CachingAllocator final : public Allocator {
   MemoryStats stats_;
   std::unordered_map<void*, size_t> live_;
   std::unordered_map<void*, std::multimap<size_t, void*>> free_;  // stream -> size -> block
+  // SHARDTRAIN_MEMORY_PEAK_REPORT=1: bytes live by allocation name, now and at the peak
+  bool track_names_ = false;
+  std::unordered_map<void*, std::string> live_names_;
+  std::map<std::string, int64_t> by_name_, at_peak_;
 };
 
 std::mutex& registry_mutex() {
