@@ -194,6 +194,8 @@ int run_plan(const std::vector<std::string>& args) {
     return 0;
   }
   std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);
+  if (in.offload_activations && in.gpu && job.training.offload_activations_blocks == 0)
+    std::fputs(train::describe_auto_offload_blocks(in).c_str(), stdout);
   if (job.parallel.compute_shards == "auto" && in.gpu && ranks == 1 && !in.offload) {
     train::PlanInput with = in;
     with.compute_shards = true;

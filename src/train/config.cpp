@@ -175,8 +175,10 @@ const std::vector<KeyDef>& keys() {
           "auto checkpointing it takes full"),
       key("training.offload_activations_blocks", &C::training, &TrainingSection::offload_activations_blocks,
           "with training.offload_activations: offload only the first n blocks (whose backward comes last), "
-          "keeping the others on the GPU, to cap the host memory it takes (n x one block's kept activations); "
-          "0: every block but the last two",
+          "keeping the others on the GPU (n x one block's kept activations in host memory; n at or above "
+          "model.n_layers - 2: every block but the last two); 0: auto, the fewest blocks whose offload brings "
+          "the planned peak within the GPU's memory less 2 GiB and 3 % (none when everything fits: the offload "
+          "is then off), as `shardtrain plan` estimates it",
           non_negative()),
       key("training.device", &C::training, &TrainingSection::device,
           "where to train: auto (a GPU when one is visible, else the CPU), cpu, or cuda (the GPU numbered "

@@ -277,6 +277,43 @@ CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes) {
   return c;
 }
 
+PlanInput with_offloaded_blocks(PlanInput in, int64_t blocks) {
+  in.offload_activations = blocks > 0;
+  in.offload_activation_blocks = blocks;
+  return in;
+}
+
+OffloadBlocksChoice choose_offload_blocks(PlanInput in, int64_t device_bytes) {
+  OffloadBlocksChoice c;
+  const int64_t most = std::max<int64_t>(0, in.model.n_layers - model::ActivationOffload::kResidentBlocks);
+  for (int64_t n = 0; n <= most; ++n) {
+    c.blocks = n;
+    c.plan = plan_memory(with_offloaded_blocks(in, n));
+    c.fits = c.plan.peak + checkpointing_reserve(c.plan.peak) <= device_bytes;
+    if (c.fits) break;
+  }
+  return c;
+}
+
+std::string describe_auto_offload_blocks(const PlanInput& in) {
+  std::string s = "training.offload_activations_blocks = auto: at launch, the fewest blocks whose offload fits the "
+                  "GPU with 2 GiB and 3 % to spare:\n";
+  for (const int64_t gib : {24, 40, 80, 94, 141}) {
+    const OffloadBlocksChoice c = choose_offload_blocks(in, gib << 30);
+    s += fmt::format("  a {:>3} GiB GPU: ", gib);
+    if (!c.fits)
+      s += fmt::format("does not fit even with {} blocks offloaded (peak {})\n", c.blocks, format_bytes(c.plan.peak));
+    else if (c.blocks == 0)
+      s += fmt::format("none (peak {}; nothing offloaded)\n", format_bytes(c.plan.peak));
+    else
+      s += fmt::format("{} of {} blocks (peak {}, {} in host memory)\n", c.blocks, in.model.n_layers,
+                       format_bytes(c.plan.peak), format_bytes(c.plan.host + c.plan.host_activations));
+  }
+  s += "(the breakdown above offloads every block but the last two; --training.offload_activations_blocks=N "
+       "shows N)\n";
+  return s;
+}
+
 std::string describe_auto_checkpointing(PlanInput in) {
   std::string s = fmt::format("model: {}\nmicro-batch per rank: {} x {} tokens on {} GPU rank(s)\n", in.model.summary(),
                               in.micro_batch, in.seq_len, in.world_size);

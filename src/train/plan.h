@@ -97,6 +97,22 @@ CheckpointingChoice choose_checkpointing(PlanInput in, int64_t device_bytes);
 // workspaces and the allocator's slack, 2 GiB plus 3 % of the peak.
 int64_t checkpointing_reserve(int64_t planned_peak);
 
+// training.offload_activations_blocks = 0 (auto), with training.offload_activations on a GPU:
+// the fewest blocks, counted from the first, whose offload brings the planned peak plus the
+// reserve above within `device_bytes`; 0 when everything fits without offloading any (the
+// offload is then off). When even every block but the last two does not fit, those (`fits`
+// false). `in.offload_activation_blocks` is ignored; `in.checkpointing` is taken as given.
+struct OffloadBlocksChoice {
+  int64_t blocks = 0;
+  MemoryPlan plan;
+  bool fits = false;
+};
+OffloadBlocksChoice choose_offload_blocks(PlanInput in, int64_t device_bytes);
+// The PlanInput that offloads exactly `blocks` blocks (0: none).
+PlanInput with_offloaded_blocks(PlanInput in, int64_t blocks);
+// For `plan` with the automatic count: what it takes on GPUs of common sizes.
+std::string describe_auto_offload_blocks(const PlanInput& in);
+
 // This machine's physical memory in bytes (0 where it cannot be read).
 int64_t host_memory_bytes();
 // Where a rank's planned host memory (offloaded shards and AdamW state, offloaded

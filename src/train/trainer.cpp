@@ -277,6 +277,8 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     PlanInput in = plan_input(config_, mc, comm_->world_size());
     if (config_.training.activation_checkpointing == "auto")
       in.checkpointing = choose_checkpointing(in, gpu_memory_bytes()).checkpointing;
+    if (config_.training.offload_activations && config_.training.offload_activations_blocks == 0)
+      in = with_offloaded_blocks(in, choose_offload_blocks(in, gpu_memory_bytes()).blocks);
     int64_t local_ranks = 1;  // ranks sharing this machine's memory (torchrun's, Open MPI's count)
     for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
       if (const char* v = std::getenv(name); v != nullptr && std::atoll(v) > 0) {
@@ -431,6 +433,28 @@ bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const
   return on;
 }
 
+int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const {
+  const int64_t asked = config_.training.offload_activations_blocks;
+  if (!config_.training.offload_activations || asked > 0) return asked;
+  PlanInput in = launch_plan_input();
+  in.checkpointing = checkpointing;
+  in.compute_shards = compute_shards;
+  const int64_t device_bytes = gpu_memory_bytes();
+  const OffloadBlocksChoice c = choose_offload_blocks(in, device_bytes);
+  const std::string line = fmt::format(
+      "training.offload_activations_blocks = auto: {} of {} blocks (planned peak {} per rank on a {} GPU{})",
+      c.blocks, model_->config().n_layers, format_bytes(c.plan.peak), format_bytes(device_bytes),
+      c.blocks > 0 ? fmt::format(", {} of activations in host memory", format_bytes(c.plan.host_activations))
+                   : std::string(": everything fits, the activations stay on the GPU"));
+  if (c.fits) {
+    log::info(line);
+  } else {
+    log::warn(line + "; even then the plan is above the GPU's memory less 2 GiB and 3 %: expect an out-of-memory "
+                     "error, or lower training.batch_size or training.seq_len, or add ranks");
+  }
+  return c.blocks;
+}
+
 std::string Trainer::tokenizer_source() const {
   if (!config_.model.hf.empty()) return config_.model.hf;
   const std::string& t = config_.data.tokenizer;
@@ -484,9 +508,12 @@ TrainSummary Trainer::run() {
   model::StepOptions so;
   so.checkpointing = checkpointing();
   so.deterministic = tc.deterministic;
-  so.offload_activations = tc.offload_activations;  // a GPU's (checked at construction)
-  so.offload_activation_blocks = tc.offload_activations_blocks;
-  store_->set_compute_shards(compute_shards(so.checkpointing));
+  const bool shards = compute_shards(so.checkpointing);
+  store_->set_compute_shards(shards);
+  if (tc.offload_activations) {  // a GPU's (checked at construction)
+    so.offload_activation_blocks = offload_activation_blocks(so.checkpointing, shards);
+    so.offload_activations = so.offload_activation_blocks > 0;
+  }
   so.loss_chunk_tokens = loss_chunk_tokens();
   if (const int64_t piece = model_->mlp_chunk_tokens();
       piece > 0 && piece < B * T && model::mlp_recomputed(so.checkpointing))

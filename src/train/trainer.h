@@ -64,6 +64,9 @@ class Trainer {
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and
   // the GPU's memory.
   bool compute_shards(model::ActivationCheckpointing checkpointing) const;
+  // With training.offload_activations: the blocks to offload (0: none), training.
+  // offload_activations_blocks with 0 (auto) decided by the plan and the GPU's memory.
+  int64_t offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const;
   int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
   PlanInput launch_plan_input() const;  // the memory plan's input for this run, auto choices left open
 

@@ -200,6 +200,7 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   fs::create_directories(two_offload);
   std::vector<std::string> offload = job(corpus, B, two_offload);
   offload.insert(offload.end(), {"--parallel.offload=true", "--training.offload_activations=true",
+                                 "--training.offload_activations_blocks=64",  // all but two (auto: none)
                                  "--training.activation_checkpointing=full"});
   st = launch(2, offload, two_offload);
   ASSERT_EQ(st[0], 0) << read_file(two_offload / "rank0.log");

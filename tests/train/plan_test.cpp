@@ -266,6 +266,54 @@ TEST(Plan, HostMemoryProblemNamesTheKeysThatHelp) {
   EXPECT_EQ(host_memory_problem(in, plan_memory(in), host), "");
 }
 
+// training.offload_activations_blocks = 0 (auto): the fewest blocks whose offload fits the
+// GPU, none where everything fits, every block but the last two where nothing does.
+TEST(Plan, AutoOffloadBlocksTakeTheFewestThatFit) {
+  PlanInput in;
+  in.model = llama_8b();  // 32 blocks, 1 GiB of checkpointed input each at this length
+  in.micro_batch = 1;
+  in.seq_len = 131072;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  in.offload = true;
+  in.offload_grads = false;
+  in.offload_activations = true;
+  const int64_t gpu = static_cast<int64_t>(79.18 * (1 << 30));  // an H100 80GB as CUDA reports it
+  const OffloadBlocksChoice c = choose_offload_blocks(in, gpu);
+  ASSERT_TRUE(c.fits);
+  ASSERT_GT(c.blocks, 0);
+  ASSERT_LT(c.blocks, 30);
+  auto fits = [&](int64_t blocks) {
+    const MemoryPlan p = plan_memory(with_offloaded_blocks(in, blocks));
+    return p.peak + checkpointing_reserve(p.peak) <= gpu;
+  };
+  EXPECT_TRUE(fits(c.blocks));
+  EXPECT_FALSE(fits(c.blocks - 1)) << "one block fewer would fit too";
+  EXPECT_EQ(c.plan.offloaded_blocks, c.blocks);
+  EXPECT_EQ(c.plan.host_activations, c.blocks * (int64_t{1} << 30));
+  std::printf("8B x 131,072 on an 80 GB H100: %lld blocks, peak %.2f GiB\n", static_cast<long long>(c.blocks),
+              static_cast<double>(c.plan.peak) / (1u << 30));
+  // measured on the H100 (session 19, allocator peaks): the trainer's auto choice, 2 blocks,
+  // 74.89 GiB; train_bench with 12 blocks offloaded, 64.89 GiB
+  auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1u << 30); };
+  EXPECT_EQ(c.blocks, 2);
+  EXPECT_NEAR(gib(c.plan.peak), 74.89, 0.03 * 74.89);
+  EXPECT_NEAR(gib(plan_memory(with_offloaded_blocks(in, 12)).peak), 64.89, 0.03 * 64.89);
+  // a GPU that holds everything: nothing offloaded, and the plan says the offload is off
+  const OffloadBlocksChoice big = choose_offload_blocks(in, int64_t{141} << 30);
+  EXPECT_TRUE(big.fits);
+  EXPECT_EQ(big.blocks, 0);
+  EXPECT_EQ(big.plan.host_activations, 0);
+  EXPECT_FALSE(with_offloaded_blocks(in, 0).offload_activations);
+  // one too small for any count: every block but the last two, said not to fit
+  const OffloadBlocksChoice small = choose_offload_blocks(in, int64_t{24} << 30);
+  EXPECT_FALSE(small.fits);
+  EXPECT_EQ(small.blocks, 30);
+  const std::string text = describe_auto_offload_blocks(in);
+  EXPECT_NE(text.find("a  80 GiB GPU: " + std::to_string(c.blocks) + " of 32 blocks"), std::string::npos) << text;
+  EXPECT_NE(text.find("a 141 GiB GPU: none"), std::string::npos) << text;
+  EXPECT_NE(text.find("a  24 GiB GPU: does not fit"), std::string::npos) << text;
+}
+
 // A chunked MLP (training.mlp_chunk_tokens) under full checkpointing: the block backward holds
 // one piece's gate, up, h and dh instead of every token's. The automatic piece keeps those
 // within 2 GiB in bf16 and leaves micro-batches that fit whole.
