@@ -192,7 +192,7 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                              Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                             bool ids_checked_on_host, ActivationOffload* offload, const KvCache* cache) {
+                             bool ids_checked_on_host, ActivationOffload* offload, KvCache* cache) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   BlockContext ctx = context(B, T, checkpointing);
   if (cache != nullptr) {
@@ -444,7 +444,7 @@ Tensor Llama::last_logits_cached(const Tensor& ids_BT, KvCache& cache) {
   return logits_BV;
 }
 
-Tensor Llama::last_position_logits(const Tensor& ids_BT, const KvCache* cache) {
+Tensor Llama::last_position_logits(const Tensor& ids_BT, KvCache* cache) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;

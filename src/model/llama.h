@@ -152,13 +152,13 @@ class Llama {
   // Runs embedding and blocks; returns the final norm's output and leaves the head unit's
   // parameters (and the embedding's, when tied) acquired for the caller to release.
   // With `cache` (evaluation only) the tokens continue the cached positions, whose keys and
-  // values the blocks read and extend (BlockContext::kv_keys_BSMH).
+  // values the blocks read and extend (BlockContext::kv_keys_BSMH); its length is left to the
+  // caller to advance.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                        bool ids_checked_on_host, ActivationOffload* offload = nullptr,
-                        const KvCache* cache = nullptr);
+                        bool ids_checked_on_host, ActivationOffload* offload = nullptr, KvCache* cache = nullptr);
   // last_logits, and last_logits_cached with `cache`.
-  Tensor last_position_logits(const Tensor& ids_BT, const KvCache* cache);
+  Tensor last_position_logits(const Tensor& ids_BT, KvCache* cache);
   // The blocks' context; the MLP runs by pieces where `checkpointing` drops its inner tensors.
   BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const;
   void make_rope_tables();
