@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <iterator>
 #include <optional>
 
 #include <fmt/format.h>
@@ -16,7 +17,9 @@
 #include "core/log.h"
 #include "train/config.h"
 #include "train/export.h"
+#include "train/generate.h"
 #include "train/inspect.h"
+#include "train/open_model.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 
@@ -47,6 +50,30 @@ JobArgs parse_job_args(const std::vector<std::string>& args, const char* command
   return j;
 }
 
+// The value of `flag` as an integer / a number, or an error naming the flag and the text.
+int64_t integer_flag(const std::string& flag, const std::string& text, const char* command) {
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ST_CHECK(!text.empty() && used == text.size(), command, ": ", flag, " takes an integer, found `", text, "`");
+  return v;
+}
+double number_flag(const std::string& flag, const std::string& text, const char* command) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  ST_CHECK(!text.empty() && used == text.size(), command, ": ", flag, " takes a number, found `", text, "`");
+  return v;
+}
+
 }  // namespace
 
 std::string usage() {
@@ -65,6 +92,11 @@ std::string usage() {
          "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]\n"
          "                                                   a Hugging Face folder from a training checkpoint\n"
          "                                                   (a step_* directory, or the folder holding `latest`)\n"
+         "  generate MODEL --prompt TEXT|- [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+         "           [--tokenizer PATH] [--recompute]        continue TEXT (`-`: standard input) with a model: a\n"
+         "                                                   Hugging Face folder or a training checkpoint; N 200,\n"
+         "                                                   T 0.8 (0: greedy), K 40 (0: all), P 1 (all), S 7;\n"
+         "                                                   --recompute: no KV cache (slower, for checks)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
          "                                                   text or JSONL -> token file (EOS after each document)\n"
@@ -150,6 +182,66 @@ int run_export(const std::vector<std::string>& args) {
   o.folder = paths[1];
   const std::string dir = train::export_checkpoint(paths[0], o);
   log::info(fmt::format("exported {} to {} ({})", dir, o.folder, dtype));
+  return 0;
+}
+
+int run_generate(const std::vector<std::string>& args) {
+  const char* cmd = "generate";
+  std::vector<std::string> paths;
+  std::optional<std::string> prompt;
+  std::string tokenizer;
+  train::SampleOptions o;
+  int64_t seed = static_cast<int64_t>(o.seed);
+  o.context_limit = train::ContextLimit::kStop;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), cmd, ": ", a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--prompt") prompt = value();
+    else if (a == "--tokens") o.tokens = integer_flag(a, value(), cmd);
+    else if (a == "--temperature") o.temperature = number_flag(a, value(), cmd);
+    else if (a == "--top-k") o.top_k = integer_flag(a, value(), cmd);
+    else if (a == "--top-p") o.top_p = number_flag(a, value(), cmd);
+    else if (a == "--seed") seed = integer_flag(a, value(), cmd);
+    else if (a == "--tokenizer") tokenizer = value();
+    else if (a == "--recompute") o.kv_cache = false;
+    else if (a.rfind("--", 0) == 0) ST_THROW(cmd, ": unknown option `", a, "` (see `shardtrain help`)");
+    else paths.push_back(a);
+  }
+  ST_CHECK(paths.size() == 1, cmd, ": expected one MODEL (a Hugging Face folder or a training checkpoint), found ",
+           paths.size(), paths.size() > 1 ? " (`" + paths[1] + "` is extra)" : std::string());
+  ST_CHECK(prompt.has_value(), cmd, ": --prompt TEXT is required (`--prompt -` reads standard input, `--prompt \"\"` "
+           "starts from BOS alone)");
+  ST_CHECK(seed >= 0, cmd, ": --seed must be >= 0, found ", seed);
+  o.seed = static_cast<uint64_t>(seed);
+  train::check_sample_options(o, "generate");
+  if (*prompt == "-") prompt = std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  o.prompt = *prompt;
+
+  const train::OpenedModel m = train::open_model(paths[0]);
+  const std::unique_ptr<data::Tokenizer> tok = train::open_tokenizer(tokenizer, m);
+  log::info(fmt::format("model: {} from {}", m.model->config().summary(), m.describe()));
+  std::fputs(o.prompt.c_str(), stdout);
+  std::fflush(stdout);
+  const train::SampleResult r = train::sample(*m.model, *tok, o, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  });
+  std::fputs("\n", stdout);
+  std::fflush(stdout);
+  const double total = r.first_token_s + r.rest_s;
+  const int64_t n = static_cast<int64_t>(r.ids.size());
+  std::string stop;
+  if (r.stop == train::StopReason::kEos) stop = "; stopped at EOS";
+  if (r.stop == train::StopReason::kContextFull)
+    stop = fmt::format("; stopped: the context is full (max_seq_len = {} tokens)", m.model->config().max_seq_len);
+  log::info(fmt::format("generate: {} tokens in {:.3f} s, {:.1f} tokens/s (prompt {} tokens, first token after "
+                        "{:.3f} s, then {:.1f} tokens/s; {}){}",
+                        n, total, total > 0 ? static_cast<double>(n) / total : 0.0, r.prompt_tokens, r.first_token_s,
+                        n > 1 && r.rest_s > 0 ? static_cast<double>(n - 1) / r.rest_s : 0.0,
+                        r.used_kv_cache ? "KV cache" : "recomputed every token", stop));
   return 0;
 }
 

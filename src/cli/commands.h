@@ -13,6 +13,7 @@ int run_print_config(const std::vector<std::string>& args);
 int run_tokenize(const std::vector<std::string>& args);
 int run_inspect(const std::vector<std::string>& args);
 int run_export(const std::vector<std::string>& args);
+int run_generate(const std::vector<std::string>& args);
 std::string usage();
 
 }  // namespace shardtrain::cli

@@ -143,7 +143,22 @@ void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& we
   ops::rmsnorm_forward(xn_TD, rstd_T, x_BTD.view({d.B * d.T, d.D}), weight_D, {eps});
 }
 
-// q, k, v (rope applied), attention, and x2 = x + o(attn), from a.xn1.
+// Writes the new tokens' k (after rope) and v into the cache at positions kv_position.. and
+// returns every cached position's keys and values, [B, kv_position + T, M, H] views.
+std::pair<Tensor, Tensor> append_to_cache(const BlockActivations& a, const BlockContext& ctx, const Dims& d) {
+  const int64_t p = ctx.kv_position, S = p + d.T;
+  ST_ASSERT(S <= ctx.kv_keys_BSMH.size(1), "KV cache of ", ctx.kv_keys_BSMH.size(1), " positions given ", S);
+  for (int64_t b = 0; b < d.B; ++b) {  // per sequence: a row of the cache is contiguous, k and v head slices
+    Tensor k_dst = ctx.kv_keys_BSMH.slice(0, b, b + 1).slice(1, p, S);
+    Tensor v_dst = ctx.kv_values_BSMH.slice(0, b, b + 1).slice(1, p, S);
+    copy(k_dst, a.k_BTMH.slice(0, b, b + 1));
+    copy(v_dst, a.v_BTMH.slice(0, b, b + 1));
+  }
+  return {ctx.kv_keys_BSMH.slice(1, 0, S), ctx.kv_values_BSMH.slice(1, 0, S)};
+}
+
+// q, k, v (rope applied), attention, and x2 = x + o(attn), from a.xn1. With a KV cache the
+// attention reads the cached positions' keys and values too.
 void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const Tensor& x = a.x_BTD;
   const Tensor xn1_TD = a.xn1_BTD.view({d.B * d.T, d.D});
@@ -174,7 +189,12 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
 
   a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
   a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
-  ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, {});
+  if (ctx.kv_keys_BSMH.defined()) {
+    const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
+    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {});
+  } else {
+    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, {});
+  }
 
   a.x2_BTD = like({d.B, d.T, d.D}, x, "x2");
   Tensor x2_TD = a.x2_BTD.view({d.B * d.T, d.D});

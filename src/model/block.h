@@ -98,6 +98,13 @@ struct BlockContext {
   // none of them) and again, recomputed piece by piece, in the backward, so at most C rows of
   // them exist at once. For long sequences, where those tensors are most of a block's memory.
   int64_t mlp_chunk_tokens = 0;
+  // Incremental decoding (model/kv_cache.h): this block's cached keys (after rope) and values
+  // [B, S, M, H], S the cache's capacity, positions [0, kv_position) filled. Defined, the T
+  // tokens of x are positions kv_position..kv_position + T - 1 (cos_TK and sin_TK must start
+  // at row kv_position); their k and v are written into the cache after the cached ones and
+  // the attention reads all kv_position + T of them. Forward only (Pass::kEval).
+  Tensor kv_keys_BSMH, kv_values_BSMH;
+  int64_t kv_position = 0;
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);

@@ -192,9 +192,17 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                              Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                             bool ids_checked_on_host, ActivationOffload* offload) {
+                             bool ids_checked_on_host, ActivationOffload* offload, KvCache* cache) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
-  const BlockContext ctx = context(B, T, checkpointing);
+  BlockContext ctx = context(B, T, checkpointing);
+  if (cache != nullptr) {
+    // the new tokens are positions p..p+T-1: rope from the tables' row p on
+    ST_ASSERT(pass == Pass::kEval, "a KV cache is for the forward of evaluation only");
+    const int64_t p = cache->length();
+    ctx.kv_position = p;
+    ctx.cos_TK = cos_TK_.slice(0, p, p + T);
+    ctx.sin_TK = sin_TK_.slice(0, p, p + T);
+  }
   Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
   {
     const Tensor embed = store_->acquire_params(kEmbedUnit, pass);
@@ -210,6 +218,10 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     const size_t u = static_cast<size_t>(l) + 1;
     BlockActivations& a = acts[static_cast<size_t>(l)];
     const Tensor params = store_->acquire_params(u, pass);
+    if (cache != nullptr) {
+      ctx.kv_keys_BSMH = cache->keys(l);
+      ctx.kv_values_BSMH = cache->values(l);
+    }
     block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
     store_->release_params(u, pass);
     x_BTD = a.y_BTD;
@@ -412,11 +424,32 @@ Tensor Llama::logits(const Tensor& ids_BT) {
 
 Tensor Llama::last_logits(const Tensor& ids_BT) {
   check_batch(ids_BT, config_, "last_logits");
+  return last_position_logits(ids_BT, nullptr);
+}
+
+Tensor Llama::last_logits_cached(const Tensor& ids_BT, KvCache& cache) {
+  const char* what = "last_logits_cached";
+  check_batch(ids_BT, config_, what);
+  ST_CHECK(device_.is_cpu(), what, ": the KV cache path runs on the CPU; this model is on ", device_.str(),
+           " (last_logits recomputes the whole sequence there)");
+  ST_CHECK(cache.device() == device_ && cache.dtype() == dtype_ && cache.layers() == config_.n_layers &&
+               cache.keys(0).size(2) == config_.n_kv_heads && cache.keys(0).size(3) == config_.head_dim(),
+           what, ": a KV cache of ", cache.layers(), " blocks of ", cache.keys(0).str(), " for a model of ",
+           config_.n_layers, " blocks with ", config_.n_kv_heads, " kv heads of ", config_.head_dim(), " in ",
+           dtype_name(dtype_));
+  ST_CHECK(ids_BT.size(0) == cache.batch(), what, ": ", ids_BT.size(0), " sequences for a KV cache of ", cache.batch());
+  cache.check_room(ids_BT.size(1), what);
+  Tensor logits_BV = last_position_logits(ids_BT, &cache);
+  cache.advance(ids_BT.size(1));
+  return logits_BV;
+}
+
+Tensor Llama::last_position_logits(const Tensor& ids_BT, KvCache* cache) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  const Tensor h_TD =
-      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, false);
+  const Tensor h_TD = forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull,
+                                     Pass::kEval, false, nullptr, cache);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor last_BD = Tensor::empty({B, D}, dtype_, device_, "last hidden");

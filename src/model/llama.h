@@ -13,6 +13,7 @@
 #include "model/activation_offload.h"
 #include "model/block.h"
 #include "model/config.h"
+#include "model/kv_cache.h"
 #include "model/layout.h"
 #include "model/unit_store.h"
 
@@ -135,15 +136,29 @@ class Llama {
   LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
   // Logits [B, V] of the last position of each sequence (for sampling).
   Tensor last_logits(const Tensor& ids_BT);
+  // Incremental decoding: the logits [B, V] of the last of the T new tokens ids_BT (i32, on
+  // the host), which sit at positions cache.length() .. cache.length() + T - 1 (rope at those
+  // positions) and attend to the cached keys and values of every earlier position and to the
+  // new tokens before them; their keys and values are appended to `cache`. The first call on
+  // an empty cache runs the prompt (the prefill), then one token per call. The same as
+  // last_logits of all the ids so far, up to the rounding of the matrix products over fewer
+  // rows. CPU models only (the CUDA attention takes as many keys as queries). Throws, naming
+  // the lengths, when the new tokens do not fit in the cache; the cache is then unchanged.
+  Tensor last_logits_cached(const Tensor& ids_BT, KvCache& cache);
   // All logits [B*T, V] (for checks against other implementations; builds the full matrix).
   Tensor logits(const Tensor& ids_BT);
 
  private:
   // Runs embedding and blocks; returns the final norm's output and leaves the head unit's
   // parameters (and the embedding's, when tied) acquired for the caller to release.
+  // With `cache` (evaluation only) the tokens continue the cached positions, whose keys and
+  // values the blocks read and extend (BlockContext::kv_keys_BSMH); its length is left to the
+  // caller to advance.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                        bool ids_checked_on_host, ActivationOffload* offload = nullptr);
+                        bool ids_checked_on_host, ActivationOffload* offload = nullptr, KvCache* cache = nullptr);
+  // last_logits, and last_logits_cached with `cache`.
+  Tensor last_position_logits(const Tensor& ids_BT, KvCache* cache);
   // The blocks' context; the MLP runs by pieces where `checkpointing` drops its inner tensors.
   BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const;
   void make_rope_tables();

@@ -5,11 +5,12 @@
 
 namespace shardtrain::model {
 
-ResidentUnitStore::ResidentUnitStore(const ModelLayout& layout, DType dtype, Device device) {
+ResidentUnitStore::ResidentUnitStore(const ModelLayout& layout, DType dtype, Device device, bool with_grads) {
   for (const UnitLayout& u : layout.units()) {
     params_.push_back(Tensor::empty({u.numel}, dtype, device, "parameters"));
-    grads_.push_back(Tensor::empty({u.numel}, dtype, device, "gradients"));
     ops::fill(params_.back(), 0.0);
+    if (!with_grads) continue;
+    grads_.push_back(Tensor::empty({u.numel}, dtype, device, "gradients"));
     ops::fill(grads_.back(), 0.0);
   }
 }

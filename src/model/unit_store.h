@@ -39,14 +39,18 @@ class UnitStore {
   virtual void before_replay() {}
 };
 
-// Every unit's parameters and gradients stay allocated: the store of a single rank.
+// Every unit's parameters and gradients stay allocated: the store of a single rank. Without
+// `with_grads` there are no gradient buffers (a model for evaluation and sampling only).
 class ResidentUnitStore final : public UnitStore {
  public:
-  ResidentUnitStore(const ModelLayout& layout, DType dtype, Device device);
+  ResidentUnitStore(const ModelLayout& layout, DType dtype, Device device, bool with_grads = true);
 
   Tensor acquire_params(size_t unit, Pass) override { return params_[unit]; }
   void release_params(size_t, Pass) override {}
-  Tensor acquire_grads(size_t unit, bool) override { return grads_[unit]; }
+  Tensor acquire_grads(size_t unit, bool) override {
+    ST_ASSERT(unit < grads_.size(), "gradients of a store made without them");
+    return grads_[unit];
+  }
   void release_grads(size_t) override {}
 
   std::vector<Tensor>& params() { return params_; }

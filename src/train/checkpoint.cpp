@@ -252,6 +252,21 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   return info;
 }
 
+void load_checkpoint_params(const CheckpointInfo& info, const model::ModelLayout& layout,
+                            std::vector<Tensor>& unit_params) {
+  ST_ASSERT(unit_params.size() == layout.units().size(), "one buffer per unit");
+  const json meta = read_json((fs::path(info.path) / "metadata.json").string());
+  const PieceIndex index(info, meta.at("files").get<std::vector<std::string>>());
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    for (const model::ParamSpec& p : layout.units()[u].params) {
+      Tensor dst = unit_params[u].flat_range(p.offset, p.numel());
+      const bool f32 = dst.dtype() == DType::kF32;
+      Tensor staged = f32 ? dst : Tensor::empty({p.numel()}, DType::kF32, Device::cpu(), "checkpoint staging");
+      index.read(p, kMaster, 0, staged);
+      if (!f32) ops::cast(dst, staged);
+    }
+}
+
 void load_checkpoint(const CheckpointInfo& info, fsdp::ShardedUnitStore& store, optim::AdamW* optimizer) {
   const json meta = read_json((fs::path(info.path) / "metadata.json").string());
   const PieceIndex index(info, meta.at("files").get<std::vector<std::string>>());

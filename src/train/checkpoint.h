@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "dist/communicator.h"
 #include "fsdp/sharded_store.h"
@@ -44,5 +45,11 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir);
 // Fills this rank's master shards (and the optimizer's state and step count, when given)
 // from the checkpoint's pieces. The store's layout must match the checkpoint's config.
 void load_checkpoint(const CheckpointInfo& info, fsdp::ShardedUnitStore& store, optim::AdamW* optimizer);
+
+// The whole model's master weights into `unit_params` (one full buffer [unit.numel] per unit
+// of `layout`, on the host, any float dtype; padding untouched), in one process: a model to
+// sample from. `layout` must be the checkpoint's config's.
+void load_checkpoint_params(const CheckpointInfo& info, const model::ModelLayout& layout,
+                            std::vector<Tensor>& unit_params);
 
 }  // namespace shardtrain::train

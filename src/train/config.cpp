@@ -85,6 +85,12 @@ Check in_range(double lo, double hi) {
     ST_CHECK(x >= lo && x <= hi, "`", k, "` must be in [", lo, ", ", hi, "], found ", x);
   };
 }
+Check in_range_above(double lo, double hi) {  // (lo, hi]
+  return [=](const std::string& k, const Value& v) {
+    const double x = as_number(v);
+    ST_CHECK(x > lo && x <= hi, "`", k, "` must be in (", lo, ", ", hi, "], found ", x);
+  };
+}
 Check one_of(std::initializer_list<const char*> options) {
   std::vector<std::string> opts(options.begin(), options.end());
   return [=](const std::string& k, const Value& v) {
@@ -307,6 +313,9 @@ const std::vector<KeyDef>& keys() {
           "sampling temperature; 0 is greedy", non_negative()),
       key("sample.top_k", &C::sample, &SampleSection::top_k,
           "sample among the k most likely tokens; 0 is all", non_negative()),
+      key("sample.top_p", &C::sample, &SampleSection::top_p,
+          "nucleus sampling: among those, the fewest most likely tokens whose probabilities sum to at least p; "
+          "1 is all", in_range_above(0.0, 1.0)),
       key("sample.seed", &C::sample, &SampleSection::seed, "seed of the sampler", non_negative()),
   };
   return table;

@@ -120,6 +120,7 @@ struct SampleSection {
   int64_t tokens = 200;
   double temperature = 0.8;
   int64_t top_k = 40;
+  double top_p = 1.0;
   uint64_t seed = 7;
 };
 

@@ -1,58 +1,159 @@
-// Autoregressive sampling (recomputes the window each token; fine for short CPU samples).
+// Autoregressive sampling. On the CPU the prompt's keys and values are computed once into a KV
+// cache and each new token runs alone over it; a model on a GPU, or past max_seq_len with
+// ContextLimit::kSlide, recomputes the window for every token.
 #include "train/generate.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <memory>
 #include <numeric>
+#include <optional>
 
-#include "core/random.h"
 #include "ops/elementwise.h"
 
 namespace shardtrain::train {
 namespace {
 
-int32_t pick(const std::vector<double>& logits, const SampleOptions& o, CounterRng& rng) {
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The logits of the sequence so far, through the cache where it holds the sequence's
+// positions, else recomputed over the last max_seq_len tokens.
+class NextLogits {
+ public:
+  NextLogits(model::Llama& model, bool use_cache, int64_t positions) : model_(model) {
+    // the KV cache path is CPU-only (the CUDA attention takes as many keys as queries): a
+    // model on a GPU keeps recomputing the window, as does a run that asks for it
+    if (use_cache && model.device().is_cpu())
+      cache_.emplace(model.config(), 1, std::min(positions, model.config().max_seq_len), model.dtype(),
+                     model.device());
+  }
+  bool cached() const { return cache_.has_value(); }
+
+  // Logits [V] of the last of `ids`, as f64 on the host.
+  std::vector<double> operator()(const std::vector<int32_t>& ids) {
+    const int64_t n = static_cast<int64_t>(ids.size());
+    Tensor logits;
+    if (cache_ && n <= cache_->capacity()) {
+      const int64_t first = cache_->length();  // the positions the cache has not seen yet
+      logits = model_.last_logits_cached(ids_tensor(ids, first, n), *cache_);
+    } else {
+      logits = model_.last_logits(ids_tensor(ids, std::max<int64_t>(0, n - model_.config().max_seq_len), n));
+    }
+    Tensor host = Tensor::empty(logits.shape(), DType::kF64, Device::cpu(), "sample logits");
+    ops::cast(host, logits);
+    const double* l = host.data<double>();
+    return std::vector<double>(l, l + host.numel());
+  }
+
+ private:
+  static Tensor ids_tensor(const std::vector<int32_t>& ids, int64_t begin, int64_t end) {
+    Tensor x = Tensor::empty({1, end - begin}, DType::kI32, Device::cpu(), "sample ids");
+    std::copy(ids.begin() + begin, ids.begin() + end, x.data<int32_t>());
+    return x;
+  }
+
+  model::Llama& model_;
+  std::optional<model::KvCache> cache_;
+};
+
+}  // namespace
+
+void check_sample_options(const SampleOptions& o, const std::string& what) {
+  ST_CHECK(o.tokens >= 0, what, ": the number of tokens must be >= 0, found ", o.tokens);
+  ST_CHECK(o.temperature >= 0 && std::isfinite(o.temperature), what,
+           ": the temperature must be >= 0 (0 is greedy), found ", o.temperature);
+  ST_CHECK(o.top_k >= 0, what, ": top-k must be >= 0 (0 is all tokens), found ", o.top_k);
+  ST_CHECK(o.top_p > 0 && o.top_p <= 1, what, ": top-p must be in (0, 1] (1 is all tokens), found ", o.top_p);
+}
+
+int32_t pick_token(std::span<const double> logits, const SampleOptions& o, CounterRng& rng) {
   const int64_t V = static_cast<int64_t>(logits.size());
+  ST_CHECK(V > 0, "pick_token: no logits");
+  // a total order, so that partial and full sorts agree: larger logit first, then smaller id
+  auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
-  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
-  if (o.temperature <= 0) return order[0];
+  if (o.temperature <= 0) return *std::min_element(order.begin(), order.end(), before);
   const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
+  // softmax(logit / temperature) over the top k, unnormalised, relative to the largest
   std::vector<double> p(static_cast<size_t>(k));
   const double top = logits[order[0]];
   double sum = 0;
   for (int64_t i = 0; i < k; ++i) sum += p[i] = std::exp((logits[order[i]] - top) / o.temperature);
-  double u = rng.next_uniform() * sum;
-  for (int64_t i = 0; i < k; ++i) {
+  // nucleus: the shortest prefix holding at least top_p of the probability (HF's
+  // TopPLogitsWarper keeps the same tokens)
+  int64_t n = k;
+  double kept = sum;
+  if (o.top_p < 1) {
+    kept = 0;
+    for (n = 0; n < k;) {
+      kept += p[n++];
+      if (kept >= o.top_p * sum) break;
+    }
+  }
+  double u = rng.next_uniform() * kept;
+  for (int64_t i = 0; i < n; ++i) {
     u -= p[i];
     if (u <= 0) return order[i];
   }
-  return order[static_cast<size_t>(k - 1)];
+  return order[static_cast<size_t>(n - 1)];
 }
 
-}  // namespace
-
-std::string generate(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& o) {
+SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& o,
+                    const TextSink& sink) {
+  check_sample_options(o, "sampling");
+  SampleResult r;
   std::vector<int32_t> ids;
   if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
   const std::vector<int32_t> prompt = tokenizer.encode(o.prompt);
   ids.insert(ids.end(), prompt.begin(), prompt.end());
-  const size_t first_new = ids.size();
-  CounterRng rng(o.seed);
+  r.prompt_tokens = static_cast<int64_t>(ids.size());
+  r.text = o.prompt;
   const int64_t window = model.config().max_seq_len;
+  if (o.context_limit == ContextLimit::kStop)
+    ST_CHECK(r.prompt_tokens <= window, "the prompt is ", r.prompt_tokens, " tokens",
+             tokenizer.bos_id() >= 0 ? " (with BOS)" : "", ", more than the model's context of max_seq_len = ", window,
+             " tokens; shorten the prompt");
+  if (o.tokens == 0 || ids.empty()) return r;
+  // positions fed before the last pick: the prompt and all generated tokens but the last
+  NextLogits next_logits(model, o.kv_cache, r.prompt_tokens + o.tokens - 1);
+  r.used_kv_cache = next_logits.cached();
+  // candidates: ids both the model and the tokenizer have
+  const size_t candidates = static_cast<size_t>(std::min(model.config().vocab_size, tokenizer.vocab_size()));
+  CounterRng rng(o.seed);
+  const Clock::time_point t0 = Clock::now();
+  Clock::time_point t1 = t0;
   for (int64_t n = 0; n < o.tokens; ++n) {
-    const int64_t T = std::min<int64_t>(window, static_cast<int64_t>(ids.size()));
-    Tensor x = Tensor::empty({1, T}, DType::kI32, Device::cpu(), "sample ids");
-    std::copy(ids.end() - T, ids.end(), x.data<int32_t>());
-    const Tensor logits = model.last_logits(x);
-    Tensor host = Tensor::empty(logits.shape(), DType::kF64, Device::cpu(), "sample logits");
-    ops::cast(host, logits);
-    const double* l = host.data<double>();
-    const int32_t next = pick(std::vector<double>(l, l + host.numel()), o, rng);
-    if (next == tokenizer.eos_id()) break;
+    if (o.context_limit == ContextLimit::kStop && static_cast<int64_t>(ids.size()) > window) {
+      r.stop = StopReason::kContextFull;
+      break;
+    }
+    const std::vector<double> logits = next_logits(ids);
+    const int32_t next = pick_token(std::span<const double>(logits).first(std::min(candidates, logits.size())), o, rng);
+    if (n == 0) {
+      r.first_token_s = seconds_since(t0);
+      t1 = Clock::now();
+    }
+    if (next == tokenizer.eos_id()) {
+      r.stop = StopReason::kEos;
+      break;
+    }
     ids.push_back(next);
+    r.ids.push_back(next);
+    const std::string piece = tokenizer.decode(std::span<const int32_t>(&r.ids.back(), 1));
+    r.text += piece;
+    if (sink) sink(piece);
   }
-  return o.prompt + tokenizer.decode(std::span<const int32_t>(ids.data() + first_new, ids.size() - first_new));
+  r.rest_s = seconds_since(t1);
+  return r;
+}
+
+std::string generate(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& options) {
+  return sample(model, tokenizer, options).text;
 }
 
 }  // namespace shardtrain::train

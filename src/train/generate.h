@@ -1,24 +1,73 @@
-// Sampling text from a model: temperature and top-k over the last position's logits.
+// Sampling text from a model: temperature, top-k and top-p (nucleus) over the last position's
+// logits. On the CPU the prompt runs once and each new token alone, over a KV cache
+// (model/kv_cache.h); a model on a GPU recomputes the window for every token.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <string>
+#include <string_view>
+#include <vector>
 
+#include "core/random.h"
 #include "data/tokenizer.h"
 #include "model/llama.h"
 
 namespace shardtrain::train {
+
+// What sampling does once BOS + prompt + generated tokens fill the model's max_seq_len positions.
+enum class ContextLimit {
+  kSlide,  // the context becomes the last max_seq_len tokens, recomputed for every new token
+  kStop,   // a longer prompt is an error; generation stops once the context is full
+};
 
 struct SampleOptions {
   std::string prompt;
   int64_t tokens = 200;
   double temperature = 0.8;  // 0: greedy
   int64_t top_k = 40;        // 0: all tokens
+  // Nucleus: among the top-k, the fewest most likely tokens whose probabilities (at the
+  // temperature) sum to at least top_p; 1: all of them. In (0, 1].
+  double top_p = 1.0;
   uint64_t seed = 7;
+  ContextLimit context_limit = ContextLimit::kSlide;
+  // false: recompute the whole context for every token (what a GPU model does; the reference
+  // the cache is tested against).
+  bool kv_cache = true;
 };
 
-// Continues BOS + prompt by up to `tokens` tokens (stopping at EOS); returns the prompt
-// followed by the generated text. The context is the last max_seq_len tokens.
+enum class StopReason { kTokens, kEos, kContextFull };
+
+struct SampleResult {
+  std::string text;             // the prompt followed by the generated text
+  std::vector<int32_t> ids;     // generated ids (no EOS)
+  int64_t prompt_tokens = 0;    // BOS (if the tokenizer has one) + prompt
+  StopReason stop = StopReason::kTokens;
+  double first_token_s = 0;     // the prompt's forward and the first pick
+  double rest_s = 0;            // every later token
+  bool used_kv_cache = false;
+};
+
+// Called with the text of each generated token as soon as it is picked (decoding is per
+// token: the pieces concatenate to the generated text).
+using TextSink = std::function<void(std::string_view piece)>;
+
+// Checks the options (tokens >= 0, temperature >= 0, top_k >= 0, 0 < top_p <= 1), naming
+// `what` and the option in the error.
+void check_sample_options(const SampleOptions& options, const std::string& what);
+
+// Continues BOS + prompt by up to `tokens` tokens, stopping at EOS. Ids the tokenizer does
+// not have (a model vocabulary padded beyond it) are never picked.
+SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& options,
+                    const TextSink& sink = {});
+
+// sample(...).text: the end-of-training sample.
 std::string generate(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& options);
+
+// The next token from `logits` (one per candidate id): the largest with temperature 0, else
+// drawn (one uniform from `rng`) from softmax(logits / temperature) cut to top_k, then top_p.
+// Ties are ordered by id.
+int32_t pick_token(std::span<const double> logits, const SampleOptions& options, CounterRng& rng);
 
 }  // namespace shardtrain::train

@@ -782,6 +782,7 @@ TrainSummary Trainer::run() {
     o.tokens = config_.sample.tokens;
     o.temperature = config_.sample.temperature;
     o.top_k = config_.sample.top_k;
+    o.top_p = config_.sample.top_p;
     o.seed = config_.sample.seed;
     summary.sample = generate(*model_, *tokenizer_, o);
   }

@@ -133,3 +133,167 @@ TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("--ranks must be at least 1"), std::string::npos) << bad.output;
 }
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "data/bpe_tokenizer.h"
+#include "testing/model_folders.h"
+#include "train/generate.h"
+#include "train/open_model.h"
+
+namespace {
+
+using shardtrain::train::SampleOptions;
+
+struct SplitResult {
+  int status;
+  std::string out, err;  // standard output, standard error
+};
+
+SplitResult run_split(const std::string& args, const std::string& stdin_file = "/dev/null") {
+  const std::string err_file = std::string(SHARDTRAIN_BINARY_DIR) + "/cli_test_stderr_" + std::to_string(::getpid());
+  const std::string cmd =
+      std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args + " < " + stdin_file + " 2> " + err_file;
+  FILE* p = popen(cmd.c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+  const int st = pclose(p);
+  std::ifstream e(err_file);
+  std::string err((std::istreambuf_iterator<char>(e)), std::istreambuf_iterator<char>());
+  std::filesystem::remove(err_file);
+  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out, err};
+}
+
+// What `shardtrain generate` prints on standard output for these options: the sample the
+// library makes from the same folder, then a newline.
+std::string expected_output(const std::string& model, const std::string& tokenizer, SampleOptions o) {
+  const shardtrain::train::OpenedModel m = shardtrain::train::open_model(model);
+  const auto tok = shardtrain::train::open_tokenizer(tokenizer, m);
+  o.context_limit = shardtrain::train::ContextLimit::kStop;
+  return shardtrain::train::sample(*m.model, *tok, o).text + "\n";
+}
+
+class CliGenerate : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    const std::string base = std::string(SHARDTRAIN_BINARY_DIR) + "/cli_generate_" + std::to_string(::getpid());
+    hf_ = new std::string(base + "_hf");
+    checkpoints_ = new std::string(base + "_ck");
+    shardtrain::testing::TinyStore s(config(), 77);
+    shardtrain::testing::write_hf_folder(s, config(), *hf_);
+    shardtrain::testing::write_checkpoint(s, config(), *checkpoints_, 20);
+  }
+  static void TearDownTestSuite() {
+    std::filesystem::remove_all(*hf_);
+    std::filesystem::remove_all(*checkpoints_);
+    delete hf_;
+    delete checkpoints_;
+  }
+  static shardtrain::model::LlamaConfig config() { return shardtrain::testing::tiny_generation_config(); }
+  static std::string* hf_;
+  static std::string* checkpoints_;
+};
+std::string* CliGenerate::hf_ = nullptr;
+std::string* CliGenerate::checkpoints_ = nullptr;
+
+SampleOptions sample_options(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k,
+                             double top_p, uint64_t seed) {
+  SampleOptions o;
+  o.prompt = prompt;
+  o.tokens = tokens;
+  o.temperature = temperature;
+  o.top_k = top_k;
+  o.top_p = top_p;
+  o.seed = seed;
+  return o;
+}
+
+TEST_F(CliGenerate, HuggingFaceFolderPrintsTheSampleAndItsSpeed) {
+  const SplitResult greedy = run_split("generate " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
+                                       "--temperature 0");
+  ASSERT_EQ(greedy.status, 0) << greedy.err;
+  EXPECT_EQ(greedy.out, expected_output(*hf_, "byte", sample_options("Hello", 12, 0, 40, 1, 7)));
+  EXPECT_NE(greedy.err.find("tokens/s"), std::string::npos) << greedy.err;
+  EXPECT_NE(greedy.err.find("KV cache"), std::string::npos) << greedy.err;
+  EXPECT_NE(greedy.err.find("from Hugging Face folder " + *hf_), std::string::npos) << greedy.err;
+
+  const SplitResult recomputed = run_split("generate " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
+                                           "--temperature 0 --recompute");
+  ASSERT_EQ(recomputed.status, 0) << recomputed.err;
+  EXPECT_EQ(recomputed.out, greedy.out) << "the same ids without the cache";
+  EXPECT_NE(recomputed.err.find("recomputed every token"), std::string::npos) << recomputed.err;
+
+  const SplitResult sampled = run_split("generate " + *hf_ + " --tokenizer byte --prompt Hello --tokens 20 "
+                                        "--temperature 0.9 --top-k 50 --top-p 0.9 --seed 5");
+  ASSERT_EQ(sampled.status, 0) << sampled.err;
+  EXPECT_EQ(sampled.out, expected_output(*hf_, "byte", sample_options("Hello", 20, 0.9, 50, 0.9, 5)));
+
+  const std::string prompt_file = *hf_ + "_prompt.txt";
+  std::ofstream(prompt_file) << "Hello";
+  const SplitResult piped = run_split("generate " + *hf_ + " --tokenizer byte --prompt - --tokens 12 --temperature 0",
+                                      prompt_file);
+  ASSERT_EQ(piped.status, 0) << piped.err;
+  EXPECT_EQ(piped.out, greedy.out) << "--prompt - reads standard input";
+  std::filesystem::remove(prompt_file);
+}
+
+TEST_F(CliGenerate, CheckpointUsesTheTokenizerItRecorded) {
+  // the folder holding `latest`, and its step directory; no tokenizer recorded: bytes
+  for (const std::string& path : {*checkpoints_, *checkpoints_ + "/step_00000020"}) {
+    const SplitResult r = run_split("generate " + path + " --prompt \"The \" --tokens 15 --seed 3");
+    ASSERT_EQ(r.status, 0) << r.err;
+    EXPECT_EQ(r.out, expected_output(path, "", sample_options("The ", 15, 0.8, 40, 1, 3))) << path;
+    EXPECT_NE(r.err.find("(step 20)"), std::string::npos) << r.err;
+  }
+}
+
+TEST_F(CliGenerate, BadInputIsNamed) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"generate /nonexistent/model --prompt x", "model `/nonexistent/model` does not exist"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt " + std::string(70, 'x'),
+       "the prompt is 71 tokens (with BOS), more than the model's context of max_seq_len = 64 tokens"},
+      {"generate " + *hf_ + " --prompt x", "holds no tokenizer.json; name one with --tokenizer PATH"},
+      {"generate " + *hf_ + " --prompt x --tokenizer /nonexistent/tokenizer.json",
+       "loading the tokenizer `/nonexistent/tokenizer.json` (--tokenizer)"},
+      {"generate " + *hf_ + " --tokenizer byte", "--prompt TEXT is required"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt x --top-p 1.5", "top-p must be in (0, 1] (1 is all tokens), found 1.5"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt x --tokens many", "--tokens takes an integer, found `many`"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt x --temperature -1", "temperature must be >= 0"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt x --topk 3", "unknown option `--topk`"},
+      {"generate --prompt x", "expected one MODEL"},
+  };
+  for (const auto& [args, needle] : cases) {
+    const SplitResult r = run_split(args);
+    EXPECT_EQ(r.status, 1) << args;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
+  }
+  // a prompt that fills the context exactly: one token, then the context is full
+  const SplitResult full = run_split("generate " + *hf_ + " --tokenizer byte --prompt " + std::string(63, 'x'));
+  ASSERT_EQ(full.status, 0) << full.err;
+  EXPECT_NE(full.err.find("generate: 1 tokens"), std::string::npos) << full.err;
+  EXPECT_NE(full.err.find("stopped: the context is full (max_seq_len = 64 tokens)"), std::string::npos) << full.err;
+}
+
+TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {
+  ST_REQUIRE_SHARED_DATA(dir);
+  // a random model with Llama 3's vocabulary, exported with its tokenizer files
+  shardtrain::model::LlamaConfig c = shardtrain::testing::tiny_generation_config();
+  c.vocab_size = 128256;
+  c.dim = 16;
+  c.n_heads = 2;
+  c.n_kv_heads = 1;
+  c.tie_embeddings = true;
+  const std::string hf = std::string(SHARDTRAIN_BINARY_DIR) + "/cli_generate_llama3_" + std::to_string(::getpid());
+  shardtrain::testing::TinyStore s(c, 5);
+  shardtrain::testing::write_hf_folder(s, c, hf, dir + "/tokenizers/llama3");
+  const SplitResult r = run_split("generate " + hf + " --prompt \"In the beginning\" --tokens 8 --seed 2");
+  EXPECT_EQ(r.status, 0) << r.err;
+  EXPECT_EQ(r.out, expected_output(hf, "", sample_options("In the beginning", 8, 0.8, 40, 1, 2)));
+  EXPECT_EQ(r.out.rfind("In the beginning", 0), 0u) << r.out;
+  std::filesystem::remove_all(hf);
+}
+
+}  // namespace

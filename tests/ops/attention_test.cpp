@@ -1,6 +1,7 @@
 // CPU tiled attention: forward and log-sum-exp against the naive full softmax in f64 for
 // GQA ratios 1/2/4, lengths that straddle tiles, causal and not; tile sizes change nothing
-// beyond rounding; the backward equals finite differences for q, k and v.
+// beyond rounding; the backward equals finite differences for q, k and v; the last T queries
+// over S > T keys (a KV cache) are the rows of the full S-query call, bit for bit.
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -82,6 +83,44 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionForward,
                            PrintTo(i.param, &s);
                            return s.str();
                          });
+
+// Queries that are the last T of S positions, over all S keys (incremental decoding): against
+// the naive softmax over the whole sequence, and bit for bit the same rows as one call with
+// every query (each query row visits the same key tiles in both). T = 1 (a decoded token),
+// T = 5 (several new tokens), T = S; keys straddling tiles; GQA.
+TEST(Attention, LastQueriesOverLongerKeys) {
+  const int64_t B = 2, S = 41, N = 4, M = 2, H = 8;
+  const Tensor q64 = random_f64({B, S, N, H}, 21, 0.1, 0.8), k64 = random_f64({B, S, M, H}, 22, -0.1, 0.8),
+               v64 = random_f64({B, S, M, H}, 23, 0.2, 1.5);
+  Tensor ref, ref_lse;
+  naive(ref, ref_lse, q64, k64, v64, true);
+  AttentionOptions o;
+  o.block_queries = 16;
+  o.block_keys = 11;
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const Tensor q_all = testing::to_dtype(q64, dt), k = testing::to_dtype(k64, dt), v = testing::to_dtype(v64, dt);
+    Tensor all = Tensor::empty(q_all.shape(), dt), all_lse = Tensor::empty({B, N, S}, stats_dtype(dt));
+    cpu::attention_forward(all, all_lse, q_all, k, v, o);
+    for (int64_t T : {int64_t{1}, int64_t{5}, S}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " T=" + std::to_string(T) + " S=" + std::to_string(S));
+      const Tensor q = contiguous(q_all.slice(1, S - T, S));
+      Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({B, N, T}, stats_dtype(dt));
+      cpu::attention_forward(out, lse, q, k, v, o);
+      EXPECT_TRUE(testing::all_close(out, contiguous(ref.slice(1, S - T, S)), testing::kCpuF32VsF64));
+      const Tensor rows = contiguous(all.slice(1, S - T, S));
+      EXPECT_EQ(std::memcmp(out.raw_data(), rows.raw_data(), out.nbytes()), 0) << "rows of the full call";
+      for (int64_t b = 0; b < B; ++b)
+        for (int64_t n = 0; n < N; ++n) {
+          const Tensor want = contiguous(all_lse.slice(0, b, b + 1).slice(1, n, n + 1).slice(2, S - T, S));
+          const Tensor got = contiguous(lse.slice(0, b, b + 1).slice(1, n, n + 1));
+          EXPECT_EQ(std::memcmp(got.raw_data(), want.raw_data(), got.nbytes()), 0) << "lse b" << b << " n" << n;
+        }
+    }
+  }
+  Tensor q = Tensor::zeros({1, 4, 2, 8}, DType::kF32), k = Tensor::zeros({1, 3, 2, 8}, DType::kF32);
+  Tensor out = Tensor::zeros({1, 4, 2, 8}, DType::kF32), lse = Tensor::zeros({1, 2, 4}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, k, k, {}); }, "3 key positions for 4 queries"));
+}
 
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   for (const Case& c : {Case{1, 7, 4, 2, 6, 4, true}, Case{2, 5, 4, 1, 4, 2, true}, Case{1, 6, 2, 2, 4, 4, false}}) {

@@ -82,6 +82,9 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
             std::string::npos)
       << e;
   EXPECT_EQ(error_of("", {"--training.deterministic=true"}), "");
+  e = error_of("", {"--sample.top_p=0"});
+  EXPECT_NE(e.find("`sample.top_p` must be in (0, 1], found 0"), std::string::npos) << e;
+  EXPECT_EQ(error_of("", {"--sample.top_p=0.9"}), "");
   e = error_of("[model\n", {});
   EXPECT_NE(e.find("config `"), std::string::npos) << e;
 }

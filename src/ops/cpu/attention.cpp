@@ -2,7 +2,8 @@
 // online softmax (running max m, running sum l, rescaled accumulator); the backward
 // recomputes probabilities tile by tile from the saved log-sum-exp (FlashAttention-2).
 // Work is split over (batch, kv head): a task owns dk/dv of its kv head and dq of its
-// query heads, so no two threads write the same element.
+// query heads, so no two threads write the same element. The forward also takes S > T keys
+// (a KV cache): query i then sits at position i + S - T.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -15,15 +16,21 @@ namespace shardtrain::ops::cpu {
 namespace {
 
 struct Dims {
-  int64_t B, T, N, M, H, group;
+  int64_t B, T, S, N, M, H, group;
 };
 
-Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+// With `longer_keys` k and v may hold S >= T positions (the forward over a KV cache); else S = T.
+Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op, bool longer_keys) {
   check_arg(q, op, "q_BTNH");
   ST_CHECK(q.ndim() == 4, op, ": `q_BTNH` must be 4-D, found ", q.str());
-  Dims d{q.size(0), q.size(1), q.size(2), k.ndim() == 4 ? k.size(2) : 0, q.size(3), 0};
-  check_arg(k, op, "k_BTMH", q.dtype(), {d.B, d.T, d.M, d.H});
-  check_arg(v, op, "v_BTMH", q.dtype(), {d.B, d.T, d.M, d.H});
+  Dims d{q.size(0), q.size(1), q.size(1), q.size(2), k.ndim() == 4 ? k.size(2) : 0, q.size(3), 0};
+  if (longer_keys && k.ndim() == 4) {
+    d.S = k.size(1);
+    ST_CHECK(d.S >= d.T, op, ": ", d.S, " key positions for ", d.T, " queries; the queries are the last of the ",
+             "keys' positions, so there must be at least as many keys");
+  }
+  check_arg(k, op, "k_BTMH", q.dtype(), {d.B, d.S, d.M, d.H});
+  check_arg(v, op, "v_BTMH", q.dtype(), {d.B, d.S, d.M, d.H});
   ST_CHECK(d.M > 0 && d.N % d.M == 0, op, ": key/value heads (", d.M, ") must divide query heads (", d.N, ")");
   d.group = d.N / d.M;
   return d;
@@ -48,12 +55,13 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   if (!all_contiguous({&q_BTNH, &k_BTMH, &v_BTMH}))  // heads sliced from a stacked q|k|v tensor
     return cpu::attention_forward(out_BTNH, lse_BNT, contiguous(q_BTNH), contiguous(k_BTMH), contiguous(v_BTMH),
                                   options);
-  const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op);
+  const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op, true);
   check_arg(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_arg(lse_BNT, op, "lse_BNT", stats_dtype(q_BTNH.dtype()), {d.B, d.N, d.T});
   ST_CHECK(options.block_queries > 0 && options.block_keys > 0, op, ": tile sizes must be positive");
   const int64_t BQ = options.block_queries, BK = options.block_keys;
   const double scale = softmax_scale(options, d.H);
+  const int64_t shift = d.S - d.T;  // query i is at position i + shift
   dispatch_real(q_BTNH, op, "q_BTNH", [&]<typename F>() {
     const F* q = q_BTNH.data<F>();
     const F* k = k_BTMH.data<F>();
@@ -73,16 +81,16 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
             std::fill(acc.begin(), acc.end(), F(0));
             std::fill(m.begin(), m.end(), -std::numeric_limits<F>::infinity());
             std::fill(l.begin(), l.end(), F(0));
-            const int64_t k_end = options.causal ? q1 : d.T;
+            const int64_t k_end = options.causal ? q1 + shift : d.S;
             for (int64_t k0 = 0; k0 < k_end; k0 += BK) {
               const int64_t k1 = std::min(k_end, k0 + BK);
               for (int64_t i = q0; i < q1; ++i) {
                 const F* qi = q + ((b * d.T + i) * d.N + n) * d.H;
-                const int64_t j_end = options.causal ? std::min(k1, i + 1) : k1;
+                const int64_t j_end = options.causal ? std::min(k1, i + shift + 1) : k1;
                 if (j_end <= k0) continue;
                 F tile_max = -std::numeric_limits<F>::infinity();
                 for (int64_t j = k0; j < j_end; ++j) {
-                  const F sj = static_cast<F>(scale) * dot(qi, k + ((b * d.T + j) * d.M + kv) * d.H, d.H);
+                  const F sj = static_cast<F>(scale) * dot(qi, k + ((b * d.S + j) * d.M + kv) * d.H, d.H);
                   s[static_cast<size_t>(j - k0)] = sj;
                   tile_max = std::max(tile_max, sj);
                 }
@@ -95,7 +103,7 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
                 for (int64_t j = k0; j < j_end; ++j) {
                   const F p = std::exp(s[static_cast<size_t>(j - k0)] - m_new);
                   l[r] += p;
-                  const F* vj = v + ((b * d.T + j) * d.M + kv) * d.H;
+                  const F* vj = v + ((b * d.S + j) * d.M + kv) * d.H;
                   for (int64_t h = 0; h < d.H; ++h) a[h] += p * vj[h];
                 }
                 m[r] = m_new;
@@ -123,7 +131,7 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
         [&](Tensor& dq, Tensor& dk, Tensor& dv, const Tensor& q, const Tensor& k, const Tensor& v) {
           cpu::attention_backward(dq, dk, dv, dout_BTNH, q, k, v, out_BTNH, lse_BNT, options);
         });
-  const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op);
+  const Dims d = check_qkv(q_BTNH, k_BTMH, v_BTMH, op, false);
   const DType dt = q_BTNH.dtype();
   check_arg(dout_BTNH, op, "dout_BTNH", dt, q_BTNH.shape());
   check_arg(out_BTNH, op, "out_BTNH", dt, q_BTNH.shape());

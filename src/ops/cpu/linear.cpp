@@ -23,6 +23,16 @@ void gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double al
               static_cast<int>(ldb), beta, c, static_cast<int>(ldc));
 }
 
+// y[m] = alpha A[m x n] x + beta y, A row-major.
+void gemv(int64_t m, int64_t n, double alpha, const float* a, int64_t lda, const float* x, double beta, float* y) {
+  cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), static_cast<float>(alpha), a,
+              static_cast<int>(lda), x, 1, static_cast<float>(beta), y, 1);
+}
+void gemv(int64_t m, int64_t n, double alpha, const double* a, int64_t lda, const double* x, double beta, double* y) {
+  cblas_dgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(m), static_cast<int>(n), alpha, a, static_cast<int>(lda),
+              x, 1, beta, y, 1);
+}
+
 void check_weight(const Tensor& x_TI, const Tensor& weight_OI, const char* op, int64_t& T, int64_t& I, int64_t& O) {
   check_arg(x_TI, op, "x_TI");
   check_arg(weight_OI, op, "weight_OI");
@@ -53,7 +63,10 @@ void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, c
         for (int64_t o = 0; o < O; ++o) y[t * O + o] = b[o];
       beta = 1;
     }
-    if (T > 0 && O > 0) gemm(false, true, T, O, I, 1.0, x_TI.data<F>(), I, weight_OI.data<F>(), I, beta, y, O);
+    // one row (a token decoded over a KV cache): a matrix-vector product, as OpenBLAS's GEMM
+    // would first copy the whole weight into its packed layout (most of such a token's time)
+    if (T == 1 && O > 0) gemv(O, I, 1.0, weight_OI.data<F>(), I, x_TI.data<F>(), beta, y);
+    else if (T > 0 && O > 0) gemm(false, true, T, O, I, 1.0, x_TI.data<F>(), I, weight_OI.data<F>(), I, beta, y, O);
   });
 }
 

@@ -1,0 +1,48 @@
+// The KV cache of incremental decoding: per block, the keys (rotated at their absolute
+// positions) and values of every position a model has seen, so that a new token's forward
+// attends to them instead of recomputing the prefix (Llama::last_logits_cached). Only the M
+// key/value heads are kept: grouped-query attention shares each among N / M query heads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "model/config.h"
+
+namespace shardtrain::model {
+
+class KvCache {
+ public:
+  // Room for `capacity` positions of `batch` sequences in `dtype` on `device`: 2·L·B·capacity·M·H
+  // elements, allocated at once. 1 <= capacity <= config.max_seq_len (the rope table's rows);
+  // an error names both otherwise.
+  KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DType dtype, Device device = Device::cpu());
+
+  int64_t batch() const { return batch_; }
+  int64_t capacity() const { return capacity_; }
+  int64_t length() const { return length_; }  // positions filled: the next token's position
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  int64_t bytes() const;
+  int64_t layers() const { return static_cast<int64_t>(keys_.size()); }
+
+  // Block l's keys / values [B, capacity, M, H]; positions [0, length()) hold data.
+  const Tensor& keys(int64_t layer) const { return keys_.at(static_cast<size_t>(layer)); }
+  const Tensor& values(int64_t layer) const { return values_.at(static_cast<size_t>(layer)); }
+
+  // Throws, naming `what` and the lengths, unless `tokens` more positions fit.
+  void check_room(int64_t tokens, const char* what) const;
+  // Marks `tokens` more positions as filled, once every block has written them.
+  void advance(int64_t tokens);
+  // Forgets every position (a new sequence); the buffers stay.
+  void clear() { length_ = 0; }
+
+ private:
+  int64_t batch_, capacity_, length_ = 0;
+  DType dtype_;
+  Device device_;
+  std::vector<Tensor> keys_, values_;  // [L] of [B, capacity, M, H]
+};
+
+}  // namespace shardtrain::model
