@@ -33,16 +33,6 @@ inline void expect_gradients(const std::vector<GradCase>& cases, const std::func
   }
 }
 
-// Runs `f` and expects an Error whose message contains `needle`.
-template <typename F>
-::testing::AssertionResult throws_with(F&& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "message `" << e.what() << "` lacks `" << needle << "`";
-  }
-  return ::testing::AssertionFailure() << "no error thrown";
-}
+using testing::throws_with;  // testing/compare.h
 
 }  // namespace shardtrain::ops

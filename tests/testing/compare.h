@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/error.h"
 #include "core/tensor.h"
 
 namespace shardtrain {
@@ -17,6 +18,18 @@ inline void PrintTo(DType t, std::ostream* os) { *os << dtype_name(t); }
 }  // namespace shardtrain
 
 namespace shardtrain::testing {
+
+// Runs `f` and expects an Error whose message contains `needle`.
+template <typename F>
+::testing::AssertionResult throws_with(F&& f, const std::string& needle) {
+  try {
+    f();
+  } catch (const Error& e) {
+    if (std::string(e.what()).find(needle) != std::string::npos) return ::testing::AssertionSuccess();
+    return ::testing::AssertionFailure() << "message `" << e.what() << "` lacks `" << needle << "`";
+  }
+  return ::testing::AssertionFailure() << "no error thrown";
+}
 
 struct Tolerance {
   double rel_norm;

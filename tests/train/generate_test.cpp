@@ -30,7 +30,11 @@ class IdTokenizer final : public data::Tokenizer {
   }
   std::string decode(std::span<const int32_t> ids) const override {
     std::string s;
-    for (int32_t id : ids) s += "<" + std::to_string(id) + ">";
+    for (int32_t id : ids) {  // appended piece by piece: "<" + std::string trips GCC 12's -Wrestrict
+      s += '<';
+      s += std::to_string(id);
+      s += '>';
+    }
     return s;
   }
   int64_t vocab_size() const override { return vocab_; }

@@ -22,16 +22,7 @@ std::string temp_path(const std::string& name) {
   return (fs::temp_directory_path() / ("shardtrain_open_" + std::to_string(::getpid()) + "_" + name)).string();
 }
 
-template <typename F>
-::testing::AssertionResult throws_with(F&& f, const std::string& needle) {
-  try {
-    f();
-  } catch (const Error& e) {
-    if (std::string(e.what()).find(needle) != std::string::npos) return ::testing::AssertionSuccess();
-    return ::testing::AssertionFailure() << "message `" << e.what() << "` lacks `" << needle << "`";
-  }
-  return ::testing::AssertionFailure() << "no error thrown";
-}
+using testing::throws_with;
 
 class OpenModel : public ::testing::Test {
  protected:
