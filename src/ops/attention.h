@@ -3,7 +3,7 @@
 // for the backward, which recomputes the probabilities tile by tile. Memory O(T).
 // Query head n reads kv head n / (N / M); K/V are never replicated. The CUDA version is
 // cuDNN's fused flash attention for bf16/f16, and plain exact kernels for f32 (check runs).
-// S: key positions, S >= T; the forward on the CPU takes S > T (a KV cache's keys).
+// S: key positions, S >= T; the forward takes S > T (a KV cache's keys), on the CPU and CUDA.
 #pragma once
 
 #include <cstdint>
@@ -75,11 +75,13 @@ inline double attention_forward_flops(const Tensor& q_BTNH, const Tensor& k_BTMH
 // stats_dtype(q)) = log-sum-exp of each query row's scaled scores. N % M == 0. q, k, v, out
 // share one dtype (f32/f64 on the CPU; on CUDA bf16/f16 with head dim a multiple of 8 up to
 // 256, or f32 with head dim up to 512 through slow exact kernels); softmax math in
-// stats_dtype. No aliasing. On the CPU k and v may be [B, S, M, H] with S > T keys: the T
+// stats_dtype. No aliasing. k and v may be [B, S, M, H] with S > T keys: the T
 // queries are the last T of S positions, so the causal mask lets query i see keys
 // j <= i + S - T (incremental decoding over a KV cache; the bottom-right alignment of
 // flash-attn). The visiting order of key tiles is the one a query at that position has in a
-// full S-query call, so each query row comes out the same as there. CUDA needs S == T.
+// full S-query call, so each query row comes out the same as there. On CUDA, S > T (and
+// keys that are rows of a longer cache) take an exact kernel of its own (attention_cached.h),
+// S == T cuDNN's flash attention.
 inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
                               const Tensor& v_BTMH, const AttentionOptions& options = {},
                               [[maybe_unused]] Stream stream = {}) {
@@ -88,9 +90,6 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
                                       profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
   if (q_BTNH.device().is_cpu()) return cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
 #ifdef SHARDTRAIN_WITH_CUDA
-  ST_CHECK(q_BTNH.ndim() != 4 || k_BTMH.ndim() != 4 || k_BTMH.size(1) == q_BTNH.size(1),
-           "attention_forward: ", k_BTMH.size(1), " key positions for ", q_BTNH.size(1),
-           " queries (a KV cache) run on the CPU only; the CUDA attention takes as many keys as queries");
   return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
 #else
   no_kernel("attention_forward", q_BTNH);

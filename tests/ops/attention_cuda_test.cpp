@@ -2,8 +2,8 @@
 // bf16-rounded inputs: causal and not, GQA groups 1/2/4/8, head dims 64 and 128, odd and
 // aligned lengths, forward output, log-sum-exp and all three input gradients (the default
 // and the deterministic backward), and the deterministic backward's bitwise repetition. The f32
-// kernels (f32 check runs) are held to f32 error on the same cases and on odd head dims.
-// Skips without a device.
+// kernels (f32 check runs) are held to f32 error on the same cases and on odd head dims, and
+// the KV-cache kernel (S > T keys) to the CPU twin's S > T forward. Skips without a device.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -226,6 +226,59 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
                                            Case{2, 70, 4, 1, 128, false}, Case{1, 2048, 32, 8, 64, true},
                                            Case{2, 45, 6, 3, 20, true}, Case{1, 33, 2, 2, 136, false},
                                            Case{1, 9, 1, 1, 300, true}));
+
+// Over a KV cache: T new queries (head slices of a stacked q|k|v, as in the model) against S
+// keys that are the first S rows of a longer cache [B, capacity, M, H] (their sequences
+// capacity rows apart), bottom-right causal. The exact kernel of attention_cached.h against
+// the CPU twin's S > T forward in f64, in bf16 and f32; S == T with B > 1 takes it too.
+struct CachedCase {
+  int64_t B, T, S, N, M, H;
+  bool causal;
+};
+void PrintTo(const CachedCase& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_S" << c.S << "_N" << c.N << "_M" << c.M << "_H" << c.H
+      << (c.causal ? "_causal" : "_full");
+}
+class AttentionCudaCached : public ::testing::TestWithParam<CachedCase> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+TEST_P(AttentionCudaCached, MatchesCpu) {
+  const CachedCase c = GetParam();
+  const int64_t E = c.N + 2 * c.M, capacity = c.S + 5;
+  const Device gpu = Device::cuda(0);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const uint64_t seed = static_cast<uint64_t>(c.S * 17 + c.T * 5 + c.H);
+    const Tensor stacked = rounded_f32({c.B, c.T, E, c.H}, dt, seed, 0.0, 1.0);
+    const Tensor keys = rounded_f32({c.B, capacity, c.M, c.H}, dt, seed + 1, 0.0, 1.0);
+    const Tensor values = rounded_f32({c.B, capacity, c.M, c.H}, dt, seed + 2, 0.0, 1.0);
+    AttentionOptions o;
+    o.causal = c.causal;
+    Tensor out64 = Tensor::empty({c.B, c.T, c.N, c.H}, DType::kF64);
+    Tensor lse64 = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+    cpu::attention_forward(out64, lse64, to_dtype(stacked.slice(2, 0, c.N), DType::kF64),
+                           to_dtype(keys.slice(1, 0, c.S), DType::kF64), to_dtype(values.slice(1, 0, c.S), DType::kF64),
+                           o);
+
+    const Tensor qkv = to_device(to_dtype(stacked, dt)), kd = to_device(to_dtype(keys, dt)),
+                 vd = to_device(to_dtype(values, dt));
+    Tensor out = Tensor::empty({c.B, c.T, c.N, c.H}, dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+    attention_forward(out, lse, qkv.slice(2, 0, c.N), kd.slice(1, 0, c.S), vd.slice(1, 0, c.S), o);
+    EXPECT_TRUE(dt == DType::kBF16 ? close(out, out64) : close_f32(out, out64)) << "out";
+    EXPECT_TRUE(close_f32(lse, lse64)) << "lse (f32 math in both dtypes)";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaCached,
+                         ::testing::Values(CachedCase{1, 1, 1, 2, 1, 64, true}, CachedCase{1, 1, 37, 4, 2, 64, true},
+                                           CachedCase{2, 5, 70, 8, 2, 128, true},
+                                           CachedCase{1, 3, 300, 32, 8, 64, true},
+                                           CachedCase{2, 1, 129, 4, 4, 8, true},
+                                           CachedCase{2, 9, 9, 4, 2, 64, true},  // S == T, cache rows
+                                           CachedCase{1, 4, 40, 6, 3, 20, false},
+                                           CachedCase{1, 2, 1000, 8, 1, 256, true}));
 
 TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
   ST_REQUIRE_CUDA();

@@ -16,6 +16,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "ops/attention.h"
+#include "ops/cuda/attention_cached.h"
 #include "ops/cuda/attention_f32.h"
 #include "ops/cuda/attention_single.h"
 
@@ -208,6 +209,14 @@ Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
 void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
                        const Tensor& v_BTMH, const AttentionOptions& options, Stream stream) {
   const char* op = "attention_forward";
+  // over a KV cache: more keys than queries, or keys that are rows of a longer cache (their
+  // sequences further apart than T tokens)
+  auto cache_rows = [&](const Tensor& x) {
+    return x.ndim() == 4 && x.size(0) > 1 && x.stride(0) != x.size(1) * x.stride(1);
+  };
+  if (q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 &&
+      (k_BTMH.size(1) != q_BTNH.size(1) || cache_rows(k_BTMH) || cache_rows(v_BTMH)))
+    return attention_forward_cached(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
   const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});

@@ -1,0 +1,157 @@
+// Attention forward over a KV cache on CUDA: T new queries against S >= T keys, the queries
+// being the last T of the S positions (bottom-right causal: query t sees keys
+// j <= t + S - T). For incremental decoding (T = 1 after the prompt), where cuDNN's flash
+// kernels, built for as many keys as queries, do not apply. One block per query row; each
+// warp takes every kWarps-th key, lanes splitting the head dimension: the score is a warp
+// reduction, the row's maximum and sum are combined across warps, then a second pass sums
+// p_j · v_j into per-lane accumulators. f32 math; bf16, f16 or f32 storage; heads of q, k and
+// v may be slices of a stacked tensor and k, v rows of a larger cache (strided tokens and
+// sequences). Exact rather than fast: decoding is bound by reading the cache, not by this.
+#include "ops/cuda/attention_cached.h"
+
+#include <cmath>
+#include <type_traits>
+
+#include "ops/cuda/common.cuh"
+
+namespace shardtrain::ops::cuda {
+namespace {
+
+constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kMaxHeadDim = 256, kPerLane = kMaxHeadDim / 32;
+
+struct Layout {
+  int64_t sequence, token;  // element strides; a token's heads are consecutive rows of H
+};
+
+struct Dims {
+  int64_t T, S, N, M, H;
+  float scale;
+  bool causal;
+  Layout q, k, v, out;
+};
+
+__device__ __forceinline__ float warp_sum(float v) {
+  for (int off = 16; off > 0; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+// Grid (T, N, B): out[b, t, n, :] and lse[b, n, t].
+template <typename E>
+__global__ void cached_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v, Dims d) {
+  __shared__ float q_row[kMaxHeadDim];
+  __shared__ float warp_max[kWarps], warp_sum_exp[kWarps];
+  __shared__ float partial[kWarps][kMaxHeadDim];
+  const int64_t t = blockIdx.x, n = blockIdx.y, b = blockIdx.z, m = n / (d.N / d.M);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t keys = d.causal ? t + d.S - d.T + 1 : d.S;
+  const E* q_at = q + b * d.q.sequence + t * d.q.token + n * d.H;
+  for (int64_t h = threadIdx.x; h < d.H; h += kThreads) q_row[h] = to_f32(q_at[h]);
+  __syncthreads();
+  const E* k_seq = k + b * d.k.sequence + m * d.H;
+  const E* v_seq = v + b * d.v.sequence + m * d.H;
+  auto score = [&](int64_t j) {
+    const E* k_row = k_seq + j * d.k.token;
+    float s = 0;
+    for (int64_t h = lane; h < d.H; h += 32) s += q_row[h] * to_f32(k_row[h]);
+    return d.scale * warp_sum(s);
+  };
+
+  // the row's maximum and sum of exponentials: each warp's over its keys, then combined
+  float mx = -INFINITY, sum = 0;
+  for (int64_t j = warp; j < keys; j += kWarps) {
+    const float s = score(j);
+    if (s > mx) {
+      sum = sum * expf(mx - s) + 1.0f;
+      mx = s;
+    } else {
+      sum += expf(s - mx);
+    }
+  }
+  if (lane == 0) {
+    warp_max[warp] = mx;
+    warp_sum_exp[warp] = sum;
+  }
+  __syncthreads();
+  float row_max = -INFINITY;
+  for (int w = 0; w < kWarps; ++w) row_max = fmaxf(row_max, warp_max[w]);
+  float row_sum = 0;
+  for (int w = 0; w < kWarps; ++w)
+    if (warp_max[w] > -INFINITY) row_sum += warp_sum_exp[w] * expf(warp_max[w] - row_max);
+  const float row_lse = row_max + logf(row_sum);
+
+  // out = sum_j p_j v_j: each lane its h = lane + 32 i, each warp its keys, then the warps' sums
+  float acc[kPerLane] = {};
+  for (int64_t j = warp; j < keys; j += kWarps) {
+    const float p = expf(score(j) - row_lse);
+    const E* v_row = v_seq + j * d.v.token;
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t h = lane + 32 * i;
+      if (h < d.H) acc[i] += p * to_f32(v_row[h]);
+    }
+  }
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t h = lane + 32 * i;
+    if (h < d.H) partial[warp][h] = acc[i];
+  }
+  __syncthreads();
+  E* out_at = out + b * d.out.sequence + t * d.out.token + n * d.H;
+  for (int64_t h = threadIdx.x; h < d.H; h += kThreads) {
+    float s = 0;
+    for (int w = 0; w < kWarps; ++w) s += partial[w][h];
+    out_at[h] = from_f32<E>(s);
+  }
+  if (threadIdx.x == 0) lse[(b * d.N + n) * d.T + t] = row_lse;
+}
+
+// A [B, rows, heads, H] view whose heads are consecutive rows of H (a token's heads may be a
+// slice of a wider stacked row, and tokens a slice of a longer cache): its strides.
+Layout layout_of(const Tensor& x, const char* op, const char* arg) {
+  ST_CHECK(x.ndim() == 4, op, ": `", arg, "` expected [B, T, heads, H], found ", x.str());
+  ST_CHECK(x.stride(3) == 1 && x.stride(2) == x.size(3), op, ": `", arg,
+           "` needs each head's H values contiguous and a token's heads consecutive, found ", x.str());
+  return {x.stride(0), x.stride(1)};
+}
+
+}  // namespace
+
+void attention_forward_cached(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BSMH,
+                              const Tensor& v_BSMH, const AttentionOptions& options, Stream s) {
+  const char* op = "attention_forward (KV cache)";
+  const Tensor* all[] = {&out_BTNH, &lse_BNT, &q_BTNH, &k_BSMH, &v_BSMH};
+  for (const Tensor* t : all)  // strided views are fine (layout_of checks them)
+    ST_CHECK(t->device() == q_BTNH.device() && t->device().is_cuda(), op, ": every tensor on q's CUDA device, found ",
+             q_BTNH.str(), " and ", t->str());
+  const int64_t B = q_BTNH.size(0), T = q_BTNH.size(1), N = q_BTNH.size(2), H = q_BTNH.size(3);
+  const int64_t S = k_BSMH.size(1), M = k_BSMH.size(2);
+  ST_CHECK(k_BSMH.shape() == Shape({B, S, M, H}) && v_BSMH.shape() == k_BSMH.shape(), op, ": k and v expected [", B,
+           ", S, M, ", H, "], found ", k_BSMH.str(), " and ", v_BSMH.str());
+  ST_CHECK(S >= T && M > 0 && N % M == 0, op, ": ", T, " queries over ", S, " keys (S >= T) with ", N,
+           " query heads over ", M, " kv heads (M divides N)");
+  ST_CHECK(H <= kMaxHeadDim, op, ": head dim ", H, " above the kernel's ", kMaxHeadDim);
+  ST_CHECK(out_BTNH.shape() == q_BTNH.shape() && lse_BNT.shape() == Shape({B, N, T}) &&
+               lse_BNT.dtype() == DType::kF32 && lse_BNT.is_contiguous(),
+           op, ": expected out ", q_BTNH.shape().str(), " and f32 lse [", B, ", ", N, ", ", T, "], found ",
+           out_BTNH.str(), " and ", lse_BNT.str());
+  for (const Tensor* t : {all[0], all[3], all[4]})
+    ST_CHECK(t->dtype() == q_BTNH.dtype(), op, ": q, k, v and out share one dtype, found ", q_BTNH.str(), " and ",
+             t->str());
+  Dims d{T, S, N, M, H,
+         static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
+         options.causal, layout_of(q_BTNH, op, "q_BTNH"), layout_of(k_BSMH, op, "k_BSMH"),
+         layout_of(v_BSMH, op, "v_BSMH"), layout_of(out_BTNH, op, "out_BTNH")};
+  if (B == 0 || T == 0) return;
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(N), static_cast<unsigned>(B));
+  dispatch_float(q_BTNH.dtype(), op, [&]<typename E>() {
+    if constexpr (std::is_same_v<E, double>) {
+      ST_THROW(op, ": no f64 kernel on CUDA");
+    } else {
+      cached_forward_kernel<E><<<grid, kThreads, 0, stream_of(s)>>>(
+          static_cast<E*>(out_BTNH.raw_data()), lse_BNT.data<float>(), static_cast<const E*>(q_BTNH.raw_data()),
+          static_cast<const E*>(k_BSMH.raw_data()), static_cast<const E*>(v_BSMH.raw_data()), d);
+      ST_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+}  // namespace shardtrain::ops::cuda
