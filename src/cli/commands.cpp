@@ -93,9 +93,11 @@ std::string usage() {
          "                                                   a Hugging Face folder from a training checkpoint\n"
          "                                                   (a step_* directory, or the folder holding `latest`)\n"
          "  generate MODEL --prompt TEXT|- [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-         "           [--tokenizer PATH] [--recompute]        continue TEXT (`-`: standard input) with a model: a\n"
+         "           [--tokenizer PATH] [--device D] [--recompute]\n"
+         "                                                   continue TEXT (`-`: standard input) with a model: a\n"
          "                                                   Hugging Face folder or a training checkpoint; N 200,\n"
          "                                                   T 0.8 (0: greedy), K 40 (0: all), P 1 (all), S 7;\n"
+         "                                                   D auto (a GPU if visible, bf16), cpu (f32) or cuda;\n"
          "                                                   --recompute: no KV cache (slower, for checks)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
@@ -189,7 +191,7 @@ int run_generate(const std::vector<std::string>& args) {
   const char* cmd = "generate";
   std::vector<std::string> paths;
   std::optional<std::string> prompt;
-  std::string tokenizer;
+  std::string tokenizer, device = "auto";
   train::SampleOptions o;
   int64_t seed = static_cast<int64_t>(o.seed);
   o.context_limit = train::ContextLimit::kStop;
@@ -207,6 +209,7 @@ int run_generate(const std::vector<std::string>& args) {
     else if (a == "--seed") seed = integer_flag(a, value(), cmd);
     else if (a == "--tokenizer") tokenizer = value();
     else if (a == "--recompute") o.kv_cache = false;
+    else if (a == "--device") device = value();
     else if (a.rfind("--", 0) == 0) ST_THROW(cmd, ": unknown option `", a, "` (see `shardtrain help`)");
     else paths.push_back(a);
   }
@@ -220,9 +223,11 @@ int run_generate(const std::vector<std::string>& args) {
   if (*prompt == "-") prompt = std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   o.prompt = *prompt;
 
-  const train::OpenedModel m = train::open_model(paths[0]);
+  const Device dev = train::generation_device(device);
+  const train::OpenedModel m = train::open_model(paths[0], dev.is_cpu() ? DType::kF32 : DType::kBF16, dev);
   const std::unique_ptr<data::Tokenizer> tok = train::open_tokenizer(tokenizer, m);
-  log::info(fmt::format("model: {} from {}", m.model->config().summary(), m.describe()));
+  log::info(fmt::format("model: {} from {} ({} on {})", m.model->config().summary(), m.describe(),
+                        dev.is_cpu() ? "f32" : "bf16", dev.str()));
   std::fputs(o.prompt.c_str(), stdout);
   std::fflush(stdout);
   const train::SampleResult r = train::sample(*m.model, *tok, o, [](std::string_view piece) {

@@ -430,8 +430,6 @@ Tensor Llama::last_logits(const Tensor& ids_BT) {
 Tensor Llama::last_logits_cached(const Tensor& ids_BT, KvCache& cache) {
   const char* what = "last_logits_cached";
   check_batch(ids_BT, config_, what);
-  ST_CHECK(device_.is_cpu(), what, ": the KV cache path runs on the CPU; this model is on ", device_.str(),
-           " (last_logits recomputes the whole sequence there)");
   ST_CHECK(cache.device() == device_ && cache.dtype() == dtype_ && cache.layers() == config_.n_layers &&
                cache.keys(0).size(2) == config_.n_kv_heads && cache.keys(0).size(3) == config_.head_dim(),
            what, ": a KV cache of ", cache.layers(), " blocks of ", cache.keys(0).str(), " for a model of ",

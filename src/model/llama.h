@@ -142,7 +142,8 @@ class Llama {
   // new tokens before them; their keys and values are appended to `cache`. The first call on
   // an empty cache runs the prompt (the prefill), then one token per call. The same as
   // last_logits of all the ids so far, up to the rounding of the matrix products over fewer
-  // rows. CPU models only (the CUDA attention takes as many keys as queries). Throws, naming
+  // rows (on a GPU the attention over the cache is an exact kernel of its own, the prefill
+  // cuDNN's, so the bf16 results differ by rounding). Throws, naming
   // the lengths, when the new tokens do not fit in the cache; the cache is then unchanged.
   Tensor last_logits_cached(const Tensor& ids_BT, KvCache& cache);
   // All logits [B*T, V] (for checks against other implementations; builds the full matrix).

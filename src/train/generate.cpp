@@ -1,6 +1,6 @@
-// Autoregressive sampling. On the CPU the prompt's keys and values are computed once into a KV
-// cache and each new token runs alone over it; a model on a GPU, or past max_seq_len with
-// ContextLimit::kSlide, recomputes the window for every token.
+// Autoregressive sampling. The prompt's keys and values are computed once into a KV cache and
+// each new token runs alone over it (CPU and GPU); past max_seq_len with ContextLimit::kSlide,
+// or when asked (SampleOptions::kv_cache off), the window is recomputed for every token.
 #include "train/generate.h"
 
 #include <algorithm>
@@ -24,9 +24,7 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 class NextLogits {
  public:
   NextLogits(model::Llama& model, bool use_cache, int64_t positions) : model_(model) {
-    // the KV cache path is CPU-only (the CUDA attention takes as many keys as queries): a
-    // model on a GPU keeps recomputing the window, as does a run that asks for it
-    if (use_cache && model.device().is_cpu())
+    if (use_cache)
       cache_.emplace(model.config(), 1, std::min(positions, model.config().max_seq_len), model.dtype(),
                      model.device());
   }

@@ -1,6 +1,6 @@
 // Sampling text from a model: temperature, top-k and top-p (nucleus) over the last position's
-// logits. On the CPU the prompt runs once and each new token alone, over a KV cache
-// (model/kv_cache.h); a model on a GPU recomputes the window for every token.
+// logits. The prompt runs once and each new token alone, over a KV cache (model/kv_cache.h),
+// on the CPU and on a GPU.
 #pragma once
 
 #include <cstdint>

@@ -6,10 +6,14 @@
 
 #include <fmt/format.h>
 
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
+#endif
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "io/hf_folder.h"
 #include "model/hf_config.h"
+#include "ops/elementwise.h"
 #include "train/checkpoint.h"
 
 namespace shardtrain::train {
@@ -36,9 +40,30 @@ std::string OpenedModel::describe() const {
                                              : fmt::format("checkpoint {} (step {})", path, step);
 }
 
-OpenedModel open_model(const std::string& path, DType dtype) {
-  ST_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "open_model: the CPU model computes in f32 or f64, not ",
-           dtype_name(dtype));
+Device generation_device(const std::string& wanted) {
+  ST_CHECK(wanted == "auto" || wanted == "cpu" || wanted == "cuda", "generate: --device takes auto, cpu or cuda, "
+           "found `", wanted, "`");
+  if (wanted == "cpu") return Device::cpu();
+#ifdef SHARDTRAIN_WITH_CUDA
+  const int n = cuda::device_count();
+  ST_CHECK(wanted != "cuda" || n > 0, "generate: --device cuda, but no usable CUDA device is visible");
+  if (n > 0) {
+    cuda::init_device(0);
+    return Device::cuda(0);
+  }
+#else
+  ST_CHECK(wanted != "cuda", "generate: --device cuda, but this build has no CUDA backend (rebuild with nvcc)");
+#endif
+  return Device::cpu();
+}
+
+OpenedModel open_model(const std::string& path, DType dtype, Device device) {
+  if (device.is_cpu())
+    ST_CHECK(dtype == DType::kF32 || dtype == DType::kF64, "open_model: the CPU model computes in f32 or f64, not ",
+             dtype_name(dtype));
+  else
+    ST_CHECK(dtype == DType::kBF16 || dtype == DType::kF32, "open_model: a GPU model computes in bf16 or f32, not ",
+             dtype_name(dtype));
   std::error_code ec;
   ST_CHECK(fs::exists(path, ec), "model `", path, "` does not exist (expected a Hugging Face folder or a training "
            "checkpoint)");
@@ -71,13 +96,24 @@ OpenedModel open_model(const std::string& path, DType dtype) {
     config = info.config;
   }
   m.layout = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(config, 1));
-  m.store = std::make_unique<model::ResidentUnitStore>(*m.layout, dtype, Device::cpu(), false);
+  // read on the host in the model's dtype (f32 for a GPU model), then moved to the GPU
+  const DType host_dtype = device.is_cpu() ? dtype : DType::kF32;
+  m.store = std::make_unique<model::ResidentUnitStore>(*m.layout, host_dtype, Device::cpu(), false);
   if (m.source == ModelSource::kHuggingFace) {
     with_context([&] { return fmt::format("reading the weights of `{}`", path); }, [&] { read_hf_weights(m); });
   } else {
     load_checkpoint_params(info, *m.layout, m.store->params());
   }
-  m.model = std::make_unique<model::Llama>(config, *m.layout, m.store.get(), dtype, Device::cpu());
+  if (!device.is_cpu()) {
+    auto on_device = std::make_unique<model::ResidentUnitStore>(*m.layout, dtype, device, false);
+    for (size_t u = 0; u < m.layout->units().size(); ++u) {
+      ops::cast(on_device->params()[u], m.store->params()[u]);
+      m.store->params()[u] = Tensor();  // the host copy goes unit by unit
+    }
+    synchronize(device);
+    m.store = std::move(on_device);
+  }
+  m.model = std::make_unique<model::Llama>(config, *m.layout, m.store.get(), dtype, device);
   return m;
 }
 

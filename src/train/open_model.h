@@ -25,9 +25,15 @@ struct OpenedModel {
   std::string describe() const;   // "Hugging Face folder X" / "checkpoint X (step N)"
 };
 
-// Reads `path`'s weights into a resident model of `dtype` (f32 or f64) on the CPU. Errors name
-// the path and what was expected there.
-OpenedModel open_model(const std::string& path, DType dtype = DType::kF32);
+// Reads `path`'s weights into a resident model of `dtype` on `device`: f32 or f64 on the CPU,
+// bf16 or f32 on a GPU (read into host memory in f32, then cast unit by unit onto the GPU, so
+// the host holds 4 bytes per parameter while it opens). Errors name the path and what was
+// expected there.
+OpenedModel open_model(const std::string& path, DType dtype = DType::kF32, Device device = Device::cpu());
+
+// `generate --device`: auto (the first GPU when one is visible, else the CPU), cpu, or cuda;
+// a GPU it returns is initialised for use. Errors name the flag.
+Device generation_device(const std::string& wanted);
 
 // The tokenizer for `opened`: `spec` = "" takes the model's own (an HF folder's tokenizer.json;
 // the one a checkpoint recorded, or the byte-level tokenizer when it recorded none); else a

@@ -176,6 +176,7 @@ std::string expected_output(const std::string& model, const std::string& tokeniz
   return shardtrain::train::sample(*m.model, *tok, o).text + "\n";
 }
 
+// The commands name --device cpu: on a machine with a GPU, auto would sample from a bf16 model.
 class CliGenerate : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -212,7 +213,7 @@ SampleOptions sample_options(const std::string& prompt, int64_t tokens, double t
 }
 
 TEST_F(CliGenerate, HuggingFaceFolderPrintsTheSampleAndItsSpeed) {
-  const SplitResult greedy = run_split("generate " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
+  const SplitResult greedy = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
                                        "--temperature 0");
   ASSERT_EQ(greedy.status, 0) << greedy.err;
   EXPECT_EQ(greedy.out, expected_output(*hf_, "byte", sample_options("Hello", 12, 0, 40, 1, 7)));
@@ -220,20 +221,20 @@ TEST_F(CliGenerate, HuggingFaceFolderPrintsTheSampleAndItsSpeed) {
   EXPECT_NE(greedy.err.find("KV cache"), std::string::npos) << greedy.err;
   EXPECT_NE(greedy.err.find("from Hugging Face folder " + *hf_), std::string::npos) << greedy.err;
 
-  const SplitResult recomputed = run_split("generate " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
+  const SplitResult recomputed = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
                                            "--temperature 0 --recompute");
   ASSERT_EQ(recomputed.status, 0) << recomputed.err;
   EXPECT_EQ(recomputed.out, greedy.out) << "the same ids without the cache";
   EXPECT_NE(recomputed.err.find("recomputed every token"), std::string::npos) << recomputed.err;
 
-  const SplitResult sampled = run_split("generate " + *hf_ + " --tokenizer byte --prompt Hello --tokens 20 "
+  const SplitResult sampled = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt Hello --tokens 20 "
                                         "--temperature 0.9 --top-k 50 --top-p 0.9 --seed 5");
   ASSERT_EQ(sampled.status, 0) << sampled.err;
   EXPECT_EQ(sampled.out, expected_output(*hf_, "byte", sample_options("Hello", 20, 0.9, 50, 0.9, 5)));
 
   const std::string prompt_file = *hf_ + "_prompt.txt";
   std::ofstream(prompt_file) << "Hello";
-  const SplitResult piped = run_split("generate " + *hf_ + " --tokenizer byte --prompt - --tokens 12 --temperature 0",
+  const SplitResult piped = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt - --tokens 12 --temperature 0",
                                       prompt_file);
   ASSERT_EQ(piped.status, 0) << piped.err;
   EXPECT_EQ(piped.out, greedy.out) << "--prompt - reads standard input";
@@ -243,7 +244,7 @@ TEST_F(CliGenerate, HuggingFaceFolderPrintsTheSampleAndItsSpeed) {
 TEST_F(CliGenerate, CheckpointUsesTheTokenizerItRecorded) {
   // the folder holding `latest`, and its step directory; no tokenizer recorded: bytes
   for (const std::string& path : {*checkpoints_, *checkpoints_ + "/step_00000020"}) {
-    const SplitResult r = run_split("generate " + path + " --prompt \"The \" --tokens 15 --seed 3");
+    const SplitResult r = run_split("generate --device cpu " + path + " --prompt \"The \" --tokens 15 --seed 3");
     ASSERT_EQ(r.status, 0) << r.err;
     EXPECT_EQ(r.out, expected_output(path, "", sample_options("The ", 15, 0.8, 40, 1, 3))) << path;
     EXPECT_NE(r.err.find("(step 20)"), std::string::npos) << r.err;
@@ -252,18 +253,19 @@ TEST_F(CliGenerate, CheckpointUsesTheTokenizerItRecorded) {
 
 TEST_F(CliGenerate, BadInputIsNamed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"generate /nonexistent/model --prompt x", "model `/nonexistent/model` does not exist"},
-      {"generate " + *hf_ + " --tokenizer byte --prompt " + std::string(70, 'x'),
+      {"generate --device cpu /nonexistent/model --prompt x", "model `/nonexistent/model` does not exist"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt " + std::string(70, 'x'),
        "the prompt is 71 tokens (with BOS), more than the model's context of max_seq_len = 64 tokens"},
-      {"generate " + *hf_ + " --prompt x", "holds no tokenizer.json; name one with --tokenizer PATH"},
-      {"generate " + *hf_ + " --prompt x --tokenizer /nonexistent/tokenizer.json",
+      {"generate --device cpu " + *hf_ + " --prompt x", "holds no tokenizer.json; name one with --tokenizer PATH"},
+      {"generate --device cpu " + *hf_ + " --prompt x --tokenizer /nonexistent/tokenizer.json",
        "loading the tokenizer `/nonexistent/tokenizer.json` (--tokenizer)"},
-      {"generate " + *hf_ + " --tokenizer byte", "--prompt TEXT is required"},
-      {"generate " + *hf_ + " --tokenizer byte --prompt x --top-p 1.5", "top-p must be in (0, 1] (1 is all tokens), found 1.5"},
-      {"generate " + *hf_ + " --tokenizer byte --prompt x --tokens many", "--tokens takes an integer, found `many`"},
-      {"generate " + *hf_ + " --tokenizer byte --prompt x --temperature -1", "temperature must be >= 0"},
-      {"generate " + *hf_ + " --tokenizer byte --prompt x --topk 3", "unknown option `--topk`"},
-      {"generate --prompt x", "expected one MODEL"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte", "--prompt TEXT is required"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --top-p 1.5", "top-p must be in (0, 1] (1 is all tokens), found 1.5"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --tokens many", "--tokens takes an integer, found `many`"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --temperature -1", "temperature must be >= 0"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --topk 3", "unknown option `--topk`"},
+      {"generate --device cpu --prompt x", "expected one MODEL"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt x --device tpu", "--device takes auto, cpu or cuda, found `tpu`"},
   };
   for (const auto& [args, needle] : cases) {
     const SplitResult r = run_split(args);
@@ -271,7 +273,7 @@ TEST_F(CliGenerate, BadInputIsNamed) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
   }
   // a prompt that fills the context exactly: one token, then the context is full
-  const SplitResult full = run_split("generate " + *hf_ + " --tokenizer byte --prompt " + std::string(63, 'x'));
+  const SplitResult full = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt " + std::string(63, 'x'));
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("generate: 1 tokens"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("stopped: the context is full (max_seq_len = 64 tokens)"), std::string::npos) << full.err;
@@ -289,7 +291,7 @@ TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {
   const std::string hf = std::string(SHARDTRAIN_BINARY_DIR) + "/cli_generate_llama3_" + std::to_string(::getpid());
   shardtrain::testing::TinyStore s(c, 5);
   shardtrain::testing::write_hf_folder(s, c, hf, dir + "/tokenizers/llama3");
-  const SplitResult r = run_split("generate " + hf + " --prompt \"In the beginning\" --tokens 8 --seed 2");
+  const SplitResult r = run_split("generate --device cpu " + hf + " --prompt \"In the beginning\" --tokens 8 --seed 2");
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, expected_output(hf, "", sample_options("In the beginning", 8, 0.8, 40, 1, 2)));
   EXPECT_EQ(r.out.rfind("In the beginning", 0), 0u) << r.out;

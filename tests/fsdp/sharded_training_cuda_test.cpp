@@ -26,6 +26,7 @@
 #include "core/cuda/device.h"
 #include "core/random.h"
 #include "testing/free_port.h"
+#include "testing/shardtrain_binary.h"
 
 extern char** environ;
 
@@ -34,12 +35,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-std::string shardtrain_binary() {
-  // beside this test (a bundle carried to a GPU machine), else in the build tree
-  const fs::path here = fs::read_symlink("/proc/self/exe").parent_path() / "shardtrain";
-  if (fs::exists(here)) return here.string();
-  return std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain";
-}
+using testing::shardtrain_binary;
 
 using testing::free_port;
 
