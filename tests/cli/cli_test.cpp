@@ -138,6 +138,9 @@ TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
 
 #include <filesystem>
 
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
+#endif
 #include "data/bpe_tokenizer.h"
 #include "testing/model_folders.h"
 #include "train/generate.h"
@@ -277,6 +280,20 @@ TEST_F(CliGenerate, BadInputIsNamed) {
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("generate: 1 tokens"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("stopped: the context is full (max_seq_len = 64 tokens)"), std::string::npos) << full.err;
+}
+
+// --device cuda where no GPU can serve: the error says why (open_model_cuda_test runs the
+// command on a GPU).
+TEST_F(CliGenerate, DeviceCudaWithoutAGpuIsNamed) {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (shardtrain::cuda::device_count() > 0) GTEST_SKIP() << "a GPU is visible";
+  const std::string needle = "--device cuda, but no usable CUDA device is visible";
+#else
+  const std::string needle = "--device cuda, but this build has no CUDA backend";
+#endif
+  const SplitResult r = run_split("generate " + *hf_ + " --tokenizer byte --prompt x --device cuda");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
 }
 
 TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {
