@@ -271,14 +271,17 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   ST_CHECK(!config_.training.offload_activations || device_.is_cuda(), "`training.offload_activations` = true moves "
            "activations from the GPU to host memory; this run trains on the CPU (`training.device` = `",
            config_.training.device, "`), where they are in host memory already");
-  if (device_.is_cuda() && (config_.parallel.offload || config_.training.offload_activations)) {
-    // before any page-locked memory is taken: a host too small fails here, naming the keys
-    // that help, not inside the driver or the kernel's out-of-memory killer
-    PlanInput in = plan_input(config_, mc, comm_->world_size());
-    if (config_.training.activation_checkpointing == "auto")
-      in.checkpointing = choose_checkpointing(in, gpu_memory_bytes()).checkpointing;
-    if (config_.training.offload_activations && config_.training.offload_activations_blocks == 0)
-      in = with_offloaded_blocks(in, choose_offload_blocks(in, gpu_memory_bytes()).blocks);
+  // The launch's automatic choices, once, before any page-locked memory is taken: a host too
+  // small for what they put there fails here, naming the keys that help, not inside the driver
+  // or the kernel's out-of-memory killer.
+  model_config_ = mc;
+  checkpointing_ = checkpointing();
+  compute_shards_ = compute_shards(checkpointing_);
+  if (config_.training.offload_activations) offload_blocks_ = offload_activation_blocks(checkpointing_, compute_shards_);
+  if (device_.is_cuda() && (config_.parallel.offload || offload_blocks_ > 0)) {
+    PlanInput in = with_offloaded_blocks(launch_plan_input(), offload_blocks_);
+    in.checkpointing = checkpointing_;
+    in.compute_shards = compute_shards_;
     int64_t local_ranks = 1;  // ranks sharing this machine's memory (torchrun's, Open MPI's count)
     for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
       if (const char* v = std::getenv(name); v != nullptr && std::atoll(v) > 0) {
@@ -368,12 +371,12 @@ std::string Trainer::checkpoint_root() const {
 
 int64_t Trainer::loss_chunk_tokens() const {
   if (config_.training.loss_chunk_tokens > 0) return config_.training.loss_chunk_tokens;
-  return auto_loss_chunk_tokens(!device_.is_cpu(), model_->config().vocab_size);
+  return auto_loss_chunk_tokens(!device_.is_cpu(), model_config_.vocab_size);
 }
 
 int64_t Trainer::mlp_chunk_tokens() const {
   if (config_.training.mlp_chunk_tokens > 0) return config_.training.mlp_chunk_tokens;
-  return auto_mlp_chunk_tokens(!device_.is_cpu(), model_->config().ffn_dim,
+  return auto_mlp_chunk_tokens(!device_.is_cpu(), model_config_.ffn_dim,
                                config_.training.batch_size * config_.training.seq_len);
 }
 
@@ -385,7 +388,7 @@ int64_t Trainer::gpu_memory_bytes() const {
 }
 
 PlanInput Trainer::launch_plan_input() const {
-  PlanInput in = plan_input(config_, model_->config(), comm_->world_size());
+  PlanInput in = plan_input(config_, model_config_, comm_->world_size());
   in.loss_chunk_tokens = loss_chunk_tokens();
   in.mlp_chunk_tokens = mlp_chunk_tokens();
   return in;
@@ -435,7 +438,7 @@ bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const
 
 int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const {
   const int64_t asked = config_.training.offload_activations_blocks;
-  if (!config_.training.offload_activations || asked > 0) return asked;
+  if (asked > 0) return asked;
   PlanInput in = launch_plan_input();
   in.checkpointing = checkpointing;
   in.compute_shards = compute_shards;
@@ -443,7 +446,7 @@ int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkp
   const OffloadBlocksChoice c = choose_offload_blocks(in, device_bytes);
   const std::string line = fmt::format(
       "training.offload_activations_blocks = auto: {} of {} blocks (planned peak {} per rank on a {} GPU{})",
-      c.blocks, model_->config().n_layers, format_bytes(c.plan.peak), format_bytes(device_bytes),
+      c.blocks, model_config_.n_layers, format_bytes(c.plan.peak), format_bytes(device_bytes),
       c.blocks > 0 ? fmt::format(", {} of activations in host memory", format_bytes(c.plan.host_activations))
                    : std::string(": everything fits, the activations stay on the GPU"));
   if (c.fits) {
@@ -506,14 +509,11 @@ TrainSummary Trainer::run() {
   sc.total_steps = tc.steps;
   sc.min_lr_ratio = config_.schedule.min_lr_ratio;
   model::StepOptions so;
-  so.checkpointing = checkpointing();
+  so.checkpointing = checkpointing_;
   so.deterministic = tc.deterministic;
-  const bool shards = compute_shards(so.checkpointing);
-  store_->set_compute_shards(shards);
-  if (tc.offload_activations) {  // a GPU's (checked at construction)
-    so.offload_activation_blocks = offload_activation_blocks(so.checkpointing, shards);
-    so.offload_activations = so.offload_activation_blocks > 0;
-  }
+  store_->set_compute_shards(compute_shards_);
+  so.offload_activations = offload_blocks_ > 0;  // a GPU's (checked at construction)
+  so.offload_activation_blocks = offload_blocks_;
   so.loss_chunk_tokens = loss_chunk_tokens();
   if (const int64_t piece = model_->mlp_chunk_tokens();
       piece > 0 && piece < B * T && model::mlp_recomputed(so.checkpointing))

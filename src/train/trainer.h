@@ -64,14 +64,20 @@ class Trainer {
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and
   // the GPU's memory.
   bool compute_shards(model::ActivationCheckpointing checkpointing) const;
-  // With training.offload_activations: the blocks to offload (0: none), training.
-  // offload_activations_blocks with 0 (auto) decided by the plan and the GPU's memory.
+  // With training.offload_activations (only then called): the blocks to offload (0: none),
+  // training.offload_activations_blocks with 0 (auto) decided by the plan and the GPU's memory.
   int64_t offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const;
   int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
   PlanInput launch_plan_input() const;  // the memory plan's input for this run, auto choices left open
 
   JobConfig config_;
   Device device_;
+  model::LlamaConfig model_config_;  // the model's shape, known before the model is built
+  // The launch's automatic choices (logged), made once in the constructor, before the shards
+  // and any page-locked memory exist.
+  model::ActivationCheckpointing checkpointing_ = model::ActivationCheckpointing::kNone;
+  bool compute_shards_ = false;
+  int64_t offload_blocks_ = 0;  // training.offload_activations: the blocks offloaded (0: none)
   int64_t start_step_ = 1;  // > 1 after resuming
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
