@@ -72,9 +72,14 @@ int32_t pick_token(std::span<const double> logits, const SampleOptions& o, Count
   ST_CHECK(V > 0, "pick_token: no logits");
   // a total order, so that partial and full sorts agree: larger logit first, then smaller id
   auto before = [&](int32_t a, int32_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  if (o.temperature <= 0) {  // greedy: the first of the largest
+    int32_t best = 0;
+    for (int32_t i = 1; i < V; ++i)
+      if (before(i, best)) best = i;
+    return best;
+  }
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
-  if (o.temperature <= 0) return *std::min_element(order.begin(), order.end(), before);
   const int64_t k = o.top_k > 0 ? std::min(o.top_k, V) : V;
   std::partial_sort(order.begin(), order.begin() + k, order.end(), before);
   // softmax(logit / temperature) over the top k, unnormalised, relative to the largest

@@ -32,8 +32,8 @@ struct SampleOptions {
   double top_p = 1.0;
   uint64_t seed = 7;
   ContextLimit context_limit = ContextLimit::kSlide;
-  // false: recompute the whole context for every token (what a GPU model does; the reference
-  // the cache is tested against).
+  // false: recompute the whole context for every token (the reference the cache is tested
+  // against).
   bool kv_cache = true;
 };
 

@@ -13,11 +13,11 @@
 
 #include <gtest/gtest.h>
 
-#include "core/cuda/device.h"
 #include "data/byte_tokenizer.h"
 #include "model/llama.h"
 #include "ops/elementwise.h"
 #include "testing/compare.h"
+#include "testing/cuda_util.h"
 #include "testing/model_folders.h"
 #include "testing/shardtrain_binary.h"
 #include "train/generate.h"
@@ -34,7 +34,7 @@ const testing::Tolerance kF32Logits{1e-5, 1e30, 1e30};    // other kernels, othe
 class OpenModelCuda : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+    ST_REQUIRE_CUDA();
     hf_ = (fs::temp_directory_path() / ("shardtrain_open_cuda_" + std::to_string(::getpid()))).string();
     testing::TinyStore source(config_, 43);
     testing::write_hf_folder(source, config_, hf_);
