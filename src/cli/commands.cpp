@@ -101,7 +101,8 @@ std::string usage() {
          "                                                   --recompute: no KV cache (slower, for checks)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
-         "                                                   text or JSONL -> token file (EOS after each document)\n"
+         "                                                   text or JSONL -> token file (BOS, ids, EOS per\n"
+         "                                                   document) for `train --data.source=OUTPUT`\n"
          "  help                                             this text; `shardtrain help config` lists keys\n"
          "\n"
          "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";

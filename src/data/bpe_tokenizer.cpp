@@ -387,6 +387,11 @@ bool BpeTokenizer::has_chat_template() const { return impl_->chat_problem.empty(
 
 std::string BpeTokenizer::apply_chat_template(std::span<const ChatMessage> messages,
                                               bool add_generation_prompt) const {
+  return render_chat(messages, add_generation_prompt).text;
+}
+
+BpeTokenizer::ChatText BpeTokenizer::render_chat(std::span<const ChatMessage> messages,
+                                                 bool add_generation_prompt) const {
   const Impl& t = *impl_;
   ST_CHECK(t.chat_problem.empty(), "tokenizer `", t.path,
            "`: cannot apply a chat template: ", t.chat_problem);
@@ -403,22 +408,25 @@ std::string BpeTokenizer::apply_chat_template(std::span<const ChatMessage> messa
     }
     return s.substr(begin, end - begin);
   };
-  std::string out;
-  if (t.chat_uses_bos && !messages.empty()) out += t.bos_text;
+  ChatText out;
+  std::string& text = out.text;
+  if (t.chat_uses_bos && !messages.empty()) text += t.bos_text;
   for (size_t i = 0; i < messages.size(); ++i) {
     const ChatMessage& m = messages[i];
     ST_CHECK(find_invalid_utf8(m.role) == std::string::npos &&
                  find_invalid_utf8(m.content) == std::string::npos,
              "chat message ", i, ": role and content must be valid UTF-8");
-    out += "<|start_header_id|>";
-    out += m.role;
-    out += "<|end_header_id|>\n\n";
-    out += trim(m.content);
-    out += "<|eot_id|>";
+    text += "<|start_header_id|>";
+    text += m.role;
+    text += "<|end_header_id|>\n\n";
+    const size_t first = text.size();
+    text += trim(m.content);
+    text += "<|eot_id|>";
+    out.content_spans.emplace_back(first, text.size());
   }
   if (t.chat_generation == GenerationPrompt::kAlways ||
       (t.chat_generation == GenerationPrompt::kWhenAsked && add_generation_prompt)) {
-    out += "<|start_header_id|>assistant<|end_header_id|>\n\n";
+    text += "<|start_header_id|>assistant<|end_header_id|>\n\n";
   }
   return out;
 }

@@ -7,6 +7,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "data/tokenizer.h"
@@ -74,6 +75,13 @@ class BpeTokenizer final : public Tokenizer {
   // Throws when there is no template or it is not of that form (we do not run Jinja).
   std::string apply_chat_template(std::span<const ChatMessage> messages,
                                   bool add_generation_prompt) const;
+  // The same text, with where each message's content lies in it: `content_spans[i]` is the
+  // byte range [first, end) of message i's (trimmed) content followed by its <|eot_id|>.
+  struct ChatText {
+    std::string text;
+    std::vector<std::pair<size_t, size_t>> content_spans;
+  };
+  ChatText render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
  private:
   struct Impl;  // bpe_tokenizer_internal.h

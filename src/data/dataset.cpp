@@ -1,6 +1,8 @@
 // Token streams and deterministic window sampling.
 #include "data/dataset.h"
 
+#include <algorithm>
+
 #include "core/random.h"
 
 namespace shardtrain::data {
@@ -22,27 +24,56 @@ TokenStreams build_token_streams(const std::vector<std::string>& documents, cons
   return s;
 }
 
-WindowSampler::WindowSampler(const std::vector<int32_t>* stream, int64_t seq_len, uint64_t seed)
+void VectorTokenSource::read(int64_t first, std::span<int32_t> out) const {
+  ST_CHECK(first >= 0 && first <= size() && static_cast<int64_t>(out.size()) <= size() - first, "reading tokens [",
+           first, ", ", first + static_cast<int64_t>(out.size()), ") of a stream of ", size());
+  std::copy_n(ids_.begin() + first, out.size(), out.begin());
+}
+
+FileTokenSource::FileTokenSource(std::shared_ptr<const TokenFile> file, int64_t first, int64_t count)
+    : file_(std::move(file)), first_(first), count_(count) {
+  ST_ASSERT(first >= 0 && count >= 0 && static_cast<uint64_t>(first + count) <= file_->size());
+}
+
+void FileTokenSource::read(int64_t first, std::span<int32_t> out) const {
+  ST_CHECK(first >= 0 && first <= count_ && static_cast<int64_t>(out.size()) <= count_ - first, "reading tokens [",
+           first, ", ", first + static_cast<int64_t>(out.size()), ") of a part of ", count_, " tokens of `",
+           file_->path(), "`");
+  file_->read(static_cast<uint64_t>(first_ + first), out);
+}
+
+WindowSampler::WindowSampler(const TokenSource* stream, int64_t seq_len, uint64_t seed)
     : stream_(stream), seq_len_(seq_len), seed_(seed) {
-  ST_CHECK(static_cast<int64_t>(stream->size()) > seq_len + 1, "training data has ", stream->size(),
+  ST_CHECK(stream->size() > seq_len + 1, "training data has ", stream->size(),
            " tokens, fewer than one sequence of `training.seq_len` + 1 = ", seq_len + 1);
 }
+
+namespace {
+
+// Row b of ids and targets from the T + 1 tokens of `window`.
+void put_window(Tensor& ids_BT, Tensor& targets_BT, int64_t b, std::span<const int32_t> window) {
+  const int64_t T = ids_BT.size(1);
+  int32_t* ids = ids_BT.data<int32_t>() + b * T;
+  int32_t* targets = targets_BT.data<int32_t>() + b * T;
+  for (int64_t t = 0; t < T; ++t) {
+    ids[t] = window[t];
+    targets[t] = window[t + 1];
+  }
+}
+
+}  // namespace
 
 void WindowSampler::fill(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
                          int64_t first_sequence) const {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   ST_ASSERT(T == seq_len_ && targets_BT.shape() == ids_BT.shape());
-  const uint64_t starts = stream_->size() - static_cast<uint64_t>(T) - 1;
+  const uint64_t starts = static_cast<uint64_t>(stream_->size() - T - 1);
   const uint64_t key = hash3(seed_, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
-  int32_t* ids = ids_BT.data<int32_t>();
-  int32_t* targets = targets_BT.data<int32_t>();
+  std::vector<int32_t> window(T + 1);
   for (int64_t b = 0; b < B; ++b) {
     const uint64_t start = hash3(seed_, key, static_cast<uint64_t>(first_sequence + b)) % (starts + 1);
-    const int32_t* w = stream_->data() + start;
-    for (int64_t t = 0; t < T; ++t) {
-      ids[b * T + t] = w[t];
-      targets[b * T + t] = w[t + 1];
-    }
+    stream_->read(static_cast<int64_t>(start), window);
+    put_window(ids_BT, targets_BT, b, window);
   }
 }
 
@@ -50,19 +81,85 @@ int64_t eval_batches_available(int64_t stream_tokens, int64_t B, int64_t T) {
   return stream_tokens < 1 ? 0 : (stream_tokens - 1) / (B * T);
 }
 
-bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const std::vector<int32_t>& stream, int64_t index) {
+bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const TokenSource& stream, int64_t index) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
-  if (index >= eval_batches_available(static_cast<int64_t>(stream.size()), B, T)) return false;
-  int32_t* ids = ids_BT.data<int32_t>();
-  int32_t* targets = targets_BT.data<int32_t>();
+  if (index >= eval_batches_available(stream.size(), B, T)) return false;
+  std::vector<int32_t> window(T + 1);
   for (int64_t b = 0; b < B; ++b) {
-    const int32_t* w = stream.data() + (index * B + b) * T;
-    for (int64_t t = 0; t < T; ++t) {
-      ids[b * T + t] = w[t];
-      targets[b * T + t] = w[t + 1];
-    }
+    stream.read((index * B + b) * T, window);
+    put_window(ids_BT, targets_BT, b, window);
   }
   return true;
+}
+
+PackedStreamData::PackedStreamData(std::unique_ptr<TokenSource> train, std::unique_ptr<TokenSource> val,
+                                   int64_t seq_len, uint64_t seed, std::string summary)
+    : train_(std::move(train)), val_(std::move(val)), sampler_(train_.get(), seq_len, seed),
+      summary_(std::move(summary)) {}
+
+void PackedStreamData::fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                                  int64_t first_sequence) const {
+  sampler_.fill(ids_BT, targets_BT, step, micro, first_sequence);
+}
+
+int64_t PackedStreamData::eval_batches(int64_t B, int64_t T) const {
+  return eval_batches_available(val_->size(), B, T);
+}
+
+void PackedStreamData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const {
+  ST_CHECK(fill_eval_batch(ids_BT, targets_BT, *val_, index), "evaluation batch ", index, " is past the held-out ",
+           held_out_size());
+}
+
+std::string PackedStreamData::held_out_size() const { return std::to_string(val_->size()) + " tokens"; }
+
+std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
+                                                   int64_t model_vocab, double val_fraction, int64_t seq_len,
+                                                   uint64_t seed) {
+  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
+  auto file = std::make_shared<const TokenFile>(path);
+  const TokenFileHeader& h = file->header();
+  ST_CHECK(h.vocab_size <= model_vocab, "token file `", path, "` holds ids below ", h.vocab_size,
+           ", more than the model's vocabulary of ", model_vocab, "; it was tokenized for another model");
+  ST_CHECK(h.eos_id == tokenizer.eos_id(), "token file `", path, "` ends documents with id ", h.eos_id,
+           " but the run's tokenizer has EOS ", tokenizer.eos_id(),
+           "; it was tokenized with another tokenizer (`data.tokenizer`)");
+  ST_CHECK(!(h.version == 1 && tokenizer.bos_id() >= 0), "token file `", path,
+           "` is a version 1 file, which stores no BOS, and the run's tokenizer begins documents with BOS ",
+           tokenizer.bos_id(), ": tokenize the corpus again with this build's `shardtrain tokenize`");
+  ST_CHECK(h.version == 1 || h.bos_id == tokenizer.bos_id(), "token file `", path, "` begins documents with id ",
+           h.bos_id, " but the run's tokenizer has BOS ", tokenizer.bos_id(),
+           "; it was tokenized with another tokenizer (`data.tokenizer`)");
+  const auto total = static_cast<int64_t>(file->size());
+  int64_t cut = total;
+  if (val_fraction > 0) {
+    // The held-out part starts at a document boundary: the first BOS (or, without one, the
+    // token after an EOS) at or after the nominal cut, looked for in pieces.
+    cut = static_cast<int64_t>(static_cast<double>(total) * (1 - val_fraction));
+    const int32_t bos = h.bos_id;
+    const bool after_eos = bos < 0;
+    std::vector<int32_t> piece(1 << 16);
+    int64_t pos = after_eos ? std::max<int64_t>(cut - 1, 0) : cut;
+    bool found = false;
+    while (!found && pos < total) {
+      const int64_t n = std::min<int64_t>(static_cast<int64_t>(piece.size()), total - pos);
+      file->read(static_cast<uint64_t>(pos), std::span<int32_t>(piece.data(), static_cast<size_t>(n)));
+      for (int64_t i = 0; i < n && !found; ++i) {
+        if (after_eos ? piece[i] == h.eos_id : piece[i] == bos) {
+          cut = pos + i + (after_eos ? 1 : 0);
+          found = true;
+        }
+      }
+      pos += n;
+    }
+    if (!found) cut = total;
+  }
+  std::string summary = std::to_string(h.document_count) + " documents, " + std::to_string(total) +
+                        " tokens in token file `" + path + "` -> " + std::to_string(cut) + " training / " +
+                        std::to_string(total - cut) + " held-out tokens";
+  return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(file, 0, cut),
+                                            std::make_unique<FileTokenSource>(file, cut, total - cut), seq_len,
+                                            seed, std::move(summary));
 }
 
 }  // namespace shardtrain::data

@@ -1,13 +1,18 @@
-// Token streams for training and evaluation: documents become [BOS] tokens [EOS], packed
-// end to end. Each document goes to the validation split with probability val_fraction,
-// decided by a hash of (seed, document index) so the split never depends on order of work.
+// What training reads: token streams (documents as [BOS] tokens [EOS], packed end to end, in
+// memory or in a token file) cut into windows, and the TrainingData interface the trainer
+// draws batches from. Every training batch is a pure function of (seed, step, micro-batch,
+// sequence index), so resumed runs and every rank's share of a global batch are reproducible
+// with no sampler state beyond the step number.
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/tokenize_file.h"
 #include "data/tokenizer.h"
 
 namespace shardtrain::data {
@@ -19,22 +24,54 @@ struct TokenStreams {
   int64_t bytes = 0;
 };
 
+// Each document goes to the validation split with probability val_fraction, decided by a
+// hash of (seed, document index) so the split never depends on the order of work.
 TokenStreams build_token_streams(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                                  double val_fraction, uint64_t seed);
 
+// A sequence of token ids: in memory, or a range of a mapped token file (never copied whole).
+class TokenSource {
+ public:
+  virtual ~TokenSource() = default;
+  virtual int64_t size() const = 0;
+  // Copies ids [first, first + out.size()); throws past the end.
+  virtual void read(int64_t first, std::span<int32_t> out) const = 0;
+};
+
+class VectorTokenSource final : public TokenSource {
+ public:
+  explicit VectorTokenSource(std::vector<int32_t> ids) : ids_(std::move(ids)) {}
+  int64_t size() const override { return static_cast<int64_t>(ids_.size()); }
+  void read(int64_t first, std::span<int32_t> out) const override;
+
+ private:
+  std::vector<int32_t> ids_;
+};
+
+// Ids [first, first + count) of a token file shared by the sources cut from it.
+class FileTokenSource final : public TokenSource {
+ public:
+  FileTokenSource(std::shared_ptr<const TokenFile> file, int64_t first, int64_t count);
+  int64_t size() const override { return count_; }
+  void read(int64_t first, std::span<int32_t> out) const override;
+
+ private:
+  std::shared_ptr<const TokenFile> file_;
+  int64_t first_, count_;
+};
+
 // Draws training windows of T+1 tokens at positions that are a pure function of
-// (seed, step, micro-batch, sequence index), so a resumed run and every rank's share of the
-// global batch are reproducible with no sampler state beyond the step number.
+// (seed, step, micro-batch, sequence index).
 class WindowSampler {
  public:
-  WindowSampler(const std::vector<int32_t>* stream, int64_t seq_len, uint64_t seed);
+  WindowSampler(const TokenSource* stream, int64_t seq_len, uint64_t seed);
 
   // ids_BT = window[0:T], targets_BT = window[1:T+1] for sequences
   // first_sequence .. first_sequence + B - 1 of micro-batch `micro` of step `step`.
   void fill(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro, int64_t first_sequence) const;
 
  private:
-  const std::vector<int32_t>* stream_;
+  const TokenSource* stream_;
   int64_t seq_len_;
   uint64_t seed_;
 };
@@ -43,8 +80,52 @@ class WindowSampler {
 // Batch `index` holds windows index*B .. index*B + B-1, so a global batch of W*B
 // sequences split over W ranks is batches i*W + r. Returns false when the stream has no
 // window left for batch `index`.
-bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const std::vector<int32_t>& stream, int64_t index);
+bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const TokenSource& stream, int64_t index);
 // How many such batches of B x T the stream holds.
 int64_t eval_batches_available(int64_t stream_tokens, int64_t B, int64_t T);
+
+// Where the trainer's batches come from. ids and targets are [B, T] i32 host tensors; a
+// target of -100 (model::StepOptions::ignore_index) is a position whose loss does not count.
+class TrainingData {
+ public:
+  virtual ~TrainingData() = default;
+  // Training sequences first_sequence .. first_sequence + B - 1 of micro-batch `micro` of
+  // step `step` (a pure function of these and the data's seed).
+  virtual void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                          int64_t first_sequence) const = 0;
+  // Held-out batches of B x T: how many there are, and batch `index` (< that number).
+  virtual int64_t eval_batches(int64_t B, int64_t T) const = 0;
+  virtual void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const = 0;
+  // One line for the log: what was read and how it was split.
+  virtual std::string summary() const = 0;
+  // The held-out split's size in words, for errors ("1,234 tokens", "12 examples").
+  virtual std::string held_out_size() const = 0;
+};
+
+// Documents packed end to end, trained on in random windows, evaluated on consecutive ones.
+class PackedStreamData final : public TrainingData {
+ public:
+  PackedStreamData(std::unique_ptr<TokenSource> train, std::unique_ptr<TokenSource> val, int64_t seq_len,
+                   uint64_t seed, std::string summary);
+  void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                  int64_t first_sequence) const override;
+  int64_t eval_batches(int64_t B, int64_t T) const override;
+  void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override;
+  std::string summary() const override { return summary_; }
+  std::string held_out_size() const override;
+
+ private:
+  std::unique_ptr<TokenSource> train_, val_;
+  WindowSampler sampler_;
+  std::string summary_;
+};
+
+// A token file written by `shardtrain tokenize`, split for training: the held-out part is its
+// last val_fraction of tokens, starting at the first document (BOS) at or after that point.
+// Checks the file against the run's tokenizer (same BOS and EOS, ids below model_vocab) and
+// that the training part holds a window of seq_len + 1.
+std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
+                                                   int64_t model_vocab, double val_fraction, int64_t seq_len,
+                                                   uint64_t seed);
 
 }  // namespace shardtrain::data

@@ -51,7 +51,7 @@ std::array<unsigned char, kTokenFileHeaderBytes> encode_header(const TokenFileHe
   put(bytes.data(), 24, h.document_count);
   put(bytes.data(), 32, h.vocab_size);
   put(bytes.data(), 40, h.eos_id);
-  put(bytes.data(), 44, uint32_t{0});
+  put(bytes.data(), 44, h.bos_id);
   return bytes;
 }
 
@@ -61,14 +61,17 @@ std::string errno_text() { return std::strerror(errno); }
 
 // ---- TokenFileWriter ----
 
-TokenFileWriter::TokenFileWriter(std::string path, int64_t vocab_size, int32_t eos_id)
+TokenFileWriter::TokenFileWriter(std::string path, int64_t vocab_size, int32_t eos_id, int32_t bos_id)
     : path_(std::move(path)), tmp_path_(path_ + ".tmp") {
   ST_CHECK(vocab_size > 0 && vocab_size <= (int64_t{1} << 32), "token file `", path_,
            "`: vocab size ", vocab_size, " outside [1, 2^32]");
   ST_CHECK(eos_id >= -1 && eos_id < vocab_size, "token file `", path_, "`: eos id ", eos_id,
            " outside [-1, vocab size ", vocab_size, ")");
+  ST_CHECK(bos_id >= -1 && bos_id < vocab_size, "token file `", path_, "`: bos id ", bos_id,
+           " outside [-1, vocab size ", vocab_size, ")");
   header_.vocab_size = vocab_size;
   header_.eos_id = eos_id;
+  header_.bos_id = bos_id;
   header_.token_bytes = vocab_size <= 65536 ? 2 : 4;
   file_ = std::fopen(tmp_path_.c_str(), "wb");
   ST_CHECK(file_ != nullptr, "cannot create `", tmp_path_, "`: ", errno_text());
@@ -103,6 +106,7 @@ void TokenFileWriter::write_ids(std::span<const int32_t> ids) {
 }
 
 void TokenFileWriter::append_document(std::span<const int32_t> ids) {
+  if (header_.bos_id >= 0) write_ids(std::span<const int32_t>(&header_.bos_id, 1));
   write_ids(ids);
   if (header_.eos_id >= 0) write_ids(std::span<const int32_t>(&header_.eos_id, 1));
   ++header_.document_count;
@@ -162,8 +166,9 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     header_.document_count = get<uint64_t>(data_, 24);
     header_.vocab_size = get<int64_t>(data_, 32);
     header_.eos_id = get<int32_t>(data_, 40);
-    if (header_.version != kTokenFileVersion) {
-      fail("version ", header_.version, ", this build reads version ", kTokenFileVersion);
+    header_.bos_id = header_.version == 1 ? -1 : get<int32_t>(data_, 44);
+    if (header_.version != 1 && header_.version != 2) {
+      fail("version ", header_.version, ", this build reads versions 1 and 2");
     }
     if (header_.token_bytes != 2 && header_.token_bytes != 4) {
       fail("token_bytes ", header_.token_bytes, ", expected 2 or 4");
@@ -175,6 +180,9 @@ TokenFile::TokenFile(const std::string& path) : path_(path) {
     }
     if (header_.eos_id < -1 || header_.eos_id >= header_.vocab_size) {
       fail("eos_id ", header_.eos_id, " outside [-1, vocab_size ", header_.vocab_size, ")");
+    }
+    if (header_.bos_id < -1 || header_.bos_id >= header_.vocab_size) {
+      fail("bos_id ", header_.bos_id, " outside [-1, vocab_size ", header_.vocab_size, ")");
     }
     const uint64_t max_count =
         (std::numeric_limits<uint64_t>::max() - kTokenFileHeaderBytes) / header_.token_bytes;
@@ -310,7 +318,7 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
   std::ifstream in(input_path, std::ios::binary);
   ST_CHECK(in.good(), "cannot open `", input_path, "`");
-  TokenFileWriter writer(output_path, tokenizer.vocab_size(), tokenizer.eos_id());
+  TokenFileWriter writer(output_path, tokenizer.vocab_size(), tokenizer.eos_id(), tokenizer.bos_id());
   TokenizeFileStats stats;
 
   if (options.format == TextFormat::kWholeFile) {

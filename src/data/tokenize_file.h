@@ -1,7 +1,7 @@
 // Token files: a text or JSONL corpus tokenized once (multi-threaded, order preserved) into a
 // flat file of ids that training reads back with mmap.
 //
-// Format, version 1 (all integers little-endian; the header is 48 bytes):
+// Format, version 2 (all integers little-endian; the header is 48 bytes):
 //   offset  size  field
 //        0     8  magic "STTOK\0\0\0"
 //        8     4  u32 version = 1
@@ -10,12 +10,13 @@
 //       24     8  u64 document_count
 //       32     8  i64 vocab_size (every id is < vocab_size)
 //       40     4  i32 eos_id (-1: the tokenizer has none)
-//       44     4  u32 reserved = 0
+//       44     4  i32 bos_id (-1: the tokenizer has none)
 //       48        token_count ids of token_bytes each
-// The file is exactly 48 + token_count * token_bytes bytes. Each document's ids are followed by
-// eos_id (when it is >= 0), so documents are separated and files concatenate cleanly; no BOS is
-// stored (the data pipeline adds it). Files are written to "<path>.tmp" and renamed when
-// complete, so a file with the final name is never partial.
+// The file is exactly 48 + token_count * token_bytes bytes. Each document is stored as the
+// training stream holds it: bos_id (when >= 0), its ids, eos_id (when >= 0), so training reads
+// the file as it is and files concatenate cleanly. Version 1 (still read) had 4 reserved zero
+// bytes at 44 and stored no BOS. Files are written to "<path>.tmp" and renamed when complete,
+// so a file with the final name is never partial.
 #pragma once
 
 #include <cstdint>
@@ -29,7 +30,7 @@
 namespace shardtrain::data {
 
 constexpr char kTokenFileMagic[8] = {'S', 'T', 'T', 'O', 'K', '\0', '\0', '\0'};
-constexpr uint32_t kTokenFileVersion = 1;
+constexpr uint32_t kTokenFileVersion = 2;  // written; 1 and 2 are read
 constexpr size_t kTokenFileHeaderBytes = 48;
 
 struct TokenFileHeader {
@@ -39,20 +40,22 @@ struct TokenFileHeader {
   uint64_t document_count = 0;
   int64_t vocab_size = 0;
   int32_t eos_id = -1;
+  int32_t bos_id = -1;  // version 1 files: -1 (none stored)
 };
 
 // Streams ids into a token file. The header's counts are written by finish().
 class TokenFileWriter {
  public:
-  // Opens "<path>.tmp"; token_bytes is 2 when vocab_size <= 65536, else 4.
-  TokenFileWriter(std::string path, int64_t vocab_size, int32_t eos_id);
+  // Opens "<path>.tmp"; token_bytes is 2 when vocab_size <= 65536, else 4. bos_id / eos_id
+  // -1: documents get no BOS / EOS.
+  TokenFileWriter(std::string path, int64_t vocab_size, int32_t eos_id, int32_t bos_id = -1);
   // Removes the temporary file when finish() was not reached.
   ~TokenFileWriter();
   TokenFileWriter(const TokenFileWriter&) = delete;
   TokenFileWriter& operator=(const TokenFileWriter&) = delete;
 
-  // Appends one document: its ids, then eos_id when there is one. Throws on an id outside
-  // [0, vocab_size).
+  // Appends one document: bos_id when there is one, its ids, then eos_id when there is one.
+  // Throws on an id outside [0, vocab_size).
   void append_document(std::span<const int32_t> ids);
   // Writes the header, syncs and renames "<path>.tmp" to `path`.
   void finish();
@@ -69,7 +72,7 @@ class TokenFileWriter {
 };
 
 // A token file mapped read-only. The constructor validates the header (magic, version,
-// token_bytes, vocab_size and eos_id ranges, file length = 48 + count * token_bytes).
+// token_bytes, vocab_size, eos_id and bos_id ranges, file length = 48 + count * token_bytes).
 class TokenFile {
  public:
   explicit TokenFile(const std::string& path);
@@ -80,6 +83,7 @@ class TokenFile {
   TokenFile& operator=(const TokenFile&) = delete;
 
   const TokenFileHeader& header() const { return header_; }
+  const std::string& path() const { return path_; }
   uint64_t size() const { return header_.token_count; }
   // Copies ids [first, first + out.size()); throws when the range passes the end or an id
   // is >= vocab_size (naming its index).

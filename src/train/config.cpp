@@ -142,15 +142,31 @@ const std::vector<KeyDef>& keys() {
           one_of({"auto", "bf16", "f32", "f64"})),
 
       key("data.source", &C::data, &DataSection::source,
-          "builtin:fortunes (Debian's fortunes package), or a .txt / .jsonl file"),
+          "builtin:fortunes (Debian's fortunes package), a .txt or .jsonl file, or a token file written by "
+          "`shardtrain tokenize`"),
       key("data.format", &C::data, &DataSection::format,
-          "auto (from the file suffix), text (blank-line separated documents) or jsonl",
-          one_of({"auto", "text", "jsonl"})),
+          "auto (a token file by its header, else jsonl for .jsonl / .json, else text), text (blank-line separated "
+          "documents), jsonl (a text field per line), tokens (a token file), sft (prompt/response JSONL, the loss on "
+          "the responses) or chat (JSONL of message lists in the tokenizer's chat template, the loss on the "
+          "assistant's turns)",
+          one_of({"auto", "text", "jsonl", "tokens", "sft", "chat"})),
       key("data.text_field", &C::data, &DataSection::text_field, "JSONL field holding each document's text"),
+      key("data.prompt_field", &C::data, &DataSection::prompt_field, "sft: JSONL field holding each prompt"),
+      key("data.response_field", &C::data, &DataSection::response_field,
+          "sft: JSONL field holding each response"),
+      key("data.messages_field", &C::data, &DataSection::messages_field,
+          "chat: JSONL field holding each conversation, a list of {\"role\", \"content\"} objects"),
+      key("data.train_on_prompt", &C::data, &DataSection::train_on_prompt,
+          "sft and chat: count the loss on every token (prompts, system and user turns, chat headers), not only "
+          "on the responses and the assistant's turns"),
+      key("data.packing", &C::data, &DataSection::packing,
+          "sft and chat: several whole examples per sequence (true) or one each, padded (false); an example "
+          "longer than training.seq_len + 1 tokens keeps its first training.seq_len + 1"),
       key("data.tokenizer", &C::data, &DataSection::tokenizer,
           "auto (model.hf's tokenizer.json, else byte), byte (256 bytes + BOS/EOS), or a tokenizer.json path"),
       key("data.val_fraction", &C::data, &DataSection::val_fraction,
-          "fraction of documents held out for evaluation", in_range(0.0, 0.5)),
+          "fraction held out for evaluation: of the documents (text, jsonl) or examples (sft, chat) by a seeded "
+          "hash, or the tail of a token file from the first document after that fraction", in_range(0.0, 0.5)),
 
       key("training.steps", &C::training, &TrainingSection::steps,
           "optimizer steps to run (0: load, evaluate and export only)", non_negative()),

@@ -36,6 +36,11 @@ struct DataSection {
   std::string source = "builtin:fortunes";
   std::string format = "auto";
   std::string text_field = "text";
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+  std::string messages_field = "messages";
+  bool train_on_prompt = false;
+  bool packing = true;
   std::string tokenizer = "auto";
   double val_fraction = 0.05;
 };
@@ -56,7 +61,7 @@ struct TrainingSection {
   bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
   bool deterministic = false;  // GPU: bitwise-repeatable steps (model::StepOptions::deterministic)
   bool offload_activations = false;  // GPU: kept activations in host memory (model::StepOptions)
-  int64_t offload_activations_blocks = 0;  // with offload_activations: only the first n blocks (0: all but 2)
+  int64_t offload_activations_blocks = 0;  // with offload_activations: only the first n blocks (0: auto)
 };
 
 struct OptimizerSection {

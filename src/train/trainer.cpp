@@ -43,6 +43,7 @@
 #include "train/generate.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 namespace {
@@ -66,18 +67,6 @@ std::string format_duration(double s) {
   return fmt::format("{}s", t);
 }
 
-
-std::vector<std::string> load_documents(const DataSection& d) {
-  if (d.source == "builtin:fortunes") return data::load_fortunes();
-  ST_CHECK(d.source.rfind("builtin:", 0) != 0, "`data.source`: unknown built-in corpus `", d.source,
-           "`; the built-in one is builtin:fortunes");
-  std::string format = d.format;
-  if (format == "auto") {
-    const std::string ext = std::filesystem::path(d.source).extension().string();
-    format = (ext == ".jsonl" || ext == ".json") ? "jsonl" : "text";
-  }
-  return format == "jsonl" ? data::load_jsonl_documents(d.source, d.text_field) : data::load_text_documents(d.source);
-}
 
 // A one-line progress display on a terminal, redrawn in place.
 class Progress {
@@ -212,22 +201,6 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
                                                                           : ops::GemmSelection::kTimed);
 
   tokenizer_ = make_tokenizer(config_.data, config_.model.hf);
-  const std::vector<std::string> docs = load_documents(config_.data);
-  streams_ = data::build_token_streams(docs, *tokenizer_, config_.data.val_fraction, config_.training.seed);
-  log::info(fmt::format("data: {} documents, {:.2f} MB of text -> {} training / {} held-out tokens ({})",
-                        streams_.documents, static_cast<double>(streams_.bytes) / 1e6, streams_.train.size(),
-                        streams_.val.size(), config_.data.source));
-  sampler_ = std::make_unique<data::WindowSampler>(&streams_.train, config_.training.seq_len, config_.training.seed);
-  {
-    // Evaluation runs at least once, at the end: a held-out split too small for one global
-    // batch would otherwise fail only after the whole run, before its last checkpoint.
-    const int64_t B = config_.training.batch_size, T = config_.training.seq_len, W = comm_->world_size();
-    ST_CHECK(data::eval_batches_available(static_cast<int64_t>(streams_.val.size()), B, T) >= W,
-             "the held-out split has ", streams_.val.size(), " tokens, fewer than one evaluation batch (", W,
-             " rank(s) x `training.batch_size` ", B, " x `training.seq_len` ", T, ", + 1 = ", W * B * T + 1,
-             "); evaluation runs at least at the end of training: raise `data.val_fraction` or use more data");
-  }
-
   model::LlamaConfig mc;
   std::unique_ptr<io::HfWeights> hf_weights;
   if (!config_.model.hf.empty()) {
@@ -241,6 +214,17 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
       hf_weights = std::make_unique<io::HfWeights>(config_.model.hf);
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
+  }
+  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, comm_->world_size());
+  log::info("data: " + data_->summary());
+  {
+    // Evaluation runs at least once, at the end: a held-out split too small for one global
+    // batch would otherwise fail only after the whole run, before its last checkpoint.
+    const int64_t B = config_.training.batch_size, T = config_.training.seq_len, W = comm_->world_size();
+    ST_CHECK(data_->eval_batches(B, T) >= W, "the held-out split has ", data_->held_out_size(),
+             ", fewer than one evaluation batch (", W, " rank(s) x `training.batch_size` ", B,
+             " sequences of `training.seq_len` ", T, " + 1 tokens); evaluation runs at least at the end of ",
+             "training: raise `data.val_fraction` or use more data");
   }
   if (comm_->name() != "nccl") device_ = resolve_device(config_.training.device);
   ST_CHECK(device_.is_cpu() || comm_->world_size() == 1 || comm_->name() == "nccl", "training on ",
@@ -474,11 +458,11 @@ double Trainer::evaluate() {
   // Global eval batch i is W x B sequences; rank r evaluates its part i*W + r. Every rank
   // runs the same number of forwards, since units are gathered collectively.
   const int64_t W = comm_->world_size();
-  const int64_t available = data::eval_batches_available(static_cast<int64_t>(streams_.val.size()), B, T);
+  const int64_t available = data_->eval_batches(B, T);
   double loss = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < config_.eval.batches && (i + 1) * W <= available; ++i) {
-    data::fill_eval_batch(ids, targets, streams_.val, i * W + comm_->rank());
+    data_->fill_eval(ids, targets, i * W + comm_->rank());
     const model::LossSum r = model_->evaluate(ids, targets, so);
     loss += r.loss_sum;
     tokens += r.tokens;
@@ -489,8 +473,8 @@ double Trainer::evaluate() {
   comm_->all_reduce(totals, dist::ReduceOp::kSum);
   loss = totals.data<double>()[0];
   tokens = static_cast<int64_t>(totals.data<double>()[1]);
-  ST_CHECK(tokens > 0, "evaluation: the held-out split has ", streams_.val.size(),
-           " tokens, fewer than one batch of `training.batch_size` x `training.seq_len` + 1; raise "
+  ST_CHECK(tokens > 0, "evaluation: the held-out split (", data_->held_out_size(),
+           ") gave no counted token in one batch of `training.batch_size` x `training.seq_len` + 1; raise "
            "`data.val_fraction`");
   return loss / static_cast<double>(tokens);
 }
@@ -592,7 +576,7 @@ TrainSummary Trainer::run() {
     // This rank draws sequences rank*B .. rank*B + B-1 of each micro-batch of the global batch.
     int64_t counted = 0;
     for (int64_t m = 0; m < accum; ++m) {
-      sampler_->fill(ids[m], targets[m], step, m, rank * B);
+      data_->fill_train(ids[m], targets[m], step, m, rank * B);
       const int32_t* t = targets[m].data<int32_t>();
       for (int64_t i = 0; i < B * T; ++i) counted += t[i] != so.ignore_index;
     }

@@ -82,8 +82,7 @@ class Trainer {
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
-  data::TokenStreams streams_;
-  std::unique_ptr<data::WindowSampler> sampler_;
+  std::unique_ptr<data::TrainingData> data_;
   std::unique_ptr<model::ModelLayout> layout_;
   std::unique_ptr<fsdp::ShardedUnitStore> store_;
   std::unique_ptr<model::Llama> model_;

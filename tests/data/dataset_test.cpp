@@ -1,15 +1,22 @@
 // Byte tokenizer, document loaders, the validation split and deterministic sampling.
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
 
+#include "testing/compare.h"
+
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
+#include "data/tokenize_file.h"
 
 namespace shardtrain::data {
 namespace {
+
+using testing::throws_with;
 
 TEST(ByteTokenizer, RoundTripsBytesAndSpecials) {
   ByteTokenizer t;
@@ -54,7 +61,8 @@ TEST(Dataset, SplitAndSamplingAreDeterministic) {
   EXPECT_LT(frac, 0.2);
   EXPECT_EQ(a.train.front(), ByteTokenizer::kBos);
 
-  WindowSampler s(&a.train, 16, 9);
+  const VectorTokenSource train(a.train);
+  WindowSampler s(&train, 16, 9);
   Tensor ids1 = Tensor::empty({4, 16}, DType::kI32), tg1 = Tensor::empty({4, 16}, DType::kI32);
   Tensor ids2 = Tensor::empty({2, 16}, DType::kI32), tg2 = Tensor::empty({2, 16}, DType::kI32);
   s.fill(ids1, tg1, 5, 0, 0);
@@ -66,6 +74,114 @@ TEST(Dataset, SplitAndSamplingAreDeterministic) {
   s.fill(ids3, tg1, 6, 0, 0);
   EXPECT_NE(std::vector<int32_t>(ids3.data<int32_t>(), ids3.data<int32_t>() + 64),
             std::vector<int32_t>(ids1.data<int32_t>(), ids1.data<int32_t>() + 64));
+}
+
+
+std::string temp_path(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("shardtrain_dataset_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+std::vector<int32_t> rows(const Tensor& t) {
+  return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+// A token file holds documents as the in-memory stream does ([BOS] ids [EOS]), and training
+// from it draws the very windows training from the same stream in memory draws.
+TEST(TokenFileData, TrainsOnTheStreamTheTextPathBuilds) {
+  std::vector<std::string> docs;
+  std::string text;
+  for (int i = 0; i < 300; ++i) {
+    docs.push_back("line number " + std::to_string(i) + " of the corpus");
+    text += docs.back() + "\n";
+  }
+  ByteTokenizer t;
+  const std::string in = temp_path("docs.txt"), tok = temp_path("docs.sttok");
+  std::ofstream(in) << text;
+  (void)tokenize_file(t, in, tok);
+  const TokenStreams memory = build_token_streams(docs, t, 0.0, 1);
+  EXPECT_EQ(TokenFile(tok).read_all(), memory.train);
+  EXPECT_EQ(TokenFile(tok).header().bos_id, ByteTokenizer::kBos);
+
+  const std::unique_ptr<TrainingData> file = open_token_file_data(tok, t, 258, 0.1, 32, 5);
+  const PackedStreamData vec(std::make_unique<VectorTokenSource>(memory.train),
+                             std::make_unique<VectorTokenSource>(memory.val), 32, 5, "");
+  // The file's training part is a prefix of the stream, so windows differ only by where they
+  // may start; compare against a stream cut at the same place.
+  const int64_t val_tokens = std::stoll(file->held_out_size());
+  const int64_t cut = static_cast<int64_t>(memory.train.size()) - val_tokens;
+  EXPECT_GT(val_tokens, 0.09 * static_cast<double>(memory.train.size()));
+  EXPECT_LT(val_tokens, 0.11 * static_cast<double>(memory.train.size()));
+  EXPECT_EQ(memory.train[static_cast<size_t>(cut)], ByteTokenizer::kBos);  // held out from a document's start
+  const PackedStreamData same(
+      std::make_unique<VectorTokenSource>(std::vector<int32_t>(memory.train.begin(), memory.train.begin() + cut)),
+      std::make_unique<VectorTokenSource>(std::vector<int32_t>(memory.train.begin() + cut, memory.train.end())), 32, 5,
+      "");
+  Tensor a = Tensor::empty({3, 32}, DType::kI32), at = Tensor::empty({3, 32}, DType::kI32);
+  Tensor b = Tensor::empty({3, 32}, DType::kI32), bt = Tensor::empty({3, 32}, DType::kI32);
+  for (int64_t step = 1; step <= 3; ++step) {
+    file->fill_train(a, at, step, 1, 4);
+    same.fill_train(b, bt, step, 1, 4);
+    EXPECT_EQ(rows(a), rows(b));
+    EXPECT_EQ(rows(at), rows(bt));
+  }
+  ASSERT_EQ(file->eval_batches(3, 32), same.eval_batches(3, 32));
+  ASSERT_GT(file->eval_batches(3, 32), 0);
+  file->fill_eval(a, at, 0);
+  same.fill_eval(b, bt, 0);
+  EXPECT_EQ(rows(a), rows(b));
+  EXPECT_EQ(a.data<int32_t>()[0], ByteTokenizer::kBos);
+  std::filesystem::remove(in);
+  std::filesystem::remove(tok);
+}
+
+// A tokenizer that is the byte tokenizer but for its special ids.
+class OtherSpecials final : public Tokenizer {
+ public:
+  OtherSpecials(int32_t bos, int32_t eos) : bos_(bos), eos_(eos) {}
+  std::vector<int32_t> encode(std::string_view text) const override { return ByteTokenizer().encode(text); }
+  std::string decode(std::span<const int32_t> ids) const override { return ByteTokenizer().decode(ids); }
+  int64_t vocab_size() const override { return 258; }
+  int32_t bos_id() const override { return bos_; }
+  int32_t eos_id() const override { return eos_; }
+
+ private:
+  int32_t bos_, eos_;
+};
+
+TEST(TokenFileData, FilesOfAnotherTokenizerOrModelAreRefused) {
+  const std::string tok = temp_path("refused.sttok");
+  {
+    TokenFileWriter w(tok, 258, ByteTokenizer::kEos, ByteTokenizer::kBos);
+    for (int d = 0; d < 50; ++d) w.append_document(ByteTokenizer().encode("some document text " + std::to_string(d)));
+    w.finish();
+  }
+  ByteTokenizer t;
+  const auto open = [](const std::string& path, const Tokenizer& tokenizer, int64_t vocab, int64_t seq_len) {
+    return [&path, &tokenizer, vocab, seq_len] { (void)open_token_file_data(path, tokenizer, vocab, 0.1, seq_len, 1); };
+  };
+  EXPECT_NO_THROW(open(tok, t, 258, 16)());
+  EXPECT_TRUE(throws_with(open(tok, t, 200, 16), "more than the model's vocabulary of 200"));
+  EXPECT_TRUE(throws_with(open(tok, OtherSpecials(256, 5), 258, 16),
+                          "ends documents with id 257 but the run's tokenizer has EOS 5"));
+  EXPECT_TRUE(throws_with(open(tok, OtherSpecials(7, 257), 258, 16),
+                          "begins documents with id 256 but the run's tokenizer has BOS 7"));
+  EXPECT_TRUE(throws_with(open(tok, t, 258, 4096), "fewer than one sequence"));
+  // Version 1 files stored no BOS: refused where the tokenizer has one, read where it has none.
+  std::string bytes;
+  {
+    std::ifstream in(tok, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  bytes[8] = 1;
+  bytes[44] = bytes[45] = bytes[46] = bytes[47] = 0;
+  const std::string v1 = temp_path("v1.sttok");
+  std::ofstream(v1, std::ios::binary) << bytes;
+  EXPECT_EQ(TokenFile(v1).header().bos_id, -1);
+  EXPECT_TRUE(throws_with(open(v1, t, 258, 16), "version 1 file, which stores no BOS"));
+  EXPECT_NO_THROW(open(v1, OtherSpecials(-1, 257), 258, 16)());
+  std::filesystem::remove(tok);
+  std::filesystem::remove(v1);
 }
 
 }  // namespace

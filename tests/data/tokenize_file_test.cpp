@@ -59,6 +59,7 @@ std::vector<int32_t> expected_line_ids(const Tokenizer& t, const std::string& te
   for (std::string line; std::getline(lines, line);) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
+    if (t.bos_id() >= 0) ids.push_back(t.bos_id());
     const std::vector<int32_t> doc = t.encode(line);
     ids.insert(ids.end(), doc.begin(), doc.end());
     if (t.eos_id() >= 0) ids.push_back(t.eos_id());
@@ -108,7 +109,7 @@ TEST_F(TokenFileTest, CorruptHeadersAndTruncation) {
   const std::string in = write("in.txt", "hello\nworld\n");
   (void)tokenize_file(t, in, path("good.sttok"));
   const std::string good = read_bytes(path("good.sttok"));
-  ASSERT_EQ(good.size(), kTokenFileHeaderBytes + 12 * 2);
+  ASSERT_EQ(good.size(), kTokenFileHeaderBytes + 14 * 2);  // two documents of BOS, 5 bytes, EOS
 
   expect_open_error(path("missing.sttok"), "cannot open token file");
   expect_open_error(write("short.sttok", good.substr(0, 20)), "shorter than the 48-byte header");
@@ -118,6 +119,10 @@ TEST_F(TokenFileTest, CorruptHeadersAndTruncation) {
   bad = good;
   bad[8] = 7;
   expect_open_error(write("version.sttok", bad), "version 7");
+  bad = good;
+  bad[44] = 0x10;
+  bad[45] = 0x01;  // bos 272 >= vocab 258
+  expect_open_error(write("bos.sttok", bad), "bos_id 272");
   bad = good;
   bad[12] = 3;
   expect_open_error(write("width.sttok", bad), "token_bytes 3");
@@ -129,10 +134,10 @@ TEST_F(TokenFileTest, CorruptHeadersAndTruncation) {
   bad[41] = 0x01;  // eos 272 >= vocab 258
   expect_open_error(write("eos.sttok", bad), "eos_id 272");
   expect_open_error(write("truncated.sttok", good.substr(0, good.size() - 1)), "truncated");
-  expect_open_error(write("long.sttok", good + "xx"), "the file has 74");
+  expect_open_error(write("long.sttok", good + "xx"), "the file has 78");
   bad = good;
-  bad[17] = 0x10;  // count 4096 + 12
-  expect_open_error(write("count.sttok", bad), "4108 tokens");
+  bad[17] = 0x10;  // count 4096 + 14
+  expect_open_error(write("count.sttok", bad), "4110 tokens");
   bad = good;
   bad[kTokenFileHeaderBytes + 3] = static_cast<char>(0xFF);  // id 1 becomes 0xFF65 >= 258
   const TokenFile f(write("id.sttok", bad));
@@ -156,7 +161,8 @@ TEST_F(TokenFileTest, LinesJsonlAndWholeFileWithByteTokenizer) {
   TokenizeFileOptions whole;
   whole.format = TextFormat::kWholeFile;
   (void)tokenize_file(t, in, path("whole.sttok"), whole);
-  std::vector<int32_t> expected = t.encode(text);
+  std::vector<int32_t> expected = {ByteTokenizer::kBos};
+  for (const int32_t id : t.encode(text)) expected.push_back(id);
   expected.push_back(ByteTokenizer::kEos);
   EXPECT_EQ(TokenFile(path("whole.sttok")).read_all(), expected);
 
@@ -168,7 +174,8 @@ TEST_F(TokenFileTest, LinesJsonlAndWholeFileWithByteTokenizer) {
   const TokenizeFileStats js = tokenize_file(t, jl, path("jl.sttok"), jsonl);
   EXPECT_EQ(js.documents, 2u);
   EXPECT_EQ(TokenFile(path("jl.sttok")).read_all(),
-            (std::vector<int32_t>{'a', 'b', ByteTokenizer::kEos, 'c', '\n', ByteTokenizer::kEos}));
+            (std::vector<int32_t>{ByteTokenizer::kBos, 'a', 'b', ByteTokenizer::kEos, ByteTokenizer::kBos, 'c', '\n',
+                                  ByteTokenizer::kEos}));
 }
 
 TEST_F(TokenFileTest, ErrorsNameFileAndLine) {
@@ -210,6 +217,7 @@ TEST_F(TokenFileTest, Llama3ThreadsAndBlocksGiveIdenticalFiles) {
   EXPECT_EQ(f.header().token_bytes, 4u);
   EXPECT_EQ(f.header().vocab_size, 128256);
   EXPECT_EQ(f.header().eos_id, 128001);
+  EXPECT_EQ(f.header().bos_id, 128000);
   EXPECT_EQ(f.read_all(), expected_line_ids(t, read_bytes(corpus)));
   std::printf(
       "tinyshakespeare: %llu documents, %llu tokens, %.1f MB/s (1 thread), "

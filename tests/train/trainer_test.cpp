@@ -8,6 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include "data/byte_tokenizer.h"
+#include "data/corpus.h"
+#include "data/tokenize_file.h"
+#include "testing/shared_data.h"
 #include "train/trainer.h"
 
 namespace shardtrain::train {
@@ -79,8 +83,8 @@ TEST(Trainer, HeldOutSplitTooSmallForOneBatchIsAnErrorBeforeTraining) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("the held-out split has"), std::string::npos) << m;
-    EXPECT_NE(m.find("fewer than one evaluation batch (1 rank(s) x `training.batch_size` 100000 x `training.seq_len` 64, "
-                     "+ 1 = 6400001)"),
+    EXPECT_NE(m.find("fewer than one evaluation batch (1 rank(s) x `training.batch_size` 100000 sequences of "
+                     "`training.seq_len` 64 + 1 tokens)"),
               std::string::npos)
         << m;
   }
@@ -124,6 +128,93 @@ TEST(Trainer, GradientsOnTheGpuNeedOffload) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("`parallel.offload_gradients` = false"), std::string::npos) << e.what();
   }
+}
+
+std::string temp_name(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("shardtrain_trainer_" + name + "_" + std::to_string(::getpid())))
+      .string();
+}
+
+// The built-in corpus tokenized once into a token file trains as well as the text does.
+TEST(Trainer, LearnsFromATokenFile) {
+  const std::string tok = temp_name("fortunes.sttok"), text = temp_name("fortunes.txt");
+  {
+    std::ofstream out(text);
+    for (const std::string& d : data::load_fortunes()) out << d << "\n\n";
+  }
+  data::TokenizeFileOptions o;
+  o.format = data::TextFormat::kLines;
+  (void)data::tokenize_file(data::ByteTokenizer(), text, tok, o);
+  JobConfig c = short_default_job(temp_name("tokens_out"));
+  c.data.source = tok;  // format auto: found by the file's header
+  c.training.steps = 40;
+  c.sample.tokens = 0;
+  const TrainSummary s = Trainer(c).run();
+  double last5 = 0;
+  for (size_t i = 35; i < 40; ++i) last5 += s.steps[i].loss / 5;
+  EXPECT_NEAR(s.steps.front().loss, std::log(258.0), 0.3);
+  EXPECT_LT(last5, s.steps.front().loss - 1.5);
+  ASSERT_EQ(s.evals.size(), 1u);
+  EXPECT_LT(s.evals.back().second, s.steps.front().loss - 1.5);
+  std::filesystem::remove(tok);
+  std::filesystem::remove(text);
+}
+
+// Prompt/response fine-tuning: the loss counts only the responses, which here follow from
+// the prompts (a colour per animal), so it falls far below what whole documents would give.
+TEST(Trainer, LearnsResponsesFromPromptResponseExamples) {
+  const std::string jsonl = temp_name("sft.jsonl");
+  {
+    const char* animals[] = {"cat", "dog", "cow", "owl"};
+    const char* colours[] = {"black", "brown", "white", "grey"};
+    std::ofstream out(jsonl);
+    for (int i = 0; i < 400; ++i)
+      out << "{\"prompt\": \"The colour of the " << animals[i % 4] << " number " << i << " is \", \"response\": \""
+          << colours[i % 4] << ".\"}\n";
+  }
+  JobConfig c = short_default_job(temp_name("sft_out"));
+  c.data.source = jsonl;
+  c.data.format = "sft";
+  c.training.steps = 60;
+  c.sample.tokens = 0;
+  const TrainSummary s = Trainer(c).run();
+  double last5 = 0;
+  for (size_t i = 55; i < 60; ++i) last5 += s.steps[i].loss / 5;
+  EXPECT_NEAR(s.steps.front().loss, std::log(258.0), 0.3);
+  // 7 counted targets per example ("black." and EOS); the colour's letters follow the animal.
+  EXPECT_LT(last5, 1.0) << "first " << s.steps.front().loss;
+  ASSERT_EQ(s.evals.size(), 1u);
+  EXPECT_LT(s.evals.back().second, 1.0);
+  std::filesystem::remove(jsonl);
+}
+
+// Chat fine-tuning through the trainer with the Llama 3 tokenizer and its template.
+TEST(Trainer, TrainsOnChatExamplesWithTheLlama3Template) {
+  ST_REQUIRE_SHARED_DATA(dir);
+  const std::string jsonl = temp_name("chat.jsonl");
+  {
+    std::ofstream out(jsonl);
+    for (int i = 0; i < 60; ++i)
+      out << "{\"messages\": [{\"role\": \"user\", \"content\": \"Say " << i
+          << "\"}, {\"role\": \"assistant\", \"content\": \"" << i << "\"}]}\n";
+  }
+  JobConfig c = short_default_job(temp_name("chat_out"));
+  c.data.source = jsonl;
+  c.data.format = "chat";
+  c.data.tokenizer = dir + "/tokenizers/llama3";
+  c.data.val_fraction = 0.2;
+  c.model.dim = 64;
+  c.model.ffn_dim = 128;
+  c.training.batch_size = 2;
+  c.training.steps = 3;
+  c.sample.tokens = 0;
+  const TrainSummary s = Trainer(c).run();
+  ASSERT_EQ(s.steps.size(), 3u);
+  // A 128,256-token vocabulary: the first loss is near ln(128256) = 11.76 nats.
+  EXPECT_NEAR(s.steps.front().loss, std::log(128256.0), 0.5);
+  ASSERT_EQ(s.evals.size(), 1u);
+  EXPECT_TRUE(std::isfinite(s.evals.back().second));
+  std::filesystem::remove(jsonl);
 }
 
 }  // namespace

@@ -1,0 +1,278 @@
+// Supervised fine-tuning examples: JSONL parsing, loss masks, packing and the per-epoch order.
+// The JSON is parsed on one thread (errors name the line), examples are encoded in parallel.
+#include "data/sft.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <exception>
+#include <fstream>
+#include <numeric>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/random.h"
+
+namespace shardtrain::data {
+namespace {
+
+constexpr int32_t kIgnore = -100;  // model::StepOptions::ignore_index
+
+// A seeded permutation of [0, n) (Fisher-Yates over counter-based draws: the same on every
+// platform and rank).
+std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t key) {
+  std::vector<int64_t> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), int64_t{0});
+  for (int64_t i = n - 1; i > 0; --i) {
+    const auto j = static_cast<int64_t>(hash3(seed, key, static_cast<uint64_t>(i)) % static_cast<uint64_t>(i + 1));
+    std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
+  }
+  return order;
+}
+
+// One parsed line: the strings its example is made of.
+struct RawExample {
+  int64_t line = 0;
+  std::string prompt, response;
+  std::vector<ChatMessage> messages;
+};
+
+std::string field_string(const nlohmann::json& j, const std::string& field, const std::string& where) {
+  const auto it = j.find(field);
+  ST_CHECK(it != j.end(), where, ": no field `", field, "`");
+  ST_CHECK(it->is_string(), where, ": field `", field, "` is ", it->type_name(), ", expected a string");
+  return it->get<std::string>();
+}
+
+RawExample parse_line(const std::string& line, int64_t number, const std::string& path, const SftOptions& o) {
+  const std::string where = fmt::format("`{}` line {}", path, number);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(line);
+  } catch (const nlohmann::json::exception& e) {
+    ST_THROW(where, ": malformed JSON: ", e.what());
+  }
+  ST_CHECK(j.is_object(), where, ": expected a JSON object, found ", j.type_name());
+  RawExample r;
+  r.line = number;
+  if (o.format == SftFormat::kPromptResponse) {
+    r.prompt = field_string(j, o.prompt_field, where);
+    r.response = field_string(j, o.response_field, where);
+    ST_CHECK(!r.response.empty(), where, ": field `", o.response_field, "` is empty; an example needs a response");
+    return r;
+  }
+  const auto it = j.find(o.messages_field);
+  ST_CHECK(it != j.end(), where, ": no field `", o.messages_field, "`");
+  ST_CHECK(it->is_array() && !it->empty(), where, ": field `", o.messages_field,
+           "` must be a non-empty array of {\"role\", \"content\"} objects, found ",
+           it->is_array() ? "an empty array" : it->type_name());
+  bool assistant = false;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const nlohmann::json& m = (*it)[i];
+    const std::string at = fmt::format("{}: message {}", where, i);
+    ST_CHECK(m.is_object(), at, ": expected an object with `role` and `content`, found ", m.type_name());
+    r.messages.push_back({field_string(m, "role", at), field_string(m, "content", at)});
+    assistant = assistant || r.messages.back().role == "assistant";
+  }
+  ST_CHECK(assistant || o.train_on_prompt, where,
+           ": no message has role `assistant`, so nothing would count in the loss (or set `data.train_on_prompt`)");
+  return r;
+}
+
+}  // namespace
+
+SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view prompt, std::string_view response,
+                                  bool train_on_prompt) {
+  SftExample e;
+  if (tokenizer.bos_id() >= 0) e.ids.push_back(tokenizer.bos_id());
+  const std::vector<int32_t> p = tokenizer.encode(prompt);
+  e.ids.insert(e.ids.end(), p.begin(), p.end());
+  e.counted.assign(e.ids.size(), train_on_prompt ? 1 : 0);
+  const std::vector<int32_t> r = tokenizer.encode(response);
+  e.ids.insert(e.ids.end(), r.begin(), r.end());
+  if (tokenizer.eos_id() >= 0) e.ids.push_back(tokenizer.eos_id());
+  e.counted.resize(e.ids.size(), 1);
+  if (!e.counted.empty()) e.counted[0] = 0;
+  return e;
+}
+
+SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt) {
+  const BpeTokenizer::ChatText chat = tokenizer.render_chat(messages, false);
+  SftExample e;
+  e.ids = tokenizer.encode(chat.text);
+  e.counted.assign(e.ids.size(), 0);
+  // Byte-level tokens are exact byte strings (special tokens their text), so each token's
+  // first byte in the text is the sum of the lengths before it.
+  size_t offset = 0, span = 0;
+  for (size_t i = 0; i < e.ids.size(); ++i) {
+    while (span < chat.content_spans.size() && chat.content_spans[span].second <= offset) ++span;
+    const bool in_content = span < chat.content_spans.size() && chat.content_spans[span].first <= offset &&
+                            messages[span].role == "assistant";
+    e.counted[i] = (train_on_prompt || in_content) && i > 0 ? 1 : 0;
+    offset += tokenizer.id_to_bytes(e.ids[i]).size();
+  }
+  ST_ASSERT(offset == chat.text.size(), "chat tokens cover ", offset, " bytes of a ", chat.text.size(), "-byte text");
+  return e;
+}
+
+SftSequences pack_examples(std::span<const SftExample> examples, std::span<const int64_t> order, int64_t seq_len,
+                           bool packing, int32_t pad_id) {
+  const auto row = static_cast<size_t>(seq_len + 1);
+  SftSequences s;
+  size_t used = row;  // tokens in the open sequence; `row`: none is open
+  for (const int64_t index : order) {
+    const SftExample& e = examples[static_cast<size_t>(index)];
+    const size_t n = std::min(e.ids.size(), row);
+    if (n == 0) continue;
+    s.truncated += e.ids.size() > row ? 1 : 0;
+    if (!packing || used + n > row) {  // open a new sequence, padded until filled
+      s.ids.resize(s.ids.size() + row, pad_id);
+      s.counted.resize(s.counted.size() + row, 0);
+      ++s.count;
+      used = 0;
+    }
+    const size_t at = s.ids.size() - row + used;
+    std::copy_n(e.ids.begin(), n, s.ids.begin() + static_cast<std::ptrdiff_t>(at));
+    std::copy_n(e.counted.begin(), n, s.counted.begin() + static_cast<std::ptrdiff_t>(at));
+    // The first token of a sequence is never a target.
+    if (used == 0) s.counted[at] = 0;
+    used += n;
+    if (!packing) used = row;
+  }
+  for (size_t i = 0; i < s.counted.size(); ++i) s.counted_tokens += s.counted[i];
+  return s;
+}
+
+SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftOptions& options)
+    : options_(options) {
+  const SftOptions& o = options_;
+  ST_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", o.val_fraction);
+  ST_CHECK(o.seq_len > 0 && o.global_batch > 0 && o.micro_batches > 0, "SFT data: bad shape");
+  const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer);
+  if (o.format == SftFormat::kChat) {
+    ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "`data.format` = chat needs a tokenizer with a chat "
+             "template (tokenizer_config.json's chat_template in the Llama 3 header format); `", path,
+             "` would be read with ", bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one");
+  }
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open `", path, "` (`data.source`)");
+  std::vector<RawExample> raw;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    raw.push_back(parse_line(line, number, path, o));
+  }
+  ST_CHECK(!in.bad(), "error reading `", path, "`");
+  ST_CHECK(!raw.empty(), "`", path, "` holds no examples");
+
+  std::vector<SftExample> examples(raw.size());
+  std::exception_ptr error;
+  int64_t error_index = static_cast<int64_t>(raw.size());
+  const auto n = static_cast<int64_t>(raw.size());
+#pragma omp parallel for schedule(dynamic, 16)
+  for (int64_t i = 0; i < n; ++i) {
+    try {
+      const RawExample& r = raw[static_cast<size_t>(i)];
+      examples[static_cast<size_t>(i)] = with_context(
+          [&] { return fmt::format("tokenizing `{}` line {}", path, r.line); },
+          [&] {
+            return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt)
+                                                : format_prompt_response(tokenizer, r.prompt, r.response,
+                                                                         o.train_on_prompt);
+          });
+    } catch (...) {
+#pragma omp critical(shardtrain_sft_error)
+      if (i < error_index) {
+        error_index = i;
+        error = std::current_exception();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+
+  const uint64_t split_key = name_key("sft validation split");
+  std::vector<int64_t> train_index, val_index;
+  for (int64_t i = 0; i < n; ++i)
+    (uniform_at(o.seed, split_key, static_cast<uint64_t>(i)) < o.val_fraction ? val_index : train_index).push_back(i);
+  val_examples_ = static_cast<int64_t>(val_index.size());
+  ST_CHECK(!train_index.empty(), "`", path, "`: all ", n,
+           " examples went to the held-out split; lower `data.val_fraction`");
+  // Training examples are packed in a seeded order, so neighbours in a sequence are unrelated.
+  const std::vector<int64_t> shuffled = permutation(static_cast<int64_t>(train_index.size()), o.seed,
+                                                    name_key("sft packing order"));
+  std::vector<int64_t> train_order(train_index.size());
+  for (size_t i = 0; i < shuffled.size(); ++i) train_order[i] = train_index[static_cast<size_t>(shuffled[i])];
+  const int32_t pad = tokenizer.eos_id() >= 0 ? tokenizer.eos_id() : 0;
+  train_ = pack_examples(examples, train_order, o.seq_len, o.packing, pad);
+  val_ = pack_examples(examples, val_index, o.seq_len, o.packing, pad);
+  ST_CHECK(train_.counted_tokens > 0, "`", path, "`: no training token counts in the loss");
+
+  const double row = static_cast<double>(o.seq_len + 1);
+  summary_ = fmt::format(
+      "{} examples in `{}` ({}) -> {} training sequences of {} tokens ({}, {:.1f} % of their tokens counted in the "
+      "loss, {} examples cut to fit), {} held-out examples -> {} sequences",
+      n, path, o.format == SftFormat::kChat ? "chat" : "prompt/response", train_.count, o.seq_len + 1,
+      o.packing ? "packed" : "one example each", 100.0 * static_cast<double>(train_.counted_tokens) /
+                                                     (row * static_cast<double>(train_.count)),
+      train_.truncated + val_.truncated, val_examples_, val_.count);
+}
+
+int64_t SftData::train_sequence_at(int64_t g) const {
+  ST_ASSERT(g >= 0);
+  const int64_t epoch = g / train_.count;
+  if (epoch != order_epoch_) {
+    const uint64_t key = hash3(name_key("sft epoch order"), 0, static_cast<uint64_t>(epoch));
+    order_ = permutation(train_.count, options_.seed, key);
+    order_epoch_ = epoch;
+  }
+  return order_[static_cast<size_t>(g % train_.count)];
+}
+
+namespace {
+
+// Row b of ids and targets from sequence `s` (T + 1 tokens): targets are the next tokens where
+// they count, ignored elsewhere.
+void put_sequence(Tensor& ids_BT, Tensor& targets_BT, int64_t b, const SftSequences& seqs, int64_t s) {
+  const int64_t T = ids_BT.size(1);
+  ST_ASSERT(s >= 0 && s < seqs.count);
+  const int32_t* src = seqs.ids.data() + s * (T + 1);
+  const uint8_t* counted = seqs.counted.data() + s * (T + 1);
+  int32_t* ids = ids_BT.data<int32_t>() + b * T;
+  int32_t* targets = targets_BT.data<int32_t>() + b * T;
+  for (int64_t t = 0; t < T; ++t) {
+    ids[t] = src[t];
+    targets[t] = counted[t + 1] ? src[t + 1] : kIgnore;
+  }
+}
+
+}  // namespace
+
+void SftData::fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                         int64_t first_sequence) const {
+  const int64_t B = ids_BT.size(0);
+  ST_ASSERT(ids_BT.size(1) == options_.seq_len && targets_BT.shape() == ids_BT.shape());
+  ST_CHECK(step >= 1, "SFT data: steps count from 1, found ", step);
+  const int64_t first = ((step - 1) * options_.micro_batches + micro) * options_.global_batch + first_sequence;
+  for (int64_t b = 0; b < B; ++b) put_sequence(ids_BT, targets_BT, b, train_, train_sequence_at(first + b));
+}
+
+int64_t SftData::eval_batches(int64_t B, int64_t T) const {
+  ST_ASSERT(T == options_.seq_len);
+  return val_.count / B;
+}
+
+void SftData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const {
+  const int64_t B = ids_BT.size(0);
+  ST_CHECK(index >= 0 && index < eval_batches(B, ids_BT.size(1)), "evaluation batch ", index, " is past the held-out ",
+           held_out_size());
+  for (int64_t b = 0; b < B; ++b) put_sequence(ids_BT, targets_BT, b, val_, index * B + b);
+}
+
+std::string SftData::held_out_size() const {
+  return fmt::format("{} examples in {} sequences", val_examples_, val_.count);
+}
+
+}  // namespace shardtrain::data

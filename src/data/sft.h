@@ -1,0 +1,101 @@
+// Supervised fine-tuning data: examples (a prompt and its response, or a chat of messages)
+// whose loss counts only on what the model should learn to write (the response; the
+// assistant's turns), packed whole into sequences of T + 1 tokens or one per sequence, padded.
+// Each epoch visits every training sequence once, in an order drawn from (seed, epoch).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "data/bpe_tokenizer.h"
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+
+namespace shardtrain::data {
+
+enum class SftFormat {
+  kPromptResponse,  // {"prompt": ..., "response": ...}: [BOS] prompt response [EOS]
+  kChat,            // {"messages": [{"role": ..., "content": ...}, ...]} in the tokenizer's chat template
+};
+
+struct SftOptions {
+  SftFormat format = SftFormat::kPromptResponse;
+  std::string prompt_field = "prompt";
+  std::string response_field = "response";
+  std::string messages_field = "messages";
+  // Count the loss on every token (the prompt, system and user turns and the chat headers too),
+  // not only on the response and the assistant's turns.
+  bool train_on_prompt = false;
+  // Several whole examples per sequence (true) or one, padded (false).
+  bool packing = true;
+  double val_fraction = 0.05;
+  int64_t seq_len = 0;  // T; sequences hold T + 1 tokens (inputs and shifted targets)
+  uint64_t seed = 0;
+  // The global batch: sequences per micro-batch over all ranks and micro-batches per step, so
+  // that step s, micro-batch m, sequence i is training sequence (s - 1)·micro·global + m·global + i.
+  int64_t global_batch = 1;
+  int64_t micro_batches = 1;
+};
+
+// One example as token ids, and for each position whether predicting that token counts in
+// the loss (counted[0], the first token, is never predicted).
+struct SftExample {
+  std::vector<int32_t> ids;
+  std::vector<uint8_t> counted;
+};
+
+// [BOS] prompt response [EOS]; prompt and response are encoded separately, so the response's
+// tokens are exactly encode(response). The response and EOS count (everything with
+// train_on_prompt).
+SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view prompt, std::string_view response,
+                                  bool train_on_prompt);
+// The chat template's text for `messages` (no generation prompt), encoded as one string, as
+// transformers' apply_chat_template(tokenize=True) does. Tokens that start inside an assistant
+// message's content or its <|eot_id|> count (everything with train_on_prompt).
+SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt);
+
+// Sequences of T + 1 tokens: examples whole, in the given order, several to a sequence while
+// they fit (`packing`) or one each; the rest padded with `pad_id`, which never counts. An
+// example longer than T + 1 keeps its first T + 1 tokens.
+struct SftSequences {
+  std::vector<int32_t> ids;       // [count, T + 1]
+  std::vector<uint8_t> counted;   // [count, T + 1]
+  int64_t count = 0;
+  int64_t truncated = 0;          // examples cut to T + 1 tokens
+  int64_t counted_tokens = 0;
+};
+SftSequences pack_examples(std::span<const SftExample> examples, std::span<const int64_t> order, int64_t seq_len,
+                           bool packing, int32_t pad_id);
+
+// A JSONL file of examples for training: each line one example (blank lines skipped); an
+// example goes to the held-out split with probability val_fraction by a hash of (seed, line
+// index). Training sequences are packed from the examples in a seeded order; fill_train takes
+// training sequence g = the formula in SftOptions, epoch g / count, in that epoch's order.
+class SftData final : public TrainingData {
+ public:
+  SftData(const std::string& path, const Tokenizer& tokenizer, const SftOptions& options);
+
+  void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                  int64_t first_sequence) const override;
+  int64_t eval_batches(int64_t B, int64_t T) const override;
+  void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override;
+  std::string summary() const override { return summary_; }
+  std::string held_out_size() const override;
+
+  const SftSequences& train_sequences() const { return train_; }
+  const SftSequences& held_out_sequences() const { return val_; }
+  // Which training sequence global index g (the SftOptions formula) reads.
+  int64_t train_sequence_at(int64_t g) const;
+
+ private:
+  SftOptions options_;
+  SftSequences train_, val_;
+  int64_t val_examples_ = 0;
+  std::string summary_;
+  mutable int64_t order_epoch_ = -1;  // the epoch whose order order_ holds
+  mutable std::vector<int64_t> order_;
+};
+
+}  // namespace shardtrain::data

@@ -1,0 +1,25 @@
+// A job's training data from its `data` section: the built-in corpus, text and JSONL documents,
+// token files and supervised fine-tuning examples, behind one data::TrainingData.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "data/dataset.h"
+#include "data/tokenizer.h"
+#include "train/config.h"
+
+namespace shardtrain::train {
+
+// data.format with "auto" resolved: tokens when data.source is a file that starts with a token
+// file's magic, jsonl for .jsonl / .json, text otherwise (and for builtin: sources).
+std::string resolve_data_format(const DataSection& data);
+
+// Reads data.source as its format says, split by data.val_fraction and seeded by
+// training.seed, for sequences of training.seq_len; `model_vocab` bounds a token file's ids
+// and `world` ranks share each global batch (SFT epochs count global sequences).
+std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
+                                                       int64_t model_vocab, int64_t world);
+
+}  // namespace shardtrain::train
