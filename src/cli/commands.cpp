@@ -99,6 +99,8 @@ std::string usage() {
          "                                                   T 0.8 (0: greedy), K 40 (0: all), P 1 (all), S 7;\n"
          "                                                   D auto (a GPU if visible, bf16), cpu (f32) or cuda;\n"
          "                                                   --recompute: no KV cache (slower, for checks)\n"
+         "           [--chat [--system TEXT]]                TEXT is a user's message in the tokenizer's chat\n"
+         "                                                   template (after a system message); prints the reply\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
          "                                                   text or JSONL -> token file (BOS, ids, EOS per\n"
@@ -192,7 +194,8 @@ int run_generate(const std::vector<std::string>& args) {
   const char* cmd = "generate";
   std::vector<std::string> paths;
   std::optional<std::string> prompt;
-  std::string tokenizer, device = "auto";
+  std::string tokenizer, device = "auto", system;
+  bool chat = false;
   train::SampleOptions o;
   int64_t seed = static_cast<int64_t>(o.seed);
   o.context_limit = train::ContextLimit::kStop;
@@ -211,6 +214,8 @@ int run_generate(const std::vector<std::string>& args) {
     else if (a == "--tokenizer") tokenizer = value();
     else if (a == "--recompute") o.kv_cache = false;
     else if (a == "--device") device = value();
+    else if (a == "--chat") chat = true;
+    else if (a == "--system") system = value();
     else if (a.rfind("--", 0) == 0) ST_THROW(cmd, ": unknown option `", a, "` (see `shardtrain help`)");
     else paths.push_back(a);
   }
@@ -221,6 +226,7 @@ int run_generate(const std::vector<std::string>& args) {
   ST_CHECK(seed >= 0, cmd, ": --seed must be >= 0, found ", seed);
   o.seed = static_cast<uint64_t>(seed);
   train::check_sample_options(o, "generate");
+  ST_CHECK(chat || system.empty(), cmd, ": --system needs --chat");
   if (*prompt == "-") prompt = std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   o.prompt = *prompt;
 
@@ -229,7 +235,14 @@ int run_generate(const std::vector<std::string>& args) {
   const std::unique_ptr<data::Tokenizer> tok = train::open_tokenizer(tokenizer, m);
   log::info(fmt::format("model: {} from {} ({} on {})", m.model->config().summary(), m.describe(),
                         dev.is_cpu() ? "f32" : "bf16", dev.str()));
-  std::fputs(o.prompt.c_str(), stdout);
+  if (chat) {  // the prompt is the user's message; only the assistant's reply is printed
+    train::ChatPrompt p = train::chat_prompt(*tok, system, o.prompt);
+    o.prompt = std::move(p.text);
+    o.stop_ids = std::move(p.stop_ids);
+    o.add_bos = false;
+  } else {
+    std::fputs(o.prompt.c_str(), stdout);
+  }
   std::fflush(stdout);
   const train::SampleResult r = train::sample(*m.model, *tok, o, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
@@ -240,7 +253,7 @@ int run_generate(const std::vector<std::string>& args) {
   const double total = r.first_token_s + r.rest_s;
   const int64_t n = static_cast<int64_t>(r.ids.size());
   std::string stop;
-  if (r.stop == train::StopReason::kEos) stop = "; stopped at EOS";
+  if (r.stop == train::StopReason::kEos) stop = chat ? "; stopped at the end of the turn" : "; stopped at EOS";
   if (r.stop == train::StopReason::kContextFull)
     stop = fmt::format("; stopped: the context is full (max_seq_len = {} tokens)", m.model->config().max_seq_len);
   log::info(fmt::format("generate: {} tokens in {:.3f} s, {:.1f} tokens/s (prompt {} tokens, first token after "

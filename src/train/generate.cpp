@@ -10,6 +10,7 @@
 #include <numeric>
 #include <optional>
 
+#include "data/bpe_tokenizer.h"
 #include "ops/elementwise.h"
 
 namespace shardtrain::train {
@@ -111,7 +112,7 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
   check_sample_options(o, "sampling");
   SampleResult r;
   std::vector<int32_t> ids;
-  if (tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
+  if (o.add_bos && tokenizer.bos_id() >= 0) ids.push_back(tokenizer.bos_id());
   const std::vector<int32_t> prompt = tokenizer.encode(o.prompt);
   ids.insert(ids.end(), prompt.begin(), prompt.end());
   r.prompt_tokens = static_cast<int64_t>(ids.size());
@@ -119,7 +120,7 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
   const int64_t window = model.config().max_seq_len;
   if (o.context_limit == ContextLimit::kStop)
     ST_CHECK(r.prompt_tokens <= window, "the prompt is ", r.prompt_tokens, " tokens",
-             tokenizer.bos_id() >= 0 ? " (with BOS)" : "", ", more than the model's context of max_seq_len = ", window,
+             o.add_bos && tokenizer.bos_id() >= 0 ? " (with BOS)" : "", ", more than the model's context of max_seq_len = ", window,
              " tokens; shorten the prompt");
   if (o.tokens == 0 || ids.empty()) return r;
   // positions fed before the last pick: the prompt and all generated tokens but the last
@@ -141,7 +142,8 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
       r.first_token_s = seconds_since(t0);
       t1 = Clock::now();
     }
-    if (next == tokenizer.eos_id()) {
+    const bool stop_id = std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end();
+    if (next == tokenizer.eos_id() || stop_id) {
       r.stop = StopReason::kEos;
       break;
     }
@@ -153,6 +155,22 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
   }
   r.rest_s = seconds_since(t1);
   return r;
+}
+
+ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, const std::string& system, const std::string& user) {
+  const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(&tokenizer);
+  ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "a chat prompt needs a tokenizer with a chat template "
+           "(tokenizer_config.json's chat_template in the Llama 3 header format), and ",
+           bpe == nullptr ? "the byte-level tokenizer has none" : "this tokenizer has none");
+  std::vector<data::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", user});
+  ChatPrompt p;
+  p.text = bpe->apply_chat_template(messages, true);
+  const int32_t eot = bpe->token_to_id("<|eot_id|>");
+  if (eot >= 0) p.stop_ids.push_back(eot);
+  if (tokenizer.eos_id() >= 0 && tokenizer.eos_id() != eot) p.stop_ids.push_back(tokenizer.eos_id());
+  return p;
 }
 
 std::string generate(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& options) {

@@ -35,14 +35,19 @@ struct SampleOptions {
   // false: recompute the whole context for every token (the reference the cache is tested
   // against).
   bool kv_cache = true;
+  // false: the prompt is text already laid out for the model, its BOS included (a chat
+  // template's, chat_prompt below), so none is put before it.
+  bool add_bos = true;
+  // Ids that end the sample as the tokenizer's EOS does (a chat model's end of turn).
+  std::vector<int32_t> stop_ids;
 };
 
-enum class StopReason { kTokens, kEos, kContextFull };
+enum class StopReason { kTokens, kEos, kContextFull };  // kEos: EOS or one of stop_ids
 
 struct SampleResult {
   std::string text;             // the prompt followed by the generated text
   std::vector<int32_t> ids;     // generated ids (no EOS)
-  int64_t prompt_tokens = 0;    // BOS (if the tokenizer has one) + prompt
+  int64_t prompt_tokens = 0;    // BOS (if the tokenizer has one and add_bos) + prompt
   StopReason stop = StopReason::kTokens;
   double first_token_s = 0;     // the prompt's forward and the first pick
   double rest_s = 0;            // every later token
@@ -64,6 +69,18 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
 
 // sample(...).text: the end-of-training sample.
 std::string generate(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& options);
+
+// A conversation's start for a chat model: the tokenizer's chat template (tokenizer_config.json,
+// the Llama 3 header format) over an optional system message and one user message, ending in
+// the assistant's header as add_generation_prompt writes it; and the ids that end the
+// assistant's turn (<|eot_id|> and EOS, those the tokenizer has). For SampleOptions with
+// add_bos = false (the template writes BOS itself). Throws, naming the tokenizer, without a
+// chat template.
+struct ChatPrompt {
+  std::string text;
+  std::vector<int32_t> stop_ids;
+};
+ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, const std::string& system, const std::string& user);
 
 // The next token from `logits` (one per candidate id): the largest with temperature 0, else
 // drawn (one uniform from `rng`) from softmax(logits / temperature) cut to top_k, then top_p.

@@ -269,6 +269,9 @@ TEST_F(CliGenerate, BadInputIsNamed) {
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --topk 3", "unknown option `--topk`"},
       {"generate --device cpu --prompt x", "expected one MODEL"},
       {"generate " + *hf_ + " --tokenizer byte --prompt x --device tpu", "--device takes auto, cpu or cuda, found `tpu`"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --chat",
+       "a chat prompt needs a tokenizer with a chat template"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --system y", "--system needs --chat"},
   };
   for (const auto& [args, needle] : cases) {
     const SplitResult r = run_split(args);
@@ -312,6 +315,26 @@ TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {
   EXPECT_EQ(r.status, 0) << r.err;
   EXPECT_EQ(r.out, expected_output(hf, "", sample_options("In the beginning", 8, 0.8, 40, 1, 2)));
   EXPECT_EQ(r.out.rfind("In the beginning", 0), 0u) << r.out;
+  // --chat: the message goes through the template (its BOS, no other) and only the reply is
+  // printed, ending at the end of the turn
+  const SplitResult chat =
+      run_split("generate --device cpu " + hf + " --chat --system \"Be brief.\" --prompt Hello --tokens 6 --seed 4");
+  EXPECT_EQ(chat.status, 0) << chat.err;
+  {
+    const shardtrain::train::OpenedModel m = shardtrain::train::open_model(hf);
+    const auto tok = shardtrain::train::open_tokenizer("", m);
+    SampleOptions o = sample_options("", 6, 0.8, 40, 1, 4);
+    const shardtrain::train::ChatPrompt p = shardtrain::train::chat_prompt(*tok, "Be brief.", "Hello");
+    o.prompt = p.text;
+    o.stop_ids = p.stop_ids;
+    o.add_bos = false;
+    o.context_limit = shardtrain::train::ContextLimit::kStop;
+    const shardtrain::train::SampleResult expected = shardtrain::train::sample(*m.model, *tok, o);
+    EXPECT_EQ(expected.prompt_tokens, static_cast<int64_t>(tok->encode(p.text).size()));
+    EXPECT_EQ(chat.out, expected.text.substr(p.text.size()) + "\n");
+    EXPECT_NE(chat.err.find("prompt " + std::to_string(expected.prompt_tokens) + " tokens"), std::string::npos)
+        << chat.err;
+  }
   std::filesystem::remove_all(hf);
 }
 

@@ -200,6 +200,32 @@ TEST(Sampling, StopsAtEosAndNeverPicksIdsTheTokenizerLacks) {
   for (int32_t id : small.ids) EXPECT_LT(id, 20);
 }
 
+// A prompt already laid out (add_bos off) gets no BOS; stop_ids end the sample as EOS does.
+TEST(Sampling, StopIdsEndTheSampleAndAddBosOffPutsNoBos) {
+  model::Llama model(small_config(), DType::kF32);
+  randomize(model, 23);
+  const SampleResult free = sample(model, IdTokenizer(41, -1), options(0.0, 0, 1.0, 10));
+  EXPECT_EQ(free.prompt_tokens, 6);  // BOS + "abcde"
+  ASSERT_GE(free.ids.size(), 3u);
+  SampleOptions o = options(0.0, 0, 1.0, 10);
+  o.stop_ids = {40, free.ids[2]};
+  const SampleResult stopped = sample(model, IdTokenizer(41, -1), o);
+  EXPECT_EQ(stopped.stop, StopReason::kEos);
+  const auto until = std::find(free.ids.begin(), free.ids.end(), free.ids[2]);
+  EXPECT_EQ(stopped.ids, std::vector<int32_t>(free.ids.begin(), until));
+  o = options(0.0, 0, 1.0, 3);
+  o.prompt = std::string(1, '\0') + "abcde";  // id 0 (the BOS) written as text
+  o.add_bos = false;
+  const SampleResult laid_out = sample(model, IdTokenizer(41, -1), o);
+  EXPECT_EQ(laid_out.prompt_tokens, 6);
+  EXPECT_EQ(laid_out.ids, std::vector<int32_t>(free.ids.begin(), free.ids.begin() + 3));
+}
+
+TEST(Sampling, ChatPromptNeedsATemplate) {
+  EXPECT_TRUE(testing::throws_with([] { (void)chat_prompt(IdTokenizer(41, -1), "", "hi"); },
+                                   "a chat prompt needs a tokenizer with a chat template"));
+}
+
 TEST(Sampling, StopAtTheContextNamesTheLengths) {
   model::Llama model(small_config(), DType::kF32);
   randomize(model, 23);
