@@ -15,6 +15,7 @@
 #include "data/tokenize_file.h"
 #include "dist/bootstrap.h"
 #include "core/log.h"
+#include "core/profile.h"
 #include "train/config.h"
 #include "train/export.h"
 #include "train/generate.h"
@@ -261,6 +262,7 @@ int run_generate(const std::vector<std::string>& args) {
                         n, total, total > 0 ? static_cast<double>(n) / total : 0.0, r.prompt_tokens, r.first_token_s,
                         n > 1 && r.rest_s > 0 ? static_cast<double>(n - 1) / r.rest_s : 0.0,
                         r.used_kv_cache ? "KV cache" : "recomputed every token", stop));
+  if (profile::enabled()) log::info("time by op (SHARDTRAIN_PROFILE=1):\n" + profile::report_and_reset());
   return 0;
 }
 

@@ -81,5 +81,19 @@ TEST_F(CachingAllocatorTest, OutOfMemoryNamesTheRequest) {
   }
 }
 
+// The build's kernels run on this GPU (init_device checked it), and the error for a GPU they
+// cannot run on says what the build has and how to build for it.
+TEST(KernelImage, RunsHereAndTheMismatchSaysHowToRebuild) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "no CUDA device";
+  cuda::init_device(0);
+  EXPECT_NO_THROW(cuda::check_kernel_image(0));
+  const std::string m = cuda::no_kernel_image_message("90a", 8, 0, "NVIDIA A100-SXM4-80GB", 1);
+  EXPECT_NE(m.find("CUDA kernels for sm_90a only, and cuda:1 (NVIDIA A100-SXM4-80GB) is compute capability 8.0"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("-DCMAKE_CUDA_ARCHITECTURES=80 ...`"), std::string::npos) << m;
+  EXPECT_NE(cuda::no_kernel_image_message("80", 9, 0, "H100", 0).find("ARCHITECTURES=90a ...`"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace shardtrain

@@ -226,12 +226,22 @@ void init_device(int index) {
   const int n = device_count();
   ST_CHECK(index >= 0 && index < n, "CUDA device ", index, " requested but ", n, " device(s) are visible");
   ST_CUDA_CHECK(cudaSetDevice(index));
+  check_kernel_image(index);
   std::lock_guard<std::mutex> lock(registry_mutex());
   auto& table = allocators();
   if (table.count(index) == 0) {
     table[index] = new CachingAllocator(index);
     register_allocator(Device::cuda(index), table[index]);
   }
+}
+
+std::string no_kernel_image_message(const std::string& archs, int major, int minor, const std::string& name,
+                                    int index) {
+  const std::string cap = std::to_string(major) + std::to_string(minor);
+  return detail::concat("this build of shardtrain has CUDA kernels for sm_", archs, " only, and cuda:", index, " (", name,
+                ") is compute capability ", major, ".", minor, ": rebuild for it with `cmake -DCMAKE_CUDA_ARCHITECTURES=",
+                cap == "90" ? "90a" : cap, " ...` (scripts/setup.sh builds for the GPUs of the machine it runs on; ",
+                "-DCMAKE_CUDA_ARCHITECTURES=\"80;90a\" builds for A100s and H100s at once)");
 }
 
 void empty_cache(int index) {

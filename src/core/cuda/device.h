@@ -10,8 +10,16 @@ namespace shardtrain::cuda {
 
 // Number of visible CUDA devices; 0 when there is no usable driver or device (never throws).
 int device_count();
-// Makes `index` current and registers its caching allocator (idempotent).
+// Makes `index` current, checks that this build has kernels it can run (check_kernel_image)
+// and registers its caching allocator (idempotent).
 void init_device(int index);
+// Throws, saying which architectures the build has and how to build for this device, when none
+// of this build's kernel images or PTX runs on device `index`.
+void check_kernel_image(int index);
+// The message of that error: `archs` as CMAKE_CUDA_ARCHITECTURES listed them ("90a"), the
+// device's compute capability, name and index.
+std::string no_kernel_image_message(const std::string& archs, int major, int minor, const std::string& name,
+                                    int index);
 // The device's name as the driver reports it ("NVIDIA H100 80GB HBM3").
 std::string device_name(int index);
 // Dense bf16 tensor-core peak in FLOP/s from the datasheet (H100 SXM / H200: 989e12, H100
