@@ -94,12 +94,13 @@ std::string usage() {
          "                                                   a Hugging Face folder from a training checkpoint\n"
          "                                                   (a step_* directory, or the folder holding `latest`)\n"
          "  generate MODEL --prompt TEXT|- [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-         "           [--tokenizer PATH] [--device D] [--recompute]\n"
+         "           [--tokenizer PATH] [--device D] [--recompute] [--eager]\n"
          "                                                   continue TEXT (`-`: standard input) with a model: a\n"
          "                                                   Hugging Face folder or a training checkpoint; N 200,\n"
          "                                                   T 0.8 (0: greedy), K 40 (0: all), P 1 (all), S 7;\n"
          "                                                   D auto (a GPU if visible, bf16), cpu (f32) or cuda;\n"
-         "                                                   --recompute: no KV cache (slower, for checks)\n"
+         "                                                   --recompute: no KV cache (slower, for checks);\n"
+         "                                                   --eager: no CUDA graph for the GPU's steps\n"
          "           [--chat [--system TEXT]]                TEXT is a user's message in the tokenizer's chat\n"
          "                                                   template (after a system message); prints the reply\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
@@ -214,6 +215,7 @@ int run_generate(const std::vector<std::string>& args) {
     else if (a == "--seed") seed = integer_flag(a, value(), cmd);
     else if (a == "--tokenizer") tokenizer = value();
     else if (a == "--recompute") o.kv_cache = false;
+    else if (a == "--eager") o.cuda_graph = false;
     else if (a == "--device") device = value();
     else if (a == "--chat") chat = true;
     else if (a == "--system") system = value();

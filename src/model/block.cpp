@@ -189,7 +189,11 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
 
   a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
   a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
-  if (ctx.kv_keys_BSMH.defined()) {
+  if (ctx.kv_position_1.defined()) {
+    Tensor keys_BCMH = ctx.kv_keys_BSMH, values_BCMH = ctx.kv_values_BSMH;
+    ops::attention_forward_kv_cache(a.attn_BTNH, a.lse_BNT, keys_BCMH, values_BCMH, a.q_BTNH, a.k_BTMH, a.v_BTMH,
+                                    ctx.kv_position_1);
+  } else if (ctx.kv_keys_BSMH.defined()) {
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {});
   } else {

@@ -105,6 +105,11 @@ struct BlockContext {
   // the attention reads all kv_position + T of them. Forward only (Pass::kEval).
   Tensor kv_keys_BSMH, kv_values_BSMH;
   int64_t kv_position = 0;
+  // Defined (one i32 on the block's device): the position is read from there when the kernels
+  // run instead of kv_position (model/kv_cache.h's stage()), kv_keys_BSMH and kv_values_BSMH are
+  // the whole cache, and cos_TK, sin_TK the position's rope rows: one CUDA graph of the step
+  // serves every position (ops::attention_forward_kv_cache writes the cache and attends).
+  Tensor kv_position_1;
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);

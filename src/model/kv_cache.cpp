@@ -14,6 +14,20 @@ KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DTy
     keys_.push_back(Tensor::empty(shape, dtype, device, "kv cache keys"));
     values_.push_back(Tensor::empty(shape, dtype, device, "kv cache values"));
   }
+  position_1_ = Tensor::empty({1}, DType::kI32, device, "kv cache position");
+  cos_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache rope cos");
+  sin_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache rope sin");
+}
+
+void KvCache::stage(const Tensor& cos_TK, const Tensor& sin_TK, Stream stream) {
+  ST_ASSERT(cos_TK.ndim() == 2 && cos_TK.size(0) > length_ && sin_TK.shape() == cos_TK.shape() &&
+                cos_TK.size(1) == cos_1K_.size(1),
+            "KV cache: rope tables ", cos_TK.str(), " for position ", length_);
+  // the host value is read by the copy before it returns (pageable memory), so it may change after
+  host_position_1_.data<int32_t>()[0] = static_cast<int32_t>(length_);
+  copy(position_1_, host_position_1_, stream);
+  copy(cos_1K_, cos_TK.slice(0, length_, length_ + 1), stream);
+  copy(sin_1K_, sin_TK.slice(0, length_, length_ + 1), stream);
 }
 
 int64_t KvCache::bytes() const {

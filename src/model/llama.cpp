@@ -200,8 +200,14 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     ST_ASSERT(pass == Pass::kEval, "a KV cache is for the forward of evaluation only");
     const int64_t p = cache->length();
     ctx.kv_position = p;
-    ctx.cos_TK = cos_TK_.slice(0, p, p + T);
-    ctx.sin_TK = sin_TK_.slice(0, p, p + T);
+    if (T == 1) {  // the position and its rope rows as staged in memory (KvCache::stage)
+      ctx.kv_position_1 = cache->position_1();
+      ctx.cos_TK = cache->rope_cos_1K();
+      ctx.sin_TK = cache->rope_sin_1K();
+    } else {
+      ctx.cos_TK = cos_TK_.slice(0, p, p + T);
+      ctx.sin_TK = sin_TK_.slice(0, p, p + T);
+    }
   }
   Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
   {
@@ -443,11 +449,29 @@ Tensor Llama::last_logits_cached(const Tensor& ids_BT, KvCache& cache) {
 }
 
 Tensor Llama::last_position_logits(const Tensor& ids_BT, KvCache* cache) {
+  if (cache != nullptr && ids_BT.size(1) == 1) stage_decode(*cache);
+  Tensor logits_BV = Tensor::empty({ids_BT.size(0), config_.vocab_size}, dtype_, device_, "logits");
+  issue_last_logits(on_device(ids_BT), cache, logits_BV, false);
+  return logits_BV;
+}
+
+void Llama::stage_decode(KvCache& cache, Stream stream) { cache.stage(cos_TK_, sin_TK_, stream); }
+
+void Llama::issue_decode(const Tensor& ids_B1, KvCache& cache, Tensor& logits_BV) {
+  ST_CHECK(ids_B1.ndim() == 2 && ids_B1.size(1) == 1 && ids_B1.size(0) == cache.batch() &&
+               ids_B1.device() == device_ && ids_B1.dtype() == DType::kI32,
+           "issue_decode: expected i32 ids [", cache.batch(), ", 1] on ", device_.str(), ", found ", ids_B1.str());
+  cache.check_room(1, "issue_decode");
+  issue_last_logits(ids_B1, &cache, logits_BV, true);
+}
+
+void Llama::issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logits_BV, bool ids_checked_on_host) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
+  ST_ASSERT(logits_BV.shape() == Shape({B, config_.vocab_size}) && logits_BV.dtype() == dtype_);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  const Tensor h_TD = forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull,
-                                     Pass::kEval, false, nullptr, cache);
+  const Tensor h_TD = forward_hidden(ids_BT, acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull,
+                                     Pass::kEval, ids_checked_on_host, nullptr, cache);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor last_BD = Tensor::empty({B, D}, dtype_, device_, "last hidden");
@@ -455,11 +479,9 @@ Tensor Llama::last_position_logits(const Tensor& ids_BT, KvCache* cache) {
     Tensor dst = last_BD.slice(0, b, b + 1);
     ops::cast(dst, h_TD.slice(0, b * T + T - 1, b * T + T));
   }
-  Tensor logits_BV = Tensor::empty({B, config_.vocab_size}, dtype_, device_, "logits");
   ops::linear_forward(logits_BV, last_BD, head_weight(embed, head));
   release_head(Pass::kEval);
   release_head(Pass::kEval);
-  return logits_BV;
 }
 
 }  // namespace shardtrain::model

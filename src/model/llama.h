@@ -146,6 +146,14 @@ class Llama {
   // cuDNN's, so the bf16 results differ by rounding). Throws, naming
   // the lengths, when the new tokens do not fit in the cache; the cache is then unchanged.
   Tensor last_logits_cached(const Tensor& ids_BT, KvCache& cache);
+  // last_logits_cached's one-token step in two parts, for a CUDA graph of the second
+  // (model/captured_decode.h): stage_decode writes the cache's position and rope rows
+  // (KvCache::stage); issue_decode queues the forward of ids_B1 (i32 on the model's device,
+  // checked by the caller to lie in [0, V)) at that position, reading both from memory, and
+  // writes its logits into logits_BV (the model's dtype and device). Neither reads back from
+  // the device nor advances the cache.
+  void stage_decode(KvCache& cache, Stream stream = {});
+  void issue_decode(const Tensor& ids_B1, KvCache& cache, Tensor& logits_BV);
   // All logits [B*T, V] (for checks against other implementations; builds the full matrix).
   Tensor logits(const Tensor& ids_BT);
 
@@ -160,6 +168,9 @@ class Llama {
                         bool ids_checked_on_host, ActivationOffload* offload = nullptr, KvCache* cache = nullptr);
   // last_logits, and last_logits_cached with `cache`.
   Tensor last_position_logits(const Tensor& ids_BT, KvCache* cache);
+  // The last position's logits of ids_BT (on the model's device) into logits_BV. With `cache`
+  // and one token per sequence the position and rope rows come from its staged buffers.
+  void issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logits_BV, bool ids_checked_on_host);
   // The blocks' context; the MLP runs by pieces where `checkpointing` drops its inner tensors.
   BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const;
   void make_rope_tables();

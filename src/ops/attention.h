@@ -52,9 +52,16 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
 void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
                         const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
                         const Tensor& out_BTNH, const Tensor& lse_BNT, const AttentionOptions& options);
+
+void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache_k_BCMH, Tensor& cache_v_BCMH,
+                                const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                                const Tensor& position_1, const AttentionOptions& options);
 }  // namespace cpu
 
 namespace cuda {
+void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache_k_BCMH, Tensor& cache_v_BCMH,
+                                const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                                const Tensor& position_1, const AttentionOptions& options, Stream stream);
 void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
                        const Tensor& v_BTMH, const AttentionOptions& options, Stream stream);
 void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
@@ -93,6 +100,31 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
   return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
 #else
   no_kernel("attention_forward", q_BTNH);
+#endif
+}
+
+// Incremental decoding with the position in memory (so that a CUDA graph can replay the step
+// at every position): p = position_1[0] (i32, one element on the tensors' device) positions of
+// the caches [B, C, M, H] (C the capacity) hold keys and values; k_BTMH and v_BTMH, the next T
+// tokens' (after rope), are written into rows p .. p + T - 1 of cache_k_BCMH and cache_v_BCMH,
+// and then out_BTNH and lse_BNT are attention_forward's for q over the cache's first p + T
+// rows (causal: query t sees keys j <= p + t). Requires p + T <= C (the CPU checks it; on
+// CUDA, where p is read by the kernels, the caller's KV cache checks its length on the host).
+// Same dtypes and layouts as attention_forward; the caches' rows may be strided.
+inline void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache_k_BCMH,
+                                       Tensor& cache_v_BCMH, const Tensor& q_BTNH, const Tensor& k_BTMH,
+                                       const Tensor& v_BTMH, const Tensor& position_1,
+                                       const AttentionOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("attention_forward_kv_cache", out_BTNH.device(),
+                                     {0, profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
+  if (q_BTNH.device().is_cpu())
+    return cpu::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
+                                           position_1, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
+                                          position_1, options, stream);
+#else
+  no_kernel("attention_forward_kv_cache", q_BTNH);
 #endif
 }
 

@@ -11,6 +11,7 @@
 #include <optional>
 
 #include "data/bpe_tokenizer.h"
+#include "model/captured_decode.h"
 #include "ops/elementwise.h"
 
 namespace shardtrain::train {
@@ -24,7 +25,8 @@ double seconds_since(Clock::time_point t0) { return std::chrono::duration<double
 // positions, else recomputed over the last max_seq_len tokens.
 class NextLogits {
  public:
-  NextLogits(model::Llama& model, bool use_cache, int64_t positions) : model_(model) {
+  NextLogits(model::Llama& model, bool use_cache, bool cuda_graph, int64_t positions)
+      : model_(model), cuda_graph_(cuda_graph && model.device().is_cuda()) {
     if (use_cache)
       cache_.emplace(model.config(), 1, std::min(positions, model.config().max_seq_len), model.dtype(),
                      model.device());
@@ -37,7 +39,12 @@ class NextLogits {
     Tensor logits;
     if (cache_ && n <= cache_->capacity()) {
       const int64_t first = cache_->length();  // the positions the cache has not seen yet
-      logits = model_.last_logits_cached(ids_tensor(ids, first, n), *cache_);
+      if (cuda_graph_ && n - first == 1) {  // one new token: the captured step
+        if (!graph_) graph_ = std::make_unique<model::CapturedDecode>(model_, *cache_);
+        logits = graph_->run(ids_tensor(ids, first, n));
+      } else {
+        logits = model_.last_logits_cached(ids_tensor(ids, first, n), *cache_);
+      }
     } else {
       logits = model_.last_logits(ids_tensor(ids, std::max<int64_t>(0, n - model_.config().max_seq_len), n));
     }
@@ -55,7 +62,9 @@ class NextLogits {
   }
 
   model::Llama& model_;
+  bool cuda_graph_;
   std::optional<model::KvCache> cache_;
+  std::unique_ptr<model::CapturedDecode> graph_;  // after cache_: destroyed first
 };
 
 }  // namespace
@@ -124,7 +133,7 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
              " tokens; shorten the prompt");
   if (o.tokens == 0 || ids.empty()) return r;
   // positions fed before the last pick: the prompt and all generated tokens but the last
-  NextLogits next_logits(model, o.kv_cache, r.prompt_tokens + o.tokens - 1);
+  NextLogits next_logits(model, o.kv_cache, o.cuda_graph, r.prompt_tokens + o.tokens - 1);
   r.used_kv_cache = next_logits.cached();
   // candidates: ids both the model and the tokenizer have
   const size_t candidates = static_cast<size_t>(std::min(model.config().vocab_size, tokenizer.vocab_size()));

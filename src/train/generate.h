@@ -35,6 +35,10 @@ struct SampleOptions {
   // false: recompute the whole context for every token (the reference the cache is tested
   // against).
   bool kv_cache = true;
+  // On a GPU with the KV cache: each one-token step after the first replays a CUDA graph
+  // (model/captured_decode.h) instead of launching its kernels one by one; same kernels, same
+  // results. false: every step eager.
+  bool cuda_graph = true;
   // false: the prompt is text already laid out for the model, its BOS included (a chat
   // template's, chat_prompt below), so none is put before it.
   bool add_bos = true;

@@ -280,6 +280,59 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaCached,
                                            CachedCase{1, 4, 40, 6, 3, 20, false},
                                            CachedCase{1, 2, 1000, 8, 1, 256, true}));
 
+// The same cases as one KV cache step with its position in memory (p = S - T): the new k and
+// v (head slices of the stacked tensor) written into the cache rows p.., the rest untouched,
+// and the output the CPU twin's over those rows; bit for bit the output of the step above
+// (same kernel) on a cache that already held the rows.
+TEST_P(AttentionCudaCached, KvCacheStepWithThePositionInMemory) {
+  const CachedCase c = GetParam();
+  if (!c.causal) GTEST_SKIP() << "a decoding step is causal";
+  const int64_t E = c.N + 2 * c.M, capacity = c.S + 5, p = c.S - c.T;
+  const Device gpu = Device::cuda(0);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const uint64_t seed = static_cast<uint64_t>(c.S * 19 + c.T * 7 + c.H);
+    const Tensor stacked = to_dtype(rounded_f32({c.B, c.T, E, c.H}, dt, seed, 0.0, 1.0), dt);
+    const Tensor keys = to_dtype(rounded_f32({c.B, capacity, c.M, c.H}, dt, seed + 1, 0.0, 1.0), dt);
+    const Tensor values = to_dtype(rounded_f32({c.B, capacity, c.M, c.H}, dt, seed + 2, 0.0, 1.0), dt);
+    const Tensor qkv = to_device(stacked);
+    Tensor kd = to_device(keys), vd = to_device(values);
+    Tensor position = Tensor::empty({1}, DType::kI32), position_d;
+    position.data<int32_t>()[0] = static_cast<int32_t>(p);
+    position_d = to_device(position);
+    Tensor out = Tensor::empty({c.B, c.T, c.N, c.H}, dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+    attention_forward_kv_cache(out, lse, kd, vd, qkv.slice(2, 0, c.N), qkv.slice(2, c.N, c.N + c.M),
+                               qkv.slice(2, c.N + c.M, E), position_d);
+    // the CPU twin on the host copies, in the same dtype
+    Tensor hk = contiguous(keys), hv = contiguous(values);
+    if (dt == DType::kF32) {
+      Tensor want = Tensor::empty({c.B, c.T, c.N, c.H}, dt), want_lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32);
+      cpu::attention_forward_kv_cache(want, want_lse, hk, hv, contiguous(stacked.slice(2, 0, c.N)),
+                                      contiguous(stacked.slice(2, c.N, c.N + c.M)),
+                                      contiguous(stacked.slice(2, c.N + c.M, E)), position, {});
+      EXPECT_TRUE(close_f32(out, to_dtype(want, DType::kF64))) << "out";
+      EXPECT_TRUE(close_f32(lse, to_dtype(want_lse, DType::kF64))) << "lse";
+    } else {  // the CPU has no bf16: write the rows by hand
+      for (auto [cache, from] : {std::pair{&hk, c.N}, std::pair{&hv, c.N + c.M}}) {
+        const Tensor fresh = contiguous(stacked.slice(2, from, from + c.M));
+        for (int64_t b = 0; b < c.B; ++b) {  // one sequence's rows at a time: a plain block each
+          Tensor rows = cache->slice(0, b, b + 1).slice(1, p, c.S);
+          copy(rows, fresh.slice(0, b, b + 1));
+        }
+      }
+    }
+    // the caches now hold the new rows and nothing else changed
+    const Tensor gk = to_host(kd), gv = to_host(vd);
+    EXPECT_EQ(std::memcmp(gk.raw_data(), hk.raw_data(), gk.nbytes()), 0) << "keys cache";
+    EXPECT_EQ(std::memcmp(gv.raw_data(), hv.raw_data(), gv.nbytes()), 0) << "values cache";
+    // and the output is the plain step's over the filled cache, bit for bit
+    Tensor out2 = Tensor::empty({c.B, c.T, c.N, c.H}, dt, gpu), lse2 = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+    attention_forward(out2, lse2, qkv.slice(2, 0, c.N), kd.slice(1, 0, c.S), vd.slice(1, 0, c.S), {});
+    const Tensor a = to_host(out), b = to_host(out2);
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << "out against attention_forward";
+  }
+}
+
 TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
   ST_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);

@@ -122,6 +122,46 @@ TEST(Attention, LastQueriesOverLongerKeys) {
   EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, k, k, {}); }, "3 key positions for 4 queries"));
 }
 
+// The KV cache step with its position in memory: the new rows land in the cache at the
+// position, the rows around them are untouched, and the output is the forward over the
+// cache's first p + T rows, bit for bit.
+TEST(Attention, KvCacheStepWritesTheRowsAndAttendsOverThem) {
+  const int64_t B = 2, C = 20, N = 4, M = 2, H = 8;
+  for (const auto& [p, T] : {std::pair<int64_t, int64_t>{0, 1}, {7, 1}, {12, 3}, {19, 1}}) {
+    SCOPED_TRACE("p=" + std::to_string(p) + " T=" + std::to_string(T));
+    Tensor cache_k = random_f64({B, C, M, H}, 31, 0.0, 1.0), cache_v = random_f64({B, C, M, H}, 32, 0.0, 1.0);
+    const Tensor before_k = contiguous(cache_k), before_v = contiguous(cache_v);
+    const Tensor q = random_f64({B, T, N, H}, 33, 0.0, 1.0), k = random_f64({B, T, M, H}, 34, 0.0, 1.0),
+                 v = random_f64({B, T, M, H}, 35, 0.0, 1.0);
+    Tensor position = Tensor::empty({1}, DType::kI32);
+    position.data<int32_t>()[0] = static_cast<int32_t>(p);
+    Tensor out = Tensor::empty({B, T, N, H}, DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+    cpu::attention_forward_kv_cache(out, lse, cache_k, cache_v, q, k, v, position, {});
+    // the expected keys: the old cache's first p rows, then the new ones
+    Tensor keys = Tensor::empty({B, p + T, M, H}, DType::kF64), values = Tensor::empty({B, p + T, M, H}, DType::kF64);
+    for (auto [dst, old, add] : {std::tuple{&keys, &before_k, &k}, std::tuple{&values, &before_v, &v}}) {
+      Tensor head = dst->slice(1, 0, p), tail = dst->slice(1, p, p + T);
+      copy(head, old->slice(1, 0, p));
+      copy(tail, *add);
+    }
+    Tensor want = Tensor::empty({B, T, N, H}, DType::kF64), want_lse = Tensor::empty({B, N, T}, DType::kF64);
+    cpu::attention_forward(want, want_lse, q, keys, values, {});
+    EXPECT_EQ(std::memcmp(out.raw_data(), want.raw_data(), out.nbytes()), 0);
+    EXPECT_EQ(std::memcmp(lse.raw_data(), want_lse.raw_data(), lse.nbytes()), 0);
+    const Tensor rows = contiguous(cache_k.slice(1, 0, p + T)), rest = contiguous(cache_v.slice(1, p + T, C)),
+                 old_rest = contiguous(before_v.slice(1, p + T, C));
+    EXPECT_EQ(std::memcmp(rows.raw_data(), keys.raw_data(), rows.nbytes()), 0) << "rows 0 .. p + T of the keys";
+    EXPECT_EQ(std::memcmp(rest.raw_data(), old_rest.raw_data(), rest.nbytes()), 0) << "values past p + T";
+  }
+  Tensor q = Tensor::zeros({1, 2, 2, 8}, DType::kF32), k = Tensor::zeros({1, 2, 1, 8}, DType::kF32);
+  Tensor cache = Tensor::zeros({1, 5, 1, 8}, DType::kF32), cache_v = Tensor::zeros({1, 5, 1, 8}, DType::kF32);
+  Tensor out = Tensor::zeros({1, 2, 2, 8}, DType::kF32), lse = Tensor::zeros({1, 2, 2}, DType::kF32);
+  Tensor position = Tensor::empty({1}, DType::kI32);
+  position.data<int32_t>()[0] = 4;
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward_kv_cache(out, lse, cache, cache_v, q, k, k, position, {}); },
+                          "2 new positions after 4 exceed the cache's 5"));
+}
+
 TEST(Attention, BackwardMatchesFiniteDifferences) {
   for (const Case& c : {Case{1, 7, 4, 2, 6, 4, true}, Case{2, 5, 4, 1, 4, 2, true}, Case{1, 6, 2, 2, 4, 4, false}}) {
     Tensor q = random_f64({c.B, c.T, c.N, c.H}, 4, 0.1, 0.8), k = random_f64({c.B, c.T, c.M, c.H}, 5, -0.1, 0.8),

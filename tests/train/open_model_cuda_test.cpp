@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "data/byte_tokenizer.h"
+#include "model/captured_decode.h"
 #include "model/llama.h"
 #include "ops/elementwise.h"
 #include "testing/compare.h"
@@ -102,6 +103,43 @@ TEST_F(OpenModelCuda, GpuModelsFollowTheCpuModel) {
   EXPECT_EQ(recomputed.ids, on_cpu.ids);
   o.kv_cache = true;
   EXPECT_EQ(sample(*bf16.model, tok, o).ids.size(), on_cpu.ids.size());
+}
+
+// One token at a time, the captured step (a CUDA graph replayed at every position) gives the
+// eager step's logits bit for bit, in bf16 and f32, and sampling with it picks the same ids.
+TEST_F(OpenModelCuda, CapturedDecodingFollowsTheEagerStepBitForBit) {
+  const Device gpu = generation_device("cuda");
+  Tensor ids = Tensor::empty({1, 30}, DType::kI32);
+  testing::fill_random_ints(ids, 9, 0, config_.vocab_size);
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(dtype_name(dt));
+    const OpenedModel m = open_model(hf_, dt, gpu);
+    model::KvCache eager_cache(config_, 1, 30, dt, gpu), graph_cache(config_, 1, 30, dt, gpu);
+    const Tensor prompt = contiguous(ids.slice(1, 0, 7));
+    (void)m.model->last_logits_cached(prompt, eager_cache);
+    (void)m.model->last_logits_cached(prompt, graph_cache);
+    model::CapturedDecode captured(*m.model, graph_cache);
+    for (int64_t t = 7; t < 30; ++t) {
+      const Tensor one = contiguous(ids.slice(1, t, t + 1));
+      const Tensor eager = on_host(m.model->last_logits_cached(one, eager_cache));
+      const Tensor replayed = on_host(captured.run(one));
+      EXPECT_TRUE(testing::all_close(replayed, eager, testing::kExact)) << "position " << t;
+      EXPECT_EQ(captured.captured(), t > 7);
+    }
+    EXPECT_EQ(graph_cache.length(), 30);
+    const data::ByteTokenizer tok;
+    SampleOptions o;
+    o.prompt = "Hello";
+    o.tokens = 40;
+    o.temperature = 0.9;
+    o.context_limit = ContextLimit::kStop;
+    const SampleResult graphed = sample(*m.model, tok, o);
+    o.cuda_graph = false;
+    EXPECT_EQ(sample(*m.model, tok, o).ids, graphed.ids);
+  }
+  model::KvCache cpu_cache(config_, 1, 4, DType::kF32, Device::cpu());
+  const OpenedModel on_cpu = open_model(hf_);
+  EXPECT_TRUE(testing::throws_with([&] { model::CapturedDecode(*on_cpu.model, cpu_cache); }, "CUDA graphs need"));
 }
 
 using testing::shardtrain_binary;

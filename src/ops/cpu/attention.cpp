@@ -193,4 +193,25 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
   });
 }
 
+void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache_k_BCMH, Tensor& cache_v_BCMH,
+                                const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                                const Tensor& position_1, const AttentionOptions& options) {
+  const char* op = "attention_forward_kv_cache";
+  ST_CHECK(position_1.device().is_cpu() && position_1.dtype() == DType::kI32 && position_1.numel() == 1, op,
+           ": `position_1` must be one i32 on the CPU, found ", position_1.str());
+  ST_CHECK(k_BTMH.ndim() == 4 && cache_k_BCMH.ndim() == 4 && cache_v_BCMH.shape() == cache_k_BCMH.shape() &&
+               cache_k_BCMH.size(0) == k_BTMH.size(0) && cache_k_BCMH.size(2) == k_BTMH.size(2) &&
+               cache_k_BCMH.size(3) == k_BTMH.size(3) && cache_k_BCMH.dtype() == k_BTMH.dtype() &&
+               cache_v_BCMH.dtype() == k_BTMH.dtype(),
+           op, ": caches [B, C, M, H] of k's batch, heads, head dim and dtype expected, found ", cache_k_BCMH.str(),
+           ", ", cache_v_BCMH.str(), " for k ", k_BTMH.str());
+  const int64_t p = position_1.data<int32_t>()[0], T = k_BTMH.size(1), C = cache_k_BCMH.size(1);
+  ST_CHECK(p >= 0 && p + T <= C, op, ": ", T, " new positions after ", p, " exceed the cache's ", C);
+  Tensor k_rows = cache_k_BCMH.slice(1, p, p + T), v_rows = cache_v_BCMH.slice(1, p, p + T);
+  copy(k_rows, k_BTMH);
+  copy(v_rows, v_BTMH);
+  cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, contiguous(cache_k_BCMH.slice(1, 0, p + T)),
+                         contiguous(cache_v_BCMH.slice(1, 0, p + T)), options);
+}
+
 }  // namespace shardtrain::ops::cpu

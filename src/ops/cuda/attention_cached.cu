@@ -1,14 +1,15 @@
 // Attention forward over a KV cache on CUDA: T new queries against S >= T keys, the queries
 // being the last T of the S positions (bottom-right causal: query t sees keys
 // j <= t + S - T). For incremental decoding (T = 1 after the prompt), where cuDNN's flash
-// kernels, built for as many keys as queries, do not apply. One block per query row; each
-// warp takes every kWarps-th key, lanes splitting the head dimension: the score is a warp
-// reduction, the row's maximum and sum are combined across warps, then a second pass sums
-// p_j · v_j into per-lane accumulators. f32 math; bf16, f16 or f32 storage; heads of q, k and
-// v may be slices of a stacked tensor and k, v rows of a larger cache (strided tokens and
-// sequences). Exact rather than fast: decoding is bound by reading the cache, not by this.
+// kernels, built for as many keys as queries, do not apply. One block of 32 warps per query
+// row, so that even one token's 32 heads keep the SMs' memory pipes busy: each warp takes
+// every 32nd key with an online softmax (running max, sum and p·v in f32, lanes splitting the
+// head dimension, the score a warp reduction), then the warps' partial results are combined.
+// f32 math; bf16, f16 or f32 storage; heads of q, k and v may be slices of a stacked tensor
+// and k, v rows of a larger cache (strided tokens and sequences).
 #include "ops/cuda/attention_cached.h"
 
+#include <algorithm>
 #include <cmath>
 #include <type_traits>
 
@@ -17,7 +18,7 @@
 namespace shardtrain::ops::cuda {
 namespace {
 
-constexpr int kWarps = 4, kThreads = 32 * kWarps;
+constexpr int kWarps = 32, kThreads = 32 * kWarps;
 constexpr int kMaxHeadDim = 256, kPerLane = kMaxHeadDim / 32;
 
 struct Layout {
@@ -36,9 +37,12 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// Grid (T, N, B): out[b, t, n, :] and lse[b, n, t].
+// Grid (T, N, B): out[b, t, n, :] and lse[b, n, t]. With `position` (device), S is *position + T
+// (the keys a KV cache holds once the T new rows are in), not d.S.
 template <typename E>
-__global__ void cached_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v, Dims d) {
+__global__ void __launch_bounds__(kThreads)
+    cached_forward_kernel(E* out, float* lse, const E* q, const E* k, const E* v, Dims d, const int32_t* position) {
+  if (position != nullptr) d.S = *position + d.T;
   __shared__ float q_row[kMaxHeadDim];
   __shared__ float warp_max[kWarps], warp_sum_exp[kWarps];
   __shared__ float partial[kWarps][kMaxHeadDim];
@@ -57,51 +61,62 @@ __global__ void cached_forward_kernel(E* out, float* lse, const E* q, const E* k
     return d.scale * warp_sum(s);
   };
 
-  // the row's maximum and sum of exponentials: each warp's over its keys, then combined
+  // one pass per warp over its keys: running maximum, sum of exponentials and sum of p·v
   float mx = -INFINITY, sum = 0;
+  float acc[kPerLane] = {};
   for (int64_t j = warp; j < keys; j += kWarps) {
     const float s = score(j);
-    if (s > mx) {
-      sum = sum * expf(mx - s) + 1.0f;
-      mx = s;
-    } else {
-      sum += expf(s - mx);
+    const float top = fmaxf(mx, s);
+    const float rescale = expf(mx - top), p = expf(s - top);  // expf(-inf) = 0 on the first key
+    sum = sum * rescale + p;
+    mx = top;
+    const E* v_row = v_seq + j * d.v.token;
+    for (int i = 0; i < kPerLane; ++i) {
+      const int64_t h = lane + 32 * i;
+      if (h < d.H) acc[i] = acc[i] * rescale + p * to_f32(v_row[h]);
     }
   }
   if (lane == 0) {
     warp_max[warp] = mx;
     warp_sum_exp[warp] = sum;
   }
+  for (int i = 0; i < kPerLane; ++i) {
+    const int64_t h = lane + 32 * i;
+    if (h < d.H) partial[warp][h] = acc[i];
+  }
   __syncthreads();
+  // the warps' results on the row's maximum (a warp without keys has sum 0 and adds nothing)
   float row_max = -INFINITY;
   for (int w = 0; w < kWarps; ++w) row_max = fmaxf(row_max, warp_max[w]);
   float row_sum = 0;
   for (int w = 0; w < kWarps; ++w)
     if (warp_max[w] > -INFINITY) row_sum += warp_sum_exp[w] * expf(warp_max[w] - row_max);
   const float row_lse = row_max + logf(row_sum);
-
-  // out = sum_j p_j v_j: each lane its h = lane + 32 i, each warp its keys, then the warps' sums
-  float acc[kPerLane] = {};
-  for (int64_t j = warp; j < keys; j += kWarps) {
-    const float p = expf(score(j) - row_lse);
-    const E* v_row = v_seq + j * d.v.token;
-    for (int i = 0; i < kPerLane; ++i) {
-      const int64_t h = lane + 32 * i;
-      if (h < d.H) acc[i] += p * to_f32(v_row[h]);
-    }
-  }
-  for (int i = 0; i < kPerLane; ++i) {
-    const int64_t h = lane + 32 * i;
-    if (h < d.H) partial[warp][h] = acc[i];
-  }
-  __syncthreads();
   E* out_at = out + b * d.out.sequence + t * d.out.token + n * d.H;
   for (int64_t h = threadIdx.x; h < d.H; h += kThreads) {
     float s = 0;
-    for (int w = 0; w < kWarps; ++w) s += partial[w][h];
-    out_at[h] = from_f32<E>(s);
+    for (int w = 0; w < kWarps; ++w)
+      if (warp_max[w] > -INFINITY) s += partial[w][h] * expf(warp_max[w] - row_max);
+    out_at[h] = from_f32<E>(s / row_sum);
   }
   if (threadIdx.x == 0) lse[(b * d.N + n) * d.T + t] = row_lse;
+}
+
+// rows[b, p + t, m, :] = src[b, t, m, :] for p = *position, both k and v at once; grid-stride
+// over B·T·M·H elements. A position that does not fit traps rather than write past the cache.
+template <typename E>
+__global__ void write_rows_kernel(E* cache_k, E* cache_v, const E* k, const E* v, Layout cache, Layout kl,
+                                  Layout vl, int64_t B, int64_t T, int64_t M, int64_t H, int64_t C,
+                                  const int32_t* position) {
+  const int64_t p = *position;
+  if (p < 0 || p + T > C) __trap();
+  const int64_t n = B * T * M * H;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const int64_t h = i % H, m = i / H % M, t = i / (H * M) % T, b = i / (H * M * T);
+    const int64_t at = b * cache.sequence + (p + t) * cache.token + m * H + h;
+    cache_k[at] = k[b * kl.sequence + t * kl.token + m * H + h];
+    cache_v[at] = v[b * vl.sequence + t * vl.token + m * H + h];
+  }
 }
 
 // A [B, rows, heads, H] view whose heads are consecutive rows of H (a token's heads may be a
@@ -148,7 +163,63 @@ void attention_forward_cached(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
     } else {
       cached_forward_kernel<E><<<grid, kThreads, 0, stream_of(s)>>>(
           static_cast<E*>(out_BTNH.raw_data()), lse_BNT.data<float>(), static_cast<const E*>(q_BTNH.raw_data()),
-          static_cast<const E*>(k_BSMH.raw_data()), static_cast<const E*>(v_BSMH.raw_data()), d);
+          static_cast<const E*>(k_BSMH.raw_data()), static_cast<const E*>(v_BSMH.raw_data()), d, nullptr);
+      ST_CUDA_CHECK_LAUNCH();
+    }
+  });
+}
+
+void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache_k_BCMH, Tensor& cache_v_BCMH,
+                                const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                                const Tensor& position_1, const AttentionOptions& options, Stream s) {
+  const char* op = "attention_forward_kv_cache";
+  const Tensor* all[] = {&out_BTNH, &lse_BNT, &cache_k_BCMH, &cache_v_BCMH, &q_BTNH, &k_BTMH, &v_BTMH, &position_1};
+  for (const Tensor* t : all)
+    ST_CHECK(t->device() == q_BTNH.device() && t->device().is_cuda(), op, ": every tensor on q's CUDA device, found ",
+             q_BTNH.str(), " and ", t->str());
+  ST_CHECK(position_1.dtype() == DType::kI32 && position_1.numel() == 1, op, ": `position_1` must be one i32, found ",
+           position_1.str());
+  const int64_t B = q_BTNH.size(0), T = q_BTNH.size(1), N = q_BTNH.size(2), H = q_BTNH.size(3);
+  const int64_t M = k_BTMH.size(2), C = cache_k_BCMH.size(1);
+  ST_CHECK(k_BTMH.shape() == Shape({B, T, M, H}) && v_BTMH.shape() == k_BTMH.shape() &&
+               cache_k_BCMH.shape() == Shape({B, C, M, H}) && cache_v_BCMH.shape() == cache_k_BCMH.shape(),
+           op, ": expected k, v [", B, ", ", T, ", M, ", H, "] and caches [", B, ", C, M, ", H, "], found ",
+           k_BTMH.str(), ", ", v_BTMH.str(), ", ", cache_k_BCMH.str(), ", ", cache_v_BCMH.str());
+  ST_CHECK(C >= T && M > 0 && N % M == 0 && H <= kMaxHeadDim, op, ": ", T, " new tokens for a cache of ", C,
+           " positions, ", N, " query heads over ", M, " kv heads, head dim ", H, " (at most ", kMaxHeadDim, ")");
+  ST_CHECK(out_BTNH.shape() == q_BTNH.shape() && lse_BNT.shape() == Shape({B, N, T}) &&
+               lse_BNT.dtype() == DType::kF32 && lse_BNT.is_contiguous(),
+           op, ": expected out ", q_BTNH.shape().str(), " and f32 lse [", B, ", ", N, ", ", T, "], found ",
+           out_BTNH.str(), " and ", lse_BNT.str());
+  for (const Tensor* t : {all[0], all[2], all[3], all[5], all[6]})
+    ST_CHECK(t->dtype() == q_BTNH.dtype(), op, ": q, k, v, the caches and out share one dtype, found ", q_BTNH.str(),
+             " and ", t->str());
+  const Layout cache = layout_of(cache_k_BCMH, op, "cache_k_BCMH");
+  ST_CHECK(layout_of(cache_v_BCMH, op, "cache_v_BCMH").sequence == cache.sequence &&
+               cache_v_BCMH.stride(1) == cache.token,
+           op, ": the two caches need one layout, found ", cache_k_BCMH.str(), " and ", cache_v_BCMH.str());
+  Dims d{T, C, N, M, H,
+         static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
+         options.causal, layout_of(q_BTNH, op, "q_BTNH"), cache, cache, layout_of(out_BTNH, op, "out_BTNH")};
+  if (B == 0 || T == 0) return;
+  const Layout kl = layout_of(k_BTMH, op, "k_BTMH"), vl = layout_of(v_BTMH, op, "v_BTMH");
+  const int32_t* position = position_1.data<int32_t>();
+  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(N), static_cast<unsigned>(B));
+  dispatch_float(q_BTNH.dtype(), op, [&]<typename E>() {
+    if constexpr (std::is_same_v<E, double>) {
+      ST_THROW(op, ": no f64 kernel on CUDA");
+    } else {
+      const int64_t elems = B * T * M * H;
+      const auto blocks = static_cast<unsigned>(std::min<int64_t>((elems + 255) / 256, 1024));
+      write_rows_kernel<E><<<blocks, 256, 0, stream_of(s)>>>(
+          static_cast<E*>(cache_k_BCMH.raw_data()), static_cast<E*>(cache_v_BCMH.raw_data()),
+          static_cast<const E*>(k_BTMH.raw_data()), static_cast<const E*>(v_BTMH.raw_data()), cache, kl, vl, B, T, M,
+          H, C, position);
+      ST_CUDA_CHECK_LAUNCH();
+      cached_forward_kernel<E><<<grid, kThreads, 0, stream_of(s)>>>(
+          static_cast<E*>(out_BTNH.raw_data()), lse_BNT.data<float>(), static_cast<const E*>(q_BTNH.raw_data()),
+          static_cast<const E*>(cache_k_BCMH.raw_data()), static_cast<const E*>(cache_v_BCMH.raw_data()), d,
+          position);
       ST_CUDA_CHECK_LAUNCH();
     }
   });
