@@ -18,14 +18,6 @@ struct CapturedDecode::State {
   Tensor ids, logits;  // the graph's input and output (fixed addresses)
 };
 
-namespace {
-// Makes `stream` what Stream{} means on this thread for the scope of the capture.
-struct CurrentStreamScope {
-  explicit CurrentStreamScope(Stream s) { set_current_compute_stream(s.handle); }
-  ~CurrentStreamScope() { set_current_compute_stream(nullptr); }
-};
-}  // namespace
-
 CapturedDecode::CapturedDecode(Llama& model, KvCache& cache) : s_(std::make_unique<State>()) {
   ST_CHECK(model.device().is_cuda() && cache.device() == model.device(), "captured decoding: the model is on ",
            model.device().str(), " and its KV cache on ", cache.device().str(), "; CUDA graphs need both on a GPU");
@@ -64,18 +56,7 @@ const Tensor& CapturedDecode::run(const Tensor& ids_B1) {
     copy(s.ids, ids_B1, stream);
     if (!s.graph.ready()) {
       synchronize(m.device());
-      CurrentStreamScope scope(stream);
-      s.graph.begin_capture(stream);
-      try {
-        m.issue_decode(s.ids, cache, s.logits);
-      } catch (...) {
-        try {
-          s.graph.end_capture();
-        } catch (...) {
-        }
-        throw;
-      }
-      s.graph.end_capture();
+      s.graph.capture(stream, [&] { m.issue_decode(s.ids, cache, s.logits); });
     }
     s.graph.launch(stream);
   }

@@ -22,14 +22,6 @@ struct CapturedStep::State {
   Tensor host_scale = Tensor::empty({1}, DType::kF32, Device::cpu(), "gradient scale");
 };
 
-namespace {
-// Makes `stream` what Stream{} means on this thread for the scope of the capture.
-struct CurrentStreamScope {
-  explicit CurrentStreamScope(Stream s) { set_current_compute_stream(s.handle); }
-  ~CurrentStreamScope() { set_current_compute_stream(nullptr); }
-};
-}  // namespace
-
 CapturedStep::CapturedStep(Llama& model, int64_t batch, int64_t seq, const StepOptions& options)
     : s_(std::make_unique<State>()) {
   ST_CHECK(model.device().is_cuda(), "captured step: the model is on ", model.device().str(),
@@ -68,19 +60,10 @@ LossSum CapturedStep::run(const Tensor& ids_BT, const Tensor& targets_BT, double
     // the eager step's cached blocks go back to the driver; the pool is filled afresh
     synchronize(m.device());
     cuda::empty_cache(m.device().index);
-    CurrentStreamScope scope(stream);
-    s.graph.begin_capture(stream);
-    try {
+    s.graph.capture(stream, [&] {
       s.loss = m.new_loss();  // zeroed by the graph on every replay
       m.issue_forward_backward(s.ids, s.targets, s.loss, s.options);
-    } catch (...) {
-      try {
-        s.graph.end_capture();
-      } catch (...) {
-      }
-      throw;
-    }
-    s.graph.end_capture();
+    });
   }
   m.store().before_replay();  // on the default stream, which the blocking stream follows
   copy(s.ids, ids_BT, stream);

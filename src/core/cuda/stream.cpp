@@ -86,6 +86,24 @@ void Graph::end_capture() {
   exec_ = e;
 }
 
+void Graph::capture(Stream stream, const std::function<void()>& work) {
+  struct CurrentStreamScope {  // restores the default compute stream however `work` ends
+    explicit CurrentStreamScope(Stream s) { set_current_compute_stream(s.handle); }
+    ~CurrentStreamScope() { set_current_compute_stream(nullptr); }
+  } scope(stream);
+  begin_capture(stream);
+  try {
+    work();
+  } catch (...) {
+    try {
+      end_capture();
+    } catch (...) {  // the capture's own error would hide the one that broke it
+    }
+    throw;
+  }
+  end_capture();
+}
+
 void Graph::launch(Stream stream) const {
   ST_ASSERT(exec_ != nullptr, "launch of a graph not captured");
   ST_CUDA_CHECK(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec_), raw(stream)));

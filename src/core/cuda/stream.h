@@ -5,6 +5,8 @@
 // through events.
 #pragma once
 
+#include <functional>
+
 #include "core/device.h"
 
 namespace shardtrain::cuda {
@@ -75,6 +77,9 @@ class Graph {
   Graph& operator=(const Graph&) = delete;
   void begin_capture(Stream stream);
   void end_capture();  // instantiates; throws naming the CUDA error if the capture broke
+  // begin_capture, then `work` with `stream` as the thread's compute stream (what Stream{}
+  // means, core/device.h), then end_capture; an error in `work` ends the capture and is rethrown.
+  void capture(Stream stream, const std::function<void()>& work);
   void launch(Stream stream) const;
   bool ready() const { return exec_ != nullptr; }
 
