@@ -52,9 +52,10 @@ void expect_same_masters(Trainer& a, Trainer& b) {
         << "unit " << u;
 }
 
-TEST(Checkpoint, ResumeEqualsStraightThrough) {
-  const std::string dir = fresh_dir("resume");
-  Trainer straight(job(dir));
+// Trains `c` for its 6 steps, then again from step 3's checkpoint: the same losses, gradient
+// norms and weights.
+void expect_resume_equals_straight_through(const JobConfig& c0, const std::string& dir) {
+  Trainer straight(c0);
   const TrainSummary a = straight.run();
   ASSERT_EQ(a.steps.size(), 6u);
   EXPECT_TRUE(fs::is_directory(dir + "/checkpoints/step_00000003"));
@@ -62,7 +63,7 @@ TEST(Checkpoint, ResumeEqualsStraightThrough) {
   EXPECT_EQ(resolve_checkpoint("auto", dir + "/checkpoints"), dir + "/checkpoints/step_00000006");
 
   // as if the job had been killed after step 3's checkpoint
-  JobConfig c = job(dir);
+  JobConfig c = c0;
   c.checkpoint.interval_steps = 0;
   c.checkpoint.resume = dir + "/checkpoints/step_00000003";
   Trainer resumed(c);
@@ -75,6 +76,28 @@ TEST(Checkpoint, ResumeEqualsStraightThrough) {
   }
   expect_same_masters(straight, resumed);
   EXPECT_EQ(resumed.optimizer().steps_taken(), 6);
+}
+
+TEST(Checkpoint, ResumeEqualsStraightThrough) {
+  const std::string dir = fresh_dir("resume");
+  expect_resume_equals_straight_through(job(dir), dir);
+}
+
+// The same for fine-tuning examples (their epochs' order is a function of the step alone),
+// with two micro-batches a step.
+TEST(Checkpoint, ResumeEqualsStraightThroughOnFineTuningExamples) {
+  const std::string dir = fresh_dir("resume_sft");
+  const std::string path = dir + "/examples.jsonl";
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 60; ++i)
+      out << "{\"prompt\": \"Q" << i << ": \", \"response\": \"A" << i % 5 << " and " << i << ".\"}\n";
+  }
+  JobConfig c = job(dir);
+  c.data.source = path;
+  c.data.format = "sft";
+  c.training.grad_accum_steps = 2;
+  expect_resume_equals_straight_through(c, dir);
 }
 
 TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
