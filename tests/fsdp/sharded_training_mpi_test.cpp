@@ -164,6 +164,42 @@ ShardRun train_small(dist::Communicator* comm, bool compute_shards, bool overwri
   return run;
 }
 
+// Fine-tuning examples over ranks: each rank reads its share of every global batch of the
+// epoch's order, and the loss is the mean over the counted tokens of all ranks (they differ
+// from rank to rank): the same losses and gradient norms as one rank with the whole batch.
+TEST(ShardedTraining, FineTuningExamplesMatchOneRank) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const std::string path = (std::filesystem::temp_directory_path() / ("shardtrain_fsdp_sft_" +
+                                                                      std::to_string(::getpid()) + "_" +
+                                                                      std::to_string(r) + ".jsonl"))
+                               .string();
+  {
+    std::ofstream out(path);
+    for (int i = 0; i < 240; ++i)
+      out << "{\"prompt\": \"Question " << i << "? \", \"response\": \"" << std::string(1 + i % 9, 'x') << i % 4
+          << ".\"}\n";
+  }
+  const int64_t B = 2;
+  auto sft_job = [&](int64_t batch) {
+    train::JobConfig c = job(path, batch);
+    c.data.format = "sft";
+    c.data.val_fraction = 0.2;
+    c.training.steps = 6;
+    return c;
+  };
+  auto single = dist::make_single_rank();
+  const train::TrainSummary a = train::Trainer(sft_job(B * w), single.get()).run();
+  const train::TrainSummary b = train::Trainer(sft_job(B), comm.get()).run();
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    EXPECT_NEAR(b.steps[i].loss, a.steps[i].loss, 1e-5 * std::abs(a.steps[i].loss)) << "step " << i + 1;
+    EXPECT_NEAR(b.steps[i].grad_norm, a.steps[i].grad_norm, 1e-5 * a.steps[i].grad_norm) << "step " << i + 1;
+  }
+  EXPECT_NEAR(b.evals.back().second, a.evals.back().second, 1e-5 * a.evals.back().second);
+  std::filesystem::remove(path);
+}
+
 TEST(ShardedTraining, ComputeShardsEqualCastingAtEveryGather) {
   auto world = dist::make_mpi_world();
   auto single = dist::make_single_rank();
