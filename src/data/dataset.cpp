@@ -2,6 +2,9 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 
 #include "core/random.h"
 
@@ -30,16 +33,39 @@ void VectorTokenSource::read(int64_t first, std::span<int32_t> out) const {
   std::copy_n(ids_.begin() + first, out.size(), out.begin());
 }
 
-FileTokenSource::FileTokenSource(std::shared_ptr<const TokenFile> file, int64_t first, int64_t count)
-    : file_(std::move(file)), first_(first), count_(count) {
-  ST_ASSERT(first >= 0 && count >= 0 && static_cast<uint64_t>(first + count) <= file_->size());
+TokenFiles::TokenFiles(const std::vector<std::string>& paths) : starts_{0} {
+  ST_ASSERT(!paths.empty());
+  for (const std::string& path : paths) {
+    files_.emplace_back(path);
+    starts_.push_back(starts_.back() + static_cast<int64_t>(files_.back().size()));
+  }
+}
+
+void TokenFiles::read(int64_t first, std::span<int32_t> out) const {
+  const auto n = static_cast<int64_t>(out.size());
+  ST_CHECK(first >= 0 && first <= size() && n <= size() - first, "reading tokens [", first, ", ", first + n,
+           ") of ", size());
+  int64_t done = 0;
+  // the file holding `first`: the last whose start is at or before it
+  size_t f = static_cast<size_t>(std::upper_bound(starts_.begin(), starts_.end() - 1, first) - starts_.begin()) - 1;
+  while (done < n) {
+    const int64_t at = first + done - starts_[f];
+    const int64_t take = std::min(n - done, starts_[f + 1] - starts_[f] - at);
+    files_[f].read(static_cast<uint64_t>(at), out.subspan(static_cast<size_t>(done), static_cast<size_t>(take)));
+    done += take;
+    ++f;
+  }
+}
+
+FileTokenSource::FileTokenSource(std::shared_ptr<const TokenFiles> files, int64_t first, int64_t count)
+    : files_(std::move(files)), first_(first), count_(count) {
+  ST_ASSERT(first >= 0 && count >= 0 && first + count <= files_->size());
 }
 
 void FileTokenSource::read(int64_t first, std::span<int32_t> out) const {
   ST_CHECK(first >= 0 && first <= count_ && static_cast<int64_t>(out.size()) <= count_ - first, "reading tokens [",
-           first, ", ", first + static_cast<int64_t>(out.size()), ") of a part of ", count_, " tokens of `",
-           file_->path(), "`");
-  file_->read(static_cast<uint64_t>(first_ + first), out);
+           first, ", ", first + static_cast<int64_t>(out.size()), ") of a part of ", count_, " tokens");
+  files_->read(first_ + first, out);
 }
 
 WindowSampler::WindowSampler(const TokenSource* stream, int64_t seq_len, uint64_t seed)
@@ -113,12 +139,27 @@ void PackedStreamData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t ind
 
 std::string PackedStreamData::held_out_size() const { return std::to_string(val_->size()) + " tokens"; }
 
-std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
-                                                   int64_t model_vocab, double val_fraction, int64_t seq_len,
-                                                   uint64_t seed) {
-  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
-  auto file = std::make_shared<const TokenFile>(path);
-  const TokenFileHeader& h = file->header();
+namespace {
+
+// `path` itself, or the token files of folder `path` in name order.
+std::vector<std::string> token_file_paths(const std::string& path) {
+  if (!std::filesystem::is_directory(path)) return {path};
+  std::vector<std::string> paths;
+  for (const auto& entry : std::filesystem::directory_iterator(path)) {
+    if (!entry.is_regular_file()) continue;
+    std::ifstream in(entry.path(), std::ios::binary);
+    char magic[sizeof(kTokenFileMagic)] = {};
+    if (in.read(magic, sizeof(magic)) && std::memcmp(magic, kTokenFileMagic, sizeof(magic)) == 0)
+      paths.push_back(entry.path().string());
+  }
+  ST_CHECK(!paths.empty(), "`", path, "` is a folder without token files (written by `shardtrain tokenize`)");
+  std::sort(paths.begin(), paths.end());
+  return paths;
+}
+
+void check_token_file(const TokenFile& file, const Tokenizer& tokenizer, int64_t model_vocab) {
+  const TokenFileHeader& h = file.header();
+  const std::string& path = file.path();
   ST_CHECK(h.vocab_size <= model_vocab, "token file `", path, "` holds ids below ", h.vocab_size,
            ", more than the model's vocabulary of ", model_vocab, "; it was tokenized for another model");
   ST_CHECK(h.eos_id == tokenizer.eos_id(), "token file `", path, "` ends documents with id ", h.eos_id,
@@ -130,22 +171,36 @@ std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, cons
   ST_CHECK(h.version == 1 || h.bos_id == tokenizer.bos_id(), "token file `", path, "` begins documents with id ",
            h.bos_id, " but the run's tokenizer has BOS ", tokenizer.bos_id(),
            "; it was tokenized with another tokenizer (`data.tokenizer`)");
-  const auto total = static_cast<int64_t>(file->size());
+}
+
+}  // namespace
+
+std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
+                                                   int64_t model_vocab, double val_fraction, int64_t seq_len,
+                                                   uint64_t seed) {
+  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
+  auto files = std::make_shared<const TokenFiles>(token_file_paths(path));
+  uint64_t documents = 0;
+  for (const TokenFile& f : files->files()) {
+    check_token_file(f, tokenizer, model_vocab);
+    documents += f.header().document_count;
+  }
+  const int64_t total = files->size();
   int64_t cut = total;
   if (val_fraction > 0) {
     // The held-out part starts at a document boundary: the first BOS (or, without one, the
     // token after an EOS) at or after the nominal cut, looked for in pieces.
     cut = static_cast<int64_t>(static_cast<double>(total) * (1 - val_fraction));
-    const int32_t bos = h.bos_id;
+    const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
     const bool after_eos = bos < 0;
     std::vector<int32_t> piece(1 << 16);
     int64_t pos = after_eos ? std::max<int64_t>(cut - 1, 0) : cut;
     bool found = false;
     while (!found && pos < total) {
       const int64_t n = std::min<int64_t>(static_cast<int64_t>(piece.size()), total - pos);
-      file->read(static_cast<uint64_t>(pos), std::span<int32_t>(piece.data(), static_cast<size_t>(n)));
+      files->read(pos, std::span<int32_t>(piece.data(), static_cast<size_t>(n)));
       for (int64_t i = 0; i < n && !found; ++i) {
-        if (after_eos ? piece[i] == h.eos_id : piece[i] == bos) {
+        if (after_eos ? piece[i] == eos : piece[i] == bos) {
           cut = pos + i + (after_eos ? 1 : 0);
           found = true;
         }
@@ -154,11 +209,14 @@ std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, cons
     }
     if (!found) cut = total;
   }
-  std::string summary = std::to_string(h.document_count) + " documents, " + std::to_string(total) +
-                        " tokens in token file `" + path + "` -> " + std::to_string(cut) + " training / " +
-                        std::to_string(total - cut) + " held-out tokens";
-  return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(file, 0, cut),
-                                            std::make_unique<FileTokenSource>(file, cut, total - cut), seq_len,
+  const size_t count = files->files().size();
+  std::string summary = std::to_string(documents) + " documents, " + std::to_string(total) + " tokens in " +
+                        (count == 1 ? "token file `" + files->files()[0].path() + "`"
+                                    : std::to_string(count) + " token files in `" + path + "`") +
+                        " -> " + std::to_string(cut) + " training / " + std::to_string(total - cut) +
+                        " held-out tokens";
+  return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(files, 0, cut),
+                                            std::make_unique<FileTokenSource>(files, cut, total - cut), seq_len,
                                             seed, std::move(summary));
 }
 

@@ -48,15 +48,29 @@ class VectorTokenSource final : public TokenSource {
   std::vector<int32_t> ids_;
 };
 
-// Ids [first, first + count) of a token file shared by the sources cut from it.
+// Token files read as one stream, in the order given (each mapped, never copied whole).
+class TokenFiles {
+ public:
+  explicit TokenFiles(const std::vector<std::string>& paths);
+  int64_t size() const { return starts_.back(); }
+  // Copies ids [first, first + out.size()) of the joined stream, across files.
+  void read(int64_t first, std::span<int32_t> out) const;
+  const std::vector<TokenFile>& files() const { return files_; }
+
+ private:
+  std::vector<TokenFile> files_;
+  std::vector<int64_t> starts_;  // [files + 1]: the first id of each file in the joined stream, then the total
+};
+
+// Ids [first, first + count) of token files shared by the sources cut from them.
 class FileTokenSource final : public TokenSource {
  public:
-  FileTokenSource(std::shared_ptr<const TokenFile> file, int64_t first, int64_t count);
+  FileTokenSource(std::shared_ptr<const TokenFiles> files, int64_t first, int64_t count);
   int64_t size() const override { return count_; }
   void read(int64_t first, std::span<int32_t> out) const override;
 
  private:
-  std::shared_ptr<const TokenFile> file_;
+  std::shared_ptr<const TokenFiles> files_;
   int64_t first_, count_;
 };
 
@@ -120,9 +134,10 @@ class PackedStreamData final : public TrainingData {
   std::string summary_;
 };
 
-// A token file written by `shardtrain tokenize`, split for training: the held-out part is its
-// last val_fraction of tokens, starting at the first document (BOS) at or after that point.
-// Checks the file against the run's tokenizer (same BOS and EOS, ids below model_vocab) and
+// Token files written by `shardtrain tokenize` (`path` one file, or a folder whose token files
+// are read in name order as one stream), split for training: the held-out part is the last
+// val_fraction of the tokens, starting at the first document (BOS) at or after that point.
+// Checks each file against the run's tokenizer (same BOS and EOS, ids below model_vocab) and
 // that the training part holds a window of seq_len + 1.
 std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
                                                    int64_t model_vocab, double val_fraction, int64_t seq_len,

@@ -143,7 +143,7 @@ const std::vector<KeyDef>& keys() {
 
       key("data.source", &C::data, &DataSection::source,
           "builtin:fortunes (Debian's fortunes package), a .txt or .jsonl file, or a token file written by "
-          "`shardtrain tokenize`"),
+          "`shardtrain tokenize` (or a folder of them, read in name order as one stream)"),
       key("data.format", &C::data, &DataSection::format,
           "auto (a token file by its header, else jsonl for .jsonl / .json, else text), text (blank-line separated "
           "documents), jsonl (a text field per line), tokens (a token file), sft (prompt/response JSONL, the loss on "

@@ -36,7 +36,12 @@ std::string resolve_data_format(const DataSection& d) {
              "corpus `", d.source, "`, which is text");
     return "text";
   }
-  ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file `", d.source, "`");
+  if (std::filesystem::is_directory(d.source)) {  // a folder of token files
+    ST_CHECK(d.format == "auto" || d.format == "tokens", "`data.source` = `", d.source, "` is a folder, which is read "
+             "as token files, not as `data.format` = ", d.format);
+    return "tokens";
+  }
+  ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file or folder `", d.source, "`");
   if (d.format != "auto") return d.format;
   if (starts_with_token_file_magic(d.source)) return "tokens";
   const std::string ext = std::filesystem::path(d.source).extension().string();

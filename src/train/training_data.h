@@ -12,8 +12,8 @@
 
 namespace shardtrain::train {
 
-// data.format with "auto" resolved: tokens when data.source is a file that starts with a token
-// file's magic, jsonl for .jsonl / .json, text otherwise (and for builtin: sources).
+// data.format with "auto" resolved: tokens when data.source is a folder or a file that starts
+// with a token file's magic, jsonl for .jsonl / .json, text otherwise (and for builtin: sources).
 std::string resolve_data_format(const DataSection& data);
 
 // Reads data.source as its format says, split by data.val_fraction and seeded by

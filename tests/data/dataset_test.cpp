@@ -135,6 +135,40 @@ TEST(TokenFileData, TrainsOnTheStreamTheTextPathBuilds) {
   std::filesystem::remove(tok);
 }
 
+// A folder of token files reads as the one file of the same documents: the same stream, split
+// at the same place, so the same windows.
+TEST(TokenFileData, AFolderOfFilesReadsAsOneStream) {
+  std::string first, second;
+  for (int i = 0; i < 200; ++i) (i < 70 ? first : second) += "document " + std::to_string(i) + " of two files\n";
+  ByteTokenizer t;
+  const std::string dir = temp_path("folder");
+  std::filesystem::create_directories(dir);
+  const std::string a = temp_path("a.txt"), b = temp_path("b.txt"), both = temp_path("both.txt");
+  std::ofstream(a) << first;
+  std::ofstream(b) << second;
+  std::ofstream(both) << first + second;
+  (void)tokenize_file(t, a, dir + "/part-000.tok");
+  (void)tokenize_file(t, b, dir + "/part-001.tok");
+  std::ofstream(dir + "/README") << "not a token file";
+  (void)tokenize_file(t, both, temp_path("both.tok"));
+  const std::unique_ptr<TrainingData> folder = open_token_file_data(dir, t, 258, 0.1, 16, 3);
+  const std::unique_ptr<TrainingData> one = open_token_file_data(temp_path("both.tok"), t, 258, 0.1, 16, 3);
+  EXPECT_NE(folder->summary().find("2 token files in"), std::string::npos) << folder->summary();
+  EXPECT_EQ(folder->held_out_size(), one->held_out_size());
+  Tensor x = Tensor::empty({4, 16}, DType::kI32), xt = Tensor::empty({4, 16}, DType::kI32);
+  Tensor y = Tensor::empty({4, 16}, DType::kI32), yt = Tensor::empty({4, 16}, DType::kI32);
+  for (int64_t step = 1; step <= 20; ++step) {  // windows across the files' boundary among them
+    folder->fill_train(x, xt, step, 0, 0);
+    one->fill_train(y, yt, step, 0, 0);
+    EXPECT_EQ(rows(x), rows(y));
+    EXPECT_EQ(rows(xt), rows(yt));
+  }
+  const std::string empty = temp_path("empty_folder");
+  std::filesystem::create_directories(empty);
+  EXPECT_TRUE(throws_with([&] { (void)open_token_file_data(empty, t, 258, 0.1, 16, 3); }, "folder without token files"));
+  for (const std::string& p : {dir, empty, a, b, both, temp_path("both.tok")}) std::filesystem::remove_all(p);
+}
+
 // A tokenizer that is the byte tokenizer but for its special ids.
 class OtherSpecials final : public Tokenizer {
  public:
