@@ -1,7 +1,10 @@
 // Token streams and deterministic window sampling.
 #include "data/dataset.h"
 
+#include <omp.h>
+
 #include <algorithm>
+#include <exception>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -15,15 +18,39 @@ TokenStreams build_token_streams(const std::vector<std::string>& documents, cons
   ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
   TokenStreams s;
   const uint64_t key = name_key("validation split");
-  for (size_t d = 0; d < documents.size(); ++d) {
-    std::vector<int32_t>& out = uniform_at(seed, key, d) < val_fraction ? s.val : s.train;
-    if (tokenizer.bos_id() >= 0) out.push_back(tokenizer.bos_id());
-    const std::vector<int32_t> ids = tokenizer.encode(documents[d]);
-    out.insert(out.end(), ids.begin(), ids.end());
-    if (tokenizer.eos_id() >= 0) out.push_back(tokenizer.eos_id());
-    s.bytes += static_cast<int64_t>(documents[d].size());
+  // documents are encoded in parallel a block at a time and appended in order, so the streams
+  // do not depend on the number of threads
+  constexpr int64_t kBlock = 4096;
+  const auto n = static_cast<int64_t>(documents.size());
+  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(std::min(n, kBlock)));
+  for (int64_t first = 0; first < n; first += kBlock) {
+    const int64_t count = std::min(kBlock, n - first);
+    std::exception_ptr error;
+    int64_t error_index = count;
+#pragma omp parallel for schedule(dynamic, 16)
+    for (int64_t i = 0; i < count; ++i) {
+      try {
+        ids[static_cast<size_t>(i)] = with_context([&] { return "tokenizing document " + std::to_string(first + i); },
+                                                   [&] { return tokenizer.encode(documents[first + i]); });
+      } catch (...) {
+#pragma omp critical(shardtrain_token_streams_error)
+        if (i < error_index) {
+          error_index = i;
+          error = std::current_exception();
+        }
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    for (int64_t i = 0; i < count; ++i) {
+      const auto d = static_cast<uint64_t>(first + i);
+      std::vector<int32_t>& out = uniform_at(seed, key, d) < val_fraction ? s.val : s.train;
+      if (tokenizer.bos_id() >= 0) out.push_back(tokenizer.bos_id());
+      out.insert(out.end(), ids[static_cast<size_t>(i)].begin(), ids[static_cast<size_t>(i)].end());
+      if (tokenizer.eos_id() >= 0) out.push_back(tokenizer.eos_id());
+      s.bytes += static_cast<int64_t>(documents[d].size());
+    }
   }
-  s.documents = static_cast<int64_t>(documents.size());
+  s.documents = n;
   return s;
 }
 

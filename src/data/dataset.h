@@ -25,7 +25,9 @@ struct TokenStreams {
 };
 
 // Each document goes to the validation split with probability val_fraction, decided by a
-// hash of (seed, document index) so the split never depends on the order of work.
+// hash of (seed, document index) so the split never depends on the order of work. Documents
+// are encoded on every OpenMP thread (the tokenizer's encode must be thread-safe; both of
+// ours are); the streams are the same for any number of threads. Errors name the document.
 TokenStreams build_token_streams(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                                  double val_fraction, uint64_t seed);
 

@@ -5,9 +5,12 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include "testing/compare.h"
+#include "testing/shared_data.h"
 
+#include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
@@ -84,6 +87,28 @@ std::string temp_path(const std::string& name) {
 
 std::vector<int32_t> rows(const Tensor& t) {
   return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+// Encoding on several threads and in blocks gives the one-thread streams, with the Llama 3
+// tokenizer over the bible's verses (more documents than one block).
+TEST(Dataset, StreamsDoNotDependOnTheNumberOfThreads) {
+  ST_REQUIRE_SHARED_DATA(dir);
+  const BpeTokenizer t(dir + "/tokenizers/llama3");
+  std::vector<std::string> docs;
+  std::ifstream in(dir + "/corpus/world_english_bible.txt");
+  for (std::string line; std::getline(in, line) && docs.size() < 9000;) docs.push_back(line);
+  const int threads = omp_get_max_threads();
+  omp_set_num_threads(1);
+  const TokenStreams one = build_token_streams(docs, t, 0.1, 4);
+  omp_set_num_threads(4);
+  const TokenStreams four = build_token_streams(docs, t, 0.1, 4);
+  omp_set_num_threads(threads);
+  EXPECT_EQ(one.train, four.train);
+  EXPECT_EQ(one.val, four.val);
+  EXPECT_EQ(one.bytes, four.bytes);
+  EXPECT_EQ(one.documents, 9000);
+  docs[5000] = "bad \xff byte";
+  EXPECT_TRUE(throws_with([&] { (void)build_token_streams(docs, t, 0.1, 4); }, "tokenizing document 5000"));
 }
 
 // A token file holds documents as the in-memory stream does ([BOS] ids [EOS]), and training
