@@ -1,15 +1,11 @@
 // Token streams and deterministic window sampling.
 #include "data/dataset.h"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <exception>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "core/random.h"
+#include "data/parallel.h"
 
 namespace shardtrain::data {
 
@@ -25,22 +21,10 @@ TokenStreams build_token_streams(const std::vector<std::string>& documents, cons
   std::vector<std::vector<int32_t>> ids(static_cast<size_t>(std::min(n, kBlock)));
   for (int64_t first = 0; first < n; first += kBlock) {
     const int64_t count = std::min(kBlock, n - first);
-    std::exception_ptr error;
-    int64_t error_index = count;
-#pragma omp parallel for schedule(dynamic, 16)
-    for (int64_t i = 0; i < count; ++i) {
-      try {
-        ids[static_cast<size_t>(i)] = with_context([&] { return "tokenizing document " + std::to_string(first + i); },
-                                                   [&] { return tokenizer.encode(documents[first + i]); });
-      } catch (...) {
-#pragma omp critical(shardtrain_token_streams_error)
-        if (i < error_index) {
-          error_index = i;
-          error = std::current_exception();
-        }
-      }
-    }
-    if (error) std::rethrow_exception(error);
+    parallel_for_lowest_error(count, 0, [&](int64_t i) {
+      ids[static_cast<size_t>(i)] = with_context([&] { return "tokenizing document " + std::to_string(first + i); },
+                                                 [&] { return tokenizer.encode(documents[first + i]); });
+    });
     for (int64_t i = 0; i < count; ++i) {
       const auto d = static_cast<uint64_t>(first + i);
       std::vector<int32_t>& out = uniform_at(seed, key, d) < val_fraction ? s.val : s.train;
@@ -172,13 +156,8 @@ namespace {
 std::vector<std::string> token_file_paths(const std::string& path) {
   if (!std::filesystem::is_directory(path)) return {path};
   std::vector<std::string> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(path)) {
-    if (!entry.is_regular_file()) continue;
-    std::ifstream in(entry.path(), std::ios::binary);
-    char magic[sizeof(kTokenFileMagic)] = {};
-    if (in.read(magic, sizeof(magic)) && std::memcmp(magic, kTokenFileMagic, sizeof(magic)) == 0)
-      paths.push_back(entry.path().string());
-  }
+  for (const auto& entry : std::filesystem::directory_iterator(path))
+    if (is_token_file(entry.path().string())) paths.push_back(entry.path().string());
   ST_CHECK(!paths.empty(), "`", path, "` is a folder without token files (written by `shardtrain tokenize`)");
   std::sort(paths.begin(), paths.end());
   return paths;

@@ -114,7 +114,7 @@ class TrainingData {
   virtual void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const = 0;
   // One line for the log: what was read and how it was split.
   virtual std::string summary() const = 0;
-  // The held-out split's size in words, for errors ("1,234 tokens", "12 examples").
+  // The held-out split's size in words, for errors ("1234 tokens", "12 examples in 3 sequences").
   virtual std::string held_out_size() const = 0;
 };
 

@@ -2,10 +2,7 @@
 // The JSON is parsed on one thread (errors name the line), examples are encoded in parallel.
 #include "data/sft.h"
 
-#include <omp.h>
-
 #include <algorithm>
-#include <exception>
 #include <fstream>
 #include <numeric>
 
@@ -14,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "data/parallel.h"
 
 namespace shardtrain::data {
 namespace {
@@ -169,29 +167,16 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
   ST_CHECK(!raw.empty(), "`", path, "` holds no examples");
 
   std::vector<SftExample> examples(raw.size());
-  std::exception_ptr error;
-  int64_t error_index = static_cast<int64_t>(raw.size());
   const auto n = static_cast<int64_t>(raw.size());
-#pragma omp parallel for schedule(dynamic, 16)
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      const RawExample& r = raw[static_cast<size_t>(i)];
-      examples[static_cast<size_t>(i)] = with_context(
-          [&] { return fmt::format("tokenizing `{}` line {}", path, r.line); },
-          [&] {
-            return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt)
-                                                : format_prompt_response(tokenizer, r.prompt, r.response,
-                                                                         o.train_on_prompt);
-          });
-    } catch (...) {
-#pragma omp critical(shardtrain_sft_error)
-      if (i < error_index) {
-        error_index = i;
-        error = std::current_exception();
-      }
-    }
-  }
-  if (error) std::rethrow_exception(error);
+  parallel_for_lowest_error(n, 0, [&](int64_t i) {
+    const RawExample& r = raw[static_cast<size_t>(i)];
+    examples[static_cast<size_t>(i)] =
+        with_context([&] { return fmt::format("tokenizing `{}` line {}", path, r.line); }, [&] {
+          return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt)
+                                              : format_prompt_response(tokenizer, r.prompt, r.response,
+                                                                       o.train_on_prompt);
+        });
+  });
 
   const uint64_t split_key = name_key("sft validation split");
   std::vector<int64_t> train_index, val_index;

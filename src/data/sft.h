@@ -70,8 +70,8 @@ SftSequences pack_examples(std::span<const SftExample> examples, std::span<const
                            bool packing, int32_t pad_id);
 
 // A JSONL file of examples for training: each line one example (blank lines skipped); an
-// example goes to the held-out split with probability val_fraction by a hash of (seed, line
-// index). Training sequences are packed from the examples in a seeded order; fill_train takes
+// example goes to the held-out split with probability val_fraction by a hash of (seed, its
+// index among the examples). Training sequences are packed from the examples in a seeded order; fill_train takes
 // training sequence g = the formula in SftOptions, epoch g / count, in that epoch's order.
 class SftData final : public TrainingData {
  public:

@@ -14,7 +14,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <exception>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -23,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "data/parallel.h"
 
 namespace shardtrain::data {
 namespace {
@@ -131,6 +131,13 @@ void TokenFileWriter::finish() {
 }
 
 // ---- TokenFile ----
+
+bool is_token_file(const std::string& path) {
+  if (!std::filesystem::is_regular_file(path)) return false;
+  std::ifstream in(path, std::ios::binary);
+  char magic[sizeof(kTokenFileMagic)] = {};
+  return in.read(magic, sizeof(magic)) && std::memcmp(magic, kTokenFileMagic, sizeof(magic)) == 0;
+}
 
 TokenFile::TokenFile(const std::string& path) : path_(path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -275,30 +282,16 @@ void tokenize_block(const Tokenizer& tokenizer, const std::vector<std::string_vi
   const auto n = static_cast<int64_t>(lines.size());
   std::vector<std::vector<int32_t>> ids(lines.size());
   std::vector<unsigned char> present(lines.size(), 0);
-  int64_t error_index = n;
-  std::exception_ptr error;
-#pragma omp parallel for schedule(dynamic, 16) num_threads(threads)
-  for (int64_t i = 0; i < n; ++i) {
-    try {
-      std::string storage;
-      const std::string_view text = document_text(lines[i], options, path, first_line + i, storage);
-      if (!text.empty()) {
-        ids[i] = with_context(
-            [&] {
-              return "tokenizing line " + std::to_string(first_line + i) + " of `" + path + "`";
-            },
-            [&] { return tokenizer.encode(text); });
-        present[i] = 1;
-      }
-    } catch (...) {
-#pragma omp critical(shardtrain_tokenize_file_error)
-      if (i < error_index) {
-        error_index = i;
-        error = std::current_exception();
-      }
+  parallel_for_lowest_error(n, threads, [&](int64_t i) {
+    std::string storage;
+    const std::string_view text = document_text(lines[i], options, path, first_line + i, storage);
+    if (!text.empty()) {
+      ids[i] = with_context(
+          [&] { return "tokenizing line " + std::to_string(first_line + i) + " of `" + path + "`"; },
+          [&] { return tokenizer.encode(text); });
+      present[i] = 1;
     }
-  }
-  if (error) std::rethrow_exception(error);
+  });
   for (size_t i = 0; i < lines.size(); ++i) {
     if (!present[i]) continue;
     writer.append_document(ids[i]);

@@ -71,6 +71,10 @@ class TokenFileWriter {
   std::vector<unsigned char> buffer_;
 };
 
+// Whether `path` is a regular file that begins with the token file magic (its header is not
+// checked further: TokenFile does that).
+bool is_token_file(const std::string& path);
+
 // A token file mapped read-only. The constructor validates the header (magic, version,
 // token_bytes, vocab_size, eos_id and bos_id ranges, file length = 48 + count * token_bytes).
 class TokenFile {

@@ -129,8 +129,8 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
   const int64_t window = model.config().max_seq_len;
   if (o.context_limit == ContextLimit::kStop)
     ST_CHECK(r.prompt_tokens <= window, "the prompt is ", r.prompt_tokens, " tokens",
-             o.add_bos && tokenizer.bos_id() >= 0 ? " (with BOS)" : "", ", more than the model's context of max_seq_len = ", window,
-             " tokens; shorten the prompt");
+             o.add_bos && tokenizer.bos_id() >= 0 ? " (with BOS)" : "",
+             ", more than the model's context of max_seq_len = ", window, " tokens; shorten the prompt");
   if (o.tokens == 0 || ids.empty()) return r;
   // positions fed before the last pick: the prompt and all generated tokens but the last
   NextLogits next_logits(model, o.kv_cache, o.cuda_graph, r.prompt_tokens + o.tokens - 1);

@@ -24,7 +24,6 @@
 #include "core/profile.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
-#include "data/corpus.h"
 #include "io/hf_folder.h"
 #include "model/hf_config.h"
 #include "dist/bootstrap.h"

@@ -1,9 +1,7 @@
 // Opening a job's training data; the loaders and samplers themselves live in data/.
 #include "train/training_data.h"
 
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include <fmt/format.h>
 
@@ -14,12 +12,6 @@
 
 namespace shardtrain::train {
 namespace {
-
-bool starts_with_token_file_magic(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  char magic[sizeof(data::kTokenFileMagic)] = {};
-  return in.read(magic, sizeof(magic)) && std::memcmp(magic, data::kTokenFileMagic, sizeof(magic)) == 0;
-}
 
 std::vector<std::string> load_documents(const DataSection& d, const std::string& format) {
   if (d.source == "builtin:fortunes") return data::load_fortunes();
@@ -43,7 +35,7 @@ std::string resolve_data_format(const DataSection& d) {
   }
   ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file or folder `", d.source, "`");
   if (d.format != "auto") return d.format;
-  if (starts_with_token_file_magic(d.source)) return "tokens";
+  if (data::is_token_file(d.source)) return "tokens";
   const std::string ext = std::filesystem::path(d.source).extension().string();
   return (ext == ".jsonl" || ext == ".json") ? "jsonl" : "text";
 }

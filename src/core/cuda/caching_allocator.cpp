@@ -238,10 +238,11 @@ void init_device(int index) {
 std::string no_kernel_image_message(const std::string& archs, int major, int minor, const std::string& name,
                                     int index) {
   const std::string cap = std::to_string(major) + std::to_string(minor);
-  return detail::concat("this build of shardtrain has CUDA kernels for sm_", archs, " only, and cuda:", index, " (", name,
-                ") is compute capability ", major, ".", minor, ": rebuild for it with `cmake -DCMAKE_CUDA_ARCHITECTURES=",
-                cap == "90" ? "90a" : cap, " ...` (scripts/setup.sh builds for the GPUs of the machine it runs on; ",
-                "-DCMAKE_CUDA_ARCHITECTURES=\"80;90a\" builds for A100s and H100s at once)");
+  return detail::concat("this build of shardtrain has CUDA kernels for sm_", archs, " only, and cuda:", index, " (",
+                        name, ") is compute capability ", major, ".", minor,
+                        ": rebuild for it with `cmake -DCMAKE_CUDA_ARCHITECTURES=", cap == "90" ? "90a" : cap,
+                        " ...` (a build on a machine with this GPU picks it by itself; "
+                        "-DCMAKE_CUDA_ARCHITECTURES=\"80;90a\" builds for A100s and H100s at once)");
 }
 
 void empty_cache(int index) {

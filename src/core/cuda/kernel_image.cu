@@ -17,7 +17,7 @@ void check_kernel_image(int index) {
   const cudaError_t status = cudaFuncGetAttributes(&attributes, probe_kernel);
   if (status == cudaErrorNoKernelImageForDevice || status == cudaErrorInvalidDeviceFunction ||
       status == cudaErrorUnsupportedPtxVersion) {
-    (void)cudaGetLastError();  // clears the sticky-free launch error the query left
+    (void)cudaGetLastError();  // the query's error is not sticky: clear it
     cudaDeviceProp prop{};
     ST_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
     throw Error(no_kernel_image_message(SHARDTRAIN_CUDA_ARCHS, prop.major, prop.minor, prop.name, index));

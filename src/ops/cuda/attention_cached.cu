@@ -128,19 +128,18 @@ Layout layout_of(const Tensor& x, const char* op, const char* arg) {
   return {x.stride(0), x.stride(1)};
 }
 
-}  // namespace
-
-void attention_forward_cached(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BSMH,
-                              const Tensor& v_BSMH, const AttentionOptions& options, Stream s) {
-  const char* op = "attention_forward (KV cache)";
-  const Tensor* all[] = {&out_BTNH, &lse_BNT, &q_BTNH, &k_BSMH, &v_BSMH};
-  for (const Tensor* t : all)  // strided views are fine (layout_of checks them)
+// What both launchers check, and the kernel's dims: q and out [B, T, N, H], lse [B, N, T] f32,
+// the keys and values it reads [B, S, M, H] with S >= T, all on q's CUDA device in q's dtype.
+Dims forward_dims(const Tensor& out_BTNH, const Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BSMH,
+                  const Tensor& v_BSMH, const AttentionOptions& options, const char* op) {
+  for (const Tensor* t : {&out_BTNH, &lse_BNT, &q_BTNH, &k_BSMH, &v_BSMH})  // strided views: layout_of checks them
     ST_CHECK(t->device() == q_BTNH.device() && t->device().is_cuda(), op, ": every tensor on q's CUDA device, found ",
              q_BTNH.str(), " and ", t->str());
+  ST_CHECK(q_BTNH.ndim() == 4, op, ": `q_BTNH` expected [B, T, N, H], found ", q_BTNH.str());
   const int64_t B = q_BTNH.size(0), T = q_BTNH.size(1), N = q_BTNH.size(2), H = q_BTNH.size(3);
-  const int64_t S = k_BSMH.size(1), M = k_BSMH.size(2);
-  ST_CHECK(k_BSMH.shape() == Shape({B, S, M, H}) && v_BSMH.shape() == k_BSMH.shape(), op, ": k and v expected [", B,
-           ", S, M, ", H, "], found ", k_BSMH.str(), " and ", v_BSMH.str());
+  const int64_t S = k_BSMH.ndim() == 4 ? k_BSMH.size(1) : 0, M = k_BSMH.ndim() == 4 ? k_BSMH.size(2) : 0;
+  ST_CHECK(k_BSMH.shape() == Shape({B, S, M, H}) && v_BSMH.shape() == k_BSMH.shape(), op, ": keys and values "
+           "expected [", B, ", S, M, ", H, "], found ", k_BSMH.str(), " and ", v_BSMH.str());
   ST_CHECK(S >= T && M > 0 && N % M == 0, op, ": ", T, " queries over ", S, " keys (S >= T) with ", N,
            " query heads over ", M, " kv heads (M divides N)");
   ST_CHECK(H <= kMaxHeadDim, op, ": head dim ", H, " above the kernel's ", kMaxHeadDim);
@@ -148,24 +147,47 @@ void attention_forward_cached(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
                lse_BNT.dtype() == DType::kF32 && lse_BNT.is_contiguous(),
            op, ": expected out ", q_BTNH.shape().str(), " and f32 lse [", B, ", ", N, ", ", T, "], found ",
            out_BTNH.str(), " and ", lse_BNT.str());
-  for (const Tensor* t : {all[0], all[3], all[4]})
-    ST_CHECK(t->dtype() == q_BTNH.dtype(), op, ": q, k, v and out share one dtype, found ", q_BTNH.str(), " and ",
-             t->str());
-  Dims d{T, S, N, M, H,
-         static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
-         options.causal, layout_of(q_BTNH, op, "q_BTNH"), layout_of(k_BSMH, op, "k_BSMH"),
-         layout_of(v_BSMH, op, "v_BSMH"), layout_of(out_BTNH, op, "out_BTNH")};
-  if (B == 0 || T == 0) return;
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(N), static_cast<unsigned>(B));
-  dispatch_float(q_BTNH.dtype(), op, [&]<typename E>() {
+  for (const Tensor* t : {&out_BTNH, &k_BSMH, &v_BSMH})
+    ST_CHECK(t->dtype() == q_BTNH.dtype(), op, ": q, keys, values and out share one dtype, found ", q_BTNH.str(),
+             " and ", t->str());
+  return Dims{T, S, N, M, H,
+              static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
+              options.causal, layout_of(q_BTNH, op, "q_BTNH"), layout_of(k_BSMH, op, "keys"),
+              layout_of(v_BSMH, op, "values"), layout_of(out_BTNH, op, "out_BTNH")};
+}
+
+// fn<E>() for q's storage dtype (bf16, f16, f32); f64 has no kernel here.
+template <typename Fn>
+void dispatch_storage(DType dtype, const char* op, Fn&& fn) {
+  dispatch_float(dtype, op, [&]<typename E>() {
     if constexpr (std::is_same_v<E, double>) {
       ST_THROW(op, ": no f64 kernel on CUDA");
     } else {
-      cached_forward_kernel<E><<<grid, kThreads, 0, stream_of(s)>>>(
-          static_cast<E*>(out_BTNH.raw_data()), lse_BNT.data<float>(), static_cast<const E*>(q_BTNH.raw_data()),
-          static_cast<const E*>(k_BSMH.raw_data()), static_cast<const E*>(v_BSMH.raw_data()), d, nullptr);
-      ST_CUDA_CHECK_LAUNCH();
+      fn.template operator()<E>();
     }
+  });
+}
+
+template <typename E>
+void launch_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BSMH,
+                    const Tensor& v_BSMH, const Dims& d, int64_t B, const int32_t* position, Stream s) {
+  const dim3 grid(static_cast<unsigned>(d.T), static_cast<unsigned>(d.N), static_cast<unsigned>(B));
+  cached_forward_kernel<E><<<grid, kThreads, 0, stream_of(s)>>>(
+      static_cast<E*>(out_BTNH.raw_data()), lse_BNT.data<float>(), static_cast<const E*>(q_BTNH.raw_data()),
+      static_cast<const E*>(k_BSMH.raw_data()), static_cast<const E*>(v_BSMH.raw_data()), d, position);
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void attention_forward_cached(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BSMH,
+                              const Tensor& v_BSMH, const AttentionOptions& options, Stream s) {
+  const char* op = "attention_forward (KV cache)";
+  const Dims d = forward_dims(out_BTNH, lse_BNT, q_BTNH, k_BSMH, v_BSMH, options, op);
+  const int64_t B = q_BTNH.size(0);
+  if (B == 0 || d.T == 0) return;
+  dispatch_storage(q_BTNH.dtype(), op, [&]<typename E>() {
+    launch_forward<E>(out_BTNH, lse_BNT, q_BTNH, k_BSMH, v_BSMH, d, B, nullptr, s);
   });
 }
 
@@ -173,55 +195,32 @@ void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache
                                 const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
                                 const Tensor& position_1, const AttentionOptions& options, Stream s) {
   const char* op = "attention_forward_kv_cache";
-  const Tensor* all[] = {&out_BTNH, &lse_BNT, &cache_k_BCMH, &cache_v_BCMH, &q_BTNH, &k_BTMH, &v_BTMH, &position_1};
-  for (const Tensor* t : all)
-    ST_CHECK(t->device() == q_BTNH.device() && t->device().is_cuda(), op, ": every tensor on q's CUDA device, found ",
-             q_BTNH.str(), " and ", t->str());
+  // the caches are the keys and values the attention reads (S = C, of which p + T count)
+  const Dims d = forward_dims(out_BTNH, lse_BNT, q_BTNH, cache_k_BCMH, cache_v_BCMH, options, op);
+  for (const Tensor* t : {&k_BTMH, &v_BTMH, &position_1})
+    ST_CHECK(t->device() == q_BTNH.device(), op, ": every tensor on q's CUDA device, found ", q_BTNH.str(), " and ",
+             t->str());
   ST_CHECK(position_1.dtype() == DType::kI32 && position_1.numel() == 1, op, ": `position_1` must be one i32, found ",
            position_1.str());
-  const int64_t B = q_BTNH.size(0), T = q_BTNH.size(1), N = q_BTNH.size(2), H = q_BTNH.size(3);
-  const int64_t M = k_BTMH.size(2), C = cache_k_BCMH.size(1);
-  ST_CHECK(k_BTMH.shape() == Shape({B, T, M, H}) && v_BTMH.shape() == k_BTMH.shape() &&
-               cache_k_BCMH.shape() == Shape({B, C, M, H}) && cache_v_BCMH.shape() == cache_k_BCMH.shape(),
-           op, ": expected k, v [", B, ", ", T, ", M, ", H, "] and caches [", B, ", C, M, ", H, "], found ",
-           k_BTMH.str(), ", ", v_BTMH.str(), ", ", cache_k_BCMH.str(), ", ", cache_v_BCMH.str());
-  ST_CHECK(C >= T && M > 0 && N % M == 0 && H <= kMaxHeadDim, op, ": ", T, " new tokens for a cache of ", C,
-           " positions, ", N, " query heads over ", M, " kv heads, head dim ", H, " (at most ", kMaxHeadDim, ")");
-  ST_CHECK(out_BTNH.shape() == q_BTNH.shape() && lse_BNT.shape() == Shape({B, N, T}) &&
-               lse_BNT.dtype() == DType::kF32 && lse_BNT.is_contiguous(),
-           op, ": expected out ", q_BTNH.shape().str(), " and f32 lse [", B, ", ", N, ", ", T, "], found ",
-           out_BTNH.str(), " and ", lse_BNT.str());
-  for (const Tensor* t : {all[0], all[2], all[3], all[5], all[6]})
-    ST_CHECK(t->dtype() == q_BTNH.dtype(), op, ": q, k, v, the caches and out share one dtype, found ", q_BTNH.str(),
-             " and ", t->str());
-  const Layout cache = layout_of(cache_k_BCMH, op, "cache_k_BCMH");
-  ST_CHECK(layout_of(cache_v_BCMH, op, "cache_v_BCMH").sequence == cache.sequence &&
-               cache_v_BCMH.stride(1) == cache.token,
-           op, ": the two caches need one layout, found ", cache_k_BCMH.str(), " and ", cache_v_BCMH.str());
-  Dims d{T, C, N, M, H,
-         static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
-         options.causal, layout_of(q_BTNH, op, "q_BTNH"), cache, cache, layout_of(out_BTNH, op, "out_BTNH")};
-  if (B == 0 || T == 0) return;
+  const int64_t B = q_BTNH.size(0);
+  ST_CHECK(k_BTMH.shape() == Shape({B, d.T, d.M, d.H}) && v_BTMH.shape() == k_BTMH.shape() &&
+               k_BTMH.dtype() == q_BTNH.dtype() && v_BTMH.dtype() == q_BTNH.dtype(),
+           op, ": new keys and values expected [", B, ", ", d.T, ", ", d.M, ", ", d.H, "] in q's dtype, found ",
+           k_BTMH.str(), " and ", v_BTMH.str());
+  ST_CHECK(d.v.sequence == d.k.sequence && d.v.token == d.k.token, op, ": the two caches need one layout, found ",
+           cache_k_BCMH.str(), " and ", cache_v_BCMH.str());
+  if (B == 0 || d.T == 0) return;
   const Layout kl = layout_of(k_BTMH, op, "k_BTMH"), vl = layout_of(v_BTMH, op, "v_BTMH");
   const int32_t* position = position_1.data<int32_t>();
-  const dim3 grid(static_cast<unsigned>(T), static_cast<unsigned>(N), static_cast<unsigned>(B));
-  dispatch_float(q_BTNH.dtype(), op, [&]<typename E>() {
-    if constexpr (std::is_same_v<E, double>) {
-      ST_THROW(op, ": no f64 kernel on CUDA");
-    } else {
-      const int64_t elems = B * T * M * H;
-      const auto blocks = static_cast<unsigned>(std::min<int64_t>((elems + 255) / 256, 1024));
-      write_rows_kernel<E><<<blocks, 256, 0, stream_of(s)>>>(
-          static_cast<E*>(cache_k_BCMH.raw_data()), static_cast<E*>(cache_v_BCMH.raw_data()),
-          static_cast<const E*>(k_BTMH.raw_data()), static_cast<const E*>(v_BTMH.raw_data()), cache, kl, vl, B, T, M,
-          H, C, position);
-      ST_CUDA_CHECK_LAUNCH();
-      cached_forward_kernel<E><<<grid, kThreads, 0, stream_of(s)>>>(
-          static_cast<E*>(out_BTNH.raw_data()), lse_BNT.data<float>(), static_cast<const E*>(q_BTNH.raw_data()),
-          static_cast<const E*>(cache_k_BCMH.raw_data()), static_cast<const E*>(cache_v_BCMH.raw_data()), d,
-          position);
-      ST_CUDA_CHECK_LAUNCH();
-    }
+  dispatch_storage(q_BTNH.dtype(), op, [&]<typename E>() {
+    const int64_t elems = B * d.T * d.M * d.H;
+    const auto blocks = static_cast<unsigned>(std::min<int64_t>((elems + 255) / 256, 1024));
+    write_rows_kernel<E><<<blocks, 256, 0, stream_of(s)>>>(
+        static_cast<E*>(cache_k_BCMH.raw_data()), static_cast<E*>(cache_v_BCMH.raw_data()),
+        static_cast<const E*>(k_BTMH.raw_data()), static_cast<const E*>(v_BTMH.raw_data()), d.k, kl, vl, B, d.T, d.M,
+        d.H, d.S, position);
+    ST_CUDA_CHECK_LAUNCH();
+    launch_forward<E>(out_BTNH, lse_BNT, q_BTNH, cache_k_BCMH, cache_v_BCMH, d, B, position, s);
   });
 }
 
