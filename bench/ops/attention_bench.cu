@@ -2,8 +2,11 @@
 // through ops::attention_*), on the Llama 3.2 1B and 3.1 8B head shapes. Validates first
 // against the CPU twin (f64 on the same bf16 inputs), then times each shape. FLOPs:
 // forward 4·B·N·T²·H / 2 (causal half), backward 2.5× the forward — the convention of the
-// PyTorch figures in ENVIRONMENT.md. The peer: bench/ops/attention_peer.py.
+// PyTorch figures in ENVIRONMENT.md. Then packed documents (cuDNN's ragged layout) on the 1B
+// shape: documents of one length filling each row, FLOPs counted over each document's own
+// causal half. The peer: bench/ops/attention_peer.py (FlexAttention's document mask).
 //   attention_bench [iterations=20]
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -98,6 +101,47 @@ void run(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int iters) {
               2.5 * flops / bwd / 1e12);
 }
 
+// Rows of T tokens packed with documents of `length` tokens (the last one shorter when
+// length does not divide T).
+void run_documents(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int64_t length, int iters) {
+  const Device g = Device::cuda(0);
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  double flops = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[b * T + t] = static_cast<int32_t>(t % length);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t0 = 0; t0 < T; t0 += length) {
+      const double len = static_cast<double>(std::min(length, T - t0));
+      flops += 4.0 * N * len * len * H / 2;
+    }
+  const ops::PackedDocuments docs = ops::pack_documents(pos, g);
+  ops::AttentionOptions o;
+  o.documents = &docs;
+  Tensor q = Tensor::empty({B, T, N, H}, DType::kBF16, g), k = Tensor::empty({B, T, M, H}, DType::kBF16, g),
+         v = Tensor::empty({B, T, M, H}, DType::kBF16, g), out = Tensor::empty({B, T, N, H}, DType::kBF16, g),
+         lse = Tensor::empty({B, N, T}, DType::kF32, g), dq = Tensor::empty({B, T, N, H}, DType::kBF16, g),
+         dk = Tensor::empty({B, T, M, H}, DType::kBF16, g), dv = Tensor::empty({B, T, M, H}, DType::kBF16, g);
+  for (Tensor* t : {&q, &k, &v, &out}) ops::fill(*t, 0.01);
+  for (int i = 0; i < 3; ++i) {
+    ops::attention_forward(out, lse, q, k, v, o);
+    ops::attention_backward(dq, dk, dv, out, q, k, v, out, lse, o);
+  }
+  synchronize(g);
+  Clock::time_point t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) ops::attention_forward(out, lse, q, k, v, o);
+  synchronize(g);
+  const double fwd = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  t0 = Clock::now();
+  for (int i = 0; i < iters; ++i) ops::attention_backward(dq, dk, dv, out, q, k, v, out, lse, o);
+  synchronize(g);
+  const double bwd = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  std::printf("| shardtrain (cuDNN ragged) | B%lld T%lld N%lld M%lld H%lld, documents of %lld (%lld) | %.3f ms | %.0f | "
+              "%.3f ms | %.0f |\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(N),
+              static_cast<long long>(M), static_cast<long long>(H), static_cast<long long>(length),
+              static_cast<long long>(docs.count), 1e3 * fwd, flops / fwd / 1e12, 1e3 * bwd, 2.5 * flops / bwd / 1e12);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) try {
@@ -111,6 +155,8 @@ int main(int argc, char** argv) try {
   run(8, 4096, 32, 8, 128, iters);
   run(4, 8192, 32, 8, 128, iters);
   run(2, 16384, 32, 8, 128, iters);
+  std::printf("\n| engine | shape | fwd | fwd TFLOP/s | bwd | bwd TFLOP/s |\n|---|---|---|---|---|---|\n");
+  for (int64_t length : {4096, 2048, 1024, 512, 256, 100}) run_documents(8, 4096, 32, 8, 64, length, iters);
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "attention_bench: %s\n", e.what());

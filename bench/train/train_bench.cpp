@@ -19,7 +19,8 @@
 //               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
-//               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0] [--mlp-chunk -1 (auto, as the trainer; 0: at once)] [--device cuda|cpu]
+//               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0]
+//               [--mlp-chunk -1 (auto, as the trainer; 0: at once)] [--documents 0] [--device cuda|cpu]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -37,6 +38,9 @@
 // for each unit's update before copying it up: the forward column then includes those waits
 // and the optimizer column only the norm and the update's launch. --offload-sync: the update
 // runs before the next step starts instead (for comparison).
+// --documents N: each row packed with documents of N tokens (the last shorter), each attending
+// only to itself (the trainer's data.document_mask = on; no --graph), the FLOPs still counted
+// by torchtitan's formula over the whole row, as for the peers.
 // --mlp-chunk N: with --ac selective|full, each block's MLP runs N tokens at a time (the
 // trainer's training.mlp_chunk_tokens; by default its automatic choice, 0 every token at once).
 // --offload-gpu-grads: with --offload, the gradient shards stay on the GPU and the host holds
@@ -94,6 +98,7 @@ struct Args {
   bool offload_activations = false, offload_sync = false, offload_gpu_grads = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   int64_t mlp_chunk = -1;
+  int64_t documents = 0;  // tokens per packed document; 0: none
   int64_t offload_activation_blocks = 0;  // -1: the trainer's automatic choice; 0: every token at once
   std::string device = "cuda";
   std::string gemm = "heuristic";
@@ -125,6 +130,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--untied") a.tied = false;
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
     else if (k == "--graph") a.graph = true;
+    else if (k == "--documents") a.documents = std::stoll(next());
     else if (k == "--zero-fill") a.zero_fill = true;
     else if (k == "--deterministic") a.deterministic = true;
     else if (k == "--separate-projections") a.separate_projections = true;
@@ -270,6 +276,14 @@ int main(int argc, char** argv) try {
 
   std::unique_ptr<model::CapturedStep> captured;
   if (a.graph) ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
+  ST_CHECK(a.documents == 0 || !a.graph, "train_bench: --documents runs eagerly, without --graph");
+  Tensor positions;
+  if (a.documents > 0) {
+    positions = Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "positions");
+    for (int64_t i = 0; i < positions.numel(); ++i)
+      positions.data<int32_t>()[i] = static_cast<int32_t>(i % a.seq % a.documents);
+    say(detail::concat("# packed documents of ", a.documents, " tokens, each attending only to itself\n"));
+  }
   bool graphed = a.graph;
   if (graphed && profile::enabled()) {  // its timers synchronise around every op, which a capture forbids
     say("# SHARDTRAIN_PROFILE=1: steps run eagerly, not as a CUDA graph\n");
@@ -297,7 +311,7 @@ int main(int argc, char** argv) try {
     for (int64_t mb = 0; mb < a.accum; ++mb) {
       o.overwrite_grads = writes.overwrites(mb);
       loss_sum += captured ? captured->run(ids[mb], targets[mb], o.grad_scale).loss_sum
-                           : m.forward_backward(ids[mb], targets[mb], o).loss_sum;
+                           : m.forward_backward(ids[mb], targets[mb], o, positions).loss_sum;
       step_fwd += m.last_phase_times().forward_s;
       step_bwd += m.last_phase_times().backward_s;
       step_issue += m.last_phase_times().host_issue_s;

@@ -157,6 +157,12 @@ std::pair<Tensor, Tensor> append_to_cache(const BlockActivations& a, const Block
   return {ctx.kv_keys_BSMH.slice(1, 0, S), ctx.kv_values_BSMH.slice(1, 0, S)};
 }
 
+// Each token's rope position with packed documents; undefined (position t) without.
+const Tensor& positions(const BlockContext& ctx) {
+  static const Tensor none;
+  return ctx.documents != nullptr ? ctx.documents->positions_BT : none;
+}
+
 // q, k, v (rope applied), attention, and x2 = x + o(attn), from a.xn1. With a KV cache the
 // attention reads the cached positions' keys and values too.
 void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
@@ -172,7 +178,7 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
     a.k_BTMH = qkv_BTEH.slice(2, d.N, d.N + d.M);
     a.v_BTMH = qkv_BTEH.slice(2, d.N + d.M, heads);
     Tensor qk_BTXH = qkv_BTEH.slice(2, 0, d.N + d.M);
-    ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK);
+    ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
   } else {
     a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
     a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
@@ -183,8 +189,8 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
     ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
     ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
     ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
-    ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK);
-    ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK);
+    ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
   }
 
   a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
@@ -197,7 +203,9 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {});
   } else {
-    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, {});
+    ops::AttentionOptions attention;
+    attention.documents = ctx.documents;
+    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
   }
 
   a.x2_BTD = like({d.B, d.T, d.D}, x, "x2");
@@ -384,6 +392,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, dw);
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
+  attention.documents = ctx.documents;
   // allocated once the attention backward has freed its inputs (that moment is the peak)
   Tensor dxn1_TD;
   const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
@@ -399,7 +408,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     dattn_BTNH = dattn_TQ = Tensor();
     a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
-    ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK);
+    ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
     ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({B * T, heads * H}), xn1_TD, w.wqkv_ED, dw);
   } else {
@@ -410,8 +419,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
                             a.lse_BNT, attention);
     dattn_BTNH = dattn_TQ = Tensor();
     a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
-    ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK);
-    ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK);
+    ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
     ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);
     ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD, dw_dx);

@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "ops/attention.h"
 #include "model/layout.h"
 
 namespace shardtrain::model {
@@ -110,6 +111,9 @@ struct BlockContext {
   // the whole cache, and cos_TK, sin_TK the position's rope rows: one CUDA graph of the step
   // serves every position (ops::attention_forward_kv_cache writes the cache and attends).
   Tensor kv_position_1;
+  // Documents packed into the rows (not owned; null: none): each attends only to itself and
+  // its rope positions count from its first token (ops::PackedDocuments). Not with a KV cache.
+  const ops::PackedDocuments* documents = nullptr;
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);

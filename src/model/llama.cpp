@@ -178,8 +178,10 @@ void Llama::set_mlp_chunk_tokens(int64_t tokens) {
   mlp_chunk_tokens_ = tokens;
 }
 
-BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const {
+BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing,
+                            const ops::PackedDocuments* documents) const {
   BlockContext ctx;
+  ctx.documents = documents;
   if (mlp_recomputed(checkpointing)) ctx.mlp_chunk_tokens = mlp_chunk_tokens_;
   ctx.config = &config_;
   ctx.batch = batch;
@@ -192,9 +194,11 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                              Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                             bool ids_checked_on_host, ActivationOffload* offload, KvCache* cache) {
+                             bool ids_checked_on_host, ActivationOffload* offload, KvCache* cache,
+                             const ops::PackedDocuments* documents) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
-  BlockContext ctx = context(B, T, checkpointing);
+  BlockContext ctx = context(B, T, checkpointing, documents);
+  ST_ASSERT(cache == nullptr || documents == nullptr, "packed documents are not for a KV cache");
   if (cache != nullptr) {
     // the new tokens are positions p..p+T-1: rope from the tables' row p on
     ST_ASSERT(pass == Pass::kEval, "a KV cache is for the forward of evaluation only");
@@ -277,13 +281,21 @@ int64_t Llama::check_inputs(const Tensor& ids_BT, const Tensor& targets_BT, cons
   return count_targets(targets_BT, o.ignore_index, config_.vocab_size, what);
 }
 
-LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
+std::optional<ops::PackedDocuments> Llama::documents_of(const Tensor& ids_BT, const Tensor& positions_BT) const {
+  if (!positions_BT.defined()) return std::nullopt;
+  check_shape(positions_BT, ids_BT.shape(), "packed documents", "positions_BT");
+  return ops::pack_documents(positions_BT, device_);
+}
+
+LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o,
+                                const Tensor& positions_BT) {
   const int64_t counted = check_inputs(ids_BT, targets_BT, o, "forward_backward");
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   const Tensor ids = on_device(ids_BT), targets = on_device(targets_BT);
+  const std::optional<ops::PackedDocuments> documents = documents_of(ids_BT, positions_BT);
   Tensor loss = new_loss();
-  issue_forward_backward(ids, targets, loss, o);
+  issue_forward_backward(ids, targets, loss, o, documents ? &*documents : nullptr);
   phase_times_.host_issue_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const double loss_sum = read_loss(loss);  // waits for the device
   if (device_.is_cpu()) {
@@ -302,7 +314,8 @@ void Llama::read_phase_times() {
 #endif
 }
 
-void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Tensor& loss, const StepOptions& o) {
+void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Tensor& loss, const StepOptions& o,
+                                   const ops::PackedDocuments* documents) {
   const int64_t B = ids.size(0), T = ids.size(1), D = config_.dim;
   using Clock = std::chrono::steady_clock;
   [[maybe_unused]] const bool on_gpu = !device_.is_cpu();
@@ -319,7 +332,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     offload_->set_max_blocks(o.offload_activation_blocks);
     offload = offload_.get();
   }
-  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true, offload);
+  Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true, offload,
+                               nullptr, documents);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (on_gpu) phase_events_->forward_done.record_timing(Stream{});
 #endif
@@ -353,7 +367,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     release_head(Pass::kForward);   // held since forward_hidden
   }
 
-  BlockContext ctx = context(B, T, o.checkpointing);
+  BlockContext ctx = context(B, T, o.checkpointing, documents);
   ctx.deterministic = o.deterministic;
   Tensor dprev_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
@@ -388,15 +402,18 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
 #endif
 }
 
-LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o) {
+LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o,
+                        const Tensor& positions_BT) {
   const int64_t counted = check_inputs(ids_BT, targets_BT, o, "evaluate");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   // Activations are dropped block by block: evaluation keeps only the block in flight.
   const Tensor targets = on_device(targets_BT);
-  const Tensor h_TD =
-      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, true);
+  const std::optional<ops::PackedDocuments> documents = documents_of(ids_BT, positions_BT);
+  const Tensor h_TD = forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD,
+                                     ActivationCheckpointing::kFull, Pass::kEval, true, nullptr, nullptr,
+                                     documents ? &*documents : nullptr);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor loss = new_loss();
@@ -412,13 +429,15 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   return {read_loss(loss), counted};
 }
 
-Tensor Llama::logits(const Tensor& ids_BT) {
+Tensor Llama::logits(const Tensor& ids_BT, const Tensor& positions_BT) {
   check_batch(ids_BT, config_, "logits");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
-  const Tensor h_TD =
-      forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD, ActivationCheckpointing::kFull, Pass::kEval, false);
+  const std::optional<ops::PackedDocuments> documents = documents_of(ids_BT, positions_BT);
+  const Tensor h_TD = forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD,
+                                     ActivationCheckpointing::kFull, Pass::kEval, false, nullptr, nullptr,
+                                     documents ? &*documents : nullptr);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor logits_TV = Tensor::empty({B * T, config_.vocab_size}, dtype_, device_, "logits");

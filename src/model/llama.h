@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -99,8 +100,12 @@ class Llama {
 
   // One micro-batch: forward, loss and backward; gradients accumulate (scaled by
   // options.grad_scale). ids_BT and targets_BT are i32 host tensors; T <= max_seq_len.
-  // They are copied to the model's device.
-  LossSum forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
+  // They are copied to the model's device. positions_BT (i32 [B, T] on the host; undefined:
+  // none) packs documents into the rows: each token's position in its document, 0 where one
+  // starts (ops::document_positions makes them from BOS tokens); every document then attends
+  // only to itself, with rope positions from its first token, as if it were a row of its own.
+  LossSum forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options,
+                           const Tensor& positions_BT = {});
   const PhaseTimes& last_phase_times() const { return phase_times_; }
 
   // The parts of forward_backward, for callers that keep inputs on the device (a captured
@@ -114,7 +119,7 @@ class Llama {
   // the loss sum accumulates into `loss` (1 element; f32 on a GPU). Reads nothing back, so
   // it can be captured into a CUDA graph. On a GPU, read_phase_times() after it completes.
   void issue_forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, Tensor& loss,
-                              const StepOptions& options);
+                              const StepOptions& options, const ops::PackedDocuments* documents = nullptr);
   void read_phase_times();  // GPU: waits for the last step's end and reads its phase events
   Tensor new_loss() const;  // a zeroed loss accumulator for this device
   static double read_loss(const Tensor& loss);  // waits for the device
@@ -132,8 +137,9 @@ class Llama {
   // 0 (the default) runs every token at once.
   void set_mlp_chunk_tokens(int64_t tokens);
   int64_t mlp_chunk_tokens() const { return mlp_chunk_tokens_; }
-  // Forward and loss only.
-  LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options);
+  // Forward and loss only (positions_BT: as forward_backward's).
+  LossSum evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& options,
+                   const Tensor& positions_BT = {});
   // Logits [B, V] of the last position of each sequence (for sampling).
   Tensor last_logits(const Tensor& ids_BT);
   // Incremental decoding: the logits [B, V] of the last of the T new tokens ids_BT (i32, on
@@ -154,8 +160,9 @@ class Llama {
   // the device nor advances the cache.
   void stage_decode(KvCache& cache, Stream stream = {});
   void issue_decode(const Tensor& ids_B1, KvCache& cache, Tensor& logits_BV);
-  // All logits [B*T, V] (for checks against other implementations; builds the full matrix).
-  Tensor logits(const Tensor& ids_BT);
+  // All logits [B*T, V] (for checks against other implementations; builds the full matrix);
+  // positions_BT as forward_backward's.
+  Tensor logits(const Tensor& ids_BT, const Tensor& positions_BT = {});
 
  private:
   // Runs embedding and blocks; returns the final norm's output and leaves the head unit's
@@ -165,14 +172,18 @@ class Llama {
   // caller to advance.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
-                        bool ids_checked_on_host, ActivationOffload* offload = nullptr, KvCache* cache = nullptr);
+                        bool ids_checked_on_host, ActivationOffload* offload = nullptr, KvCache* cache = nullptr,
+                        const ops::PackedDocuments* documents = nullptr);
   // last_logits, and last_logits_cached with `cache`.
   Tensor last_position_logits(const Tensor& ids_BT, KvCache* cache);
   // The last position's logits of ids_BT (on the model's device) into logits_BV. With `cache`
   // and one token per sequence the position and rope rows come from its staged buffers.
   void issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logits_BV, bool ids_checked_on_host);
   // The blocks' context; the MLP runs by pieces where `checkpointing` drops its inner tensors.
-  BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing) const;
+  BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing,
+                       const ops::PackedDocuments* documents = nullptr) const;
+  // The documents of positions_BT (checked against ids_BT) on this device; none when undefined.
+  std::optional<ops::PackedDocuments> documents_of(const Tensor& ids_BT, const Tensor& positions_BT) const;
   void make_rope_tables();
   Tensor on_device(const Tensor& host) const;  // a copy on the model's device (or host itself)
   Tensor view(const Tensor& unit_buffer, size_t unit, const char* name) const;

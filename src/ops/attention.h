@@ -16,12 +16,38 @@
 
 namespace shardtrain::ops {
 
+// Documents packed one after another into the rows of a batch (fine-tuning examples, or a
+// corpus's documents): with them, query t attends only to the keys of its own document, from
+// its first token to t, as if each document were a sequence of its own (flash-attn's varlen
+// attention; HF's packing without padding). Made by pack_documents.
+struct PackedDocuments {
+  Tensor positions_BT;  // i32 [B, T] on the tensors' device: each token's position in its document
+  // The documents as segments of the B·T tokens taken row by row, for cuDNN's ragged layout
+  // (CUDA only; undefined on the CPU), on the device:
+  Tensor segment_starts_S1;  // i64 [S + 1]: b·T + t of each segment's first token, then B·T (also for unused ones)
+  Tensor segment_lengths_S;  // i32 [S]: each segment's tokens; 0 for the unused ones
+  int64_t count = 0;     // documents in the batch
+  int64_t capacity = 0;  // S: count rounded up to a power of two, so that few distinct problem sizes occur
+};
+
+// positions_BT: i32 [B, T] on the host, each row 0, 1, 2, ... restarting at 0 where a document
+// starts (checked: a row's first position is 0 and each next one is 0 or one more). Copies
+// them (and, for a CUDA device, the segments) to `device` on `stream`.
+PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream stream = {});
+
+// i32 [B, T] positions (host) for rows of ids_BT (i32, host) whose documents each start with
+// bos_id: the position counts from 0 at every BOS token and at each row's first token.
+Tensor document_positions(const Tensor& ids_BT, int32_t bos_id);
+
 struct AttentionOptions {
   bool causal = true;
   double scale = 0.0;          // softmax scale; 0 means 1 / sqrt(H)
   int64_t block_queries = 64;  // CPU tile sizes (any positive values give the same result
   int64_t block_keys = 64;     // up to rounding)
   bool deterministic = false;  // CUDA backward: a bitwise-reproducible (slower) algorithm
+  // Not null: query t of row b sees keys t - positions[b, t] .. t only (needs causal, as many
+  // keys as queries, and documents of q's batch shape on q's device). Not owned.
+  const PackedDocuments* documents = nullptr;
 };
 
 // Whether every tensor given is contiguous.

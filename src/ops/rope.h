@@ -1,5 +1,6 @@
 // Rotary position embedding in HF's rotate_half convention: element i pairs with i + H/2.
-// Letters: K = H/2, the number of rotation frequencies. Positions are 0..T-1 per sequence.
+// Letters: K = H/2, the number of rotation frequencies. Positions are 0..T-1 per sequence, or
+// given per token (documents packed into a sequence each count from 0).
 #pragma once
 
 #include <cstdint>
@@ -37,23 +38,29 @@ std::vector<double> rope_inv_frequencies(int64_t head_dim, const RopeOptions& op
 void rope_table(Tensor& cos_TK, Tensor& sin_TK, int64_t head_dim, const RopeOptions& options);
 
 namespace cpu {
-void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK);
-void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK);
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT);
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT);
 }  // namespace cpu
 
 namespace cuda {
-void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream stream);
-void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream stream);
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT,
+                  Stream stream);
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT,
+                   Stream stream);
 }  // namespace cuda
 
 // In place on x_BTNH (q with N heads or k with M heads; any head count):
 //   x'[i]   = x[i] cos - x[i+K] sin,   x'[i+K] = x[i+K] cos + x[i] sin   (i < K, t = position)
-// Tables have at least T rows and the same dtype as x (f32/f64 on the CPU).
-inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, [[maybe_unused]] Stream stream = {}) {
+// Tables have at least T rows and the same dtype as x (f32/f64 on the CPU). The position of
+// token t of row b is t, or positions_BT[b, t] when that is defined (i32 [B, T], contiguous,
+// on x's device, each below the tables' rows: checked on the CPU; on CUDA the caller's, as
+// pack_documents's positions are, never above t).
+inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT = {},
+                         [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("rope_forward", x_BTNH.device(), {0, 2 * profile::bytes_of({&x_BTNH})});
-  if (x_BTNH.device().is_cpu()) return cpu::rope_forward(x_BTNH, cos_TK, sin_TK);
+  if (x_BTNH.device().is_cpu()) return cpu::rope_forward(x_BTNH, cos_TK, sin_TK, positions_BT);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::rope_forward(x_BTNH, cos_TK, sin_TK, stream);
+  return cuda::rope_forward(x_BTNH, cos_TK, sin_TK, positions_BT, stream);
 #else
   no_kernel("rope_forward", x_BTNH);
 #endif
@@ -61,11 +68,12 @@ inline void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin
 
 // In place: turns the gradient w.r.t. the rotated x into the gradient w.r.t. the input x
 // (the transpose of the rotation, i.e. rotation by -angle).
-inline void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, [[maybe_unused]] Stream stream = {}) {
+inline void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK,
+                          const Tensor& positions_BT = {}, [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("rope_backward", dx_BTNH.device(), {0, 2 * profile::bytes_of({&dx_BTNH})});
-  if (dx_BTNH.device().is_cpu()) return cpu::rope_backward(dx_BTNH, cos_TK, sin_TK);
+  if (dx_BTNH.device().is_cpu()) return cpu::rope_backward(dx_BTNH, cos_TK, sin_TK, positions_BT);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::rope_backward(dx_BTNH, cos_TK, sin_TK, stream);
+  return cuda::rope_backward(dx_BTNH, cos_TK, sin_TK, positions_BT, stream);
 #else
   no_kernel("rope_backward", dx_BTNH);
 #endif

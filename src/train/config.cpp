@@ -162,6 +162,11 @@ const std::vector<KeyDef>& keys() {
       key("data.packing", &C::data, &DataSection::packing,
           "sft and chat: several whole examples per sequence (true) or one each, padded (false); an example "
           "longer than training.seq_len + 1 tokens keeps its first training.seq_len + 1"),
+      key("data.document_mask", &C::data, &DataSection::document_mask,
+          "documents packed into a sequence (each starts at a BOS token) attend only to themselves, with rope "
+          "positions from their first token, as if each were a sequence of its own: on, off (causal over the whole "
+          "sequence), or auto (on for sft and chat with data.packing, off for text and token streams)",
+          one_of({"auto", "on", "off"})),
       key("data.tokenizer", &C::data, &DataSection::tokenizer,
           "auto (model.hf's tokenizer.json, else byte), byte (256 bytes + BOS/EOS), or a tokenizer.json path"),
       key("data.val_fraction", &C::data, &DataSection::val_fraction,

@@ -41,6 +41,7 @@ struct DataSection {
   std::string messages_field = "messages";
   bool train_on_prompt = false;
   bool packing = true;
+  std::string document_mask = "auto";
   std::string tokenizer = "auto";
   double val_fraction = 0.05;
 };

@@ -34,6 +34,7 @@
 #include "dist/nccl_communicator.h"
 #endif
 #include "model/captured_step.h"
+#include "ops/attention.h"
 #include "ops/linear.h"
 #include "optim/clip.h"
 #include "optim/schedule.h"
@@ -216,6 +217,9 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   }
   data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, comm_->world_size());
   log::info("data: " + data_->summary());
+  document_mask_ = resolve_document_mask(config_.data);
+  if (document_mask_)
+    log::info("data.document_mask: each document (from a BOS token) attends only to itself, positions from 0");
   {
     // Evaluation runs at least once, at the end: a held-out split too small for one global
     // batch would otherwise fail only after the whole run, before its last checkpoint.
@@ -448,6 +452,10 @@ std::string Trainer::tokenizer_source() const {
   return std::filesystem::is_directory(t) ? t : std::filesystem::path(t).parent_path().string();
 }
 
+Tensor Trainer::positions_of(const Tensor& ids_BT) const {
+  return document_mask_ ? ops::document_positions(ids_BT, tokenizer_->bos_id()) : Tensor();
+}
+
 double Trainer::evaluate() {
   const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
   Tensor ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval ids");
@@ -462,7 +470,7 @@ double Trainer::evaluate() {
   int64_t tokens = 0;
   for (int64_t i = 0; i < config_.eval.batches && (i + 1) * W <= available; ++i) {
     data_->fill_eval(ids, targets, i * W + comm_->rank());
-    const model::LossSum r = model_->evaluate(ids, targets, so);
+    const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
     loss += r.loss_sum;
     tokens += r.tokens;
   }
@@ -507,6 +515,10 @@ TrainSummary Trainer::run() {
   bool graphed = tc.cuda_graph && device_.is_cuda() && comm_->world_size() == 1;
   if (graphed && store_->offloaded()) {
     log::info("parallel.offload: the step runs eagerly, not as a CUDA graph (the host adds and clears gradients)");
+    graphed = false;
+  }
+  if (graphed && document_mask_) {
+    log::info("data.document_mask: the step runs eagerly, not as a CUDA graph (the documents differ per batch)");
     graphed = false;
   }
   if (graphed && profile::enabled()) {
@@ -590,7 +602,7 @@ TrainSummary Trainer::run() {
     for (int64_t m = 0; m < accum; ++m) {
       so.overwrite_grads = writes.overwrites(m);
       loss_sum += captured ? captured->run(ids[m], targets[m], so.grad_scale).loss_sum
-                           : model_->forward_backward(ids[m], targets[m], so).loss_sum;
+                           : model_->forward_backward(ids[m], targets[m], so, positions_of(ids[m])).loss_sum;
       t_forward += model_->last_phase_times().forward_s;
       t_backward += model_->last_phase_times().backward_s;
     }

@@ -54,6 +54,8 @@ class Trainer {
   std::string checkpoint_root() const;
   // Mean held-out loss over eval.batches batches (or fewer if the split is small).
   double evaluate();
+  // The documents' positions in a batch's rows with data.document_mask; undefined without.
+  Tensor positions_of(const Tensor& ids_BT) const;
 
  private:
   std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
@@ -83,6 +85,7 @@ class Trainer {
   dist::Communicator* comm_;
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::TrainingData> data_;
+  bool document_mask_ = false;  // data.document_mask resolved: batches carry their documents' positions
   std::unique_ptr<model::ModelLayout> layout_;
   std::unique_ptr<fsdp::ShardedUnitStore> store_;
   std::unique_ptr<model::Llama> model_;

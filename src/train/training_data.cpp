@@ -40,6 +40,12 @@ std::string resolve_data_format(const DataSection& d) {
   return (ext == ".jsonl" || ext == ".json") ? "jsonl" : "text";
 }
 
+bool resolve_document_mask(const DataSection& d) {
+  if (d.document_mask != "auto") return d.document_mask == "on";
+  const std::string format = resolve_data_format(d);
+  return (format == "sft" || format == "chat") && d.packing;
+}
+
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                        int64_t model_vocab, int64_t world) {
   const DataSection& d = config.data;

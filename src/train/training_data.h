@@ -16,6 +16,10 @@ namespace shardtrain::train {
 // with a token file's magic, jsonl for .jsonl / .json, text otherwise (and for builtin: sources).
 std::string resolve_data_format(const DataSection& data);
 
+// data.document_mask with "auto" resolved: on for packed fine-tuning examples (sft, chat with
+// data.packing), off for document streams.
+bool resolve_document_mask(const DataSection& data);
+
 // Reads data.source as its format says, split by data.val_fraction and seeded by
 // training.seed, for sequences of training.seq_len; `model_vocab` bounds a token file's ids
 // and `world` ranks share each global batch (SFT epochs count global sequences).

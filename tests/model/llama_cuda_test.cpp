@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -166,6 +167,60 @@ TEST(LlamaCuda, ChunkedMlpFollowsTheMlpAtOnce) {
     }
     std::printf("%s: loss sums %.9g (at once) %.9g (pieces); gradients differ by up to %.2e (relative norm)\n",
                 checkpointing_name(ac), a, b, worst);
+  }
+}
+
+// Documents packed into rows on the GPU (cuDNN's ragged attention, rope at each document's
+// positions) against the same documents run one by one as rows of their own, with and without
+// full checkpointing: the loss sum and every gradient agree to bf16 rounding (other GEMM row
+// counts, other attention tiles). Without the positions the loss moves ten times further.
+TEST(LlamaCuda, PackedDocumentsFollowTheDocumentsAlone) {
+  ST_REQUIRE_CUDA();
+  LlamaConfig c = testing::small_gqa(true);
+  c.init_std = 0.2;  // attention that matters to the loss
+  const std::vector<std::vector<int64_t>> rows = {{40, 1, 55}, {96}, {7, 64, 25}};
+  const int64_t B = 3, T = 96;
+  CounterRng rng(9);
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  testing::random_batch(rng, ids, targets);
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (int64_t len : rows[static_cast<size_t>(b)])
+      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
+  }
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(ac));
+    testing::GpuEngine packed(c, testing::bf16_sharding(true)), alone(c, testing::bf16_sharding(true));
+    StepOptions o;
+    o.grad_scale = 1.0 / static_cast<double>(B * T);
+    o.loss_chunk_tokens = 64;
+    o.checkpointing = ac;
+    o.deterministic = true;
+    o.overwrite_grads = true;
+    const double got = packed.model->forward_backward(ids, targets, o, pos).loss_sum;
+    double want = 0;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t t0 = 0;
+      for (int64_t len : rows[static_cast<size_t>(b)]) {
+        const Tensor di = contiguous(ids.slice(0, b, b + 1).slice(1, t0, t0 + len));
+        const Tensor dt = contiguous(targets.slice(0, b, b + 1).slice(1, t0, t0 + len));
+        want += alone.model->forward_backward(di, dt, o).loss_sum;
+        o.overwrite_grads = false;
+        t0 += len;
+      }
+    }
+    EXPECT_NEAR(got, want, 2e-3 * want);
+    for (size_t u = 0; u < packed.layout.units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(testing::to_host(packed.store->grad_shards()[u]),
+                                     testing::to_host(alone.store->grad_shards()[u]), testing::Tolerance{1e-2, 1e30, 1e30}))
+          << "unit " << u;
+    o.overwrite_grads = true;
+    const double unmasked = packed.model->evaluate(ids, targets, o).loss_sum;
+    EXPECT_NEAR(packed.model->evaluate(ids, targets, o, pos).loss_sum, got, 2e-3 * got);
+    EXPECT_GT(std::abs(unmasked - got), 10 * std::abs(got - want));
+    std::printf("%s: loss sums %.9g (packed) %.9g (alone) %.9g (packed, no mask)\n", checkpointing_name(ac), got, want,
+                unmasked);
   }
 }
 

@@ -1,6 +1,7 @@
 // The whole model's gradients against central finite differences in f64 on tiny shapes,
 // activation checkpointing (pointwise, selective and full) against none (bitwise), and the layout's sharding invariants.
 #include <cmath>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -252,6 +253,63 @@ TEST(Llama, ChunkedMlpEqualsTheMlpAtOnce) {
       const LossSum ea = whole.evaluate(ids[1], targets[1], o), eb = pieces.evaluate(ids[1], targets[1], o);
       EXPECT_NEAR(ea.loss_sum, eb.loss_sum, 1e-12 * std::abs(ea.loss_sum));
     }
+  }
+}
+
+// Documents packed into rows (positions restarting at each one's first token) train as if each
+// were a row of its own: the loss sum, every parameter's gradient and the logits equal those
+// of the documents run one by one (f64, up to the order of sums), with and without full
+// checkpointing. Without the positions the same batch gives another loss.
+TEST(Llama, PackedDocumentsTrainAsSeparateSequences) {
+  const LlamaConfig cfg = tiny_config({"gqa3_bias_llama3rope", 3, 1, false, true, true});
+  const std::vector<std::vector<int64_t>> rows = {{3, 5}, {8}, {1, 2, 5}};
+  const int64_t B = 3, T = 8;
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  testing::fill_random_ints(ids, 80, 0, cfg.vocab_size);
+  testing::fill_random_ints(targets, 81, 0, cfg.vocab_size);
+  targets.data<int32_t>()[4] = -100;
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (int64_t len : rows[static_cast<size_t>(b)])
+      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
+  }
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(ac));
+    StepOptions o;
+    o.loss_chunk_tokens = 5;
+    o.checkpointing = ac;
+    Llama packed(cfg, DType::kF64), separate(cfg, DType::kF64);
+    randomize(packed, 23);
+    randomize(separate, 23);
+    packed.zero_grads();
+    separate.zero_grads();
+    const LossSum got = packed.forward_backward(ids, targets, o, pos);
+    const Tensor logits = packed.logits(ids, pos);
+    LossSum want;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t t0 = 0;
+      for (int64_t len : rows[static_cast<size_t>(b)]) {
+        const Tensor di = contiguous(ids.slice(0, b, b + 1).slice(1, t0, t0 + len));
+        const Tensor dt = contiguous(targets.slice(0, b, b + 1).slice(1, t0, t0 + len));
+        const LossSum r = separate.forward_backward(di, dt, o);
+        want.loss_sum += r.loss_sum;
+        want.tokens += r.tokens;
+        const Tensor l = separate.logits(di);
+        EXPECT_TRUE(testing::all_close(contiguous(logits.slice(0, b * T + t0, b * T + t0 + len)), l,
+                                       {1e-12, 1e-11, 1e-12}))
+            << "logits of row " << b << ", document at " << t0;
+        t0 += len;
+      }
+    }
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-11 * std::abs(want.loss_sum));
+    for (size_t u = 0; u < packed.layout().units().size(); ++u)
+      EXPECT_TRUE(testing::all_close(packed.unit_grads(u), separate.unit_grads(u), {1e-11, 1e-9, 1e-12}))
+          << "unit " << u;
+    const double unmasked = packed.evaluate(ids, targets, o).loss_sum;
+    EXPECT_NEAR(packed.evaluate(ids, targets, o, pos).loss_sum, got.loss_sum, 1e-11 * std::abs(got.loss_sum));
+    EXPECT_GT(std::abs(unmasked - got.loss_sum), 1e-3);
   }
 }
 

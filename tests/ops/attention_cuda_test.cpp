@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -226,6 +228,83 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
                                            Case{2, 70, 4, 1, 128, false}, Case{1, 2048, 32, 8, 64, true},
                                            Case{2, 45, 6, 3, 20, true}, Case{1, 33, 2, 2, 136, false},
                                            Case{1, 9, 1, 1, 300, true}));
+
+// Packed documents (cuDNN's ragged layout for bf16, the exact kernels for f32): q, k, v as
+// head slices of one stacked tensor (the model's layout) and contiguous, documents of one
+// token, whole rows, long and short ones, the capacity above the count; every output and
+// gradient against the CPU twin with the same documents, the default and the deterministic
+// backward.
+struct DocumentsCase {
+  int64_t N, M, H;
+  std::vector<std::vector<int64_t>> rows;  // each row's document lengths
+};
+void PrintTo(const DocumentsCase& c, std::ostream* os) {
+  *os << "N" << c.N << "_M" << c.M << "_H" << c.H << "_rows" << c.rows.size();
+}
+class AttentionCudaDocuments : public ::testing::TestWithParam<DocumentsCase> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+TEST_P(AttentionCudaDocuments, MatchCpu) {
+  const DocumentsCase& c = GetParam();
+  const int64_t B = static_cast<int64_t>(c.rows.size()), E = c.N + 2 * c.M;
+  int64_t T = 0;
+  for (int64_t len : c.rows[0]) T += len;
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (int64_t len : c.rows[static_cast<size_t>(b)]) t += len;
+    ASSERT_EQ(t, T) << "row " << b;
+    t = 0;
+    for (int64_t len : c.rows[static_cast<size_t>(b)])
+      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
+  }
+  const Device gpu = Device::cuda(0);
+  const PackedDocuments cpu_docs = pack_documents(pos, Device::cpu()), gpu_docs = pack_documents(pos, gpu);
+  for (DType dt : {DType::kBF16, DType::kF32})
+    for (bool stacked : {true, false}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + (stacked ? ", stacked q|k|v" : ", contiguous q, k, v"));
+      const uint64_t seed = static_cast<uint64_t>(T * 7 + c.H + (stacked ? 1 : 0));
+      const Tensor qkv = rounded_f32({B, T, E, c.H}, dt, seed, 0.0, 1.0);
+      const Tensor dout = rounded_f32({B, T, c.N, c.H}, dt, seed + 1, 0.0, 1.0);
+      const Tensor q = contiguous(qkv.slice(2, 0, c.N)), k = contiguous(qkv.slice(2, c.N, c.N + c.M)),
+                   v = contiguous(qkv.slice(2, c.N + c.M, E));
+      AttentionOptions o;
+      o.documents = &cpu_docs;
+      const Reference ref = reference(q, k, v, dout, o);
+      auto check = [&](const Tensor& device, const Tensor& ref64) {
+        return dt == DType::kBF16 ? close(contiguous(device), ref64) : close_f32(contiguous(device), ref64);
+      };
+      const Tensor qkv_d = to_device(to_dtype(qkv, dt));
+      const Tensor qd = stacked ? qkv_d.slice(2, 0, c.N) : to_device(to_dtype(q, dt)),
+                   kd = stacked ? qkv_d.slice(2, c.N, c.N + c.M) : to_device(to_dtype(k, dt)),
+                   vd = stacked ? qkv_d.slice(2, c.N + c.M, E) : to_device(to_dtype(v, dt));
+      o.documents = &gpu_docs;
+      Tensor out = Tensor::empty(q.shape(), dt, gpu), lse = Tensor::empty({B, c.N, T}, DType::kF32, gpu);
+      attention_forward(out, lse, qd, kd, vd, o);
+      EXPECT_TRUE(check(out, ref.out)) << "out";
+      EXPECT_TRUE(all_close(to_host(lse), ref.lse, {1e-4, 1e-4, 1e-3})) << "lse";
+      Tensor dqkv = Tensor::empty({B, T, E, c.H}, dt, gpu);
+      Tensor dq = stacked ? dqkv.slice(2, 0, c.N) : Tensor::empty(q.shape(), dt, gpu),
+             dk = stacked ? dqkv.slice(2, c.N, c.N + c.M) : Tensor::empty(k.shape(), dt, gpu),
+             dv = stacked ? dqkv.slice(2, c.N + c.M, E) : Tensor::empty(v.shape(), dt, gpu);
+      for (bool deterministic : {false, true}) {
+        SCOPED_TRACE(deterministic ? "deterministic backward" : "default backward");
+        o.deterministic = deterministic;
+        attention_backward(dq, dk, dv, to_device(to_dtype(dout, dt)), qd, kd, vd, out, lse, o);
+        EXPECT_TRUE(check(dq, ref.dq)) << "dq";
+        EXPECT_TRUE(check(dk, ref.dk)) << "dk";
+        EXPECT_TRUE(check(dv, ref.dv)) << "dv";
+      }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, AttentionCudaDocuments,
+    ::testing::Values(DocumentsCase{4, 2, 64, {{100, 1, 199}, {300}, {7, 50, 43, 200}}},
+                      DocumentsCase{8, 8, 128, {{1, 1, 126}, {64, 64}}},
+                      DocumentsCase{32, 8, 64, {{1000, 24, 1024}, {1048, 1000}}}));
 
 // Over a KV cache: T new queries (head slices of a stacked q|k|v, as in the model) against S
 // keys that are the first S rows of a longer cache [B, capacity, M, H] (their sequences

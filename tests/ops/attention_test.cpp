@@ -1,11 +1,14 @@
 // CPU tiled attention: forward and log-sum-exp against the naive full softmax in f64 for
 // GQA ratios 1/2/4, lengths that straddle tiles, causal and not; tile sizes change nothing
 // beyond rounding; the backward equals finite differences for q, k and v; the last T queries
-// over S > T keys (a KV cache) are the rows of the full S-query call, bit for bit.
+// over S > T keys (a KV cache) are the rows of the full S-query call, bit for bit. Packed
+// documents attend as separate sequences would; their positions and segments are checked.
 #include <cmath>
 #include <cstring>
 #include <sstream>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "ops/attention.h"
 #include "ops/op_testing.h"
@@ -205,6 +208,118 @@ TEST(Attention, HeadSlicesOfStackedTensors) {
   cpu::attention_backward(dq_ref, dk_ref, dv_ref, dout, contiguous(q), contiguous(k), contiguous(v), out, lse, {});
   for (auto [got, want] : {std::pair<Tensor*, Tensor*>{&dq, &dq_ref}, {&dk, &dk_ref}, {&dv, &dv_ref}})
     EXPECT_EQ(std::memcmp(contiguous(*got).raw_data(), want->raw_data(), want->nbytes()), 0);
+}
+
+// Rows of documents: positions restarting at each document's first token.
+Tensor positions_of(const std::vector<std::vector<int64_t>>& rows) {
+  const int64_t B = static_cast<int64_t>(rows.size());
+  int64_t T = 0;
+  for (int64_t len : rows[0]) T += len;
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t = 0;
+    for (int64_t len : rows[static_cast<size_t>(b)])
+      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
+  }
+  return pos;
+}
+
+// Packed documents: each document's rows of out, lse, dq, dk and dv are those of the document
+// run alone as a sequence of its own (f64; tiles fall elsewhere, so equal up to rounding).
+TEST(Attention, PackedDocumentsAttendAsSeparateSequences) {
+  const std::vector<std::vector<int64_t>> rows = {{4, 1, 6}, {11}, {2, 9}};
+  const int64_t B = 3, T = 11, N = 4, M = 2, H = 6;
+  const Tensor q = random_f64({B, T, N, H}, 21, 0.1, 0.8), k = random_f64({B, T, M, H}, 22, -0.1, 0.8),
+               v = random_f64({B, T, M, H}, 23, 0.2, 1.5), dout = random_f64({B, T, N, H}, 24);
+  const PackedDocuments docs = pack_documents(positions_of(rows), Device::cpu());
+  EXPECT_EQ(docs.count, 6);
+  EXPECT_EQ(docs.capacity, 8);
+  AttentionOptions o;
+  o.block_queries = 4;
+  o.block_keys = 3;
+  o.documents = &docs;
+  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+  cpu::attention_forward(out, lse, q, k, v, o);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF64), dk = Tensor::empty(k.shape(), DType::kF64),
+         dv = Tensor::empty(v.shape(), DType::kF64);
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+  Tensor whole_out = Tensor::empty(q.shape(), DType::kF64), whole_lse = Tensor::empty({B, N, T}, DType::kF64);
+  AttentionOptions plain = o;
+  plain.documents = nullptr;
+  cpu::attention_forward(whole_out, whole_lse, q, k, v, plain);
+  double differs = 0;  // the mask must matter: later documents' rows differ from plain causal ones
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t0 = 0;
+    for (int64_t len : rows[static_cast<size_t>(b)]) {
+      SCOPED_TRACE("row " + std::to_string(b) + ", document at " + std::to_string(t0));
+      auto part = [&](const Tensor& x) { return contiguous(x.slice(0, b, b + 1).slice(1, t0, t0 + len)); };
+      const Tensor sq = part(q), sk = part(k), sv = part(v), sdout = part(dout);
+      Tensor so = Tensor::empty(sq.shape(), DType::kF64), sl = Tensor::empty({1, N, len}, DType::kF64);
+      cpu::attention_forward(so, sl, sq, sk, sv, plain);
+      Tensor sdq = Tensor::empty(sq.shape(), DType::kF64), sdk = Tensor::empty(sk.shape(), DType::kF64),
+             sdv = Tensor::empty(sv.shape(), DType::kF64);
+      cpu::attention_backward(sdq, sdk, sdv, sdout, sq, sk, sv, so, sl, plain);
+      const testing::Tolerance tight{1e-12, 1e-12, 1e-12};
+      EXPECT_TRUE(testing::all_close(part(out), so, tight)) << "out";
+      EXPECT_TRUE(testing::all_close(contiguous(lse.slice(0, b, b + 1).slice(2, t0, t0 + len)), sl, tight)) << "lse";
+      EXPECT_TRUE(testing::all_close(part(dq), sdq, tight)) << "dq";
+      EXPECT_TRUE(testing::all_close(part(dk), sdk, tight)) << "dk";
+      EXPECT_TRUE(testing::all_close(part(dv), sdv, tight)) << "dv";
+      const Tensor wo = part(whole_out);
+      for (int64_t i = 0; i < wo.numel(); ++i)
+        differs = std::max(differs, std::abs(wo.data<double>()[i] - so.data<double>()[i]));
+      t0 += len;
+    }
+  }
+  EXPECT_GT(differs, 1e-3);
+}
+
+TEST(Attention, PackedDocumentsBackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, T = 7, N = 4, M = 2, H = 4;
+  Tensor q = random_f64({B, T, N, H}, 31, 0.1, 0.8), k = random_f64({B, T, M, H}, 32, -0.1, 0.8),
+         v = random_f64({B, T, M, H}, 33, 0.2, 1.5);
+  const Tensor dout = random_f64(q.shape(), 34);
+  const PackedDocuments docs = pack_documents(positions_of({{3, 4}, {1, 2, 4}}), Device::cpu());
+  AttentionOptions o;
+  o.block_queries = 3;
+  o.block_keys = 2;
+  o.documents = &docs;
+  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+  cpu::attention_forward(out, lse, q, k, v, o);
+  Tensor dq = Tensor::empty(q.shape(), DType::kF64), dk = Tensor::empty(k.shape(), DType::kF64),
+         dv = Tensor::empty(v.shape(), DType::kF64);
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+  expect_gradients({{"q", &q, dq}, {"k", &k, dk}, {"v", &v, dv}}, [&] {
+    cpu::attention_forward(out, lse, q, k, v, o);
+    return testing::dot(dout, out);
+  });
+}
+
+TEST(Attention, DocumentPositionsRestartAtBosAndAreChecked) {
+  Tensor ids = Tensor::empty({2, 6}, DType::kI32);
+  const int32_t values[] = {5, 1, 7, 1, 1, 3,  /**/ 1, 4, 4, 4, 1, 2};  // BOS = 1
+  std::memcpy(ids.raw_data(), values, sizeof(values));
+  const Tensor pos = document_positions(ids, 1);
+  const int32_t want[] = {0, 0, 1, 0, 0, 1, /**/ 0, 1, 2, 3, 0, 1};
+  EXPECT_EQ(std::memcmp(pos.raw_data(), want, sizeof(want)), 0);
+  const PackedDocuments d = pack_documents(pos, Device::cpu());
+  EXPECT_EQ(d.count, 6);  // the first row's first token starts a document though it is no BOS
+  EXPECT_EQ(d.capacity, 8);
+  EXPECT_FALSE(d.segment_starts_S1.defined());  // only CUDA reads segments
+  Tensor bad = pos;
+  bad.data<int32_t>()[9] = 5;
+  EXPECT_TRUE(throws_with([&] { pack_documents(bad, Device::cpu()); },
+                          "position 5 at row 1, token 3 neither starts a document (0) nor follows the one before it"));
+  bad.data<int32_t>()[9] = 3;
+  bad.data<int32_t>()[6] = 2;
+  EXPECT_TRUE(throws_with([&] { pack_documents(bad, Device::cpu()); }, "(a row starts at 0)"));
+  // documents need the causal mask and as many keys as queries
+  const Tensor q = random_f64({2, 6, 2, 4}, 41), kv = random_f64({2, 6, 1, 4}, 42);
+  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({2, 2, 6}, DType::kF64);
+  AttentionOptions o;
+  o.documents = &d;
+  o.causal = false;
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, kv, kv, o); }, "need a causal mask"));
 }
 
 TEST(Attention, ErrorsNameTheArgument) {

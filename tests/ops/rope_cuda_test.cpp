@@ -32,13 +32,45 @@ TEST_P(RopeCuda, RopeAndInverse) {
     rope_forward(dx, to_device(cos_t), to_device(sin_t));
     Tensor ref = x.f32;
     Tensor cf = to_dtype(cos_t, DType::kF32), sf = to_dtype(sin_t, DType::kF32);
-    cpu::rope_forward(ref, cf, sf);
+    cpu::rope_forward(ref, cf, sf, {});
     EXPECT_TRUE(matches(dx, ref)) << "forward T=" << T << " H=" << H;
     Tensor back = to_device(to_dtype(ref, dt));
     Tensor back_ref = to_dtype(to_dtype(ref, dt), DType::kF32);
     rope_backward(back, to_device(cos_t), to_device(sin_t));
-    cpu::rope_backward(back_ref, cf, sf);
+    cpu::rope_backward(back_ref, cf, sf, {});
     EXPECT_TRUE(matches(back, back_ref)) << "backward T=" << T << " H=" << H;
+  }
+}
+
+// Per-token positions (packed documents) on the scalar and the packed kernels, contiguous and
+// on a stacked tensor's heads: the CPU twin with the same positions.
+TEST_P(RopeCuda, PositionsPickEachTokensTableRow) {
+  const DType dt = GetParam();
+  for (auto [B, T, heads, H, stride] : {std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t>{2, 37, 3, 12, 3},
+                                        {2, 300, 12, 64, 0}}) {
+    Tensor cos64 = Tensor::empty({T, H / 2}, DType::kF32), sin64 = Tensor::empty({T, H / 2}, DType::kF32);
+    rope_table(cos64, sin64, H, RopeOptions{});
+    const Tensor cos_t = to_dtype(cos64, dt), sin_t = to_dtype(sin64, dt);
+    const Tensor cf = to_dtype(cos_t, DType::kF32), sf = to_dtype(sin_t, DType::kF32);
+    Tensor pos = Tensor::empty({B, T}, DType::kI32);
+    for (int64_t i = 0, p = 0; i < B * T; ++i, ++p) {  // documents of 1, 2, 3, ... tokens, rows restarting
+      if (i % T == 0 || p > (i % 7)) p = 0;
+      pos.data<int32_t>()[i] = static_cast<int32_t>(p);
+    }
+    const Input x = random_input({B, T, heads + stride, H}, dt, 25);
+    for (bool forward : {true, false}) {
+      Tensor dev = to_device(x.host);
+      Tensor part = dev.slice(2, 0, heads);
+      Tensor ref = to_dtype(x.f32.slice(2, 0, heads), DType::kF32);
+      if (forward) {
+        rope_forward(part, to_device(cos_t), to_device(sin_t), to_device(pos));
+        cpu::rope_forward(ref, cf, sf, pos);
+      } else {
+        rope_backward(part, to_device(cos_t), to_device(sin_t), to_device(pos));
+        cpu::rope_backward(ref, cf, sf, pos);
+      }
+      EXPECT_TRUE(matches(contiguous(part), ref)) << (forward ? "forward" : "backward") << " T=" << T << " H=" << H;
+    }
   }
 }
 
@@ -59,10 +91,10 @@ TEST_P(RopeCuda, HeadsOfAStackedTensor) {
       Tensor ref = to_dtype(x.f32.slice(2, 0, N + M), DType::kF32);
       if (forward) {
         rope_forward(qk, to_device(cos_t), to_device(sin_t));
-        cpu::rope_forward(ref, cf, sf);
+        cpu::rope_forward(ref, cf, sf, {});
       } else {
         rope_backward(qk, to_device(cos_t), to_device(sin_t));
-        cpu::rope_backward(ref, cf, sf);
+        cpu::rope_backward(ref, cf, sf, {});
       }
       EXPECT_TRUE(matches(contiguous(qk), ref)) << "T=" << T << " H=" << H << (forward ? " forward" : " backward");
       const Tensor v = to_host(contiguous(dev.slice(2, N + M, N + 2 * M)));

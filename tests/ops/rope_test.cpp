@@ -49,7 +49,7 @@ TEST(Rope, ForwardPairsIWithIPlusHalfAndBackwardIsItsGradient) {
   Tensor x = random_f64({B, T, heads, H}, 1);
   const Tensor x0 = testing::to_f64(x);
   Tensor y = testing::to_f64(x);
-  cpu::rope_forward(y, cos_t, sin_t);
+  cpu::rope_forward(y, cos_t, sin_t, {});
   const std::vector<double> inv = rope_inv_frequencies(H, o);
   Tensor ref = Tensor::empty(x.shape(), DType::kF64);
   for (int64_t b = 0; b < B; ++b)
@@ -66,16 +66,16 @@ TEST(Rope, ForwardPairsIWithIPlusHalfAndBackwardIsItsGradient) {
   const Tensor y32 = testing::to_dtype(x0, DType::kF32);
   Tensor y32r = testing::to_dtype(x0, DType::kF32);
   Tensor c32 = testing::to_dtype(cos_t, DType::kF32), s32 = testing::to_dtype(sin_t, DType::kF32);
-  cpu::rope_forward(y32r, c32, s32);
+  cpu::rope_forward(y32r, c32, s32, {});
   EXPECT_TRUE(testing::all_close(y32r, ref, testing::kCpuF32VsF64)) << "f32";
 
   const Tensor dy = random_f64(x.shape(), 2);
   Tensor dx = testing::to_f64(dy);
-  cpu::rope_backward(dx, cos_t, sin_t);
+  cpu::rope_backward(dx, cos_t, sin_t, {});
   Tensor out = Tensor::empty(x.shape(), DType::kF64);
   expect_gradients({{"x", &x, dx}}, [&] {
     std::memcpy(out.raw_data(), x.raw_data(), x.nbytes());
-    cpu::rope_forward(out, cos_t, sin_t);
+    cpu::rope_forward(out, cos_t, sin_t, {});
     return testing::dot(dy, out);
   });
 }
@@ -92,23 +92,50 @@ TEST(Rope, HeadsOfAStackedTensor) {
     Tensor qk = qkv.slice(2, 0, N + M);
     Tensor ref = contiguous(qk);
     if (forward) {
-      cpu::rope_forward(qk, cos_t, sin_t);
-      cpu::rope_forward(ref, cos_t, sin_t);
+      cpu::rope_forward(qk, cos_t, sin_t, {});
+      cpu::rope_forward(ref, cos_t, sin_t, {});
     } else {
-      cpu::rope_backward(qk, cos_t, sin_t);
-      cpu::rope_backward(ref, cos_t, sin_t);
+      cpu::rope_backward(qk, cos_t, sin_t, {});
+      cpu::rope_backward(ref, cos_t, sin_t, {});
     }
     EXPECT_EQ(std::memcmp(contiguous(qk).raw_data(), ref.raw_data(), ref.nbytes()), 0) << forward;
     const Tensor v = contiguous(qkv.slice(2, N + M, N + 2 * M)), v0 = contiguous(qkv0.slice(2, N + M, N + 2 * M));
     EXPECT_EQ(std::memcmp(v.raw_data(), v0.raw_data(), v.nbytes()), 0) << forward;
   }
   Tensor half_heads = testing::to_f64(qkv0).slice(3, 0, K);  // not whole heads: named
-  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(half_heads, cos_t, sin_t); }, "each token's heads contiguous"));
+  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(half_heads, cos_t, sin_t, {}); }, "each token's heads contiguous"));
+}
+
+// Per-token positions (documents packed into a row): each token rotated by its own table row,
+// as that token alone at that position would be; a position past the tables is named.
+TEST(Rope, PositionsPickEachTokensTableRow) {
+  const int64_t B = 2, T = 6, heads = 3, H = 8, K = H / 2;
+  Tensor cos_t = Tensor::empty({T, K}, DType::kF64), sin_t = Tensor::empty({T, K}, DType::kF64);
+  rope_table(cos_t, sin_t, H, {});
+  const Tensor x = random_f64({B, T, heads, H}, 5);
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  const int32_t p[] = {0, 1, 0, 1, 2, 3, /**/ 0, 1, 2, 3, 4, 0};
+  std::memcpy(pos.raw_data(), p, sizeof(p));
+  Tensor y = testing::to_f64(x);
+  cpu::rope_forward(y, cos_t, sin_t, pos);
+  for (int64_t i = 0; i < B * T; ++i) {
+    const int64_t r = p[i];
+    Tensor one = Tensor::empty({1, 1, heads, H}, DType::kF64);  // a copy: x stays as it is
+    copy(one, x.view({B * T, 1, heads, H}).slice(0, i, i + 1));
+    Tensor c = contiguous(cos_t.slice(0, r, r + 1)), s = contiguous(sin_t.slice(0, r, r + 1));
+    cpu::rope_forward(one, c, s, {});
+    EXPECT_TRUE(testing::all_close(contiguous(y.view({B * T, 1, heads, H}).slice(0, i, i + 1)), one, testing::kExact))
+        << "token " << i;
+  }
+  cpu::rope_backward(y, cos_t, sin_t, pos);
+  EXPECT_TRUE(testing::all_close(y, x, {1e-14, 1e-13, 1e-14})) << "the backward undoes the rotation";
+  pos.data<int32_t>()[3] = 6;
+  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(y, cos_t, sin_t, pos); }, "position 6 of token 3 outside"));
 }
 
 TEST(Rope, TableTooShortIsNamed) {
   Tensor c = Tensor::zeros({4, 2}, DType::kF32), s = Tensor::zeros({4, 2}, DType::kF32), x = Tensor::zeros({1, 5, 1, 4}, DType::kF32);
-  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(x, c, s); }, "`cos_TK` must be [>= 5, 2]"));
+  EXPECT_TRUE(throws_with([&] { cpu::rope_forward(x, c, s, {}); }, "`cos_TK` must be [>= 5, 2]"));
 }
 
 }  // namespace

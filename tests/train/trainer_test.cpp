@@ -13,6 +13,7 @@
 #include "data/tokenize_file.h"
 #include "testing/shared_data.h"
 #include "train/trainer.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 namespace {
@@ -186,6 +187,32 @@ TEST(Trainer, LearnsResponsesFromPromptResponseExamples) {
   EXPECT_LT(last5, 1.0) << "first " << s.steps.front().loss;
   ASSERT_EQ(s.evals.size(), 1u);
   EXPECT_LT(s.evals.back().second, 1.0);
+  std::filesystem::remove(jsonl);
+}
+
+// data.document_mask = auto: on for packed fine-tuning examples, off for one example per
+// sequence and for document streams; on and off as given.
+TEST(Trainer, DocumentMaskIsOnForPackedExamples) {
+  const std::string jsonl = temp_name("mask.jsonl");
+  std::ofstream(jsonl) << "{\"prompt\": \"a\", \"response\": \"b\"}\n";
+  DataSection d;
+  d.source = jsonl;
+  d.format = "sft";
+  EXPECT_TRUE(resolve_document_mask(d));
+  d.format = "chat";
+  EXPECT_TRUE(resolve_document_mask(d));
+  d.packing = false;
+  EXPECT_FALSE(resolve_document_mask(d));
+  d.format = "jsonl";
+  d.packing = true;
+  EXPECT_FALSE(resolve_document_mask(d));
+  d.document_mask = "on";
+  EXPECT_TRUE(resolve_document_mask(d));
+  d.format = "sft";
+  d.document_mask = "off";
+  EXPECT_FALSE(resolve_document_mask(d));
+  d = DataSection();  // the built-in corpus
+  EXPECT_FALSE(resolve_document_mask(d));
   std::filesystem::remove(jsonl);
 }
 

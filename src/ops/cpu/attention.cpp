@@ -3,8 +3,10 @@
 // recomputes probabilities tile by tile from the saved log-sum-exp (FlashAttention-2).
 // Work is split over (batch, kv head): a task owns dk/dv of its kv head and dq of its
 // query heads, so no two threads write the same element. The forward also takes S > T keys
-// (a KV cache): query i then sits at position i + S - T.
+// (a KV cache): query i then sits at position i + S - T. With packed documents a query's
+// keys start at its document's first token (AttentionOptions::documents).
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -12,7 +14,62 @@
 #include "ops/attention.h"
 #include "ops/cpu/common.h"
 
-namespace shardtrain::ops::cpu {
+namespace shardtrain::ops {
+
+Tensor document_positions(const Tensor& ids_BT, int32_t bos_id) {
+  const char* op = "document_positions";
+  cpu::check_arg(ids_BT, op, "ids_BT");
+  check_dtype(ids_BT, DType::kI32, op, "ids_BT");
+  ST_CHECK(ids_BT.ndim() == 2, op, ": `ids_BT` must be [B, T], found ", ids_BT.str());
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+  Tensor positions = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "document positions");
+  const int32_t* ids = ids_BT.data<int32_t>();
+  int32_t* pos = positions.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int64_t i = b * T + t;
+      pos[i] = t == 0 || ids[i] == bos_id ? 0 : pos[i - 1] + 1;
+    }
+  return positions;
+}
+
+PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream stream) {
+  const char* op = "pack_documents";
+  cpu::check_arg(positions_BT, op, "positions_BT");
+  check_dtype(positions_BT, DType::kI32, op, "positions_BT");
+  ST_CHECK(positions_BT.ndim() == 2, op, ": `positions_BT` must be [B, T], found ", positions_BT.str());
+  const int64_t B = positions_BT.size(0), T = positions_BT.size(1);
+  const int32_t* pos = positions_BT.data<int32_t>();
+  std::vector<int64_t> starts;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const int32_t p = pos[b * T + t];
+      const bool valid = t == 0 ? p == 0 : p == 0 || p == pos[b * T + t - 1] + 1;
+      ST_CHECK(valid, op, ": position ", p, " at row ", b, ", token ", t, " neither starts a document (0) nor ",
+               "follows the one before it", t == 0 ? " (a row starts at 0)" : "");
+      if (p == 0) starts.push_back(b * T + t);
+    }
+  PackedDocuments d;
+  d.count = static_cast<int64_t>(starts.size());
+  d.capacity = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(d.count)));
+  d.positions_BT = Tensor::empty({B, T}, DType::kI32, device, "document positions", stream);
+  copy(d.positions_BT, positions_BT, stream);
+  if (device.is_cuda()) {
+    Tensor host_starts = Tensor::empty({d.capacity + 1}, DType::kI64, Device::cpu(), "segment starts");
+    Tensor host_lengths = Tensor::empty({d.capacity}, DType::kI32, Device::cpu(), "segment lengths");
+    int64_t* st = host_starts.data<int64_t>();
+    int32_t* len = host_lengths.data<int32_t>();
+    for (int64_t i = 0; i <= d.capacity; ++i) st[i] = i < d.count ? starts[static_cast<size_t>(i)] : B * T;
+    for (int64_t i = 0; i < d.capacity; ++i) len[i] = static_cast<int32_t>(st[i + 1] - st[i]);
+    d.segment_starts_S1 = Tensor::empty(host_starts.shape(), DType::kI64, device, "segment starts", stream);
+    d.segment_lengths_S = Tensor::empty(host_lengths.shape(), DType::kI32, device, "segment lengths", stream);
+    copy(d.segment_starts_S1, host_starts, stream);
+    copy(d.segment_lengths_S, host_lengths, stream);
+  }
+  return d;
+}
+
+namespace cpu {
 namespace {
 
 struct Dims {
@@ -34,6 +91,17 @@ Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op
   ST_CHECK(d.M > 0 && d.N % d.M == 0, op, ": key/value heads (", d.M, ") must divide query heads (", d.N, ")");
   d.group = d.N / d.M;
   return d;
+}
+
+// Per query row b·T + t, the first key it sees: t - positions[b, t] with documents, else 0.
+std::vector<int64_t> first_keys(const AttentionOptions& o, const Dims& d, const char* op) {
+  std::vector<int64_t> first(static_cast<size_t>(d.B * d.T), 0);
+  if (o.documents == nullptr) return first;
+  const Tensor& pos = o.documents->positions_BT;
+  check_arg(pos, op, "documents.positions_BT", DType::kI32, {d.B, d.T});
+  ST_CHECK(o.causal && d.S == d.T, op, ": packed documents need a causal mask and as many keys as queries");
+  for (int64_t i = 0; i < d.B * d.T; ++i) first[static_cast<size_t>(i)] = i % d.T - pos.data<int32_t>()[i];
+  return first;
 }
 
 double softmax_scale(const AttentionOptions& o, int64_t H) {
@@ -62,6 +130,7 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   const int64_t BQ = options.block_queries, BK = options.block_keys;
   const double scale = softmax_scale(options, d.H);
   const int64_t shift = d.S - d.T;  // query i is at position i + shift
+  const std::vector<int64_t> first = first_keys(options, d, op);
   dispatch_real(q_BTNH, op, "q_BTNH", [&]<typename F>() {
     const F* q = q_BTNH.data<F>();
     const F* k = k_BTMH.data<F>();
@@ -86,10 +155,11 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
               const int64_t k1 = std::min(k_end, k0 + BK);
               for (int64_t i = q0; i < q1; ++i) {
                 const F* qi = q + ((b * d.T + i) * d.N + n) * d.H;
+                const int64_t j_begin = std::max(k0, first[static_cast<size_t>(b * d.T + i)]);
                 const int64_t j_end = options.causal ? std::min(k1, i + shift + 1) : k1;
-                if (j_end <= k0) continue;
+                if (j_end <= j_begin) continue;
                 F tile_max = -std::numeric_limits<F>::infinity();
-                for (int64_t j = k0; j < j_end; ++j) {
+                for (int64_t j = j_begin; j < j_end; ++j) {
                   const F sj = static_cast<F>(scale) * dot(qi, k + ((b * d.S + j) * d.M + kv) * d.H, d.H);
                   s[static_cast<size_t>(j - k0)] = sj;
                   tile_max = std::max(tile_max, sj);
@@ -100,7 +170,7 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
                 F* a = acc.data() + r * static_cast<size_t>(d.H);
                 for (int64_t h = 0; h < d.H; ++h) a[h] *= correction;
                 l[r] *= correction;
-                for (int64_t j = k0; j < j_end; ++j) {
+                for (int64_t j = j_begin; j < j_end; ++j) {
                   const F p = std::exp(s[static_cast<size_t>(j - k0)] - m_new);
                   l[r] += p;
                   const F* vj = v + ((b * d.S + j) * d.M + kv) * d.H;
@@ -141,6 +211,7 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
   check_arg(dv_BTMH, op, "dv_BTMH", dt, v_BTMH.shape());
   const int64_t BQ = std::max<int64_t>(1, options.block_queries), BK = std::max<int64_t>(1, options.block_keys);
   const double scale = softmax_scale(options, d.H);
+  const std::vector<int64_t> first = first_keys(options, d, op);
   dispatch_real(q_BTNH, op, "q_BTNH", [&]<typename F>() {
     const F* q = q_BTNH.data<F>();
     const F* k = k_BTMH.data<F>();
@@ -174,7 +245,7 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                 const int64_t qoff = ((b * d.T + i) * d.N + n) * d.H;
                 const F l_i = lse[(b * d.N + n) * d.T + i];
                 const int64_t j_end = options.causal ? std::min(k1, i + 1) : k1;
-                for (int64_t j = k0; j < j_end; ++j) {
+                for (int64_t j = std::max(k0, first[static_cast<size_t>(b * d.T + i)]); j < j_end; ++j) {
                   const int64_t koff = ((b * d.T + j) * d.M + kv) * d.H;
                   const F p = std::exp(static_cast<F>(scale) * dot(q + qoff, k + koff, d.H) - l_i);
                   const F dp = dot(dout + qoff, v + koff, d.H);
@@ -197,6 +268,7 @@ void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache
                                 const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
                                 const Tensor& position_1, const AttentionOptions& options) {
   const char* op = "attention_forward_kv_cache";
+  ST_CHECK(options.documents == nullptr, op, ": packed documents are for training sequences, not a KV cache");
   ST_CHECK(position_1.device().is_cpu() && position_1.dtype() == DType::kI32 && position_1.numel() == 1, op,
            ": `position_1` must be one i32 on the CPU, found ", position_1.str());
   ST_CHECK(k_BTMH.ndim() == 4 && cache_k_BCMH.ndim() == 4 && cache_v_BCMH.shape() == cache_k_BCMH.shape() &&
@@ -214,4 +286,5 @@ void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache
                          contiguous(cache_v_BCMH.slice(1, 0, p + T)), options);
 }
 
-}  // namespace shardtrain::ops::cpu
+}  // namespace cpu
+}  // namespace shardtrain::ops

@@ -52,7 +52,8 @@ void rope_table(Tensor& cos_TK, Tensor& sin_TK, int64_t head_dim, const RopeOpti
 namespace cpu {
 namespace {
 
-void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, const char* op) {
+void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT, double sign,
+            const char* op) {
   check_cpu_float(x, op, "x_BTNH");
   ST_CHECK(x.ndim() == 4 && x.size(3) % 2 == 0, op, ": `x_BTNH` must be [B, T, heads, H] with even H, found ",
            x.str());
@@ -63,6 +64,14 @@ void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, 
            K, "], found ", cos_TK.str());
   check_dtype(cos_TK, x.dtype(), op, "cos_TK");
   check_arg(sin_TK, op, "sin_TK", x.dtype(), cos_TK.shape());
+  const int32_t* pos = nullptr;
+  if (positions_BT.defined()) {
+    check_arg(positions_BT, op, "positions_BT", DType::kI32, {B, T});
+    pos = positions_BT.data<int32_t>();
+    for (int64_t i = 0; i < B * T; ++i)
+      ST_CHECK(pos[i] >= 0 && pos[i] < cos_TK.size(0), op, ": position ", pos[i], " of token ", i,
+               " outside the tables' ", cos_TK.size(0), " rows");
+  }
   dispatch_real(x, op, "x_BTNH", [&]<typename F>() {
     F* p = x.data<F>();
     const F* c = cos_TK.data<F>();
@@ -72,8 +81,9 @@ void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, 
       for (int64_t t = 0; t < T; ++t)
         for (int64_t h = 0; h < heads; ++h) {
           F* row = p + (b * T + t) * pitch + h * 2 * K;
+          const int64_t r = pos != nullptr ? pos[b * T + t] : t;  // the table row
           for (int64_t k = 0; k < K; ++k) {
-            const F ck = c[t * K + k], sk = static_cast<F>(sign) * s[t * K + k];
+            const F ck = c[r * K + k], sk = static_cast<F>(sign) * s[r * K + k];
             const F a = row[k], bb = row[k + K];
             row[k] = a * ck - bb * sk;
             row[k + K] = bb * ck + a * sk;
@@ -84,12 +94,12 @@ void rotate(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, double sign, 
 
 }  // namespace
 
-void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK) {
-  rotate(x_BTNH, cos_TK, sin_TK, 1.0, "rope_forward");
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT) {
+  rotate(x_BTNH, cos_TK, sin_TK, positions_BT, 1.0, "rope_forward");
 }
 
-void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK) {
-  rotate(dx_BTNH, cos_TK, sin_TK, -1.0, "rope_backward");
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT) {
+  rotate(dx_BTNH, cos_TK, sin_TK, positions_BT, -1.0, "rope_backward");
 }
 
 }  // namespace cpu

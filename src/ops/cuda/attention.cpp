@@ -17,6 +17,7 @@
 #include "core/cuda/cuda_check.h"
 #include "ops/attention.h"
 #include "ops/cuda/attention_cached.h"
+#include "ops/cuda/attention_documents.h"
 #include "ops/cuda/attention_f32.h"
 #include "ops/cuda/attention_single.h"
 
@@ -52,6 +53,40 @@ void set_bthd(const std::shared_ptr<fe::graph::Tensor_attributes>& t, Uid uid, i
   t->set_output(true).set_uid(uid).set_dim({B, heads, T, H}).set_stride({T * pitch, H, pitch, 1});
 }
 
+// A per-segment index tensor: [rows, 1, 1, 1] of `type`.
+std::shared_ptr<fe::graph::Tensor_attributes> index_tensor(fe::graph::Graph& g, const char* name, Uid uid,
+                                                           int64_t rows, fe::DataType_t type) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({rows, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(type));
+}
+
+// The ragged description of packed documents: segment lengths and each tensor's offsets.
+struct Ragged {
+  std::shared_ptr<fe::graph::Tensor_attributes> seq_len_q, seq_len_kv, q, k, v, o, stats;
+  Ragged(fe::graph::Graph& g, int64_t segments) {
+    seq_len_q = index_tensor(g, "seq_len_q", kSeqLenQ, segments, fe::DataType_t::INT32);
+    seq_len_kv = index_tensor(g, "seq_len_kv", kSeqLenKV, segments, fe::DataType_t::INT32);
+    q = index_tensor(g, "offset_q", kOffsetQ, segments + 1, fe::DataType_t::INT64);
+    k = index_tensor(g, "offset_k", kOffsetK, segments + 1, fe::DataType_t::INT64);
+    v = index_tensor(g, "offset_v", kOffsetV, segments + 1, fe::DataType_t::INT64);
+    o = index_tensor(g, "offset_o", kOffsetO, segments + 1, fe::DataType_t::INT64);
+    stats = index_tensor(g, "offset_stats", kOffsetStats, segments + 1, fe::DataType_t::INT64);
+  }
+};
+
+// The statistics [B, N, T, 1]: row-major per head, or with documents token-major ([B·T, N]).
+void set_stats_layout(fe::graph::Tensor_attributes& t, int64_t B, int64_t N, int64_t T, bool token_major) {
+  t.set_dim({B, N, T, 1});
+  if (token_major)
+    t.set_stride({N * T, 1, N, 1});
+  else
+    t.set_stride({N * T, T, 1, 1});
+}
+
 }  // namespace
 
 void check(fe::error_t e, const char* op, const char* stage) {
@@ -64,9 +99,18 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
   g->set_io_data_type(fe_type(k.dtype, op))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
       .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H, k.pitch_q);
-  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H, k.pitch_k);
-  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H, k.pitch_v);
+  const bool ragged = k.segments > 0;
+  const int64_t B = ragged ? k.segments : k.B;  // with documents cuDNN's batch is the segments
+  auto q = bthd(*g, "q", kQ, B, k.T, k.N, k.H, k.pitch_q);
+  auto kk = bthd(*g, "k", kK, B, k.T, k.M, k.H, k.pitch_k);
+  auto v = bthd(*g, "v", kV, B, k.T, k.M, k.H, k.pitch_v);
+  std::unique_ptr<Ragged> r;
+  if (ragged) {
+    r = std::make_unique<Ragged>(*g, k.segments);
+    q->set_ragged_offset(r->q);
+    kk->set_ragged_offset(r->k);
+    v->set_ragged_offset(r->v);
+  }
   if (!k.backward) {
     auto attrs = fe::graph::SDPA_attributes()
                      .set_name("attention_forward")
@@ -74,28 +118,53 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
                      .set_attn_scale(static_cast<float>(k.scale))
                      .set_causal_mask(k.causal)
                      .set_implementation(implementation);
+    if (ragged)
+      attrs.set_padding_mask(true)
+          .set_seq_len_q(r->seq_len_q)
+          .set_seq_len_kv(r->seq_len_kv)
+          .set_max_total_seq_len_q(k.B * k.T)
+          .set_max_total_seq_len_kv(k.B * k.T);
     auto [o, stats] = g->sdpa(q, kk, v, attrs);
-    set_bthd(o, kO, k.B, k.T, k.N, k.H, k.N * k.H);
-    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT)
-        .set_dim({k.B, k.N, k.T, 1}).set_stride({k.N * k.T, k.T, 1, 1});
+    set_bthd(o, kO, B, k.T, k.N, k.H, k.N * k.H);
+    stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
+    set_stats_layout(*stats, B, k.N, k.T, ragged);
+    if (ragged) {
+      o->set_ragged_offset(r->o);
+      stats->set_ragged_offset(r->stats);
+    }
   } else {
-    auto o = bthd(*g, "o", kO, k.B, k.T, k.N, k.H, k.N * k.H);
-    auto dout = bthd(*g, "dout", kDO, k.B, k.T, k.N, k.H, k.N * k.H);
+    auto o = bthd(*g, "o", kO, B, k.T, k.N, k.H, k.N * k.H);
+    auto dout = bthd(*g, "dout", kDO, B, k.T, k.N, k.H, k.N * k.H);
     auto stats = g->tensor(fe::graph::Tensor_attributes()
                                .set_name("stats")
                                .set_uid(kStats)
-                               .set_dim({k.B, k.N, k.T, 1})
-                               .set_stride({k.N * k.T, k.T, 1, 1})
                                .set_data_type(fe::DataType_t::FLOAT));
+    set_stats_layout(*stats, B, k.N, k.T, ragged);
+    if (ragged) {
+      o->set_ragged_offset(r->o);
+      dout->set_ragged_offset(r->o);
+      stats->set_ragged_offset(r->stats);
+    }
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("attention_backward")
                      .set_attn_scale(static_cast<float>(k.scale))
                      .set_causal_mask(k.causal)
                      .set_deterministic_algorithm(k.deterministic);
+    if (ragged)
+      attrs.set_padding_mask(true)
+          .set_seq_len_q(r->seq_len_q)
+          .set_seq_len_kv(r->seq_len_kv)
+          .set_max_total_seq_len_q(k.B * k.T)
+          .set_max_total_seq_len_kv(k.B * k.T);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
-    set_bthd(dq, kDQ, k.B, k.T, k.N, k.H, k.pitch_q);  // the gradients lie as their inputs do
-    set_bthd(dk, kDK, k.B, k.T, k.M, k.H, k.pitch_k);
-    set_bthd(dv, kDV, k.B, k.T, k.M, k.H, k.pitch_v);
+    set_bthd(dq, kDQ, B, k.T, k.N, k.H, k.pitch_q);  // the gradients lie as their inputs do
+    set_bthd(dk, kDK, B, k.T, k.M, k.H, k.pitch_k);
+    set_bthd(dv, kDV, B, k.T, k.M, k.H, k.pitch_v);
+    if (ragged) {
+      dq->set_ragged_offset(r->q);
+      dk->set_ragged_offset(r->k);
+      dv->set_ragged_offset(r->v);
+    }
   }
   check(g->validate(), op, "graph validation");
   check(g->build_operation_graph(handle), op, "operation graph");
@@ -204,6 +273,47 @@ Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   return key;
 }
 
+// Packed documents (options.documents): checks them against q and k; returns the segments'
+// capacity for cuDNN's ragged problem (0 without documents, and for the f32 kernels, which read
+// only the positions).
+int64_t check_documents(const AttentionOptions& o, const Tensor& q, const Tensor& k, const char* op) {
+  if (o.documents == nullptr) return 0;
+  const PackedDocuments& d = *o.documents;
+  ST_CHECK(o.causal, op, ": packed documents need the causal mask");
+  ST_CHECK(q.ndim() == 4 && k.ndim() == 4 && k.size(1) == q.size(1), op,
+           ": packed documents need as many keys as queries, found q ", q.str(), " and k ", k.str());
+  const int64_t B = q.size(0), T = q.size(1);
+  check_tensor(d.positions_BT, op, "documents.positions_BT", DType::kI32, {B, T});
+  ST_CHECK(d.positions_BT.device() == q.device(), op, ": documents on ", d.positions_BT.str(), ", q on ", q.str());
+  if (q.dtype() == DType::kF32) return 0;
+  ST_CHECK(d.capacity >= 1 && d.segment_starts_S1.defined() && d.segment_lengths_S.defined(), op,
+           ": packed documents without their segments (make them with pack_documents for the CUDA device)");
+  check_shape(d.segment_starts_S1, {d.capacity + 1}, op, "documents.segment_starts_S1");
+  check_shape(d.segment_lengths_S, {d.capacity}, op, "documents.segment_lengths_S");
+  return d.capacity;
+}
+
+// With packed documents: the segments' lengths and each tensor's element offsets into
+// `pointers` (held by `offsets`), and cuDNN's token-major statistics buffer.
+Tensor add_segments(std::unordered_map<int64_t, void*>& pointers, Tensor& offsets, const Problem& p,
+                    const PackedDocuments& d, Stream stream) {
+  const Device device = d.positions_BT.device();
+  offsets = Tensor::empty({5, p.segments + 1}, DType::kI64, device, "attention segment offsets", stream);
+  ragged_offsets(offsets, d.segment_starts_S1, p.pitch_q, p.pitch_k, p.pitch_v, p.N, p.H, stream);
+  int64_t* o = static_cast<int64_t*>(offsets.raw_data());
+  const int64_t rows = p.segments + 1;
+  pointers[kSeqLenQ] = d.segment_lengths_S.raw_data();
+  pointers[kSeqLenKV] = d.segment_lengths_S.raw_data();
+  pointers[kOffsetQ] = o;
+  pointers[kOffsetK] = o + rows;
+  pointers[kOffsetV] = o + 2 * rows;
+  pointers[kOffsetO] = o + 3 * rows;
+  pointers[kOffsetStats] = o + 4 * rows;
+  Tensor stats = Tensor::empty({p.B * p.T, p.N}, DType::kF32, device, "attention statistics by token", stream);
+  pointers[kStats] = stats.raw_data();
+  return stats;
+}
+
 }  // namespace
 
 void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, const Tensor& k_BTMH,
@@ -214,10 +324,12 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   auto cache_rows = [&](const Tensor& x) {
     return x.ndim() == 4 && x.size(0) > 1 && x.stride(0) != x.size(1) * x.stride(1);
   };
-  if (q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 &&
+  const int64_t segments = check_documents(options, q_BTNH, k_BTMH, op);
+  if (options.documents == nullptr && q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 &&
       (k_BTMH.size(1) != q_BTNH.size(1) || cache_rows(k_BTMH) || cache_rows(v_BTMH)))
     return attention_forward_cached(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
-  const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
+  Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
+  key.problem.segments = segments;
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
   if (key.problem.dtype == DType::kF32)
@@ -226,14 +338,20 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   std::unordered_map<int64_t, void*> p = {{kQ, q_BTNH.raw_data()}, {kK, k_BTMH.raw_data()},
                                           {kV, v_BTMH.raw_data()}, {kO, out_BTNH.raw_data()},
                                           {kStats, lse_BNT.raw_data()}};
+  if (segments == 0) return run(key, p, stream, op);
+  Tensor offsets;
+  const Tensor stats = add_segments(p, offsets, key.problem, *options.documents, stream);
   run(key, p, stream, op);
+  stats_to_heads(lse_BNT, stats, stream);
 }
 
 void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
                         const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
                         const Tensor& lse_BNT, const AttentionOptions& options, Stream stream) {
   const char* op = "attention_backward";
-  const Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
+  const int64_t segments = check_documents(options, q_BTNH, k_BTMH, op);
+  Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
+  key.problem.segments = segments;
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(dout_BTNH, op, "dout_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
@@ -258,6 +376,10 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
       {kQ, q_BTNH.raw_data()},   {kK, k_BTMH.raw_data()},     {kV, v_BTMH.raw_data()},
       {kO, out_BTNH.raw_data()}, {kDO, dout_BTNH.raw_data()}, {kStats, lse_BNT.raw_data()},
       {kDQ, dq_BTNH.raw_data()}, {kDK, dk_BTMH.raw_data()},   {kDV, dv_BTMH.raw_data()}};
+  if (segments == 0) return run(key, ptrs, stream, op);
+  Tensor offsets;
+  Tensor stats = add_segments(ptrs, offsets, key.problem, *options.documents, stream);
+  stats_to_tokens(stats, lse_BNT, stream);
   run(key, ptrs, stream, op);
 }
 

@@ -16,12 +16,20 @@
 namespace shardtrain::ops::cuda::cudnn_attention {
 
 // The graph's tensor ids: what a variant pack maps to device pointers.
-enum Uid : int64_t { kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV };
+enum Uid : int64_t {
+  kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV,
+  // packed documents (ragged segments): their lengths, and the element offsets of each
+  // segment's first token in q (and dq), k (dk), v (dv), out (dout) and the statistics
+  kSeqLenQ, kSeqLenKV, kOffsetQ, kOffsetK, kOffsetV, kOffsetO, kOffsetStats
+};
 
 // One attention problem: [B, T, N, H] queries, [B, T, M, H] keys and values; in memory each
 // token's heads are contiguous and tokens lie pitch_* elements apart (N·H and M·H when
 // contiguous; more for heads sliced from a stacked q|k|v tensor); the gradients dq, dk, dv
-// lie as q, k, v do; out and dout are contiguous.
+// lie as q, k, v do; out and dout are contiguous. With packed documents (segments > 0) cuDNN
+// sees `segments` sequences of at most T tokens at ragged offsets into the B·T tokens (a
+// padding mask over their lengths, causal within each), and writes the statistics as
+// [B·T, N] (token-major, the ragged layout cuDNN takes for them).
 struct Problem {
   bool backward;
   int64_t B, T, N, M, H;
@@ -30,8 +38,10 @@ struct Problem {
   double scale;
   bool deterministic;
   int64_t pitch_q = 0, pitch_k = 0, pitch_v = 0;
+  int64_t segments = 0;  // packed documents: the segments' capacity (PackedDocuments::capacity); 0 none
   auto tie() const {
-    return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v);
+    return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v,
+                    segments);
   }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };

@@ -19,7 +19,10 @@ struct Dims {
   int64_t B, T, N, M, H;
   float scale;
   bool causal;
+  const int32_t* pos;  // packed documents: each token's position in its document (null: none)
   __host__ __device__ int64_t group() const { return N / M; }
+  // The first key query t of row b sees: its document's first token.
+  __device__ int64_t first_key(int64_t b, int64_t t) const { return pos != nullptr ? t - pos[b * T + t] : 0; }
 };
 
 // The row offset of [b, t, head] in a [B, T, heads, H] tensor.
@@ -75,23 +78,23 @@ __global__ void forward_kernel(float* out, float* lse, const float* q, const flo
   float* p_tile = smem + d.H;
   float* scratch = p_tile + kThreads;
   const int64_t t = blockIdx.x, n = blockIdx.y, b = blockIdx.z, m = n / d.group();
-  const int64_t keys = d.causal ? t + 1 : d.T;
+  const int64_t keys = d.causal ? t + 1 : d.T, first = d.first_key(b, t);
   for (int64_t h = threadIdx.x; h < d.H; h += kThreads) q_row[h] = q[row(b, t, d.N, n, d.T, d.H) + h];
   __syncthreads();
 
   float local_max = -INFINITY;
-  for (int64_t j = threadIdx.x; j < keys; j += kThreads)
+  for (int64_t j = first + threadIdx.x; j < keys; j += kThreads)
     local_max = fmaxf(local_max, d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H));
   const float row_max = block_reduce<true>(local_max, scratch);
   float local_sum = 0;
-  for (int64_t j = threadIdx.x; j < keys; j += kThreads)
+  for (int64_t j = first + threadIdx.x; j < keys; j += kThreads)
     local_sum += expf(d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H) - row_max);
   const float row_lse = row_max + logf(block_reduce<false>(local_sum, scratch));
 
   // out[h] = sum_j p_j v[j, h], a tile of keys at a time: threads compute p for the tile,
   // then each thread sums its own h over the tile (h strided by the block).
   float acc[4] = {0, 0, 0, 0};  // H <= 4 * kThreads
-  for (int64_t j0 = 0; j0 < keys; j0 += kThreads) {
+  for (int64_t j0 = first; j0 < keys; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     __syncthreads();
     p_tile[threadIdx.x] = j < keys ? expf(d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H) - row_lse) : 0.0f;
@@ -121,14 +124,14 @@ __global__ void dq_kernel(float* dq, const float* q, const float* k, const float
   float* do_row = smem + d.H;
   float* ds_tile = do_row + d.H;
   const int64_t t = blockIdx.x, n = blockIdx.y, b = blockIdx.z, m = n / d.group();
-  const int64_t keys = d.causal ? t + 1 : d.T, stat = (b * d.N + n) * d.T + t;
+  const int64_t keys = d.causal ? t + 1 : d.T, stat = (b * d.N + n) * d.T + t, first = d.first_key(b, t);
   const float row_lse = lse[stat], row_delta = delta[stat];
   for (int64_t h = threadIdx.x; h < d.H; h += kThreads) {
     q_row[h] = q[row(b, t, d.N, n, d.T, d.H) + h];
     do_row[h] = dout[row(b, t, d.N, n, d.T, d.H) + h];
   }
   float acc[4] = {0, 0, 0, 0};
-  for (int64_t j0 = 0; j0 < keys; j0 += kThreads) {
+  for (int64_t j0 = first; j0 < keys; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     __syncthreads();
     float ds = 0;
@@ -166,7 +169,7 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* q, const float* k,
       const int64_t i = i0 + threadIdx.x;
       __syncthreads();
       float p = 0, ds = 0;
-      if (i < d.T) {
+      if (i < d.T && d.first_key(b, i) <= j) {  // query i sees key j
         const int64_t stat = (b * d.N + n) * d.T + i;
         p = expf(d.scale * dot(q + row(b, i, d.N, n, d.T, d.H), k_row, d.H) - lse[stat]);
         ds = p * (dot(dout + row(b, i, d.N, n, d.T, d.H), v_row, d.H) - delta[stat]);
@@ -184,7 +187,8 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* q, const float* k,
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
-  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal};
+  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal, nullptr};
+  if (o.documents != nullptr) d.pos = static_cast<const int32_t*>(o.documents->positions_BT.raw_data());
   d.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.H)));
   ST_CHECK(d.H <= 4 * kThreads, "attention (f32 on CUDA): head dim ", d.H, " above ", 4 * kThreads);
   // rows run on grid x (up to 2^31 - 1); heads and batch on grid y and z (up to 65535)

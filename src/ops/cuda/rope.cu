@@ -9,15 +9,16 @@ constexpr int kThreads = 256;
 
 // One thread per (b, t, head, k) pair; sign = +1 rotates by the angle, -1 by its negative.
 // Token b·S + t's heads start `pitch` elements after token b·S + t - 1's (heads · 2K when x
-// is contiguous; more for heads sliced out of a stacked q|k|v tensor).
+// is contiguous; more for heads sliced out of a stacked q|k|v tensor). pos (null: t) holds
+// each token's table row (its position in its packed document).
 template <typename T>
-__global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B, int64_t S, int64_t heads, int64_t K,
-                            int64_t pitch, float sign) {
+__global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, const int32_t* pos, int64_t B, int64_t S,
+                            int64_t heads, int64_t K, int64_t pitch, float sign) {
   const int64_t n = B * S * heads * K;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const int64_t k = i % K;
     const int64_t token = i / (K * heads);
-    const int64_t t = token % S;
+    const int64_t t = pos != nullptr ? int64_t{pos[token]} : token % S;
     T* row = x + token * pitch + (i / K) % heads * 2 * K;
     const float c = to_f32(cos_tab[t * K + k]), sn = sign * to_f32(sin_tab[t * K + k]);
     const float a = to_f32(row[k]), b = to_f32(row[k + K]);
@@ -30,8 +31,8 @@ __global__ void rope_kernel(T* x, const T* cos_tab, const T* sin_tab, int64_t B,
 // multiple of the pack and x and the tables are 16-byte aligned. I: the index type, 32-bit
 // when every element offset fits (its divisions cost a fraction of 64-bit ones).
 template <typename T, typename I>
-__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B, I S, I heads, I K, I pitch,
-                                   float sign) {
+__global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, const int32_t* pos, I B, I S, I heads,
+                                   I K, I pitch, float sign) {
   constexpr int P = Pack<T>::kSize;
   const I packs_per_half = K / P;
   const I n = B * S * heads * packs_per_half;
@@ -39,7 +40,7 @@ __global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B
     const I k = (i % packs_per_half) * P;
     const I head_row = i / packs_per_half;  // token * heads + head
     const I token = head_row / heads;
-    const I t = token % S;
+    const I t = pos != nullptr ? I(pos[token]) : token % S;
     T* row = x + token * pitch + (head_row - token * heads) * 2 * K;
     Pack<T>* lo = reinterpret_cast<Pack<T>*>(row + k);
     Pack<T>* hi = reinterpret_cast<Pack<T>*>(row + K + k);
@@ -58,7 +59,8 @@ __global__ void rope_kernel_packed(T* x, const T* cos_tab, const T* sin_tab, I B
   }
 }
 
-void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, const char* op, Stream s) {
+void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT, float sign,
+           const char* op, Stream s) {
   ST_CHECK(x.device().is_cuda(), op, ": `x_BTNH` expected on a CUDA device, found ", x.str());
   check_cuda_tensor(cos_TK, op, "cos_TK");
   check_cuda_tensor(sin_TK, op, "sin_TK");
@@ -70,6 +72,14 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
   check_shape(sin_TK, cos_TK.shape(), op, "sin_TK");
   check_dtype(cos_TK, x.dtype(), op, "cos_TK");
   check_dtype(sin_TK, x.dtype(), op, "sin_TK");
+  const int32_t* pos = nullptr;
+  if (positions_BT.defined()) {
+    check_cuda_tensor(positions_BT, op, "positions_BT");
+    check_dtype(positions_BT, DType::kI32, op, "positions_BT");
+    check_shape(positions_BT, {B, S}, op, "positions_BT");
+    check_contiguous(positions_BT, op, "positions_BT");
+    pos = static_cast<const int32_t*>(positions_BT.raw_data());
+  }
   const int64_t n = B * S * heads * K;
   if (n == 0) return;
   dispatch_float(x.dtype(), op, [&]<typename T>() {
@@ -82,29 +92,30 @@ void apply(Tensor& x, const Tensor& cos_TK, const Tensor& sin_TK, float sign, co
       // 32-bit indices while x's offsets and the loop's last stride stay below 2^31
       if (B * S * pitch + int64_t{grid} * kThreads < INT32_MAX && cos_TK.numel() < INT32_MAX) {
         rope_kernel_packed<T, int32_t><<<grid, kThreads, 0, stream_of(s)>>>(
-            xp, cp, sp, static_cast<int32_t>(B), static_cast<int32_t>(S), static_cast<int32_t>(heads),
+            xp, cp, sp, pos, static_cast<int32_t>(B), static_cast<int32_t>(S), static_cast<int32_t>(heads),
             static_cast<int32_t>(K), static_cast<int32_t>(pitch), sign);
       } else {
-        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, B, S, heads, K, pitch,
-                                                                           sign);
+        rope_kernel_packed<T, int64_t><<<grid, kThreads, 0, stream_of(s)>>>(xp, cp, sp, pos, B, S, heads, K,
+                                                                           pitch, sign);
       }
       return;
     }
     rope_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(x.raw_data()), static_cast<const T*>(cos_TK.raw_data()),
-        static_cast<const T*>(sin_TK.raw_data()), B, S, heads, K, pitch, sign);
+        static_cast<const T*>(sin_TK.raw_data()), pos, B, S, heads, K, pitch, sign);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
 
-void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream s) {
-  apply(x_BTNH, cos_TK, sin_TK, 1.0f, "rope_forward", s);
+void rope_forward(Tensor& x_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT, Stream s) {
+  apply(x_BTNH, cos_TK, sin_TK, positions_BT, 1.0f, "rope_forward", s);
 }
 
-void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, Stream s) {
-  apply(dx_BTNH, cos_TK, sin_TK, -1.0f, "rope_backward", s);
+void rope_backward(Tensor& dx_BTNH, const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& positions_BT,
+                   Stream s) {
+  apply(dx_BTNH, cos_TK, sin_TK, positions_BT, -1.0f, "rope_backward", s);
 }
 
 }  // namespace shardtrain::ops::cuda
