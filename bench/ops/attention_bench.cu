@@ -135,8 +135,8 @@ void run_documents(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int64_
   for (int i = 0; i < iters; ++i) ops::attention_backward(dq, dk, dv, out, q, k, v, out, lse, o);
   synchronize(g);
   const double bwd = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-  std::printf("| shardtrain (cuDNN ragged) | B%lld T%lld N%lld M%lld H%lld, documents of %lld (%lld) | %.3f ms | %.0f | "
-              "%.3f ms | %.0f |\n",
+  std::printf("| shardtrain (cuDNN ragged) | B%lld T%lld N%lld M%lld H%lld, documents of %lld (%lld) "
+              "| %.3f ms | %.0f | %.3f ms | %.0f |\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(N),
               static_cast<long long>(M), static_cast<long long>(H), static_cast<long long>(length),
               static_cast<long long>(docs.count), 1e3 * fwd, flops / fwd / 1e12, 1e3 * bwd, 2.5 * flops / bwd / 1e12);
