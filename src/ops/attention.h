@@ -28,6 +28,9 @@ struct PackedDocuments {
   Tensor segment_lengths_S;  // i32 [S]: each segment's tokens; 0 for the unused ones
   int64_t count = 0;     // documents in the batch
   int64_t capacity = 0;  // S: count rounded up to a power of two, so that few distinct problem sizes occur
+  // The sequence length cuDNN's problem is given: the longest document rounded up to a power of
+  // two, at least 64 and at most T (cuDNN's grid covers S segments of this many tokens).
+  int64_t longest = 0;
 };
 
 // positions_BT: i32 [B, T] on the host, each row 0, 1, 2, ... restarting at 0 where a document

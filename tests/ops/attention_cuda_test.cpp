@@ -231,7 +231,8 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
 
 // Packed documents (cuDNN's ragged layout for bf16, the exact kernels for f32): q, k, v as
 // head slices of one stacked tensor (the model's layout) and contiguous, documents of one
-// token, whole rows, long and short ones, the capacity above the count; every output and
+// token, whole rows, long and short ones, the capacity above the count, the longest document
+// shorter than the rows (cuDNN is told shorter sequences); every output and
 // gradient against the CPU twin with the same documents, the default and the deterministic
 // backward.
 struct DocumentsCase {
@@ -304,6 +305,9 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, AttentionCudaDocuments,
     ::testing::Values(DocumentsCase{4, 2, 64, {{100, 1, 199}, {300}, {7, 50, 43, 200}}},
                       DocumentsCase{8, 8, 128, {{1, 1, 126}, {64, 64}}},
+                      DocumentsCase{4, 1, 64, {{100, 100, 56}, {64, 64, 64, 64}}},  // segments of 128 tokens
+                      DocumentsCase{4, 2, 128, {{40, 40, 40, 40, 40}, {50, 50, 50, 50}}},  // of 64
+                      DocumentsCase{4, 2, 64, {{77}, {77}}},  // one per row: plain causal attention
                       DocumentsCase{32, 8, 64, {{1000, 24, 1024}, {1048, 1000}}}));
 
 // Over a KV cache: T new queries (head slices of a stacked q|k|v, as in the model) against S

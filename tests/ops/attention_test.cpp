@@ -234,6 +234,7 @@ TEST(Attention, PackedDocumentsAttendAsSeparateSequences) {
   const PackedDocuments docs = pack_documents(positions_of(rows), Device::cpu());
   EXPECT_EQ(docs.count, 6);
   EXPECT_EQ(docs.capacity, 8);
+  EXPECT_EQ(docs.longest, 11);  // the longest document (11) rounded up to a power of two, at most T
   AttentionOptions o;
   o.block_queries = 4;
   o.block_keys = 3;
@@ -305,6 +306,7 @@ TEST(Attention, DocumentPositionsRestartAtBosAndAreChecked) {
   const PackedDocuments d = pack_documents(pos, Device::cpu());
   EXPECT_EQ(d.count, 6);  // the first row's first token starts a document though it is no BOS
   EXPECT_EQ(d.capacity, 8);
+  EXPECT_EQ(d.longest, 6);  // 4 tokens: at least 64, at most T
   EXPECT_FALSE(d.segment_starts_S1.defined());  // only CUDA reads segments
   Tensor bad = pos;
   bad.data<int32_t>()[9] = 5;

@@ -51,6 +51,13 @@ PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream
     }
   PackedDocuments d;
   d.count = static_cast<int64_t>(starts.size());
+  int64_t longest = 0;
+  for (size_t i = 0; i < starts.size(); ++i) {
+    const int64_t end = i + 1 < starts.size() && starts[i + 1] / T == starts[i] / T ? starts[i + 1]
+                                                                                      : (starts[i] / T + 1) * T;
+    longest = std::max(longest, end - starts[i]);
+  }
+  d.longest = std::min(T, std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(longest)))));
   d.capacity = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(d.count)));
   d.positions_BT = Tensor::empty({B, T}, DType::kI32, device, "document positions", stream);
   copy(d.positions_BT, positions_BT, stream);

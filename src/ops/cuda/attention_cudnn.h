@@ -27,7 +27,7 @@ enum Uid : int64_t {
 // token's heads are contiguous and tokens lie pitch_* elements apart (N·H and M·H when
 // contiguous; more for heads sliced from a stacked q|k|v tensor); the gradients dq, dk, dv
 // lie as q, k, v do; out and dout are contiguous. With packed documents (segments > 0) cuDNN
-// sees `segments` sequences of at most T tokens at ragged offsets into the B·T tokens (a
+// sees `segments` sequences of at most `segment_tokens` tokens at ragged offsets into the B·T tokens (a
 // padding mask over their lengths, causal within each), and writes the statistics as
 // [B·T, N] (token-major, the ragged layout cuDNN takes for them).
 struct Problem {
@@ -39,9 +39,10 @@ struct Problem {
   bool deterministic;
   int64_t pitch_q = 0, pitch_k = 0, pitch_v = 0;
   int64_t segments = 0;  // packed documents: the segments' capacity (PackedDocuments::capacity); 0 none
+  int64_t segment_tokens = 0;  // and the tokens each may hold (PackedDocuments::longest)
   auto tie() const {
     return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v,
-                    segments);
+                    segments, segment_tokens);
   }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };
