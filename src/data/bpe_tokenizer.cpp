@@ -1,7 +1,9 @@
-// Encoding and decoding of BpeTokenizer. Vocab entries are raw bytes (the byte-level alphabet
-// is undone at load time), so encoding works on the input bytes directly. Mirrors HF
-// `tokenizers`: AddedVocabulary (split on added tokens), Split pre-tokenizer (Isolated),
-// BPE::merge_all, ByteLevel decoder.
+// Encoding and decoding of BpeTokenizer. Byte-level vocab entries are raw bytes (the byte-level
+// alphabet is undone at load time), so encoding works on the input bytes directly; SentencePiece
+// ones are their spellings, matched against the normalized text. Mirrors HF `tokenizers`:
+// AddedVocabulary (split on added tokens, normalize what lies between), Split pre-tokenizer
+// (Isolated), BPE::merge_all (with byte fallback), ByteLevel or Replace/ByteFallback/Fuse/Strip
+// decoders.
 #include "data/bpe_tokenizer.h"
 
 #define PCRE2_CODE_UNIT_WIDTH 8
@@ -179,6 +181,31 @@ void BpeTokenizer::Impl::set_token(int32_t id, std::string_view bytes) {
 
 // ---- encoding ----
 
+std::string BpeTokenizer::Impl::normalize(std::string_view text) const {
+  static constexpr std::string_view kMetaspace = "\u2581";
+  std::string out;
+  out.reserve(text.size() + 3 * (text.size() / 4 + 1));
+  out += kMetaspace;  // Prepend, on a non-empty stretch
+  for (char c : text) {
+    if (c == ' ')
+      out += kMetaspace;
+    else
+      out += c;
+  }
+  return out;
+}
+
+// The stretches between pass 0's (raw) added tokens are normalized before pass 1, as HF's
+// AddedVocabulary does (SentencePiece: each stretch gets its own leading "▁").
+void BpeTokenizer::Impl::encode_gap(int pass, std::string_view gap, std::vector<int32_t>& ids) const {
+  if (gap.empty()) return;
+  if (pass == 0 && sentencepiece) {
+    const std::string normalized = normalize(gap);
+    return encode_added(1, normalized, ids);
+  }
+  encode_added(pass + 1, gap, ids);
+}
+
 void BpeTokenizer::Impl::encode_added(int pass, std::string_view text,
                                       std::vector<int32_t>& ids) const {
   if (text.empty()) return;
@@ -190,7 +217,7 @@ void BpeTokenizer::Impl::encode_added(int pass, std::string_view text,
     return;
   }
   if (matcher->empty) {
-    encode_added(pass + 1, text, ids);
+    encode_gap(pass, text, ids);
     return;
   }
   size_t done = 0;
@@ -212,12 +239,12 @@ void BpeTokenizer::Impl::encode_added(int pass, std::string_view text,
       size_t len;
       while (end < text.size() && is_unicode_white_space(decode_utf8(text, end, len))) end += len;
     }
-    encode_added(pass + 1, text.substr(done, begin - done), ids);
+    encode_gap(pass, text.substr(done, begin - done), ids);
     ids.push_back(token.id);
     done = end;
     search = end;
   }
-  encode_added(pass + 1, text.substr(done), ids);
+  encode_gap(pass, text.substr(done), ids);
 }
 
 void BpeTokenizer::Impl::encode_split(size_t level, std::string_view text,
@@ -250,7 +277,7 @@ void BpeTokenizer::Impl::encode_split(size_t level, std::string_view text,
 
 void BpeTokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& ids) const {
   if (piece.empty()) return;
-  if (piece.size() == 1) {
+  if (piece.size() == 1 && !sentencepiece) {
     ids.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
     return;
   }
@@ -289,12 +316,28 @@ void BpeTokenizer::Impl::merge(std::string_view piece, std::vector<int32_t>& ids
   constexpr size_t kKeepScratchSymbols = size_t{1} << 16;
   thread_local std::vector<Symbol> symbols;
   thread_local std::vector<Candidate> heap;
-  const auto n = static_cast<int32_t>(piece.size());
-  symbols.resize(n);
   heap.clear();
+  symbols.clear();
+  if (sentencepiece) {
+    // characters; one outside the vocab falls back to its bytes' tokens (HF byte_fallback)
+    for (size_t i = 0; i < piece.size();) {
+      size_t len;
+      decode_utf8(piece, i, len);
+      const int32_t id = vocab.find(piece.substr(i, len));
+      if (id >= 0) {
+        symbols.push_back({id, 0, 0, true});
+      } else {
+        for (size_t k = 0; k < len; ++k) symbols.push_back({byte_id[static_cast<unsigned char>(piece[i + k])], 0, 0, true});
+      }
+      i += len;
+    }
+  } else {
+    for (char c : piece) symbols.push_back({byte_id[static_cast<unsigned char>(c)], 0, 0, true});
+  }
+  const auto n = static_cast<int32_t>(symbols.size());
   for (int32_t i = 0; i < n; ++i) {
-    symbols[i] = {byte_id[static_cast<unsigned char>(piece[i])], i - 1, i + 1 < n ? i + 1 : -1,
-                  true};
+    symbols[i].prev = i - 1;
+    symbols[i].next = i + 1 < n ? i + 1 : -1;
   }
   const auto push = [&](int32_t pos) {
     const PairTable::Entry* e = merges.find(symbols[pos].id, symbols[symbols[pos].next].id);
@@ -358,6 +401,7 @@ std::string BpeTokenizer::decode(std::span<const int32_t> ids) const {
              " is not a token (vocab size ", t.token_length.size(), ")");
     out.append(t.token_bytes, t.token_offset[id], t.token_length[id]);
   }
+  if (t.sentencepiece && !out.empty() && out[0] == ' ') out.erase(0, 1);  // the Strip decoder
   return out;
 }
 
@@ -367,16 +411,23 @@ int64_t BpeTokenizer::vocab_size() const {
 int32_t BpeTokenizer::bos_id() const { return impl_->bos; }
 int32_t BpeTokenizer::eos_id() const { return impl_->eos; }
 
+int32_t BpeTokenizer::Impl::find_spelled(std::string_view spelled) const {
+  if (sentencepiece) return vocab.find(spelled);
+  std::string bytes;
+  return alphabet().to_bytes(spelled, bytes) ? vocab.find(bytes) : -1;
+}
+
 int32_t BpeTokenizer::token_to_id(std::string_view token) const {
   const auto it = impl_->added_by_content.find(std::string(token));
   if (it != impl_->added_by_content.end()) return it->second;
-  std::string bytes;
-  return alphabet().to_bytes(token, bytes) ? impl_->vocab.find(bytes) : -1;
+  return impl_->find_spelled(token);
 }
 
 std::string BpeTokenizer::id_to_bytes(int32_t id) const {
-  const std::array<int32_t, 1> one{id};
-  return decode(one);
+  const Impl& t = *impl_;
+  ST_CHECK(id >= 0 && static_cast<size_t>(id) < t.token_length.size() && t.token_length[id] >= 0, "tokenizer `",
+           t.path, "`: id ", id, " is not a token (vocab size ", t.token_length.size(), ")");
+  return t.token_bytes.substr(t.token_offset[id], static_cast<size_t>(t.token_length[id]));
 }
 
 bool BpeTokenizer::is_special(int32_t id) const {

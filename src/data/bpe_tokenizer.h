@@ -1,6 +1,9 @@
-// Hugging Face tokenizer.json byte-level BPE (Llama 3, GPT-2 style), exact to HF `tokenizers`:
-// added tokens split the text first, a PCRE2 regex splits the rest into pre-tokens, and each
-// pre-token is merged by BPE rank over raw bytes. Encoding is thread-safe (const, shared cache).
+// Hugging Face tokenizer.json BPE, exact to HF `tokenizers`, in its two Llama forms: byte-level
+// (Llama 3, GPT-2 style: added tokens split the text first, a PCRE2 regex splits the rest into
+// pre-tokens, each merged by BPE rank over raw bytes) and SentencePiece-style (Llama 2: each
+// stretch between added tokens gets a leading "▁" and its spaces become "▁", and the whole
+// stretch is merged from characters, with byte fallback). Encoding is thread-safe (const,
+// shared cache).
 #pragma once
 
 #include <memory>
@@ -22,13 +25,17 @@ struct ChatMessage {
 
 // What the loader accepts (anything else is rejected with an error naming the file, the JSON
 // key and the value found):
-//   normalizer: null. truncation, padding: null.
-//   pre_tokenizer: ByteLevel(add_prefix_space=false, use_regex=false), alone or last in a
-//     Sequence after Split steps (pattern Regex or String, behavior "Isolated", invert=false).
+//   truncation, padding: null.
+//   Byte-level: normalizer null; pre_tokenizer ByteLevel(add_prefix_space=false,
+//     use_regex=false), alone or last in a Sequence after Split steps (pattern Regex or String,
+//     behavior "Isolated", invert=false); every one of the 256 byte tokens in the vocab (so
+//     unk_token and byte_fallback never apply); decoder ByteLevel.
+//   SentencePiece-style (Llama 2): normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")];
+//     pre_tokenizer null; byte_fallback true with all 256 <0xXX> tokens in the vocab; decoder
+//     Sequence[Replace("▁" -> " "), ByteFallback, Fuse, Strip(" ", 1, 0)].
 //   model: BPE with vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges, no
-//     dropout, no continuing_subword_prefix / end_of_word_suffix; every one of the 256 byte
-//     tokens must be in the vocab (so unk_token and byte_fallback never apply).
-//   decoder: ByteLevel. post_processor: ignored (encode() never adds BOS/EOS).
+//     dropout, no continuing_subword_prefix / end_of_word_suffix.
+//   post_processor: ignored (encode() never adds BOS/EOS).
 //   added_tokens: content, id, special, normalized, lstrip, rstrip; single_word must be false.
 // Differences from HF: decode() returns the raw bytes (HF replaces invalid UTF-8 with U+FFFD,
 // which only matters for id sequences that cut a character); encode() rejects invalid UTF-8
@@ -48,20 +55,23 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<int32_t> encode(std::string_view text) const override;
   // Appends the ids of `text` to `ids` (saves an allocation per call in loops).
   void encode_append(std::string_view text, std::vector<int32_t>& ids) const;
-  // Throws naming the id and its position when an id has no token.
+  // Throws naming the id and its position when an id has no token. SentencePiece-style: the
+  // text's first space is dropped (so decode(encode(text)) is text).
   std::string decode(std::span<const int32_t> ids) const override;
   // Largest id + 1 (128,256 for Llama 3: model vocab plus added tokens).
   int64_t vocab_size() const override;
   // From tokenizer_config.json's bos_token / eos_token (a string or {"content": ...}; null
   // means none); without that file or key, <|begin_of_text|> / <|end_of_text|> when they
-  // are added tokens; otherwise -1.
+  // are added tokens (<s> / </s> for SentencePiece-style ones); otherwise -1.
   int32_t bos_id() const override;
   int32_t eos_id() const override;
 
   // The id of a token given as written in tokenizer.json (added-token content, or a vocab
-  // entry in its byte-level spelling such as "Ġthe"); -1 when there is none.
+  // entry in its spelling such as "Ġthe" or "▁the"); -1 when there is none.
   int32_t token_to_id(std::string_view token) const;
-  // The bytes id `id` decodes to; throws when the id has no token.
+  // The bytes id `id` stands for inside a sequence (SentencePiece: "▁the" is " the"; decode()
+  // of a sequence also drops its first space, as HF's Strip decoder does); throws when the id
+  // has no token.
   std::string id_to_bytes(int32_t id) const;
   bool is_special(int32_t id) const;
 

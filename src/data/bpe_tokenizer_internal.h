@@ -289,9 +289,14 @@ namespace shardtrain::data {
 
 struct BpeTokenizer::Impl {
   std::string path;
-  bpe_detail::StringIdTable vocab;  // raw bytes -> id (byte-level tokens only)
+  // SentencePiece-style BPE (Llama 2): a normalizer prepends "▁" and turns spaces into "▁", no
+  // pre-tokenizer splits the text, BPE starts from characters (a character outside the vocab
+  // falls back to its bytes' <0xXX> tokens), and decoding turns "▁" back into spaces and
+  // strips the text's first space. false: byte-level BPE (Llama 3, GPT-2).
+  bool sentencepiece = false;
+  bpe_detail::StringIdTable vocab;  // byte-level: raw bytes -> id; sentencepiece: the spelling -> id
   bpe_detail::PairTable merges;     // (left id, right id) -> (rank, merged id)
-  std::array<int32_t, 256> byte_id{};
+  std::array<int32_t, 256> byte_id{};  // byte-level: each byte's token; sentencepiece: its <0xXX> token
   bool ignore_merges = false;
   std::vector<std::unique_ptr<bpe_detail::Regex>> splits;  // applied in order, each Isolated
   std::vector<bpe_detail::AddedToken> added;
@@ -318,14 +323,20 @@ struct BpeTokenizer::Impl {
   void load_pre_tokenizer(const nlohmann::json& root);
   void load_added_tokens(const nlohmann::json& root);
   void load_config(const std::string& config_path);
+  void load_sentencepiece_parts(const nlohmann::json& root);
+  // The vocab id of a token as tokenizer.json spells it (-1: none).
+  int32_t find_spelled(std::string_view spelled) const;
   int32_t resolve_token(const std::string& file, const std::string& key,
                         const nlohmann::json& value) const;
   void set_token(int32_t id, std::string_view bytes);
   // Pass 0 splits on non-normalized added tokens, pass 1 on normalized ones, then the regex.
   void encode_added(int pass, std::string_view text, std::vector<int32_t>& ids) const;
+  void encode_gap(int pass, std::string_view gap, std::vector<int32_t>& ids) const;
   void encode_split(size_t level, std::string_view text, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
   void merge(std::string_view piece, std::vector<int32_t>& ids) const;
+  // sentencepiece: the normalizer's output for one stretch of text between added tokens.
+  std::string normalize(std::string_view text) const;
 };
 
 }  // namespace shardtrain::data

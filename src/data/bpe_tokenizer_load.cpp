@@ -102,11 +102,35 @@ json parse_json_file(const std::string& path) {
   }
 }
 
-// Decoded bytes of a token spelled in tokenizer.json, per HF's ByteLevel decoder.
-std::string token_text_bytes(std::string_view spelled) {
+// Decoded bytes of a token spelled in tokenizer.json: per HF's ByteLevel decoder, or
+// (SentencePiece) its Replace("▁" -> " ") and ByteFallback ("<0x0A>" is byte 10) decoders.
+std::string token_text_bytes(std::string_view spelled, bool sentencepiece) {
   std::string bytes;
-  if (!alphabet().to_bytes(spelled, bytes)) bytes.assign(spelled);
+  if (!sentencepiece) {
+    if (!alphabet().to_bytes(spelled, bytes)) bytes.assign(spelled);
+    return bytes;
+  }
+  if (spelled.size() == 6 && spelled.starts_with("<0x") && spelled.ends_with(">")) {
+    const auto hex = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1; };
+    const int hi = hex(spelled[3]), lo = hex(spelled[4]);
+    if (hi >= 0 && lo >= 0) return std::string(1, static_cast<char>(hi * 16 + lo));
+  }
+  static constexpr std::string_view kMetaspace = "\u2581";
+  for (size_t i = 0; i < spelled.size();) {
+    if (spelled.substr(i).starts_with(kMetaspace)) {
+      bytes += ' ';
+      i += kMetaspace.size();
+    } else {
+      bytes += spelled[i++];
+    }
+  }
   return bytes;
+}
+
+// The byte-fallback token of byte b: "<0x0A>".
+std::string byte_token(int b) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  return std::string("<0x") + kHex[b >> 4] + kHex[b & 15] + ">";
 }
 
 }  // namespace
@@ -124,7 +148,10 @@ void BpeTokenizer::Impl::load_model(const json& root) {
   }
   ignore_merges = optional_bool(path, model, "model", "ignore_merges", false);
   (void)optional_bool(path, model, "model", "fuse_unk", false);
-  (void)optional_bool(path, model, "model", "byte_fallback", false);
+  const bool byte_fallback = optional_bool(path, model, "model", "byte_fallback", false);
+  if (sentencepiece && !byte_fallback)
+    reject(path, "model.byte_fallback", "true with the SentencePiece normalizer (characters outside the vocab)",
+           model.contains("byte_fallback") ? model["byte_fallback"] : json());
 
   const json& vocab_json = require_object(path, model, "model", "vocab");
   vocab.reserve(vocab_json.size());
@@ -139,13 +166,24 @@ void BpeTokenizer::Impl::load_model(const json& root) {
     if (static_cast<size_t>(id) < token_length.size() && token_length[id] >= 0) {
       reject(path, key(), "an id used by no other vocab entry", id_json);
     }
+    if (sentencepiece) {  // matched by spelling against the normalized text
+      set_token(id, token_text_bytes(spelled, true));
+      vocab.insert(spelled, id);
+      continue;
+    }
     // Entries with characters outside the byte-level alphabet can never come out of the
     // encoder; they still decode (to their own UTF-8, as HF's ByteLevel decoder does).
     const bool byte_level = alphabet().to_bytes(spelled, bytes);
     set_token(id, byte_level ? std::string_view(bytes) : std::string_view(spelled));
     if (byte_level) vocab.insert(bytes, id);
   }
-  for (int b = 0; b < 256; ++b) {
+  for (int b = 0; b < 256 && sentencepiece; ++b) {
+    byte_id[b] = vocab.find(byte_token(b));
+    if (byte_id[b] < 0)
+      ST_THROW("`", path, "`: key `model.vocab`: no byte-fallback token ", byte_token(b),
+               "; SentencePiece-style vocabularies need all 256");
+  }
+  for (int b = 0; b < 256 && !sentencepiece; ++b) {
     const char c = static_cast<char>(b);
     byte_id[b] = vocab.find(std::string_view(&c, 1));
     if (byte_id[b] < 0) {
@@ -178,16 +216,34 @@ void BpeTokenizer::Impl::load_model(const json& root) {
     } else {
       reject(path, key(), "\"left right\" or [\"left\", \"right\"]", m);
     }
-    const bool ok = alphabet().to_bytes(a, left) && alphabet().to_bytes(b, right);
+    const bool ok = sentencepiece ? (left = a, right = b, true)
+                                  : alphabet().to_bytes(a, left) && alphabet().to_bytes(b, right);
     const int32_t left_id = ok ? vocab.find(left) : -1;
     const int32_t right_id = ok ? vocab.find(right) : -1;
     const int32_t merged_id = ok ? vocab.find(left + right) : -1;
     if (left_id < 0 || right_id < 0 || merged_id < 0) {
       reject(path, key(),
-             "a merge of two byte-level vocab tokens whose concatenation is in the vocab", m);
+             "a merge of two vocab tokens whose concatenation is in the vocab", m);
     }
     merges.insert(left_id, right_id, static_cast<int32_t>(rank), merged_id);
   }
+}
+
+// The SentencePiece-style pipeline (Llama 2's tokenizer.json), exactly as written there: any
+// other normalizer, a pre-tokenizer, or another decoder is rejected.
+void BpeTokenizer::Impl::load_sentencepiece_parts(const json& root) {
+  const json kNormalizer = json::parse(R"({"type": "Sequence", "normalizers": [
+      {"type": "Prepend", "prepend": "\u2581"},
+      {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]})");
+  const json kDecoder = json::parse(R"({"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})");
+  if (root["normalizer"] != kNormalizer)
+    reject(path, "normalizer", "null (byte-level BPE) or Llama 2's " + kNormalizer.dump(), root["normalizer"]);
+  require_null(path, root, "", "pre_tokenizer", "null with the SentencePiece normalizer (Llama 2)");
+  const json& decoder = require_member(path, root, "", "decoder");
+  if (decoder != kDecoder) reject(path, "decoder", "Llama 2's " + kDecoder.dump(), decoder);
 }
 
 void BpeTokenizer::Impl::load_pre_tokenizer(const json& root) {
@@ -268,7 +324,7 @@ void BpeTokenizer::Impl::load_added_tokens(const json& root) {
     if (!added_by_content.emplace(token.content, token.id).second) {
       reject(path, key_path(key, "content"), "content used by no other added token", t);
     }
-    set_token(token.id, token_text_bytes(token.content));
+    set_token(token.id, token_text_bytes(token.content, sentencepiece));
     special[token.id] = token.special;
     normalized.push_back(optional_bool(path, t, key, "normalized", !token.special));
     added.push_back(std::move(token));
@@ -289,9 +345,7 @@ int32_t BpeTokenizer::Impl::resolve_token(const std::string& file, const std::st
   }
   const auto it = added_by_content.find(content->get<std::string>());
   if (it != added_by_content.end()) return it->second;
-  std::string bytes;
-  const int32_t id =
-      alphabet().to_bytes(content->get<std::string>(), bytes) ? vocab.find(bytes) : -1;
+  const int32_t id = find_spelled(content->get<std::string>());
   if (id < 0) reject(file, key, "a token of `" + path + "`", value);
   return id;
 }
@@ -311,8 +365,8 @@ void BpeTokenizer::Impl::load_config(const std::string& config_path) {
     const auto it = added_by_content.find(fallback);
     return it == added_by_content.end() ? -1 : it->second;
   };
-  bos = special_id("bos_token", "<|begin_of_text|>");
-  eos = special_id("eos_token", "<|end_of_text|>");
+  bos = special_id("bos_token", sentencepiece ? "<s>" : "<|begin_of_text|>");
+  eos = special_id("eos_token", sentencepiece ? "</s>" : "<|end_of_text|>");
   if (bos >= 0) bos_text = std::string(token_bytes, token_offset[bos], token_length[bos]);
 
   const json* chat = config.is_object() ? find_member(config, "chat_template") : nullptr;
@@ -392,16 +446,20 @@ BpeTokenizer::BpeTokenizer(const std::string& tokenizer_json_path,
       [&] {
         const json root = parse_json_file(t.path);
         if (!root.is_object()) reject(t.path, "(root)", "an object", root);
-        require_null(t.path, root, "", "normalizer", "null (normalizers are not implemented)");
         require_null(t.path, root, "", "truncation", "null (truncation is not implemented)");
         require_null(t.path, root, "", "padding", "null (padding is not implemented)");
-        const json& decoder = require_member(t.path, root, "", "decoder");
-        if (!decoder.is_object() || find_member(decoder, "type") == nullptr ||
-            decoder["type"] != "ByteLevel") {
-          reject(t.path, "decoder", "{\"type\": \"ByteLevel\", ...}", decoder);
+        const json* normalizer = find_member(root, "normalizer");
+        t.sentencepiece = normalizer != nullptr && !normalizer->is_null();
+        if (t.sentencepiece) {
+          t.load_sentencepiece_parts(root);
+        } else {
+          const json& decoder = require_member(t.path, root, "", "decoder");
+          if (!decoder.is_object() || find_member(decoder, "type") == nullptr || decoder["type"] != "ByteLevel") {
+            reject(t.path, "decoder", "{\"type\": \"ByteLevel\", ...}", decoder);
+          }
         }
         t.load_model(root);
-        t.load_pre_tokenizer(root);
+        if (!t.sentencepiece) t.load_pre_tokenizer(root);
         t.load_added_tokens(root);
         t.load_config(tokenizer_config_path);
       });

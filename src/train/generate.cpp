@@ -158,7 +158,9 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
     }
     ids.push_back(next);
     r.ids.push_back(next);
-    const std::string piece = tokenizer.decode(std::span<const int32_t>(&r.ids.back(), 1));
+    // what the new token adds to the decoded text (a lone SentencePiece token would lose its
+    // leading space: the decoder strips the text's first one)
+    const std::string piece = tokenizer.decode(r.ids).substr(r.text.size());
     r.text += piece;
     if (sink) sink(piece);
   }

@@ -35,9 +35,9 @@ std::string read_all(const std::string& path) {
 
 // llama.cpp's vocab test: inputs separated by "\n__ggml_vocab_test__\n" (one after the last
 // input too); one output line per input, ids space-separated.
-std::vector<Case> load_llama_cpp_cases(const std::string& dir) {
-  const std::string inp = read_all(dir + "/tokenizer_tests/llama-cpp-llama-bpe.inp");
-  const std::string out = read_all(dir + "/tokenizer_tests/llama-cpp-llama-bpe.out");
+std::vector<Case> load_llama_cpp_cases(const std::string& dir, const std::string& name = "llama-cpp-llama-bpe") {
+  const std::string inp = read_all(dir + "/tokenizer_tests/" + name + ".inp");
+  const std::string out = read_all(dir + "/tokenizer_tests/" + name + ".out");
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<Case> cases;
   for (size_t pos = 0; pos < inp.size();) {
@@ -435,6 +435,115 @@ TEST_F(SmallTokenizer, ConfigBosEosAndChatTemplate) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("Llama 3 header format"), std::string::npos) << e.what();
   }
+}
+
+// Llama 2's vocabulary (scripts/llama2_tokenizer.py builds its tokenizer.json at set-up from
+// llama.cpp's vocab file on PyPI and checks it with HF `tokenizers`) against llama.cpp's 46
+// expected Llama 2 encodings, made with HF's Llama 2 tokenizer; decoding gives the text back.
+TEST(Llama2Tokenizer, LlamaCppVocabTest46Cases) {
+  ST_REQUIRE_SHARED_DATA(dir);
+  const std::string path = testing::source_dir() + "/.deps/llama2-tokenizer";
+  if (!std::filesystem::exists(path + "/tokenizer.json"))
+    GTEST_SKIP() << path << "/tokenizer.json not found (scripts/setup.sh --tests builds it)";
+  const BpeTokenizer t(path);
+  EXPECT_EQ(t.vocab_size(), 32000);
+  EXPECT_EQ(t.bos_id(), 1);
+  EXPECT_EQ(t.eos_id(), 2);
+  const std::vector<Case> cases = load_llama_cpp_cases(dir, "llama-cpp-llama-spm");
+  ASSERT_EQ(cases.size(), 46u);
+  int failures = 0;
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const std::vector<int32_t> ids = t.encode(cases[i].text);
+    if (ids != cases[i].ids) {
+      ++failures;
+      ADD_FAILURE() << "case " << i << " \"" << cases[i].text << "\": " << ids.size() << " ids, expected "
+                    << cases[i].ids.size();
+    }
+    EXPECT_EQ(t.decode(ids), cases[i].text) << "case " << i;
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+// A SentencePiece-style (Llama 2) tokenizer.json in miniature: <unk> <s> </s>, the 256
+// byte-fallback tokens, a few characters and merges; Llama 2's normalizer and decoder.
+json small_sentencepiece() {
+  json vocab = json::object();
+  vocab["<unk>"] = 0;
+  vocab["<s>"] = 1;
+  vocab["</s>"] = 2;
+  const char* hex = "0123456789ABCDEF";
+  for (int b = 0; b < 256; ++b) vocab[std::string("<0x") + hex[b >> 4] + hex[b & 15] + ">"] = 3 + b;
+  int32_t next = 259;
+  for (const char* piece : {"\u2581", "h", "e", "l", "o", "he", "ll", "llo", "hello", "\u2581hello", "w", "\u2581w"})
+    vocab[piece] = next++;
+  json added = json::array();
+  for (auto [content, id] : {std::pair<const char*, int>{"<unk>", 0}, {"<s>", 1}, {"</s>", 2}})
+    added.push_back({{"id", id}, {"content", content}, {"special", true}, {"normalized", false}, {"lstrip", false},
+                     {"rstrip", false}, {"single_word", false}});
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", added},
+          {"normalizer", json::parse(R"({"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "▁"},
+                                         {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]})")},
+          {"pre_tokenizer", nullptr},
+          {"post_processor", nullptr},
+          {"decoder", json::parse(R"({"type": "Sequence", "decoders": [
+                                      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+                                      {"type": "ByteFallback"}, {"type": "Fuse"},
+                                      {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})")},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", "<unk>"},
+            {"fuse_unk", true},
+            {"byte_fallback", true},
+            {"ignore_merges", false},
+            {"vocab", vocab},
+            {"merges", json::array({json::array({"h", "e"}), json::array({"l", "l"}), json::array({"ll", "o"}),
+                                    json::array({"he", "llo"}), json::array({"\u2581", "hello"}),
+                                    json::array({"\u2581", "w"})})}}}};
+}
+
+// The SentencePiece pipeline: "▁" prepended to each stretch between added tokens and spaces
+// made "▁", merges over characters, characters outside the vocab as their bytes' tokens;
+// decoding turns "▁" into spaces and bytes back into text and drops the first space.
+TEST_F(SmallTokenizer, SentencePieceNormalizesMergesAndFallsBackToBytes) {
+  const BpeTokenizer t(write("tokenizer.json", small_sentencepiece().dump()), "");
+  EXPECT_EQ(t.vocab_size(), 271);
+  EXPECT_EQ(t.bos_id(), 1);  // <s> and </s> without a tokenizer_config.json
+  EXPECT_EQ(t.eos_id(), 2);
+  const int32_t hello = 268, w = 270, sp = 259;
+  auto byte = [](unsigned char b) { return 3 + static_cast<int32_t>(b); };
+  // "hello wx" -> "▁hello▁wx": ▁hello ▁w and x (not in the vocab) as <0x78>
+  EXPECT_EQ(t.encode("hello wx"), (std::vector<int32_t>{hello, w, byte('x')}));
+  EXPECT_EQ(t.decode(t.encode("hello wx")), "hello wx");
+  // "é" is two bytes; each stretch after <s> starts with its own "▁"
+  EXPECT_EQ(t.encode("\xc3\xa9<s> hello"), (std::vector<int32_t>{sp, byte(0xc3), byte(0xa9), 1, sp, hello}));
+  EXPECT_EQ(t.decode(t.encode("\xc3\xa9<s> hello")), "\xc3\xa9<s>  hello");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{hello, w}), "hello w");  // the first space dropped
+  EXPECT_EQ(t.id_to_bytes(hello), " hello");                       // not inside a sequence
+  EXPECT_EQ(t.token_to_id("\u2581hello"), hello);
+  EXPECT_TRUE(t.encode("").empty());
+  EXPECT_EQ(t.encode(" "), (std::vector<int32_t>{sp, sp}));
+}
+
+TEST_F(SmallTokenizer, SentencePieceConfigurationsOutsideLlama2AreNamed) {
+  json j = small_sentencepiece();
+  j["normalizer"] = {{"type", "Lowercase"}};
+  expect_load_error(j, {"key `normalizer`", "Lowercase", "Prepend"});
+  j = small_sentencepiece();
+  j["pre_tokenizer"] = {{"type", "Metaspace"}};
+  expect_load_error(j, {"key `pre_tokenizer`", "Metaspace"});
+  j = small_sentencepiece();
+  j["decoder"]["decoders"].erase(3);
+  expect_load_error(j, {"key `decoder`", "Strip"});
+  j = small_sentencepiece();
+  j["model"]["byte_fallback"] = false;
+  expect_load_error(j, {"key `model.byte_fallback`", "true"});
+  j = small_sentencepiece();
+  j["model"]["vocab"].erase("<0x41>");
+  expect_load_error(j, {"no byte-fallback token <0x41>"});
 }
 
 }  // namespace
