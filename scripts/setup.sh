@@ -59,4 +59,16 @@ if [ "${1:-}" = "--tests" ]; then
   fi
   # numpy + safetensors read files we write; tokenizers is the reference BPE implementation
   "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers
+  # Llama 2's tokenizer as Hugging Face's tokenizer.json, built from the vocabulary in llama.cpp's
+  # sources (PyPI sdist of llama-cpp-python) and checked with tokenizers; tests skip without it
+  if [ ! -f "$here/.deps/llama2-tokenizer/tokenizer.json" ]; then
+    status=0
+    "$here/.venv/bin/python3" "$here/scripts/llama2_tokenizer.py" "$here/.deps/llama2-tokenizer" \
+      --verify || status=$?
+    if [ "$status" -eq 3 ]; then
+      echo "shardtrain setup: no Llama 2 tokenizer (download failed); the tests that need it skip"
+    elif [ "$status" -ne 0 ]; then
+      exit "$status"
+    fi
+  fi
 fi
