@@ -138,6 +138,8 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
   // candidates: ids both the model and the tokenizer have
   const size_t candidates = static_cast<size_t>(std::min(model.config().vocab_size, tokenizer.vocab_size()));
   CounterRng rng(o.seed);
+  std::vector<int32_t> decoded = prompt;  // the prompt's and the generated ids, without BOS
+  size_t decoded_bytes = tokenizer.decode(decoded).size();
   const Clock::time_point t0 = Clock::now();
   Clock::time_point t1 = t0;
   for (int64_t n = 0; n < o.tokens; ++n) {
@@ -158,9 +160,12 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
     }
     ids.push_back(next);
     r.ids.push_back(next);
-    // what the new token adds to the decoded text (a lone SentencePiece token would lose its
-    // leading space: the decoder strips the text's first one)
-    const std::string piece = tokenizer.decode(r.ids).substr(r.text.size());
+    // what the new token adds to the decoded prompt and generation (a SentencePiece token
+    // decoded alone, or first, would lose its leading space: the decoder strips the text's first)
+    decoded.insert(decoded.end(), r.ids.back());
+    std::string all = tokenizer.decode(decoded);
+    const std::string piece = all.substr(decoded_bytes);
+    decoded_bytes = all.size();
     r.text += piece;
     if (sink) sink(piece);
   }

@@ -245,5 +245,42 @@ TEST(Trainer, TrainsOnChatExamplesWithTheLlama3Template) {
   std::filesystem::remove(jsonl);
 }
 
+// Prompt/response fine-tuning with Llama 2's SentencePiece-style tokenizer (BOS <s> = 1, EOS
+// </s> = 2, 32,000 tokens), packed with the document mask, and a sample decoded with it.
+TEST(Trainer, FineTunesWithTheLlama2Tokenizer) {
+  const std::string tokenizer = testing::source_dir() + "/.deps/llama2-tokenizer";
+  if (!std::filesystem::exists(tokenizer + "/tokenizer.json"))
+    GTEST_SKIP() << tokenizer << "/tokenizer.json not found (scripts/setup.sh --tests builds it)";
+  const std::string jsonl = temp_name("llama2_sft.jsonl");
+  {
+    std::ofstream out(jsonl);
+    for (int i = 0; i < 80; ++i)
+      out << "{\"prompt\": \"Question " << i << ": what is " << i % 7 << " plus one?\", \"response\": \" "
+          << i % 7 + 1 << "\"}\n";
+  }
+  JobConfig c = short_default_job(temp_name("llama2_out"));
+  c.data.source = jsonl;
+  c.data.format = "sft";
+  c.data.tokenizer = tokenizer;
+  c.data.val_fraction = 0.2;
+  c.model.dim = 64;
+  c.model.ffn_dim = 128;
+  c.training.batch_size = 2;
+  c.training.steps = 3;
+  c.sample.tokens = 4;
+  c.sample.prompt = "Question 3:";
+  Trainer trainer(c);
+  EXPECT_EQ(trainer.tokenizer().bos_id(), 1);
+  EXPECT_EQ(trainer.tokenizer().eos_id(), 2);
+  EXPECT_EQ(trainer.tokenizer().vocab_size(), 32000);
+  const TrainSummary s = trainer.run();
+  ASSERT_EQ(s.steps.size(), 3u);
+  EXPECT_NEAR(s.steps.front().loss, std::log(32000.0), 0.5);  // a 32,000-token vocabulary
+  ASSERT_EQ(s.evals.size(), 1u);
+  EXPECT_TRUE(std::isfinite(s.evals.back().second));
+  EXPECT_TRUE(s.sample.starts_with("Question 3:")) << s.sample;
+  std::filesystem::remove(jsonl);
+}
+
 }  // namespace
 }  // namespace shardtrain::train
