@@ -181,11 +181,14 @@ void BpeTokenizer::Impl::set_token(int32_t id, std::string_view bytes) {
 
 // ---- encoding ----
 
-std::string BpeTokenizer::Impl::normalize(std::string_view text) const {
+std::string BpeTokenizer::Impl::normalize(std::string_view text, bool at_start) const {
   static constexpr std::string_view kMetaspace = "\u2581";
   std::string out;
   out.reserve(text.size() + 3 * (text.size() / 4 + 1));
-  out += kMetaspace;  // Prepend, on a non-empty stretch
+  const bool prefix_wanted = prefix == Prefix::kPrependAlways ||
+                             ((prefix == Prefix::kMetaspaceAlways || at_start) && !text.starts_with(' ') &&
+                              !text.starts_with(kMetaspace));
+  if (prefix_wanted) out += kMetaspace;  // on a non-empty stretch
   for (char c : text) {
     if (c == ' ')
       out += kMetaspace;
@@ -197,10 +200,11 @@ std::string BpeTokenizer::Impl::normalize(std::string_view text) const {
 
 // The stretches between pass 0's (raw) added tokens are normalized before pass 1, as HF's
 // AddedVocabulary does (SentencePiece: each stretch gets its own leading "▁").
-void BpeTokenizer::Impl::encode_gap(int pass, std::string_view gap, std::vector<int32_t>& ids) const {
+void BpeTokenizer::Impl::encode_gap(int pass, std::string_view gap, bool at_start,
+                                    std::vector<int32_t>& ids) const {
   if (gap.empty()) return;
   if (pass == 0 && sentencepiece) {
-    const std::string normalized = normalize(gap);
+    const std::string normalized = normalize(gap, at_start);
     return encode_added(1, normalized, ids);
   }
   encode_added(pass + 1, gap, ids);
@@ -217,7 +221,7 @@ void BpeTokenizer::Impl::encode_added(int pass, std::string_view text,
     return;
   }
   if (matcher->empty) {
-    encode_gap(pass, text, ids);
+    encode_gap(pass, text, true, ids);
     return;
   }
   size_t done = 0;
@@ -239,12 +243,12 @@ void BpeTokenizer::Impl::encode_added(int pass, std::string_view text,
       size_t len;
       while (end < text.size() && is_unicode_white_space(decode_utf8(text, end, len))) end += len;
     }
-    encode_gap(pass, text.substr(done, begin - done), ids);
+    encode_gap(pass, text.substr(done, begin - done), done == 0, ids);
     ids.push_back(token.id);
     done = end;
     search = end;
   }
-  encode_gap(pass, text.substr(done), ids);
+  encode_gap(pass, text.substr(done), done == 0, ids);
 }
 
 void BpeTokenizer::Impl::encode_split(size_t level, std::string_view text,

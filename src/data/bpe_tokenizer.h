@@ -30,9 +30,11 @@ struct ChatMessage {
 //     use_regex=false), alone or last in a Sequence after Split steps (pattern Regex or String,
 //     behavior "Isolated", invert=false); every one of the 256 byte tokens in the vocab (so
 //     unk_token and byte_fallback never apply); decoder ByteLevel.
-//   SentencePiece-style (Llama 2): normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")];
-//     pre_tokenizer null; byte_fallback true with all 256 <0xXX> tokens in the vocab; decoder
-//     Sequence[Replace("▁" -> " "), ByteFallback, Fuse, Strip(" ", 1, 0)].
+//   SentencePiece-style (Llama 2): normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")] and
+//     pre_tokenizer null, or (transformers' newer conversions) normalizer null and pre_tokenizer
+//     Metaspace(replacement "▁", prepend_scheme "first" or "always", split false) with no
+//     normalized added tokens; byte_fallback true with all 256 <0xXX> tokens in the vocab;
+//     decoder Sequence[Replace("▁" -> " "), ByteFallback, Fuse, Strip(" ", 1, 0)].
 //   model: BPE with vocab, merges ("a b" strings or ["a", "b"] pairs), ignore_merges, no
 //     dropout, no continuing_subword_prefix / end_of_word_suffix.
 //   post_processor: ignored (encode() never adds BOS/EOS).

@@ -294,6 +294,10 @@ struct BpeTokenizer::Impl {
   // falls back to its bytes' <0xXX> tokens), and decoding turns "▁" back into spaces and
   // strips the text's first space. false: byte-level BPE (Llama 3, GPT-2).
   bool sentencepiece = false;
+  // How a stretch gets its leading "▁": always (the Prepend normalizer, even before another
+  // "▁"), or as the Metaspace pre-tokenizer does (only when it does not start with one, and
+  // with prepend_scheme "first" only at the start of the text).
+  enum class Prefix { kPrependAlways, kMetaspaceAlways, kMetaspaceFirst } prefix = Prefix::kPrependAlways;
   bpe_detail::StringIdTable vocab;  // byte-level: raw bytes -> id; sentencepiece: the spelling -> id
   bpe_detail::PairTable merges;     // (left id, right id) -> (rank, merged id)
   std::array<int32_t, 256> byte_id{};  // byte-level: each byte's token; sentencepiece: its <0xXX> token
@@ -331,12 +335,13 @@ struct BpeTokenizer::Impl {
   void set_token(int32_t id, std::string_view bytes);
   // Pass 0 splits on non-normalized added tokens, pass 1 on normalized ones, then the regex.
   void encode_added(int pass, std::string_view text, std::vector<int32_t>& ids) const;
-  void encode_gap(int pass, std::string_view gap, std::vector<int32_t>& ids) const;
+  void encode_gap(int pass, std::string_view gap, bool at_start, std::vector<int32_t>& ids) const;
   void encode_split(size_t level, std::string_view text, std::vector<int32_t>& ids) const;
   void encode_piece(std::string_view piece, std::vector<int32_t>& ids) const;
   void merge(std::string_view piece, std::vector<int32_t>& ids) const;
-  // sentencepiece: the normalizer's output for one stretch of text between added tokens.
-  std::string normalize(std::string_view text) const;
+  // sentencepiece: one stretch of text between added tokens with its spaces as "▁" and its
+  // prefix; `at_start`: the stretch starts the text.
+  std::string normalize(std::string_view text, bool at_start) const;
 };
 
 }  // namespace shardtrain::data

@@ -229,8 +229,9 @@ void BpeTokenizer::Impl::load_model(const json& root) {
   }
 }
 
-// The SentencePiece-style pipeline (Llama 2's tokenizer.json), exactly as written there: any
-// other normalizer, a pre-tokenizer, or another decoder is rejected.
+// The SentencePiece-style pipeline (Llama 2's tokenizer.json), exactly as written there, or
+// with the Metaspace pre-tokenizer instead of the normalizer (transformers' newer conversions):
+// any other normalizer or pre-tokenizer, or another decoder, is rejected.
 void BpeTokenizer::Impl::load_sentencepiece_parts(const json& root) {
   const json kNormalizer = json::parse(R"({"type": "Sequence", "normalizers": [
       {"type": "Prepend", "prepend": "\u2581"},
@@ -239,9 +240,21 @@ void BpeTokenizer::Impl::load_sentencepiece_parts(const json& root) {
       {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
       {"type": "ByteFallback"}, {"type": "Fuse"},
       {"type": "Strip", "content": " ", "start": 1, "stop": 0}]})");
-  if (root["normalizer"] != kNormalizer)
-    reject(path, "normalizer", "null (byte-level BPE) or Llama 2's " + kNormalizer.dump(), root["normalizer"]);
-  require_null(path, root, "", "pre_tokenizer", "null with the SentencePiece normalizer (Llama 2)");
+  const json* normalizer = find_member(root, "normalizer");
+  if (normalizer != nullptr && !normalizer->is_null()) {
+    if (*normalizer != kNormalizer)
+      reject(path, "normalizer", "null (byte-level BPE) or Llama 2's " + kNormalizer.dump(), *normalizer);
+    require_null(path, root, "", "pre_tokenizer", "null with the SentencePiece normalizer (Llama 2)");
+    prefix = Prefix::kPrependAlways;
+  } else {
+    const json& pre = root["pre_tokenizer"];
+    const std::string scheme = pre.value("prepend_scheme", "always");
+    if (pre.value("replacement", "") != "\u2581" || pre.value("split", true) || !pre.value("add_prefix_space", true) ||
+        (scheme != "first" && scheme != "always"))
+      reject(path, "pre_tokenizer",
+             "Metaspace with replacement \"\u2581\", split false and prepend_scheme \"first\" or \"always\"", pre);
+    prefix = scheme == "first" ? Prefix::kMetaspaceFirst : Prefix::kMetaspaceAlways;
+  }
   const json& decoder = require_member(path, root, "", "decoder");
   if (decoder != kDecoder) reject(path, "decoder", "Llama 2's " + kDecoder.dump(), decoder);
 }
@@ -330,6 +343,10 @@ void BpeTokenizer::Impl::load_added_tokens(const json& root) {
     added.push_back(std::move(token));
   }
   for (size_t i = 0; i < added.size(); ++i) {
+    // (the Metaspace prefix is given to the stretches between raw added tokens only)
+    if (normalized[i] && sentencepiece && prefix != Prefix::kPrependAlways)
+      reject(path, "added_tokens[" + std::to_string(i) + "].normalized",
+             "false with the Metaspace pre-tokenizer (not implemented)", (*list)[i]);
     (normalized[i] ? added_normalized : added_raw).add(added, static_cast<int32_t>(i));
   }
   added_raw.finish(added);
@@ -449,7 +466,9 @@ BpeTokenizer::BpeTokenizer(const std::string& tokenizer_json_path,
         require_null(t.path, root, "", "truncation", "null (truncation is not implemented)");
         require_null(t.path, root, "", "padding", "null (padding is not implemented)");
         const json* normalizer = find_member(root, "normalizer");
-        t.sentencepiece = normalizer != nullptr && !normalizer->is_null();
+        const json* pre = find_member(root, "pre_tokenizer");
+        t.sentencepiece = (normalizer != nullptr && !normalizer->is_null()) ||
+                          (pre != nullptr && pre->is_object() && pre->value("type", "") == "Metaspace");
         if (t.sentencepiece) {
           t.load_sentencepiece_parts(root);
         } else {

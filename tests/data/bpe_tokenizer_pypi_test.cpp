@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "data/bpe_tokenizer.h"
 #include "testing/shared_data.h"
 
@@ -213,7 +215,7 @@ TEST_F(PypiTokenizers, LongRunsAndRandomMixes) {
                                     std::string(50000, 'a'),
                                     std::string(30001, '7'),
                                     std::string(20000, '!') + "\n",
-                                    "a" + std::string(10000, '\n') + " \t b",
+                                    std::string("a").append(10000, '\n').append(" \t b"),
                                     std::string(4000, '\t') + std::string(4000, ' ') + "z"};
   // Seeded random strings over an alphabet that exercises every regex branch.
   const std::vector<std::string> alphabet = {
@@ -276,6 +278,30 @@ TEST_F(PypiTokenizers, Llama2CorporaCodePointsAndSpecialTokens) {
   // special token gets its own "▁" (a space once decoded).
   compare(tokenizer, {"a\u2581 b\u2581\u2581", "<s>", "a<s>b", " <s> </s>  x", "<unk><s>", "hello</s>"},
           "Llama 2, special tokens and \u2581", false);
+
+  // The same vocabulary with the Metaspace pre-tokenizer instead of the normalizer (transformers'
+  // newer conversions), prepend_scheme "first" and "always"
+  nlohmann::json j = nlohmann::json::parse(read_file(tokenizer));
+  j["normalizer"] = nullptr;
+  std::vector<std::string> bible_lines, bible_chunks;
+  corpus_texts(read_file(dir + "/corpus/world_english_bible.txt"), bible_lines, bible_chunks);
+  std::vector<std::string> mixed = {"", " ", "   ", " x", "x ", "\n", "<s>", "<s>x", "<s> x", "a<s>b", " <s> </s>  x"};
+  for (size_t i = 0; i < bible_lines.size(); i += 97) {
+    std::string line(1, ' ');
+    line += bible_lines[i];
+    mixed.push_back(std::move(line));
+  }
+  for (const char* scheme : {"first", "always"}) {
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+    std::string what = "Llama 2 with Metaspace ";
+    what += scheme;
+    std::string file = "metaspace_";  // a name of its own: compare() keeps the last tokenizer loaded
+    file += scheme;
+    const std::string path = (dir_ / file).string();
+    std::ofstream(path) << j.dump();
+    compare(path, bible_lines, what + ", world_english_bible.txt lines");
+    compare(path, mixed, what + ", spaces and special tokens", false);
+  }
 }
 
 }  // namespace

@@ -528,6 +528,26 @@ TEST_F(SmallTokenizer, SentencePieceNormalizesMergesAndFallsBackToBytes) {
   EXPECT_EQ(t.encode(" "), (std::vector<int32_t>{sp, sp}));
 }
 
+// The Metaspace pre-tokenizer in place of the normalizer (transformers' newer conversions):
+// a stretch that starts with a space gets no second "▁", and with prepend_scheme "first" only
+// the text's first stretch gets one.
+TEST_F(SmallTokenizer, SentencePieceWithTheMetaspacePreTokenizer) {
+  for (const char* scheme : {"first", "always"}) {
+    SCOPED_TRACE(scheme);
+    json j = small_sentencepiece();
+    j["normalizer"] = nullptr;
+    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+    const BpeTokenizer t(write("tokenizer.json", j.dump()), "");
+    const int32_t hello = 268, plain_hello = 267, w = 270, sp = 259;
+    EXPECT_EQ(t.encode("hello wx"), (std::vector<int32_t>{hello, w, 3 + 'x'}));
+    EXPECT_EQ(t.encode(" hello"), (std::vector<int32_t>{hello}));  // the Prepend normalizer: ▁ ▁hello
+    EXPECT_EQ(t.encode("  hello"), (std::vector<int32_t>{sp, hello}));
+    const bool first = std::string(scheme) == "first";
+    EXPECT_EQ(t.encode("<s>hello"), (std::vector<int32_t>{1, first ? plain_hello : hello}));
+    EXPECT_EQ(t.decode(t.encode("hello wx")), "hello wx");
+  }
+}
+
 TEST_F(SmallTokenizer, SentencePieceConfigurationsOutsideLlama2AreNamed) {
   json j = small_sentencepiece();
   j["normalizer"] = {{"type", "Lowercase"}};
@@ -538,6 +558,13 @@ TEST_F(SmallTokenizer, SentencePieceConfigurationsOutsideLlama2AreNamed) {
   j = small_sentencepiece();
   j["decoder"]["decoders"].erase(3);
   expect_load_error(j, {"key `decoder`", "Strip"});
+  j = small_sentencepiece();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "never"}, {"split", false}};
+  expect_load_error(j, {"key `pre_tokenizer`", "prepend_scheme \"first\" or \"always\"", "never"});
+  j["pre_tokenizer"]["prepend_scheme"] = "first";
+  j["added_tokens"][1]["normalized"] = true;
+  expect_load_error(j, {"key `added_tokens[1].normalized`", "Metaspace"});
   j = small_sentencepiece();
   j["model"]["byte_fallback"] = false;
   expect_load_error(j, {"key `model.byte_fallback`", "true"});
