@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "core/cuda/device.h"
 #include "core/error.h"
@@ -74,49 +75,11 @@ void validate() {
   for (double x : e) ST_CHECK(x < 2e-2, "attention_bench: the GPU attention disagrees with the CPU twin");
 }
 
-void run(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int iters) {
+// Seconds per forward and per backward (after 3 untimed pairs) of B x T tokens, N / M heads
+// of H, with `o` (its documents, if any, shaped for B x T).
+std::pair<double, double> time_attention(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H,
+                                         const ops::AttentionOptions& o, int iters) {
   const Device g = Device::cuda(0);
-  Tensor q = Tensor::empty({B, T, N, H}, DType::kBF16, g), k = Tensor::empty({B, T, M, H}, DType::kBF16, g),
-         v = Tensor::empty({B, T, M, H}, DType::kBF16, g), out = Tensor::empty({B, T, N, H}, DType::kBF16, g),
-         lse = Tensor::empty({B, N, T}, DType::kF32, g), dq = Tensor::empty({B, T, N, H}, DType::kBF16, g),
-         dk = Tensor::empty({B, T, M, H}, DType::kBF16, g), dv = Tensor::empty({B, T, M, H}, DType::kBF16, g);
-  for (Tensor* t : {&q, &k, &v, &out}) ops::fill(*t, 0.01);
-  for (int i = 0; i < 3; ++i) {
-    ops::attention_forward(out, lse, q, k, v);
-    ops::attention_backward(dq, dk, dv, out, q, k, v, out, lse);
-  }
-  synchronize(g);
-  Clock::time_point t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) ops::attention_forward(out, lse, q, k, v);
-  synchronize(g);
-  const double fwd = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-  t0 = Clock::now();
-  for (int i = 0; i < iters; ++i) ops::attention_backward(dq, dk, dv, out, q, k, v, out, lse);
-  synchronize(g);
-  const double bwd = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-  const double flops = 4.0 * B * N * T * T * H / 2;
-  std::printf("| shardtrain (cuDNN) | B%lld T%lld N%lld M%lld H%lld | %.3f ms | %.0f | %.3f ms | %.0f |\n",
-              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(N),
-              static_cast<long long>(M), static_cast<long long>(H), 1e3 * fwd, flops / fwd / 1e12, 1e3 * bwd,
-              2.5 * flops / bwd / 1e12);
-}
-
-// Rows of T tokens packed with documents of `length` tokens (the last one shorter when
-// length does not divide T).
-void run_documents(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int64_t length, int iters) {
-  const Device g = Device::cuda(0);
-  Tensor pos = Tensor::empty({B, T}, DType::kI32);
-  double flops = 0;
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[b * T + t] = static_cast<int32_t>(t % length);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t0 = 0; t0 < T; t0 += length) {
-      const double len = static_cast<double>(std::min(length, T - t0));
-      flops += 4.0 * N * len * len * H / 2;
-    }
-  const ops::PackedDocuments docs = ops::pack_documents(pos, g);
-  ops::AttentionOptions o;
-  o.documents = &docs;
   Tensor q = Tensor::empty({B, T, N, H}, DType::kBF16, g), k = Tensor::empty({B, T, M, H}, DType::kBF16, g),
          v = Tensor::empty({B, T, M, H}, DType::kBF16, g), out = Tensor::empty({B, T, N, H}, DType::kBF16, g),
          lse = Tensor::empty({B, N, T}, DType::kF32, g), dq = Tensor::empty({B, T, N, H}, DType::kBF16, g),
@@ -134,7 +97,34 @@ void run_documents(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int64_
   t0 = Clock::now();
   for (int i = 0; i < iters; ++i) ops::attention_backward(dq, dk, dv, out, q, k, v, out, lse, o);
   synchronize(g);
-  const double bwd = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  return {fwd, std::chrono::duration<double>(Clock::now() - t0).count() / iters};
+}
+
+void run(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int iters) {
+  const auto [fwd, bwd] = time_attention(B, T, N, M, H, {}, iters);
+  const double flops = 4.0 * B * N * T * T * H / 2;
+  std::printf("| shardtrain (cuDNN) | B%lld T%lld N%lld M%lld H%lld | %.3f ms | %.0f | %.3f ms | %.0f |\n",
+              static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(N),
+              static_cast<long long>(M), static_cast<long long>(H), 1e3 * fwd, flops / fwd / 1e12, 1e3 * bwd,
+              2.5 * flops / bwd / 1e12);
+}
+
+// Rows of T tokens packed with documents of `length` tokens (the last one shorter when
+// length does not divide T).
+void run_documents(int64_t B, int64_t T, int64_t N, int64_t M, int64_t H, int64_t length, int iters) {
+  Tensor pos = Tensor::empty({B, T}, DType::kI32);
+  double flops = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) pos.data<int32_t>()[b * T + t] = static_cast<int32_t>(t % length);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t0 = 0; t0 < T; t0 += length) {
+      const double len = static_cast<double>(std::min(length, T - t0));
+      flops += 4.0 * N * len * len * H / 2;
+    }
+  const ops::PackedDocuments docs = ops::pack_documents(pos, Device::cuda(0));
+  ops::AttentionOptions o;
+  o.documents = &docs;
+  const auto [fwd, bwd] = time_attention(B, T, N, M, H, o, iters);
   std::printf("| shardtrain (cuDNN ragged) | B%lld T%lld N%lld M%lld H%lld, documents of %lld (%lld) "
               "| %.3f ms | %.0f | %.3f ms | %.0f |\n",
               static_cast<long long>(B), static_cast<long long>(T), static_cast<long long>(N),

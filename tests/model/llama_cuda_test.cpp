@@ -16,6 +16,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
+#include "testing/packed_documents.h"
 #include "testing/cuda_util.h"
 #include "testing/gpu_engine.h"
 #include "testing/model_shapes.h"
@@ -183,12 +184,7 @@ TEST(LlamaCuda, PackedDocumentsFollowTheDocumentsAlone) {
   CounterRng rng(9);
   Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
   testing::random_batch(rng, ids, targets);
-  Tensor pos = Tensor::empty({B, T}, DType::kI32);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t t = 0;
-    for (int64_t len : rows[static_cast<size_t>(b)])
-      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
-  }
+  const Tensor pos = testing::document_positions(rows);
   for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull}) {
     SCOPED_TRACE(checkpointing_name(ac));
     testing::GpuEngine packed(c, testing::bf16_sharding(true)), alone(c, testing::bf16_sharding(true));

@@ -8,6 +8,7 @@
 #include "model/block.h"
 #include "model/llama.h"
 #include "testing/compare.h"
+#include "testing/packed_documents.h"
 #include "testing/gradcheck.h"
 #include "testing/model_shapes.h"
 
@@ -268,12 +269,7 @@ TEST(Llama, PackedDocumentsTrainAsSeparateSequences) {
   testing::fill_random_ints(ids, 80, 0, cfg.vocab_size);
   testing::fill_random_ints(targets, 81, 0, cfg.vocab_size);
   targets.data<int32_t>()[4] = -100;
-  Tensor pos = Tensor::empty({B, T}, DType::kI32);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t t = 0;
-    for (int64_t len : rows[static_cast<size_t>(b)])
-      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
-  }
+  const Tensor pos = testing::document_positions(rows);
   for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kFull}) {
     SCOPED_TRACE(checkpointing_name(ac));
     StepOptions o;

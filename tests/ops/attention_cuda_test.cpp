@@ -15,6 +15,7 @@
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "testing/compare.h"
+#include "testing/packed_documents.h"
 #include "testing/cuda_util.h"
 
 namespace shardtrain::ops {
@@ -252,15 +253,7 @@ TEST_P(AttentionCudaDocuments, MatchCpu) {
   const int64_t B = static_cast<int64_t>(c.rows.size()), E = c.N + 2 * c.M;
   int64_t T = 0;
   for (int64_t len : c.rows[0]) T += len;
-  Tensor pos = Tensor::empty({B, T}, DType::kI32);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t t = 0;
-    for (int64_t len : c.rows[static_cast<size_t>(b)]) t += len;
-    ASSERT_EQ(t, T) << "row " << b;
-    t = 0;
-    for (int64_t len : c.rows[static_cast<size_t>(b)])
-      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
-  }
+  const Tensor pos = testing::document_positions(c.rows);
   const Device gpu = Device::cuda(0);
   const PackedDocuments cpu_docs = pack_documents(pos, Device::cpu()), gpu_docs = pack_documents(pos, gpu);
   for (DType dt : {DType::kBF16, DType::kF32})

@@ -12,6 +12,7 @@
 
 #include "ops/attention.h"
 #include "ops/op_testing.h"
+#include "testing/packed_documents.h"
 
 namespace shardtrain::ops {
 namespace {
@@ -210,18 +211,18 @@ TEST(Attention, HeadSlicesOfStackedTensors) {
     EXPECT_EQ(std::memcmp(contiguous(*got).raw_data(), want->raw_data(), want->nbytes()), 0);
 }
 
-// Rows of documents: positions restarting at each document's first token.
-Tensor positions_of(const std::vector<std::vector<int64_t>>& rows) {
-  const int64_t B = static_cast<int64_t>(rows.size());
-  int64_t T = 0;
-  for (int64_t len : rows[0]) T += len;
-  Tensor pos = Tensor::empty({B, T}, DType::kI32);
-  for (int64_t b = 0; b < B; ++b) {
-    int64_t t = 0;
-    for (int64_t len : rows[static_cast<size_t>(b)])
-      for (int64_t i = 0; i < len; ++i) pos.data<int32_t>()[b * T + t++] = static_cast<int32_t>(i);
-  }
-  return pos;
+struct Outputs {
+  Tensor out, lse, dq, dk, dv;
+};
+// The f64 CPU forward and backward of q, k, v with `dout`.
+Outputs forward_and_backward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                             const AttentionOptions& o) {
+  Outputs r{Tensor::empty(q.shape(), DType::kF64), Tensor::empty({q.size(0), q.size(2), q.size(1)}, DType::kF64),
+            Tensor::empty(q.shape(), DType::kF64), Tensor::empty(k.shape(), DType::kF64),
+            Tensor::empty(v.shape(), DType::kF64)};
+  cpu::attention_forward(r.out, r.lse, q, k, v, o);
+  cpu::attention_backward(r.dq, r.dk, r.dv, dout, q, k, v, r.out, r.lse, o);
+  return r;
 }
 
 // Packed documents: each document's rows of out, lse, dq, dk and dv are those of the document
@@ -231,7 +232,7 @@ TEST(Attention, PackedDocumentsAttendAsSeparateSequences) {
   const int64_t B = 3, T = 11, N = 4, M = 2, H = 6;
   const Tensor q = random_f64({B, T, N, H}, 21, 0.1, 0.8), k = random_f64({B, T, M, H}, 22, -0.1, 0.8),
                v = random_f64({B, T, M, H}, 23, 0.2, 1.5), dout = random_f64({B, T, N, H}, 24);
-  const PackedDocuments docs = pack_documents(positions_of(rows), Device::cpu());
+  const PackedDocuments docs = pack_documents(testing::document_positions(rows), Device::cpu());
   EXPECT_EQ(docs.count, 6);
   EXPECT_EQ(docs.capacity, 8);
   EXPECT_EQ(docs.longest, 11);  // the longest document (11) rounded up to a power of two, at most T
@@ -239,11 +240,7 @@ TEST(Attention, PackedDocumentsAttendAsSeparateSequences) {
   o.block_queries = 4;
   o.block_keys = 3;
   o.documents = &docs;
-  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
-  cpu::attention_forward(out, lse, q, k, v, o);
-  Tensor dq = Tensor::empty(q.shape(), DType::kF64), dk = Tensor::empty(k.shape(), DType::kF64),
-         dv = Tensor::empty(v.shape(), DType::kF64);
-  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+  auto [out, lse, dq, dk, dv] = forward_and_backward(q, k, v, dout, o);
   Tensor whole_out = Tensor::empty(q.shape(), DType::kF64), whole_lse = Tensor::empty({B, N, T}, DType::kF64);
   AttentionOptions plain = o;
   plain.documents = nullptr;
@@ -254,21 +251,17 @@ TEST(Attention, PackedDocumentsAttendAsSeparateSequences) {
     for (int64_t len : rows[static_cast<size_t>(b)]) {
       SCOPED_TRACE("row " + std::to_string(b) + ", document at " + std::to_string(t0));
       auto part = [&](const Tensor& x) { return contiguous(x.slice(0, b, b + 1).slice(1, t0, t0 + len)); };
-      const Tensor sq = part(q), sk = part(k), sv = part(v), sdout = part(dout);
-      Tensor so = Tensor::empty(sq.shape(), DType::kF64), sl = Tensor::empty({1, N, len}, DType::kF64);
-      cpu::attention_forward(so, sl, sq, sk, sv, plain);
-      Tensor sdq = Tensor::empty(sq.shape(), DType::kF64), sdk = Tensor::empty(sk.shape(), DType::kF64),
-             sdv = Tensor::empty(sv.shape(), DType::kF64);
-      cpu::attention_backward(sdq, sdk, sdv, sdout, sq, sk, sv, so, sl, plain);
+      const Outputs alone = forward_and_backward(part(q), part(k), part(v), part(dout), plain);
       const testing::Tolerance tight{1e-12, 1e-12, 1e-12};
-      EXPECT_TRUE(testing::all_close(part(out), so, tight)) << "out";
-      EXPECT_TRUE(testing::all_close(contiguous(lse.slice(0, b, b + 1).slice(2, t0, t0 + len)), sl, tight)) << "lse";
-      EXPECT_TRUE(testing::all_close(part(dq), sdq, tight)) << "dq";
-      EXPECT_TRUE(testing::all_close(part(dk), sdk, tight)) << "dk";
-      EXPECT_TRUE(testing::all_close(part(dv), sdv, tight)) << "dv";
+      EXPECT_TRUE(testing::all_close(part(out), alone.out, tight)) << "out";
+      EXPECT_TRUE(testing::all_close(contiguous(lse.slice(0, b, b + 1).slice(2, t0, t0 + len)), alone.lse, tight))
+          << "lse";
+      EXPECT_TRUE(testing::all_close(part(dq), alone.dq, tight)) << "dq";
+      EXPECT_TRUE(testing::all_close(part(dk), alone.dk, tight)) << "dk";
+      EXPECT_TRUE(testing::all_close(part(dv), alone.dv, tight)) << "dv";
       const Tensor wo = part(whole_out);
       for (int64_t i = 0; i < wo.numel(); ++i)
-        differs = std::max(differs, std::abs(wo.data<double>()[i] - so.data<double>()[i]));
+        differs = std::max(differs, std::abs(wo.data<double>()[i] - alone.out.data<double>()[i]));
       t0 += len;
     }
   }
@@ -280,16 +273,12 @@ TEST(Attention, PackedDocumentsBackwardMatchesFiniteDifferences) {
   Tensor q = random_f64({B, T, N, H}, 31, 0.1, 0.8), k = random_f64({B, T, M, H}, 32, -0.1, 0.8),
          v = random_f64({B, T, M, H}, 33, 0.2, 1.5);
   const Tensor dout = random_f64(q.shape(), 34);
-  const PackedDocuments docs = pack_documents(positions_of({{3, 4}, {1, 2, 4}}), Device::cpu());
+  const PackedDocuments docs = pack_documents(testing::document_positions({{3, 4}, {1, 2, 4}}), Device::cpu());
   AttentionOptions o;
   o.block_queries = 3;
   o.block_keys = 2;
   o.documents = &docs;
-  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
-  cpu::attention_forward(out, lse, q, k, v, o);
-  Tensor dq = Tensor::empty(q.shape(), DType::kF64), dk = Tensor::empty(k.shape(), DType::kF64),
-         dv = Tensor::empty(v.shape(), DType::kF64);
-  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+  auto [out, lse, dq, dk, dv] = forward_and_backward(q, k, v, dout, o);
   expect_gradients({{"q", &q, dq}, {"k", &k, dk}, {"v", &v, dv}}, [&] {
     cpu::attention_forward(out, lse, q, k, v, o);
     return testing::dot(dout, out);

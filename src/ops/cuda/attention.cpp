@@ -76,6 +76,15 @@ struct Ragged {
     o = index_tensor(g, "offset_o", kOffsetO, segments + 1, fe::DataType_t::INT64);
     stats = index_tensor(g, "offset_stats", kOffsetStats, segments + 1, fe::DataType_t::INT64);
   }
+  // The segments' lengths (a padding mask over them) and their total, on forward or backward attributes.
+  template <typename Attributes>
+  void set_lengths(Attributes& attrs, int64_t total_tokens) const {
+    attrs.set_padding_mask(true)
+        .set_seq_len_q(seq_len_q)
+        .set_seq_len_kv(seq_len_kv)
+        .set_max_total_seq_len_q(total_tokens)
+        .set_max_total_seq_len_kv(total_tokens);
+  }
 };
 
 // The statistics [B, N, T, 1]: row-major per head, or with documents token-major ([B·T, N]).
@@ -119,12 +128,7 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
                      .set_attn_scale(static_cast<float>(k.scale))
                      .set_causal_mask(k.causal)
                      .set_implementation(implementation);
-    if (ragged)
-      attrs.set_padding_mask(true)
-          .set_seq_len_q(r->seq_len_q)
-          .set_seq_len_kv(r->seq_len_kv)
-          .set_max_total_seq_len_q(k.B * k.T)
-          .set_max_total_seq_len_kv(k.B * k.T);
+    if (ragged) r->set_lengths(attrs, k.B * k.T);
     auto [o, stats] = g->sdpa(q, kk, v, attrs);
     set_bthd(o, kO, B, T, k.N, k.H, k.N * k.H);
     stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
@@ -151,12 +155,7 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
                      .set_attn_scale(static_cast<float>(k.scale))
                      .set_causal_mask(k.causal)
                      .set_deterministic_algorithm(k.deterministic);
-    if (ragged)
-      attrs.set_padding_mask(true)
-          .set_seq_len_q(r->seq_len_q)
-          .set_seq_len_kv(r->seq_len_kv)
-          .set_max_total_seq_len_q(k.B * k.T)
-          .set_max_total_seq_len_kv(k.B * k.T);
+    if (ragged) r->set_lengths(attrs, k.B * k.T);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
     set_bthd(dq, kDQ, B, T, k.N, k.H, k.pitch_q);  // the gradients lie as their inputs do
     set_bthd(dk, kDK, B, T, k.M, k.H, k.pitch_k);
