@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas-openmp-dev libomp-dev
-  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libpcre2-dev
+  nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libgtest-dev libgmock-dev clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev
   fortunes

@@ -8,6 +8,9 @@
 
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
+#include <utf8proc.h>
+
+#include <cstdlib>
 
 #include "data/bpe_tokenizer_internal.h"
 
@@ -198,6 +201,18 @@ std::string BpeTokenizer::Impl::normalize(std::string_view text, bool at_start) 
   return out;
 }
 
+// Unicode NFC (utf8proc; HF's NFC normalizer), on valid UTF-8 of any length, NULs included.
+static std::string compose_nfc(std::string_view text) {
+  utf8proc_uint8_t* out = nullptr;
+  const utf8proc_ssize_t n =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()), static_cast<utf8proc_ssize_t>(text.size()),
+                   &out, static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  ST_CHECK(n >= 0, "NFC normalization failed: ", utf8proc_errmsg(n));
+  std::string composed(reinterpret_cast<const char*>(out), static_cast<size_t>(n));
+  std::free(out);
+  return composed;
+}
+
 // The stretches between pass 0's (raw) added tokens are normalized before pass 1, as HF's
 // AddedVocabulary does (SentencePiece: each stretch gets its own leading "▁").
 void BpeTokenizer::Impl::encode_gap(int pass, std::string_view gap, bool at_start,
@@ -206,6 +221,10 @@ void BpeTokenizer::Impl::encode_gap(int pass, std::string_view gap, bool at_star
   if (pass == 0 && sentencepiece) {
     const std::string normalized = normalize(gap, at_start);
     return encode_added(1, normalized, ids);
+  }
+  if (pass == 0 && nfc) {
+    const std::string composed = compose_nfc(gap);
+    return encode_added(1, composed, ids);
   }
   encode_added(pass + 1, gap, ids);
 }

@@ -294,6 +294,7 @@ struct BpeTokenizer::Impl {
   // falls back to its bytes' <0xXX> tokens), and decoding turns "▁" back into spaces and
   // strips the text's first space. false: byte-level BPE (Llama 3, GPT-2).
   bool sentencepiece = false;
+  bool nfc = false;  // byte-level with the NFC normalizer (Qwen2): text between added tokens composed first
   // How a stretch gets its leading "▁": always (the Prepend normalizer, even before another
   // "▁"), or as the Metaspace pre-tokenizer does (only when it does not start with one, and
   // with prepend_scheme "first" only at the start of the text).

@@ -243,7 +243,8 @@ void BpeTokenizer::Impl::load_sentencepiece_parts(const json& root) {
   const json* normalizer = find_member(root, "normalizer");
   if (normalizer != nullptr && !normalizer->is_null()) {
     if (*normalizer != kNormalizer)
-      reject(path, "normalizer", "null (byte-level BPE) or Llama 2's " + kNormalizer.dump(), *normalizer);
+      reject(path, "normalizer", "null or {\"type\": \"NFC\"} (byte-level BPE) or Llama 2's " + kNormalizer.dump(),
+             *normalizer);
     require_null(path, root, "", "pre_tokenizer", "null with the SentencePiece normalizer (Llama 2)");
     prefix = Prefix::kPrependAlways;
   } else {
@@ -467,7 +468,9 @@ BpeTokenizer::BpeTokenizer(const std::string& tokenizer_json_path,
         require_null(t.path, root, "", "padding", "null (padding is not implemented)");
         const json* normalizer = find_member(root, "normalizer");
         const json* pre = find_member(root, "pre_tokenizer");
-        t.sentencepiece = (normalizer != nullptr && !normalizer->is_null()) ||
+        const bool normalizes = normalizer != nullptr && !normalizer->is_null();
+        t.nfc = normalizes && *normalizer == json{{"type", "NFC"}};
+        t.sentencepiece = (normalizes && !t.nfc) ||
                           (pre != nullptr && pre->is_object() && pre->value("type", "") == "Metaspace");
         if (t.sentencepiece) {
           t.load_sentencepiece_parts(root);

@@ -235,6 +235,47 @@ TEST_F(PypiTokenizers, LongRunsAndRandomMixes) {
   compare(dir + "/tokenizers/llama3/tokenizer.json", texts, "long runs and random mixes");
 }
 
+// The byte-level Llama 3 vocabulary behind the NFC normalizer (as Qwen2's tokenizer.json has
+// it): the corpus lines, and decomposed, composed and mixed forms (accents, Hangul jamo,
+// stacked marks, singletons) between the regex's classes, against HF's NFC.
+TEST_F(PypiTokenizers, NfcNormalizer) {
+  ST_REQUIRE_SHARED_DATA(dir);
+  if (!python_has_tokenizers()) {
+    GTEST_SKIP() << "python3 cannot import `tokenizers` (pip install tokenizers)";
+  }
+  nlohmann::json j = nlohmann::json::parse(read_file(dir + "/tokenizers/llama3/tokenizer.json"));
+  j["normalizer"] = {{"type", "NFC"}};
+  const std::string path = (dir_ / "nfc.json").string();
+  std::ofstream(path) << j.dump();
+  std::vector<std::string> lines, chunks;
+  corpus_texts(read_file(dir + "/corpus/world_english_bible.txt"), lines, chunks);
+  lines.resize(5000);
+  compare(path, lines, "NFC, world_english_bible.txt lines");
+  std::vector<std::string> texts;
+  const std::vector<std::vector<char32_t>> pieces = {
+      {'e', 0x301},         {0xE9},         {'A', 0x30A},         {0x212B},          {0x1100, 0x1161, 0x11A8},
+      {0xAC00, 0x11A8},     {'a', 0x323, 0x302}, {'a', 0x302, 0x323}, {0x1E9B, 0x323}, {0x0958},
+      {0x2126},             {0xFB01},       {'s', 0x307, 0x323},  {0x0CC6, 0x0CC2},  {0x1F600, 0x301}};
+  for (size_t i = 0; i < pieces.size(); ++i)
+    for (const char* around : {"", " ", "x", "1", "'s "}) {
+      std::string s = around;
+      for (char32_t c : pieces[i]) append_utf8(s, c);
+      s += around;
+      for (char32_t c : pieces[(i + 1) % pieces.size()]) append_utf8(s, c);
+      texts.push_back(std::move(s));
+    }
+  for (char32_t c = 0x300; c < 0x370; ++c) {  // every combining diacritic after letters and spaces
+    std::string s = "e";
+    append_utf8(s, c);
+    s += " A";
+    append_utf8(s, c);
+    append_utf8(s, 0x301);
+    texts.push_back(std::move(s));
+  }
+  // text that NFC changes does not decode back to itself
+  compare(path, texts, "NFC, composing sequences", false);
+}
+
 // Llama 2's SentencePiece-style tokenizer.json (built at set-up by scripts/llama2_tokenizer.py):
 // the corpora by lines and 64 KiB chunks (each one stretch merged whole), every code point
 // below U+3400 and samples beyond (byte fallback), runs of spaces, and special tokens inside

@@ -464,6 +464,20 @@ TEST(Llama2Tokenizer, LlamaCppVocabTest46Cases) {
   EXPECT_EQ(failures, 0);
 }
 
+// The NFC normalizer (Qwen2's): "e" + U+0301 is encoded as the composed U+00E9 is; without it
+// as its own two characters.
+TEST_F(SmallTokenizer, NfcComposesBeforeEncoding) {
+  json j = small_tokenizer();
+  const BpeTokenizer plain(write("plain.json", j.dump()), "");
+  j["normalizer"] = {{"type", "NFC"}};
+  const BpeTokenizer nfc(write("nfc.json", j.dump()), "");
+  EXPECT_EQ(nfc.encode("e\u0301 [M]"), nfc.encode("\u00e9 [M]"));
+  EXPECT_EQ(nfc.encode("e\u0301"), plain.encode("\u00e9"));
+  EXPECT_NE(plain.encode("e\u0301"), plain.encode("\u00e9"));
+  j["normalizer"] = {{"type", "NFKC"}};
+  expect_load_error(j, {"key `normalizer`", "NFKC", "NFC"});
+}
+
 // A SentencePiece-style (Llama 2) tokenizer.json in miniature: <unk> <s> </s>, the 256
 // byte-fallback tokens, a few characters and merges; Llama 2's normalizer and decoder.
 json small_sentencepiece() {
