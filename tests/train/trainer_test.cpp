@@ -279,6 +279,21 @@ TEST(Trainer, FineTunesWithTheLlama2Tokenizer) {
   ASSERT_EQ(s.evals.size(), 1u);
   EXPECT_TRUE(std::isfinite(s.evals.back().second));
   EXPECT_TRUE(s.sample.starts_with("Question 3:")) << s.sample;
+
+  // without a BOS token there are no documents to find: the mask is refused, naming the key
+  const std::filesystem::path no_bos = temp_name("llama2_no_bos");
+  std::filesystem::create_directories(no_bos);
+  std::filesystem::copy_file(tokenizer + "/tokenizer.json", no_bos / "tokenizer.json");
+  std::ofstream(no_bos / "tokenizer_config.json") << "{\"bos_token\": null, \"eos_token\": \"</s>\"}";
+  c.data.tokenizer = no_bos.string();
+  try {
+    Trainer bad(c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`data.document_mask` finds documents by their BOS token"), std::string::npos)
+        << e.what();
+  }
+  std::filesystem::remove_all(no_bos);
   std::filesystem::remove(jsonl);
 }
 
