@@ -185,7 +185,6 @@ void BpeTokenizer::Impl::set_token(int32_t id, std::string_view bytes) {
 // ---- encoding ----
 
 std::string BpeTokenizer::Impl::normalize(std::string_view text, bool at_start) const {
-  static constexpr std::string_view kMetaspace = "\u2581";
   std::string out;
   out.reserve(text.size() + 3 * (text.size() / 4 + 1));
   const bool prefix_wanted = prefix == Prefix::kPrependAlways ||
@@ -350,7 +349,8 @@ void BpeTokenizer::Impl::merge(std::string_view piece, std::vector<int32_t>& ids
       if (id >= 0) {
         symbols.push_back({id, 0, 0, true});
       } else {
-        for (size_t k = 0; k < len; ++k) symbols.push_back({byte_id[static_cast<unsigned char>(piece[i + k])], 0, 0, true});
+        for (size_t k = i; k < i + len; ++k)
+          symbols.push_back({byte_id[static_cast<unsigned char>(piece[k])], 0, 0, true});
       }
       i += len;
     }

@@ -26,10 +26,10 @@ struct ChatMessage {
 // What the loader accepts (anything else is rejected with an error naming the file, the JSON
 // key and the value found):
 //   truncation, padding: null.
-//   Byte-level: normalizer null or NFC (Qwen2; Unicode NFC by utf8proc); pre_tokenizer ByteLevel(add_prefix_space=false,
-//     use_regex=false), alone or last in a Sequence after Split steps (pattern Regex or String,
-//     behavior "Isolated", invert=false); every one of the 256 byte tokens in the vocab (so
-//     unk_token and byte_fallback never apply); decoder ByteLevel.
+//   Byte-level: normalizer null or NFC (Qwen2; Unicode NFC by utf8proc); pre_tokenizer
+//     ByteLevel(add_prefix_space=false, use_regex=false), alone or last in a Sequence after Split
+//     steps (pattern Regex or String, behavior "Isolated", invert=false); every one of the 256
+//     byte tokens in the vocab (so unk_token and byte_fallback never apply); decoder ByteLevel.
 //   SentencePiece-style (Llama 2): normalizer Sequence[Prepend("▁"), Replace(" " -> "▁")] and
 //     pre_tokenizer null, or (transformers' newer conversions) normalizer null and pre_tokenizer
 //     Metaspace(replacement "▁", prepend_scheme "first" or "always", split false) with no

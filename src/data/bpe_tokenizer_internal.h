@@ -283,6 +283,9 @@ struct AddedTokenMatcher {
 
 enum class GenerationPrompt { kNever, kAlways, kWhenAsked };
 
+// SentencePiece's word boundary, U+2581 ("▁"), which stands for a space.
+inline constexpr std::string_view kMetaspace = "\u2581";
+
 }  // namespace shardtrain::data::bpe_detail
 
 namespace shardtrain::data {

@@ -115,7 +115,6 @@ std::string token_text_bytes(std::string_view spelled, bool sentencepiece) {
     const int hi = hex(spelled[3]), lo = hex(spelled[4]);
     if (hi >= 0 && lo >= 0) return std::string(1, static_cast<char>(hi * 16 + lo));
   }
-  static constexpr std::string_view kMetaspace = "\u2581";
   for (size_t i = 0; i < spelled.size();) {
     if (spelled.substr(i).starts_with(kMetaspace)) {
       bytes += ' ';

@@ -8,8 +8,8 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
-#include "ops/attention.h"
 #include "model/layout.h"
+#include "ops/attention.h"
 
 namespace shardtrain::model {
 

@@ -34,8 +34,8 @@ struct PackedDocuments {
 };
 
 // positions_BT: i32 [B, T] on the host, each row 0, 1, 2, ... restarting at 0 where a document
-// starts (checked: a row's first position is 0 and each next one is 0 or one more). Copies
-// them (and, for a CUDA device, the segments) to `device` on `stream`.
+// starts (checked: a row's first position is 0 and each next one is 0 or one more). For a
+// CUDA `device` copies them and the segments there on `stream`; on the CPU shares them.
 PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream stream = {});
 
 // i32 [B, T] positions (host) for rows of ids_BT (i32, host) whose documents each start with

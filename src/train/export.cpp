@@ -35,8 +35,8 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
   io::write_file_atomic((fs::path(o.folder) / "config.json").string(),
                         model::to_hf_config(config, torch_dtype).dump(2) + "\n");
   if (!o.tokenizer_source.empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
-                          "tokenizer.model"}) {
+    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                          "generation_config.json", "tokenizer.model"}) {
       const fs::path src = fs::path(o.tokenizer_source) / f;
       if (fs::exists(src)) fs::copy_file(src, fs::path(o.folder) / f, fs::copy_options::overwrite_existing);
     }

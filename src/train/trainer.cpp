@@ -218,8 +218,9 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, comm_->world_size());
   log::info("data: " + data_->summary());
   document_mask_ = resolve_document_mask(config_.data);
-  ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0, "`data.document_mask` finds documents by their BOS token, "
-           "and the tokenizer (`data.tokenizer` = ", config_.data.tokenizer, ") has none; set data.document_mask = off");
+  ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,
+           "`data.document_mask` finds documents by their BOS token, and the tokenizer (`data.tokenizer` = ",
+           config_.data.tokenizer, ") has none; set data.document_mask = off");
   if (document_mask_)
     log::info("data.document_mask: each document (from a BOS token) attends only to itself, positions from 0");
   {

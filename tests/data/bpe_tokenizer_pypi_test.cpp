@@ -333,7 +333,8 @@ TEST_F(PypiTokenizers, Llama2CorporaCodePointsAndSpecialTokens) {
     mixed.push_back(std::move(line));
   }
   for (const char* scheme : {"first", "always"}) {
-    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+    j["pre_tokenizer"] = {
+        {"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
     std::string what = "Llama 2 with Metaspace ";
     what += scheme;
     std::string file = "metaspace_";  // a name of its own: compare() keeps the last tokenizer loaded

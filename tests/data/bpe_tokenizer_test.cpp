@@ -542,6 +542,11 @@ TEST_F(SmallTokenizer, SentencePieceNormalizesMergesAndFallsBackToBytes) {
   EXPECT_EQ(t.encode(" "), (std::vector<int32_t>{sp, sp}));
 }
 
+// HF's Metaspace pre-tokenizer ("▁" for spaces, not split) with `scheme` as its prepend_scheme.
+json metaspace(const char* scheme) {
+  return {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+}
+
 // The Metaspace pre-tokenizer in place of the normalizer (transformers' newer conversions):
 // a stretch that starts with a space gets no second "▁", and with prepend_scheme "first" only
 // the text's first stretch gets one.
@@ -550,7 +555,7 @@ TEST_F(SmallTokenizer, SentencePieceWithTheMetaspacePreTokenizer) {
     SCOPED_TRACE(scheme);
     json j = small_sentencepiece();
     j["normalizer"] = nullptr;
-    j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", scheme}, {"split", false}};
+    j["pre_tokenizer"] = metaspace(scheme);
     const BpeTokenizer t(write("tokenizer.json", j.dump()), "");
     const int32_t hello = 268, plain_hello = 267, w = 270, sp = 259;
     EXPECT_EQ(t.encode("hello wx"), (std::vector<int32_t>{hello, w, 3 + 'x'}));
@@ -574,7 +579,7 @@ TEST_F(SmallTokenizer, SentencePieceConfigurationsOutsideLlama2AreNamed) {
   expect_load_error(j, {"key `decoder`", "Strip"});
   j = small_sentencepiece();
   j["normalizer"] = nullptr;
-  j["pre_tokenizer"] = {{"type", "Metaspace"}, {"replacement", "\u2581"}, {"prepend_scheme", "never"}, {"split", false}};
+  j["pre_tokenizer"] = metaspace("never");
   expect_load_error(j, {"key `pre_tokenizer`", "prepend_scheme \"first\" or \"always\"", "never"});
   j["pre_tokenizer"]["prepend_scheme"] = "first";
   j["added_tokens"][1]["normalized"] = true;

@@ -209,7 +209,8 @@ TEST(LlamaCuda, PackedDocumentsFollowTheDocumentsAlone) {
     EXPECT_NEAR(got, want, 2e-3 * want);
     for (size_t u = 0; u < packed.layout.units().size(); ++u)
       EXPECT_TRUE(testing::all_close(testing::to_host(packed.store->grad_shards()[u]),
-                                     testing::to_host(alone.store->grad_shards()[u]), testing::Tolerance{1e-2, 1e30, 1e30}))
+                                     testing::to_host(alone.store->grad_shards()[u]),
+                                     testing::Tolerance{1e-2, 1e30, 1e30}))
           << "unit " << u;
     o.overwrite_grads = true;
     const double unmasked = packed.model->evaluate(ids, targets, o).loss_sum;

@@ -51,28 +51,28 @@ PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream
     }
   PackedDocuments d;
   d.count = static_cast<int64_t>(starts.size());
+  // every row starts a document, so a document ends where the next one starts (or at B·T)
+  starts.push_back(B * T);
   int64_t longest = 0;
-  for (size_t i = 0; i < starts.size(); ++i) {
-    const int64_t end = i + 1 < starts.size() && starts[i + 1] / T == starts[i] / T ? starts[i + 1]
-                                                                                      : (starts[i] / T + 1) * T;
-    longest = std::max(longest, end - starts[i]);
-  }
+  for (size_t i = 0; i + 1 < starts.size(); ++i) longest = std::max(longest, starts[i + 1] - starts[i]);
   d.longest = std::min(T, std::max<int64_t>(64, static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(longest)))));
   d.capacity = static_cast<int64_t>(std::bit_ceil(static_cast<uint64_t>(d.count)));
+  if (device.is_cpu()) {
+    d.positions_BT = positions_BT;
+    return d;
+  }
   d.positions_BT = Tensor::empty({B, T}, DType::kI32, device, "document positions", stream);
   copy(d.positions_BT, positions_BT, stream);
-  if (device.is_cuda()) {
-    Tensor host_starts = Tensor::empty({d.capacity + 1}, DType::kI64, Device::cpu(), "segment starts");
-    Tensor host_lengths = Tensor::empty({d.capacity}, DType::kI32, Device::cpu(), "segment lengths");
-    int64_t* st = host_starts.data<int64_t>();
-    int32_t* len = host_lengths.data<int32_t>();
-    for (int64_t i = 0; i <= d.capacity; ++i) st[i] = i < d.count ? starts[static_cast<size_t>(i)] : B * T;
-    for (int64_t i = 0; i < d.capacity; ++i) len[i] = static_cast<int32_t>(st[i + 1] - st[i]);
-    d.segment_starts_S1 = Tensor::empty(host_starts.shape(), DType::kI64, device, "segment starts", stream);
-    d.segment_lengths_S = Tensor::empty(host_lengths.shape(), DType::kI32, device, "segment lengths", stream);
-    copy(d.segment_starts_S1, host_starts, stream);
-    copy(d.segment_lengths_S, host_lengths, stream);
-  }
+  Tensor host_starts = Tensor::empty({d.capacity + 1}, DType::kI64, Device::cpu(), "segment starts");
+  Tensor host_lengths = Tensor::empty({d.capacity}, DType::kI32, Device::cpu(), "segment lengths");
+  int64_t* st = host_starts.data<int64_t>();
+  int32_t* len = host_lengths.data<int32_t>();
+  for (int64_t i = 0; i <= d.capacity; ++i) st[i] = starts[static_cast<size_t>(std::min(i, d.count))];
+  for (int64_t i = 0; i < d.capacity; ++i) len[i] = static_cast<int32_t>(st[i + 1] - st[i]);
+  d.segment_starts_S1 = Tensor::empty(host_starts.shape(), DType::kI64, device, "segment starts", stream);
+  d.segment_lengths_S = Tensor::empty(host_lengths.shape(), DType::kI32, device, "segment lengths", stream);
+  copy(d.segment_starts_S1, host_starts, stream);
+  copy(d.segment_lengths_S, host_lengths, stream);
   return d;
 }
 

@@ -273,26 +273,24 @@ Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
   return key;
 }
 
-// Packed documents (options.documents): checks them against q and k; returns the segments'
-// capacity for cuDNN's ragged problem (0 without documents, with one per row, and for the f32
-// kernels, which read only the positions).
-int64_t check_documents(const AttentionOptions& o, const Tensor& q, const Tensor& k, const char* op) {
-  if (o.documents == nullptr) return 0;
+// Packed documents (options.documents): checks them against q and sets p.segments and
+// p.segment_tokens for cuDNN's ragged problem (left 0 without documents, with one per row,
+// which is plain causal attention, and for the f32 kernels, which read only the positions).
+void set_documents(Problem& p, const AttentionOptions& o, const Tensor& q, const char* op) {
+  if (o.documents == nullptr) return;
   const PackedDocuments& d = *o.documents;
   ST_CHECK(o.causal, op, ": packed documents need the causal mask");
-  ST_CHECK(q.ndim() == 4 && k.ndim() == 4 && k.size(1) == q.size(1), op,
-           ": packed documents need as many keys as queries, found q ", q.str(), " and k ", k.str());
-  const int64_t B = q.size(0), T = q.size(1);
-  check_tensor(d.positions_BT, op, "documents.positions_BT", DType::kI32, {B, T});
+  check_tensor(d.positions_BT, op, "documents.positions_BT", DType::kI32, {p.B, p.T});
   ST_CHECK(d.positions_BT.device() == q.device(), op, ": documents on ", d.positions_BT.str(), ", q on ", q.str());
-  // one document per row: plain causal attention, without the ragged layout's cost (10-13 %)
-  if (q.dtype() == DType::kF32 || d.count == B) return 0;
+  // one document per row: the plain kernel, without the ragged layout's cost (10-13 %)
+  if (p.dtype == DType::kF32 || d.count == p.B) return;
   ST_CHECK(d.capacity >= 1 && d.segment_starts_S1.defined() && d.segment_lengths_S.defined(), op,
            ": packed documents without their segments (make them with pack_documents for the CUDA device)");
   check_shape(d.segment_starts_S1, {d.capacity + 1}, op, "documents.segment_starts_S1");
   check_shape(d.segment_lengths_S, {d.capacity}, op, "documents.segment_lengths_S");
-  ST_CHECK(d.longest >= 1 && d.longest <= T, op, ": documents of up to ", d.longest, " tokens in rows of ", T);
-  return d.capacity;
+  ST_CHECK(d.longest >= 1 && d.longest <= p.T, op, ": documents of up to ", d.longest, " tokens in rows of ", p.T);
+  p.segments = d.capacity;
+  p.segment_tokens = d.longest;
 }
 
 // With packed documents: the segments' lengths and each tensor's element offsets into
@@ -326,13 +324,13 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   auto cache_rows = [&](const Tensor& x) {
     return x.ndim() == 4 && x.size(0) > 1 && x.stride(0) != x.size(1) * x.stride(1);
   };
-  const int64_t segments = check_documents(options, q_BTNH, k_BTMH, op);
+  // (with packed documents make_key requires as many keys as queries)
   if (options.documents == nullptr && q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 &&
       (k_BTMH.size(1) != q_BTNH.size(1) || cache_rows(k_BTMH) || cache_rows(v_BTMH)))
     return attention_forward_cached(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
   Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
-  key.problem.segments = segments;
-  if (segments > 0) key.problem.segment_tokens = options.documents->longest;
+  set_documents(key.problem, options, q_BTNH, op);
+  const int64_t segments = key.problem.segments;
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
   if (key.problem.dtype == DType::kF32)
@@ -352,10 +350,9 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                         const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
                         const Tensor& lse_BNT, const AttentionOptions& options, Stream stream) {
   const char* op = "attention_backward";
-  const int64_t segments = check_documents(options, q_BTNH, k_BTMH, op);
   Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
-  key.problem.segments = segments;
-  if (segments > 0) key.problem.segment_tokens = options.documents->longest;
+  set_documents(key.problem, options, q_BTNH, op);
+  const int64_t segments = key.problem.segments;
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(dout_BTNH, op, "dout_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
