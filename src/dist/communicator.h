@@ -27,6 +27,10 @@ class Communicator {
   virtual void all_reduce(Tensor& inout, ReduceOp op, Stream stream = {}) = 0;
   virtual void broadcast(Tensor& inout, int root, Stream stream = {}) = 0;
   virtual void barrier() = 0;
+  // Collective: a communicator over the ranks that pass the same `color`, ordered by `key`
+  // (then by rank here): the groups of a device mesh (ranks sharing a tensor-parallel index,
+  // ranks of one tensor-parallel group). Valid while this one lives.
+  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
 };
 
 // The trivial communicator of a 1-rank run.

@@ -71,11 +71,19 @@ void divide(Tensor& t, int world) {
 
 class MpiWorld final : public Communicator {
  public:
-  MpiWorld() {
+  // MPI_COMM_WORLD, or a communicator split from it (owned, freed with this object).
+  explicit MpiWorld(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {
     ensure_initialized();
-    ST_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank_));
-    ST_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &world_));
+    ST_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
+    ST_MPI_CHECK(MPI_Comm_size(comm_, &world_));
   }
+  ~MpiWorld() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (comm_ != MPI_COMM_WORLD && !finalized) MPI_Comm_free(&comm_);
+  }
+  MpiWorld(const MpiWorld&) = delete;
+  MpiWorld& operator=(const MpiWorld&) = delete;
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string name() const override { return "mpi"; }
@@ -86,7 +94,7 @@ class MpiWorld final : public Communicator {
     const int bytes = checked_count(in.nbytes(), "all_gather");
     const char* slot = static_cast<const char*>(out.raw_data()) + static_cast<size_t>(rank_) * in.nbytes();
     const void* send = in.raw_data() == slot ? MPI_IN_PLACE : in.raw_data();
-    ST_MPI_CHECK(MPI_Allgather(send, bytes, MPI_BYTE, out.raw_data(), bytes, MPI_BYTE, MPI_COMM_WORLD));
+    ST_MPI_CHECK(MPI_Allgather(send, bytes, MPI_BYTE, out.raw_data(), bytes, MPI_BYTE, comm_));
   }
 
   void reduce_scatter(Tensor& out, const Tensor& in, ReduceOp op, Stream) override {
@@ -94,7 +102,7 @@ class MpiWorld final : public Communicator {
     host_only(out, "reduce_scatter");
     const int n = checked_count(static_cast<size_t>(out.numel()), "reduce_scatter");
     ST_MPI_CHECK(MPI_Reduce_scatter_block(in.raw_data(), out.raw_data(), n, mpi_type(in.dtype(), "reduce_scatter"),
-                                          MPI_SUM, MPI_COMM_WORLD));
+                                          MPI_SUM, comm_));
     if (op == ReduceOp::kAvg) divide(out, world_);
   }
 
@@ -103,7 +111,7 @@ class MpiWorld final : public Communicator {
     host_only(inout, "all_reduce");
     const int n = checked_count(static_cast<size_t>(inout.numel()), "all_reduce");
     ST_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, inout.raw_data(), n, mpi_type(inout.dtype(), "all_reduce"), MPI_SUM,
-                               MPI_COMM_WORLD));
+                               comm_));
     if (op == ReduceOp::kAvg) divide(inout, world_);
   }
 
@@ -112,10 +120,18 @@ class MpiWorld final : public Communicator {
     host_only(inout, "broadcast");
     ST_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " out of range for ", world_, " ranks");
     const int bytes = checked_count(inout.nbytes(), "broadcast");
-    ST_MPI_CHECK(MPI_Bcast(inout.raw_data(), bytes, MPI_BYTE, root, MPI_COMM_WORLD));
+    ST_MPI_CHECK(MPI_Bcast(inout.raw_data(), bytes, MPI_BYTE, root, comm_));
   }
 
-  void barrier() override { ST_MPI_CHECK(MPI_Barrier(MPI_COMM_WORLD)); }
+  void barrier() override { ST_MPI_CHECK(MPI_Barrier(comm_)); }
+
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    ST_CHECK(color >= 0, "mpi split: color must be >= 0, found ", color);
+    MPI_Comm part = MPI_COMM_NULL;
+    ST_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
+    MPI_Comm_set_errhandler(part, MPI_ERRORS_RETURN);
+    return std::make_unique<MpiWorld>(part);
+  }
 
  private:
   static void host_only(const Tensor& t, const char* who) {
@@ -128,6 +144,7 @@ class MpiWorld final : public Communicator {
     return static_cast<int>(n);
   }
 
+  MPI_Comm comm_;
   int rank_ = 0;
   int world_ = 1;
 };

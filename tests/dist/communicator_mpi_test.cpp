@@ -47,6 +47,40 @@ TEST(MpiCommunicator, CollectivesGiveExactValues) {
   comm->barrier();
 }
 
+// A 2-D mesh of the ranks: groups of `tp` consecutive ranks (color: rank / tp) and the ranks
+// sharing an index inside them (color: rank % tp), each its own communicator.
+TEST(MpiCommunicator, SplitMakesTheMeshGroups) {
+  auto comm = make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const int tp = w % 2 == 0 ? 2 : w;
+  auto group = comm->split(r / tp, r % tp);
+  auto across = comm->split(r % tp, r / tp);
+  ASSERT_EQ(group->world_size(), tp);
+  ASSERT_EQ(group->rank(), r % tp);
+  ASSERT_EQ(across->world_size(), w / tp);
+  ASSERT_EQ(across->rank(), r / tp);
+
+  // each group gathers its own members' world ranks, in key order
+  Tensor mine = Tensor::empty({1}, DType::kI32);
+  mine.data<int32_t>()[0] = r;
+  Tensor members = Tensor::empty({tp}, DType::kI32);
+  group->all_gather(members, mine);
+  for (int q = 0; q < tp; ++q) EXPECT_EQ(members.data<int32_t>()[q], r / tp * tp + q);
+  Tensor others = Tensor::empty({w / tp}, DType::kI32);
+  across->all_gather(others, mine);
+  for (int q = 0; q < w / tp; ++q) EXPECT_EQ(others.data<int32_t>()[q], q * tp + r % tp);
+
+  // a sum over one group sees only its members; a key that reverses the order is obeyed
+  Tensor sum = Tensor::empty({1}, DType::kF64);
+  sum.data<double>()[0] = r;
+  group->all_reduce(sum, ReduceOp::kSum);
+  EXPECT_EQ(sum.data<double>()[0], (r / tp) * tp * tp + tp * (tp - 1) / 2.0);
+  auto reversed = comm->split(0, w - 1 - r);
+  EXPECT_EQ(reversed->rank(), w - 1 - r);
+  group->barrier();
+  across->barrier();
+}
+
 TEST(MpiCommunicator, RejectsMismatchedShapes) {
   auto comm = make_mpi_world();
   Tensor in = Tensor::empty({4}, DType::kF32);

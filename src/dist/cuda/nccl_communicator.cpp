@@ -56,6 +56,11 @@ class NcclWorld final : public Communicator {
   NcclWorld(int rank, int world, const ncclUniqueId& id, int device) : rank_(rank), world_(world), device_(device) {
     ST_NCCL_CHECK(ncclCommInitRank(&comm_, world, id, rank));
   }
+  // A communicator made by ncclCommSplit (owned from here on).
+  NcclWorld(ncclComm_t comm, int device) : device_(device), comm_(comm) {
+    ST_NCCL_CHECK(ncclCommUserRank(comm_, &rank_));
+    ST_NCCL_CHECK(ncclCommCount(comm_, &world_));
+  }
   ~NcclWorld() override {
     if (comm_ != nullptr) ncclCommDestroy(comm_);
   }
@@ -105,6 +110,14 @@ class NcclWorld final : public Communicator {
     all_reduce(one, ReduceOp::kSum, {});
   }
 
+  std::unique_ptr<Communicator> split(int color, int key) override {
+    ST_CHECK(color >= 0, "nccl split: color must be >= 0, found ", color);
+    ncclComm_t part = nullptr;
+    ST_NCCL_CHECK(ncclCommSplit(comm_, color, key, &part, nullptr));
+    ST_CHECK(part != nullptr, "nccl split: rank ", rank_, " got no communicator for color ", color);
+    return std::make_unique<NcclWorld>(part, device_);
+  }
+
  private:
   static void on_device(const Tensor& t, const char* who) {
     ST_CHECK(t.device().is_cuda(), "nccl ", who, ": ", t.str(), " is host memory; NCCL moves device memory");
@@ -137,7 +150,7 @@ class NcclWorld final : public Communicator {
     comm_stream_.synchronize();
   }
 
-  int rank_, world_, device_;
+  int rank_ = 0, world_ = 1, device_ = 0;
   ncclComm_t comm_ = nullptr;
   cuda::OwnedStream comm_stream_;
   cuda::Event before_, after_;
