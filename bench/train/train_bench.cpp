@@ -11,8 +11,10 @@
 // With SHARDTRAIN_PROFILE=1 it also prints the time per op (core/profile.h).
 // Several GPUs: start one process per GPU with a torchrun-style environment (RANK,
 // WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT); the model is then sharded over them
-// through NCCL exactly as in training, --batch is per GPU, tokens/s and MFU are per GPU, and
-// the time the compute stream stood waiting on gathers and reductions is reported.
+// through NCCL exactly as in training, --batch is per data-parallel rank, tokens/s and MFU are
+// per GPU, and the time the compute stream stood waiting on gathers and reductions is reported.
+// --tp N: groups of N GPUs split each block's heads and FFN columns and each batch's token
+// rows (the trainer's parallel.tensor_parallel); a group shares its --batch sequences.
 //
 //   train_bench [--shape 1b|8b] [--batch 4] [--accum 1] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
@@ -21,6 +23,7 @@
 //               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
 //               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0]
 //               [--mlp-chunk -1 (auto, as the trainer; 0: at once)] [--documents 0] [--device cuda|cpu]
+//               [--tp 1]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -77,6 +80,7 @@
 #include "dist/nccl_communicator.h"
 #endif
 #include "fsdp/sharded_store.h"
+#include "fsdp/tensor_parallel.h"
 #include "model/captured_step.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -100,6 +104,7 @@ struct Args {
   int64_t mlp_chunk = -1;
   int64_t documents = 0;  // tokens per packed document; 0: none
   int64_t offload_activation_blocks = 0;  // -1: the trainer's automatic choice; 0: every token at once
+  int64_t tp = 1;  // ranks per tensor-parallel group
   std::string device = "cuda";
   std::string gemm = "heuristic";
 };
@@ -128,6 +133,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--offload-gpu-grads") a.offload_gpu_grads = true;
     else if (k == "--offload-activation-blocks") a.offload_activation_blocks = std::stoll(next());
     else if (k == "--untied") a.tied = false;
+    else if (k == "--tp") a.tp = std::stoll(next());
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
     else if (k == "--graph") a.graph = true;
     else if (k == "--documents") a.documents = std::stoll(next());
@@ -212,7 +218,10 @@ int main(int argc, char** argv) try {
   c.rope.theta = 500000.0;
   c.tie_embeddings = a.tied;
   c.validate("bench.");
-  const model::ModelLayout layout = model::ModelLayout::llama(c, world);
+  ST_CHECK(a.tp >= 1 && world % a.tp == 0, "train_bench: --tp ", a.tp, " must divide the ", world, " ranks");
+  const fsdp::DeviceMesh mesh(comm.get(), model::Mesh{world / static_cast<int>(a.tp), static_cast<int>(a.tp)});
+  const int64_t dp = mesh.shape().data_parallel;
+  const model::ModelLayout layout = model::ModelLayout::llama(c, mesh.shape(), mesh.tp_rank());
   fsdp::ShardingOptions so;
   so.compute_dtype = compute;
   if (a.reduce_bf16) so.reduce_dtype = DType::kBF16;
@@ -222,10 +231,12 @@ int main(int argc, char** argv) try {
   so.offload_grads = !a.offload_gpu_grads;
   ST_CHECK(a.offload || !a.offload_gpu_grads, "train_bench: --offload-gpu-grads goes with --offload");
   ST_CHECK(!a.offload || !a.graph, "train_bench: --offload runs eagerly (no --graph)");
-  fsdp::ShardedUnitStore store(layout, comm.get(), so, dev);
+  fsdp::ShardedUnitStore store(layout, comm.get(), so, dev, &mesh.data_parallel());
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
+  const std::unique_ptr<model::TensorParallel> tensor_parallel = fsdp::make_tensor_parallel(&mesh.tensor_parallel());
+  if (a.tp > 1) m.set_tensor_parallel(tensor_parallel.get());
   m.set_separate_projections(a.separate_projections);
   m.set_mlp_chunk_tokens(a.mlp_chunk >= 0 ? a.mlp_chunk
                                           : train::auto_mlp_chunk_tokens(!dev.is_cpu(), a.ffn, a.batch * a.seq));
@@ -249,7 +260,8 @@ int main(int argc, char** argv) try {
     ids.push_back(Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "ids"));
     targets.push_back(Tensor::empty({a.batch, a.seq}, DType::kI32, Device::cpu(), "targets"));
   }
-  CounterRng rng(7 + static_cast<uint64_t>(rank));  // each rank its own part of the global batch
+  // each data-parallel rank its own part of the global batch; a tensor-parallel group shares one
+  CounterRng rng(7 + static_cast<uint64_t>(mesh.dp_rank()));
   model::StepOptions o;
   o.checkpointing = a.ac;
   o.deterministic = a.deterministic;
@@ -257,9 +269,12 @@ int main(int argc, char** argv) try {
   o.offload_activation_blocks = a.offload_activation_blocks;
   o.loss_chunk_tokens = a.loss_chunk > 0 ? a.loss_chunk : train::auto_loss_chunk_tokens(!dev.is_cpu(), a.vocab);
   ops::set_gemm_selection(a.gemm == "timed" ? ops::GemmSelection::kTimed : ops::GemmSelection::kHeuristic);
-  o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * world);
-  const double tokens = static_cast<double>(a.batch * a.accum * a.seq);  // per rank and optimizer step
-  say(detail::concat("# ", device_name, " x ", world, ", ", c.summary(), "; init ",
+  o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * dp);
+  // per GPU and optimizer step (a tensor-parallel group's GPUs share their rank's tokens)
+  const double tokens = static_cast<double>(a.batch * a.accum * a.seq) / static_cast<double>(a.tp);
+  say(detail::concat("# ", device_name, " x ", world,
+                     a.tp > 1 ? detail::concat(" (", dp, " data-parallel x ", a.tp, " tensor-parallel)") : "", ", ",
+                     c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; MLP piece ",
                      m.mlp_chunk_tokens() > 0 ? std::to_string(m.mlp_chunk_tokens()) + " tokens" : std::string("all"),
@@ -320,8 +335,17 @@ int main(int argc, char** argv) try {
     // as the trainer: offloaded, the norm from the sums of squares the GPU took as the gradients
     // went down, and the host update beside the next step's forward (unless --offload-sync)
     const std::optional<double> landed = store.landed_grad_sum_squares();
-    const double norm = landed ? optim::grad_norm_from_sum_squares(*landed, comm.get())
-                               : optim::global_grad_norm(cgrads, comm.get());
+    double norm = 0;
+    if (landed) {
+      norm = optim::grad_norm_from_sum_squares(*landed, comm.get());
+    } else if (a.tp > 1) {  // as the trainer: a group's replicated norms count once
+      const std::vector<Tensor> parts = store.grad_norm_parts();
+      std::vector<const Tensor*> views;
+      for (const Tensor& p : parts) views.push_back(&p);
+      norm = optim::global_grad_norm(views, comm.get());
+    } else {
+      norm = optim::global_grad_norm(cgrads, comm.get());
+    }
     const double clip = optim::clip_coefficient(norm, 1.0);
     if (a.offload) {
       store.run_host_update([&](const fsdp::ShardedUnitStore::UnitDone& done) {
@@ -408,6 +432,7 @@ int main(int argc, char** argv) try {
   const double peak_gib = static_cast<double>(allocator_for(dev).stats().peak_allocated_bytes) / (1u << 30);
   if (const std::string peak = describe_peak_breakdown(allocator_for(dev)); !peak.empty()) say("# " + peak);
   std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
+  if (a.tp > 1) label += detail::concat(" (", dp, " x ", a.tp, " tensor-parallel)");
   if (a.offload) label += ", ZeRO offload";
   if (a.offload_activations) label += ", activations offloaded";
   const std::string wait_part =
@@ -427,10 +452,12 @@ int main(int argc, char** argv) try {
                 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
   say(row);
   std::snprintf(row, sizeof row,
-                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"ac\": \"%s\", \"batch\": %lld, \"accum\": %lld, \"seq\": %lld, "
+                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"tp\": %lld, \"ac\": \"%s\", \"batch\": %lld, "
+                "\"accum\": %lld, \"seq\": %lld, "
                 "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
                 "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f%s}\n",
-                world, model::checkpointing_name(a.ac), static_cast<long long>(a.batch), static_cast<long long>(a.accum),
+                world, static_cast<long long>(a.tp), model::checkpointing_name(a.ac), static_cast<long long>(a.batch),
+                static_cast<long long>(a.accum),
                 static_cast<long long>(a.seq), tps,
                 mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed, gpu_fields.c_str());
   say(row);

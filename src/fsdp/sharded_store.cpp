@@ -160,10 +160,17 @@ bool ShardedUnitStore::unit_update_pending(size_t u) const {
 }
 
 ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm,
-                                   const ShardingOptions& options, Device device)
+                                   const ShardingOptions& options, Device device, dist::Communicator* block_comm)
     : layout_(&layout), comm_(comm), options_(options), device_(device) {
   ST_CHECK(layout.world_size() == comm->world_size(), "sharded store: layout padded for ", layout.world_size(),
            " ranks but the communicator has ", comm->world_size());
+  for (size_t u = 0; u < layout.units().size(); ++u) {
+    const model::UnitLayout& unit = layout.units()[u];
+    dist::Communicator* c = unit.ranks == comm->world_size() ? comm : block_comm;
+    ST_ASSERT(c != nullptr && c->world_size() == unit.ranks && c->rank() == layout.shard_index(u, comm->rank()),
+              "sharded store: unit ", unit.name, " is sharded over ", unit.ranks, " ranks; no communicator of them");
+    unit_comms_.push_back(c);
+  }
   ST_CHECK(!options.offload || device.is_cuda(), "offloading the shards to host memory (parallel.offload) is for "
            "training on GPUs; this run is on ", device.str(), ", where they are in host memory already");
   const auto& units = layout.units();
@@ -171,7 +178,7 @@ ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Commu
   grad_cleared_.assign(units.size(), false);
   grad_landed_.assign(units.size(), false);
   for (size_t u = 0; u < units.size(); ++u) {
-    const int64_t s = units[u].shard_numel(comm->world_size());
+    const int64_t s = units[u].shard_numel();
     master_.push_back(shard_tensor(s, options.master_dtype, "master weights shard", pinned_));
     grad_.push_back(grads_on_host() || !options.offload
                         ? shard_tensor(s, options.master_dtype, "gradient shard", pinned_)
@@ -268,7 +275,8 @@ void ShardedUnitStore::gather(size_t u) {
   const int64_t n = layout_->units()[u].numel, s = master_[u].numel();
   // allocated in compute-stream order, so the memory's earlier users have been queued there
   st.full_params = Tensor::empty({n}, options_.compute_dtype, device_, "gathered parameters");
-  Tensor mine = st.full_params.flat_range(comm_->rank() * s, s);
+  dist::Communicator& comm = *unit_comms_[u];
+  Tensor mine = st.full_params.flat_range(comm.rank() * s, s);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (overlap_) {
     const Stream g = overlap_->gather_stream.get();
@@ -291,21 +299,21 @@ void ShardedUnitStore::gather(size_t u) {
           ops::cast(dst, piece, g);
         }
       }
-      if (comm_->world_size() > 1) comm_->all_gather(st.full_params, mine, g);
+      if (comm.world_size() > 1) comm.all_gather(st.full_params, mine, g);
     } else if (compute_.empty()) {
       ops::cast(mine, master_[u], g);
-      comm_->all_gather(st.full_params, mine, g);
+      comm.all_gather(st.full_params, mine, g);
     } else {
-      comm_->all_gather(st.full_params, compute_[u], g);  // the optimizer wrote it
+      comm.all_gather(st.full_params, compute_[u], g);  // the optimizer wrote it
     }
     overlap_->gathered[u].record(g);
     overlap_->gather_waited[u] = false;
     return;
   }
 #endif
-  if (!compute_.empty()) return comm_->all_gather(st.full_params, compute_[u]);
+  if (!compute_.empty()) return comm.all_gather(st.full_params, compute_[u]);
   ops::cast(mine, master_[u]);
-  comm_->all_gather(st.full_params, mine);
+  comm.all_gather(st.full_params, mine);
 }
 
 void ShardedUnitStore::before_replay() { refresh_compute_shards_if_stale(); }
@@ -419,9 +427,9 @@ void ShardedUnitStore::reduce(size_t u) {
     ops::cast(send, st.full_grads, stream);
   }
   Tensor reduced = send;  // offloaded on one rank the full gradient is the shard
-  if (comm_->world_size() > 1 || !grads_on_host()) {
+  if (unit_comms_[u]->world_size() > 1 || !grads_on_host()) {
     reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
-    comm_->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
+    unit_comms_[u]->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
   }
   if (reduced.dtype() != options_.master_dtype) {
     Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard", stream);
@@ -520,48 +528,57 @@ void ShardedUnitStore::init_random(uint64_t seed, double init_std) {
 void ShardedUnitStore::load(const ParamReader& read) {
   compute_stale_ = true;
   for_each_owned_range([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
-    if (dst.device().is_cpu()) return read(p, first, dst);
-    // readers fill host memory; the range then travels to the device
-    Tensor staged = Tensor::empty({dst.numel()}, options_.master_dtype, Device::cpu(), "parameter staging");
-    read(p, first, staged);
-    copy(dst, staged);
+    // readers fill host memory with runs of the whole parameter; the range then travels to
+    // the device at once
+    Tensor staged = dst.device().is_cpu() ? dst
+                                          : Tensor::empty({dst.numel()}, options_.master_dtype, Device::cpu(),
+                                                          "parameter staging");
+    model::for_each_run(p, first, dst.numel(), [&](int64_t full_first, int64_t local_first, int64_t n) {
+      Tensor run = staged.flat_range(local_first - first, n);
+      read(p, full_first, run);
+    });
+    if (!dst.device().is_cpu()) copy(dst, staged);
   });
 }
 
 void ShardedUnitStore::for_each_owned_range(const ParamReader& fn) {
   wait_for_host_update();  // it writes the masters
-  const int64_t r = comm_->rank();
-  for (size_t u = 0; u < layout_->units().size(); ++u) {
-    const int64_t s = master_[u].numel(), lo = r * s, hi = lo + s;
-    for (const model::ParamSpec& p : layout_->units()[u].params) {
-      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
-      if (a >= b) continue;
-      Tensor dst = master_[u].flat_range(a - lo, b - a);
-      fn(p, a - p.offset, dst);
+  for (size_t u = 0; u < layout_->units().size(); ++u)
+    for (const model::ShardRange& r : model::shard_ranges(layout_->units()[u], unit_comms_[u]->rank())) {
+      Tensor dst = master_[u].flat_range(r.shard_offset, r.count);
+      fn(*r.spec, r.first, dst);
     }
-  }
 }
 
 void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
   wait_for_host_update();
   compute_stale_ = true;
-  const int64_t r = comm_->rank();
+  const int rank = comm_->rank();
+  const model::Mesh& mesh = layout_->mesh();
   for (size_t u = 0; u < layout_->units().size(); ++u) {
+    const model::UnitLayout& unit = layout_->units()[u];
     const int64_t s = master_[u].numel();
-    Tensor full = Tensor::empty({s * comm_->world_size()}, options_.master_dtype, Device::cpu(), "unit from rank 0");
-    if (r == 0) {
-      ops::fill(full, 0.0);  // the padding
-      for (const model::ParamSpec& p : layout_->units()[u].params) {
-        Tensor dst = full.flat_range(p.offset, p.numel());
-        read(p, 0, dst);
+    // a block split by tensor parallelism comes once per part, for the ranks holding it
+    const bool split = unit.ranks != comm_->world_size();
+    for (int t = 0; t < (split ? mesh.tensor_parallel : 1); ++t) {
+      Tensor full = Tensor::empty({s * unit.ranks}, options_.master_dtype, Device::cpu(), "unit from rank 0");
+      if (rank == 0) {
+        ops::fill(full, 0.0);  // the padding
+        for (const model::ParamSpec& whole : unit.params) {
+          const model::ParamSpec p = whole.part(t);
+          model::for_each_run(p, 0, p.numel(), [&](int64_t full_first, int64_t local_first, int64_t n) {
+            Tensor dst = full.flat_range(p.offset + local_first, n);
+            read(p, full_first, dst);
+          });
+        }
       }
+      constexpr int64_t kPiece = int64_t{1} << 26;  // elements per message (MPI counts are 32-bit)
+      for (int64_t first = 0; first < full.numel(); first += kPiece) {
+        Tensor piece = full.flat_range(first, std::min(kPiece, full.numel() - first));
+        comm_->broadcast(piece, 0);
+      }
+      if (!split || mesh.tp_rank(rank) == t) copy(master_[u], full.flat_range(unit_comms_[u]->rank() * s, s));
     }
-    constexpr int64_t kPiece = int64_t{1} << 26;  // elements per message (MPI counts are 32-bit)
-    for (int64_t first = 0; first < full.numel(); first += kPiece) {
-      Tensor piece = full.flat_range(first, std::min(kPiece, full.numel() - first));
-      comm_->broadcast(piece, 0);
-    }
-    copy(master_[u], full.flat_range(r * s, s));
   }
 }
 
@@ -582,7 +599,29 @@ void ShardedUnitStore::zero_grad_shards() {
   for (Tensor& g : grad_) ops::fill(g, 0.0);
 }
 
+std::vector<Tensor> ShardedUnitStore::grad_norm_parts() {
+  std::vector<Tensor>& grads = grad_shards();
+  const bool counts_replicated = layout_->tp_rank() == 0;
+  std::vector<Tensor> parts;
+  for (size_t u = 0; u < grads.size(); ++u) {
+    int64_t kept_from = 0;  // the shard's elements since the last range left out
+    if (!counts_replicated)
+      for (const model::ShardRange& r : model::shard_ranges(layout_->units()[u], unit_comms_[u]->rank())) {
+        if (!r.spec->replicated) continue;
+        if (r.shard_offset > kept_from) parts.push_back(grads[u].flat_range(kept_from, r.shard_offset - kept_from));
+        kept_from = r.shard_offset + r.count;
+      }
+    if (kept_from == 0) {
+      parts.push_back(grads[u]);
+    } else if (kept_from < grads[u].numel()) {
+      parts.push_back(grads[u].flat_range(kept_from, grads[u].numel() - kept_from));
+    }
+  }
+  return parts;
+}
+
 std::optional<double> ShardedUnitStore::landed_grad_sum_squares() const {
+  if (layout_->mesh().tensor_parallel > 1) return std::nullopt;
   if (options_.offload && !grads_on_host()) {
     // the shards are on the GPU: summed there, in a fixed order
     Tensor sums = Tensor::empty({static_cast<int64_t>(grad_.size())}, DType::kF64, device_, "gradient sums of squares");

@@ -59,8 +59,12 @@ struct ShardingOptions {
 
 class ShardedUnitStore final : public model::UnitStore {
  public:
+  // `comm` holds every rank of the run. With tensor parallelism (layout.mesh()), a block's
+  // unit is this rank's part of the block, sharded over `block_comm`: the data-parallel ranks
+  // holding the same part (dist::DeviceMesh::data_parallel()); the embedding and head are
+  // sharded over `comm`.
   ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm, const ShardingOptions& options,
-                   Device device = Device::cpu());
+                   Device device = Device::cpu(), dist::Communicator* block_comm = nullptr);
 
   Tensor acquire_params(size_t unit, model::Pass pass) override;
   void release_params(size_t unit, model::Pass pass) override;
@@ -77,13 +81,14 @@ class ShardedUnitStore final : public model::UnitStore {
   // Counter-based init of this rank's shards (identical values for any number of ranks).
   void init_random(uint64_t seed, double init_std);
   // Fills this rank's shards from a source of whole parameters: `read(spec, first, out)` must
-  // write elements [first, first + out.numel()) of parameter `spec` (row-major) into `out`.
-  // Only the ranges inside this rank's slices are requested.
+  // write elements [first, first + out.numel()) of the whole parameter `spec.name` (row-major,
+  // shape spec.full_shape) into `out`. Only the ranges inside this rank's slices are requested
+  // (a tensor-parallel part of columns: row by row).
   using ParamReader = std::function<void(const model::ParamSpec& spec, int64_t first, Tensor& out)>;
   void load(const ParamReader& read);
   // The same from a source only rank 0 can read: rank 0 reads one unit at a time (whole
-  // parameters) and broadcasts it; each rank keeps its slice. No rank holds more than one
-  // unit beyond its shards. `read` is called on rank 0 only.
+  // parameters; a block once per tensor-parallel part) and broadcasts it; each rank keeps its
+  // slice. No rank holds more than one unit beyond its shards. `read` is called on rank 0 only.
   void load_from_rank0(const ParamReader& read);
   // Clears the gradient shards. Offloaded, lazily: a shard's first reduced gradient is
   // written over it, and one that gets none is zero-filled by finish_backward() (or when
@@ -103,7 +108,13 @@ class ShardedUnitStore final : public model::UnitStore {
   // cleared shard (one micro-batch per step); or from the shards themselves where they stay
   // on the GPU (offload_grads off). Nothing otherwise (gradient accumulation with offloaded
   // gradients, no offload): then sum the shards themselves.
+  // Nothing with tensor parallelism (grad_norm_parts() then).
   std::optional<double> landed_grad_sum_squares() const;
+  // The gradient, as the global norm counts it: this rank's gradient shards, less the ranges
+  // of parameters replicated over a tensor-parallel group (ParamSpec::replicated) on every
+  // rank of the group but its rank 0 (their gradients are equal there, and count once).
+  // Views into grad_shards(); summing their squares over all ranks gives the norm's square.
+  std::vector<Tensor> grad_norm_parts();
 
   // Offloaded: runs `update` (the optimizer over this rank's host shards, unit by unit in
   // unit order, calling done(u) once unit u's masters and compute shard are written) on a
@@ -159,8 +170,10 @@ class ShardedUnitStore final : public model::UnitStore {
   // the copies); call between steps, before a captured step records their addresses.
   void set_compute_shards(bool on);
   const model::ModelLayout& layout() const { return *layout_; }
-  int rank() const { return comm_->rank(); }
+  int rank() const { return comm_->rank(); }  // in the whole run
   int world_size() const { return comm_->world_size(); }
+  // The ranks that shard unit u, and this rank's place among them.
+  dist::Communicator& unit_comm(size_t u) const { return *unit_comms_[u]; }
   // Gathered units right now (for tests of the schedule).
   int gathered_units() const;
 
@@ -192,6 +205,7 @@ class ShardedUnitStore final : public model::UnitStore {
 
   const model::ModelLayout* layout_;
   dist::Communicator* comm_;
+  std::vector<dist::Communicator*> unit_comms_;  // [unit] comm_, or the block communicator
   ShardingOptions options_;
   Device device_;
   std::vector<Tensor> master_, grad_;

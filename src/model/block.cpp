@@ -110,18 +110,75 @@ BlockPart recompute_part(ActivationCheckpointing checkpointing) {
   ST_THROW("recompute_part: nothing is recomputed without checkpointing");
 }
 
+int64_t BlockContext::residual_rows() const {
+  const int64_t rows = batch * seq;
+  if (tp == nullptr || residual == ResidualSplit::kReplicated) return rows;
+  ST_ASSERT(rows % tp->size() == 0, "sequence parallelism: ", rows, " token rows over ", tp->size(), " ranks");
+  return rows / tp->size();
+}
+
 namespace {
 
+// BT: all token rows; R: the residual stream's rows on this rank (BT without tensor
+// parallelism). N, M, F: this rank's query heads, kv heads and FFN columns.
 struct Dims {
-  int64_t B, T, D, N, M, H, F;
+  int64_t B, T, BT, R, D, N, M, H, F;
   DType stats;
   Device dev;
 };
 
 Dims dims_of(const BlockContext& ctx, const Tensor& x_BTD) {
   const LlamaConfig& c = *ctx.config;
-  return {ctx.batch, ctx.seq, c.dim, c.n_heads, c.n_kv_heads, c.head_dim(), c.ffn_dim,
-          ops::stats_dtype(x_BTD.dtype()), x_BTD.device()};
+  const int64_t parts = ctx.tp != nullptr ? ctx.tp->size() : 1;
+  return {ctx.batch,          ctx.seq,         ctx.batch * ctx.seq, ctx.residual_rows(),
+          c.dim,              c.n_heads / parts, c.n_kv_heads / parts, c.head_dim(),
+          c.ffn_dim / parts,  ops::stats_dtype(x_BTD.dtype()), x_BTD.device()};
+}
+
+// The shape of a residual-stream tensor: [B, T, D] when this rank holds every row.
+Shape residual_shape(const Dims& d) { return d.R == d.BT ? Shape{d.B, d.T, d.D} : Shape{d.R, d.D}; }
+
+bool sequence_split(const BlockContext& ctx) {
+  return ctx.tp != nullptr && ctx.residual == ResidualSplit::kSequence;
+}
+
+// A product's input from the residual stream's rows [R, D]: all B·T rows [BT, D], gathered
+// over the group under sequence parallelism (Megatron's f / g-bar), else the rows themselves.
+Tensor all_rows(const Tensor& rows_RD, const BlockContext& ctx, const Dims& d, const char* name) {
+  if (!sequence_split(ctx)) return rows_RD.view({d.BT, d.D});
+  Tensor all_TD = Tensor::empty({d.BT, d.D}, rows_RD.dtype(), rows_RD.device(), name);
+  ctx.tp->all_gather(all_TD, rows_RD);
+  return all_TD;
+}
+
+// A row-parallel product's partial output over all rows [BT, D], summed over the group into
+// this rank's rows [R, D]: reduce-scattered under sequence parallelism, else all-reduced in
+// place (Megatron's g / f-bar). Without tensor parallelism the output itself.
+Tensor summed_rows(Tensor partial_TD, const BlockContext& ctx, const Dims& d, const char* name) {
+  if (ctx.tp == nullptr) return partial_TD;
+  if (!sequence_split(ctx)) {
+    ctx.tp->all_reduce(partial_TD);
+    return partial_TD;
+  }
+  Tensor rows_RD = Tensor::empty({d.R, d.D}, partial_TD.dtype(), partial_TD.device(), name);
+  ctx.tp->reduce_scatter(rows_RD, partial_TD);
+  return rows_RD;
+}
+
+// out = x + o(in) for the residual stream: the residual add in the product's epilogue, or
+// with tensor parallelism after the partial outputs are summed over the group.
+void residual_product(Tensor& out, const Tensor& in_TK, const Tensor& weight_DK, const Tensor& x, const Dims& d,
+                      const BlockContext& ctx, const char* name) {
+  out = Tensor::empty(residual_shape(d), x.dtype(), x.device(), name);
+  Tensor out_RD = out.view({d.R, d.D});
+  if (ctx.tp == nullptr) {
+    ops::linear_forward_add(out_RD, in_TK, weight_DK, x.view({d.R, d.D}));
+    return;
+  }
+  Tensor partial_TD = Tensor::empty({d.BT, d.D}, x.dtype(), x.device(), "partial sums over the group");
+  ops::linear_forward(partial_TD, in_TK, weight_DK);
+  const Tensor summed_RD = summed_rows(partial_TD, ctx, d, name);
+  ops::add(out_RD, summed_RD, x.view({d.R, d.D}));
 }
 
 // Whether q, k and v (gate and up) come from one product: their weights stacked, and not
@@ -133,14 +190,36 @@ bool gate_up_stacked(const BlockWeights& w, const BlockContext& ctx) {
   return w.w_gate_up_2FD.defined() && !ctx.separate_projections;
 }
 
-// xn = norm(x) with its f32 1/rms.
+// xn = norm(x) over the residual stream's rows with its f32 1/rms, then gathered to all rows
+// (the next products' input).
 void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps,
-          const char* name, const char* rstd_name) {
-  xn_BTD = like({d.B, d.T, d.D}, x_BTD, name);
-  rstd_BT = Tensor::empty({d.B, d.T}, d.stats, d.dev, rstd_name);
-  Tensor xn_TD = xn_BTD.view({d.B * d.T, d.D});
-  Tensor rstd_T = rstd_BT.view({d.B * d.T});
-  ops::rmsnorm_forward(xn_TD, rstd_T, x_BTD.view({d.B * d.T, d.D}), weight_D, {eps});
+          const BlockContext& ctx, const char* name, const char* rstd_name) {
+  Tensor xn_rows = like(residual_shape(d), x_BTD, name);
+  rstd_BT = Tensor::empty(d.R == d.BT ? Shape{d.B, d.T} : Shape{d.R}, d.stats, d.dev, rstd_name);
+  Tensor xn_RD = xn_rows.view({d.R, d.D});
+  Tensor rstd_R = rstd_BT.view({d.R});
+  ops::rmsnorm_forward(xn_RD, rstd_R, x_BTD.view({d.R, d.D}), weight_D, {eps});
+  xn_BTD = sequence_split(ctx) ? all_rows(xn_RD, ctx, d, name).view({d.B, d.T, d.D}) : xn_rows;
+}
+
+// The norm's backward over the residual stream's rows: dx (overwrites) = d(norm)/dx · dxn +
+// dresidual. With tensor parallelism the weight's gradient over this rank's rows is summed
+// over the group before it reaches `dweight` (every rank's copy then gets the same).
+void norm_backward(Tensor& dx_RD, Tensor& dweight_D, const Tensor& dxn_RD, const Tensor& x_RD, const Tensor& weight_D,
+                   const Tensor& rstd_R, const Tensor& dresidual_RD, const BlockContext& ctx, bool overwrite) {
+  if (!sequence_split(ctx)) {
+    ops::rmsnorm_backward(dx_RD, dweight_D, dxn_RD, x_RD, weight_D, rstd_R, dresidual_RD,
+                          {.overwrite_dweight = overwrite});
+    return;
+  }
+  Tensor part_D = Tensor::empty(dweight_D.shape(), dweight_D.dtype(), dweight_D.device(), "norm weight gradient");
+  ops::rmsnorm_backward(dx_RD, part_D, dxn_RD, x_RD, weight_D, rstd_R, dresidual_RD, {.overwrite_dweight = true});
+  ctx.tp->all_reduce(part_D);
+  if (overwrite) {
+    copy(dweight_D, part_D);
+  } else {
+    ops::add(dweight_D, dweight_D, part_D);
+  }
 }
 
 // Writes the new tokens' k (after rope) and v into the cache at positions kv_position.. and
@@ -167,12 +246,12 @@ const Tensor& positions(const BlockContext& ctx) {
 // attention reads the cached positions' keys and values too.
 void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const Tensor& x = a.x_BTD;
-  const Tensor xn1_TD = a.xn1_BTD.view({d.B * d.T, d.D});
+  const Tensor xn1_TD = a.xn1_BTD.view({d.BT, d.D});
   if (qkv_stacked(w, ctx)) {
     // one product for q, k and v; each a slice of its heads; rope on q's and k's heads at once
     const int64_t heads = d.N + 2 * d.M;
     const Tensor qkv_BTEH = like({d.B, d.T, heads, d.H}, x, "qkv");
-    Tensor qkv_TE = qkv_BTEH.view({d.B * d.T, heads * d.H});
+    Tensor qkv_TE = qkv_BTEH.view({d.BT, heads * d.H});
     ops::linear_forward(qkv_TE, xn1_TD, w.wqkv_ED, w.bqkv_E);
     a.q_BTNH = qkv_BTEH.slice(2, 0, d.N);
     a.k_BTMH = qkv_BTEH.slice(2, d.N, d.N + d.M);
@@ -183,9 +262,9 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
     a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
     a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
     a.v_BTMH = like({d.B, d.T, d.M, d.H}, x, "v");
-    Tensor q_TQ = a.q_BTNH.view({d.B * d.T, d.N * d.H});
-    Tensor k_TK = a.k_BTMH.view({d.B * d.T, d.M * d.H});
-    Tensor v_TK = a.v_BTMH.view({d.B * d.T, d.M * d.H});
+    Tensor q_TQ = a.q_BTNH.view({d.BT, d.N * d.H});
+    Tensor k_TK = a.k_BTMH.view({d.BT, d.M * d.H});
+    Tensor v_TK = a.v_BTMH.view({d.BT, d.M * d.H});
     ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
     ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
     ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
@@ -208,9 +287,7 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
   }
 
-  a.x2_BTD = like({d.B, d.T, d.D}, x, "x2");
-  Tensor x2_TD = a.x2_BTD.view({d.B * d.T, d.D});
-  ops::linear_forward_add(x2_TD, a.attn_BTNH.view({d.B * d.T, d.N * d.H}), w.wo_DQ, x.view({d.B * d.T, d.D}));
+  residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx, "x2");
 }
 
 // The MLP's inner tensors for some token rows: gate and up (the halves of one stacked
@@ -240,7 +317,7 @@ MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockCon
 
 // gate, up and h = silu(gate) * up from a.xn2, kept in `a`.
 void mlp_inner(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
-  MlpRows m = mlp_products(a.xn2_BTD.view({d.B * d.T, d.D}), w, ctx, d.F, true);
+  MlpRows m = mlp_products(a.xn2_BTD.view({d.BT, d.D}), w, ctx, d.F, true);
   a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
   if (m.gate_up_R2F.defined()) {
     a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
@@ -258,18 +335,25 @@ int64_t mlp_piece_rows(const BlockContext& ctx, int64_t rows) {
 }
 
 // y = x2 + down(h) piece by piece: each piece's gate, up and h are dropped once its rows of
-// y are written, so the block keeps none of them.
+// y (with tensor parallelism: of the partial sums over all rows) are written, so the block
+// keeps none of them.
 void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
-  const int64_t rows = d.B * d.T, C = mlp_piece_rows(ctx, rows);
-  const Tensor xn2_TD = a.xn2_BTD.view({rows, d.D}), x2_TD = a.x2_BTD.view({rows, d.D});
-  a.y_BTD = like({d.B, d.T, d.D}, a.x_BTD, "y");
-  Tensor y_TD = a.y_BTD.view({rows, d.D});
+  const int64_t rows = d.BT, C = mlp_piece_rows(ctx, rows);
+  const Tensor xn2_TD = a.xn2_BTD.view({rows, d.D}), x2_RD = a.x2_BTD.view({d.R, d.D});
+  a.y_BTD = like(residual_shape(d), a.x_BTD, "y");
+  Tensor y_RD = a.y_BTD.view({d.R, d.D});
+  Tensor out_TD = ctx.tp == nullptr ? y_RD : Tensor::empty({rows, d.D}, y_RD.dtype(), y_RD.device(), "partial y");
   for (int64_t r0 = 0; r0 < rows; r0 += C) {
     const int64_t r1 = std::min(rows, r0 + C);
     const MlpRows m = mlp_products(xn2_TD.slice(0, r0, r1), w, ctx, d.F, true);
-    Tensor y_RD = y_TD.slice(0, r0, r1);
-    ops::linear_forward_add(y_RD, m.h_RF, w.w_down_DF, x2_TD.slice(0, r0, r1));
+    Tensor out_piece = out_TD.slice(0, r0, r1);
+    if (ctx.tp == nullptr) {
+      ops::linear_forward_add(out_piece, m.h_RF, w.w_down_DF, x2_RD.slice(0, r0, r1));
+    } else {
+      ops::linear_forward(out_piece, m.h_RF, w.w_down_DF);
+    }
   }
+  if (ctx.tp != nullptr) ops::add(y_RD, summed_rows(out_TD, ctx, d, "y"), x2_RD);
 }
 
 // The MLP's backward over some token rows: dxn2_RD (overwrites; allocated here when
@@ -310,15 +394,16 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
                    BlockPart part) {
   const double eps = ctx.config->norm_eps;
   const Dims d = dims_of(ctx, x_BTD);
+  ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
-  norm(a.xn1_BTD, a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1");
+  norm(a.xn1_BTD, a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, ctx, "xn1", "rstd1");
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
   } else {
     attention_half(a, w, ctx, d);
   }
-  norm(a.xn2_BTD, a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2");
+  norm(a.xn2_BTD, a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, ctx, "xn2", "rstd2");
   if (part == BlockPart::kNorms) {
     ST_ASSERT(a.gate_BTF.defined() && a.up_BTF.defined(), "block_forward: pointwise recompute needs the kept gate "
               "and up");
@@ -332,70 +417,72 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   mlp_inner(a, w, ctx, d);
   if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
 
-  a.y_BTD = like({d.B, d.T, d.D}, x_BTD, "y");
-  Tensor y_TD = a.y_BTD.view({d.B * d.T, d.D});
-  ops::linear_forward_add(y_TD, a.h_BTF.view({d.B * d.T, d.F}), w.w_down_DF, a.x2_BTD.view({d.B * d.T, d.D}));
+  residual_product(a.y_BTD, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD, d, ctx, "y");
 }
 
 void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, BlockActivations& a, const BlockWeights& w,
                     const BlockContext& ctx, bool overwrite_grads) {
-  const LlamaConfig& c = *ctx.config;
-  const int64_t B = ctx.batch, T = ctx.seq, D = c.dim, N = c.n_heads, M = c.n_kv_heads, H = c.head_dim(),
-                F = c.ffn_dim;
-  const Tensor dy_TD = dy_BTD.view({B * T, D});
+  const Dims d = dims_of(ctx, dy_BTD);
+  const int64_t B = d.B, T = d.T, BT = d.BT, R = d.R, D = d.D, N = d.N, M = d.M, H = d.H, F = d.F;
+  ST_ASSERT(!ctx.tp || sequence_split(ctx), "the backward of a tensor-parallel block splits the rows (kSequence)");
+  const Tensor dy_RD = dy_BTD.view({R, D});
   Tensor none;
   // each parameter receives one gradient here: the first write replaces when asked to
   const ops::LinearBackwardOptions dw{.overwrite_dweight = overwrite_grads};
   const ops::LinearBackwardOptions dw_dx{.accumulate_dx = true, .overwrite_dweight = overwrite_grads};
-  const ops::RmsNormBackwardOptions dnorm{.overwrite_dweight = overwrite_grads};
 
-  Tensor dxn2_TD;
+  // The MLP's products see every row: dy gathered over the group (tensor parallelism).
+  Tensor dy_TD = all_rows(dy_RD, ctx, d, "dy (all rows)");
+  Tensor dxn2_TD;  // all rows; with tensor parallelism partial sums over the group
   // a view holds its storage: dropped with a.xn2_BTD below, not at the function's end
-  Tensor xn2_TD = a.xn2_BTD.view({B * T, D});
+  Tensor xn2_TD = a.xn2_BTD.view({BT, D});
   if (a.gate_BTF.defined()) {
     // the kept (or recomputed) gate and up of every token
     const bool stacked = a.gate_up_BT2F.defined();
-    Tensor gate_up = stacked ? a.gate_up_BT2F.view({B * T, 2 * F}) : Tensor();
-    Tensor gate = stacked ? gate_up.slice(1, 0, F) : a.gate_BTF.view({B * T, F});
-    Tensor up = stacked ? gate_up.slice(1, F, 2 * F) : a.up_BTF.view({B * T, F});
-    Tensor h = a.h_BTF.defined() ? a.h_BTF.view({B * T, F}) : Tensor();
+    Tensor gate_up = stacked ? a.gate_up_BT2F.view({BT, 2 * F}) : Tensor();
+    Tensor gate = stacked ? gate_up.slice(1, 0, F) : a.gate_BTF.view({BT, F});
+    Tensor up = stacked ? gate_up.slice(1, F, 2 * F) : a.up_BTF.view({BT, F});
+    Tensor h = a.h_BTF.defined() ? a.h_BTF.view({BT, F}) : Tensor();
     a.gate_BTF = a.up_BTF = a.gate_up_BT2F = a.h_BTF = Tensor();  // freed inside, once read
     mlp_backward_rows(dxn2_TD, g, dy_TD, xn2_TD, std::move(gate_up), std::move(gate), std::move(up), std::move(h), w,
                       dw, dw_dx);
   } else {
     // a chunked MLP (BlockContext::mlp_chunk_tokens): gate and up recomputed piece by piece;
     // each weight gradient gets one piece's product after another (the first may overwrite)
-    const int64_t rows = B * T, C = mlp_piece_rows(ctx, rows);
-    dxn2_TD = like({rows, D}, dy_BTD, "dxn2");
-    for (int64_t r0 = 0; r0 < rows; r0 += C) {
-      const int64_t r1 = std::min(rows, r0 + C);
+    const int64_t C = mlp_piece_rows(ctx, BT);
+    dxn2_TD = like({BT, D}, dy_BTD, "dxn2");
+    for (int64_t r0 = 0; r0 < BT; r0 += C) {
+      const int64_t r1 = std::min(BT, r0 + C);
       const bool first = overwrite_grads && r0 == 0;
       const ops::LinearBackwardOptions piece_dw{.overwrite_dweight = first};
       const ops::LinearBackwardOptions piece_dw_dx{.accumulate_dx = true, .overwrite_dweight = first};
-      const Tensor xn2_RD = xn2_TD.slice(0, r0, r1);
-      MlpRows m = mlp_products(xn2_RD, w, ctx, F, false);
-      Tensor dxn2_RD = dxn2_TD.slice(0, r0, r1);
-      mlp_backward_rows(dxn2_RD, g, dy_TD.slice(0, r0, r1), xn2_RD, std::move(m.gate_up_R2F), std::move(m.gate_RF),
-                        std::move(m.up_RF), Tensor(), w, piece_dw, piece_dw_dx);
+      const Tensor xn2_piece = xn2_TD.slice(0, r0, r1);
+      MlpRows m = mlp_products(xn2_piece, w, ctx, F, false);
+      Tensor dxn2_piece = dxn2_TD.slice(0, r0, r1);
+      mlp_backward_rows(dxn2_piece, g, dy_TD.slice(0, r0, r1), xn2_piece, std::move(m.gate_up_R2F),
+                        std::move(m.gate_RF), std::move(m.up_RF), Tensor(), w, piece_dw, piece_dw_dx);
     }
   }
-  Tensor dx2_TD = like({B * T, D}, dy_BTD, "dx2");
-  ops::rmsnorm_backward(dx2_TD, g.ffn_norm_D, dxn2_TD, a.x2_BTD.view({B * T, D}), w.ffn_norm_D,
-                        a.rstd2_BT.view({B * T}), dy_TD, dnorm);
+  dy_TD = Tensor();
+  Tensor dxn2_RD = summed_rows(dxn2_TD, ctx, d, "dxn2");
+  Tensor dx2_RD = like({R, D}, dy_BTD, "dx2");
+  norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx,
+                overwrite_grads);
   // read for the last time: freed before the attention's backward, the block's other peak
-  dxn2_TD = xn2_TD = Tensor();
+  dxn2_TD = dxn2_RD = xn2_TD = Tensor();
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
-  // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj.
+  // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows).
+  const Tensor dx2_TD = all_rows(dx2_RD, ctx, d, "dx2 (all rows)");
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
-  Tensor dattn_TQ = dattn_BTNH.view({B * T, N * H});
-  ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({B * T, N * H}), w.wo_DQ, dw);
+  Tensor dattn_TQ = dattn_BTNH.view({BT, N * H});
+  ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
   attention.documents = ctx.documents;
   // allocated once the attention backward has freed its inputs (that moment is the peak)
   Tensor dxn1_TD;
-  const Tensor xn1_TD = a.xn1_BTD.view({B * T, D});
+  const Tensor xn1_TD = a.xn1_BTD.view({BT, D});
   if (qkv_stacked(w, ctx) && g.wqkv_ED.defined()) {
     // dq, dk, dv as head slices of one tensor: one product for the input gradient (and one
     // for the stacked weight gradient) instead of three
@@ -409,8 +496,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
     ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
-    dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
-    ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({B * T, heads * H}), xn1_TD, w.wqkv_ED, dw);
+    dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
+    ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({BT, heads * H}), xn1_TD, w.wqkv_ED, dw);
   } else {
     Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
     Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
@@ -421,14 +508,15 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
-    dxn1_TD = like({B * T, D}, dy_BTD, "dxn1");
-    ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({B * T, N * H}), xn1_TD, w.wq_QD, dw);
-    ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({B * T, M * H}), xn1_TD, w.wk_KD, dw_dx);
-    ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({B * T, M * H}), xn1_TD, w.wv_KD, dw_dx);
+    dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
+    ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({BT, N * H}), xn1_TD, w.wq_QD, dw);
+    ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({BT, M * H}), xn1_TD, w.wk_KD, dw_dx);
+    ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({BT, M * H}), xn1_TD, w.wv_KD, dw_dx);
   }
-  Tensor dx_TD = dx_BTD.view({B * T, D});
-  ops::rmsnorm_backward(dx_TD, g.attn_norm_D, dxn1_TD, a.x_BTD.view({B * T, D}), w.attn_norm_D,
-                        a.rstd1_BT.view({B * T}), dx2_TD, dnorm);
+  const Tensor dxn1_RD = summed_rows(dxn1_TD, ctx, d, "dxn1");
+  Tensor dx_RD = dx_BTD.view({R, D});
+  norm_backward(dx_RD, g.attn_norm_D, dxn1_RD, a.x_BTD.view({R, D}), w.attn_norm_D, a.rstd1_BT.view({R}), dx2_RD, ctx,
+                overwrite_grads);
 }
 
 }  // namespace shardtrain::model

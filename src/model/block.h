@@ -9,6 +9,7 @@
 #include "core/tensor.h"
 #include "model/config.h"
 #include "model/layout.h"
+#include "model/tensor_parallel.h"
 #include "ops/attention.h"
 
 namespace shardtrain::model {
@@ -32,6 +33,11 @@ struct BlockWeights {
   static BlockWeights view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig& config);
 };
 
+// With tensor parallelism (BlockContext::tp) the weights are this rank's part of the block
+// (ModelLayout): N/size query heads, M/size key/value heads, F/size FFN columns; the
+// activations below hold those heads and columns for all B·T token rows, except the
+// residual stream's x, x2, y and rstd, which hold this rank's rows R (ResidualSplit).
+
 // What each block keeps between forward and backward: everything (none); every matrix
 // product's output, with the pointwise ops recomputed (pointwise: the two norms' outputs
 // and SwiGLU's product, no GEMM); its attention half, with the norms and the MLP's inner
@@ -48,11 +54,11 @@ constexpr ActivationCheckpointing kCheckpointingByMemory[] = {
 // and h inside the SwiGLU backward).
 struct BlockActivations {
   Tensor x_BTD;                 // input (the previous block's output; shared, not copied)
-  Tensor xn1_BTD, rstd1_BT;     // attention-norm output and its 1/rms
+  Tensor xn1_BTD, rstd1_BT;     // attention-norm output (all rows: the q|k|v product's input) and its 1/rms
   Tensor q_BTNH, k_BTMH, v_BTMH;  // after rope (q, k); head slices of one [B, T, N+2M, H] tensor when stacked
   Tensor attn_BTNH, lse_BNT;    // attention output and its log-sum-exp rows
   Tensor x2_BTD;                // residual stream after attention
-  Tensor xn2_BTD, rstd2_BT;
+  Tensor xn2_BTD, rstd2_BT;     // MLP-norm output (all rows) and its 1/rms
   Tensor gate_BTF, up_BTF, h_BTF;  // h = silu(gate) * up
   Tensor gate_up_BT2F;             // when stacked: one product, gate and up its halves (views)
   Tensor y_BTD;                 // block output
@@ -114,6 +120,13 @@ struct BlockContext {
   // Documents packed into the rows (not owned; null: none): each attends only to itself and
   // its rope positions count from its first token (ops::PackedDocuments). Not with a KV cache.
   const ops::PackedDocuments* documents = nullptr;
+  // Tensor parallelism (not owned; null: none): the weights are this rank's part, and the
+  // residual stream x, x2, y (and rstd) holds the rows `residual` says: with kSequence, rows
+  // [rank·R, (rank + 1)·R) of the B·T rows (B, T row-major), R = B·T / size.
+  TensorParallel* tp = nullptr;
+  ResidualSplit residual = ResidualSplit::kSequence;
+  // Token rows of the residual stream on this rank (R).
+  int64_t residual_rows() const;
 };
 
 // Fills the members of `acts` that `part` names from x_BTD (which it keeps a reference to);
@@ -123,7 +136,8 @@ struct BlockContext {
 void block_forward(BlockActivations& acts, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
                    BlockPart part = BlockPart::kAll);
 
-// dx_BTD (overwrites) from dy_BTD; parameter gradients accumulate into `grads`, or
+// dx_BTD (overwrites) from dy_BTD (both the residual stream's rows); parameter gradients
+// accumulate into `grads`, or
 // overwrite them with `overwrite_grads` (each parameter gets one gradient per call).
 // dx_BTD may not alias dy_BTD. Consumes `acts`: gate and up are overwritten with their
 // gradients, and the MLP's [tokens, F] tensors are released once read. Without acts.h_BTF

@@ -4,12 +4,13 @@
 
 namespace shardtrain::model {
 
-KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DType dtype, Device device)
+KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DType dtype, Device device,
+                 int64_t kv_heads)
     : batch_(batch), capacity_(capacity), dtype_(dtype), device_(device) {
   ST_CHECK(batch >= 1, "KV cache: expected at least one sequence, found batch ", batch);
   ST_CHECK(capacity >= 1 && capacity <= config.max_seq_len, "KV cache: capacity ", capacity,
            " positions; the model takes 1 to max_seq_len = ", config.max_seq_len);
-  const Shape shape{batch, capacity, config.n_kv_heads, config.head_dim()};
+  const Shape shape{batch, capacity, kv_heads > 0 ? kv_heads : config.n_kv_heads, config.head_dim()};
   for (int64_t l = 0; l < config.n_layers; ++l) {
     keys_.push_back(Tensor::empty(shape, dtype, device, "kv cache keys"));
     values_.push_back(Tensor::empty(shape, dtype, device, "kv cache values"));

@@ -16,8 +16,10 @@ class KvCache {
  public:
   // Room for `capacity` positions of `batch` sequences in `dtype` on `device`: 2·L·B·capacity·M·H
   // elements, allocated at once. 1 <= capacity <= config.max_seq_len (the rope table's rows);
-  // an error names both otherwise.
-  KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DType dtype, Device device = Device::cpu());
+  // an error names both otherwise. `kv_heads`: the heads this rank keeps (0: all M; with
+  // tensor parallelism M / size, Llama::kv_heads_per_rank).
+  KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DType dtype, Device device = Device::cpu(),
+          int64_t kv_heads = 0);
 
   int64_t batch() const { return batch_; }
   int64_t capacity() const { return capacity_; }

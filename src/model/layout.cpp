@@ -6,18 +6,34 @@ namespace {
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-void add_param(UnitLayout& unit, std::string name, Shape shape, ParamInit init) {
+// Adds part `t` of `tp` of a parameter of shape `full`: split along `dim` (-1: whole; with
+// tp > 1 every rank of the group then holds it).
+void add_param(UnitLayout& unit, std::string name, Shape full, ParamInit init, int dim = -1, int tp = 1, int t = 0) {
   ParamSpec p;
   p.name = std::move(name);
-  p.shape = shape;
+  p.full_shape = full;
+  p.shape = full;
+  if (dim >= 0 && tp > 1) {
+    const int64_t part = full[dim] / tp;
+    p.split_dim = dim;
+    p.split_first = t * part;
+    p.shape[dim] = part;
+  }
+  p.replicated = dim < 0 && tp > 1;
   p.init = init;
-  p.is_matrix = shape.ndim() == 2;
+  p.is_matrix = full.ndim() == 2;
   p.offset = round_up(unit.numel, kParamAlignment);
   unit.numel = p.offset + p.numel();
   unit.params.push_back(std::move(p));
 }
 
 }  // namespace
+
+ParamSpec ParamSpec::part(int t) const {
+  ParamSpec p = *this;
+  if (split_dim >= 0) p.split_first = t * shape[split_dim];
+  return p;
+}
 
 std::string block_param_name(int64_t layer, const char* suffix) {
   return "model.layers." + std::to_string(layer) + "." + suffix;
@@ -40,10 +56,33 @@ std::vector<std::pair<int64_t, int64_t>> UnitLayout::padding() const {
   return gaps;
 }
 
+std::vector<ShardRange> shard_ranges(const UnitLayout& unit, int index) {
+  ST_ASSERT(index >= 0 && index < unit.ranks, "slice ", index, " of unit ", unit.name, " sharded over ", unit.ranks);
+  const int64_t s = unit.shard_numel(), lo = index * s, hi = lo + s;
+  std::vector<ShardRange> out;
+  for (const ParamSpec& p : unit.params) {
+    const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
+    if (a < b) out.push_back({&p, a - p.offset, b - a, a - lo});
+  }
+  return out;
+}
+
 ModelLayout ModelLayout::llama(const LlamaConfig& c, int world_size) {
   ST_CHECK(world_size >= 1, "world size must be >= 1, found ", world_size);
+  return llama(c, Mesh{world_size, 1}, 0);
+}
+
+ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_rank) {
+  const int tp = mesh.tensor_parallel;
+  ST_CHECK(mesh.data_parallel >= 1 && tp >= 1, "the mesh needs >= 1 rank in each dimension, found ",
+           mesh.data_parallel, " x ", tp);
+  ST_ASSERT(tp_rank >= 0 && tp_rank < tp, "tensor-parallel rank ", tp_rank, " of ", tp);
+  ST_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0 && c.ffn_dim % tp == 0, "`parallel.tensor_parallel` = ",
+           tp, " must divide the model's query heads (", c.n_heads, "), key/value heads (", c.n_kv_heads,
+           ") and FFN width (", c.ffn_dim, ")");
   ModelLayout layout;
-  layout.world_size_ = world_size;
+  layout.mesh_ = mesh;
+  layout.tp_rank_ = tp_rank;
   const int64_t h = c.head_dim();
 
   UnitLayout embed;
@@ -52,25 +91,34 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, int world_size) {
   add_param(embed, "model.embed_tokens.weight", {c.vocab_size, c.dim}, ParamInit::kNormal);
   layout.units_.push_back(std::move(embed));
 
+  // Column-parallel products (q, k, v, gate, up) keep rows of their weights, row-parallel
+  // ones (o, down) columns: a block's first products need no exchange, its last end in a sum
+  // over the group.
+  constexpr int kRows = 0, kColumns = 1, kWhole = -1;
+  const int t = tp_rank;
   for (int64_t l = 0; l < c.n_layers; ++l) {
     UnitLayout b;
     b.name = "layers." + std::to_string(l);
     b.kind = UnitKind::kBlock;
     b.layer = l;
-    add_param(b, block_param_name(l, "input_layernorm.weight"), {c.dim}, ParamInit::kOnes);
-    add_param(b, block_param_name(l, "self_attn.q_proj.weight"), {c.n_heads * h, c.dim}, ParamInit::kNormal);
-    add_param(b, block_param_name(l, "self_attn.k_proj.weight"), {c.n_kv_heads * h, c.dim}, ParamInit::kNormal);
-    add_param(b, block_param_name(l, "self_attn.v_proj.weight"), {c.n_kv_heads * h, c.dim}, ParamInit::kNormal);
+    auto add = [&](const char* suffix, Shape full, ParamInit init, int dim) {
+      add_param(b, block_param_name(l, suffix), full, init, dim, tp, t);
+    };
+    add("input_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
+    add("self_attn.q_proj.weight", {c.n_heads * h, c.dim}, ParamInit::kNormal, kRows);
+    add("self_attn.k_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
+    add("self_attn.v_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
     if (c.attention_bias) {
-      add_param(b, block_param_name(l, "self_attn.q_proj.bias"), {c.n_heads * h}, ParamInit::kZeros);
-      add_param(b, block_param_name(l, "self_attn.k_proj.bias"), {c.n_kv_heads * h}, ParamInit::kZeros);
-      add_param(b, block_param_name(l, "self_attn.v_proj.bias"), {c.n_kv_heads * h}, ParamInit::kZeros);
+      add("self_attn.q_proj.bias", {c.n_heads * h}, ParamInit::kZeros, kRows);
+      add("self_attn.k_proj.bias", {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
+      add("self_attn.v_proj.bias", {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
     }
-    add_param(b, block_param_name(l, "self_attn.o_proj.weight"), {c.dim, c.n_heads * h}, ParamInit::kNormal);
-    add_param(b, block_param_name(l, "post_attention_layernorm.weight"), {c.dim}, ParamInit::kOnes);
-    add_param(b, block_param_name(l, "mlp.gate_proj.weight"), {c.ffn_dim, c.dim}, ParamInit::kNormal);
-    add_param(b, block_param_name(l, "mlp.up_proj.weight"), {c.ffn_dim, c.dim}, ParamInit::kNormal);
-    add_param(b, block_param_name(l, "mlp.down_proj.weight"), {c.dim, c.ffn_dim}, ParamInit::kNormal);
+    add("self_attn.o_proj.weight", {c.dim, c.n_heads * h}, ParamInit::kNormal, kColumns);
+    add("post_attention_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
+    add("mlp.gate_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
+    add("mlp.up_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
+    add("mlp.down_proj.weight", {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
+    b.ranks = mesh.data_parallel;
     layout.units_.push_back(std::move(b));
   }
 
@@ -81,8 +129,17 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, int world_size) {
   if (!c.tie_embeddings) add_param(head, "lm_head.weight", {c.vocab_size, c.dim}, ParamInit::kNormal);
   layout.units_.push_back(std::move(head));
 
-  for (UnitLayout& u : layout.units_) u.numel = round_up(u.numel, kParamAlignment * world_size);
+  for (UnitLayout& u : layout.units_) {
+    if (u.kind != UnitKind::kBlock) u.ranks = mesh.world();  // the embedding and head: every rank shards them
+    u.numel = round_up(u.numel, kParamAlignment * u.ranks);
+  }
   return layout;
+}
+
+int ModelLayout::shard_index(size_t u, int rank) const {
+  ST_ASSERT(rank >= 0 && rank < mesh_.world() && mesh_.tp_rank(rank) == tp_rank_, "rank ", rank,
+            " does not hold tensor-parallel part ", tp_rank_);
+  return units_[u].ranks == mesh_.world() ? rank : mesh_.dp_rank(rank);
 }
 
 ModelLayout::Location ModelLayout::locate(const std::string& name) const {

@@ -1,9 +1,12 @@
 // Where every parameter lives: sharding units (embedding, one per block, final norm + head),
 // each a flat buffer in which parameters start on aligned offsets and whose padded length
-// divides evenly by the number of ranks (rank r owns the contiguous slice r). A parameter
-// element's global address is (name, element index), independent of the number of ranks.
+// divides evenly by the number of ranks that shard it (rank r owns the contiguous slice r). A
+// parameter element's global address is (name, element index in the whole parameter),
+// independent of the number of ranks. With tensor parallelism a block's unit holds this
+// rank's part of each product's weight: rows (q, k, v, gate, up) or columns (o, down).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -18,12 +21,44 @@ enum class ParamInit { kNormal, kOnes, kZeros };
 
 struct ParamSpec {
   std::string name;     // Hugging Face name, e.g. "model.layers.3.mlp.up_proj.weight"
-  Shape shape;
+  Shape shape;          // this rank's part (the whole parameter without tensor parallelism)
   int64_t offset = 0;   // first element inside the unit's flat buffer
   ParamInit init = ParamInit::kNormal;
   bool is_matrix = false;  // 2-D weights; norms and biases are not (weight decay policy)
+  // The whole parameter's shape (the Hugging Face tensor's), and the part `shape` is of it:
+  // split_dim 0: rows [split_first, split_first + shape[0]); 1: columns likewise; -1: all of it.
+  Shape full_shape;
+  int split_dim = -1;
+  int64_t split_first = 0;
+  // A whole parameter that every rank of a tensor-parallel group holds (a block's norms with
+  // tensor_parallel > 1): its gradient is summed over the group, and it counts once in the
+  // gradient norm, checkpoints and exports (its copy on the group's rank 0).
+  bool replicated = false;
   int64_t numel() const { return shape.numel(); }
+  int64_t full_numel() const { return full_shape.numel(); }
+  // This parameter's part on tensor-parallel rank `t` of the group (same shape, other rows or
+  // columns); itself for a whole parameter.
+  ParamSpec part(int t) const;
 };
+
+// Calls fn(full_first, local_first, count) for each contiguous run of the whole parameter
+// (row-major) that elements [first, first + count) of the part `p` cover, in order: one run,
+// unless the part is a set of columns, then one per row it touches.
+template <typename Fn>
+void for_each_run(const ParamSpec& p, int64_t first, int64_t count, Fn&& fn) {
+  if (count <= 0) return;
+  if (p.split_dim != 1) {
+    const int64_t row = p.split_dim == 0 ? p.split_first * (p.full_numel() / p.full_shape[0]) : 0;
+    fn(row + first, first, count);
+    return;
+  }
+  const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
+  for (int64_t e = first, end = first + count; e < end;) {
+    const int64_t r = e / cols, c = e % cols, n = std::min(cols - c, end - e);
+    fn(r * full_cols + p.split_first + c, e, n);
+    e += n;
+  }
+}
 
 enum class UnitKind { kEmbedding, kBlock, kHead };
 
@@ -32,25 +67,57 @@ struct UnitLayout {
   UnitKind kind = UnitKind::kBlock;
   int64_t layer = -1;     // block index for kBlock
   std::vector<ParamSpec> params;
-  int64_t numel = 0;      // padded: a multiple of kParamAlignment * world_size
-  int64_t shard_numel(int world_size) const { return numel / world_size; }
+  int64_t numel = 0;      // padded: a multiple of kParamAlignment * ranks
+  // The ranks that shard this unit: every rank, or for a block with tensor parallelism the
+  // data-parallel ranks holding the same part (ModelLayout::shard_index).
+  int ranks = 1;
+  int64_t shard_numel() const { return numel / ranks; }
   const ParamSpec* find(const std::string& name) const;
   // The element ranges [first, end) of the flat buffer no parameter covers (alignment gaps
   // and the tail padding), in order.
   std::vector<std::pair<int64_t, int64_t>> padding() const;
 };
 
+// The part of parameter `spec` (its elements [first, first + count)) inside one slice of its
+// unit, at `shard_offset` there.
+struct ShardRange {
+  const ParamSpec* spec;
+  int64_t first, count, shard_offset;
+};
+// The parameter ranges in slice `index` of `unit` (elements [index·s, (index + 1)·s), s its
+// shard_numel()), in offset order; padding has none.
+std::vector<ShardRange> shard_ranges(const UnitLayout& unit, int index);
+
 // Parameters start on multiples of this many elements: 256 bytes in bf16, 512 in f32,
 // enough for 16-byte vector loads and TMA-friendly offsets.
 constexpr int64_t kParamAlignment = 128;
 
+// The ranks of a run as a 2-D mesh: `tensor_parallel` consecutive ranks form a group that
+// splits each block's heads and FFN columns (Megatron-style, with sequence parallelism); the
+// `data_parallel` groups shard units and batches (FSDP). Rank r is member r % tp of group r / tp.
+struct Mesh {
+  int data_parallel = 1;
+  int tensor_parallel = 1;
+  int world() const { return data_parallel * tensor_parallel; }
+  int tp_rank(int rank) const { return rank % tensor_parallel; }
+  int dp_rank(int rank) const { return rank / tensor_parallel; }
+};
+
 class ModelLayout {
  public:
-  // The units of a Llama model for `world_size` ranks.
+  // The units of a Llama model for `world_size` ranks, data parallel only.
   static ModelLayout llama(const LlamaConfig& config, int world_size);
+  // The units as tensor-parallel rank `tp_rank` of `mesh` holds them. Throws, naming
+  // parallel.tensor_parallel, unless it divides the heads, kv heads and FFN width.
+  static ModelLayout llama(const LlamaConfig& config, const Mesh& mesh, int tp_rank);
 
   const std::vector<UnitLayout>& units() const { return units_; }
-  int world_size() const { return world_size_; }
+  int world_size() const { return mesh_.world(); }
+  const Mesh& mesh() const { return mesh_; }
+  int tp_rank() const { return tp_rank_; }
+  // The slice of unit u that world rank `rank` owns: its data-parallel rank for a block
+  // split by tensor parallelism, else the rank itself.
+  int shard_index(size_t u, int rank) const;
   // Finds a parameter by name; throws naming it when absent.
   struct Location {
     int unit;
@@ -61,7 +128,8 @@ class ModelLayout {
 
  private:
   std::vector<UnitLayout> units_;
-  int world_size_ = 1;
+  Mesh mesh_;
+  int tp_rank_ = 0;
 };
 
 // The HF names of one block's parameters, in layout order (a table, not code paths).

@@ -54,7 +54,14 @@ void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_
   switch (spec.init) {  // computed where `out` lives: a GPU initialises its own shards
     case ParamInit::kOnes: ops::fill(flat, 1.0); return;
     case ParamInit::kZeros: ops::fill(flat, 0.0); return;
-    case ParamInit::kNormal: ops::fill_normal(flat, seed, name_key(spec.name), first, init_std); return;
+    case ParamInit::kNormal:
+      // keyed by the element's index in the whole parameter: a tensor-parallel part gets the
+      // values the whole parameter has there
+      for_each_run(spec, first, out.numel(), [&](int64_t full_first, int64_t local_first, int64_t n) {
+        Tensor run = flat.flat_range(local_first - first, n);
+        ops::fill_normal(run, seed, name_key(spec.name), full_first, init_std);
+      });
+      return;
   }
 }
 
@@ -173,15 +180,36 @@ const char* checkpointing_name(ActivationCheckpointing c) {
   return "?";
 }
 
+void Llama::set_tensor_parallel(TensorParallel* tp) {
+  const int parts = tp != nullptr ? tp->size() : 1;
+  ST_CHECK(layout_.mesh().tensor_parallel == parts, "tensor parallelism over ", parts,
+           " ranks for a layout of parts for ", layout_.mesh().tensor_parallel);
+  ST_CHECK(tp == nullptr || tp->rank() == layout_.tp_rank(), "tensor-parallel rank ", tp ? tp->rank() : 0,
+           " for a layout of part ", layout_.tp_rank());
+  tp_ = parts > 1 ? tp : nullptr;
+}
+
+std::pair<int64_t, int64_t> Llama::residual_rows(int64_t batch, int64_t seq, ResidualSplit split) const {
+  const int64_t rows = batch * seq;
+  if (tp_ == nullptr || split == ResidualSplit::kReplicated) return {0, rows};
+  ST_CHECK(rows % tp_->size() == 0, "sequence parallelism splits a batch's ", batch, " x ", seq, " = ", rows,
+           " token rows over the ", tp_->size(), " ranks of the tensor-parallel group, which does not divide them; ",
+           "make training.batch_size x training.seq_len a multiple of parallel.tensor_parallel");
+  const int64_t count = rows / tp_->size();
+  return {tp_->rank() * count, count};
+}
+
 void Llama::set_mlp_chunk_tokens(int64_t tokens) {
   ST_CHECK(tokens >= 0, "MLP chunk: expected 0 (every token at once) or a positive number of tokens, found ", tokens);
   mlp_chunk_tokens_ = tokens;
 }
 
 BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing,
-                            const ops::PackedDocuments* documents) const {
+                            const ops::PackedDocuments* documents, ResidualSplit split) const {
   BlockContext ctx;
   ctx.documents = documents;
+  ctx.tp = tp_;
+  ctx.residual = split;
   if (mlp_recomputed(checkpointing)) ctx.mlp_chunk_tokens = mlp_chunk_tokens_;
   ctx.config = &config_;
   ctx.batch = batch;
@@ -195,9 +223,11 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
 Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                              Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
                              bool ids_checked_on_host, ActivationOffload* offload, KvCache* cache,
-                             const ops::PackedDocuments* documents) {
+                             const ops::PackedDocuments* documents, ResidualSplit split) {
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
-  BlockContext ctx = context(B, T, checkpointing, documents);
+  BlockContext ctx = context(B, T, checkpointing, documents, split);
+  // the residual stream's rows on this rank: all B·T, or with sequence parallelism its share
+  const auto [row0, R] = residual_rows(B, T, split);
   ST_ASSERT(cache == nullptr || documents == nullptr, "packed documents are not for a KV cache");
   if (cache != nullptr) {
     // the new tokens are positions p..p+T-1: rope from the tables' row p on
@@ -213,13 +243,13 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
       ctx.sin_TK = sin_TK_.slice(0, p, p + T);
     }
   }
-  Tensor x_BTD = Tensor::empty({B, T, D}, dtype_, device_, "embeddings");
+  Tensor x_BTD = Tensor::empty(R == B * T ? Shape{B, T, D} : Shape{R, D}, dtype_, device_, "embeddings");
   {
     const Tensor embed = store_->acquire_params(kEmbedUnit, pass);
-    Tensor x_TD = x_BTD.view({B * T, D});
+    Tensor x_TD = x_BTD.view({R, D});
     // ids are checked on the host (check_inputs) where the caller gave host ids
-    ops::embedding_forward(x_TD, ids_BT.view({B * T}), view(embed, kEmbedUnit, "model.embed_tokens.weight"), {},
-                           !ids_checked_on_host);
+    ops::embedding_forward(x_TD, ids_BT.view({B * T}).slice(0, row0, row0 + R),
+                           view(embed, kEmbedUnit, "model.embed_tokens.weight"), {}, !ids_checked_on_host);
     // a tied head needs the embedding again at the end of the forward
     if (!config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
   }
@@ -243,9 +273,9 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   }
   if (offload) offload->finish_forward();
   const Tensor head = store_->acquire_params(head_unit(), pass);
-  final_in_TD = x_BTD.view({B * T, D});
-  Tensor h_TD = Tensor::empty({B * T, D}, dtype_, device_, "final norm");
-  final_rstd_T = Tensor::empty({B * T}, ops::stats_dtype(dtype_), device_, "final rstd");
+  final_in_TD = x_BTD.view({R, D});
+  Tensor h_TD = Tensor::empty({R, D}, dtype_, device_, "final norm");
+  final_rstd_T = Tensor::empty({R}, ops::stats_dtype(dtype_), device_, "final rstd");
   ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, view(head, head_unit(), "model.norm.weight"),
                        {config_.norm_eps});
   return h_TD;
@@ -289,7 +319,10 @@ std::optional<ops::PackedDocuments> Llama::documents_of(const Tensor& ids_BT, co
 
 LossSum Llama::forward_backward(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o,
                                 const Tensor& positions_BT) {
-  const int64_t counted = check_inputs(ids_BT, targets_BT, o, "forward_backward");
+  check_inputs(ids_BT, targets_BT, o, "forward_backward");
+  const auto [row0, rows] = residual_rows(ids_BT.size(0), ids_BT.size(1), ResidualSplit::kSequence);
+  const int64_t counted = count_targets(targets_BT.view({targets_BT.numel()}).slice(0, row0, row0 + rows),
+                                        o.ignore_index, config_.vocab_size, "forward_backward");
   using Clock = std::chrono::steady_clock;
   const Clock::time_point t0 = Clock::now();
   const Tensor ids = on_device(ids_BT), targets = on_device(targets_BT);
@@ -317,6 +350,11 @@ void Llama::read_phase_times() {
 void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Tensor& loss, const StepOptions& o,
                                    const ops::PackedDocuments* documents) {
   const int64_t B = ids.size(0), T = ids.size(1), D = config_.dim;
+  // with tensor parallelism each rank of the group takes its share of the token rows
+  constexpr ResidualSplit split = ResidualSplit::kSequence;
+  const auto [row0, R] = residual_rows(B, T, split);
+  const Tensor ids_R = ids.view({B * T}).slice(0, row0, row0 + R);
+  const Tensor targets_R = targets.view({B * T}).slice(0, row0, row0 + R);
   using Clock = std::chrono::steady_clock;
   [[maybe_unused]] const bool on_gpu = !device_.is_cpu();
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -333,14 +371,15 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     offload = offload_.get();
   }
   Tensor h_TD = forward_hidden(ids, acts, final_rstd_T, final_in_TD, o.checkpointing, Pass::kForward, true, offload,
-                               nullptr, documents);
+                               nullptr, documents, split);
 #ifdef SHARDTRAIN_WITH_CUDA
   if (on_gpu) phase_events_->forward_done.record_timing(Stream{});
 #endif
   if (!on_gpu) phase_times_.forward_s = std::chrono::duration<double>(Clock::now() - t0).count();
 
   // Head and loss: the fused op computes the head's gradient during the forward.
-  Tensor dx_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
+  const Shape residual_shape = R == B * T ? Shape{B, T, D} : Shape{R, D};
+  Tensor dx_BTD = Tensor::empty(residual_shape, dtype_, device_, "dx");
   {
     const Tensor head = store_->acquire_params(head_unit(), Pass::kBackward);
     const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kBackward) : Tensor();
@@ -348,7 +387,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     Tensor dembed = config_.tie_embeddings ? store_->acquire_grads(kEmbedUnit, o.overwrite_grads) : Tensor();
     Tensor dweight = config_.tie_embeddings ? view(dembed, kEmbedUnit, "model.embed_tokens.weight")
                                             : view(dhead, head_unit(), "lm_head.weight");
-    Tensor dh_TD = Tensor::empty({B * T, D}, dtype_, device_, "dh");
+    Tensor dh_TD = Tensor::empty({R, D}, dtype_, device_, "dh");
     ops::CrossEntropyOptions ce;
     ce.ignore_index = o.ignore_index;
     ce.grad_scale = o.grad_scale;
@@ -356,9 +395,9 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ce.chunk_tokens = o.loss_chunk_tokens;
     ce.check_targets = false;  // checked on the host above
     ce.overwrite_dweight = o.overwrite_grads;  // the head's (tied: the table's) first gradient
-    ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
+    ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
     h_TD = Tensor();
-    Tensor dx_TD = dx_BTD.view({B * T, D});
+    Tensor dx_TD = dx_BTD.view({R, D});
     Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
     ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), "model.norm.weight"),
                           final_rstd_T, Tensor(), {.overwrite_dweight = o.overwrite_grads});
@@ -367,9 +406,9 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     release_head(Pass::kForward);   // held since forward_hidden
   }
 
-  BlockContext ctx = context(B, T, o.checkpointing, documents);
+  BlockContext ctx = context(B, T, o.checkpointing, documents, split);
   ctx.deterministic = o.deterministic;
-  Tensor dprev_BTD = Tensor::empty({B, T, D}, dtype_, device_, "dx");
+  Tensor dprev_BTD = Tensor::empty(residual_shape, dtype_, device_, "dx");
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t u = static_cast<size_t>(l) + 1;
     BlockActivations& a = acts[static_cast<size_t>(l)];
@@ -393,7 +432,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   // tied: the head wrote the table's first gradient above; untied, the scatter adds to rows
   // a batch touches, so an overwritten table starts from zero
   if (o.overwrite_grads && !config_.tie_embeddings) ops::fill(dtable, 0.0);
-  ops::embedding_backward(dtable, dx_BTD.view({B * T, D}), ids.view({B * T}));
+  ops::embedding_backward(dtable, dx_BTD.view({R, D}), ids_R);
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
   store_->finish_backward();
@@ -404,8 +443,17 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
 
 LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const StepOptions& o,
                         const Tensor& positions_BT) {
-  const int64_t counted = check_inputs(ids_BT, targets_BT, o, "evaluate");
+  check_inputs(ids_BT, targets_BT, o, "evaluate");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+  // with tensor parallelism the rows split over the group where they divide; otherwise every
+  // rank computes them all and the group's rank 0 alone reports them
+  const ResidualSplit split = tp_ != nullptr && (B * T) % tp_->size() == 0 ? ResidualSplit::kSequence
+                                                                          : ResidualSplit::kReplicated;
+  const auto [row0, R] = residual_rows(B, T, split);
+  const bool reports = split == ResidualSplit::kSequence || tp_ == nullptr || tp_->rank() == 0;
+  const int64_t counted = reports ? count_targets(targets_BT.view({B * T}).slice(0, row0, row0 + R), o.ignore_index,
+                                                  config_.vocab_size, "evaluate")
+                                  : 0;
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
   // Activations are dropped block by block: evaluation keeps only the block in flight.
@@ -413,7 +461,7 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   const std::optional<ops::PackedDocuments> documents = documents_of(ids_BT, positions_BT);
   const Tensor h_TD = forward_hidden(on_device(ids_BT), acts, final_rstd_T, final_in_TD,
                                      ActivationCheckpointing::kFull, Pass::kEval, true, nullptr, nullptr,
-                                     documents ? &*documents : nullptr);
+                                     documents ? &*documents : nullptr, split);
   const Tensor head = store_->acquire_params(head_unit(), Pass::kEval);
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor loss = new_loss();
@@ -423,10 +471,11 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   ce.chunk_tokens = o.loss_chunk_tokens;
   ce.compute_grad = false;
   ce.check_targets = false;  // checked on the host above
-  ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head), targets.view({B * T}), ce);
+  ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head),
+                            targets.view({B * T}).slice(0, row0, row0 + R), ce);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
-  return {read_loss(loss), counted};
+  return {reports ? read_loss(loss) : 0.0, counted};
 }
 
 Tensor Llama::logits(const Tensor& ids_BT, const Tensor& positions_BT) {
@@ -456,9 +505,9 @@ Tensor Llama::last_logits_cached(const Tensor& ids_BT, KvCache& cache) {
   const char* what = "last_logits_cached";
   check_batch(ids_BT, config_, what);
   ST_CHECK(cache.device() == device_ && cache.dtype() == dtype_ && cache.layers() == config_.n_layers &&
-               cache.keys(0).size(2) == config_.n_kv_heads && cache.keys(0).size(3) == config_.head_dim(),
+               cache.keys(0).size(2) == kv_heads_per_rank() && cache.keys(0).size(3) == config_.head_dim(),
            what, ": a KV cache of ", cache.layers(), " blocks of ", cache.keys(0).str(), " for a model of ",
-           config_.n_layers, " blocks with ", config_.n_kv_heads, " kv heads of ", config_.head_dim(), " in ",
+           config_.n_layers, " blocks with ", kv_heads_per_rank(), " kv heads of ", config_.head_dim(), " in ",
            dtype_name(dtype_));
   ST_CHECK(ids_BT.size(0) == cache.batch(), what, ": ", ids_BT.size(0), " sequences for a KV cache of ", cache.batch());
   cache.check_room(ids_BT.size(1), what);

@@ -16,6 +16,7 @@
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/layout.h"
+#include "model/tensor_parallel.h"
 #include "model/unit_store.h"
 
 namespace shardtrain::model {
@@ -132,6 +133,16 @@ class Llama {
   // One product per projection instead of the stacked q|k|v and gate|up ones
   // (BlockContext): for comparison (train_bench --separate-projections).
   void set_separate_projections(bool separate) { separate_projections_ = separate; }
+  // Tensor parallelism (not owned; null: none): the store's block units are this rank's parts
+  // (ModelLayout with a tensor-parallel mesh), and every rank of `tp`'s group runs the same
+  // calls with the same batches. Training and evaluate() split the batch's B·T token rows
+  // over the group (sequence parallelism: B·T must divide by its size): each rank embeds its
+  // rows, computes the loss of its rows and returns their LossSum; logits(), last_logits()
+  // and the KV cache's steps give every rank all the logits.
+  void set_tensor_parallel(TensorParallel* tp);
+  TensorParallel* tensor_parallel() const { return tp_; }
+  // The key/value heads this rank computes and caches (n_kv_heads / tensor-parallel size).
+  int64_t kv_heads_per_rank() const { return config_.n_kv_heads / (tp_ != nullptr ? tp_->size() : 1); }
   // Token rows per piece of the MLP in blocks whose MLP keeps nothing for the backward
   // (selective and full checkpointing, and evaluation): BlockContext::mlp_chunk_tokens.
   // 0 (the default) runs every token at once.
@@ -169,11 +180,13 @@ class Llama {
   // parameters (and the embedding's, when tied) acquired for the caller to release.
   // With `cache` (evaluation only) the tokens continue the cached positions, whose keys and
   // values the blocks read and extend (BlockContext::kv_keys_BSMH); its length is left to the
-  // caller to advance.
+  // caller to advance. With tensor parallelism `split` says which token rows the final norm's
+  // output (and final_in_TD, final_rstd_T) holds: this rank's share, or all of them.
   Tensor forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>& acts, Tensor& final_rstd_T,
                         Tensor& final_in_TD, ActivationCheckpointing checkpointing, Pass pass,
                         bool ids_checked_on_host, ActivationOffload* offload = nullptr, KvCache* cache = nullptr,
-                        const ops::PackedDocuments* documents = nullptr);
+                        const ops::PackedDocuments* documents = nullptr,
+                        ResidualSplit split = ResidualSplit::kReplicated);
   // last_logits, and last_logits_cached with `cache`.
   Tensor last_position_logits(const Tensor& ids_BT, KvCache* cache);
   // The last position's logits of ids_BT (on the model's device) into logits_BV. With `cache`
@@ -181,7 +194,10 @@ class Llama {
   void issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logits_BV, bool ids_checked_on_host);
   // The blocks' context; the MLP runs by pieces where `checkpointing` drops its inner tensors.
   BlockContext context(int64_t batch, int64_t seq, ActivationCheckpointing checkpointing,
-                       const ops::PackedDocuments* documents = nullptr) const;
+                       const ops::PackedDocuments* documents = nullptr,
+                       ResidualSplit split = ResidualSplit::kReplicated) const;
+  // This rank's token rows [first, first + count) of a batch's B·T under `split`.
+  std::pair<int64_t, int64_t> residual_rows(int64_t batch, int64_t seq, ResidualSplit split) const;
   // The documents of positions_BT (checked against ids_BT) on this device; none when undefined.
   std::optional<ops::PackedDocuments> documents_of(const Tensor& ids_BT, const Tensor& positions_BT) const;
   void make_rope_tables();
@@ -198,6 +214,7 @@ class Llama {
   Device device_;
   std::unique_ptr<ResidentUnitStore> resident_;
   UnitStore* store_;
+  TensorParallel* tp_ = nullptr;
   Tensor cos_TK_, sin_TK_;
   bool separate_projections_ = false;
   int64_t mlp_chunk_tokens_ = 0;
@@ -209,7 +226,8 @@ class Llama {
 
 // Writes elements [first, first + count) of parameter `spec`'s initial values into `out`
 // (count elements, any float dtype, on the host or a GPU): the counter-based init any rank
-// can compute for its own shard.
+// can compute for its own shard. For a tensor-parallel part, the elements are the part's, and
+// their values those of the whole parameter at the same places.
 void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_t seed, double init_std);
 
 }  // namespace shardtrain::model

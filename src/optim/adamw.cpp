@@ -10,15 +10,12 @@ namespace shardtrain::optim {
 
 AdamW::AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& config, DType dtype, Device device)
     : config_(config) {
-  const int world = layout.world_size();
-  ST_ASSERT(rank >= 0 && rank < world);
-  for (const model::UnitLayout& u : layout.units()) {
-    const int64_t s = u.shard_numel(world), lo = rank * s, hi = lo + s;
+  for (size_t i = 0; i < layout.units().size(); ++i) {
+    const model::UnitLayout& u = layout.units()[i];
+    const int64_t s = u.shard_numel();
     std::vector<Segment> segs;
-    for (const model::ParamSpec& p : u.params) {
-      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
-      if (a < b) segs.push_back({a - lo, b - a, p.is_matrix || config.decay_1d});
-    }
+    for (const model::ShardRange& r : model::shard_ranges(u, layout.shard_index(i, rank)))
+      segs.push_back({r.shard_offset, r.count, r.spec->is_matrix || config.decay_1d});
     segments_.push_back(std::move(segs));
     exp_avg_.push_back(Tensor::empty({s}, dtype, device, "adamw exp_avg"));
     exp_avg_sq_.push_back(Tensor::empty({s}, dtype, device, "adamw exp_avg_sq"));

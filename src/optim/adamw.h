@@ -27,7 +27,8 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // State for slice `rank` of each unit of `layout` (whose world size gives the slices).
+  // State for the slices of `layout`'s units that world rank `rank` owns
+  // (ModelLayout::shard_index).
   AdamW(const model::ModelLayout& layout, int rank, const AdamWConfig& config, DType dtype, Device device);
 
   // One update of every unit with learning rate `lr`, all in one multi-tensor pass.

@@ -1,5 +1,5 @@
 // Checkpoints: per-rank pieces of f32 master weights and AdamW state, tagged by parameter
-// and element range, so that any mesh can read them back.
+// and element range of the whole parameter, so that any mesh can read them back.
 #include "train/checkpoint.h"
 
 #include <fcntl.h>
@@ -27,7 +27,9 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 constexpr const char* kFormat = "shardtrain-checkpoint";
-constexpr int kVersion = 1;
+// Version 2 adds strided pieces (a tensor-parallel part's columns); a checkpoint without them
+// is written as version 1, which earlier builds read.
+constexpr int kVersion = 1, kStridedVersion = 2;
 constexpr const char* kMaster = "master";
 constexpr const char* kExpAvg = "exp_avg";
 constexpr const char* kExpAvgSq = "exp_avg_sq";
@@ -37,6 +39,13 @@ std::string rank_file_name(int rank, int world) { return fmt::format("rank_{:05}
 std::string piece_name(const std::string& param, const char* kind, int64_t first, int64_t end) {
   return fmt::format("{}|{}|{}:{}", param, kind, first, end);
 }
+// A strided piece [rows, end - first]: row i holds elements [first + i·stride, end + i·stride).
+std::string strided_piece_name(const std::string& param, const char* kind, int64_t first, int64_t end,
+                               int64_t stride) {
+  return fmt::format("{}|{}|{}:{}/{}", param, kind, first, end, stride);
+}
+
+int64_t floor_div(int64_t a, int64_t b) { return a >= 0 ? a / b : -((-a + b - 1) / b); }
 
 void fsync_path(const fs::path& p) {
   const int fd = ::open(p.c_str(), O_RDONLY);
@@ -46,8 +55,8 @@ void fsync_path(const fs::path& p) {
   }
 }
 
-// The part of parameter `spec` (elements [first, first + count)) that lies in this rank's
-// slice of its unit, at `shard_offset` inside the shard.
+// The part of parameter `spec` (elements [first, first + count) of its part on this rank)
+// that lies in this rank's slice of unit `unit`, at `shard_offset` inside the shard.
 struct LocalRange {
   size_t unit;
   const model::ParamSpec* spec;
@@ -56,18 +65,43 @@ struct LocalRange {
 
 std::vector<LocalRange> local_ranges(const model::ModelLayout& layout, int rank) {
   std::vector<LocalRange> out;
-  for (size_t u = 0; u < layout.units().size(); ++u) {
-    const int64_t s = layout.units()[u].shard_numel(layout.world_size()), lo = rank * s, hi = lo + s;
-    for (const model::ParamSpec& p : layout.units()[u].params) {
-      const int64_t a = std::max(lo, p.offset), b = std::min(hi, p.offset + p.numel());
-      if (a < b) out.push_back({u, &p, a - p.offset, b - a, a - lo});
-    }
-  }
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    for (const model::ShardRange& r : model::shard_ranges(layout.units()[u], layout.shard_index(u, rank)))
+      out.push_back({u, r.spec, r.first, r.count, r.shard_offset});
   return out;
 }
 
+// A local range as pieces of the whole parameter: (first, end, stride, rows, offset in the
+// range). One contiguous piece, or for a part made of columns: a partial first row, the full
+// rows between as one strided piece, a partial last row.
+struct PieceShape {
+  int64_t first, end, stride, rows, local_offset;
+};
+std::vector<PieceShape> piece_shapes(const model::ParamSpec& p, int64_t first, int64_t count) {
+  std::vector<PieceShape> out;
+  if (p.split_dim != 1) {
+    model::for_each_run(p, first, count, [&](int64_t full_first, int64_t local_first, int64_t n) {
+      out.push_back({full_first, full_first + n, 0, 1, local_first - first});
+    });
+    return out;
+  }
+  const int64_t cols = p.shape[1], full_cols = p.full_shape[1];
+  model::for_each_run(p, first, count, [&](int64_t full_first, int64_t local_first, int64_t n) {
+    // a full row extends a piece of full rows that ends just above it
+    if (!out.empty() && n == cols && out.back().end - out.back().first == cols &&
+        full_first == out.back().first + out.back().rows * full_cols) {
+      ++out.back().rows;
+      out.back().stride = full_cols;
+      return;
+    }
+    out.push_back({full_first, full_first + n, 0, 1, local_first - first});
+  });
+  return out;
+}
+
+// Elements [first + i·stride, end + i·stride) for i in [0, rows) of a parameter.
 struct PieceRef {
-  int64_t first, end;
+  int64_t first, end, stride = 0, rows = 1;
   size_t file;
   std::string tensor;
 };
@@ -81,19 +115,39 @@ class PieceIndex {
       ST_CHECK(fs::exists(path), "checkpoint `", info.path, "`: rank file `", f, "` listed in metadata.json is missing");
       files_.push_back(std::make_unique<io::SafetensorsFile>(path.string()));
       for (const io::TensorInfo& t : files_.back()->tensors()) {
-        const size_t bar1 = t.name.find('|'), bar2 = t.name.find('|', bar1 + 1), colon = t.name.rfind(':');
-        ST_CHECK(bar1 != std::string::npos && bar2 != std::string::npos && colon != std::string::npos && colon > bar2,
+        const size_t bar1 = t.name.find('|'), bar2 = t.name.find('|', bar1 + 1);
+        const size_t colon = bar2 == std::string::npos ? std::string::npos : t.name.find(':', bar2);
+        const size_t slash = colon == std::string::npos ? std::string::npos : t.name.find('/', colon);
+        ST_CHECK(bar1 != std::string::npos && bar2 != std::string::npos && colon != std::string::npos,
                  "checkpoint file `", path.string(), "`: tensor `", t.name,
-                 "` is not named <parameter>|<kind>|<first>:<end>");
+                 "` is not named <parameter>|<kind>|<first>:<end>[/<stride>]");
         PieceRef r;
-        r.first = std::stoll(t.name.substr(bar2 + 1, colon - bar2 - 1));
-        r.end = std::stoll(t.name.substr(colon + 1));
+        try {
+          r.first = std::stoll(t.name.substr(bar2 + 1, colon - bar2 - 1));
+          const size_t end_chars = slash == std::string::npos ? std::string::npos : slash - colon - 1;
+          r.end = std::stoll(t.name.substr(colon + 1, end_chars));
+          if (slash != std::string::npos) r.stride = std::stoll(t.name.substr(slash + 1));
+        } catch (const std::exception&) {
+          ST_THROW("checkpoint file `", path.string(), "`: tensor `", t.name,
+                   "` is not named <parameter>|<kind>|<first>:<end>[/<stride>] with integers");
+        }
         r.file = files_.size() - 1;
         r.tensor = t.name;
         int64_t numel = 1;
         for (int64_t d : t.shape) numel *= d;
-        ST_CHECK(r.end > r.first && numel == r.end - r.first, "checkpoint file `", path.string(), "`: piece `",
-                 t.name, "` holds ", numel, " elements, its name says ", r.end - r.first);
+        const int64_t width = r.end - r.first;
+        ST_CHECK(r.first >= 0 && width > 0, "checkpoint file `", path.string(), "`: piece `", t.name,
+                 "` names an empty or negative range");
+        if (slash == std::string::npos) {
+          ST_CHECK(numel == width, "checkpoint file `", path.string(), "`: piece `", t.name, "` holds ", numel,
+                   " elements, its name says ", width);
+        } else {
+          ST_CHECK(t.shape.size() == 2 && t.shape[1] == width && r.stride >= width, "checkpoint file `",
+                   path.string(), "`: strided piece `", t.name, "` has shape ",
+                   Shape(t.shape.begin(), t.shape.end()).str(), "; expected [rows, ", width,
+                   "] with a stride of at least ", width);
+          r.rows = t.shape[0];
+        }
         index_[{t.name.substr(0, bar1), t.name.substr(bar1 + 1, bar2 - bar1 - 1)}].push_back(r);
       }
     }
@@ -107,7 +161,8 @@ class PieceIndex {
     return false;
   }
 
-  // Elements [first, first + out.numel()) of `param`'s `kind` into the host tensor `out`.
+  // Elements [first, first + out.numel()) of the whole parameter `p.name`'s `kind` into the
+  // host tensor `out`.
   void read(const model::ParamSpec& p, const std::string& kind, int64_t first, Tensor& out) const {
     const auto it = index_.find({p.name, kind});
     ST_CHECK(it != index_.end(), "checkpoint `", dir_, "`: no ", kind, " pieces of parameter `", p.name,
@@ -115,13 +170,21 @@ class PieceIndex {
     const int64_t end = first + out.numel();
     int64_t covered = 0;
     for (const PieceRef& r : it->second) {
-      ST_CHECK(r.end <= p.numel(), "checkpoint `", dir_, "`: piece `", r.tensor, "` runs past the ", p.numel(),
-               " elements of `", p.name, "` ", p.shape.str(), " (a checkpoint of a different model shape?)");
-      const int64_t a = std::max(first, r.first), b = std::min(end, r.end);
-      if (a >= b) continue;
-      Tensor dst = out.flat_range(a - first, b - a);
-      files_[r.file]->read_range(r.tensor, a - r.first, dst);
-      covered += b - a;
+      const int64_t width = r.end - r.first, last = r.first + (r.rows - 1) * r.stride + width;
+      ST_CHECK(last <= p.full_numel(), "checkpoint `", dir_, "`: piece `", r.tensor, "` runs past the ",
+               p.full_numel(), " elements of `", p.name, "` ", p.full_shape.str(),
+               " (a checkpoint of a different model shape?)");
+      if (last <= first || r.first >= end) continue;
+      // the rows whose run meets [first, end)
+      const int64_t row_lo = r.rows == 1 ? 0 : std::max<int64_t>(0, floor_div(first - width - r.first, r.stride) + 1);
+      const int64_t row_hi = r.rows == 1 ? 0 : std::min(r.rows - 1, floor_div(end - 1 - r.first, r.stride));
+      for (int64_t i = row_lo; i <= row_hi; ++i) {
+        const int64_t s = r.first + i * r.stride, a = std::max(first, s), b = std::min(end, s + width);
+        if (a >= b) continue;
+        Tensor dst = out.flat_range(a - first, b - a);
+        files_[r.file]->read_range(r.tensor, i * width + (a - s), dst);
+        covered += b - a;
+      }
     }
     ST_CHECK(covered == end - first, "checkpoint `", dir_, "`: elements [", first, ", ", end, ") of ", kind, " `",
              p.name, "` are not all present (", covered, " found)");
@@ -138,7 +201,10 @@ void fill_shards(std::vector<Tensor>& shards, const model::ModelLayout& layout, 
                  const char* kind) {
   for (const LocalRange& r : local_ranges(layout, rank)) {
     Tensor staged = Tensor::empty({r.count}, DType::kF32, Device::cpu(), "checkpoint staging");
-    index.read(*r.spec, kind, r.first, staged);
+    model::for_each_run(*r.spec, r.first, r.count, [&](int64_t full_first, int64_t local_first, int64_t n) {
+      Tensor run = staged.flat_range(local_first - r.first, n);
+      index.read(*r.spec, kind, full_first, run);
+    });
     Tensor dst = shards[r.unit].flat_range(r.shard_offset, r.count);
     ops::cast(dst, staged);
   }
@@ -170,28 +236,45 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
   comm.barrier();
 
   std::vector<std::pair<std::string, Tensor>> pieces;
+  bool strided = false;
   for (const LocalRange& r : local_ranges(store.layout(), rank)) {
-    auto add = [&](const char* kind, const Tensor& shard) {
-      Tensor host = Tensor::empty({r.count}, DType::kF32, Device::cpu(), "checkpoint piece");
-      ops::cast(host, shard.flat_range(r.shard_offset, r.count));
-      pieces.emplace_back(piece_name(r.spec->name, kind, r.first, r.first + r.count), host);
-    };
-    add(kMaster, store.master_shards()[r.unit]);
-    if (optimizer != nullptr) {
-      add(kExpAvg, optimizer->exp_avg()[r.unit]);
-      add(kExpAvgSq, optimizer->exp_avg_sq()[r.unit]);
+    // a parameter every rank of a tensor-parallel group holds is saved by the group's rank 0
+    if (r.spec->replicated && store.layout().tp_rank() != 0) continue;
+    for (const PieceShape& ps : piece_shapes(*r.spec, r.first, r.count)) {
+      const int64_t width = ps.end - ps.first;
+      auto add = [&](const char* kind, const Tensor& shard) {
+        const Shape shape = ps.rows == 1 ? Shape{width} : Shape{ps.rows, width};
+        Tensor host = Tensor::empty(shape, DType::kF32, Device::cpu(), "checkpoint piece");
+        Tensor flat = host.view({ps.rows * width});
+        ops::cast(flat, shard.flat_range(r.shard_offset + ps.local_offset, ps.rows * width));
+        pieces.emplace_back(ps.rows == 1 ? piece_name(r.spec->name, kind, ps.first, ps.end)
+                                         : strided_piece_name(r.spec->name, kind, ps.first, ps.end, ps.stride),
+                            host);
+      };
+      strided |= ps.rows > 1;
+      add(kMaster, store.master_shards()[r.unit]);
+      if (optimizer != nullptr) {
+        add(kExpAvg, optimizer->exp_avg()[r.unit]);
+        add(kExpAvgSq, optimizer->exp_avg_sq()[r.unit]);
+      }
     }
   }
   io::write_safetensors((tmp_dir / rank_file_name(rank, world)).string(), pieces,
                         {{"shardtrain", "checkpoint pieces"}, {"rank", std::to_string(rank)}});
   comm.barrier();
 
+  // the version: strided pieces on any rank need version 2
+  Tensor any_strided = Tensor::empty({1}, DType::kI64, Device::cpu(), "strided pieces");
+  any_strided.data<int64_t>()[0] = strided ? 1 : 0;
+  comm.all_reduce(any_strided, dist::ReduceOp::kSum);
+
   if (rank == 0) {
     json meta;
     meta["format"] = kFormat;
-    meta["version"] = kVersion;
+    meta["version"] = any_strided.data<int64_t>()[0] > 0 ? kStridedVersion : kVersion;
     meta["step"] = step;
     meta["world_size"] = world;
+    meta["tensor_parallel"] = store.layout().mesh().tensor_parallel;
     meta["config"] = model::to_hf_config(config, "float32");
     meta["tokenizer_source"] = tokenizer_source;
     meta["optimizer_steps"] = optimizer != nullptr ? optimizer->steps_taken() : 0;
@@ -235,8 +318,9 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   ST_CHECK(fs::is_directory(step_dir), "checkpoint `", step_dir, "` is not a directory");
   const json meta = read_json(path);
   ST_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "`", path, "` is not a shardtrain checkpoint");
-  ST_CHECK(meta.value("version", 0) == kVersion, "`", path, "`: checkpoint format version ", meta.value("version", 0),
-           ", this build reads version ", kVersion);
+  const int version = meta.value("version", 0);
+  ST_CHECK(version == kVersion || version == kStridedVersion, "`", path, "`: checkpoint format version ", version,
+           ", this build reads versions ", kVersion, " and ", kStridedVersion);
   CheckpointInfo info;
   info.path = step_dir;
   try {
@@ -270,7 +354,7 @@ void load_checkpoint_params(const CheckpointInfo& info, const model::ModelLayout
 void load_checkpoint(const CheckpointInfo& info, fsdp::ShardedUnitStore& store, optim::AdamW* optimizer) {
   const json meta = read_json((fs::path(info.path) / "metadata.json").string());
   const PieceIndex index(info, meta.at("files").get<std::vector<std::string>>());
-  store.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+  store.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {  // runs of the whole parameter
     Tensor staged = out;
     if (out.dtype() != DType::kF32) staged = Tensor::empty(out.shape(), DType::kF32, Device::cpu(), "checkpoint staging");
     index.read(p, kMaster, first, staged);

@@ -275,6 +275,13 @@ const std::vector<KeyDef>& keys() {
 
       key("run.output_dir", &C::run, &RunSection::output_dir, "folder for metrics and outputs"),
 
+      key("parallel.tensor_parallel", &C::parallel, &ParallelSection::tensor_parallel,
+          "ranks per tensor-parallel group (2-D parallelism: FSDP across groups, Megatron-style tensor "
+          "parallelism with sequence parallelism inside one): each of a group's consecutive ranks holds 1/n of "
+          "every block's heads and FFN columns and 1/n of each batch's token rows between the products; it must "
+          "divide the ranks, the heads, the kv heads, the FFN width and training.batch_size x "
+          "training.seq_len. 1: FSDP alone",
+          positive()),
       key("parallel.reshard_after_forward", &C::parallel, &ParallelSection::reshard_after_forward,
           "free each unit's gathered parameters after its forward (FSDP); false keeps them until the backward "
           "(ZeRO-2-like: fewer gathers, more memory)"),
@@ -499,6 +506,20 @@ void validate(const JobConfig& c) {
            c.training.gemm_selection, "\"): timed picks can differ between runs");
   ST_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor, "`model.rope_high_freq_factor` (",
            m.rope_high_freq_factor, ") must exceed `model.rope_low_freq_factor` (", m.rope_low_freq_factor, ")");
+  const int64_t tp = c.parallel.tensor_parallel;
+  if (tp > 1) {
+    ST_CHECK((c.training.batch_size * c.training.seq_len) % tp == 0, "`parallel.tensor_parallel` (", tp,
+             ") must divide `training.batch_size` x `training.seq_len` (", c.training.batch_size, " x ",
+             c.training.seq_len, "): each rank of a group holds that share of a batch's token rows");
+    if (m.hf.empty())  // with model.hf the shape comes from its config.json (checked by the layout)
+      ST_CHECK(m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.ffn_dim % tp == 0, "`parallel.tensor_parallel` (",
+               tp, ") must divide `model.n_heads` (", m.n_heads, "), `model.n_kv_heads` (", m.n_kv_heads,
+               ") and `model.ffn_dim` (", m.ffn_dim, ")");
+    ST_CHECK(!c.parallel.offload, "`parallel.offload` with `parallel.tensor_parallel` = ", tp,
+             " is not supported yet; use one of them");
+    ST_CHECK(!c.training.offload_activations, "`training.offload_activations` with `parallel.tensor_parallel` = ",
+             tp, " is not supported yet; use activation checkpointing, or tensor_parallel = 1");
+  }
 }
 
 std::string describe(const LoadedConfig& loaded) {

@@ -94,6 +94,7 @@ struct LoggingSection {
 };
 
 struct ParallelSection {
+  int64_t tensor_parallel = 1;
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
   std::string compute_shards = "auto";

@@ -11,23 +11,46 @@
 namespace shardtrain::train {
 
 void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, dist::Communicator& comm,
-               const ExportOptions& o) {
+               const ExportOptions& o, dist::Communicator* tp_comm) {
   namespace fs = std::filesystem;
   const bool writer = comm.rank() == 0;
   std::unique_ptr<io::ShardedWriter> shards;
   if (writer) shards = std::make_unique<io::ShardedWriter>(o.folder, o.max_shard_bytes);
   const model::ModelLayout& layout = store.layout();
+  const int tp = layout.mesh().tensor_parallel;
+  ST_ASSERT(tp == 1 || (tp_comm != nullptr && tp_comm->world_size() == tp), "export of a ", tp,
+            "-way tensor-parallel model without its group's communicator");
   for (size_t u = 0; u < layout.units().size(); ++u) {
-    const Tensor full = store.acquire_params(u, model::Pass::kEval);  // collective: every rank joins
-    if (writer) {
-      for (const model::ParamSpec& p : layout.units()[u].params) {
-        Tensor out = Tensor::empty(p.shape, o.dtype, Device::cpu(), "export");
-        Tensor flat = out.view({p.numel()});
-        ops::cast(flat, full.flat_range(p.offset, p.numel()));
-        shards->add(p.name, out);
-      }
+    const model::UnitLayout& unit = layout.units()[u];
+    Tensor full = store.acquire_params(u, model::Pass::kEval);  // collective: every rank joins
+    // a block's tensor-parallel parts, side by side: [parts · numel]
+    const int parts = unit.ranks == comm.world_size() ? 1 : tp;
+    if (parts > 1) {
+      Tensor all = Tensor::empty({parts * unit.numel}, full.dtype(), full.device(), "tensor-parallel parts");
+      tp_comm->all_gather(all, full);
+      full = all;
     }
     store.release_params(u, model::Pass::kEval);
+    if (!writer) continue;
+    Tensor host = full;
+    if (!full.device().is_cpu()) {
+      host = Tensor::empty(full.shape(), full.dtype(), Device::cpu(), "export staging");
+      copy(host, full);
+    }
+    for (const model::ParamSpec& p : unit.params) {
+      Tensor out = Tensor::empty(p.full_shape, o.dtype, Device::cpu(), "export");
+      Tensor flat = out.view({p.full_numel()});
+      // a whole parameter from the first part; a split one from each part's runs
+      for (int t = 0; t < (p.split_dim >= 0 ? parts : 1); ++t) {
+        const model::ParamSpec part = p.part(t);
+        const Tensor src = host.flat_range(t * unit.numel + p.offset, p.numel());
+        model::for_each_run(part, 0, p.numel(), [&](int64_t full_first, int64_t local_first, int64_t n) {
+          Tensor dst = flat.flat_range(full_first, n);
+          ops::cast(dst, src.flat_range(local_first, n));
+        });
+      }
+      shards->add(p.name, out);
+    }
   }
   if (!writer) return;
   shards->finish();

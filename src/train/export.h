@@ -18,8 +18,10 @@ struct ExportOptions {
   std::string tokenizer_source;           // folder whose tokenizer files are copied ("" for none)
 };
 
+// Collective over `comm` (every rank of the run). With tensor parallelism, `tp_comm` holds
+// this rank's group: a block's parts are gathered over it and joined into whole tensors.
 void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, dist::Communicator& comm,
-               const ExportOptions& options);
+               const ExportOptions& options, dist::Communicator* tp_comm = nullptr);
 
 // `shardtrain export CHECKPOINT OUT`: one process reads a checkpoint written by any number
 // of ranks (a step directory, or a checkpoints folder whose `latest` names one) and writes

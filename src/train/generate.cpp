@@ -29,7 +29,7 @@ class NextLogits {
       : model_(model), cuda_graph_(cuda_graph && model.device().is_cuda()) {
     if (use_cache)
       cache_.emplace(model.config(), 1, std::min(positions, model.config().max_seq_len), model.dtype(),
-                     model.device());
+                     model.device(), model.kv_heads_per_rank());
   }
   bool cached() const { return cache_.has_value(); }
 

@@ -33,17 +33,25 @@ int64_t auto_mlp_chunk_tokens(bool gpu, int64_t ffn_dim, int64_t tokens) {
 
 MemoryPlan plan_memory(const PlanInput& in) {
   const model::LlamaConfig& c = in.model;
-  const model::ModelLayout layout = model::ModelLayout::llama(c, in.world_size);
+  const int tp = in.tensor_parallel;
+  ST_CHECK(tp >= 1 && in.world_size % tp == 0, "`parallel.tensor_parallel` (", tp, ") must divide the ",
+           in.world_size, " ranks");
+  const model::ModelLayout layout = model::ModelLayout::llama(c, model::Mesh{in.world_size / tp, tp}, 0);
   const int64_t world = in.world_size;
   const int64_t cb = in.gpu ? 2 : 4;  // bytes of a compute-dtype element (bf16 / f32)
-  const int64_t D = c.dim, F = c.ffn_dim, N = c.n_heads, H = c.dim / c.n_heads, M = c.n_kv_heads;
+  // With tensor parallelism a rank computes N/tp query heads, M/tp kv heads and F/tp FFN
+  // columns for every token, and holds the residual stream's rows for 1/tp of the tokens
+  // (sequence parallelism): D, N, M, F below are a rank's share where a block splits them,
+  // `D` itself where every row is gathered (the norms' outputs, the products' inputs).
+  const int64_t D = c.dim, H = c.dim / c.n_heads, N = c.n_heads / tp, M = c.n_kv_heads / tp, F = c.ffn_dim / tp;
+  const int64_t Q = N * H;  // a rank's query width (D without tensor parallelism)
   const int64_t L = c.n_layers, V = c.vocab_size;
 
   MemoryPlan p;
   p.parameters = c.num_parameters();
   int64_t embed_numel = 0, head_numel = 0, block_numel = 0;
   for (const model::UnitLayout& u : layout.units()) {
-    p.shard_elements += u.shard_numel(in.world_size);
+    p.shard_elements += u.shard_numel();
     if (u.kind == model::UnitKind::kEmbedding) embed_numel = u.numel;
     if (u.kind == model::UnitKind::kHead) head_numel = u.numel;
     if (u.kind == model::UnitKind::kBlock) block_numel = std::max(block_numel, u.numel);
@@ -59,7 +67,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (compute_shards) p.compute_shards = 2 * p.shard_elements;
   if (p.grad_shards_on_gpu) {
     int64_t largest = 0;
-    for (const model::UnitLayout& u : layout.units()) largest = std::max(largest, u.shard_numel(in.world_size));
+    for (const model::UnitLayout& u : layout.units()) largest = std::max(largest, u.shard_numel());
     p.host_grad_staging = 2 * 4 * largest;
   }
   if (offload)
@@ -81,23 +89,25 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // What block_forward records per token (model/block.h): the norm outputs, q (after rope),
   // k, v, the attention output, the residual after attention, gate, up, their product and the
   // block output, in the compute dtype; the attention's f32 log-sum-exp rows and the norms'
-  // f32 reciprocal rms.
-  const int64_t per_token_block = cb * (6 * D + 2 * M * H + 3 * F) + 4 * N + 8;
+  // f32 reciprocal rms. Per token of the micro-batch: the residual stream's tensors (x2, y,
+  // rstd) count 1/tp of it under tensor parallelism.
+  const int64_t per_token_block = cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp;
   const int64_t tokens = in.micro_batch * in.seq_len;
   p.tokens_per_micro_batch = tokens;
-  const int64_t stream = tokens * D * cb;               // one [tokens, D] residual-stream tensor
-  const int64_t final_norm = stream + 4 * tokens;        // the final norm's output and rstd
+  const int64_t rows = tokens / tp;                      // the residual stream's rows on a rank
+  const int64_t stream = rows * D * cb;                  // one residual-stream tensor
+  const int64_t final_norm = stream + 4 * rows;          // the final norm's output and rstd
   using model::ActivationCheckpointing;
   // Selective checkpointing keeps each block's attention half (q, k, v, the attention output,
   // its f32 statistics and x2) beside the block inputs; the block backward then recomputes
   // both norms' outputs and statistics and the MLP's gate, up and h. Full recompute skips y.
   // Pointwise checkpointing drops both norms' outputs and statistics and h; the backward
   // recomputes the norms before the block and h inside the SwiGLU backward.
-  const int64_t per_token_pointwise_recomputed = cb * (2 * D + F) + 8;
+  const int64_t per_token_pointwise_recomputed = cb * (2 * D + F) + 8 / tp;
   const int64_t per_token_pointwise_kept = per_token_block - per_token_pointwise_recomputed;
-  const int64_t per_token_selective_kept = cb * (3 * D + 2 * M * H) + 4 * N;
-  const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8;
-  const int64_t per_token_full_recomputed = per_token_block - cb * D;
+  const int64_t per_token_selective_kept = cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N;
+  const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8 / tp;
+  const int64_t per_token_full_recomputed = per_token_block - cb * D / tp;
   switch (in.checkpointing) {
     case ActivationCheckpointing::kNone:
       p.activations_at_loss = tokens * L * per_token_block + stream + final_norm;
@@ -121,7 +131,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.activations_at_loss -= p.host_activations;
   }
   p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
-  const int64_t chunk = std::min(p.loss_chunk_tokens, tokens);
+  const int64_t chunk = std::min(p.loss_chunk_tokens, rows);  // a rank's loss covers its rows
   p.loss_chunk = chunk * V * cb;  // logits in the compute dtype, overwritten by their gradient
 
   // Inside a block's backward, at its SwiGLU backward: the activations still kept (with
@@ -143,6 +153,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
     kept += tokens * per_token_selective_recomputed - mlp_inner_recomputed;
   if (in.checkpointing == ActivationCheckpointing::kFull)
     kept += tokens * per_token_full_recomputed - mlp_inner_recomputed;
+  // (under tensor parallelism dy is gathered to every row, dx stays a rank's rows)
   const int64_t temporaries = piece > 0 ? tokens * cb * 3 * D + piece * cb * 4 * F : tokens * cb * (F + 2 * D);
   const int64_t block_grads = grads_aliased ? 0 : 3 * 4 * block_numel;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
@@ -154,8 +165,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // workspace (8 bytes per query element: 4.0 GiB measured at 131,072 tokens x 32 x 128).
   if (mlp_recomputed) {
     int64_t attention_half = tokens * cb * D;
-    if (in.checkpointing == ActivationCheckpointing::kFull) attention_half = tokens * (cb * (3 * D + 2 * M * H) + 4 * N + 4);
-    const int64_t gradients = tokens * cb * (5 * D + 2 * M * H);
+    if (in.checkpointing == ActivationCheckpointing::kFull)
+      attention_half = tokens * (cb * (D + 2 * Q + 2 * M * H) + 4 * N + 4);
+    const int64_t gradients = tokens * cb * (3 * D + 2 * Q + 2 * M * H);
     const int64_t workspace = in.gpu ? tokens * 8 * N * H : 0;
     p.in_attention_backward = (p.activations_at_loss - final_norm) + attention_half + gradients + workspace +
                               block_grads + blocks;
@@ -181,7 +193,10 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   auto row = [](const std::string& what, int64_t bytes) { return fmt::format("  {:<46} {:>12}\n", what, format_bytes(bytes)); };
   std::string s;
   s += fmt::format("model: {}\n", in.model.summary());
-  s += fmt::format("ranks: {} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
+  s += fmt::format("ranks: {}{} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
+                   in.tensor_parallel > 1 ? fmt::format(" = {} data-parallel x {} tensor-parallel",
+                                                        in.world_size / in.tensor_parallel, in.tensor_parallel)
+                                          : std::string(),
                    in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
   s += fmt::format("micro-batch per rank: {} x {} tokens; activation checkpointing: {}; loss chunk: {} tokens\n",
                    in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
@@ -337,6 +352,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   PlanInput in;
   in.model = model;
   in.world_size = world_size;
+  in.tensor_parallel = static_cast<int>(job.parallel.tensor_parallel);
   in.gpu = job.training.device != "cpu";
   in.micro_batch = job.training.batch_size;
   in.seq_len = job.training.seq_len;

@@ -196,6 +196,12 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     comm_ = owned_comm_.get();
   }
   if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
+  {
+    const int world = comm_->world_size(), tp = static_cast<int>(config_.parallel.tensor_parallel);
+    ST_CHECK(world % tp == 0, "`parallel.tensor_parallel` (", tp, ") must divide the ", world, " ranks of this run");
+    mesh_ = std::make_unique<fsdp::DeviceMesh>(comm_, model::Mesh{world / tp, tp});
+  }
+  const int dp_size = mesh_->shape().data_parallel;
   if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
   ops::set_gemm_selection(config_.training.gemm_selection == "heuristic" ? ops::GemmSelection::kHeuristic
                                                                           : ops::GemmSelection::kTimed);
@@ -215,7 +221,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
   }
-  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, comm_->world_size());
+  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size);
   log::info("data: " + data_->summary());
   document_mask_ = resolve_document_mask(config_.data);
   ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,
@@ -226,9 +232,9 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   {
     // Evaluation runs at least once, at the end: a held-out split too small for one global
     // batch would otherwise fail only after the whole run, before its last checkpoint.
-    const int64_t B = config_.training.batch_size, T = config_.training.seq_len, W = comm_->world_size();
+    const int64_t B = config_.training.batch_size, T = config_.training.seq_len, W = dp_size;
     ST_CHECK(data_->eval_batches(B, T) >= W, "the held-out split has ", data_->held_out_size(),
-             ", fewer than one evaluation batch (", W, " rank(s) x `training.batch_size` ", B,
+             ", fewer than one evaluation batch (", W, " data-parallel rank(s) x `training.batch_size` ", B,
              " sequences of `training.seq_len` ", T, " + 1 tokens); evaluation runs at least at the end of ",
              "training: raise `data.val_fraction` or use more data");
   }
@@ -238,7 +244,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   const DType dtype = resolve_dtype(config_.model.dtype, device_);
   // Mixed precision: compute in `dtype`; master weights, gradients and optimizer state in f32.
   const DType master = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-  layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, comm_->world_size()));
+  layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, mesh_->shape(), mesh_->tp_rank()));
   fsdp::ShardingOptions so;
   so.compute_dtype = dtype;
   so.grad_dtype = so.master_dtype = so.reduce_dtype = master;
@@ -282,14 +288,15 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     ST_CHECK(problem.empty(), "host memory", local_ranks > 1 ? fmt::format(" ({} ranks on this machine)", local_ranks)
                                                             : std::string(), ": ", problem);
   }
-  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_);
+  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_, &mesh_->data_parallel());
   if (!config_.model.hf.empty()) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything
     const io::HfWeights* w = hf_weights.get();
     const fsdp::ShardedUnitStore::ParamReader read = [&](const model::ParamSpec& p, int64_t first, Tensor& out) {
       const io::TensorInfo& t = w->get(p.name);
-      ST_CHECK(Shape(t.shape.begin(), t.shape.end()) == p.shape, "`", config_.model.hf, "`: tensor `", p.name,
-               "` has shape ", Shape(t.shape.begin(), t.shape.end()).str(), ", config.json implies ", p.shape.str());
+      ST_CHECK(Shape(t.shape.begin(), t.shape.end()) == p.full_shape, "`", config_.model.hf, "`: tensor `", p.name,
+               "` has shape ", Shape(t.shape.begin(), t.shape.end()).str(), ", config.json implies ",
+               p.full_shape.str());
       w->read_range(p.name, first, out);
     };
     if (config_.parallel.hf_load == "rank0")
@@ -304,6 +311,10 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     store_->init_random(config_.training.seed, mc.init_std);
   }
   model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, device_);
+  if (mesh_->shape().tensor_parallel > 1) {
+    tensor_parallel_ = fsdp::make_tensor_parallel(&mesh_->tensor_parallel());
+    model_->set_tensor_parallel(tensor_parallel_.get());
+  }
   model_->set_mlp_chunk_tokens(mlp_chunk_tokens());
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
@@ -338,9 +349,17 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
                             info.world_size == 1 ? "" : "s"));
     }
   }
-  if (comm_->world_size() > 1)
-    log::info(fmt::format("sharded over {} ranks ({}): {} of {} parameter slots per rank", comm_->world_size(),
-                          comm_->name(), layout_->total_numel() / comm_->world_size(), layout_->total_numel()));
+  if (comm_->world_size() > 1) {
+    int64_t slots = 0;
+    for (const model::UnitLayout& u : layout_->units()) slots += u.shard_numel();
+    const model::Mesh& m = mesh_->shape();
+    log::info(fmt::format("sharded over {} ranks ({}){}: {} parameter slots per rank, of {} in the model",
+                          comm_->world_size(), comm_->name(),
+                          m.tensor_parallel > 1 ? fmt::format(" as {} data-parallel x {} tensor-parallel",
+                                                              m.data_parallel, m.tensor_parallel)
+                                                : std::string(),
+                          slots, model_config_.num_parameters()));
+  }
 }
 
 Trainer::~Trainer() {
@@ -465,14 +484,15 @@ double Trainer::evaluate() {
   Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
   model::StepOptions so;
   so.loss_chunk_tokens = loss_chunk_tokens();
-  // Global eval batch i is W x B sequences; rank r evaluates its part i*W + r. Every rank
-  // runs the same number of forwards, since units are gathered collectively.
-  const int64_t W = comm_->world_size();
+  // Global eval batch i is W x B sequences over the W data-parallel ranks; rank r evaluates
+  // its part i*W + r (a tensor-parallel group the same part, split by rows). Every rank runs
+  // the same number of forwards, since units are gathered collectively.
+  const int64_t W = mesh_->shape().data_parallel;
   const int64_t available = data_->eval_batches(B, T);
   double loss = 0;
   int64_t tokens = 0;
   for (int64_t i = 0; i < config_.eval.batches && (i + 1) * W <= available; ++i) {
-    data_->fill_eval(ids, targets, i * W + comm_->rank());
+    data_->fill_eval(ids, targets, i * W + mesh_->dp_rank());
     const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
     loss += r.loss_sum;
     tokens += r.tokens;
@@ -543,11 +563,13 @@ TrainSummary Trainer::run() {
   const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store_->optimizer_targets();
   const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
   const int64_t world = comm_->world_size(), rank = comm_->rank();
+  // the batch is split over the data-parallel ranks; a tensor-parallel group shares its rows
+  const int64_t dp = mesh_->shape().data_parallel, dp_rank = mesh_->dp_rank();
   Tensor reduce_buf = Tensor::empty({2}, DType::kF64, Device::cpu(), "step totals");
 
   log::info(fmt::format("training: {} steps x {} sequences x {} tokens ({} tokens per step), lr {} {} with {} "
                         "warmup steps, {} thread{} per rank",
-                        tc.steps, B * accum * world, T, B * T * accum * world, config_.optimizer.lr, config_.schedule.type,
+                        tc.steps, B * accum * dp, T, B * T * accum * dp, config_.optimizer.lr, config_.schedule.type,
                         config_.schedule.warmup_steps, omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s"));
   if (config_.schedule.warmup_steps > tc.steps)
     log::warn(fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
@@ -583,19 +605,20 @@ TrainSummary Trainer::run() {
   // caches, warm-up) is timed alone, and the ETA and the final rate leave it out.
   double window_seconds = 0, window_comm_wait = 0, window_offload_wait = 0, steady_seconds = 0;
   int64_t window_steps = 0;
-  const double tokens_per_step = static_cast<double>(B * T * accum * world);
+  const double tokens_per_step = static_cast<double>(B * T * accum * dp);
   const int64_t first_step = start_step_;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
-    // This rank draws sequences rank*B .. rank*B + B-1 of each micro-batch of the global batch.
+    // This rank draws sequences dp_rank*B .. dp_rank*B + B-1 of each micro-batch of the global
+    // batch (the ranks of a tensor-parallel group draw the same ones).
     int64_t counted = 0;
     for (int64_t m = 0; m < accum; ++m) {
-      data_->fill_train(ids[m], targets[m], step, m, rank * B);
+      data_->fill_train(ids[m], targets[m], step, m, dp_rank * B);
       const int32_t* t = targets[m].data<int32_t>();
       for (int64_t i = 0; i < B * T; ++i) counted += t[i] != so.ignore_index;
     }
     reduce_buf.data<double>()[0] = static_cast<double>(counted);
-    comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
+    mesh_->data_parallel().all_reduce(reduce_buf, dist::ReduceOp::kSum);  // a group's ranks share the batch
     const double global_counted = reduce_buf.data<double>()[0];
     const double t_data = seconds_since(t0);
     const Clock::time_point t1 = Clock::now();
@@ -609,7 +632,7 @@ TrainSummary Trainer::run() {
       t_forward += model_->last_phase_times().forward_s;
       t_backward += model_->last_phase_times().backward_s;
     }
-    reduce_buf.data<double>()[0] = loss_sum;
+    reduce_buf.data<double>()[0] = loss_sum;  // of this rank's token rows
     reduce_buf.data<double>()[1] = 0;
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
     loss_sum = reduce_buf.data<double>()[0];
@@ -617,8 +640,18 @@ TrainSummary Trainer::run() {
     const Clock::time_point t2 = Clock::now();
     // offloaded with one micro-batch, the GPU summed the squares as the gradients went down
     const std::optional<double> landed = store_->landed_grad_sum_squares();
-    const double norm =
-        landed ? optim::grad_norm_from_sum_squares(*landed, comm_) : optim::global_grad_norm(cgrads, comm_);
+    double norm = 0;
+    if (landed) {
+      norm = optim::grad_norm_from_sum_squares(*landed, comm_);
+    } else if (mesh_->shape().tensor_parallel > 1) {
+      // a group's copies of its replicated parameters (the blocks' norms) count once
+      const std::vector<Tensor> parts = store_->grad_norm_parts();
+      std::vector<const Tensor*> views;
+      for (const Tensor& p : parts) views.push_back(&p);
+      norm = optim::global_grad_norm(views, comm_);
+    } else {
+      norm = optim::global_grad_norm(cgrads, comm_);
+    }
     const double lr = optim::learning_rate(sc, step);
     const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
     const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
@@ -771,11 +804,13 @@ TrainSummary Trainer::run() {
     eo.dtype = parse_dtype(config_.export_.dtype, "export.dtype");
     eo.max_shard_bytes = config_.export_.max_shard_mb * 1000 * 1000;
     eo.tokenizer_source = tokenizer_source();
-    export_hf(*store_, model_->config(), *comm_, eo);
+    export_hf(*store_, model_->config(), *comm_, eo, &mesh_->tensor_parallel());
     log::info(fmt::format("exported a Hugging Face folder to {} ({})", eo.folder, config_.export_.dtype));
   }
   if (config_.sample.tokens > 0) {
     SampleOptions o;
+    // a graph of the decode step would capture the group's collectives: not with tensor parallelism
+    o.cuda_graph = mesh_->shape().tensor_parallel == 1;
     o.prompt = config_.sample.prompt;
     o.tokens = config_.sample.tokens;
     o.temperature = config_.sample.temperature;

@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "dist/communicator.h"
 #include "fsdp/sharded_store.h"
+#include "fsdp/tensor_parallel.h"
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
@@ -47,6 +48,8 @@ class Trainer {
   model::Llama& model() { return *model_; }
   fsdp::ShardedUnitStore& store() { return *store_; }
   dist::Communicator& comm() { return *comm_; }
+  // The run's ranks as data-parallel x tensor-parallel (parallel.tensor_parallel).
+  const fsdp::DeviceMesh& mesh() const { return *mesh_; }
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
   Device device() const { return device_; }
   optim::AdamW& optimizer() { return *optimizer_; }
@@ -83,6 +86,8 @@ class Trainer {
   int64_t start_step_ = 1;  // > 1 after resuming
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
+  std::unique_ptr<fsdp::DeviceMesh> mesh_;
+  std::unique_ptr<model::TensorParallel> tensor_parallel_;  // the model's group collectives (tp > 1)
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::TrainingData> data_;
   bool document_mask_ = false;  // data.document_mask resolved: batches carry their documents' positions

@@ -231,6 +231,43 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   EXPECT_LT(a.loss.back(), a.loss.front() - 1.0) << "the run should learn";
 }
 
+// A tensor-parallel group of 2 GPUs (each holding half of every block's heads and FFN columns
+// and half of each batch's token rows) follows one GPU with the same batch; it exports a
+// Hugging Face folder of whole tensors and samples over the KV cache of its half of the heads.
+TEST(ShardedTrainingCuda, TensorParallelGroupFollowsOneGpu) {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const std::string corpus = write_corpus();
+  const int64_t B = 8;
+  const fs::path one = scratch() / "tp_one", two = scratch() / "tp_two";
+  for (const fs::path& d : {one, two}) fs::create_directories(d);
+  std::vector<std::string> args_one = job(corpus, B, one), args_two = job(corpus, B, two);
+  for (auto* args : {&args_one, &args_two})
+    args->insert(args->end(), {"--sample.tokens=24", "--sample.prompt=the cat", "--sample.temperature=0"});
+  args_two.insert(args_two.end(), {"--parallel.tensor_parallel=2", "--export.folder=" + (two / "hf").string()});
+  std::vector<int> st = launch(1, args_one, one);
+  ASSERT_EQ(st[0], 0) << read_file(one / "rank0.log");
+  st = launch(2, args_two, two);
+  ASSERT_EQ(st[0], 0) << read_file(two / "rank0.log");
+  ASSERT_EQ(st[1], 0) << read_file(two / "rank1.log");
+  const std::string log = read_file(two / "rank0.log");
+  EXPECT_NE(log.find("sharded over 2 ranks (nccl) as 1 data-parallel x 2 tensor-parallel"), std::string::npos)
+      << log;
+  EXPECT_TRUE(fs::exists(two / "hf" / "model.safetensors")) << log;
+
+  const Curve a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
+  ASSERT_EQ(a.loss.size(), 30u);
+  ASSERT_EQ(b.loss.size(), 30u);
+  EXPECT_NEAR(b.loss[0], a.loss[0], 2e-3 * a.loss[0]);  // identical weights and tokens: only the products split
+  EXPECT_NEAR(b.grad_norm[0], a.grad_norm[0], 1e-2 * a.grad_norm[0]);
+  double worst = 0;
+  for (size_t i = 0; i < a.loss.size(); ++i) worst = std::max(worst, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
+  std::printf("tensor-parallel group of 2: worst relative loss gap over 30 steps %.2e; eval %.4f vs %.4f\n", worst,
+              b.eval, a.eval);
+  EXPECT_LT(worst, 1e-2);  // the bound of the data-parallel runs above
+  EXPECT_NEAR(b.eval, a.eval, 1e-2 * a.eval);
+}
+
 // The path of `name` in PATH, or "" when there is none.
 std::string find_in_path(const std::string& name) {
   const char* path = std::getenv("PATH");

@@ -121,6 +121,29 @@ TEST(Plan, CheckpointingAndReshardingMoveMemoryTheRightWay) {
   EXPECT_EQ(auto_loss_chunk_tokens(false, 128256), 256);
 }
 
+// Tensor parallelism: 8 ranks as 4 x 2 hold the same sharded state as 8 data-parallel ranks
+// (a block's part sharded over 4, the embedding and head over 8), a block's gathered copy is
+// half as large, and a rank's activations for the same micro-batch are well under its
+// data-parallel twin's: the heads, FFN columns and residual rows split over the group.
+TEST(Plan, TensorParallelismSplitsBlocksAndActivations) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.world_size = 8;
+  in.micro_batch = 2;
+  in.seq_len = 8192;
+  const MemoryPlan dp = plan_memory(in);
+  in.tensor_parallel = 2;
+  const MemoryPlan tp = plan_memory(in);
+  EXPECT_NEAR(static_cast<double>(tp.master), static_cast<double>(dp.master), 4.0 * 128 * 8 * 35);
+  EXPECT_NEAR(static_cast<double>(tp.gathered_at_loss - dp.gathered_at_loss),
+              -2.0 * 2 * static_cast<double>(model::ModelLayout::llama(in.model, 1).units()[1].numel) / 2, 2.0 * 1e6);
+  // per token and block: bf16 2·D of gathered norm outputs, and half of the rest
+  EXPECT_LT(static_cast<double>(tp.activations_at_loss), 0.6 * static_cast<double>(dp.activations_at_loss));
+  EXPECT_GT(static_cast<double>(tp.activations_at_loss), 0.5 * static_cast<double>(dp.activations_at_loss));
+  in.tensor_parallel = 3;
+  EXPECT_THROW((void)plan_memory(in), Error);  // 3 does not divide 8 ranks
+}
+
 // "auto" checkpointing takes the lightest policy whose plan fits, with the reserve beside it.
 TEST(Plan, AutoCheckpointingTakesTheLightestPolicyThatFits) {
   using enum model::ActivationCheckpointing;
@@ -220,7 +243,7 @@ TEST(Plan, OffloadWithTheGradientsOnTheGpu) {
   const MemoryPlan kept = plan_memory(in);
   int64_t embed = 0;  // the largest unit's shard on one rank: the embedding (padded)
   const model::ModelLayout layout = model::ModelLayout::llama(in.model, 1);
-  for (const model::UnitLayout& u : layout.units()) embed = std::max(embed, u.shard_numel(1));
+  for (const model::UnitLayout& u : layout.units()) embed = std::max(embed, u.shard_numel());
   EXPECT_GE(embed, int64_t{128256} * 4096);
   EXPECT_EQ(kept.host_grad_staging, 2 * 4 * embed);
   EXPECT_EQ(kept.host, (4 + 8) * kept.shard_elements + 2 * 4 * embed);

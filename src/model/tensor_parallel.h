@@ -1,0 +1,34 @@
+// Tensor parallelism inside a block, as Megatron-LM splits it: each rank of a group holds
+// 1/size of the query and key/value heads and of the FFN columns, so q, k, v, gate and up are
+// column-parallel products (rows of their weights) and o and down row-parallel ones (columns),
+// whose outputs are partial sums over the group. The model names only this interface; fsdp/
+// makes one from a communicator (fsdp/tensor_parallel.h).
+#pragma once
+
+#include "core/tensor.h"
+
+namespace shardtrain::model {
+
+// The group's collectives, on the compute stream, in the tensors' own dtype.
+class TensorParallel {
+ public:
+  virtual ~TensorParallel() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // out [size · n] = every rank's in [n], in rank order.
+  virtual void all_gather(Tensor& out, const Tensor& in) = 0;
+  // out [n] = the sum over ranks of slice `rank` of in [size · n].
+  virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
+  // inout = the sum over ranks, in place (the same values on every rank).
+  virtual void all_reduce(Tensor& inout) = 0;
+};
+
+// Where the residual stream lives between a block's products (BlockContext::tp):
+//   kSequence: each rank holds its B·T / size token rows of x, x2, y and their norms'
+//     statistics (sequence parallelism): a product's input is all-gathered over the rows,
+//     its partial output reduce-scattered back to them. Training and evaluation.
+//   kReplicated: every rank holds all B·T rows; the partial outputs are all-reduced. For a
+//     forward over rows that do not split evenly (sampling, the KV cache's one-token steps).
+enum class ResidualSplit { kSequence, kReplicated };
+
+}  // namespace shardtrain::model

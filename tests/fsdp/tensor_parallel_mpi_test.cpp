@@ -1,0 +1,400 @@
+// Tensor parallelism under mpirun (2, 3 and 4 ranks): a block's heads and FFN columns split
+// over a group, with the token rows between its products split too (sequence parallelism),
+// computes what one rank computes. The model in f64 against the resident model (loss, every
+// gradient, held-out loss, logits, the KV cache's steps); the trainer on a data-parallel x
+// tensor-parallel mesh against one rank with the whole batch (f32, 1e-5), with checkpoints
+// that cross meshes, HF loading and export.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "core/random.h"
+#include "dist/mpi_communicator.h"
+#include "fsdp/sharded_store.h"
+#include "fsdp/tensor_parallel.h"
+#include "io/hf_folder.h"
+#include "io/safetensors.h"
+#include "model/hf_config.h"
+#include "model/kv_cache.h"
+#include "model/llama.h"
+#include "ops/elementwise.h"
+#include "optim/adamw.h"
+#include "testing/compare.h"
+#include "testing/shared_data.h"
+#include "train/checkpoint.h"
+#include "train/export.h"
+#include "train/trainer.h"
+
+namespace shardtrain {
+namespace {
+
+// f64 on both sides: the group's partial sums add the same products in another order.
+constexpr testing::Tolerance kRanksF64{1e-12, 1e30, 1e30};
+
+// A contiguous copy of a view.
+Tensor copy_of(const Tensor& view) {
+  Tensor t = Tensor::empty(view.shape(), view.dtype(), view.device(), "test copy");
+  copy(t, view);
+  return t;
+}
+
+// Ranks per tensor-parallel group in the trainer tests: 2 where it divides the run, else all.
+int group_size(int world) { return world % 2 == 0 ? 2 : world; }
+
+// Every element of this rank's part of each parameter (in `store`'s shards, or its gradient
+// shards) against the whole parameter `whole(name)` of a resident model.
+template <typename Whole>
+void expect_parts_match(const fsdp::ShardedUnitStore& store, const std::vector<Tensor>& shards, Whole&& whole,
+                        const testing::Tolerance& tol, const std::string& what) {
+  const model::ModelLayout& layout = store.layout();
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    for (const model::ShardRange& r : model::shard_ranges(layout.units()[u], store.unit_comm(u).rank())) {
+      const Tensor full = whole(r.spec->name);
+      ASSERT_EQ(full.numel(), r.spec->full_numel()) << r.spec->name;
+      Tensor mine = Tensor::empty({r.count}, DType::kF64, Device::cpu(), "part");
+      Tensor ref = Tensor::empty({r.count}, DType::kF64, Device::cpu(), "reference part");
+      model::for_each_run(*r.spec, r.first, r.count, [&](int64_t full_first, int64_t local_first, int64_t n) {
+        Tensor m = mine.flat_range(local_first - r.first, n), f = ref.flat_range(local_first - r.first, n);
+        ops::cast(m, shards[u].flat_range(r.shard_offset + (local_first - r.first), n));
+        ops::cast(f, full.view({full.numel()}).flat_range(full_first, n));
+      });
+      EXPECT_TRUE(testing::all_close(mine, ref, tol)) << what << ": " << r.spec->name << " elements [" << r.first
+                                                      << ", " << r.first + r.count << ") of its part on rank "
+                                                      << store.rank();
+    }
+}
+
+struct ModelVariant {
+  const char* name;
+  bool tie = false, bias = false, separate = false;
+  model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kNone;
+  int64_t mlp_chunk = 0;
+};
+
+model::LlamaConfig small_config(int world, const ModelVariant& v) {
+  model::LlamaConfig c;
+  c.vocab_size = 97;
+  c.dim = 48;
+  c.n_layers = 2;
+  c.n_heads = 12;                         // 12 / (2, 3, 4) query heads per rank
+  c.n_kv_heads = world == 3 ? 3 : 4;      // grouped: 4 or 3 query heads per kv head
+  c.ffn_dim = 36;
+  c.max_seq_len = 16;
+  c.tie_embeddings = v.tie;
+  c.attention_bias = v.bias;
+  return c;
+}
+
+// The whole group is one tensor-parallel group (data parallel 1): its model in f64 gives the
+// resident model's loss, gradients, held-out loss, logits and cached decoding.
+TEST(TensorParallel, ModelMatchesOneRankInF64) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const model::Mesh shape{1, w};
+  fsdp::DeviceMesh mesh(comm.get(), shape);
+  auto tp = fsdp::make_tensor_parallel(&mesh.tensor_parallel());
+  const ModelVariant variants[] = {
+      {"plain"},
+      {"tied, biased", true, true},
+      {"separate projections", false, false, true},
+      {"full checkpointing, MLP by pieces", false, true, false, model::ActivationCheckpointing::kFull, 5},
+      {"selective checkpointing", true, false, false, model::ActivationCheckpointing::kSelective},
+      {"pointwise checkpointing", false, false, false, model::ActivationCheckpointing::kPointwise},
+  };
+  for (const ModelVariant& v : variants) {
+    SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");
+    const model::LlamaConfig c = small_config(w, v);
+    model::Llama ref(c, DType::kF64);
+    ref.init_random(5);
+    ref.zero_grads();
+    const model::ModelLayout layout = model::ModelLayout::llama(c, shape, r);
+    fsdp::ShardingOptions so;
+    so.compute_dtype = so.grad_dtype = so.master_dtype = so.reduce_dtype = DType::kF64;
+    fsdp::ShardedUnitStore store(layout, comm.get(), so, Device::cpu(), &mesh.data_parallel());
+    store.init_random(5, c.init_std);
+    model::Llama m(c, layout, &store, DType::kF64, Device::cpu());
+    m.set_tensor_parallel(tp.get());
+    ref.set_separate_projections(v.separate);
+    m.set_separate_projections(v.separate);
+    ref.set_mlp_chunk_tokens(v.mlp_chunk);
+    m.set_mlp_chunk_tokens(v.mlp_chunk);
+
+    // the same batch on every rank; some targets ignored
+    const int64_t B = 2, T = 12;
+    Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+    testing::fill_random_ints(ids, 11, 0, c.vocab_size);
+    testing::fill_random_ints(targets, 12, 0, c.vocab_size);
+    targets.data<int32_t>()[3] = targets.data<int32_t>()[17] = -100;
+    model::StepOptions o;
+    o.checkpointing = v.checkpointing;
+    o.grad_scale = 1.0 / 22;
+    const model::LossSum want = ref.forward_backward(ids, targets, o);
+    store.zero_grad_shards();
+    const model::LossSum got = m.forward_backward(ids, targets, o);
+    Tensor sums = Tensor::empty({2}, DType::kF64);
+    sums.data<double>()[0] = got.loss_sum;
+    sums.data<double>()[1] = static_cast<double>(got.tokens);
+    comm->all_reduce(sums, dist::ReduceOp::kSum);  // each rank's share of the rows
+    EXPECT_NEAR(sums.data<double>()[0], want.loss_sum, 1e-12 * want.loss_sum);
+    EXPECT_EQ(sums.data<double>()[1], static_cast<double>(want.tokens));
+    expect_parts_match(store, store.grad_shards(), [&](const std::string& n) { return ref.grad(n); }, kRanksF64,
+                       "gradient");
+    expect_parts_match(store, store.master_shards(), [&](const std::string& n) { return ref.param(n); },
+                       testing::kExact, "initial weights");
+
+    // held-out loss: rows split over the group, and (B·T not divisible) every row on every rank
+    const model::LossSum eval_want = ref.evaluate(ids, targets, o);
+    for (int64_t t : {T, T - 1}) {
+      const Tensor ids_t = copy_of(ids.slice(1, 0, t)), targets_t = copy_of(targets.slice(1, 0, t));
+      const model::LossSum e = m.evaluate(ids_t, targets_t, o);
+      const model::LossSum e_ref = t == T ? eval_want : ref.evaluate(ids_t, targets_t, o);
+      sums.data<double>()[0] = e.loss_sum;
+      sums.data<double>()[1] = static_cast<double>(e.tokens);
+      comm->all_reduce(sums, dist::ReduceOp::kSum);
+      EXPECT_NEAR(sums.data<double>()[0], e_ref.loss_sum, 1e-12 * e_ref.loss_sum) << "T = " << t;
+      EXPECT_EQ(sums.data<double>()[1], static_cast<double>(e_ref.tokens)) << "T = " << t;
+    }
+
+    // every rank gets all the logits, and the KV cache holds its share of the kv heads
+    EXPECT_TRUE(testing::all_close(m.logits(ids), ref.logits(ids), kRanksF64));
+    model::KvCache cache(c, 1, 10, DType::kF64, Device::cpu(), m.kv_heads_per_rank());
+    model::KvCache ref_cache(c, 1, 10, DType::kF64, Device::cpu());
+    EXPECT_EQ(cache.keys(0).size(2), c.n_kv_heads / w);
+    const Tensor prompt = copy_of(ids.slice(0, 0, 1).slice(1, 0, 5));
+    EXPECT_TRUE(testing::all_close(m.last_logits_cached(prompt, cache), ref.last_logits_cached(prompt, ref_cache),
+                                   kRanksF64));
+    for (int64_t p = 5; p < 7; ++p) {
+      const Tensor one = copy_of(ids.slice(0, 1, 2).slice(1, p, p + 1));
+      EXPECT_TRUE(testing::all_close(m.last_logits_cached(one, cache), ref.last_logits_cached(one, ref_cache),
+                                     kRanksF64))
+          << "position " << p;
+    }
+  }
+}
+
+TEST(TensorParallel, RejectsWhatDoesNotSplit) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  fsdp::DeviceMesh mesh(comm.get(), model::Mesh{1, w});
+  auto tp = fsdp::make_tensor_parallel(&mesh.tensor_parallel());
+  model::LlamaConfig c = small_config(w, {"plain"});
+  c.n_kv_heads = 1;
+  EXPECT_TRUE(testing::throws_with([&] { (void)model::ModelLayout::llama(c, model::Mesh{1, w}, r); },
+                                   "must divide the model's query heads (12), key/value heads (1)"));
+  c = small_config(w, {"plain"});
+  const model::ModelLayout layout = model::ModelLayout::llama(c, model::Mesh{1, w}, r);
+  fsdp::ShardedUnitStore store(layout, comm.get(), {}, Device::cpu(), &mesh.data_parallel());
+  store.init_random(1, c.init_std);
+  model::Llama m(c, layout, &store, DType::kF32, Device::cpu());
+  m.set_tensor_parallel(tp.get());
+  // 1 x 13 rows do not split over 2, 3 or 4 ranks
+  Tensor ids = Tensor::empty({1, 13}, DType::kI32), targets = Tensor::empty({1, 13}, DType::kI32);
+  testing::fill_random_ints(ids, 1, 0, c.vocab_size);
+  testing::fill_random_ints(targets, 2, 0, c.vocab_size);
+  EXPECT_TRUE(testing::throws_with([&] { (void)m.forward_backward(ids, targets, {}); },
+                                   "make training.batch_size x training.seq_len a multiple of "
+                                   "parallel.tensor_parallel"));
+}
+
+std::string corpus_file(int rank) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("shardtrain_tp_corpus_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt"))
+                               .string();
+  std::ofstream out(path);
+  for (int i = 0; i < 300; ++i)
+    out << "Document " << i << " splits heads, columns and token rows over a group of ranks, number " << i * 7 % 13
+        << ".\n\n";
+  return path;
+}
+
+// A job whose heads, kv heads and FFN width divide by 2 and 3; units padded on every mesh.
+train::JobConfig job(const std::string& corpus, int64_t batch_size, int tp) {
+  train::LoadedConfig c = train::load_config(
+      "", {"--model.dim=48", "--model.n_layers=2", "--model.n_heads=6", "--model.n_kv_heads=" + std::to_string(tp == 3 ? 3 : 2),
+           "--model.ffn_dim=54", "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24",
+           "--training.device=cpu", "--training.batch_size=" + std::to_string(batch_size),
+           "--training.grad_accum_steps=2", "--training.steps=12", "--training.max_grad_norm=0.5",
+           "--schedule.warmup_steps=3", "--optimizer.lr=3e-3", "--eval.interval_steps=0", "--eval.batches=2",
+           "--sample.tokens=0", "--logging.progress=off", "--logging.level=warn", "--logging.metrics_file=",
+           "--data.source=" + corpus, "--data.val_fraction=0.1",
+           "--run.output_dir=" + std::filesystem::temp_directory_path().string() + "/shardtrain_tp_run",
+           "--parallel.tensor_parallel=" + std::to_string(tp)});
+  return c.config;
+}
+
+TEST(TensorParallel, TrainerRejectsAGroupLargerThanTheRun) {
+  auto comm = dist::make_mpi_world();
+  if (comm->world_size() != 2) GTEST_SKIP() << "a 3-rank group (which the test model allows) on 2 ranks";
+  const std::string corpus = corpus_file(comm->rank());
+  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(job(corpus, 2, 3), comm.get()); },
+                                   "`parallel.tensor_parallel` (3) must divide the 2 ranks of this run"));
+  std::filesystem::remove(corpus);
+}
+
+// A data-parallel x tensor-parallel run trains as one rank with the whole global batch: the
+// same losses, gradient norms (replicated norms counted once), held-out loss and weights; the
+// group's copies of its replicated parameters stay identical.
+TEST(TensorParallel, TrainerMatchesOneRank) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size(), tp = group_size(w), dp = w / tp;
+  const std::string corpus = corpus_file(r);
+  const int64_t B = 2;
+  auto single = dist::make_single_rank();
+  train::JobConfig one = job(corpus, B * dp, tp);
+  one.parallel.tensor_parallel = 1;
+  train::Trainer ref(one, single.get());
+  const train::TrainSummary a = ref.run();
+
+  for (const char* checkpointing : {"none", "full"}) {
+    SCOPED_TRACE(std::string(checkpointing) + " checkpointing, " + std::to_string(dp) + " x " + std::to_string(tp));
+    train::JobConfig c = job(corpus, B, tp);
+    c.training.activation_checkpointing = checkpointing;
+    train::Trainer t(c, comm.get());
+    EXPECT_EQ(t.mesh().shape().tensor_parallel, tp);
+    const train::TrainSummary b = t.run();
+    ASSERT_EQ(a.steps.size(), b.steps.size());
+    bool clipped = false;
+    for (size_t i = 0; i < a.steps.size(); ++i) {
+      EXPECT_NEAR(b.steps[i].loss, a.steps[i].loss, 1e-5 * std::abs(a.steps[i].loss)) << "step " << i + 1;
+      EXPECT_NEAR(b.steps[i].grad_norm, a.steps[i].grad_norm, 1e-5 * a.steps[i].grad_norm) << "step " << i + 1;
+      clipped |= a.steps[i].grad_norm > 0.5;
+    }
+    EXPECT_TRUE(clipped) << "the test should exercise clipping";
+    EXPECT_NEAR(b.evals.back().second, a.evals.back().second, 1e-5 * a.evals.back().second);
+    const fsdp::ShardedUnitStore& ref_store = ref.store();
+    expect_parts_match(
+        t.store(), t.store().master_shards(),
+        [&](const std::string& n) {
+          const model::ModelLayout::Location loc = ref_store.layout().locate(n);
+          return ref_store.master_shards()[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset,
+                                                                                      loc.spec->numel());
+        },
+        testing::kRanksF32, "trained weights");
+
+    // the group's copies of a block's norms: bitwise the same on every rank of it
+    const model::ModelLayout& layout = t.store().layout();
+    for (size_t u = 0; u < layout.units().size(); ++u)
+      for (const model::ShardRange& s : model::shard_ranges(layout.units()[u], t.store().unit_comm(u).rank())) {
+        if (!s.spec->replicated) continue;
+        Tensor mine = copy_of(t.store().master_shards()[u].flat_range(s.shard_offset, s.count));
+        Tensor all = Tensor::empty({tp * s.count}, mine.dtype());
+        t.mesh().tensor_parallel().all_gather(all, mine);
+        for (int q = 1; q < tp; ++q)
+          EXPECT_TRUE(testing::all_close(all.flat_range(q * s.count, s.count), mine, testing::kExact))
+              << s.spec->name << " on group rank " << q;
+      }
+  }
+  std::filesystem::remove(corpus);
+}
+
+// Checkpoints cross meshes: written by a 2-D run (its row-parallel parts as strided pieces)
+// they load on one rank; written by one rank they load on the 2-D mesh; a 2-D run resumed
+// from its checkpoint continues as it would have. The export joins the parts into whole
+// tensors, equal to the checkpoint's.
+TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size(), tp = group_size(w);
+  const std::string corpus = corpus_file(r);
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("shardtrain_tp_ckpt_np" + std::to_string(w))).string();
+  if (r == 0) std::filesystem::remove_all(root);
+  comm->barrier();
+
+  train::JobConfig c = job(corpus, 2, tp);
+  c.training.steps = 6;
+  c.checkpoint.interval_steps = 3;
+  c.checkpoint.keep = 0;
+  c.checkpoint.dir = root + "/tp";
+  c.export_.folder = root + "/export";
+  c.export_.dtype = "f32";
+  train::Trainer straight(c, comm.get());
+  const train::TrainSummary all = straight.run();
+  comm->barrier();
+
+  // one rank reads what the group wrote
+  const train::CheckpointInfo info = train::read_checkpoint_info(root + "/tp/step_00000006");
+  EXPECT_EQ(info.world_size, w);
+  auto single = dist::make_single_rank();
+  const model::ModelLayout one = model::ModelLayout::llama(info.config, 1);
+  fsdp::ShardedUnitStore single_store(one, single.get(), {});
+  optim::AdamW single_opt(one, 0, {}, DType::kF32, Device::cpu());
+  train::load_checkpoint(info, single_store, &single_opt);
+  auto whole = [&](const fsdp::ShardedUnitStore& s) {
+    return [&s](const std::string& n) {
+      const model::ModelLayout::Location loc = s.layout().locate(n);
+      return s.master_shards()[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset, loc.spec->numel());
+    };
+  };
+  expect_parts_match(straight.store(), straight.store().master_shards(), whole(single_store), testing::kExact,
+                     "2-D -> 1");
+  auto state = [&](const std::vector<Tensor>& v) {
+    return [&v, &one](const std::string& n) {
+      const model::ModelLayout::Location loc = one.locate(n);
+      return v[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset, loc.spec->numel());
+    };
+  };
+  expect_parts_match(straight.store(), straight.optimizer().exp_avg(), state(single_opt.exp_avg()), testing::kExact,
+                     "2-D -> 1, exp_avg");
+  expect_parts_match(straight.store(), straight.optimizer().exp_avg_sq(), state(single_opt.exp_avg_sq()),
+                     testing::kExact, "2-D -> 1, exp_avg_sq");
+
+  // the export holds the same whole tensors
+  const io::HfWeights exported(root + "/export");
+  for (const model::UnitLayout& u : one.units())
+    for (const model::ParamSpec& p : u.params)
+      EXPECT_TRUE(testing::all_close(exported.files().front()->read_as(p.name, DType::kF32).view({p.numel()}),
+                                     whole(single_store)(p.name), testing::kExact))
+          << "exported " << p.name;
+
+  // one rank writes it again; the 2-D mesh loads that
+  if (r == 0) train::save_checkpoint(root + "/one", 6, info.config, "", single_store, &single_opt, *single, 0);
+  comm->barrier();
+  fsdp::ShardedUnitStore reloaded(straight.store().layout(), comm.get(), {}, Device::cpu(),
+                                  &straight.mesh().data_parallel());
+  train::load_checkpoint(train::read_checkpoint_info(root + "/one/step_00000006"), reloaded, nullptr);
+  expect_parts_match(reloaded, reloaded.master_shards(), whole(single_store), testing::kExact, "1 -> 2-D");
+
+  // resumed at step 3, the 2-D run continues with the same losses
+  train::JobConfig resumed_job = c;
+  resumed_job.checkpoint.resume = root + "/tp/step_00000003";
+  resumed_job.checkpoint.dir = root + "/resumed";
+  resumed_job.export_.folder = "";
+  const train::TrainSummary resumed = train::Trainer(resumed_job, comm.get()).run();
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.steps[i].loss, all.steps[i + 3].loss) << "step " << i + 4;
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(root);
+  std::filesystem::remove(corpus);
+}
+
+// A Hugging Face folder loads into the group's parts, by ranges or through rank 0.
+TEST(TensorParallel, HfLoadingFillsEachRanksPart) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  if (w % 2 != 0) GTEST_SKIP() << "the reference folder's 4 heads, 2 kv heads and FFN 40 split over 2 ranks";
+  const model::Mesh shape{w / 2, 2};
+  fsdp::DeviceMesh mesh(comm.get(), shape);
+  const std::string dir = testing::source_dir() + "/tests/model/hf_reference/qwen2_bias";
+  const model::LlamaConfig c = model::load_hf_config(dir + "/config.json");
+  const io::HfWeights weights(dir);
+  const model::ModelLayout layout = model::ModelLayout::llama(c, shape, mesh.tp_rank());
+  fsdp::ShardedUnitStore by_ranges(layout, comm.get(), {}, Device::cpu(), &mesh.data_parallel());
+  by_ranges.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+    ASSERT_LE(first + out.numel(), p.full_numel());
+    weights.read_range(p.name, first, out);
+  });
+  const auto whole = [&](const std::string& n) { return weights.files().front()->read_as(n, DType::kF32); };
+  expect_parts_match(by_ranges, by_ranges.master_shards(), whole, testing::kExact, "by ranges");
+  fsdp::ShardedUnitStore by_root(layout, comm.get(), {}, Device::cpu(), &mesh.data_parallel());
+  std::unique_ptr<io::HfWeights> root_weights;
+  if (comm->rank() == 0) root_weights = std::make_unique<io::HfWeights>(dir);
+  by_root.load_from_rank0(
+      [&](const model::ParamSpec& p, int64_t first, Tensor& out) { root_weights->read_range(p.name, first, out); });
+  expect_parts_match(by_root, by_root.master_shards(), whole, testing::kExact, "by rank 0");
+}
+
+}  // namespace
+}  // namespace shardtrain
