@@ -6,7 +6,7 @@ Runs shardtrain's benchmark binary (bench/train/train_bench.cpp) and the peer sc
 another, streams each run's output to stderr prefixed by the row's name, and prints one
 markdown table on stdout at the end, followed by shardtrain-over-peer ratios.
 
-  python3 bench/train/compare.py [--preset 1b|8b] [--gpus G] [--rows NAME,NAME,...]
+  python3 bench/train/compare.py [--preset 1b|1b-2d|8b] [--gpus G] [--rows NAME,NAME,...]
                                  [--steps N] [--warmup N] [--train-bench PATH]
                                  [--python PATH] [--torchrun CMD] [--timeout SECONDS]
                                  [--json PATH] [--list] [--dry-run]
@@ -22,6 +22,14 @@ Presets (sequence 4096, random tokens, the shapes of BENCHMARKS.md):
       memory of bs 4, within 35 GiB; -shards: --compute-shards, AdamW's bf16 copies of the
       weights used in place, the trainer's default where they fit)
         peer-eager-bs4, peer-compile-bs4, peer-eager-bs8-full, peer-compile-bs8-full
+  1b-2d  G GPUs of one host (--gpus, default 2), Llama-3.2-1B shape: data parallel (FSDP)
+      against data x tensor parallel (groups of 2 GPUs sharing a batch: the trainer's
+      parallel.tensor_parallel, the peer's torchtitan plan), every row started by torchrun; 6
+      timed steps after 2 warm-up (the peer 6 after 3); --batch is per data-parallel rank,
+      so a -tp2 row's batch/GPU column reads "8 / 2 GPUs". Rows:
+        ours-bs4, ours-bs8-tp2, ours-bs8-full, ours-bs8-full-tp2, ours-bs16-full-tp2,
+        peer-compile-bs4, peer-compile-bs8-tp2, peer-eager-bs8-tp2, peer-compile-bs8-full,
+        peer-compile-bs8-full-tp2, peer-compile-bs16-full-tp2
   8b  G GPUs of one host (--gpus, default 2), Llama-3.1-8B shape, sharded, every row
       started by torchrun; 4 timed steps after 2 warm-up on both sides; --batch is per
       GPU. NCCL_NVLS_ENABLE=0 is set unless the environment already sets it. Rows:
@@ -29,8 +37,8 @@ Presets (sequence 4096, random tokens, the shapes of BENCHMARKS.md):
         peer-eager-bs1, peer-eager-bs2, peer-compile-bs2, peer-eager-bs4-full
 
 Options:
-  --preset 1b|8b      which set of rows (default 1b)
-  --gpus G            GPUs per row for --preset 8b (default 2); --preset 1b uses one
+  --preset 1b|1b-2d|8b  which set of rows (default 1b)
+  --gpus G            GPUs per row for --preset 1b-2d and 8b (default 2); --preset 1b uses one
   --rows A,B,...      run only these rows, in this order (names as --list prints them)
   --steps N           timed steps for every row (default: the preset's)
   --warmup N          warm-up steps for every row (default: the preset's)
@@ -97,10 +105,12 @@ class Row:
     compile: bool = False  # peer only: torch.compile per block
     accum: int = 1  # ours only: micro-batches per optimizer step
     shards: bool = False  # ours only: --compute-shards (the trainer's parallel.compute_shards)
+    tp: int = 1  # GPUs per tensor-parallel group, sharing `batch` (then per group, not per GPU)
 
     @property
     def batch_text(self) -> str:
-        return str(self.batch) if self.accum == 1 else f"{self.batch} x {self.accum}"
+        text = str(self.batch) if self.accum == 1 else f"{self.batch} x {self.accum}"
+        return text if self.tp == 1 else f"{text} / {self.tp} GPUs"
 
     @property
     def ours(self) -> bool:
@@ -116,15 +126,16 @@ class Preset:
     rows: tuple
 
 
-def _ours(batch: int, ac: str = "none", accum: int = 1, shards: bool = False) -> Row:
+def _ours(batch: int, ac: str = "none", accum: int = 1, shards: bool = False, tp: int = 1) -> Row:
     name = (f"ours-bs{batch}" + ("" if accum == 1 else f"x{accum}") + ("" if ac == "none" else f"-{ac}")
-            + ("-shards" if shards else ""))
-    return Row(name, "ours", batch, ac, accum=accum, shards=shards)
+            + ("-shards" if shards else "") + ("" if tp == 1 else f"-tp{tp}"))
+    return Row(name, "ours", batch, ac, accum=accum, shards=shards, tp=tp)
 
 
-def _peer(batch: int, compile_: bool, ac: str = "none") -> Row:
+def _peer(batch: int, compile_: bool, ac: str = "none", tp: int = 1) -> Row:
     mode = "compile" if compile_ else "eager"
-    return Row(f"peer-{mode}-bs{batch}" + ("" if ac == "none" else f"-{ac}"), "peer", batch, ac, compile_)
+    return Row(f"peer-{mode}-bs{batch}" + ("" if ac == "none" else f"-{ac}") + ("" if tp == 1 else f"-tp{tp}"),
+               "peer", batch, ac, compile_, tp=tp)
 
 
 PRESETS = {
@@ -138,6 +149,15 @@ PRESETS = {
               _ours(8, "pointwise", shards=True), _ours(4, "pointwise", 2),
               _ours(8, "selective", shards=True), _ours(8, "full", shards=True),
               _peer(4, False), _peer(4, True), _peer(8, False, "full"), _peer(8, True, "full")),
+    ),
+    "1b-2d": Preset(
+        shape="1b",
+        title="Llama-3.2-1B shape, sequence 4096, data parallel against data x tensor parallel",
+        multi_gpu=True,
+        steps={"ours": (6, 2), "peer": (6, 3)},
+        rows=(_ours(4), _ours(8, tp=2), _ours(8, "full"), _ours(8, "full", tp=2), _ours(16, "full", tp=2),
+              _peer(4, True), _peer(8, True, tp=2), _peer(8, False, tp=2), _peer(8, True, "full"),
+              _peer(8, True, "full", tp=2), _peer(16, True, "full", tp=2)),
     ),
     "8b": Preset(
         shape="8b",
@@ -156,8 +176,11 @@ def engine_label(row: Row, multi_gpu: bool) -> str:
         engine = "shardtrain" if multi_gpu else "shardtrain (graph"
         if row.shards:
             engine += " + shards" if multi_gpu else ", shards"
+        if row.tp > 1:
+            engine += f" x TP{row.tp}"
         return engine if multi_gpu else engine + ")"
-    return "HF + FSDP2 + compile" if row.compile else "HF + FSDP2 eager"
+    peer = "HF + FSDP2" + (f" x TP{row.tp}" if row.tp > 1 else "")
+    return peer + (" + compile" if row.compile else " eager")
 
 
 # ----------------------------------------------------------------------------- commands
@@ -187,6 +210,8 @@ def build_plan(row: Row, preset: Preset, opts: argparse.Namespace) -> Plan:
         args.append("--compile")
     if row.ac != "none":
         args += ["--ac", row.ac]
+    if row.tp > 1:
+        args += ["--tp", str(row.tp)]
     env, prepend = {}, {}
     if preset.multi_gpu and "NCCL_NVLS_ENABLE" not in os.environ:
         env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the lent machines
@@ -424,11 +449,12 @@ def ratios(outcomes: list) -> list:
         best = max(same_ac, key=lambda p: p.result["tokens_per_s_per_gpu"])
         fastest = f"the fastest peer with AC {row.ac}"
         for p in same_ac:
-            if p.plan.row.batch == row.batch and row.accum == 1:
-                what = f"equal settings (AC {row.ac}, batch {row.batch})" + (f", also {fastest}" if p is best else "")
+            if p.plan.row.batch == row.batch and p.plan.row.tp == row.tp and row.accum == 1:
+                what = (f"equal settings (AC {row.ac}, batch {row.batch_text})"
+                        + (f", also {fastest}" if p is best else ""))
                 lines.append(_versus(o, p, what))
-        if best.plan.row.batch != row.batch or row.accum != 1:  # else its line above says so
-            lines.append(_versus(o, best, f"{fastest} (batch {best.plan.row.batch})"))
+        if best.plan.row.batch != row.batch or best.plan.row.tp != row.tp or row.accum != 1:
+            lines.append(_versus(o, best, f"{fastest} (batch {best.plan.row.batch_text})"))
     return lines
 
 
@@ -464,7 +490,7 @@ def parse_args(argv: list) -> tuple[argparse.Namespace, Preset, list]:
         if a.gpus < 1:
             p.error(f"--gpus must be at least 1, found {a.gpus}")
     elif a.gpus not in (None, 1):
-        p.error(f"--preset {a.preset} runs on one GPU; --gpus is for --preset 8b")
+        p.error(f"--preset {a.preset} runs on one GPU; --gpus is for the several-GPU presets")
     if a.steps is not None and a.steps < 1:
         p.error(f"--steps must be at least 1, found {a.steps}")
     if a.warmup is not None and a.warmup < 0:

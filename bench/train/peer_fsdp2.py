@@ -11,7 +11,16 @@ With --offload-activations (needs --ac full), each block's checkpointed input go
 host memory through torch.autograd.graph.save_on_cpu around the block alone: the block is
 checkpointed with use_reentrant=True so that its input is a saved tensor the hook moves (the peer of
 train_bench --offload-activations, the trainer's training.offload_activations).
-One rank by default; under torchrun, one rank per GPU (--batch is per rank). Where the
+With --tp N (under torchrun), torchtitan's 2-D plan on the same model: groups of N GPUs split
+each block with DTensor tensor parallelism (q, k, v, gate, up column-parallel; o, down
+row-parallel) and sequence parallelism (the norms and the residual stream on 1/N of the token
+rows; the embedding row-parallel into sequence shards, the head column-parallel over the
+vocabulary with loss_parallel), FSDP2 over the data-parallel dimension; the peer of
+train_bench --tp N, the trainer's parallel.tensor_parallel. The blocks then run as torchtitan
+runs its own: the embedding, each block and the head called in turn with rope for all the
+rows (HF's LlamaModel.forward would take the rope positions from a rank's share of them).
+One rank by default; under torchrun, one rank per GPU (--batch is per data-parallel rank;
+tokens/s and MFU per GPU). Where the
 driver's NVML is there, it also reports the board's mean power, SM clock, power-capped share
 and energy per token over the timed steps, as train_bench does.
 
@@ -19,6 +28,9 @@ and energy per token over the timed steps, as train_bench does.
                                     [--compile] [--ac none|full] [--shape 1b|8b] [--cpu-offload]
                                     [--offload-activations]
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
+  torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --tp 2 --batch 8 ...
+--device cpu (gloo, f32, with --shape tiny) checks the script on a machine without a GPU; it
+times nothing worth reporting.
 """
 import argparse
 import ctypes
@@ -115,6 +127,69 @@ def offloaded_checkpoint(forward):
     return run
 
 
+def parallelize_2d(model, tp, world, device):
+    """torchtitan's tensor- and sequence-parallel plan (its parallelize_llama) on HF's Llama:
+    returns the data-parallel mesh for fully_shard."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    mesh = init_device_mesh(device, (world // tp, tp), mesh_dim_names=("dp", "tp"))
+    tied = model.config.tie_word_embeddings
+    parallelize_module(model, mesh["tp"], {
+        "model.embed_tokens": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "model.norm": SequenceParallel(),
+        "lm_head": ColwiseParallel(input_layouts=Shard(1), output_layouts=Shard(-1), use_local_output=False),
+    })
+    if tied:  # both split the [V, D] table by rows: the same DTensor serves both again
+        model.lm_head.weight = model.model.embed_tokens.weight
+    for layer in model.model.layers:
+        parallelize_module(layer, mesh["tp"], {
+            "input_layernorm": SequenceParallel(),
+            "self_attn": PrepareModuleInput(input_kwarg_layouts={"hidden_states": Shard(1)},
+                                            desired_input_kwarg_layouts={"hidden_states": Replicate()}),
+            "self_attn.q_proj": ColwiseParallel(),
+            "self_attn.k_proj": ColwiseParallel(),
+            "self_attn.v_proj": ColwiseParallel(),
+            "self_attn.o_proj": RowwiseParallel(output_layouts=Shard(1)),
+            "post_attention_layernorm": SequenceParallel(),
+            "mlp": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "mlp.gate_proj": ColwiseParallel(),
+            "mlp.up_proj": ColwiseParallel(),
+            "mlp.down_proj": RowwiseParallel(output_layouts=Shard(1)),
+        })
+    return mesh["dp"]
+
+
+def forward_2d(model):
+    """The 2-D model's forward, in place of LlamaForCausalLM.forward (so that FSDP2's hooks on
+    the root still gather its parameters): the embedding, the blocks with rope for all T rows,
+    the final norm and the vocabulary-parallel head; returns the logits [B, T, V / tp] as a
+    DTensor."""
+    base = model.model
+
+    def forward(ids):
+        h = base.embed_tokens(ids)  # this rank's share of the rows [B, T / tp, D]
+        positions = torch.arange(ids.shape[1], device=ids.device)[None]
+        rope = base.rotary_emb(h, positions)  # cos, sin of every row: the attention sees them all
+        for layer in base.layers:
+            h = layer(h, position_embeddings=rope, attention_mask=None)
+        return model.lm_head(base.norm(h))
+    return forward
+
+
+def step_2d(model, ids, labels):
+    """Forward and backward of the 2-D model with loss_parallel's cross-entropy over the
+    next-token targets (HF's shift: the last position has none)."""
+    from torch.distributed.tensor.parallel import loss_parallel
+    logits = model(ids)
+    targets = torch.nn.functional.pad(labels[:, 1:], (0, 1), value=-100)
+    with loss_parallel():
+        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=-100)
+        loss.backward()
+    return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=4)
@@ -127,8 +202,10 @@ def main():
                    help="FSDP2 CPUOffloadPolicy: shards and AdamW state in host memory, AdamW on the CPU")
     p.add_argument("--offload-activations", action="store_true",
                    help="with --ac full: checkpointed block inputs in pinned host memory (save_on_cpu)")
-    p.add_argument("--shape", choices=["1b", "8b"], default="1b",
-                   help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions")
+    p.add_argument("--shape", choices=["1b", "8b", "tiny"], default="1b",
+                   help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions; tiny for --device cpu checks")
+    p.add_argument("--tp", type=int, default=1, help="GPUs per tensor-parallel group (torchtitan's 2-D plan)")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
     a = p.parse_args()
     if a.offload_activations and a.ac != "full":
@@ -138,21 +215,34 @@ def main():
     local = int(os.environ.get("LOCAL_RANK", "0"))
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29513")
-    torch.cuda.set_device(local)
-    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
+    if world % a.tp:
+        p.error(f"--tp {a.tp} must divide the {world} ranks")
+    cuda = a.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(local)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
+    else:
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    dev = torch.device("cuda", local) if cuda else torch.device("cpu")
     torch.manual_seed(0)
     dims = dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
                 num_key_value_heads=8, tie_word_embeddings=True) if a.shape == "1b" else \
         dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-             num_key_value_heads=8, tie_word_embeddings=False)
+             num_key_value_heads=8, tie_word_embeddings=False) if a.shape == "8b" else \
+        dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=4, tie_word_embeddings=True)
     if a.layers:
         dims["num_hidden_layers"] = a.layers
-    cfg = transformers.LlamaConfig(vocab_size=128256, max_position_embeddings=a.seq, rope_theta=500000.0,
-                                   rms_norm_eps=1e-5, **dims)
+    cfg = transformers.LlamaConfig(vocab_size=128256 if a.shape != "tiny" else 1024, max_position_embeddings=a.seq,
+                                   rope_theta=500000.0, rms_norm_eps=1e-5, **dims)
     cfg._attn_implementation = "sdpa"
-    with torch.device("cuda"):
+    with dev:
         model = transformers.LlamaForCausalLM(cfg)
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    dp_mesh = None
+    if a.tp > 1:
+        dp_mesh = parallelize_2d(model, a.tp, world, a.device)
+        model.forward = forward_2d(model)
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if cuda else torch.float32, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
     for i, layer in enumerate(model.model.layers):
         if a.ac == "full" and a.offload_activations:
@@ -162,38 +252,45 @@ def main():
             layer.forward = (lambda f: lambda *x, **k: checkpoint(f, *x, use_reentrant=False, **k))(fwd)
         if a.compile:
             layer.compile()
-        fully_shard(layer, mp_policy=mp, reshard_after_forward=i < len(model.model.layers) - 1, offload_policy=offload)
-    fully_shard(model, mp_policy=mp, offload_policy=offload)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+        fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=i < len(model.model.layers) - 1,
+                    offload_policy=offload)
+    fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
 
-    n_params = sum(p.numel() for p in model.parameters())
+    n_params = sum(p.numel() for p in model.parameters())  # DTensor numel: the whole parameter
     # N without the input embedding; the tied head shares that matrix and counts once
     non_embed = n_params if cfg.tie_word_embeddings else n_params - cfg.vocab_size * cfg.hidden_size
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     flops_per_token = 6 * non_embed + 12 * cfg.num_hidden_layers * head_dim * cfg.num_attention_heads * a.seq
-    name = torch.cuda.get_device_name(local)
+    name = torch.cuda.get_device_name(local) if cuda else "cpu"
     peak = 756e12 if ("H100" in name and "PCIe" in name) else 989e12 if ("H100" in name or "H200" in name) else 0
     say = print if rank == 0 else (lambda *x, **k: None)
     say(f"# {name} x {world}, torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{n_params} parameters")
 
-    g = torch.Generator(device="cuda").manual_seed(7 + rank)
-    board = Board(local)
+    dp_rank = rank // a.tp  # a tensor-parallel group shares its batch
+    g = torch.Generator(device=dev).manual_seed(7 + dp_rank)
+    board = Board(local) if cuda else Board(-1)
     if a.warmup == 0:
         board.start()
     timed = 0.0
-    torch.cuda.reset_peak_memory_stats()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     for step in range(1, a.warmup + a.steps + 1):
-        ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda", generator=g)
-        labels = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device="cuda", generator=g)
-        torch.cuda.synchronize()
+        ids = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device=dev, generator=g)
+        labels = torch.randint(0, cfg.vocab_size, (a.batch, a.seq), device=dev, generator=g)
+        sync()
         t0 = time.perf_counter()
-        loss = model(input_ids=ids, labels=labels).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if a.tp > 1:
+            loss = step_2d(model, ids, labels)
+        else:
+            loss = model(input_ids=ids, labels=labels).loss
+            loss.backward()
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        torch.cuda.synchronize()
+        sync()
         dt = time.perf_counter() - t0
         value = loss.item()
         assert math.isfinite(value), f"loss {value} at step {step}"
@@ -204,21 +301,24 @@ def main():
             timed += dt
         if step == a.warmup:
             board.start()  # the timed steps only
-        say(f"# step {step} loss {value:.4f}  {1e3 * dt:.1f} ms")
-    power = board.finish(a.batch * a.seq * a.steps)
-    tps = a.batch * a.seq * a.steps / timed
+        norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+        say(f"# step {step} loss {value:.4f}  grad norm {norm.item():.4f}  {1e3 * dt:.1f} ms")
+    tokens = a.batch * a.seq * a.steps / a.tp  # per GPU: a tensor-parallel group shares its batch
+    power = board.finish(tokens)
+    tps = tokens / timed
     mfu = flops_per_token * tps / peak if peak else 0.0
-    peak_mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30], device="cuda")
+    peak_mem = torch.tensor([torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0], device=dev)
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
     peak_gib = peak_mem.item()
-    label = "HF + FSDP2" + (" + compile" if a.compile else " eager") + (", CPU offload" if a.cpu_offload else "") \
+    label = "HF + FSDP2" + (f" x TP{a.tp} (torchtitan's plan)" if a.tp > 1 else "") \
+        + (" + compile" if a.compile else " eager") + (", CPU offload" if a.cpu_offload else "") \
         + (", activations offloaded" if a.offload_activations else "")
     say(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
     if power:
         say(f"# GPU{' of rank 0' if world > 1 else ''} over the timed steps: {power['gpu_power_w']:.0f} W, "
             f"SM {power['gpu_sm_mhz']} MHz, power-capped {100 * power['gpu_power_capped']:.0f} %; "
             f"{power['mj_per_token']:.2f} mJ per token")
-    say(json.dumps(dict(engine=label, shape=a.shape, gpus=world, ac=a.ac, batch=a.batch, seq=a.seq,
+    say(json.dumps(dict(engine=label, shape=a.shape, gpus=world, tp=a.tp, ac=a.ac, batch=a.batch, seq=a.seq,
                         tokens_per_s_per_gpu=round(tps, 1), mfu=round(mfu, 4), peak_gib=round(peak_gib, 2),
                         **power)))
     dist.destroy_process_group()
