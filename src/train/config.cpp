@@ -515,10 +515,6 @@ void validate(const JobConfig& c) {
       ST_CHECK(m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.ffn_dim % tp == 0, "`parallel.tensor_parallel` (",
                tp, ") must divide `model.n_heads` (", m.n_heads, "), `model.n_kv_heads` (", m.n_kv_heads,
                ") and `model.ffn_dim` (", m.ffn_dim, ")");
-    ST_CHECK(!c.parallel.offload, "`parallel.offload` with `parallel.tensor_parallel` = ", tp,
-             " is not supported yet; use one of them");
-    ST_CHECK(!c.training.offload_activations, "`training.offload_activations` with `parallel.tensor_parallel` = ",
-             tp, " is not supported yet; use activation checkpointing, or tensor_parallel = 1");
   }
 }
 

@@ -234,13 +234,14 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
 // A tensor-parallel group of 2 GPUs (each holding half of every block's heads and FFN columns
 // and half of each batch's token rows) follows one GPU with the same batch; it exports a
 // Hugging Face folder of whole tensors and samples over the KV cache of its half of the heads.
+// So does the group with ZeRO-3 CPU offload and its checkpointed block inputs in host memory.
 TEST(ShardedTrainingCuda, TensorParallelGroupFollowsOneGpu) {
   const int gpus = cuda::device_count();
   if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
   const std::string corpus = write_corpus();
   const int64_t B = 8;
-  const fs::path one = scratch() / "tp_one", two = scratch() / "tp_two";
-  for (const fs::path& d : {one, two}) fs::create_directories(d);
+  const fs::path one = scratch() / "tp_one", two = scratch() / "tp_two", offloaded = scratch() / "tp_offloaded";
+  for (const fs::path& d : {one, two, offloaded}) fs::create_directories(d);
   std::vector<std::string> args_one = job(corpus, B, one), args_two = job(corpus, B, two);
   for (auto* args : {&args_one, &args_two})
     args->insert(args->end(), {"--sample.tokens=24", "--sample.prompt=the cat", "--sample.temperature=0"});
@@ -250,22 +251,37 @@ TEST(ShardedTrainingCuda, TensorParallelGroupFollowsOneGpu) {
   st = launch(2, args_two, two);
   ASSERT_EQ(st[0], 0) << read_file(two / "rank0.log");
   ASSERT_EQ(st[1], 0) << read_file(two / "rank1.log");
+  std::vector<std::string> args_offloaded = job(corpus, B, offloaded);
+  args_offloaded.insert(args_offloaded.end(),
+                        {"--parallel.tensor_parallel=2", "--parallel.offload=true", "--training.offload_activations=true",
+                         "--training.offload_activations_blocks=64", "--training.activation_checkpointing=full"});
+  st = launch(2, args_offloaded, offloaded);
+  ASSERT_EQ(st[0], 0) << read_file(offloaded / "rank0.log");
+  ASSERT_EQ(st[1], 0) << read_file(offloaded / "rank1.log");
+  EXPECT_NE(read_file(offloaded / "rank0.log").find("training.offload_activations:"), std::string::npos);
   const std::string log = read_file(two / "rank0.log");
   EXPECT_NE(log.find("sharded over 2 ranks (nccl) as 1 data-parallel x 2 tensor-parallel"), std::string::npos)
       << log;
   EXPECT_TRUE(fs::exists(two / "hf" / "model.safetensors")) << log;
 
-  const Curve a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl");
+  const Curve a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl"),
+              c = read_metrics(offloaded / "metrics.jsonl");
   ASSERT_EQ(a.loss.size(), 30u);
   ASSERT_EQ(b.loss.size(), 30u);
+  ASSERT_EQ(c.loss.size(), 30u);
   EXPECT_NEAR(b.loss[0], a.loss[0], 2e-3 * a.loss[0]);  // identical weights and tokens: only the products split
   EXPECT_NEAR(b.grad_norm[0], a.grad_norm[0], 1e-2 * a.grad_norm[0]);
-  double worst = 0;
-  for (size_t i = 0; i < a.loss.size(); ++i) worst = std::max(worst, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
-  std::printf("tensor-parallel group of 2: worst relative loss gap over 30 steps %.2e; eval %.4f vs %.4f\n", worst,
-              b.eval, a.eval);
+  double worst = 0, worst_offloaded = 0;
+  for (size_t i = 0; i < a.loss.size(); ++i) {
+    worst = std::max(worst, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
+    worst_offloaded = std::max(worst_offloaded, std::abs(c.loss[i] - a.loss[i]) / a.loss[i]);
+  }
+  std::printf("tensor-parallel group of 2: worst relative loss gap over 30 steps %.2e, offloaded %.2e; eval %.4f "
+              "vs %.4f\n", worst, worst_offloaded, b.eval, a.eval);
   EXPECT_LT(worst, 1e-2);  // the bound of the data-parallel runs above
+  EXPECT_LT(worst_offloaded, 1e-2);
   EXPECT_NEAR(b.eval, a.eval, 1e-2 * a.eval);
+  EXPECT_NEAR(c.eval, a.eval, 1e-2 * a.eval);
 }
 
 // The path of `name` in PATH, or "" when there is none.
