@@ -1,12 +1,34 @@
-// Tensor parallelism over a communicator; the mesh's split communicators.
+// Tensor parallelism over a communicator; the mesh's split communicators. On a GPU the
+// started collectives run on a stream of their own, ordered after the compute stream's work
+// so far by an event, and joined back by another in finish().
 #include "fsdp/tensor_parallel.h"
+
+#include <cstdlib>
+
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/stream.h"
+#endif
 
 namespace shardtrain::fsdp {
 namespace {
 
+// SMs a GPU's products leave to a collective beside them: SHARDTRAIN_TP_OVERLAP_SMS, else
+// kOverlapSms.
+constexpr int kOverlapSms = 16;
+int overlap_sms_from_env() {
+  const char* v = std::getenv("SHARDTRAIN_TP_OVERLAP_SMS");
+  if (v == nullptr) return kOverlapSms;
+  char* end = nullptr;
+  const long n = std::strtol(v, &end, 10);
+  ST_CHECK(end != v && *end == '\0' && n >= 0 && n < 1000, "SHARDTRAIN_TP_OVERLAP_SMS: expected a number of SMs "
+           "(0 or more), found \"", v, "\"");
+  return static_cast<int>(n);
+}
+
 class GroupCollectives final : public model::TensorParallel {
  public:
-  explicit GroupCollectives(dist::Communicator* comm) : comm_(comm) {}
+  explicit GroupCollectives(dist::Communicator* comm) : comm_(comm), overlap_sms_(overlap_sms_from_env()) {}
+  int overlap_sm_reserve() const override { return overlap_sms_; }
   int size() const override { return comm_->world_size(); }
   int rank() const override { return comm_->rank(); }
   void all_gather(Tensor& out, const Tensor& in) override { comm_->all_gather(out, in); }
@@ -15,8 +37,54 @@ class GroupCollectives final : public model::TensorParallel {
   }
   void all_reduce(Tensor& inout) override { comm_->all_reduce(inout, dist::ReduceOp::kSum); }
 
+  void start_all_gather(Tensor& out, const Tensor& in) override {
+    start(out, in, [&](Stream s) { comm_->all_gather(out, in, s); });
+  }
+  void start_reduce_scatter(Tensor& out, const Tensor& in) override {
+    start(out, in, [&](Stream s) { comm_->reduce_scatter(out, in, dist::ReduceOp::kSum, s); });
+  }
+  void finish() override {
+#ifdef SHARDTRAIN_WITH_CUDA
+    if (!pending_) return;
+    side_->done.make_wait(Stream{});
+    // the compute stream now frees or reuses them only after the collective
+    pending_out_ = pending_in_ = Tensor();
+    pending_ = false;
+#endif
+  }
+
  private:
+  template <typename Issue>
+  void start(const Tensor& out, const Tensor& in, Issue&& issue) {
+#ifdef SHARDTRAIN_WITH_CUDA
+    ST_ASSERT(!pending_, "tensor parallelism: a collective started before the last one finished");
+    if (out.device().is_cuda()) {
+      if (!side_) side_ = std::make_unique<Side>();
+      side_->ready.record(Stream{});  // the input is written and the output's memory free
+      side_->ready.make_wait(side_->stream.get());
+      issue(side_->stream.get());
+      side_->done.record(side_->stream.get());
+      pending_out_ = out;  // held: the caching allocator reuses memory in compute-stream order
+      pending_in_ = in;
+      pending_ = true;
+      return;
+    }
+#endif
+    (void)out, (void)in;
+    issue(Stream{});
+  }
+
   dist::Communicator* comm_;
+  int overlap_sms_;
+#ifdef SHARDTRAIN_WITH_CUDA
+  struct Side {
+    cuda::OwnedStream stream;
+    cuda::Event ready, done;
+  };
+  std::unique_ptr<Side> side_;
+  bool pending_ = false;
+  Tensor pending_out_, pending_in_;
+#endif
 };
 
 }  // namespace

@@ -2,6 +2,8 @@
 #include "model/block.h"
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <utility>
 
 #include "ops/attention.h"
@@ -165,6 +167,32 @@ Tensor summed_rows(Tensor partial_TD, const BlockContext& ctx, const Dims& d, co
   return rows_RD;
 }
 
+// A product over all B·T rows of a residual-stream tensor: `product(in, first, end)` computes
+// the output rows [first, end) from `in`, those rows of the input. Under sequence parallelism
+// the rows this rank holds go first while the other ranks' arrive (the gather overlaps that
+// product), then the rows gathered; `all_TD` receives every row [BT, D] (kept for the weight
+// gradients). Otherwise one product of all rows, `all_TD` the rows themselves.
+template <typename Product>
+void over_all_rows(Tensor& all_TD, const Tensor& rows_RD, const BlockContext& ctx, const Dims& d, const char* name,
+                   Product&& product) {
+  if (!sequence_split(ctx)) {
+    all_TD = rows_RD.view({d.BT, d.D});
+    product(all_TD, int64_t{0}, d.BT);
+    return;
+  }
+  all_TD = Tensor::empty({d.BT, d.D}, rows_RD.dtype(), rows_RD.device(), name);
+  const Tensor mine_RD = rows_RD.view({d.R, d.D});
+  ctx.tp->start_all_gather(all_TD, mine_RD);
+  const int64_t first = ctx.tp->rank() * d.R, end = first + d.R;
+  {
+    const ops::GemmSmReserve reserve(ctx.tp->overlap_sm_reserve());  // the gather gets SMs at once
+    product(mine_RD, first, end);
+  }
+  ctx.tp->finish();
+  if (first > 0) product(all_TD.slice(0, 0, first), int64_t{0}, first);
+  if (end < d.BT) product(all_TD.slice(0, end, d.BT), end, d.BT);
+}
+
 // out = x + o(in) for the residual stream: the residual add in the product's epilogue, or
 // with tensor parallelism after the partial outputs are summed over the group.
 void residual_product(Tensor& out, const Tensor& in_TK, const Tensor& weight_DK, const Tensor& x, const Dims& d,
@@ -190,16 +218,15 @@ bool gate_up_stacked(const BlockWeights& w, const BlockContext& ctx) {
   return w.w_gate_up_2FD.defined() && !ctx.separate_projections;
 }
 
-// xn = norm(x) over the residual stream's rows with its f32 1/rms, then gathered to all rows
-// (the next products' input).
-void norm(Tensor& xn_BTD, Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps,
-          const BlockContext& ctx, const char* name, const char* rstd_name) {
-  Tensor xn_rows = like(residual_shape(d), x_BTD, name);
+// xn = norm(x) over the residual stream's rows [R, D], with its f32 1/rms. The products that
+// take it need all rows: over_all_rows or all_rows.
+Tensor norm(Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps, const char* name,
+            const char* rstd_name) {
+  Tensor xn_RD = like({d.R, d.D}, x_BTD, name);
   rstd_BT = Tensor::empty(d.R == d.BT ? Shape{d.B, d.T} : Shape{d.R}, d.stats, d.dev, rstd_name);
-  Tensor xn_RD = xn_rows.view({d.R, d.D});
   Tensor rstd_R = rstd_BT.view({d.R});
   ops::rmsnorm_forward(xn_RD, rstd_R, x_BTD.view({d.R, d.D}), weight_D, {eps});
-  xn_BTD = sequence_split(ctx) ? all_rows(xn_RD, ctx, d, name).view({d.B, d.T, d.D}) : xn_rows;
+  return xn_RD;
 }
 
 // The norm's backward over the residual stream's rows: dx (overwrites) = d(norm)/dx · dxn +
@@ -242,17 +269,22 @@ const Tensor& positions(const BlockContext& ctx) {
   return ctx.documents != nullptr ? ctx.documents->positions_BT : none;
 }
 
-// q, k, v (rope applied), attention, and x2 = x + o(attn), from a.xn1. With a KV cache the
-// attention reads the cached positions' keys and values too.
-void attention_half(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
+// q, k, v (rope applied), attention, and x2 = x + o(attn), from the attention norm's output
+// xn1_RD (this rank's rows; a.xn1_BTD receives all rows). With a KV cache the attention reads
+// the cached positions' keys and values too.
+void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeights& w, const BlockContext& ctx,
+                    const Dims& d) {
   const Tensor& x = a.x_BTD;
-  const Tensor xn1_TD = a.xn1_BTD.view({d.BT, d.D});
+  Tensor xn1_TD;
   if (qkv_stacked(w, ctx)) {
     // one product for q, k and v; each a slice of its heads; rope on q's and k's heads at once
     const int64_t heads = d.N + 2 * d.M;
     const Tensor qkv_BTEH = like({d.B, d.T, heads, d.H}, x, "qkv");
-    Tensor qkv_TE = qkv_BTEH.view({d.BT, heads * d.H});
-    ops::linear_forward(qkv_TE, xn1_TD, w.wqkv_ED, w.bqkv_E);
+    const Tensor qkv_TE = qkv_BTEH.view({d.BT, heads * d.H});
+    over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+      Tensor out = qkv_TE.slice(0, first, end);
+      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E);
+    });
     a.q_BTNH = qkv_BTEH.slice(2, 0, d.N);
     a.k_BTMH = qkv_BTEH.slice(2, d.N, d.N + d.M);
     a.v_BTMH = qkv_BTEH.slice(2, d.N + d.M, heads);
@@ -262,15 +294,19 @@ void attention_half(BlockActivations& a, const BlockWeights& w, const BlockConte
     a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
     a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
     a.v_BTMH = like({d.B, d.T, d.M, d.H}, x, "v");
-    Tensor q_TQ = a.q_BTNH.view({d.BT, d.N * d.H});
-    Tensor k_TK = a.k_BTMH.view({d.BT, d.M * d.H});
-    Tensor v_TK = a.v_BTMH.view({d.BT, d.M * d.H});
-    ops::linear_forward(q_TQ, xn1_TD, w.wq_QD, w.bq_Q);
-    ops::linear_forward(k_TK, xn1_TD, w.wk_KD, w.bk_K);
-    ops::linear_forward(v_TK, xn1_TD, w.wv_KD, w.bv_K);
+    const Tensor q_TQ = a.q_BTNH.view({d.BT, d.N * d.H});
+    const Tensor k_TK = a.k_BTMH.view({d.BT, d.M * d.H});
+    const Tensor v_TK = a.v_BTMH.view({d.BT, d.M * d.H});
+    over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+      Tensor q = q_TQ.slice(0, first, end), k = k_TK.slice(0, first, end), v = v_TK.slice(0, first, end);
+      ops::linear_forward(q, in, w.wq_QD, w.bq_Q);
+      ops::linear_forward(k, in, w.wk_KD, w.bk_K);
+      ops::linear_forward(v, in, w.wv_KD, w.bv_K);
+    });
     ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
   }
+  a.xn1_BTD = xn1_TD.view({d.B, d.T, d.D});
 
   a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
   a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
@@ -315,9 +351,27 @@ MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockCon
   return m;
 }
 
-// gate, up and h = silu(gate) * up from a.xn2, kept in `a`.
-void mlp_inner(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
-  MlpRows m = mlp_products(a.xn2_BTD.view({d.BT, d.D}), w, ctx, d.F, true);
+// gate, up and h = silu(gate) * up from the MLP norm's output xn2_RD (this rank's rows;
+// a.xn2_BTD receives all rows), kept in `a`.
+void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx,
+               const Dims& d) {
+  MlpRows m;
+  if (gate_up_stacked(w, ctx)) {
+    m.h_RF = like({d.BT, d.F}, xn2_RD, "h");  // allocated first, as mlp_products does
+    m.gate_up_R2F = like({d.BT, 2 * d.F}, xn2_RD, "gate|up");
+    Tensor xn2_TD;
+    over_all_rows(xn2_TD, xn2_RD, ctx, d, "xn2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+      Tensor out = m.gate_up_R2F.slice(0, first, end);
+      ops::linear_forward(out, in, w.w_gate_up_2FD);
+    });
+    a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
+    m.gate_RF = m.gate_up_R2F.slice(1, 0, d.F);
+    m.up_RF = m.gate_up_R2F.slice(1, d.F, 2 * d.F);
+    ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
+  } else {
+    a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
+    m = mlp_products(a.xn2_BTD.view({d.BT, d.D}), w, ctx, d.F, true);
+  }
   a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
   if (m.gate_up_R2F.defined()) {
     a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
@@ -356,35 +410,65 @@ void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const Bloc
   if (ctx.tp != nullptr) ops::add(y_RD, summed_rows(out_TD, ctx, d, "y"), x2_RD);
 }
 
+// Tensor parallelism's overlap inside the MLP's backward: how dh = dy · W_down is made (by
+// default one product of dy, every row at hand), and what runs once dxn2 is complete, before
+// gate's and up's weight gradients (a reduce-scatter of dxn2 started there overlaps them).
+struct MlpBackwardHooks {
+  std::function<void(Tensor& dh_RF)> down_input_gradient;
+  std::function<void()> after_input_gradient;
+};
+
 // The MLP's backward over some token rows: dxn2_RD (overwrites; allocated here when
 // undefined, after dh is freed) from dy_RD. gate and up (gate_up_R2F their stacked tensor,
 // when the gradient has the stacked weight too) are overwritten with their gradients; h,
 // when undefined, is recomputed by the SwiGLU backward for the down projection's weight
-// gradient. Weight gradients per `dw` (and `dw_dx` for the second product into dxn2).
+// gradient. Weight gradients per `dw` (and `dw_dx` for the second product into dxn2). With
+// hooks.down_input_gradient, dy_RD is read only after that hook ran (it may fill it).
 void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, const Tensor& xn2_RD, Tensor gate_up_R2F,
                        Tensor gate_RF, Tensor up_RF, Tensor h_RF, const BlockWeights& w,
-                       const ops::LinearBackwardOptions& dw, const ops::LinearBackwardOptions& dw_dx) {
-  const int64_t R = dy_RD.size(0), F = gate_RF.size(1), D = dy_RD.size(1);
+                       const ops::LinearBackwardOptions& dw, const ops::LinearBackwardOptions& dw_dx,
+                       const MlpBackwardHooks& hooks = {}) {
+  const int64_t R = gate_RF.size(0), F = gate_RF.size(1), D = xn2_RD.size(1);
   Tensor none;
   // y = x2 + down(h): dy flows to x2 unchanged and through down_proj. gate and up are read
   // for the last time by the SwiGLU backward, so their gradients overwrite them. h feeds the
   // down projection's weight gradient, which therefore comes after.
-  Tensor dh_RF = like({R, F}, dy_RD, "dh");
-  ops::linear_backward(dh_RF, none, none, dy_RD, none, w.w_down_DF);
+  Tensor dh_RF = like({R, F}, gate_RF, "dh");
+  if (hooks.down_input_gradient) {
+    hooks.down_input_gradient(dh_RF);
+  } else {
+    ops::linear_backward(dh_RF, none, none, dy_RD, none, w.w_down_DF);
+  }
   const bool stacked = gate_up_R2F.defined() && g.w_gate_up_2FD.defined();
   const bool recompute_h = !h_RF.defined();
-  if (recompute_h) h_RF = like({R, F}, dy_RD, "h (recomputed)");
+  if (recompute_h) h_RF = like({R, F}, gate_RF, "h (recomputed)");
   Tensor h_out_RF = recompute_h ? h_RF : Tensor();
   ops::swiglu_backward(gate_RF, up_RF, h_out_RF, dh_RF, gate_RF, up_RF);
   dh_RF = Tensor();
   ops::linear_backward(none, g.w_down_DF, none, dy_RD, h_RF, w.w_down_DF, dw);
   h_RF = h_out_RF = Tensor();
-  if (!dxn2_RD.defined()) dxn2_RD = like({R, D}, dy_RD, "dxn2");
+  if (!dxn2_RD.defined()) dxn2_RD = like({R, D}, xn2_RD, "dxn2");
+  if (!hooks.after_input_gradient) {
+    if (stacked) {
+      ops::linear_backward(dxn2_RD, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD, dw);
+    } else {
+      ops::linear_backward(dxn2_RD, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, dw);
+      ops::linear_backward(dxn2_RD, g.w_up_FD, none, up_RF, xn2_RD, w.w_up_FD, dw_dx);
+    }
+    return;
+  }
+  // the input gradient first, then the hook, then the weight gradients beside it
+  const ops::LinearBackwardOptions accumulate{.accumulate_dx = true};
   if (stacked) {
-    ops::linear_backward(dxn2_RD, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD, dw);
+    ops::linear_backward(dxn2_RD, none, none, gate_up_R2F, none, w.w_gate_up_2FD);
+    hooks.after_input_gradient();
+    ops::linear_backward(none, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD, dw);
   } else {
-    ops::linear_backward(dxn2_RD, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, dw);
-    ops::linear_backward(dxn2_RD, g.w_up_FD, none, up_RF, xn2_RD, w.w_up_FD, dw_dx);
+    ops::linear_backward(dxn2_RD, none, none, gate_RF, none, w.w_gate_FD);
+    ops::linear_backward(dxn2_RD, none, none, up_RF, none, w.w_up_FD, accumulate);
+    hooks.after_input_gradient();
+    ops::linear_backward(none, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, dw);
+    ops::linear_backward(none, g.w_up_FD, none, up_RF, xn2_RD, w.w_up_FD, dw);
   }
 }
 
@@ -396,14 +480,17 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   const Dims d = dims_of(ctx, x_BTD);
   ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
-  norm(a.xn1_BTD, a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, ctx, "xn1", "rstd1");
+  const Tensor xn1_RD = norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1");
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
+    a.xn1_BTD = all_rows(xn1_RD, ctx, d, "xn1 (all rows)").view({d.B, d.T, d.D});
   } else {
-    attention_half(a, w, ctx, d);
+    attention_half(a, xn1_RD, w, ctx, d);
   }
-  norm(a.xn2_BTD, a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, ctx, "xn2", "rstd2");
+  const Tensor xn2_RD = norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2");
+  if (part == BlockPart::kNorms || ctx.mlp_chunk_tokens > 0)
+    a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
   if (part == BlockPart::kNorms) {
     ST_ASSERT(a.gate_BTF.defined() && a.up_BTF.defined(), "block_forward: pointwise recompute needs the kept gate "
               "and up");
@@ -414,7 +501,7 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
     if (part == BlockPart::kAll) mlp_output_by_pieces(a, w, ctx, d);
     return;
   }
-  mlp_inner(a, w, ctx, d);
+  mlp_inner(a, xn2_RD, w, ctx, d);
   if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
 
   residual_product(a.y_BTD, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD, d, ctx, "y");
@@ -431,9 +518,12 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const ops::LinearBackwardOptions dw{.overwrite_dweight = overwrite_grads};
   const ops::LinearBackwardOptions dw_dx{.accumulate_dx = true, .overwrite_dweight = overwrite_grads};
 
-  // The MLP's products see every row: dy gathered over the group (tensor parallelism).
-  Tensor dy_TD = all_rows(dy_RD, ctx, d, "dy (all rows)");
+  // The MLP's products see every row: dy gathered over the group (tensor parallelism), while
+  // this rank's rows make their part of dh; the reduce-scatter of dxn2's partial sums runs
+  // beside gate's and up's weight gradients.
+  Tensor dy_TD;
   Tensor dxn2_TD;  // all rows; with tensor parallelism partial sums over the group
+  Tensor dxn2_RD;  // this rank's rows of dxn2, summed over the group
   // a view holds its storage: dropped with a.xn2_BTD below, not at the function's end
   Tensor xn2_TD = a.xn2_BTD.view({BT, D});
   if (a.gate_BTF.defined()) {
@@ -444,11 +534,31 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     Tensor up = stacked ? gate_up.slice(1, F, 2 * F) : a.up_BTF.view({BT, F});
     Tensor h = a.h_BTF.defined() ? a.h_BTF.view({BT, F}) : Tensor();
     a.gate_BTF = a.up_BTF = a.gate_up_BT2F = a.h_BTF = Tensor();  // freed inside, once read
+    MlpBackwardHooks hooks;
+    std::optional<ops::GemmSmReserve> reserve;  // while the reduce-scatter runs beside the weight gradients
+    if (sequence_split(ctx)) {
+      hooks.down_input_gradient = [&](Tensor& dh_TF) {
+        over_all_rows(dy_TD, dy_RD, ctx, d, "dy (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+          Tensor out = dh_TF.slice(0, first, end);
+          ops::linear_backward(out, none, none, in, none, w.w_down_DF);
+        });
+      };
+      hooks.after_input_gradient = [&] {
+        dxn2_RD = like({R, D}, dy_BTD, "dxn2");
+        ctx.tp->start_reduce_scatter(dxn2_RD, dxn2_TD);
+        reserve.emplace(ctx.tp->overlap_sm_reserve());
+      };
+    } else {
+      dy_TD = dy_RD.view({BT, D});
+    }
     mlp_backward_rows(dxn2_TD, g, dy_TD, xn2_TD, std::move(gate_up), std::move(gate), std::move(up), std::move(h), w,
-                      dw, dw_dx);
+                      dw, dw_dx, hooks);
+    reserve.reset();
+    if (sequence_split(ctx)) ctx.tp->finish();
   } else {
     // a chunked MLP (BlockContext::mlp_chunk_tokens): gate and up recomputed piece by piece;
     // each weight gradient gets one piece's product after another (the first may overwrite)
+    dy_TD = all_rows(dy_RD, ctx, d, "dy (all rows)");
     const int64_t C = mlp_piece_rows(ctx, BT);
     dxn2_TD = like({BT, D}, dy_BTD, "dxn2");
     for (int64_t r0 = 0; r0 < BT; r0 += C) {
@@ -464,7 +574,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     }
   }
   dy_TD = Tensor();
-  Tensor dxn2_RD = summed_rows(dxn2_TD, ctx, d, "dxn2");
+  if (!dxn2_RD.defined()) dxn2_RD = summed_rows(dxn2_TD, ctx, d, "dxn2");
   Tensor dx2_RD = like({R, D}, dy_BTD, "dx2");
   norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx,
                 overwrite_grads);
@@ -472,16 +582,26 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   dxn2_TD = dxn2_RD = xn2_TD = Tensor();
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
-  // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows).
-  const Tensor dx2_TD = all_rows(dx2_RD, ctx, d, "dx2 (all rows)");
+  // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows:
+  // with tensor parallelism gathered while this rank's rows make their part of dattn).
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
   Tensor dattn_TQ = dattn_BTNH.view({BT, N * H});
-  ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+  Tensor dx2_TD;
+  if (sequence_split(ctx)) {
+    over_all_rows(dx2_TD, dx2_RD, ctx, d, "dx2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+      Tensor out = dattn_TQ.slice(0, first, end);
+      ops::linear_backward(out, none, none, in, none, w.wo_DQ);
+    });
+    ops::linear_backward(none, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+  } else {
+    dx2_TD = dx2_RD.view({BT, D});
+    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+  }
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
   attention.documents = ctx.documents;
   // allocated once the attention backward has freed its inputs (that moment is the peak)
-  Tensor dxn1_TD;
+  Tensor dxn1_TD, dxn1_RD;
   const Tensor xn1_TD = a.xn1_BTD.view({BT, D});
   if (qkv_stacked(w, ctx) && g.wqkv_ED.defined()) {
     // dq, dk, dv as head slices of one tensor: one product for the input gradient (and one
@@ -497,7 +617,20 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
     ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
-    ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_BTEH.view({BT, heads * H}), xn1_TD, w.wqkv_ED, dw);
+    const Tensor dqkv_TE = dqkv_BTEH.view({BT, heads * H});
+    if (sequence_split(ctx)) {
+      // the input gradient, its reduce-scatter beside the weight gradient
+      ops::linear_backward(dxn1_TD, none, none, dqkv_TE, none, w.wqkv_ED);
+      dxn1_RD = like({R, D}, dy_BTD, "dxn1");
+      ctx.tp->start_reduce_scatter(dxn1_RD, dxn1_TD);
+      {
+        const ops::GemmSmReserve reserve(ctx.tp->overlap_sm_reserve());
+        ops::linear_backward(none, g.wqkv_ED, g.bqkv_E, dqkv_TE, xn1_TD, w.wqkv_ED, dw);
+      }
+      ctx.tp->finish();
+    } else {
+      ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_TE, xn1_TD, w.wqkv_ED, dw);
+    }
   } else {
     Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
     Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
@@ -509,11 +642,30 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
-    ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_BTNH.view({BT, N * H}), xn1_TD, w.wq_QD, dw);
-    ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_BTMH.view({BT, M * H}), xn1_TD, w.wk_KD, dw_dx);
-    ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_BTMH.view({BT, M * H}), xn1_TD, w.wv_KD, dw_dx);
+    const Tensor dq_TQ = dq_BTNH.view({BT, N * H}), dk_TK = dk_BTMH.view({BT, M * H}),
+                 dv_TK = dv_BTMH.view({BT, M * H});
+    if (sequence_split(ctx)) {
+      // the input gradients, their reduce-scatter beside the weight gradients
+      const ops::LinearBackwardOptions accumulate{.accumulate_dx = true};
+      ops::linear_backward(dxn1_TD, none, none, dq_TQ, none, w.wq_QD);
+      ops::linear_backward(dxn1_TD, none, none, dk_TK, none, w.wk_KD, accumulate);
+      ops::linear_backward(dxn1_TD, none, none, dv_TK, none, w.wv_KD, accumulate);
+      dxn1_RD = like({R, D}, dy_BTD, "dxn1");
+      ctx.tp->start_reduce_scatter(dxn1_RD, dxn1_TD);
+      {
+        const ops::GemmSmReserve reserve(ctx.tp->overlap_sm_reserve());
+        ops::linear_backward(none, g.wq_QD, g.bq_Q, dq_TQ, xn1_TD, w.wq_QD, dw);
+        ops::linear_backward(none, g.wk_KD, g.bk_K, dk_TK, xn1_TD, w.wk_KD, dw);
+        ops::linear_backward(none, g.wv_KD, g.bv_K, dv_TK, xn1_TD, w.wv_KD, dw);
+      }
+      ctx.tp->finish();
+    } else {
+      ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_TQ, xn1_TD, w.wq_QD, dw);
+      ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_TK, xn1_TD, w.wk_KD, dw_dx);
+      ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_TK, xn1_TD, w.wv_KD, dw_dx);
+    }
   }
-  const Tensor dxn1_RD = summed_rows(dxn1_TD, ctx, d, "dxn1");
+  if (!dxn1_RD.defined()) dxn1_RD = summed_rows(dxn1_TD, ctx, d, "dxn1");
   Tensor dx_RD = dx_BTD.view({R, D});
   norm_backward(dx_RD, g.attn_norm_D, dxn1_RD, a.x_BTD.view({R, D}), w.attn_norm_D, a.rstd1_BT.view({R}), dx2_RD, ctx,
                 overwrite_grads);

@@ -21,6 +21,17 @@ class TensorParallel {
   virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
   // inout = the sum over ranks, in place (the same values on every rank).
   virtual void all_reduce(Tensor& inout) = 0;
+
+  // all_gather and reduce_scatter started beside the compute stream: the compute stream's
+  // later work runs while they move, until finish() makes it wait for them (Megatron's
+  // overlap of a group's collectives with its products). One at a time; `out` and `in` are
+  // left alone (not written, not freed, `out` not read) until finish(). Where nothing runs
+  // beside (the CPU) they complete before returning.
+  virtual void start_all_gather(Tensor& out, const Tensor& in) { all_gather(out, in); }
+  virtual void start_reduce_scatter(Tensor& out, const Tensor& in) { reduce_scatter(out, in); }
+  virtual void finish() {}
+  // SMs the products that run beside a started collective leave to it (ops::GemmSmReserve).
+  virtual int overlap_sm_reserve() const { return 0; }
 };
 
 // Where the residual stream lives between a block's products (BlockContext::tp):

@@ -36,6 +36,23 @@ enum class GemmSelection { kHeuristic, kTimed };
 void set_gemm_selection(GemmSelection selection);
 GemmSelection gemm_selection();
 
+// SMs the CUDA linear leaves free, on this thread, while a guard lives: its GEMMs are planned
+// for the device's SMs less `sms` (cuBLASLt's SM count target), so that a collective running
+// beside them on another stream gets SMs at once instead of after the GEMM (whose CTAs would
+// otherwise hold every SM to its end). 0: every SM. Shapes planned with a reserve are cached
+// apart from the same shapes without one.
+class GemmSmReserve {
+ public:
+  explicit GemmSmReserve(int sms);
+  ~GemmSmReserve();
+  GemmSmReserve(const GemmSmReserve&) = delete;
+  GemmSmReserve& operator=(const GemmSmReserve&) = delete;
+
+ private:
+  int previous_;
+};
+int gemm_sm_reserve();  // this thread's reserve now
+
 namespace cpu {
 void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O);
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,

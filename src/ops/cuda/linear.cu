@@ -54,11 +54,27 @@ struct GemmKey {
   DType ab, cd;
   bool bias = false;  // bias epilogue: D += bias broadcast over columns (one rounding)
   bool timed = false;  // chosen by timing (GemmSelection::kTimed)
-  auto tie() const { return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd, bias, timed); }
+  int sm_target = 0;   // SMs planned for (cuBLASLt's SM count target; 0: the device's), ops::GemmSmReserve
+  auto tie() const {
+    return std::tie(device, m, n, k, lda, ldb, ldc, ta, tb, accumulate, ab, cd, bias, timed, sm_target);
+  }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
 std::atomic<size_t> g_cached_algorithms{0};  // entries of every device's Lt::algos
+
+int sm_count(int device) {
+  static std::mutex m;
+  static std::map<int, int> counts;
+  std::lock_guard<std::mutex> lock(m);
+  auto it = counts.find(device);
+  if (it == counts.end()) {
+    int n = 0;
+    ST_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    it = counts.emplace(device, n).first;
+  }
+  return it->second;
+}
 
 // One handle and workspace per device; algorithms cached per problem.
 struct Lt {
@@ -153,10 +169,16 @@ void gemm(GemmKey key, const void* a, const void* b, void* c, cudaStream_t strea
   // A graph captured after an eager step replays the eager step's timed picks; a shape first
   // met during capture keeps the heuristic's choice (no trials inside a capture).
   key.timed = gemm_selection() == GemmSelection::kTimed;
+  if (const int reserve = gemm_sm_reserve(); reserve > 0)
+    key.sm_target = std::max(1, sm_count(key.device) - reserve);
   const bool capturing = shardtrain::cuda::is_capturing(Stream{stream});
   Lt& lt = lt_for_device(key.device);
   cublasLtMatmulDesc_t op_desc;
   ST_CUBLAS_CHECK(cublasLtMatmulDescCreate(&op_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  if (key.sm_target > 0) {
+    const int32_t sms = key.sm_target;
+    ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms, sizeof sms));
+  }
   const cublasOperation_t ta = key.ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.tb ? CUBLAS_OP_T : CUBLAS_OP_N;
   ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   ST_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
