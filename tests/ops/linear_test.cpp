@@ -1,7 +1,9 @@
 // CPU linear (BLAS): forward against a direct f64 product, backward against finite
-// differences for x, weight and bias, and the dx overwrite/accumulate and dW accumulate rules.
+// differences for x, weight and bias, and the dx overwrite/accumulate and dW accumulate rules;
+// the scoped GEMM SM reserve.
 #include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "ops/linear.h"
 #include "ops/op_testing.h"
@@ -108,6 +110,25 @@ TEST(Linear, OverwriteDweightEqualsAccumulatingOntoZeros) {
 TEST(Linear, ErrorsNameTheArgument) {
   Tensor x = Tensor::zeros({4, 8}, DType::kF32), w = Tensor::zeros({3, 9}, DType::kF32), y = Tensor::zeros({4, 3}, DType::kF32);
   EXPECT_TRUE(throws_with([&] { cpu::linear_forward(y, x, w, Tensor()); }, "`weight_OI` expected shape [3, 8], found [3, 9]"));
+}
+
+// The SM reserve is per thread and scoped: guards nest and restore the reserve before them.
+TEST(Linear, GemmSmReserveNestsAndRestores) {
+  EXPECT_EQ(gemm_sm_reserve(), 0);
+  {
+    const GemmSmReserve outer(16);
+    EXPECT_EQ(gemm_sm_reserve(), 16);
+    {
+      const GemmSmReserve inner(0);
+      EXPECT_EQ(gemm_sm_reserve(), 0);
+    }
+    EXPECT_EQ(gemm_sm_reserve(), 16);
+    int other_thread = -1;
+    std::thread([&] { other_thread = gemm_sm_reserve(); }).join();
+    EXPECT_EQ(other_thread, 0);
+  }
+  EXPECT_EQ(gemm_sm_reserve(), 0);
+  EXPECT_TRUE(throws_with([] { const GemmSmReserve bad(-1); }, "expected 0 or more SMs, found -1"));
 }
 
 }  // namespace
