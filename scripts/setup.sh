@@ -57,8 +57,9 @@ if [ "${1:-}" = "--tests" ]; then
   if [ ! -x "$here/.venv/bin/python3" ]; then
     python3 -m venv "$here/.venv"
   fi
-  # numpy + safetensors read files we write; tokenizers is the reference BPE implementation
-  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers
+  # numpy + safetensors read files we write; tokenizers is the reference BPE implementation, jinja2
+  # the reference for chat templates
+  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers jinja2
   # Llama 2's tokenizer as Hugging Face's tokenizer.json, built from the vocabulary in llama.cpp's
   # sources (PyPI sdist of llama-cpp-python) and checked with tokenizers; tests skip without it
   if [ ! -f "$here/.deps/llama2-tokenizer/tokenizer.json" ]; then
