@@ -457,52 +457,23 @@ bool BpeTokenizer::is_special(int32_t id) const {
   return id >= 0 && static_cast<size_t>(id) < impl_->special.size() && impl_->special[id];
 }
 
-bool BpeTokenizer::has_chat_template() const { return impl_->chat_problem.empty(); }
+bool BpeTokenizer::has_chat_template() const { return impl_->chat != nullptr; }
+const std::string& BpeTokenizer::chat_template_problem() const { return impl_->chat_problem; }
 
 std::string BpeTokenizer::apply_chat_template(std::span<const ChatMessage> messages,
                                               bool add_generation_prompt) const {
   return render_chat(messages, add_generation_prompt).text;
 }
 
-BpeTokenizer::ChatText BpeTokenizer::render_chat(std::span<const ChatMessage> messages,
-                                                 bool add_generation_prompt) const {
+ChatTemplate::Text BpeTokenizer::render_chat(std::span<const ChatMessage> messages,
+                                             bool add_generation_prompt) const {
   const Impl& t = *impl_;
-  ST_CHECK(t.chat_problem.empty(), "tokenizer `", t.path,
-           "`: cannot apply a chat template: ", t.chat_problem);
-  const auto trim = [&](std::string_view s) {
-    if (!t.chat_trims) return s;
-    size_t begin = 0, len = 0;
-    while (begin < s.size() && is_python_space(decode_utf8(s, begin, len))) begin += len;
-    size_t end = s.size();
-    while (end > begin) {
-      size_t start = end - 1;
-      while (start > begin && (static_cast<unsigned char>(s[start]) & 0xC0) == 0x80) --start;
-      if (!is_python_space(decode_utf8(s, start, len))) break;
-      end = start;
-    }
-    return s.substr(begin, end - begin);
-  };
-  ChatText out;
-  std::string& text = out.text;
-  if (t.chat_uses_bos && !messages.empty()) text += t.bos_text;
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    ST_CHECK(find_invalid_utf8(m.role) == std::string::npos &&
-                 find_invalid_utf8(m.content) == std::string::npos,
+  ST_CHECK(t.chat != nullptr, "tokenizer `", t.path, "`: cannot apply a chat template: ", t.chat_problem);
+  for (size_t i = 0; i < messages.size(); ++i)
+    ST_CHECK(find_invalid_utf8(messages[i].role) == std::string::npos &&
+                 find_invalid_utf8(messages[i].content) == std::string::npos,
              "chat message ", i, ": role and content must be valid UTF-8");
-    text += "<|start_header_id|>";
-    text += m.role;
-    text += "<|end_header_id|>\n\n";
-    const size_t first = text.size();
-    text += trim(m.content);
-    text += "<|eot_id|>";
-    out.content_spans.emplace_back(first, text.size());
-  }
-  if (t.chat_generation == GenerationPrompt::kAlways ||
-      (t.chat_generation == GenerationPrompt::kWhenAsked && add_generation_prompt)) {
-    text += "<|start_header_id|>assistant<|end_header_id|>\n\n";
-  }
-  return out;
+  return t.chat->render(messages, add_generation_prompt);
 }
 
 }  // namespace shardtrain::data

@@ -13,16 +13,12 @@
 #include <utility>
 #include <vector>
 
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 
 namespace shardtrain::data {
 
 // One turn of a conversation, e.g. {"user", "Hello"}.
-struct ChatMessage {
-  std::string role;
-  std::string content;
-};
-
 // What the loader accepts (anything else is rejected with an error naming the file, the JSON
 // key and the value found):
 //   truncation, padding: null.
@@ -77,23 +73,17 @@ class BpeTokenizer final : public Tokenizer {
   std::string id_to_bytes(int32_t id) const;
   bool is_special(int32_t id) const;
 
-  // Whether tokenizer_config.json has a chat template in the Llama 3 header format.
+  // Whether tokenizer_config.json has a chat template this build can render (a string, or the
+  // one named "default" of a list; data/chat_template.h); chat_template_problem() says why not.
   bool has_chat_template() const;
-  // Formats `messages` as the Llama 3 template does: [bos_token when the template uses it]
-  // then per message "<|start_header_id|>{role}<|end_header_id|>\n\n{content}<|eot_id|>",
-  // content trimmed of surrounding whitespace when the template applies `trim`; then
-  // "<|start_header_id|>assistant<|end_header_id|>\n\n" when the template adds it
-  // unconditionally or it is conditional on add_generation_prompt and that is true.
-  // Throws when there is no template or it is not of that form (we do not run Jinja).
+  const std::string& chat_template_problem() const;
+  // The template's text for `messages`, as transformers' apply_chat_template(tokenize=False)
+  // renders it (bos_token and eos_token the configured tokens' text). Throws when there is no
+  // template, or it fails or raises an exception for these messages.
   std::string apply_chat_template(std::span<const ChatMessage> messages,
                                   bool add_generation_prompt) const;
-  // The same text, with where each message's content lies in it: `content_spans[i]` is the
-  // byte range [first, end) of message i's (trimmed) content followed by its <|eot_id|>.
-  struct ChatText {
-    std::string text;
-    std::vector<std::pair<size_t, size_t>> content_spans;
-  };
-  ChatText render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // The same text, with where each message's turn lies in it (ChatTemplate::Text).
+  ChatTemplate::Text render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
 
  private:
   struct Impl;  // bpe_tokenizer_internal.h

@@ -281,8 +281,6 @@ struct AddedTokenMatcher {
   }
 };
 
-enum class GenerationPrompt { kNever, kAlways, kWhenAsked };
-
 // SentencePiece's word boundary, U+2581 ("▁"), which stands for a space.
 inline constexpr std::string_view kMetaspace = "\u2581";
 
@@ -318,12 +316,10 @@ struct BpeTokenizer::Impl {
   std::vector<bool> special;
   int32_t bos = -1;
   int32_t eos = -1;
-  // The chat template of tokenizer_config.json, as far as we recognise it.
-  std::string chat_problem;  // why it cannot be applied; empty when it can
+  // The chat template of tokenizer_config.json (null: none, or one this build cannot render).
+  std::unique_ptr<ChatTemplate> chat;
+  std::string chat_problem;  // why there is none; empty when there is one
   std::string bos_text;
-  bool chat_uses_bos = false;
-  bool chat_trims = false;
-  bpe_detail::GenerationPrompt chat_generation = bpe_detail::GenerationPrompt::kNever;
   mutable bpe_detail::PieceCache cache;
 
   // Loading (bpe_tokenizer_load.cpp).

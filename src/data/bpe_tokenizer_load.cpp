@@ -386,47 +386,34 @@ void BpeTokenizer::Impl::load_config(const std::string& config_path) {
   eos = special_id("eos_token", sentencepiece ? "</s>" : "<|end_of_text|>");
   if (bos >= 0) bos_text = std::string(token_bytes, token_offset[bos], token_length[bos]);
 
-  const json* chat = config.is_object() ? find_member(config, "chat_template") : nullptr;
-  if (chat == nullptr || chat->is_null()) {
+  const json* chat_json = config.is_object() ? find_member(config, "chat_template") : nullptr;
+  if (chat_json == nullptr || chat_json->is_null()) {
     chat_problem = config_path.empty() ? "no tokenizer_config.json was loaded"
                                        : "`" + config_path + "` has no key `chat_template`";
     return;
   }
   std::string tmpl;
-  if (chat->is_string()) {
-    tmpl = chat->get<std::string>();
-  } else if (chat->is_array()) {  // [{"name": ..., "template": ...}]: use "default"
-    for (const json& entry : *chat) {
+  if (chat_json->is_string()) {
+    tmpl = chat_json->get<std::string>();
+  } else if (chat_json->is_array()) {  // [{"name": ..., "template": ...}]: use "default"
+    for (const json& entry : *chat_json) {
       if (entry.is_object() && entry.value("name", json()) == "default" &&
           entry.value("template", json()).is_string()) {
         tmpl = entry["template"].get<std::string>();
       }
     }
-    if (tmpl.empty()) reject(config_path, "chat_template", "a template named \"default\"", *chat);
+    if (tmpl.empty()) reject(config_path, "chat_template", "a template named \"default\"", *chat_json);
   } else {
-    reject(config_path, "chat_template", "a string", *chat);
+    reject(config_path, "chat_template", "a string", *chat_json);
   }
-  // We do not run Jinja: recognise the Llama 3 header format and the few features it uses.
-  const auto has = [&](std::string_view s) { return tmpl.find(s) != std::string::npos; };
-  if (!has("<|start_header_id|>") || !has("<|end_header_id|>") || !has("<|eot_id|>")) {
-    chat_problem = "`" + config_path +
-                   "` key `chat_template`: only the Llama 3 header format "
-                   "(<|start_header_id|>role<|end_header_id|>...<|eot_id|>) is supported, found " +
-                   describe(*chat);
-  } else if (has("Cutting Knowledge Date")) {
-    chat_problem = "`" + config_path +
-                   "` key `chat_template`: the Llama 3.1+ template (dated system preamble, "
-                   "tools) needs a Jinja engine, which shardtrain does not have";
-  }
-  chat_uses_bos = has("bos_token");
-  chat_trims = has("| trim") || has("|trim");
-  if (has("add_generation_prompt")) {
-    chat_generation = GenerationPrompt::kWhenAsked;
-  } else if (has("<|start_header_id|>assistant<|end_header_id|>")) {
-    chat_generation = GenerationPrompt::kAlways;
-  }
-  if (chat_uses_bos && bos < 0 && chat_problem.empty()) {
-    chat_problem = "`" + config_path + "`: the chat template uses bos_token, which is not set";
+  // Rendered by the Jinja interpreter when asked; a template it cannot parse leaves the
+  // tokenizer usable without one, and says why where a chat template is needed.
+  const std::string eos_text = eos >= 0 ? std::string(token_bytes, token_offset[eos], token_length[eos]) : "";
+  try {
+    chat = std::make_unique<ChatTemplate>(tmpl, bos_text, eos_text,
+                                          "`" + config_path + "` key `chat_template`");
+  } catch (const Error& e) {
+    chat_problem = e.what();
   }
 }
 

@@ -97,19 +97,42 @@ SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view p
 }
 
 SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt) {
-  const BpeTokenizer::ChatText chat = tokenizer.render_chat(messages, false);
+  const ChatTemplate::Text chat = tokenizer.render_chat(messages, false);
+  // The text's bytes that count: the assistant's turns, or the template's generation blocks
+  // where it marks the assistant's text itself.
+  std::vector<uint8_t> counts(chat.text.size(), train_on_prompt ? 1 : 0);
+  if (!train_on_prompt) {
+    if (!chat.generation.empty()) {
+      for (const auto& [first, end] : chat.generation) std::fill(counts.begin() + first, counts.begin() + end, 1);
+    } else {
+      for (size_t i = 0; i < messages.size(); ++i)
+        if (messages[i].role == "assistant")
+          std::fill(counts.begin() + chat.turns[i].first, counts.begin() + chat.turns[i].second, 1);
+    }
+  }
   SftExample e;
   e.ids = tokenizer.encode(chat.text);
   e.counted.assign(e.ids.size(), 0);
-  // Byte-level tokens are exact byte strings (special tokens their text), so each token's
-  // first byte in the text is the sum of the lengths before it.
-  size_t offset = 0, span = 0;
+  // Each token's first byte in the text: the sum of the lengths before it. Tokens are exact
+  // byte strings (special tokens their text), but for the "▁" a SentencePiece-style tokenizer
+  // puts before a stretch of text (its start, after a special token) that the text does not
+  // have: that space takes no byte of the text.
+  size_t offset = 0;
+  bool stretch_start = true;
   for (size_t i = 0; i < e.ids.size(); ++i) {
-    while (span < chat.content_spans.size() && chat.content_spans[span].second <= offset) ++span;
-    const bool in_content = span < chat.content_spans.size() && chat.content_spans[span].first <= offset &&
-                            messages[span].role == "assistant";
-    e.counted[i] = (train_on_prompt || in_content) && i > 0 ? 1 : 0;
-    offset += tokenizer.id_to_bytes(e.ids[i]).size();
+    const std::string bytes = tokenizer.id_to_bytes(e.ids[i]);
+    const bool special = tokenizer.is_special(e.ids[i]);
+    size_t length = bytes.size();
+    if (!special && stretch_start && !bytes.empty() && bytes[0] == ' ' &&
+        (offset >= chat.text.size() || chat.text[offset] != ' '))
+      --length;
+    // a token counts where any of its bytes does (SentencePiece's "▁answer" after "[/INST]" holds
+    // the template's space before the answer)
+    bool any = false;
+    for (size_t b = offset; b < offset + length && b < counts.size() && !any; ++b) any = counts[b] != 0;
+    e.counted[i] = i > 0 && any ? 1 : 0;
+    offset += length;
+    stretch_start = special;
   }
   ST_ASSERT(offset == chat.text.size(), "chat tokens cover ", offset, " bytes of a ", chat.text.size(), "-byte text");
   return e;
@@ -151,8 +174,8 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
   const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer);
   if (o.format == SftFormat::kChat) {
     ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "`data.format` = chat needs a tokenizer with a chat "
-             "template (tokenizer_config.json's chat_template in the Llama 3 header format); `", path,
-             "` would be read with ", bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one");
+             "template (tokenizer_config.json's chat_template); `", path, "` would be read with ",
+             bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one: " + bpe->chat_template_problem());
   }
   std::ifstream in(path, std::ios::binary);
   ST_CHECK(in.good(), "cannot open `", path, "` (`data.source`)");

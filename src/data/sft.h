@@ -52,8 +52,10 @@ struct SftExample {
 SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view prompt, std::string_view response,
                                   bool train_on_prompt);
 // The chat template's text for `messages` (no generation prompt), encoded as one string, as
-// transformers' apply_chat_template(tokenize=True) does. Tokens that start inside an assistant
-// message's content or its <|eot_id|> count (everything with train_on_prompt).
+// transformers' apply_chat_template(tokenize=True) does. Tokens with a byte inside an assistant
+// message's turn count: from its content to the end of what the template wrote for it, so its
+// end-of-turn marker (<|eot_id|>, </s>, <|im_end|>) too; or, where the template marks the
+// assistant's text with {% generation %} blocks, those (everything with train_on_prompt).
 SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt);
 
 // Sequences of T + 1 tokens: examples whole, in the given order, several to a sequence while

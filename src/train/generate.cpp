@@ -176,16 +176,22 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
 ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, const std::string& system, const std::string& user) {
   const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(&tokenizer);
   ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "a chat prompt needs a tokenizer with a chat template "
-           "(tokenizer_config.json's chat_template in the Llama 3 header format), and ",
-           bpe == nullptr ? "the byte-level tokenizer has none" : "this tokenizer has none");
+           "(tokenizer_config.json's chat_template), and ",
+           bpe == nullptr ? "the byte-level tokenizer has none" : "this one has none: " + bpe->chat_template_problem());
   std::vector<data::ChatMessage> messages;
   if (!system.empty()) messages.push_back({"system", system});
   messages.push_back({"user", user});
   ChatPrompt p;
   p.text = bpe->apply_chat_template(messages, true);
-  const int32_t eot = bpe->token_to_id("<|eot_id|>");
-  if (eot >= 0) p.stop_ids.push_back(eot);
-  if (tokenizer.eos_id() >= 0 && tokenizer.eos_id() != eot) p.stop_ids.push_back(tokenizer.eos_id());
+  // the reply ends at the end-of-sequence token, or at the end-of-turn marker chat templates
+  // of the Llama 3, ChatML (Qwen) and Phi families close a turn with, where the vocabulary has it
+  if (tokenizer.eos_id() >= 0) p.stop_ids.push_back(tokenizer.eos_id());
+  for (const char* marker : {"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>"}) {
+    const int32_t id = bpe->token_to_id(marker);
+    if (id >= 0 && bpe->is_special(id) &&
+        std::find(p.stop_ids.begin(), p.stop_ids.end(), id) == p.stop_ids.end())
+      p.stop_ids.push_back(id);
+  }
   return p;
 }
 

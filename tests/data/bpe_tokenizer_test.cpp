@@ -426,14 +426,28 @@ TEST_F(SmallTokenizer, ConfigBosEosAndChatTemplate) {
     EXPECT_NE(std::string(e.what()).find("eos_token"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("<missing>"), std::string::npos) << e.what();
   }
-  write("tokenizer_config.json", json({{"chat_template", "{{ messages }}"}}).dump());
+  // any template the Jinja interpreter parses renders; one it cannot parse leaves the
+  // tokenizer without one, saying why where a template is needed
+  write("tokenizer_config.json", json({{"chat_template", "{{ messages | map(attribute='role') | join(',') }}"}}).dump());
+  EXPECT_EQ(BpeTokenizer(path).apply_chat_template(messages, false), "system,user");
+  write("tokenizer_config.json", json({{"chat_template", "a\n{% include 'other.jinja' %}"}}).dump());
   const BpeTokenizer other(path);
   EXPECT_FALSE(other.has_chat_template());
   try {
     (void)other.apply_chat_template(messages, true);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Llama 3 header format"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("key `chat_template`` line 2: `{% include %}` is not supported"),
+              std::string::npos)
+        << e.what();
+  }
+  write("tokenizer_config.json", json({{"chat_template", "{{ raise_exception('only ' + messages[0].role) }}"}}).dump());
+  try {
+    (void)BpeTokenizer(path).apply_chat_template(messages, true);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the template raised an exception: only system"), std::string::npos)
+        << e.what();
   }
 }
 

@@ -201,9 +201,9 @@ TEST(TensorParallel, RejectsWhatDoesNotSplit) {
 }
 
 std::string corpus_file(int rank) {
-  const std::string path = (std::filesystem::temp_directory_path() /
-                            ("shardtrain_tp_corpus_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt"))
-                               .string();
+  const std::string name =
+      "shardtrain_tp_corpus_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt";
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
   std::ofstream out(path);
   for (int i = 0; i < 300; ++i)
     out << "Document " << i << " splits heads, columns and token rows over a group of ranks, number " << i * 7 % 13
@@ -214,7 +214,8 @@ std::string corpus_file(int rank) {
 // A job whose heads, kv heads and FFN width divide by 2 and 3; units padded on every mesh.
 train::JobConfig job(const std::string& corpus, int64_t batch_size, int tp) {
   train::LoadedConfig c = train::load_config(
-      "", {"--model.dim=48", "--model.n_layers=2", "--model.n_heads=6", "--model.n_kv_heads=" + std::to_string(tp == 3 ? 3 : 2),
+      "", {"--model.dim=48", "--model.n_layers=2", "--model.n_heads=6",
+           "--model.n_kv_heads=" + std::to_string(tp == 3 ? 3 : 2),
            "--model.ffn_dim=54", "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24",
            "--training.device=cpu", "--training.batch_size=" + std::to_string(batch_size),
            "--training.grad_accum_steps=2", "--training.steps=12", "--training.max_grad_norm=0.5",
