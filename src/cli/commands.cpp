@@ -336,7 +336,7 @@ int run_train(const std::vector<std::string>& args) {
   if (!s.steps.empty()) {
     log::info(fmt::format("loss: first step {:.4f}, last step {:.4f}", s.steps.front().loss, s.steps.back().loss));
   }
-  if (!s.sample.empty()) {
+  if (!s.sample.empty() && trainer.comm().rank() == 0) {  // every rank samples (collectively); one prints
     std::printf("\n--- sample ---\n%s\n--------------\n", s.sample.c_str());
   }
   return 0;
