@@ -20,6 +20,7 @@
 #include "model/hf_config.h"
 #include "model/kv_cache.h"
 #include "model/llama.h"
+#include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
@@ -73,6 +74,7 @@ struct ModelVariant {
   bool tie = false, bias = false, separate = false;
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kNone;
   int64_t mlp_chunk = 0;
+  bool documents = false;  // rows packed with documents that attend only to themselves
 };
 
 model::LlamaConfig small_config(int world, const ModelVariant& v) {
@@ -104,6 +106,7 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"full checkpointing, MLP by pieces", false, true, false, model::ActivationCheckpointing::kFull, 5},
       {"selective checkpointing", true, false, false, model::ActivationCheckpointing::kSelective},
       {"pointwise checkpointing", false, false, false, model::ActivationCheckpointing::kPointwise},
+      {"packed documents", false, true, false, model::ActivationCheckpointing::kFull, 0, true},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");
@@ -129,12 +132,17 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
     testing::fill_random_ints(ids, 11, 0, c.vocab_size);
     testing::fill_random_ints(targets, 12, 0, c.vocab_size);
     targets.data<int32_t>()[3] = targets.data<int32_t>()[17] = -100;
+    Tensor positions;  // documents start at token 96 (BOS): rope positions from each one's start
+    if (v.documents) {
+      for (const int at : {4, 9, 15, 20}) ids.data<int32_t>()[at] = 96;
+      positions = ops::document_positions(ids, 96);
+    }
     model::StepOptions o;
     o.checkpointing = v.checkpointing;
     o.grad_scale = 1.0 / 22;
-    const model::LossSum want = ref.forward_backward(ids, targets, o);
+    const model::LossSum want = ref.forward_backward(ids, targets, o, positions);
     store.zero_grad_shards();
-    const model::LossSum got = m.forward_backward(ids, targets, o);
+    const model::LossSum got = m.forward_backward(ids, targets, o, positions);
     Tensor sums = Tensor::empty({2}, DType::kF64);
     sums.data<double>()[0] = got.loss_sum;
     sums.data<double>()[1] = static_cast<double>(got.tokens);
@@ -146,6 +154,14 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
     expect_parts_match(store, store.master_shards(), [&](const std::string& n) { return ref.param(n); },
                        testing::kExact, "initial weights");
 
+    if (v.documents) {  // the documents' own held-out loss; the rest needs no documents
+      const model::LossSum e = m.evaluate(ids, targets, o, positions);
+      const model::LossSum e_ref = ref.evaluate(ids, targets, o, positions);
+      sums.data<double>()[0] = e.loss_sum;
+      comm->all_reduce(sums, dist::ReduceOp::kSum);
+      EXPECT_NEAR(sums.data<double>()[0], e_ref.loss_sum, 1e-12 * e_ref.loss_sum);
+      continue;
+    }
     // held-out loss: rows split over the group, and (B·T not divisible) every row on every rank
     const model::LossSum eval_want = ref.evaluate(ids, targets, o);
     for (int64_t t : {T, T - 1}) {
