@@ -21,6 +21,7 @@
 
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
+#include "data/utf8.h"
 
 struct pcre2_real_code_8;  // pcre2_code with PCRE2_CODE_UNIT_WIDTH 8
 
@@ -49,7 +50,6 @@ inline char32_t decode_utf8(std::string_view s, size_t i, size_t& length) {
          (b(3) & 0x3F);
 }
 
-void append_utf8(std::string& out, char32_t cp);
 // Offset of the first byte that is not part of well-formed UTF-8 (no overlongs, surrogates or
 // code points past U+10FFFF, as PCRE2 requires), or npos.
 size_t find_invalid_utf8(std::string_view s);

@@ -6,7 +6,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/bpe_tokenizer_internal.h"  // append_utf8
+#include "data/utf8.h"
 #include "data/jinja_internal.h"
 
 namespace shardtrain::data::jinja {
@@ -183,7 +183,7 @@ std::vector<Token> tokenize(const std::string& s, const std::string& where) {
             const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             ST_CHECK(j + digits < s.size(), where, ": truncated \\", e, " escape in a string literal");
             const char32_t cp = static_cast<char32_t>(std::stoul(s.substr(j + 1, digits), nullptr, 16));
-            bpe_detail::append_utf8(value, cp);
+            append_utf8(value, cp);
             j += digits;
             break;
           }
