@@ -25,7 +25,8 @@ namespace shardtrain::data::jinja {
 class Value;
 struct Call;  // a call's arguments, for functions given to the context
 
-// A run of a string's bytes [begin, end) that came from an input tagged `tag` (>= 0).
+// A run of a string's bytes [begin, end) that came from an input tagged `tag` (>= 0). A string's
+// segments are in order and do not overlap.
 struct Segment {
   size_t begin = 0, end = 0;
   int tag = -1;

@@ -22,17 +22,28 @@ std::vector<size_t> code_points(const std::string& s) {
 // Bytes [begin, end) of a string value, its provenance clipped to them.
 Value substring(const Value& v, size_t begin, size_t end) {
   std::vector<Segment> segments;
-  for (const Segment& s : v.segments()) {
-    const size_t a = std::max(s.begin, begin), b = std::min(s.end, end);
-    if (a < b) segments.push_back({a - begin, b - begin, s.tag});
+  // the first segment that ends past `begin` (they are in order), so that taking a long
+  // string's characters one by one stays linear
+  auto it = std::upper_bound(v.segments().begin(), v.segments().end(), begin,
+                             [](size_t at, const Segment& s) { return at < s.end; });
+  for (; it != v.segments().end() && it->begin < end; ++it) {
+    const size_t a = std::max(it->begin, begin), b = std::min(it->end, end);
+    if (a < b) segments.push_back({a - begin, b - begin, it->tag});
   }
   return Value::string(v.str().substr(begin, end - begin), std::move(segments));
 }
 
+void StringBuilder::append(const Value& piece) {
+  for (const Segment& s : piece.segments())
+    segments_.push_back({s.begin + text_.size(), s.end + text_.size(), s.tag});
+  text_ += piece.str();
+}
+
 Value concat(const Value& a, const Value& b) {
-  std::vector<Segment> segments = a.segments();
-  for (const Segment& s : b.segments()) segments.push_back({s.begin + a.str().size(), s.end + a.str().size(), s.tag});
-  return Value::string(a.str() + b.str(), std::move(segments));
+  StringBuilder out;
+  out.append(a);
+  out.append(b);
+  return out.take();
 }
 
 bool is_python_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r') || (c >= 0x1c && c <= 0x1f); }
@@ -130,6 +141,8 @@ int64_t as_integer(const Value& v) { return v.kind() == Value::Kind::kBool ? v.a
 bool both_integers(const Value& a, const Value& b) {
   return a.kind() != Value::Kind::kFloat && b.kind() != Value::Kind::kFloat;
 }
+
+constexpr int64_t kMaxRepeat = int64_t{1} << 24;  // bytes or items a `*` may make
 
 }  // namespace
 
@@ -234,14 +247,14 @@ Value Operations::string_method(const Value& s, const std::string& name, Call& c
     return Value::integer(n);
   }
   if (name == "join") {
-    Value out = Value::string("");
+    StringBuilder out;
     bool first = true;
     for (const Value& v : iterate(c.arg(0, "iterable"), 0)) {
-      if (!first) out = concat(out, s);
+      if (!first) out.append(s);
       first = false;
-      out = concat(out, v.is_string() ? v : Value::string(to_python_string(v)));
+      out.append(v.is_string() ? v : Value::string(to_python_string(v)));
     }
-    return out;
+    return out.take();
   }
   if (name == "split" || name == "splitlines") {
     Value::List parts;
@@ -346,10 +359,14 @@ Value Operations::binary(const std::string& op, const Value& a, const Value& b, 
     const Value& count = &seq == &a ? b : a;
     if (count.kind() != Value::Kind::kInt && count.kind() != Value::Kind::kBool) return unsupported();
     const int64_t n = std::max<int64_t>(0, as_integer(count));
+    const int64_t size =
+        seq.is_string() ? static_cast<int64_t>(seq.str().size()) : static_cast<int64_t>(seq.items().size());
+    if (size > 0 && n > kMaxRepeat / size)
+      fail(line, "`*` would make more than " + std::to_string(kMaxRepeat) + " bytes or items");
     if (seq.is_string()) {
-      Value out = Value::string("");
-      for (int64_t i = 0; i < n; ++i) out = concat(out, seq);
-      return out;
+      StringBuilder out;
+      for (int64_t i = 0; i < n; ++i) out.append(seq);
+      return out.take();
     }
     Value::List out;
     for (int64_t i = 0; i < n; ++i) out.insert(out.end(), seq.items().begin(), seq.items().end());
@@ -358,9 +375,21 @@ Value Operations::binary(const std::string& op, const Value& a, const Value& b, 
   if (!numeric(a) || !numeric(b)) return unsupported();
   const bool ints = both_integers(a, b);
   const double x = as_number(a), y = as_number(b);
-  if (op == "+") return ints ? Value::integer(as_integer(a) + as_integer(b)) : Value::number(x + y);
-  if (op == "-") return ints ? Value::integer(as_integer(a) - as_integer(b)) : Value::number(x - y);
-  if (op == "*") return ints ? Value::integer(as_integer(a) * as_integer(b)) : Value::number(x * y);
+  const int64_t i = ints ? as_integer(a) : 0, j = ints ? as_integer(b) : 0;
+  int64_t r = 0;
+  auto overflow = [&]() -> Value { fail(line, "integer " + op + " overflows 64 bits"); };
+  if (op == "+") {
+    if (!ints) return Value::number(x + y);
+    return __builtin_add_overflow(i, j, &r) ? overflow() : Value::integer(r);
+  }
+  if (op == "-") {
+    if (!ints) return Value::number(x - y);
+    return __builtin_sub_overflow(i, j, &r) ? overflow() : Value::integer(r);
+  }
+  if (op == "*") {
+    if (!ints) return Value::number(x * y);
+    return __builtin_mul_overflow(i, j, &r) ? overflow() : Value::integer(r);
+  }
   if (op == "/") {
     if (y == 0) fail(line, "division by zero");
     return Value::number(x / y);
@@ -368,22 +397,25 @@ Value Operations::binary(const std::string& op, const Value& a, const Value& b, 
   if (op == "//" || op == "%") {
     if (y == 0) fail(line, op == "//" ? "integer division by zero" : "modulo by zero");
     if (ints) {
-      const int64_t i = as_integer(a), j = as_integer(b);
-      int64_t q = i / j, r = i % j;
-      if (r != 0 && ((r < 0) != (j < 0))) {
+      if (i == INT64_MIN && j == -1) return overflow();
+      int64_t q = i / j, m = i % j;
+      if (m != 0 && ((m < 0) != (j < 0))) {  // Python's: the remainder takes the divisor's sign
         --q;
-        r += j;
+        m += j;
       }
-      return Value::integer(op == "//" ? q : r);
+      return Value::integer(op == "//" ? q : m);
     }
     const double q = std::floor(x / y);
     return Value::number(op == "//" ? q : x - q * y);
   }
   if (op == "**") {
-    if (ints && as_integer(b) >= 0) {
-      int64_t r = 1;
-      for (int64_t i = 0; i < as_integer(b); ++i) r *= as_integer(a);
-      return Value::integer(r);
+    if (ints && j >= 0) {
+      int64_t p = 1, base = i;
+      for (int64_t e = j; e > 0; e >>= 1) {  // by squaring: at most 63 rounds
+        if ((e & 1) != 0 && __builtin_mul_overflow(p, base, &p)) return overflow();
+        if (e > 1 && __builtin_mul_overflow(base, base, &base)) return overflow();
+      }
+      return Value::integer(p);
     }
     return Value::number(std::pow(x, y));
   }
@@ -563,10 +595,10 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
   if (name == "list") return Value::list(iterate(v, line));
   if (name == "reverse") {
     if (v.is_string()) {
-      Value out = Value::string("");
+      StringBuilder out;
       const std::vector<Value> chars = iterate(v, line);
-      for (auto it = chars.rbegin(); it != chars.rend(); ++it) out = concat(out, *it);
-      return out;
+      for (auto it = chars.rbegin(); it != chars.rend(); ++it) out.append(*it);
+      return out.take();
     }
     std::vector<Value> items = iterate(v, line);
     std::reverse(items.begin(), items.end());
@@ -584,7 +616,7 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
     if (v.is_string()) {
       try {
         size_t used = 0;
-        const int64_t i = std::stoll(v.str(), &used);
+        const int64_t i = std::stoll(v.str(), &used);  // out of range: the default, as below
         if (used == v.str().size()) return Value::integer(i);
       } catch (const std::exception&) {
       }
@@ -615,15 +647,16 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
   if (name == "join") {
     const Value sep = c.arg(0, "d", Value::string(""));
     const Value attr = c.arg(1, "attribute");
-    Value out = Value::string("");
+    const Value sep_text = sep.is_string() ? sep : Value::string(to_python_string(sep));
+    StringBuilder out;
     bool first = true;
     for (const Value& x : iterate(v, line)) {
-      if (!first) out = concat(out, sep.is_string() ? sep : Value::string(to_python_string(sep)));
+      if (!first) out.append(sep_text);
       first = false;
       const Value y = attr.is_undefined() ? x : attribute_path(x, attr, line);
-      out = concat(out, y.is_string() ? y : Value::string(to_python_string(y)));
+      out.append(y.is_string() ? y : Value::string(to_python_string(y)));
     }
-    return out;
+    return out.take();
   }
   if (name == "items") {
     if (v.is_undefined()) return Value::list();
@@ -679,6 +712,8 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
   if (name == "indent") {
     need_string();
     const Value width = c.arg(0, "width", Value::integer(4));
+    if (!width.is_string() && (width.kind() != Value::Kind::kInt || width.as_int() < 0 || width.as_int() > 1000))
+      fail(line, "indent() width must be a string or an integer in [0, 1000]");
     const std::string pad = width.is_string() ? width.str() : std::string(static_cast<size_t>(width.as_int()), ' ');
     const bool first = c.arg(1, "first").truthy(), blank = c.arg(2, "blank").truthy();
     std::string out;

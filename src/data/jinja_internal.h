@@ -73,6 +73,17 @@ Body parse_template(std::string_view source, const std::string& name);
 std::vector<size_t> code_points(const std::string& s);  // each code point's byte offset, then the size
 Value substring(const Value& v, size_t begin, size_t end);  // bytes [begin, end)
 Value concat(const Value& a, const Value& b);
+// Builds a string value from string pieces in time linear in its size (a loop of concat()
+// would copy the growing prefix every time); each piece's segments shift along.
+class StringBuilder {
+ public:
+  void append(const Value& piece);
+  Value take() { return Value::string(std::move(text_), std::move(segments_)); }
+
+ private:
+  std::string text_;
+  std::vector<Segment> segments_;
+};
 // str.strip / lstrip / rstrip: Python's whitespace, or the characters of `chars` when a string
 Value strip(const Value& v, bool left, bool right, const Value& chars);
 bool equal(const Value& a, const Value& b);  // Python's ==

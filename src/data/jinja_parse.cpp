@@ -6,8 +6,8 @@
 #include <set>
 
 #include "core/error.h"
-#include "data/utf8.h"
 #include "data/jinja_internal.h"
+#include "data/utf8.h"
 
 namespace shardtrain::data::jinja {
 namespace {
@@ -147,7 +147,7 @@ std::vector<Token> tokenize(const std::string& s, const std::string& where) {
         if (s[k] != '_') digits += s[k];
       Token t{is_float ? Token::Type::kFloat : Token::Type::kInt, digits};
       if (is_float) {
-        t.f = std::stod(digits);
+        t.f = std::strtod(digits.c_str(), nullptr);  // out of range: inf, as Python's float()
       } else {
         try {
           t.i = std::stoll(digits);
@@ -182,8 +182,19 @@ std::vector<Token> tokenize(const std::string& s, const std::string& where) {
           case 'U': {
             const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             ST_CHECK(j + digits < s.size(), where, ": truncated \\", e, " escape in a string literal");
-            const char32_t cp = static_cast<char32_t>(std::stoul(s.substr(j + 1, digits), nullptr, 16));
-            append_utf8(value, cp);
+            uint32_t cp = 0;
+            for (size_t k = j + 1; k <= j + digits; ++k) {
+              const char d = s[k];
+              const int h = d >= '0' && d <= '9' ? d - '0'
+                            : d >= 'a' && d <= 'f' ? d - 'a' + 10
+                            : d >= 'A' && d <= 'F' ? d - 'A' + 10
+                                                   : -1;
+              ST_CHECK(h >= 0, where, ": \\", e, " escape with a non-hexadecimal digit `", std::string(1, s[k]), "`");
+              cp = cp * 16 + static_cast<uint32_t>(h);
+            }
+            ST_CHECK(cp <= 0x10FFFF && (cp < 0xD800 || cp > 0xDFFF), where, ": \\", e, " escape of U+",
+                     std::to_string(cp), " is no Unicode scalar value");
+            append_utf8(value, static_cast<char32_t>(cp));
             j += digits;
             break;
           }
@@ -362,6 +373,12 @@ class ExprParser {
   ExprPtr unary_filtered() { return unary(true); }
 
   ExprPtr unary(bool with_filter) {
+    // a template is outside input: bound the recursion its nesting drives
+    ST_CHECK(++depth_ <= kMaxDepth, where_, ": expressions nested deeper than ", kMaxDepth);
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{depth_};
     ExprPtr e;
     if (is_op("-") || is_op("+")) {
       auto u = make(ExprKind::kUnary, line_);
@@ -553,9 +570,11 @@ class ExprParser {
   }
 
  private:
+  static constexpr int kMaxDepth = 200;
   std::vector<Token> toks_;
   size_t i_ = 0;
   int line_;
+  int depth_ = 0;
   std::string where_;
 };
 
@@ -621,6 +640,11 @@ class StmtParser {
 
   std::unique_ptr<Stmt> statement(const Chunk& c, const std::string& k) {
     const std::string at = where(c.line);
+    ST_CHECK(++depth_ <= kMaxDepth, at, ": blocks nested deeper than ", kMaxDepth);
+    struct Leave {
+      int& depth;
+      ~Leave() { --depth; }
+    } leave{depth_};
     ExprParser p(c.content, c.line, at);
     p.expect_name();  // the keyword
     auto s = std::make_unique<Stmt>();
@@ -726,9 +750,11 @@ class StmtParser {
     return s;
   }
 
+  static constexpr int kMaxDepth = 100;
   std::vector<Chunk> chunks_;
   std::string name_;
   size_t pos_ = 0;
+  int depth_ = 0;
 };
 
 }  // namespace

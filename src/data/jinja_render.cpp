@@ -30,6 +30,7 @@ class Renderer final : public Operations {
 
   void write(const Value& v) {
     if (v.is_undefined()) return;
+    if (out_.text.size() > kMaxOutput) fail(0, "the output passed " + std::to_string(kMaxOutput) + " bytes");
     if (!v.is_string()) {
       out_.text += to_python_string(v);
       return;
@@ -64,7 +65,10 @@ class Renderer final : public Operations {
 
   Flow statement(const Stmt& s) {
     switch (s.kind) {
-      case StmtKind::kText: out_.text += s.text; return Flow::kNormal;
+      case StmtKind::kText:
+        if (out_.text.size() > kMaxOutput) fail(s.line, "the output passed " + std::to_string(kMaxOutput) + " bytes");
+        out_.text += s.text;
+        return Flow::kNormal;
       case StmtKind::kOutput: write(eval(*s.expr)); return Flow::kNormal;
       case StmtKind::kIf:
         for (const auto& [cond, body] : s.branches)
@@ -76,14 +80,9 @@ class Renderer final : public Operations {
         if (s.expr) {
           v = eval(*s.expr);
         } else {  // a block set: the body's text
-          const size_t begin = out_.text.size(), first_segment = out_.segments.size();
+          const Mark mark = this->mark();
           (void)render(s.body);
-          std::vector<Segment> segments;
-          for (size_t i = first_segment; i < out_.segments.size(); ++i)
-            segments.push_back({out_.segments[i].begin - begin, out_.segments[i].end - begin, out_.segments[i].tag});
-          v = Value::string(out_.text.substr(begin), std::move(segments));
-          out_.text.resize(begin);
-          out_.segments.resize(first_segment);
+          v = take_since(mark);
         }
         if (!s.attribute.empty()) {
           Value target = lookup(s.targets[0], s.line);
@@ -135,6 +134,8 @@ class Renderer final : public Operations {
     if (items.empty()) return render(s.else_body);
     const int64_t n = static_cast<int64_t>(items.size());
     for (int64_t i = 0; i < n; ++i) {
+      if (++iterations_ > kMaxIterations)
+        fail(s.line, "loops ran more than " + std::to_string(kMaxIterations) + " iterations");
       scopes_.emplace_back();
       bind(s, items[static_cast<size_t>(i)]);
       Value::Dict loop;
@@ -194,14 +195,9 @@ class Renderer final : public Operations {
       // the macro's body sees the template's top level and its parameters; its text is the result
       std::vector<Scope> saved = std::move(scopes_);
       scopes_ = {saved.front(), std::move(scope)};
-      const size_t begin = out_.text.size(), first_segment = out_.segments.size();
+      const Mark mark = this->mark();
       (void)render(def->body);
-      std::vector<Segment> segments;
-      for (size_t i = first_segment; i < out_.segments.size(); ++i)
-        segments.push_back({out_.segments[i].begin - begin, out_.segments[i].end - begin, out_.segments[i].tag});
-      Value result = Value::string(out_.text.substr(begin), std::move(segments));
-      out_.text.resize(begin);
-      out_.segments.resize(first_segment);
+      Value result = take_since(mark);
       saved.front() = std::move(scopes_.front());
       scopes_ = std::move(saved);
       return result;
@@ -245,7 +241,18 @@ class Renderer final : public Operations {
 
   // ---------------------------------------------------------------------------- expressions
 
+  // Every value an expression makes is charged to the render's budget: strings are copied by
+  // value, so this bounds the bytes a template may make the renderer build, with loops that
+  // grow a string or copy a long one again and again.
   Value eval(const Expr& e) {
+    Value v = evaluate(e);
+    if (v.is_string()) built_ += v.str().size();
+    else if (v.kind() == Value::Kind::kList) built_ += sizeof(Value) * v.items().size();
+    if (built_ > kMaxBuilt) fail(e.line, "expressions built more than " + std::to_string(kMaxBuilt) + " bytes");
+    return v;
+  }
+
+  Value evaluate(const Expr& e) {
     switch (e.kind) {
       case ExprKind::kLiteral: return e.literal;
       case ExprKind::kName: return lookup(e.name, e.line);
@@ -375,13 +382,37 @@ class Renderer final : public Operations {
       return Value::list(std::move(out));
     }
     if (step == 1) return picked.empty() ? Value::string("") : substring(obj, cp[a], cp[b]);
-    Value out = Value::string("");
-    for (int64_t i : picked)
-      out = concat(out, substring(obj, cp[static_cast<size_t>(i)], cp[static_cast<size_t>(i) + 1]));
-    return out;
+    StringBuilder out;
+    for (int64_t i : picked) out.append(substring(obj, cp[static_cast<size_t>(i)], cp[static_cast<size_t>(i) + 1]));
+    return out.take();
   }
 
+  // Where the output stood before a macro body or a block `set` rendered: that text becomes a
+  // string value (its provenance segments shifted along) and leaves the output. Loop iterations
+  // and generation blocks inside it leave too: they described bytes that are no longer there.
+  struct Mark {
+    size_t text = 0, segments = 0, iterations = 0, generation = 0;
+  };
+  Mark mark() const { return {out_.text.size(), out_.segments.size(), out_.iterations.size(), out_.generation.size()}; }
+  Value take_since(const Mark& m) {
+    std::vector<Segment> segments;
+    for (size_t i = m.segments; i < out_.segments.size(); ++i)
+      segments.push_back({out_.segments[i].begin - m.text, out_.segments[i].end - m.text, out_.segments[i].tag});
+    Value v = Value::string(out_.text.substr(m.text), std::move(segments));
+    out_.text.resize(m.text);
+    out_.segments.resize(m.segments);
+    out_.iterations.resize(m.iterations);
+    out_.generation.resize(m.generation);
+    return v;
+  }
+
+  // A template is outside input: bounds on what it may make a render do.
   static constexpr int kMaxMacroDepth = 64;
+  static constexpr int64_t kMaxIterations = 10'000'000;
+  static constexpr size_t kMaxOutput = size_t{64} << 20;
+  static constexpr size_t kMaxBuilt = size_t{1} << 30;
+  int64_t iterations_ = 0;
+  size_t built_ = 0;
   const Value& context_;
   int macro_depth_ = 0;
   std::vector<Scope> scopes_;

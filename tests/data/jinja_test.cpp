@@ -75,6 +75,27 @@ TEST(Jinja, RecordsLoopIterationsOverDictsAndGenerationBlocks) {
   EXPECT_EQ(r.generation[0], (std::pair<size_t, size_t>{2, 3}));
 }
 
+// Text rendered inside a macro or a block `set` becomes a value and leaves the output: the loop
+// iterations and generation blocks recorded there leave with it (a fuzzed template once left
+// spans pointing past the end of the output). The outer loop's iterations still count.
+TEST(Jinja, IterationsAndGenerationInsideCapturedTextLeaveWithIt) {
+  const Value ctx = messages_context({"q", "a"});
+  const Template t(
+      "{% macro all() %}{% for m in messages %}{% generation %}{{ m.content * 8 }}{% endgeneration %}"
+      "{% endfor %}{% endmacro %}{% set block %}{% for m in messages %}{{ m.role }}{% endfor %}{% endset %}"
+      "{% for m in messages %}<{{ all()[:2] }}{{ block[:1] }}>{% endfor %}",
+      "captured");
+  const Rendered r = t.render(ctx);
+  EXPECT_EQ(r.text, "<qqu><qqu>");
+  ASSERT_EQ(r.iterations.size(), 2u);
+  EXPECT_EQ(r.iterations[0].begin, 0u);
+  EXPECT_EQ(r.iterations[0].end, 5u);
+  EXPECT_EQ(r.iterations[1].begin, 5u);
+  EXPECT_EQ(r.iterations[1].end, 10u);
+  EXPECT_TRUE(r.generation.empty());
+  EXPECT_EQ(tagged(r, 0), "qqqq");
+}
+
 TEST(Jinja, ErrorsNameTheTemplateAndLine) {
   const Value ctx = messages_context({"x"});
   EXPECT_TRUE(throws_with([] { Template("a\n{% include 'b.jinja' %}", "t1"); },
@@ -99,6 +120,35 @@ TEST(Jinja, ErrorsNameTheTemplateAndLine) {
   // what jinja2 leaves quiet stays quiet: undefined prints nothing, has no length, is false
   EXPECT_EQ(Template("[{{ nothing }}{{ nothing | length }}{{ 'y' if nothing else 'n' }}]", "t10").render(ctx).text,
             "[0n]");
+}
+
+// A chat template is outside input: what it may make the parser and the renderer do is bounded,
+// with an error instead of a crash, a wrapped integer or an exhausted memory.
+TEST(Jinja, BoundsWhatATemplateMayMakeItDo) {
+  const Value ctx = messages_context({"x"});
+  EXPECT_TRUE(throws_with([] { Template("{{ " + std::string(300, '(') + "1" + std::string(300, ')') + " }}", "d1"); },
+                          "expressions nested deeper than 200"));
+  std::string blocks;
+  for (int i = 0; i < 150; ++i) blocks += "{% if true %}";
+  for (int i = 0; i < 150; ++i) blocks += "{% endif %}";
+  EXPECT_TRUE(throws_with([&] { Template(blocks, "d2"); }, "blocks nested deeper than 100"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{{ 9223372036854775807 + 1 }}", "o1").render(ctx); },
+                          "integer + overflows 64 bits"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{{ 3 ** 64 }}", "o2").render(ctx); }, "overflows 64 bits"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{{ (-9223372036854775807 - 1) // -1 }}", "o3").render(ctx); },
+                          "overflows 64 bits"));
+  EXPECT_EQ(Template("{{ 9223372036854775806 + 1 }}", "o4").render(ctx).text, "9223372036854775807");
+  EXPECT_TRUE(throws_with([&] { (void)Template("{{ 'ab' * 100000000 }}", "r1").render(ctx); },
+                          "`*` would make more than"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{% for i in range(5000) %}{{ 'y' * 16000 }}{% endfor %}", "r2")
+                                                .render(ctx); },
+                          "the output passed"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{% set big = 'y' * 16000000 %}{% for i in range(100) %}"
+                                               "{% set copy = big %}{% endfor %}", "b1").render(ctx); },
+                          "expressions built more than 1073741824 bytes"));
+  EXPECT_TRUE(throws_with([] { Template("{{ '\\ud800' }}", "e1"); }, "is no Unicode scalar value"));
+  EXPECT_TRUE(throws_with([] { Template("{{ '\\x4g' }}", "e2"); }, "non-hexadecimal digit `g`"));
+  EXPECT_EQ(Template("{{ '\\u00e9\\x41' }}", "e3").render(ctx).text, "\xc3\xa9" "A");
 }
 
 TEST(Jinja, JsonAndPythonPrinting) {
