@@ -448,15 +448,15 @@ std::string BpeTokenizer::apply_chat_template(std::span<const ChatMessage> messa
   return render_chat(messages, add_generation_prompt).text;
 }
 
-ChatTemplate::Text BpeTokenizer::render_chat(std::span<const ChatMessage> messages,
-                                             bool add_generation_prompt) const {
+ChatTemplate::Text BpeTokenizer::render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                             const jinja::Value& tools) const {
   const Impl& t = *impl_;
   ST_CHECK(t.chat != nullptr, "tokenizer `", t.path, "`: cannot apply a chat template: ", t.chat_problem);
   for (size_t i = 0; i < messages.size(); ++i)
     ST_CHECK(find_invalid_utf8(messages[i].role) == std::string::npos &&
                  find_invalid_utf8(messages[i].content) == std::string::npos,
              "chat message ", i, ": role and content must be valid UTF-8");
-  return t.chat->render(messages, add_generation_prompt);
+  return t.chat->render(messages, add_generation_prompt, tools);
 }
 
 }  // namespace shardtrain::data

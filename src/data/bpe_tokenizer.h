@@ -82,8 +82,10 @@ class BpeTokenizer final : public Tokenizer {
   // template, or it fails or raises an exception for these messages.
   std::string apply_chat_template(std::span<const ChatMessage> messages,
                                   bool add_generation_prompt) const;
-  // The same text, with where each message's turn lies in it (ChatTemplate::Text).
-  ChatTemplate::Text render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt) const;
+  // The same text, with where each message's turn lies in it (ChatTemplate::Text); `tools`: the
+  // tool schemas the template may list, or none.
+  ChatTemplate::Text render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                 const jinja::Value& tools = jinja::Value::none()) const;
 
  private:
   struct Impl;  // bpe_tokenizer_internal.h

@@ -60,6 +60,8 @@ class Value {
   static Value function(std::string name, Function fn);
   // JSON as Python's json.loads gives it; strings tagged with `tag` (-1: none).
   static Value from_json(const nlohmann::json& j, int tag = -1);
+  // Objects keep the file's key order, as Python's json.loads does (tojson prints them so).
+  static Value from_json(const nlohmann::ordered_json& j, int tag = -1);
 
   Kind kind() const { return kind_; }
   bool is_undefined() const { return kind_ == Kind::kUndefined; }

@@ -102,27 +102,36 @@ Value Value::function(std::string name, Function fn) {
   return v;
 }
 
-Value Value::from_json(const nlohmann::json& j, int tag) {
+namespace {
+
+template <class Json>
+Value value_of_json(const Json& j, int tag) {
   switch (j.type()) {
-    case nlohmann::json::value_t::null: return none();
-    case nlohmann::json::value_t::boolean: return boolean(j.get<bool>());
-    case nlohmann::json::value_t::number_integer: return integer(j.get<int64_t>());
-    case nlohmann::json::value_t::number_unsigned: return integer(static_cast<int64_t>(j.get<uint64_t>()));
-    case nlohmann::json::value_t::number_float: return number(j.get<double>());
-    case nlohmann::json::value_t::string: return string(j.get<std::string>(), tag);
+    case nlohmann::json::value_t::null: return Value::none();
+    case nlohmann::json::value_t::boolean: return Value::boolean(j.template get<bool>());
+    case nlohmann::json::value_t::number_integer: return Value::integer(j.template get<int64_t>());
+    case nlohmann::json::value_t::number_unsigned:
+      return Value::integer(static_cast<int64_t>(j.template get<uint64_t>()));
+    case nlohmann::json::value_t::number_float: return Value::number(j.template get<double>());
+    case nlohmann::json::value_t::string: return Value::string(j.template get<std::string>(), tag);
     case nlohmann::json::value_t::array: {
-      List items;
-      for (const nlohmann::json& e : j) items.push_back(from_json(e, tag));
-      return list(std::move(items));
+      Value::List items;
+      for (const Json& e : j) items.push_back(value_of_json(e, tag));
+      return Value::list(std::move(items));
     }
     case nlohmann::json::value_t::object: {
-      Dict d;
-      for (auto it = j.begin(); it != j.end(); ++it) d.entries.emplace_back(it.key(), from_json(it.value(), tag));
-      return dict(std::move(d));
+      Value::Dict d;
+      for (auto it = j.begin(); it != j.end(); ++it) d.entries.emplace_back(it.key(), value_of_json(it.value(), tag));
+      return Value::dict(std::move(d));
     }
     default: ST_THROW("jinja: JSON value of type ", j.type_name(), " has no template value");
   }
 }
+
+}  // namespace
+
+Value Value::from_json(const nlohmann::json& j, int tag) { return value_of_json(j, tag); }
+Value Value::from_json(const nlohmann::ordered_json& j, int tag) { return value_of_json(j, tag); }
 
 bool Value::same_object(const Value& other) const {
   if (kind_ != other.kind_) return false;

@@ -35,9 +35,12 @@ struct RawExample {
   int64_t line = 0;
   std::string prompt, response;
   std::vector<ChatMessage> messages;
+  jinja::Value tools = jinja::Value::none();
 };
 
-std::string field_string(const nlohmann::json& j, const std::string& field, const std::string& where) {
+using Json = nlohmann::ordered_json;  // objects in the file's key order, as the templates print them
+
+std::string field_string(const Json& j, const std::string& field, const std::string& where) {
   const auto it = j.find(field);
   ST_CHECK(it != j.end(), where, ": no field `", field, "`");
   ST_CHECK(it->is_string(), where, ": field `", field, "` is ", it->type_name(), ", expected a string");
@@ -46,9 +49,9 @@ std::string field_string(const nlohmann::json& j, const std::string& field, cons
 
 RawExample parse_line(const std::string& line, int64_t number, const std::string& path, const SftOptions& o) {
   const std::string where = fmt::format("`{}` line {}", path, number);
-  nlohmann::json j;
+  Json j;
   try {
-    j = nlohmann::json::parse(line);
+    j = Json::parse(line);
   } catch (const nlohmann::json::exception& e) {
     ST_THROW(where, ": malformed JSON: ", e.what());
   }
@@ -68,11 +71,28 @@ RawExample parse_line(const std::string& line, int64_t number, const std::string
            it->is_array() ? "an empty array" : it->type_name());
   bool assistant = false;
   for (size_t i = 0; i < it->size(); ++i) {
-    const nlohmann::json& m = (*it)[i];
+    const Json& m = (*it)[i];
     const std::string at = fmt::format("{}: message {}", where, i);
     ST_CHECK(m.is_object(), at, ": expected an object with `role` and `content`, found ", m.type_name());
-    r.messages.push_back({field_string(m, "role", at), field_string(m, "content", at)});
+    ChatMessage message;
+    message.role = field_string(m, "role", at);
+    const auto content = m.find("content");
+    if (content != m.end() && content->is_string() && m.size() == 2) {
+      message.content = content->get<std::string>();
+    } else {  // tool calls, a tool's name or id, content as parts or none: the template sees it all
+      ST_CHECK(content != m.end() || m.contains("tool_calls"), at, ": no field `content` (nor `tool_calls`)");
+      ST_CHECK(content == m.end() || content->is_string() || content->is_null() || content->is_array(), at,
+               ": field `content` is ", content->type_name(), ", expected a string, a list of parts or null");
+      if (content != m.end() && content->is_string()) message.content = content->get<std::string>();
+      message.json = jinja::Value::from_json(m);
+    }
+    r.messages.push_back(std::move(message));
     assistant = assistant || r.messages.back().role == "assistant";
+  }
+  if (const auto tools = j.find("tools"); tools != j.end() && !tools->is_null()) {
+    ST_CHECK(tools->is_array(), where, ": field `tools` is ", tools->type_name(),
+             ", expected a list of tool schemas (or null)");
+    r.tools = jinja::Value::from_json(*tools);
   }
   ST_CHECK(assistant || o.train_on_prompt, where,
            ": no message has role `assistant`, so nothing would count in the loss (or set `data.train_on_prompt`)");
@@ -96,8 +116,10 @@ SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view p
   return e;
 }
 
-SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt) {
-  const ChatTemplate::Text chat = tokenizer.render_chat(messages, false);
+SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt,
+                       const jinja::Value& tools) {
+  const ChatTemplate::Text chat = tokenizer.render_chat(messages, false, tools);
+  SftExample e;
   // The text's bytes that count: the assistant's turns, or the template's generation blocks
   // where it marks the assistant's text itself.
   std::vector<uint8_t> counts(chat.text.size(), train_on_prompt ? 1 : 0);
@@ -105,12 +127,13 @@ SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessag
     if (!chat.generation.empty()) {
       for (const auto& [first, end] : chat.generation) std::fill(counts.begin() + first, counts.begin() + end, 1);
     } else {
-      for (size_t i = 0; i < messages.size(); ++i)
-        if (messages[i].role == "assistant")
-          std::fill(counts.begin() + chat.turns[i].first, counts.begin() + chat.turns[i].second, 1);
+      for (size_t i = 0; i < messages.size(); ++i) {
+        if (messages[i].role != "assistant") continue;
+        std::fill(counts.begin() + chat.turns[i].first, counts.begin() + chat.turns[i].second, 1);
+        e.lost_turns += chat.turns[i].first == chat.turns[i].second ? 1 : 0;
+      }
     }
   }
-  SftExample e;
   e.ids = tokenizer.encode(chat.text);
   e.counted.assign(e.ids.size(), 0);
   // Each token's first byte in the text: the sum of the lengths before it. Tokens are exact
@@ -195,11 +218,17 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
     const RawExample& r = raw[static_cast<size_t>(i)];
     examples[static_cast<size_t>(i)] =
         with_context([&] { return fmt::format("tokenizing `{}` line {}", path, r.line); }, [&] {
-          return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt)
+          return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt, r.tools)
                                               : format_prompt_response(tokenizer, r.prompt, r.response,
                                                                        o.train_on_prompt);
         });
   });
+
+  int64_t lost_turns = 0, lost_examples = 0;
+  for (const SftExample& e : examples) {
+    lost_turns += e.lost_turns;
+    lost_examples += e.lost_turns > 0 ? 1 : 0;
+  }
 
   const uint64_t split_key = name_key("sft validation split");
   std::vector<int64_t> train_index, val_index;
@@ -226,6 +255,10 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
       o.packing ? "packed" : "one example each", 100.0 * static_cast<double>(train_.counted_tokens) /
                                                      (row * static_cast<double>(train_.count)),
       train_.truncated + val_.truncated, val_examples_, val_.count);
+  if (lost_turns > 0)
+    summary_ += fmt::format("; {} assistant turns in {} examples were not found in the template's text and do not "
+                            "count (a template that rewrites the content; see data.format = chat in the README)",
+                            lost_turns, lost_examples);
 }
 
 int64_t SftData::train_sequence_at(int64_t g) const {

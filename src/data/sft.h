@@ -17,7 +17,8 @@ namespace shardtrain::data {
 
 enum class SftFormat {
   kPromptResponse,  // {"prompt": ..., "response": ...}: [BOS] prompt response [EOS]
-  kChat,            // {"messages": [{"role": ..., "content": ...}, ...]} in the tokenizer's chat template
+  kChat,            // {"messages": [{"role": ..., "content": ...}, ...], "tools": [...]} in the tokenizer's
+                    // chat template; messages may carry tool_calls and other fields, "tools" is optional
 };
 
 struct SftOptions {
@@ -44,6 +45,7 @@ struct SftOptions {
 struct SftExample {
   std::vector<int32_t> ids;
   std::vector<uint8_t> counted;
+  int64_t lost_turns = 0;  // chat: assistant turns not found in the template's text (none counts)
 };
 
 // [BOS] prompt response [EOS]; prompt and response are encoded separately, so the response's
@@ -51,12 +53,14 @@ struct SftExample {
 // train_on_prompt).
 SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view prompt, std::string_view response,
                                   bool train_on_prompt);
-// The chat template's text for `messages` (no generation prompt), encoded as one string, as
-// transformers' apply_chat_template(tokenize=True) does. Tokens with a byte inside an assistant
-// message's turn count: from its content to the end of what the template wrote for it, so its
+// The chat template's text for `messages` (no generation prompt) and `tools`, encoded as one
+// string, as transformers' apply_chat_template(tokenize=True) does. Tokens with a byte inside an
+// assistant message's turn count: from its content (or, for tool calls without content, from
+// where the generation prompt ends) to the end of what the template wrote for it, so its
 // end-of-turn marker (<|eot_id|>, </s>, <|im_end|>) too; or, where the template marks the
 // assistant's text with {% generation %} blocks, those (everything with train_on_prompt).
-SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt);
+SftExample format_chat(const BpeTokenizer& tokenizer, std::span<const ChatMessage> messages, bool train_on_prompt,
+                       const jinja::Value& tools = jinja::Value::none());
 
 // Sequences of T + 1 tokens: examples whole, in the given order, several to a sequence while
 // they fit (`packing`) or one each; the rest padded with `pad_id`, which never counts. An

@@ -155,7 +155,8 @@ const std::vector<KeyDef>& keys() {
       key("data.response_field", &C::data, &DataSection::response_field,
           "sft: JSONL field holding each response"),
       key("data.messages_field", &C::data, &DataSection::messages_field,
-          "chat: JSONL field holding each conversation, a list of {\"role\", \"content\"} objects"),
+          "chat: JSONL field holding each conversation, a list of {\"role\", \"content\", ...} objects (tool "
+          "calls and other fields pass to the template; a line's `tools` field too)"),
       key("data.train_on_prompt", &C::data, &DataSection::train_on_prompt,
           "sft and chat: count the loss on every token (prompts, system and user turns, chat headers), not only "
           "on the responses and the assistant's turns"),

@@ -214,6 +214,17 @@ TEST(Sft, ChatFilesNeedAnAssistantTurnUnlessEveryTokenCounts) {
   EXPECT_TRUE(throws_with([&] { SftData(no_assistant, t, o); }, "line 1: no message has role `assistant`"));
   const std::string bad_message = temp_file("bad_message.jsonl", "{\"messages\": [{\"role\": \"user\"}]}\n");
   EXPECT_TRUE(throws_with([&] { SftData(bad_message, t, o); }, "line 1: message 0: no field `content`"));
+  const std::string number_content = temp_file(
+      "number_content.jsonl", "{\"messages\": [{\"role\": \"assistant\", \"content\": 3, \"name\": \"x\"}]}\n");
+  EXPECT_TRUE(throws_with([&] { SftData(number_content, t, o); },
+                          "line 1: message 0: field `content` is number, expected a string, a list of parts or null"));
+  const std::string bad_tools = temp_file(
+      "bad_tools.jsonl",
+      "{\"messages\": [{\"role\": \"assistant\", \"content\": \"a\"}], \"tools\": {\"name\": \"f\"}}\n");
+  EXPECT_TRUE(throws_with([&] { SftData(bad_tools, t, o); },
+                          "line 1: field `tools` is object, expected a list of tool schemas (or null)"));
+  std::filesystem::remove(number_content);
+  std::filesystem::remove(bad_tools);
   o.train_on_prompt = true;
   const SftData d(no_assistant, t, o);
   EXPECT_EQ(d.train_sequences().count, 1);
