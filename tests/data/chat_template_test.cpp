@@ -1,6 +1,7 @@
 // Chat templates as transformers renders them, and the turns they give fine-tuning's loss
-// mask: ChatML (Qwen2), Llama 2 and Mistral forms of our own writing, generation blocks, the
-// date of strftime_now, and the counted tokens of Llama 2's SentencePiece-style vocabulary
+// mask: ChatML (Qwen2), Llama 2 and Mistral forms of our own writing, tool calls and tool
+// schemas (a JSONL file of them too), generation blocks, the date of strftime_now, and the
+// counted tokens of Llama 2's SentencePiece-style vocabulary
 // (built at set-up into .deps/llama2-tokenizer; skipped without it) and of Llama 3's (in
 // ../shared/data; skipped without it).
 #include <filesystem>
@@ -15,12 +16,14 @@
 #include "data/chat_template.h"
 #include "data/sft.h"
 #include "testing/compare.h"
+#include "testing/counted_runs.h"
 #include "testing/shared_data.h"
 
 namespace shardtrain::data {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::counted_runs;
 
 // Templates of our own writing in the turn formats of ChatML (Qwen2) and Llama 2.
 const char* const kChatMl =
@@ -201,23 +204,6 @@ TEST(ChatTemplate, GenerationBlocksAndTheDate) {
   EXPECT_TRUE(r.text.starts_with("2024-07-2")) << r.text;  // the 26th in any time zone within 12 h of UTC
   ASSERT_EQ(r.generation.size(), 1u);
   EXPECT_EQ(r.text.substr(r.generation[0].first, r.generation[0].second - r.generation[0].first), "a!");
-}
-
-// The counted tokens of a chat example, joined and bracketed per run.
-std::string counted_runs(const BpeTokenizer& t, const SftExample& e) {
-  std::string out;
-  std::vector<int32_t> run;
-  for (size_t i = 0; i <= e.ids.size(); ++i) {
-    if (i < e.ids.size() && e.counted[i]) {
-      run.push_back(e.ids[i]);
-    } else if (!run.empty()) {
-      out += '[';
-      out += t.decode(run);
-      out += ']';
-      run.clear();
-    }
-  }
-  return out;
 }
 
 // A tokenizer folder: `tokenizer_json` beside a tokenizer_config.json with `config`.

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include "testing/compare.h"
+#include "testing/counted_runs.h"
 
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
@@ -64,19 +65,7 @@ TEST(Sft, ChatCountsTheAssistantTurnsOfTheLlama3Template) {
   const SftExample e = format_chat(t, chat, false);
   EXPECT_EQ(e.ids, t.encode(t.apply_chat_template(chat, false)));
   EXPECT_EQ(e.ids.front(), t.bos_id());
-  std::string counted;
-  std::vector<int32_t> run;
-  for (size_t i = 0; i <= e.ids.size(); ++i) {
-    if (i < e.ids.size() && e.counted[i]) {
-      run.push_back(e.ids[i]);
-    } else if (!run.empty()) {
-      counted += '[';
-      counted += t.decode(run);
-      counted += ']';
-      run.clear();
-    }
-  }
-  EXPECT_EQ(counted, "[Paris.<|eot_id|>][Rome, since 1871.<|eot_id|>]");
+  EXPECT_EQ(testing::counted_runs(t, e), "[Paris.<|eot_id|>][Rome, since 1871.<|eot_id|>]");
   const SftExample all = format_chat(t, chat, true);
   EXPECT_EQ(all.ids, e.ids);
   for (size_t i = 1; i < all.counted.size(); ++i) EXPECT_TRUE(all.counted[i]);
