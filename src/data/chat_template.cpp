@@ -1,6 +1,7 @@
 // Chat templates: the context transformers gives them, and each message's turn in the text.
 #include "data/chat_template.h"
 
+#include <algorithm>
 #include <ctime>
 
 #include "core/error.h"
@@ -58,7 +59,7 @@ struct ChatTemplate::Rendered {
 };
 
 ChatTemplate::Rendered ChatTemplate::render_text(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                                 const Value& tools, int64_t now) const {
+                                                 const Value& tools, int64_t now, size_t max_output) const {
   Rendered out;
   for (size_t i = 0; i < messages.size(); ++i) out.messages.push_back(message_value(messages[i], static_cast<int>(i)));
   Value::Dict context;
@@ -84,7 +85,7 @@ ChatTemplate::Rendered ChatTemplate::render_text(std::span<const ChatMessage> me
     const size_t n = std::strftime(buf, sizeof buf, format.str().c_str(), &t);
     return Value::string(std::string(buf, n));
   }));
-  out.r = template_.render(Value::dict(std::move(context)));
+  out.r = template_.render(Value::dict(std::move(context)), max_output);
   return out;
 }
 
@@ -94,7 +95,7 @@ ChatTemplate::Text ChatTemplate::render(std::span<const ChatMessage> messages, b
            tools.type_name());
   // one moment for this render and the prefixes below, so that their dates agree
   const int64_t now = now_for_tests >= 0 ? now_for_tests : static_cast<int64_t>(std::time(nullptr));
-  const Rendered full = render_text(messages, add_generation_prompt, tools, now);
+  const Rendered full = render_text(messages, add_generation_prompt, tools, now, jinja::Template::kMaxOutput);
   const jinja::Rendered& r = full.r;
   Text out;
   out.text = r.text;
@@ -126,10 +127,12 @@ ChatTemplate::Text ChatTemplate::render(std::span<const ChatMessage> messages, b
     }
     // No content in the text: the turn starts where the messages before it, with the generation
     // prompt, end. A template may refuse that conversation (one that must end with a user's
-    // message, say); the turn is then not found.
+    // message, say); the turn is then not found. Text longer than this one's cannot be its
+    // prefix: the renders stop soon after (with room for text a block set captures and drops).
+    const size_t max_output = std::min(jinja::Template::kMaxOutput, 2 * out.text.size() + 4096);
     const auto prefix_text = [&](size_t count, bool generation_prompt) -> std::string {
       try {
-        return render_text(messages.first(count), generation_prompt, tools, now).r.text;
+        return render_text(messages.first(count), generation_prompt, tools, now, max_output).r.text;
       } catch (const Error&) {
         return {};
       }

@@ -55,7 +55,7 @@ class ChatTemplate {
  private:
   struct Rendered;
   Rendered render_text(std::span<const ChatMessage> messages, bool add_generation_prompt, const jinja::Value& tools,
-                       int64_t now_for_tests) const;
+                       int64_t now, size_t max_output) const;
 
   jinja::Template template_;
   std::string bos_token_, eos_token_, where_;

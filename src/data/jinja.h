@@ -128,8 +128,11 @@ class Template {
   Template(Template&&) noexcept;
   Template& operator=(Template&&) noexcept;
 
-  // Renders with `context` (a dict of top-level names); throws naming the template and line.
-  Rendered render(const Value& context) const;
+  // Renders with `context` (a dict of top-level names); throws naming the template and line, or
+  // where the output would pass `max_output` bytes. A render is bounded (a template is outside
+  // input): also by a million loop iterations, macros 64 deep and a GiB of values built.
+  static constexpr size_t kMaxOutput = size_t{16} << 20;
+  Rendered render(const Value& context, size_t max_output = kMaxOutput) const;
 
  private:
   struct Impl;

@@ -16,7 +16,8 @@ enum class Flow { kNormal, kBreak, kContinue };
 
 class Renderer final : public Operations {
  public:
-  Renderer(const std::string& name, const Value& context) : Operations(name), context_(context) {
+  Renderer(const std::string& name, const Value& context, size_t max_output)
+      : Operations(name), max_output_(max_output), context_(context) {
     scopes_.emplace_back();
   }
 
@@ -28,13 +29,21 @@ class Renderer final : public Operations {
  private:
   using Scope = std::map<std::string, Value>;
 
-  void write(const Value& v) {
+  // Text about to join the output (captured text of macros and block sets counts while it is there).
+  void grow(size_t bytes, int line) const {
+    if (out_.text.size() + bytes > max_output_)
+      fail(line, "the output would pass " + std::to_string(max_output_) + " bytes");
+  }
+
+  void write(const Value& v, int line) {
     if (v.is_undefined()) return;
-    if (out_.text.size() > kMaxOutput) fail(0, "the output passed " + std::to_string(kMaxOutput) + " bytes");
     if (!v.is_string()) {
-      out_.text += to_python_string(v);
+      const std::string text = to_python_string(v);
+      grow(text.size(), line);
+      out_.text += text;
       return;
     }
+    grow(v.str().size(), line);
     for (const Segment& s : v.segments())
       out_.segments.push_back({s.begin + out_.text.size(), s.end + out_.text.size(), s.tag});
     out_.text += v.str();
@@ -66,10 +75,10 @@ class Renderer final : public Operations {
   Flow statement(const Stmt& s) {
     switch (s.kind) {
       case StmtKind::kText:
-        if (out_.text.size() > kMaxOutput) fail(s.line, "the output passed " + std::to_string(kMaxOutput) + " bytes");
+        grow(s.text.size(), s.line);
         out_.text += s.text;
         return Flow::kNormal;
-      case StmtKind::kOutput: write(eval(*s.expr)); return Flow::kNormal;
+      case StmtKind::kOutput: write(eval(*s.expr), s.line); return Flow::kNormal;
       case StmtKind::kIf:
         for (const auto& [cond, body] : s.branches)
           if (eval(*cond).truthy()) return render(body);
@@ -133,25 +142,31 @@ class Renderer final : public Operations {
     }
     if (items.empty()) return render(s.else_body);
     const int64_t n = static_cast<int64_t>(items.size());
+    // one loop.cycle for the whole loop, reading the iteration it is called in
+    const auto index = std::make_shared<int64_t>(0);
+    const Value cycle = Value::function("loop.cycle", [index](Call& c) {
+      if (c.args.empty()) return Value::undefined("cycle");
+      return c.args[static_cast<size_t>(*index) % c.args.size()];
+    });
     for (int64_t i = 0; i < n; ++i) {
       if (++iterations_ > kMaxIterations)
         fail(s.line, "loops ran more than " + std::to_string(kMaxIterations) + " iterations");
       scopes_.emplace_back();
       bind(s, items[static_cast<size_t>(i)]);
-      Value::Dict loop;
-      loop.set("index", Value::integer(i + 1));
-      loop.set("index0", Value::integer(i));
-      loop.set("revindex", Value::integer(n - i));
-      loop.set("revindex0", Value::integer(n - i - 1));
-      loop.set("first", Value::boolean(i == 0));
-      loop.set("last", Value::boolean(i == n - 1));
-      loop.set("length", Value::integer(n));
-      loop.set("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("previtem"));
-      loop.set("nextitem", i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("nextitem"));
-      loop.set("cycle", Value::function("loop.cycle", [i](Call& c) {
-        if (c.args.empty()) return Value::undefined("cycle");
-        return c.args[static_cast<size_t>(i) % c.args.size()];
-      }));
+      Value::Dict loop;  // its keys are distinct: appended without Dict::set's search
+      loop.entries.reserve(10);
+      loop.entries.emplace_back("index", Value::integer(i + 1));
+      loop.entries.emplace_back("index0", Value::integer(i));
+      loop.entries.emplace_back("revindex", Value::integer(n - i));
+      loop.entries.emplace_back("revindex0", Value::integer(n - i - 1));
+      loop.entries.emplace_back("first", Value::boolean(i == 0));
+      loop.entries.emplace_back("last", Value::boolean(i == n - 1));
+      loop.entries.emplace_back("length", Value::integer(n));
+      loop.entries.emplace_back("previtem", i > 0 ? items[static_cast<size_t>(i - 1)] : Value::undefined("previtem"));
+      loop.entries.emplace_back("nextitem",
+                                i + 1 < n ? items[static_cast<size_t>(i + 1)] : Value::undefined("nextitem"));
+      *index = i;
+      loop.entries.emplace_back("cycle", cycle);
       assign("loop", Value::dict(std::move(loop)));
       const Value& item = items[static_cast<size_t>(i)];
       const size_t begin = out_.text.size();
@@ -408,9 +423,9 @@ class Renderer final : public Operations {
 
   // A template is outside input: bounds on what it may make a render do.
   static constexpr int kMaxMacroDepth = 64;
-  static constexpr int64_t kMaxIterations = 10'000'000;
-  static constexpr size_t kMaxOutput = size_t{64} << 20;
+  static constexpr int64_t kMaxIterations = 1'000'000;
   static constexpr size_t kMaxBuilt = size_t{1} << 30;
+  const size_t max_output_;
   int64_t iterations_ = 0;
   size_t built_ = 0;
   const Value& context_;
@@ -434,6 +449,8 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-Rendered Template::render(const Value& context) const { return Renderer(impl_->name, context).run(impl_->body); }
+Rendered Template::render(const Value& context, size_t max_output) const {
+  return Renderer(impl_->name, context, max_output).run(impl_->body);
+}
 
 }  // namespace shardtrain::data::jinja

@@ -245,6 +245,8 @@ std::vector<Case> cases() {
         "{{ loop.revindex0 }}"
         "/{{ loop.first }}/{{ loop.last }}/{{ loop.length }}/{{ loop.previtem }}/{{ loop.nextitem }}"
         "/{{ loop.cycle('a', 'b', 'c') }};{% endfor %}", xs);
+  plain("nested loops cycle", "{% for a in [1, 2] %}{% set outer = loop %}{% for b in [1, 2, 3] %}"
+        "{{ loop.cycle('x', 'y') }}{{ outer.cycle('p', 'q') }}{% endfor %}{{ loop.cycle('r', 's', 't') }}|{% endfor %}");
   plain("for else, filter, break, continue", "{% for x in [] %}no{% else %}empty{% endfor %}|"
         "{% for x in xs if x > 1 %}{{ x }}{{ loop.length }}{% endfor %}|"
         "{% for x in xs %}{% if x == 4 %}{% break %}{% endif %}{% if x == 1 %}{% continue %}{% endif %}{{ x }}"

@@ -142,7 +142,14 @@ TEST(Jinja, BoundsWhatATemplateMayMakeItDo) {
                           "`*` would make more than"));
   EXPECT_TRUE(throws_with([&] { (void)Template("{% for i in range(5000) %}{{ 'y' * 16000 }}{% endfor %}", "r2")
                                                 .render(ctx); },
-                          "the output passed"));
+                          "the output would pass 16777216 bytes"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{% for i in range(3) %}{{ 'y' * 10 }}{% endfor %}", "r3")
+                                                .render(ctx, 25); },
+                          "`r3` line 1: the output would pass 25 bytes"));
+  EXPECT_EQ(Template("{% for i in range(3) %}{{ 'y' * 10 }}{% endfor %}", "r4").render(ctx, 30).text.size(), 30u);
+  EXPECT_TRUE(throws_with([&] { (void)Template("{% for i in range(1001) %}{% for j in range(1000) %}{% endfor %}"
+                                               "{% endfor %}", "l1").render(ctx); },
+                          "loops ran more than 1000000 iterations"));
   EXPECT_TRUE(throws_with([&] { (void)Template("{% set big = 'y' * 16000000 %}{% for i in range(100) %}"
                                                "{% set copy = big %}{% endfor %}", "b1").render(ctx); },
                           "expressions built more than 1073741824 bytes"));
