@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <fstream>
 #include <iterator>
 #include <optional>
 
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
+#include "data/sft.h"
 #include "data/tokenize_file.h"
 #include "dist/bootstrap.h"
 #include "core/log.h"
@@ -103,6 +105,9 @@ std::string usage() {
          "                                                   --eager: no CUDA graph for the GPU's steps\n"
          "           [--chat [--system TEXT]]                TEXT is a user's message in the tokenizer's chat\n"
          "                                                   template (after a system message); prints the reply\n"
+         "  generate MODEL --conversation FILE|- [options]   the reply to a conversation: a JSON object like a\n"
+         "                                                   chat data line, {\"messages\": [...], \"tools\": [...]},\n"
+         "                                                   in the chat template (tool calls and results too)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
          "                                                   text or JSONL -> token file (BOS, ids, EOS per\n"
@@ -195,7 +200,7 @@ int run_export(const std::vector<std::string>& args) {
 int run_generate(const std::vector<std::string>& args) {
   const char* cmd = "generate";
   std::vector<std::string> paths;
-  std::optional<std::string> prompt;
+  std::optional<std::string> prompt, conversation;
   std::string tokenizer, device = "auto", system;
   bool chat = false;
   train::SampleOptions o;
@@ -219,19 +224,37 @@ int run_generate(const std::vector<std::string>& args) {
     else if (a == "--device") device = value();
     else if (a == "--chat") chat = true;
     else if (a == "--system") system = value();
+    else if (a == "--conversation") conversation = value();
     else if (a.rfind("--", 0) == 0) ST_THROW(cmd, ": unknown option `", a, "` (see `shardtrain help`)");
     else paths.push_back(a);
   }
   ST_CHECK(paths.size() == 1, cmd, ": expected one MODEL (a Hugging Face folder or a training checkpoint), found ",
            paths.size(), paths.size() > 1 ? " (`" + paths[1] + "` is extra)" : std::string());
-  ST_CHECK(prompt.has_value(), cmd, ": --prompt TEXT is required (`--prompt -` reads standard input, `--prompt \"\"` "
-           "starts from BOS alone)");
+  ST_CHECK(!(prompt && conversation), cmd, ": give --prompt or --conversation, not both");
+  ST_CHECK(!(conversation && !system.empty()), cmd, ": --system goes with --prompt; a --conversation file holds "
+           "its own system message");
+  ST_CHECK(prompt.has_value() || conversation.has_value(), cmd, ": --prompt TEXT is required (`--prompt -` reads "
+           "standard input, `--prompt \"\"` starts from BOS alone), or --conversation FILE");
+  if (conversation) chat = true;
   ST_CHECK(seed >= 0, cmd, ": --seed must be >= 0, found ", seed);
   o.seed = static_cast<uint64_t>(seed);
   train::check_sample_options(o, "generate");
   ST_CHECK(chat || system.empty(), cmd, ": --system needs --chat");
-  if (*prompt == "-") prompt = std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  o.prompt = *prompt;
+  std::optional<data::ChatConversation> turns;
+  if (conversation) {
+    std::string text;
+    if (*conversation == "-") {
+      text = std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    } else {
+      std::ifstream in(*conversation, std::ios::binary);
+      ST_CHECK(in.good(), cmd, ": cannot open `", *conversation, "` (--conversation)");
+      text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    turns = data::parse_conversation(text, "`" + *conversation + "` (--conversation)");
+  } else {
+    if (*prompt == "-") prompt = std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+    o.prompt = *prompt;
+  }
 
   const Device dev = train::generation_device(device);
   const train::OpenedModel m = train::open_model(paths[0], dev.is_cpu() ? DType::kF32 : DType::kBF16, dev);
@@ -239,7 +262,8 @@ int run_generate(const std::vector<std::string>& args) {
   log::info(fmt::format("model: {} from {} ({} on {})", m.model->config().summary(), m.describe(),
                         dev.is_cpu() ? "f32" : "bf16", dev.str()));
   if (chat) {  // the prompt is the user's message; only the assistant's reply is printed
-    train::ChatPrompt p = train::chat_prompt(*tok, system, o.prompt);
+    train::ChatPrompt p = turns ? train::chat_prompt(*tok, turns->messages, turns->tools)
+                                : train::chat_prompt(*tok, system, o.prompt);
     o.prompt = std::move(p.text);
     o.stop_ids = std::move(p.stop_ids);
     o.add_bos = false;

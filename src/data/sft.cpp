@@ -47,29 +47,24 @@ std::string field_string(const Json& j, const std::string& field, const std::str
   return it->get<std::string>();
 }
 
-RawExample parse_line(const std::string& line, int64_t number, const std::string& path, const SftOptions& o) {
-  const std::string where = fmt::format("`{}` line {}", path, number);
+Json parse_object(const std::string& text, const std::string& where) {
   Json j;
   try {
-    j = Json::parse(line);
+    j = Json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     ST_THROW(where, ": malformed JSON: ", e.what());
   }
   ST_CHECK(j.is_object(), where, ": expected a JSON object, found ", j.type_name());
-  RawExample r;
-  r.line = number;
-  if (o.format == SftFormat::kPromptResponse) {
-    r.prompt = field_string(j, o.prompt_field, where);
-    r.response = field_string(j, o.response_field, where);
-    ST_CHECK(!r.response.empty(), where, ": field `", o.response_field, "` is empty; an example needs a response");
-    return r;
-  }
-  const auto it = j.find(o.messages_field);
-  ST_CHECK(it != j.end(), where, ": no field `", o.messages_field, "`");
-  ST_CHECK(it->is_array() && !it->empty(), where, ": field `", o.messages_field,
+  return j;
+}
+
+ChatConversation conversation_of(const Json& j, const std::string& where, const std::string& messages_field) {
+  const auto it = j.find(messages_field);
+  ST_CHECK(it != j.end(), where, ": no field `", messages_field, "`");
+  ST_CHECK(it->is_array() && !it->empty(), where, ": field `", messages_field,
            "` must be a non-empty array of {\"role\", \"content\"} objects, found ",
            it->is_array() ? "an empty array" : it->type_name());
-  bool assistant = false;
+  ChatConversation c;
   for (size_t i = 0; i < it->size(); ++i) {
     const Json& m = (*it)[i];
     const std::string at = fmt::format("{}: message {}", where, i);
@@ -86,20 +81,43 @@ RawExample parse_line(const std::string& line, int64_t number, const std::string
       if (content != m.end() && content->is_string()) message.content = content->get<std::string>();
       message.json = jinja::Value::from_json(m);
     }
-    r.messages.push_back(std::move(message));
-    assistant = assistant || r.messages.back().role == "assistant";
+    c.messages.push_back(std::move(message));
   }
   if (const auto tools = j.find("tools"); tools != j.end() && !tools->is_null()) {
     ST_CHECK(tools->is_array(), where, ": field `tools` is ", tools->type_name(),
              ", expected a list of tool schemas (or null)");
-    r.tools = jinja::Value::from_json(*tools);
+    c.tools = jinja::Value::from_json(*tools);
   }
+  return c;
+}
+
+RawExample parse_line(const std::string& line, int64_t number, const std::string& path, const SftOptions& o) {
+  const std::string where = fmt::format("`{}` line {}", path, number);
+  const Json j = parse_object(line, where);
+  RawExample r;
+  r.line = number;
+  if (o.format == SftFormat::kPromptResponse) {
+    r.prompt = field_string(j, o.prompt_field, where);
+    r.response = field_string(j, o.response_field, where);
+    ST_CHECK(!r.response.empty(), where, ": field `", o.response_field, "` is empty; an example needs a response");
+    return r;
+  }
+  ChatConversation c = conversation_of(j, where, o.messages_field);
+  const bool assistant = std::any_of(c.messages.begin(), c.messages.end(),
+                                     [](const ChatMessage& m) { return m.role == "assistant"; });
   ST_CHECK(assistant || o.train_on_prompt, where,
            ": no message has role `assistant`, so nothing would count in the loss (or set `data.train_on_prompt`)");
+  r.messages = std::move(c.messages);
+  r.tools = std::move(c.tools);
   return r;
 }
 
 }  // namespace
+
+ChatConversation parse_conversation(const std::string& json_text, const std::string& where,
+                                    const std::string& messages_field) {
+  return conversation_of(parse_object(json_text, where), where, messages_field);
+}
 
 SftExample format_prompt_response(const Tokenizer& tokenizer, std::string_view prompt, std::string_view response,
                                   bool train_on_prompt) {

@@ -40,6 +40,18 @@ struct SftOptions {
   int64_t micro_batches = 1;
 };
 
+// A conversation as a JSON object: `messages_field`, a non-empty list of {"role", "content", ...}
+// messages (content a string, a list of parts or null; absent beside tool_calls; other fields
+// kept in the file's order for the template), and "tools", a list of tool schemas (optional).
+// The form of a chat data line and of `generate --conversation`. Throws naming `where`, the
+// message and the field.
+struct ChatConversation {
+  std::vector<ChatMessage> messages;
+  jinja::Value tools = jinja::Value::none();
+};
+ChatConversation parse_conversation(const std::string& json_text, const std::string& where,
+                                    const std::string& messages_field = "messages");
+
 // One example as token ids, and for each position whether predicting that token counts in
 // the loss (counted[0], the first token, is never predicted).
 struct SftExample {

@@ -174,15 +174,20 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
 }
 
 ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, const std::string& system, const std::string& user) {
+  std::vector<data::ChatMessage> messages;
+  if (!system.empty()) messages.push_back({"system", system});
+  messages.push_back({"user", user});
+  return chat_prompt(tokenizer, messages, data::jinja::Value::none());
+}
+
+ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, std::span<const data::ChatMessage> messages,
+                       const data::jinja::Value& tools) {
   const auto* bpe = dynamic_cast<const data::BpeTokenizer*>(&tokenizer);
   ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "a chat prompt needs a tokenizer with a chat template "
            "(tokenizer_config.json's chat_template), and ",
            bpe == nullptr ? "the byte-level tokenizer has none" : "this one has none: " + bpe->chat_template_problem());
-  std::vector<data::ChatMessage> messages;
-  if (!system.empty()) messages.push_back({"system", system});
-  messages.push_back({"user", user});
   ChatPrompt p;
-  p.text = bpe->apply_chat_template(messages, true);
+  p.text = bpe->render_chat(messages, true, tools).text;
   // the reply ends at the end-of-sequence token, or at the end-of-turn marker chat templates
   // of the Llama 3, ChatML (Qwen) and Phi families close a turn with, where the vocabulary has it
   if (tokenizer.eos_id() >= 0) p.stop_ids.push_back(tokenizer.eos_id());

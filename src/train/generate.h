@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/random.h"
+#include "data/chat_template.h"
 #include "data/tokenizer.h"
 #include "model/llama.h"
 
@@ -74,16 +75,19 @@ SampleResult sample(model::Llama& model, const data::Tokenizer& tokenizer, const
 // sample(...).text: the end-of-training sample.
 std::string generate(model::Llama& model, const data::Tokenizer& tokenizer, const SampleOptions& options);
 
-// A conversation's start for a chat model: the tokenizer's chat template (tokenizer_config.json,
-// the Llama 3 header format) over an optional system message and one user message, ending in
-// the assistant's header as add_generation_prompt writes it; and the ids that end the
-// assistant's turn (<|eot_id|> and EOS, those the tokenizer has). For SampleOptions with
-// add_bos = false (the template writes BOS itself). Throws, naming the tokenizer, without a
-// chat template.
+// A conversation's start for a chat model: the tokenizer's chat template (tokenizer_config.json's
+// chat_template) over the messages (and tool schemas, or none), ending in the assistant's header
+// as add_generation_prompt writes it; and the ids that end the assistant's turn (EOS and the
+// end-of-turn markers <|eot_id|>, <|eom_id|>, <|im_end|>, <|end|>, those the tokenizer has as
+// special tokens). For SampleOptions with add_bos = false (the template writes BOS itself).
+// Throws, naming the tokenizer, without a chat template.
 struct ChatPrompt {
   std::string text;
   std::vector<int32_t> stop_ids;
 };
+ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, std::span<const data::ChatMessage> messages,
+                       const data::jinja::Value& tools);
+// An optional system message and one user message.
 ChatPrompt chat_prompt(const data::Tokenizer& tokenizer, const std::string& system, const std::string& user);
 
 // The next token from `logits` (one per candidate id): the largest with temperature 0, else

@@ -272,6 +272,12 @@ TEST_F(CliGenerate, BadInputIsNamed) {
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --chat",
        "a chat prompt needs a tokenizer with a chat template"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --system y", "--system needs --chat"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --conversation c.json",
+       "give --prompt or --conversation, not both"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --conversation c.json --system y",
+       "a --conversation file holds its own system message"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --conversation /nonexistent/c.json",
+       "cannot open `/nonexistent/c.json` (--conversation)"},
   };
   for (const auto& [args, needle] : cases) {
     const SplitResult r = run_split(args);
@@ -335,6 +341,35 @@ TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {
     EXPECT_NE(chat.err.find("prompt " + std::to_string(expected.prompt_tokens) + " tokens"), std::string::npos)
         << chat.err;
   }
+  // --conversation: a whole conversation (as a chat data line) goes through the template
+  const std::string file = hf + "/conversation.json";
+  std::ofstream(file) << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"}], "tools": null})";
+  const SplitResult conv = run_split("generate --device cpu " + hf + " --conversation " + file + " --tokens 6 --seed 4");
+  EXPECT_EQ(conv.status, 0) << conv.err;
+  {
+    const shardtrain::train::OpenedModel m = shardtrain::train::open_model(hf);
+    const auto tok = shardtrain::train::open_tokenizer("", m);
+    SampleOptions o = sample_options("", 6, 0.8, 40, 1, 4);
+    const std::vector<shardtrain::data::ChatMessage> messages = {
+        {"system", "Be brief."}, {"user", "Hi"}, {"assistant", "Hello."}, {"user", "Bye?"}};
+    const shardtrain::train::ChatPrompt p =
+        shardtrain::train::chat_prompt(*tok, messages, shardtrain::data::jinja::Value::none());
+    EXPECT_NE(p.text.find("Hello.<|eot_id|>"), std::string::npos) << p.text;
+    o.prompt = p.text;
+    o.stop_ids = p.stop_ids;
+    o.add_bos = false;
+    o.context_limit = shardtrain::train::ContextLimit::kStop;
+    const shardtrain::train::SampleResult expected = shardtrain::train::sample(*m.model, *tok, o);
+    EXPECT_EQ(conv.out, expected.text.substr(p.text.size()) + "\n");
+    EXPECT_NE(conv.err.find("prompt " + std::to_string(expected.prompt_tokens) + " tokens"), std::string::npos)
+        << conv.err;
+  }
+  std::ofstream(file) << R"({"messages": [{"role": "user"}]})";
+  const SplitResult bad = run_split("generate --device cpu " + hf + " --conversation " + file);
+  EXPECT_EQ(bad.status, 1);
+  EXPECT_NE(bad.err.find("conversation.json` (--conversation): message 0: no field `content`"), std::string::npos)
+      << bad.err;
   std::filesystem::remove_all(hf);
 }
 
