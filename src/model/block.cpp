@@ -326,27 +326,43 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx, "x2");
 }
 
-// The MLP's inner tensors for some token rows: gate and up (the halves of one stacked
-// product when the weights are stacked) and, with `with_h`, h = silu(gate) * up.
+// The MLP's inner tensors for R token rows: gate and up (the halves of one stacked product
+// when the weights are stacked) and, with `with_h`, h = silu(gate) * up (allocated first).
 struct MlpRows {
   Tensor gate_up_R2F, gate_RF, up_RF, h_RF;
 };
-MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx, int64_t F, bool with_h) {
-  const int64_t R = xn2_RD.size(0);
+MlpRows mlp_tensors(int64_t R, const Tensor& like_RD, const BlockWeights& w, const BlockContext& ctx, int64_t F,
+                    bool with_h) {
   MlpRows m;
-  if (with_h) m.h_RF = like({R, F}, xn2_RD, "h");
+  if (with_h) m.h_RF = like({R, F}, like_RD, "h");
   if (gate_up_stacked(w, ctx)) {
     // one product for both; gate and up the halves of each token's row
-    m.gate_up_R2F = like({R, 2 * F}, xn2_RD, "gate|up");
-    ops::linear_forward(m.gate_up_R2F, xn2_RD, w.w_gate_up_2FD);
+    m.gate_up_R2F = like({R, 2 * F}, like_RD, "gate|up");
     m.gate_RF = m.gate_up_R2F.slice(1, 0, F);
     m.up_RF = m.gate_up_R2F.slice(1, F, 2 * F);
   } else {
-    m.gate_RF = like({R, F}, xn2_RD, "gate");
-    m.up_RF = like({R, F}, xn2_RD, "up");
-    ops::linear_forward(m.gate_RF, xn2_RD, w.w_gate_FD);
-    ops::linear_forward(m.up_RF, xn2_RD, w.w_up_FD);
+    m.gate_RF = like({R, F}, like_RD, "gate");
+    m.up_RF = like({R, F}, like_RD, "up");
   }
+  return m;
+}
+
+// gate and up of rows [first, end) of `m` from those rows of the MLP norm's output.
+void gate_up_products(const MlpRows& m, const Tensor& xn2_rows, int64_t first, int64_t end, const BlockWeights& w) {
+  if (m.gate_up_R2F.defined()) {
+    Tensor out = m.gate_up_R2F.slice(0, first, end);
+    ops::linear_forward(out, xn2_rows, w.w_gate_up_2FD);
+    return;
+  }
+  Tensor gate = m.gate_RF.slice(0, first, end), up = m.up_RF.slice(0, first, end);
+  ops::linear_forward(gate, xn2_rows, w.w_gate_FD);
+  ops::linear_forward(up, xn2_rows, w.w_up_FD);
+}
+
+MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx, int64_t F, bool with_h) {
+  const int64_t R = xn2_RD.size(0);
+  MlpRows m = mlp_tensors(R, xn2_RD, w, ctx, F, with_h);
+  gate_up_products(m, xn2_RD, 0, R, w);
   if (with_h) ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
   return m;
 }
@@ -355,23 +371,13 @@ MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockCon
 // a.xn2_BTD receives all rows), kept in `a`.
 void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx,
                const Dims& d) {
-  MlpRows m;
-  if (gate_up_stacked(w, ctx)) {
-    m.h_RF = like({d.BT, d.F}, xn2_RD, "h");  // allocated first, as mlp_products does
-    m.gate_up_R2F = like({d.BT, 2 * d.F}, xn2_RD, "gate|up");
-    Tensor xn2_TD;
-    over_all_rows(xn2_TD, xn2_RD, ctx, d, "xn2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
-      Tensor out = m.gate_up_R2F.slice(0, first, end);
-      ops::linear_forward(out, in, w.w_gate_up_2FD);
-    });
-    a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
-    m.gate_RF = m.gate_up_R2F.slice(1, 0, d.F);
-    m.up_RF = m.gate_up_R2F.slice(1, d.F, 2 * d.F);
-    ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
-  } else {
-    a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
-    m = mlp_products(a.xn2_BTD.view({d.BT, d.D}), w, ctx, d.F, true);
-  }
+  MlpRows m = mlp_tensors(d.BT, xn2_RD, w, ctx, d.F, true);
+  Tensor xn2_TD;
+  over_all_rows(xn2_TD, xn2_RD, ctx, d, "xn2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+    gate_up_products(m, in, first, end, w);
+  });
+  a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
+  ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
   a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
   if (m.gate_up_R2F.defined()) {
     a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
