@@ -7,7 +7,7 @@
 
 namespace shardtrain::ops::cuda {
 
-int grid_for(int64_t n, int threads) {
+int sm_count(int device) {
   static std::once_flag once;
   static std::vector<int> sms;
   std::call_once(once, [] {
@@ -17,10 +17,15 @@ int grid_for(int64_t n, int threads) {
     for (int d = 0; d < count; ++d) ST_CUDA_CHECK(cudaDeviceGetAttribute(&sms[static_cast<size_t>(d)],
                                                                          cudaDevAttrMultiProcessorCount, d));
   });
+  ST_ASSERT(device >= 0 && static_cast<size_t>(device) < sms.size(), "CUDA device ", device, " of ", sms.size());
+  return sms[static_cast<size_t>(device)];
+}
+
+int grid_for(int64_t n, int threads) {
   int dev = 0;
   ST_CUDA_CHECK(cudaGetDevice(&dev));
   const int64_t needed = (n + threads - 1) / threads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sms[static_cast<size_t>(dev)]} * 8)));
+  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(needed, int64_t{sm_count(dev)} * 8)));
 }
 
 bool packable(std::initializer_list<const Tensor*> tensors, int64_t n, size_t element_bytes) {

@@ -50,6 +50,8 @@ bool packable(std::initializer_list<const Tensor*> tensors, int64_t n, size_t el
 
 // Blocks for a grid-stride loop over n items: enough to fill every SM a few times over.
 int grid_for(int64_t n, int threads);
+// The SMs of CUDA device `device` (queried once per device).
+int sm_count(int device);
 
 void check_cuda_tensor(const Tensor& t, const char* op, const char* arg);
 

@@ -63,19 +63,6 @@ struct GemmKey {
 
 std::atomic<size_t> g_cached_algorithms{0};  // entries of every device's Lt::algos
 
-int sm_count(int device) {
-  static std::mutex m;
-  static std::map<int, int> counts;
-  std::lock_guard<std::mutex> lock(m);
-  auto it = counts.find(device);
-  if (it == counts.end()) {
-    int n = 0;
-    ST_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    it = counts.emplace(device, n).first;
-  }
-  return it->second;
-}
-
 // One handle and workspace per device; algorithms cached per problem.
 struct Lt {
   cublasLtHandle_t handle = nullptr;
