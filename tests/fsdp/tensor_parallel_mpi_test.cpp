@@ -24,6 +24,7 @@
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
+#include "testing/shard_parts.h"
 #include "testing/shared_data.h"
 #include "testing/training_curves.h"
 #include "train/checkpoint.h"
@@ -36,38 +37,11 @@ namespace {
 // f64 on both sides: the group's partial sums add the same products in another order.
 constexpr testing::Tolerance kRanksF64{1e-12, 1e30, 1e30};
 
-// A contiguous copy of a view.
-Tensor copy_of(const Tensor& view) {
-  Tensor t = Tensor::empty(view.shape(), view.dtype(), view.device(), "test copy");
-  copy(t, view);
-  return t;
-}
+using testing::copy_of;
+using testing::expect_parts_match;
 
 // Ranks per tensor-parallel group in the trainer tests: 2 where it divides the run, else all.
 int group_size(int world) { return world % 2 == 0 ? 2 : world; }
-
-// Every element of this rank's part of each parameter (in `store`'s shards, or its gradient
-// shards) against the whole parameter `whole(name)` of a resident model.
-template <typename Whole>
-void expect_parts_match(const fsdp::ShardedUnitStore& store, const std::vector<Tensor>& shards, Whole&& whole,
-                        const testing::Tolerance& tol, const std::string& what) {
-  const model::ModelLayout& layout = store.layout();
-  for (size_t u = 0; u < layout.units().size(); ++u)
-    for (const model::ShardRange& r : model::shard_ranges(layout.units()[u], store.unit_comm(u).rank())) {
-      const Tensor full = whole(r.spec->name);
-      ASSERT_EQ(full.numel(), r.spec->full_numel()) << r.spec->name;
-      Tensor mine = Tensor::empty({r.count}, DType::kF64, Device::cpu(), "part");
-      Tensor ref = Tensor::empty({r.count}, DType::kF64, Device::cpu(), "reference part");
-      model::for_each_run(*r.spec, r.first, r.count, [&](int64_t full_first, int64_t local_first, int64_t n) {
-        Tensor m = mine.flat_range(local_first - r.first, n), f = ref.flat_range(local_first - r.first, n);
-        ops::cast(m, shards[u].flat_range(r.shard_offset + (local_first - r.first), n));
-        ops::cast(f, full.view({full.numel()}).flat_range(full_first, n));
-      });
-      EXPECT_TRUE(testing::all_close(mine, ref, tol)) << what << ": " << r.spec->name << " elements [" << r.first
-                                                      << ", " << r.first + r.count << ") of its part on rank "
-                                                      << store.rank();
-    }
-}
 
 struct ModelVariant {
   const char* name;
@@ -332,20 +306,10 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   fsdp::ShardedUnitStore single_store(one, single.get(), {});
   optim::AdamW single_opt(one, 0, {}, DType::kF32, Device::cpu());
   train::load_checkpoint(info, single_store, &single_opt);
-  auto whole = [&](const fsdp::ShardedUnitStore& s) {
-    return [&s](const std::string& n) {
-      const model::ModelLayout::Location loc = s.layout().locate(n);
-      return s.master_shards()[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset, loc.spec->numel());
-    };
-  };
-  expect_parts_match(straight.store(), straight.store().master_shards(), whole(single_store), testing::kExact,
+  const auto whole = testing::whole_params(single_store, single_store.master_shards());
+  expect_parts_match(straight.store(), straight.store().master_shards(), whole, testing::kExact,
                      "2-D -> 1");
-  auto state = [&](const std::vector<Tensor>& v) {
-    return [&v, &one](const std::string& n) {
-      const model::ModelLayout::Location loc = one.locate(n);
-      return v[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset, loc.spec->numel());
-    };
-  };
+  auto state = [&](const std::vector<Tensor>& v) { return testing::whole_params(single_store, v); };
   expect_parts_match(straight.store(), straight.optimizer().exp_avg(), state(single_opt.exp_avg()), testing::kExact,
                      "2-D -> 1, exp_avg");
   expect_parts_match(straight.store(), straight.optimizer().exp_avg_sq(), state(single_opt.exp_avg_sq()),
@@ -356,7 +320,7 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   for (const model::UnitLayout& u : one.units())
     for (const model::ParamSpec& p : u.params)
       EXPECT_TRUE(testing::all_close(exported.files().front()->read_as(p.name, DType::kF32).view({p.numel()}),
-                                     whole(single_store)(p.name), testing::kExact))
+                                     whole(p.name), testing::kExact))
           << "exported " << p.name;
 
   // one rank writes it again; the 2-D mesh loads that
@@ -365,7 +329,7 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   fsdp::ShardedUnitStore reloaded(straight.store().layout(), comm.get(), {}, Device::cpu(),
                                   &straight.mesh().data_parallel());
   train::load_checkpoint(train::read_checkpoint_info(root + "/one/step_00000006"), reloaded, nullptr);
-  expect_parts_match(reloaded, reloaded.master_shards(), whole(single_store), testing::kExact, "1 -> 2-D");
+  expect_parts_match(reloaded, reloaded.master_shards(), whole, testing::kExact, "1 -> 2-D");
 
   // resumed at step 3, the 2-D run continues with the same losses
   train::JobConfig resumed_job = c;

@@ -1,0 +1,52 @@
+// Checking a sharded store's slices against whole parameters (tests of several ranks and meshes).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "fsdp/sharded_store.h"
+#include "ops/elementwise.h"
+#include "testing/compare.h"
+
+namespace shardtrain::testing {
+
+// A contiguous copy of a view.
+inline Tensor copy_of(const Tensor& view) {
+  Tensor t = Tensor::empty(view.shape(), view.dtype(), view.device(), "test copy");
+  copy(t, view);
+  return t;
+}
+
+// Every element of this rank's part of each parameter (in `store`'s shards, or its gradient
+// shards, or optimizer state laid out as they are) against the whole parameter `whole(name)`.
+template <typename Whole>
+void expect_parts_match(const fsdp::ShardedUnitStore& store, const std::vector<Tensor>& shards, Whole&& whole,
+                        const Tolerance& tol, const std::string& what) {
+  const model::ModelLayout& layout = store.layout();
+  for (size_t u = 0; u < layout.units().size(); ++u)
+    for (const model::ShardRange& r : model::shard_ranges(layout.units()[u], store.unit_comm(u).rank())) {
+      const Tensor full = whole(r.spec->name);
+      ASSERT_EQ(full.numel(), r.spec->full_numel()) << r.spec->name;
+      Tensor mine = Tensor::empty({r.count}, DType::kF64, Device::cpu(), "part");
+      Tensor ref = Tensor::empty({r.count}, DType::kF64, Device::cpu(), "reference part");
+      model::for_each_run(*r.spec, r.first, r.count, [&](int64_t full_first, int64_t local_first, int64_t n) {
+        Tensor m = mine.flat_range(local_first - r.first, n), f = ref.flat_range(local_first - r.first, n);
+        ops::cast(m, shards[u].flat_range(r.shard_offset + (local_first - r.first), n));
+        ops::cast(f, full.view({full.numel()}).flat_range(full_first, n));
+      });
+      EXPECT_TRUE(all_close(mine, ref, tol)) << what << ": " << r.spec->name << " elements [" << r.first << ", "
+                                             << r.first + r.count << ") of its part on rank " << store.rank();
+    }
+}
+
+// The whole parameters of a one-rank store (its master shards, or state laid out as they are).
+inline auto whole_params(const fsdp::ShardedUnitStore& s, const std::vector<Tensor>& shards) {
+  return [&s, &shards](const std::string& n) {
+    const model::ModelLayout::Location loc = s.layout().locate(n);
+    return shards[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset, loc.spec->numel());
+  };
+}
+
+}  // namespace shardtrain::testing
