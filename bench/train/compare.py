@@ -29,7 +29,10 @@ Presets (sequence 4096, random tokens, the shapes of BENCHMARKS.md):
       so a -tp2 row's batch/GPU column reads "8 / 2 GPUs". Rows:
         ours-bs4, ours-bs8-tp2, ours-bs8-full, ours-bs8-full-tp2, ours-bs16-full-tp2,
         peer-compile-bs4, peer-compile-bs8-tp2, peer-eager-bs8-tp2, peer-compile-bs8-full,
-        peer-compile-bs8-full-tp2, peer-compile-bs16-full-tp2
+        peer-compile-bs8-full-tp2, peer-compile-bs16-full-tp2,
+      and hybrid sharding with 2 replicas (-rep2: the trainer's parallel.replicate, the peer's
+      fully_shard on a (replicate, shard) mesh; on 2 GPUs, replicas of one GPU each: DDP):
+        ours-bs4-rep2, ours-bs4-shards-rep2, peer-compile-bs4-rep2
   8b  G GPUs of one host (--gpus, default 2), Llama-3.1-8B shape, sharded, every row
       started by torchrun; 4 timed steps after 2 warm-up on both sides; --batch is per
       GPU. NCCL_NVLS_ENABLE=0 is set unless the environment already sets it. Rows:
@@ -106,6 +109,7 @@ class Row:
     accum: int = 1  # ours only: micro-batches per optimizer step
     shards: bool = False  # ours only: --compute-shards (the trainer's parallel.compute_shards)
     tp: int = 1  # GPUs per tensor-parallel group, sharing `batch` (then per group, not per GPU)
+    replicate: int = 1  # replicas of the sharded model (HSDP; the GPUs: DDP)
 
     @property
     def batch_text(self) -> str:
@@ -126,16 +130,16 @@ class Preset:
     rows: tuple
 
 
-def _ours(batch: int, ac: str = "none", accum: int = 1, shards: bool = False, tp: int = 1) -> Row:
+def _ours(batch: int, ac: str = "none", accum: int = 1, shards: bool = False, tp: int = 1, rep: int = 1) -> Row:
     name = (f"ours-bs{batch}" + ("" if accum == 1 else f"x{accum}") + ("" if ac == "none" else f"-{ac}")
-            + ("-shards" if shards else "") + ("" if tp == 1 else f"-tp{tp}"))
-    return Row(name, "ours", batch, ac, accum=accum, shards=shards, tp=tp)
+            + ("-shards" if shards else "") + ("" if tp == 1 else f"-tp{tp}") + ("" if rep == 1 else f"-rep{rep}"))
+    return Row(name, "ours", batch, ac, accum=accum, shards=shards, tp=tp, replicate=rep)
 
 
-def _peer(batch: int, compile_: bool, ac: str = "none", tp: int = 1) -> Row:
+def _peer(batch: int, compile_: bool, ac: str = "none", tp: int = 1, rep: int = 1) -> Row:
     mode = "compile" if compile_ else "eager"
-    return Row(f"peer-{mode}-bs{batch}" + ("" if ac == "none" else f"-{ac}") + ("" if tp == 1 else f"-tp{tp}"),
-               "peer", batch, ac, compile_, tp=tp)
+    return Row(f"peer-{mode}-bs{batch}" + ("" if ac == "none" else f"-{ac}") + ("" if tp == 1 else f"-tp{tp}")
+               + ("" if rep == 1 else f"-rep{rep}"), "peer", batch, ac, compile_, tp=tp, replicate=rep)
 
 
 PRESETS = {
@@ -157,7 +161,8 @@ PRESETS = {
         steps={"ours": (6, 2), "peer": (6, 3)},
         rows=(_ours(4), _ours(8, tp=2), _ours(8, "full"), _ours(8, "full", tp=2), _ours(16, "full", tp=2),
               _peer(4, True), _peer(8, True, tp=2), _peer(8, False, tp=2), _peer(8, True, "full"),
-              _peer(8, True, "full", tp=2), _peer(16, True, "full", tp=2)),
+              _peer(8, True, "full", tp=2), _peer(16, True, "full", tp=2),
+              _ours(4, rep=2), _ours(4, shards=True, rep=2), _peer(4, True, rep=2)),
     ),
     "8b": Preset(
         shape="8b",
@@ -178,8 +183,11 @@ def engine_label(row: Row, multi_gpu: bool) -> str:
             engine += " + shards" if multi_gpu else ", shards"
         if row.tp > 1:
             engine += f" x TP{row.tp}"
+        if row.replicate > 1:
+            engine += f", {row.replicate} replicas"
         return engine if multi_gpu else engine + ")"
-    peer = "HF + FSDP2" + (f" x TP{row.tp}" if row.tp > 1 else "")
+    peer = "HF + FSDP2" + (f" x TP{row.tp}" if row.tp > 1 else "") + (
+        f" HSDP ({row.replicate} replicas)" if row.replicate > 1 else "")
     return peer + (" + compile" if row.compile else " eager")
 
 
@@ -212,6 +220,8 @@ def build_plan(row: Row, preset: Preset, opts: argparse.Namespace) -> Plan:
         args += ["--ac", row.ac]
     if row.tp > 1:
         args += ["--tp", str(row.tp)]
+    if row.replicate > 1:
+        args += ["--replicate", str(row.replicate)]
     env, prepend = {}, {}
     if preset.multi_gpu and "NCCL_NVLS_ENABLE" not in os.environ:
         env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the lent machines

@@ -29,6 +29,7 @@ and energy per token over the timed steps, as train_bench does.
                                     [--offload-activations]
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --tp 2 --batch 8 ...
+  torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --replicate 2 --batch 4 ...   # HSDP (here DDP)
 --device cpu (gloo, f32, with --shape tiny) checks the script on a machine without a GPU; it
 times nothing worth reporting.
 """
@@ -205,6 +206,9 @@ def main():
     p.add_argument("--shape", choices=["1b", "8b", "tiny"], default="1b",
                    help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions; tiny for --device cpu checks")
     p.add_argument("--tp", type=int, default=1, help="GPUs per tensor-parallel group (torchtitan's 2-D plan)")
+    p.add_argument("--replicate", type=int, default=1,
+                   help="HSDP: fully_shard on a (replicate, shard) mesh of this many replicas (torchtitan's "
+                        "data_parallel_replicate_degree); the world size is DDP")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
     a = p.parse_args()
@@ -217,6 +221,8 @@ def main():
     os.environ.setdefault("MASTER_PORT", "29513")
     if world % a.tp:
         p.error(f"--tp {a.tp} must divide the {world} ranks")
+    if world % a.replicate or (a.replicate > 1 and a.tp > 1):
+        p.error(f"--replicate {a.replicate} must divide the {world} ranks, without --tp")
     cuda = a.device == "cuda"
     if cuda:
         torch.cuda.set_device(local)
@@ -242,6 +248,10 @@ def main():
     if a.tp > 1:
         dp_mesh = parallelize_2d(model, a.tp, world, a.device)
         model.forward = forward_2d(model)
+    elif a.replicate > 1:
+        from torch.distributed.device_mesh import init_device_mesh
+        dp_mesh = init_device_mesh(a.device, (a.replicate, world // a.replicate),
+                                   mesh_dim_names=("replicate", "shard"))
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if cuda else torch.float32, reduce_dtype=torch.float32)
     offload = CPUOffloadPolicy(pin_memory=True) if a.cpu_offload else OffloadPolicy()
     for i, layer in enumerate(model.model.layers):
@@ -311,6 +321,7 @@ def main():
     dist.all_reduce(peak_mem, op=dist.ReduceOp.MAX)
     peak_gib = peak_mem.item()
     label = "HF + FSDP2" + (f" x TP{a.tp} (torchtitan's plan)" if a.tp > 1 else "") \
+        + (f" HSDP ({a.replicate} replicas)" if a.replicate > 1 else "") \
         + (" + compile" if a.compile else " eager") + (", CPU offload" if a.cpu_offload else "") \
         + (", activations offloaded" if a.offload_activations else "")
     say(f"| {label} | {a.ac} | {a.batch} | {tps:.0f} | {100 * mfu:.1f} % | {peak_gib:.1f} | |")
@@ -318,7 +329,7 @@ def main():
         say(f"# GPU{' of rank 0' if world > 1 else ''} over the timed steps: {power['gpu_power_w']:.0f} W, "
             f"SM {power['gpu_sm_mhz']} MHz, power-capped {100 * power['gpu_power_capped']:.0f} %; "
             f"{power['mj_per_token']:.2f} mJ per token")
-    say(json.dumps(dict(engine=label, shape=a.shape, gpus=world, tp=a.tp, ac=a.ac, batch=a.batch, seq=a.seq,
+    say(json.dumps(dict(engine=label, shape=a.shape, gpus=world, tp=a.tp, replicate=a.replicate, ac=a.ac, batch=a.batch, seq=a.seq,
                         tokens_per_s_per_gpu=round(tps, 1), mfu=round(mfu, 4), peak_gib=round(peak_gib, 2),
                         **power)))
     dist.destroy_process_group()

@@ -15,6 +15,9 @@
 // per GPU, and the time the compute stream stood waiting on gathers and reductions is reported.
 // --tp N: groups of N GPUs split each block's heads and FFN columns and each batch's token
 // rows (the trainer's parallel.tensor_parallel); a group shares its --batch sequences.
+// --replicate R: the data-parallel ranks form R replicas, each sharding the model over its own
+// ranks, with the reduced gradient shards summed between replicas (the trainer's
+// parallel.replicate, HSDP; R = the data-parallel ranks is DDP).
 //
 //   train_bench [--shape 1b|8b] [--batch 4] [--accum 1] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
@@ -23,7 +26,7 @@
 //               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
 //               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0]
 //               [--mlp-chunk -1 (auto, as the trainer; 0: at once)] [--documents 0] [--device cuda|cpu]
-//               [--tp 1]
+//               [--tp 1] [--replicate 1]
 // --compute-shards: AdamW writes a bf16 copy of the master shards that the forward and
 // backward use (one GPU: in place; several: gathered without a cast), as the trainer's
 // parallel.compute_shards = on.
@@ -105,6 +108,7 @@ struct Args {
   int64_t documents = 0;  // tokens per packed document; 0: none
   int64_t offload_activation_blocks = 0;  // -1: the trainer's automatic choice; 0: every token at once
   int64_t tp = 1;  // ranks per tensor-parallel group
+  int64_t replicate = 1;  // replicas of the sharded model (HSDP)
   std::string device = "cuda";
   std::string gemm = "heuristic";
 };
@@ -134,6 +138,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--offload-activation-blocks") a.offload_activation_blocks = std::stoll(next());
     else if (k == "--untied") a.tied = false;
     else if (k == "--tp") a.tp = std::stoll(next());
+    else if (k == "--replicate") a.replicate = std::stoll(next());
     else if (k == "--reduce-bf16") a.reduce_bf16 = true;
     else if (k == "--graph") a.graph = true;
     else if (k == "--documents") a.documents = std::stoll(next());
@@ -219,7 +224,10 @@ int main(int argc, char** argv) try {
   c.tie_embeddings = a.tied;
   c.validate("bench.");
   ST_CHECK(a.tp >= 1 && world % a.tp == 0, "train_bench: --tp ", a.tp, " must divide the ", world, " ranks");
-  const fsdp::DeviceMesh mesh(comm.get(), model::Mesh{world / static_cast<int>(a.tp), static_cast<int>(a.tp)});
+  ST_CHECK(a.replicate >= 1 && (world / a.tp) % a.replicate == 0, "train_bench: --replicate ", a.replicate,
+           " must divide the ", world / a.tp, " data-parallel ranks");
+  const fsdp::DeviceMesh mesh(comm.get(), model::Mesh{world / static_cast<int>(a.tp), static_cast<int>(a.tp),
+                                                      static_cast<int>(a.replicate)});
   const int64_t dp = mesh.shape().data_parallel;
   const model::ModelLayout layout = model::ModelLayout::llama(c, mesh.shape(), mesh.tp_rank());
   fsdp::ShardingOptions so;
@@ -231,7 +239,7 @@ int main(int argc, char** argv) try {
   so.offload_grads = !a.offload_gpu_grads;
   ST_CHECK(a.offload || !a.offload_gpu_grads, "train_bench: --offload-gpu-grads goes with --offload");
   ST_CHECK(!a.offload || !a.graph, "train_bench: --offload runs eagerly (no --graph)");
-  fsdp::ShardedUnitStore store(layout, comm.get(), so, dev, &mesh.data_parallel());
+  fsdp::ShardedUnitStore store(layout, mesh, so, dev);
   const Clock::time_point t_init = Clock::now();
   store.init_random(1234, c.init_std);
   model::Llama m(c, layout, &store, compute, dev);
@@ -273,7 +281,8 @@ int main(int argc, char** argv) try {
   // per GPU and optimizer step (a tensor-parallel group's GPUs share their rank's tokens)
   const double tokens = static_cast<double>(a.batch * a.accum * a.seq) / static_cast<double>(a.tp);
   say(detail::concat("# ", device_name, " x ", world,
-                     a.tp > 1 ? detail::concat(" (", dp, " data-parallel x ", a.tp, " tensor-parallel)") : "", ", ",
+                     a.tp > 1 ? detail::concat(" (", dp, " data-parallel x ", a.tp, " tensor-parallel)") : "",
+                     a.replicate > 1 ? detail::concat(" in ", a.replicate, " replicas (HSDP)") : "", ", ",
                      c.summary(), "; init ",
                      std::chrono::duration<double>(Clock::now() - t_init).count(), " s; loss chunk ",
                      o.loss_chunk_tokens, " tokens; MLP piece ",
@@ -338,7 +347,7 @@ int main(int argc, char** argv) try {
     double norm = 0;
     if (landed) {
       norm = optim::grad_norm_from_sum_squares(*landed, comm.get());
-    } else if (a.tp > 1) {  // as the trainer: a group's replicated norms count once
+    } else if (a.tp > 1 || a.replicate > 1) {  // as the trainer: copies of a gradient count once
       const std::vector<Tensor> parts = store.grad_norm_parts();
       std::vector<const Tensor*> views;
       for (const Tensor& p : parts) views.push_back(&p);
@@ -433,6 +442,7 @@ int main(int argc, char** argv) try {
   if (const std::string peak = describe_peak_breakdown(allocator_for(dev)); !peak.empty()) say("# " + peak);
   std::string label = world > 1 ? detail::concat("shardtrain, ", world, " GPUs") : "shardtrain";
   if (a.tp > 1) label += detail::concat(" (", dp, " x ", a.tp, " tensor-parallel)");
+  if (a.replicate > 1) label += detail::concat(", ", a.replicate, " replicas");
   if (a.offload) label += ", ZeRO offload";
   if (a.offload_activations) label += ", activations offloaded";
   const std::string wait_part =
@@ -452,11 +462,11 @@ int main(int argc, char** argv) try {
                 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
   say(row);
   std::snprintf(row, sizeof row,
-                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"tp\": %lld, \"ac\": \"%s\", \"batch\": %lld, "
+                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"tp\": %lld, \"replicate\": %lld, \"ac\": \"%s\", \"batch\": %lld, "
                 "\"accum\": %lld, \"seq\": %lld, "
                 "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
                 "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f%s}\n",
-                world, static_cast<long long>(a.tp), model::checkpointing_name(a.ac), static_cast<long long>(a.batch),
+                world, static_cast<long long>(a.tp), static_cast<long long>(a.replicate), model::checkpointing_name(a.ac), static_cast<long long>(a.batch),
                 static_cast<long long>(a.accum),
                 static_cast<long long>(a.seq), tps,
                 mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed, gpu_fields.c_str());

@@ -162,14 +162,35 @@ bool ShardedUnitStore::unit_update_pending(size_t u) const {
 ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm,
                                    const ShardingOptions& options, Device device, dist::Communicator* block_comm)
     : layout_(&layout), comm_(comm), options_(options), device_(device) {
-  ST_CHECK(layout.world_size() == comm->world_size(), "sharded store: layout padded for ", layout.world_size(),
-           " ranks but the communicator has ", comm->world_size());
+  ST_ASSERT(layout.mesh().replicate == 1, "sharded store: a layout of ", layout.mesh().replicate,
+            " replicas needs the mesh's communicators");
+  init(comm, block_comm);
+}
+
+ShardedUnitStore::ShardedUnitStore(const model::ModelLayout& layout, const DeviceMesh& mesh,
+                                   const ShardingOptions& options, Device device)
+    : layout_(&layout), comm_(&mesh.world()), options_(options), device_(device) {
+  ST_ASSERT(layout.mesh().replicate == mesh.shape().replicate && layout.mesh().world() == mesh.shape().world(),
+            "sharded store: layout and mesh differ");
+  across_ = mesh.across_replicas();
+  init(&mesh.replica(), &mesh.block_shards());
+}
+
+void ShardedUnitStore::init(dist::Communicator* shards, dist::Communicator* blocks) {
+  const model::ModelLayout& layout = *layout_;
+  const ShardingOptions& options = options_;
+  const Device device = device_;
+  ST_CHECK(layout.world_size() == comm_->world_size(), "sharded store: layout padded for ", layout.world_size(),
+           " ranks but the communicator has ", comm_->world_size());
+  unsharded_ = true;
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const model::UnitLayout& unit = layout.units()[u];
-    dist::Communicator* c = unit.ranks == comm->world_size() ? comm : block_comm;
-    ST_ASSERT(c != nullptr && c->world_size() == unit.ranks && c->rank() == layout.shard_index(u, comm->rank()),
+    const bool split = unit.kind == model::UnitKind::kBlock && layout.mesh().tensor_parallel > 1;
+    dist::Communicator* c = split ? blocks : shards;
+    ST_ASSERT(c != nullptr && c->world_size() == unit.ranks && c->rank() == layout.shard_index(u, comm_->rank()),
               "sharded store: unit ", unit.name, " is sharded over ", unit.ranks, " ranks; no communicator of them");
     unit_comms_.push_back(c);
+    unsharded_ = unsharded_ && c->world_size() == 1;
   }
   ST_CHECK(!options.offload || device.is_cuda(), "offloading the shards to host memory (parallel.offload) is for "
            "training on GPUs; this run is on ", device.str(), ", where they are in host memory already");
@@ -242,7 +263,7 @@ int64_t ShardedUnitStore::pinned_bytes() const {
 }
 
 bool ShardedUnitStore::params_aliased() const {
-  return comm_->world_size() == 1 && options_.compute_dtype == options_.master_dtype && !options_.offload;
+  return unsharded_ && options_.compute_dtype == options_.master_dtype && !options_.offload;
 }
 
 bool ShardedUnitStore::grads_aliased() const {
@@ -431,6 +452,7 @@ void ShardedUnitStore::reduce(size_t u) {
     reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
     unit_comms_[u]->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
   }
+  if (across_ != nullptr) across_->all_reduce(reduced, dist::ReduceOp::kSum, stream);  // the other replicas' rows
   if (reduced.dtype() != options_.master_dtype) {
     Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard", stream);
     ops::cast(r, reduced, stream);
@@ -559,7 +581,7 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
     const model::UnitLayout& unit = layout_->units()[u];
     const int64_t s = master_[u].numel();
     // a block split by tensor parallelism comes once per part, for the ranks holding it
-    const bool split = unit.ranks != comm_->world_size();
+    const bool split = unit.kind == model::UnitKind::kBlock && mesh.tensor_parallel > 1;
     for (int t = 0; t < (split ? mesh.tensor_parallel : 1); ++t) {
       Tensor full = Tensor::empty({s * unit.ranks}, options_.master_dtype, Device::cpu(), "unit from rank 0");
       if (rank == 0) {
@@ -603,6 +625,7 @@ std::vector<Tensor> ShardedUnitStore::grad_norm_parts() {
   std::vector<Tensor>& grads = grad_shards();
   const bool counts_replicated = layout_->tp_rank() == 0;
   std::vector<Tensor> parts;
+  if (layout_->mesh().replica(comm_->rank()) != 0) return parts;
   for (size_t u = 0; u < grads.size(); ++u) {
     int64_t kept_from = 0;  // the shard's elements since the last range left out
     if (!counts_replicated)
@@ -621,7 +644,7 @@ std::vector<Tensor> ShardedUnitStore::grad_norm_parts() {
 }
 
 std::optional<double> ShardedUnitStore::landed_grad_sum_squares() const {
-  if (layout_->mesh().tensor_parallel > 1) return std::nullopt;
+  if (layout_->mesh().tensor_parallel > 1 || layout_->mesh().replicate > 1) return std::nullopt;
   if (options_.offload && !grads_on_host()) {
     // the shards are on the GPU: summed there, in a fixed order
     Tensor sums = Tensor::empty({static_cast<int64_t>(grad_.size())}, DType::kF64, device_, "gradient sums of squares");

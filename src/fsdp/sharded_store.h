@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "dist/communicator.h"
+#include "fsdp/tensor_parallel.h"
 #include "model/layout.h"
 #include "model/unit_store.h"
 
@@ -65,6 +66,11 @@ class ShardedUnitStore final : public model::UnitStore {
   // sharded over `comm`.
   ShardedUnitStore(const model::ModelLayout& layout, dist::Communicator* comm, const ShardingOptions& options,
                    Device device = Device::cpu(), dist::Communicator* block_comm = nullptr);
+  // On any mesh (the layout's): units sharded over the ranks of this rank's replica (a block
+  // split by tensor parallelism over the replica's data-parallel ranks holding its part), and
+  // with several replicas (HSDP) each reduced gradient shard summed over the replicas.
+  ShardedUnitStore(const model::ModelLayout& layout, const DeviceMesh& mesh, const ShardingOptions& options,
+                   Device device = Device::cpu());
 
   Tensor acquire_params(size_t unit, model::Pass pass) override;
   void release_params(size_t unit, model::Pass pass) override;
@@ -108,11 +114,12 @@ class ShardedUnitStore final : public model::UnitStore {
   // cleared shard (one micro-batch per step); or from the shards themselves where they stay
   // on the GPU (offload_grads off). Nothing otherwise (gradient accumulation with offloaded
   // gradients, no offload): then sum the shards themselves.
-  // Nothing with tensor parallelism (grad_norm_parts() then).
+  // Nothing with tensor parallelism or replicas (grad_norm_parts() then).
   std::optional<double> landed_grad_sum_squares() const;
   // The gradient, as the global norm counts it: this rank's gradient shards, less the ranges
   // of parameters replicated over a tensor-parallel group (ParamSpec::replicated) on every
-  // rank of the group but its rank 0 (their gradients are equal there, and count once).
+  // rank of the group but its rank 0 (their gradients are equal there, and count once), and
+  // none at all outside the first replica (the others hold the same gradients).
   // Views into grad_shards(); summing their squares over all ranks gives the norm's square.
   std::vector<Tensor> grad_norm_parts();
 
@@ -205,15 +212,19 @@ class ShardedUnitStore final : public model::UnitStore {
 
   const model::ModelLayout* layout_;
   dist::Communicator* comm_;
-  std::vector<dist::Communicator*> unit_comms_;  // [unit] comm_, or the block communicator
+  std::vector<dist::Communicator*> unit_comms_;  // [unit] the ranks sharding it
+  dist::Communicator* across_ = nullptr;         // the same slices in the other replicas (HSDP)
+  bool unsharded_ = false;                       // every unit whole on this rank (one rank, or DDP)
+  // The constructors' common part: `shards` shard the embedding and head, `blocks` the blocks.
+  void init(dist::Communicator* shards, dist::Communicator* blocks);
   ShardingOptions options_;
   Device device_;
   std::vector<Tensor> master_, grad_;
   std::vector<Tensor> compute_;  // [unit] compute-dtype copy of the master shard (compute_shards)
   bool compute_stale_ = true;    // compute_ must be cast afresh from master_ before use
   void refresh_compute_shards_if_stale();  // casts every compute shard from its master
-  // One rank with compute shards: a unit's parameters are its compute shard, never gathered.
-  bool params_in_place() const { return comm_->world_size() == 1 && !compute_.empty() && !options_.offload; }
+  // Whole units with compute shards: a unit's parameters are its compute shard, never gathered.
+  bool params_in_place() const { return unsharded_ && !compute_.empty() && !options_.offload; }
   std::vector<UnitState> state_;
   // Offloaded with the gradients on the GPU: two page-locked buffers of the largest shard,
   // and per unit a view of the one its gradient comes down into (u % 2).

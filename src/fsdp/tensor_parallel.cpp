@@ -96,12 +96,25 @@ std::unique_ptr<model::TensorParallel> make_tensor_parallel(dist::Communicator* 
 DeviceMesh::DeviceMesh(dist::Communicator* world, const model::Mesh& shape) : shape_(shape), world_(world) {
   ST_CHECK(shape.world() == world->world_size(), "`parallel.tensor_parallel` = ", shape.tensor_parallel,
            " must divide the ", world->world_size(), " ranks of this run");
+  ST_CHECK(shape.replicate >= 1 && shape.data_parallel % shape.replicate == 0, "`parallel.replicate` = ",
+           shape.replicate, " must divide the ", shape.data_parallel, " data-parallel groups of this run");
   const int r = world->rank();
   // a group of consecutive ranks (one node's GPUs, where they share the fastest links)
   tp_ = world->split(shape.dp_rank(r), shape.tp_rank(r));
   dp_ = world->split(shape.tp_rank(r), shape.dp_rank(r));
   ST_ASSERT(tp_->world_size() == shape.tensor_parallel && dp_->world_size() == shape.data_parallel,
             "mesh split: groups of ", tp_->world_size(), " and ", dp_->world_size());
+  if (shape.replicate > 1) {
+    // a replica: consecutive ranks too; the exchange between replicas is the one that crosses nodes
+    const int replica = shape.replica(r), place = r % shape.replica_ranks();
+    replica_ = world->split(replica, place);
+    replica_dp_ = world->split(replica * shape.tensor_parallel + shape.tp_rank(r), shape.dp_rank(r));
+    across_ = world->split(place, replica);
+    ST_ASSERT(replica_->world_size() == shape.replica_ranks() && replica_dp_->world_size() == shape.shard_groups() &&
+                  across_->world_size() == shape.replicate,
+              "mesh split: replicas of ", replica_->world_size(), ", ", replica_dp_->world_size(), " and ",
+              across_->world_size());
+  }
 }
 
 }  // namespace shardtrain::fsdp

@@ -77,6 +77,9 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   ST_CHECK(mesh.data_parallel >= 1 && tp >= 1, "the mesh needs >= 1 rank in each dimension, found ",
            mesh.data_parallel, " x ", tp);
   ST_ASSERT(tp_rank >= 0 && tp_rank < tp, "tensor-parallel rank ", tp_rank, " of ", tp);
+  ST_CHECK(mesh.replicate >= 1 && mesh.data_parallel % mesh.replicate == 0, "`parallel.replicate` = ",
+           mesh.replicate, " must divide the ", mesh.data_parallel, " data-parallel groups of ", tp, " rank",
+           tp == 1 ? "" : "s");
   ST_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0 && c.ffn_dim % tp == 0, "`parallel.tensor_parallel` = ",
            tp, " must divide the model's query heads (", c.n_heads, "), key/value heads (", c.n_kv_heads,
            ") and FFN width (", c.ffn_dim, ")");
@@ -118,7 +121,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
     add("mlp.gate_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.up_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.down_proj.weight", {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
-    b.ranks = mesh.data_parallel;
+    b.ranks = mesh.shard_groups();
     layout.units_.push_back(std::move(b));
   }
 
@@ -130,7 +133,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   layout.units_.push_back(std::move(head));
 
   for (UnitLayout& u : layout.units_) {
-    if (u.kind != UnitKind::kBlock) u.ranks = mesh.world();  // the embedding and head: every rank shards them
+    if (u.kind != UnitKind::kBlock) u.ranks = mesh.replica_ranks();  // the embedding and head: a replica's every rank
     u.numel = round_up(u.numel, kParamAlignment * u.ranks);
   }
   return layout;
@@ -139,7 +142,8 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
 int ModelLayout::shard_index(size_t u, int rank) const {
   ST_ASSERT(rank >= 0 && rank < mesh_.world() && mesh_.tp_rank(rank) == tp_rank_, "rank ", rank,
             " does not hold tensor-parallel part ", tp_rank_);
-  return units_[u].ranks == mesh_.world() ? rank : mesh_.dp_rank(rank);
+  const bool split = units_[u].kind == UnitKind::kBlock && mesh_.tensor_parallel > 1;
+  return split ? mesh_.dp_rank(rank) % mesh_.shard_groups() : rank % mesh_.replica_ranks();
 }
 
 ModelLayout::Location ModelLayout::locate(const std::string& name) const {

@@ -68,8 +68,9 @@ struct UnitLayout {
   int64_t layer = -1;     // block index for kBlock
   std::vector<ParamSpec> params;
   int64_t numel = 0;      // padded: a multiple of kParamAlignment * ranks
-  // The ranks that shard this unit: every rank, or for a block with tensor parallelism the
-  // data-parallel ranks holding the same part (ModelLayout::shard_index).
+  // The ranks that shard this unit: every rank of a replica (Mesh::replicate), or for a block
+  // with tensor parallelism the replica's data-parallel ranks holding the same part
+  // (ModelLayout::shard_index).
   int ranks = 1;
   int64_t shard_numel() const { return numel / ranks; }
   const ParamSpec* find(const std::string& name) const;
@@ -92,15 +93,23 @@ std::vector<ShardRange> shard_ranges(const UnitLayout& unit, int index);
 // enough for 16-byte vector loads and TMA-friendly offsets.
 constexpr int64_t kParamAlignment = 128;
 
-// The ranks of a run as a 2-D mesh: `tensor_parallel` consecutive ranks form a group that
-// splits each block's heads and FFN columns (Megatron-style, with sequence parallelism); the
-// `data_parallel` groups shard units and batches (FSDP). Rank r is member r % tp of group r / tp.
+// The ranks of a run as a mesh: `tensor_parallel` consecutive ranks form a group that splits
+// each block's heads and FFN columns (Megatron-style, with sequence parallelism); the
+// `data_parallel` groups split the batch. They shard the units (FSDP) in `replicate` replicas
+// (HSDP; 1: one replica, plain FSDP): each replica is data_parallel / replicate consecutive
+// groups holding a whole copy of the model in shards, and gradients are summed between the
+// replicas. Rank r is member r % tp of group r / tp, which is group (r / tp) % shard_groups()
+// of replica (r / tp) / shard_groups().
 struct Mesh {
   int data_parallel = 1;
   int tensor_parallel = 1;
+  int replicate = 1;
   int world() const { return data_parallel * tensor_parallel; }
   int tp_rank(int rank) const { return rank % tensor_parallel; }
   int dp_rank(int rank) const { return rank / tensor_parallel; }
+  int shard_groups() const { return data_parallel / replicate; }  // data-parallel groups per replica
+  int replica_ranks() const { return world() / replicate; }       // ranks per replica
+  int replica(int rank) const { return dp_rank(rank) / shard_groups(); }
 };
 
 class ModelLayout {
@@ -108,15 +117,17 @@ class ModelLayout {
   // The units of a Llama model for `world_size` ranks, data parallel only.
   static ModelLayout llama(const LlamaConfig& config, int world_size);
   // The units as tensor-parallel rank `tp_rank` of `mesh` holds them. Throws, naming
-  // parallel.tensor_parallel, unless it divides the heads, kv heads and FFN width.
+  // parallel.tensor_parallel, unless it divides the heads, kv heads and FFN width, and naming
+  // parallel.replicate unless it divides the data-parallel groups.
   static ModelLayout llama(const LlamaConfig& config, const Mesh& mesh, int tp_rank);
 
   const std::vector<UnitLayout>& units() const { return units_; }
   int world_size() const { return mesh_.world(); }
   const Mesh& mesh() const { return mesh_; }
   int tp_rank() const { return tp_rank_; }
-  // The slice of unit u that world rank `rank` owns: its data-parallel rank for a block
-  // split by tensor parallelism, else the rank itself.
+  // The slice of unit u that world rank `rank` owns, its place among the ranks of its replica
+  // that shard the unit: for a block split by tensor parallelism its data-parallel group
+  // there, else its rank there.
   int shard_index(size_t u, int rank) const;
   // Finds a parameter by name; throws naming it when absent.
   struct Location {

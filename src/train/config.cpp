@@ -283,6 +283,14 @@ const std::vector<KeyDef>& keys() {
           "divide the ranks, the heads, the kv heads, the FFN width and training.batch_size x "
           "training.seq_len. 1: FSDP alone",
           positive()),
+      key("parallel.replicate", &C::parallel, &ParallelSection::replicate,
+          "data-parallel replicas (hybrid sharding, HSDP): the ranks form this many replicas of consecutive "
+          "ranks (one per node, say), each sharding a whole copy of the model over its own ranks, so that "
+          "gathers and reduce-scatters stay inside a replica and only the reduced gradient shards are summed "
+          "between replicas (an all-reduce). It must divide the data-parallel groups (the ranks / "
+          "parallel.tensor_parallel); that many is plain data parallelism (DDP: every rank holds the whole "
+          "model). 1: FSDP over every rank",
+          positive()),
       key("parallel.reshard_after_forward", &C::parallel, &ParallelSection::reshard_after_forward,
           "free each unit's gathered parameters after its forward (FSDP); false keeps them until the backward "
           "(ZeRO-2-like: fewer gathers, more memory)"),
@@ -290,8 +298,9 @@ const std::vector<KeyDef>& keys() {
           "keep the last block gathered between its forward and backward (its backward comes first)"),
       key("parallel.compute_shards", &C::parallel, &ParallelSection::compute_shards,
           "keep a bf16 copy of each rank's master-weight shards, written by AdamW as it updates them: units are "
-          "then gathered without a cast, and on one GPU used in place without any gather (2 bytes per parameter "
-          "and rank); auto: on for a single GPU whose memory plan fits with them (on: also with several GPUs; "
+          "then gathered without a cast, and on one GPU (or replicas of one GPU each) used in place without any "
+          "gather (2 bytes per parameter and rank); auto: on for a single GPU, or replicas of one GPU each, whose "
+          "memory plan fits with them (on: also with several GPUs; "
           "ignored on the CPU, which computes in f32)",
           one_of({"auto", "on", "off"})),
       key("parallel.offload", &C::parallel, &ParallelSection::offload,

@@ -95,6 +95,7 @@ struct LoggingSection {
 
 struct ParallelSection {
   int64_t tensor_parallel = 1;
+  int64_t replicate = 1;  // HSDP: data-parallel replicas, each sharding a whole copy of the model
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
   std::string compute_shards = "auto";

@@ -36,7 +36,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int tp = in.tensor_parallel;
   ST_CHECK(tp >= 1 && in.world_size % tp == 0, "`parallel.tensor_parallel` (", tp, ") must divide the ",
            in.world_size, " ranks");
-  const model::ModelLayout layout = model::ModelLayout::llama(c, model::Mesh{in.world_size / tp, tp}, 0);
+  const model::Mesh mesh{in.world_size / tp, tp, in.replicate};
+  const model::ModelLayout layout = model::ModelLayout::llama(c, mesh, 0);
   const int64_t world = in.world_size;
   const int64_t cb = in.gpu ? 2 : 4;  // bytes of a compute-dtype element (bf16 / f32)
   // With tensor parallelism a rank computes N/tp query heads, M/tp kv heads and F/tp FFN
@@ -76,9 +77,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // One rank whose compute dtype is the master's works on the shards themselves; otherwise
   // units are gathered (cast) into compute copies, and gradients land in full f32 unit
   // buffers until their reduce-scatter.
-  // With compute shards on one GPU, units are used in place: nothing is gathered.
+  // With compute shards on one GPU, units are used in place: nothing is gathered. So with
+  // replicas of one rank each (DDP), where every unit is whole on every rank.
   // Offloaded, every unit comes up from the host and every gradient goes down to it.
-  const bool params_aliased = world == 1 && (!in.gpu || compute_shards) && !offload;
+  const bool params_aliased = mesh.replica_ranks() == 1 && (!in.gpu || compute_shards) && !offload;
   const bool grads_aliased = world == 1 && !grads_on_host;
   const int64_t head_weight_numel = c.tie_embeddings ? embed_numel + head_numel : head_numel;
   // the last block kept for its backward and the one prefetched; all of them without resharding
@@ -193,11 +195,14 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   auto row = [](const std::string& what, int64_t bytes) { return fmt::format("  {:<46} {:>12}\n", what, format_bytes(bytes)); };
   std::string s;
   s += fmt::format("model: {}\n", in.model.summary());
+  std::string shape = in.tensor_parallel > 1 ? fmt::format(" = {} data-parallel x {} tensor-parallel",
+                                                           in.world_size / in.tensor_parallel, in.tensor_parallel)
+                                             : std::string();
+  if (in.replicate > 1)
+    shape += fmt::format("{} {} replicas of {} sharding ranks", shape.empty() ? "," : ";", in.replicate,
+                         in.world_size / in.replicate);
   s += fmt::format("ranks: {}{} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
-                   in.tensor_parallel > 1 ? fmt::format(" = {} data-parallel x {} tensor-parallel",
-                                                        in.world_size / in.tensor_parallel, in.tensor_parallel)
-                                          : std::string(),
-                   in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
+                   shape, in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
   s += fmt::format("micro-batch per rank: {} x {} tokens; activation checkpointing: {}; loss chunk: {} tokens\n",
                    in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
   if (p.mlp_chunk_tokens < p.tokens_per_micro_batch)
@@ -223,7 +228,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     s += row("AdamW m and v (f32 shards)", p.optimizer);
     s += row("gradient shards (f32)", p.grad_shards);
     if (p.compute_shards > 0)
-      s += row(in.world_size == 1 ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
+      s += row(in.world_size == in.replicate ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
                p.compute_shards);
   }
   s += "  at the loss:\n";
@@ -353,6 +358,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.model = model;
   in.world_size = world_size;
   in.tensor_parallel = static_cast<int>(job.parallel.tensor_parallel);
+  in.replicate = static_cast<int>(job.parallel.replicate);
   in.gpu = job.training.device != "cpu";
   in.micro_batch = job.training.batch_size;
   in.seq_len = job.training.seq_len;
@@ -371,8 +377,9 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
 }
 
 bool choose_compute_shards(PlanInput in, int64_t device_bytes) {
-  // one GPU only: measured there (+1-1.5 % tokens/s); several GPUs take them when asked ("on")
-  if (!in.gpu || in.world_size != 1) return false;
+  // one GPU only (or replicas of one GPU each, DDP: the copies are used in place there too):
+  // measured there (+1-1.5 % tokens/s); sharded over several GPUs they are taken when asked ("on")
+  if (!in.gpu || in.world_size != in.replicate) return false;
   // offloaded they are in host memory: always kept with the gradients there, else when asked
   if (in.offload) return in.offload_grads || in.compute_shards;
   in.compute_shards = true;

@@ -198,8 +198,11 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
   {
     const int world = comm_->world_size(), tp = static_cast<int>(config_.parallel.tensor_parallel);
+    const int replicate = static_cast<int>(config_.parallel.replicate);
     ST_CHECK(world % tp == 0, "`parallel.tensor_parallel` (", tp, ") must divide the ", world, " ranks of this run");
-    mesh_ = std::make_unique<fsdp::DeviceMesh>(comm_, model::Mesh{world / tp, tp});
+    ST_CHECK((world / tp) % replicate == 0, "`parallel.replicate` (", replicate, ") must divide the ", world / tp,
+             " data-parallel groups of this run (", world, " ranks / `parallel.tensor_parallel` ", tp, ")");
+    mesh_ = std::make_unique<fsdp::DeviceMesh>(comm_, model::Mesh{world / tp, tp, replicate});
   }
   const int dp_size = mesh_->shape().data_parallel;
   if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
@@ -288,7 +291,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     ST_CHECK(problem.empty(), "host memory", local_ranks > 1 ? fmt::format(" ({} ranks on this machine)", local_ranks)
                                                             : std::string(), ": ", problem);
   }
-  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, comm_, so, device_, &mesh_->data_parallel());
+  store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, *mesh_, so, device_);
   if (!config_.model.hf.empty()) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything
     const io::HfWeights* w = hf_weights.get();
@@ -328,7 +331,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     log::info(fmt::format("parallel.offload: shards in {} of page-locked host memory, AdamW state in {} more{}; "
                           "AdamW runs on the host ({} threads)",
                           format_bytes(store_->pinned_bytes()),
-                          format_bytes(8 * layout_->total_numel() / comm_->world_size()),
+                          format_bytes(8 * layout_->total_numel() / mesh_->shape().replica_ranks()),
                           config_.parallel.offload_gradients ? "" : "; gradient shards on the GPU",
                           omp_get_max_threads()));
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
@@ -353,12 +356,15 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     int64_t slots = 0;
     for (const model::UnitLayout& u : layout_->units()) slots += u.shard_numel();
     const model::Mesh& m = mesh_->shape();
+    std::string shape;
+    if (m.tensor_parallel > 1) shape = fmt::format(" as {} data-parallel x {} tensor-parallel", m.data_parallel,
+                                                   m.tensor_parallel);
+    if (m.replicate > 1)
+      shape += fmt::format("{} {} replicas of {} rank{} (gradients summed between replicas)",
+                           shape.empty() ? " as" : ",", m.replicate, m.replica_ranks(),
+                           m.replica_ranks() == 1 ? "" : "s");
     log::info(fmt::format("sharded over {} ranks ({}){}: {} parameter slots per rank, of {} in the model",
-                          comm_->world_size(), comm_->name(),
-                          m.tensor_parallel > 1 ? fmt::format(" as {} data-parallel x {} tensor-parallel",
-                                                              m.data_parallel, m.tensor_parallel)
-                                                : std::string(),
-                          slots, model_config_.num_parameters()));
+                          comm_->world_size(), comm_->name(), shape, slots, model_config_.num_parameters()));
   }
 }
 
@@ -431,8 +437,9 @@ bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const
   // they are kept only when asked for (the host then holds master, m and v alone)
   if (config_.parallel.offload) return config_.parallel.offload_gradients || v == "on";
   if (v != "auto") return v == "on";
-  if (comm_->world_size() > 1) {
-    log::info("parallel.compute_shards = auto: off with several GPUs (`on` keeps bf16 copies of the shards there)");
+  if (mesh_->shape().replica_ranks() > 1) {  // DDP (replicas of one GPU) uses them in place, as one GPU does
+    log::info("parallel.compute_shards = auto: off with several GPUs sharding the model (`on` keeps bf16 copies of "
+              "the shards there)");
     return false;
   }
   const int64_t device_bytes = gpu_memory_bytes();
@@ -643,8 +650,9 @@ TrainSummary Trainer::run() {
     double norm = 0;
     if (landed) {
       norm = optim::grad_norm_from_sum_squares(*landed, comm_);
-    } else if (mesh_->shape().tensor_parallel > 1) {
-      // a group's copies of its replicated parameters (the blocks' norms) count once
+    } else if (mesh_->shape().tensor_parallel > 1 || mesh_->shape().replicate > 1) {
+      // a group's copies of its replicated parameters (the blocks' norms), and the replicas'
+      // copies of every gradient, count once
       const std::vector<Tensor> parts = store_->grad_norm_parts();
       std::vector<const Tensor*> views;
       for (const Tensor& p : parts) views.push_back(&p);

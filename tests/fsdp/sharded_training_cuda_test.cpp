@@ -202,22 +202,41 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   ASSERT_EQ(st[0], 0) << read_file(two_offload / "rank0.log");
   ASSERT_EQ(st[1], 0) << read_file(two_offload / "rank1.log");
   EXPECT_NE(read_file(two_offload / "rank0.log").find("training.offload_activations:"), std::string::npos);
+  // two replicas of one GPU each (DDP through parallel.replicate: whole units in place, the
+  // gradients all-reduced), resident and with ZeRO-3 CPU offload: the same curve
+  const fs::path ddp = scratch() / "ddp", ddp_offload = scratch() / "ddp_offload";
+  for (const fs::path& d : {ddp, ddp_offload}) fs::create_directories(d);
+  std::vector<std::string> args_ddp = job(corpus, B, ddp), args_ddp_offload = job(corpus, B, ddp_offload);
+  args_ddp.push_back("--parallel.replicate=2");
+  args_ddp_offload.insert(args_ddp_offload.end(), {"--parallel.replicate=2", "--parallel.offload=true"});
+  for (const auto& [args, out] : {std::pair{&args_ddp, ddp}, std::pair{&args_ddp_offload, ddp_offload}}) {
+    st = launch(2, *args, out);
+    ASSERT_EQ(st[0], 0) << read_file(out / "rank0.log");
+    ASSERT_EQ(st[1], 0) << read_file(out / "rank1.log");
+  }
+  EXPECT_NE(read_file(ddp / "rank0.log").find("as 2 replicas of 1 rank"), std::string::npos)
+      << read_file(ddp / "rank0.log");
 
   const std::string log = read_file(two / "rank0.log");
   EXPECT_NE(log.find("sharded over 2 ranks (nccl)"), std::string::npos) << log;
   EXPECT_NE(log.find("comm wait"), std::string::npos) << log;
 
   const Curve a = read_metrics(one / "metrics.jsonl"), b = read_metrics(two / "metrics.jsonl"),
-              c = read_metrics(two_bf16 / "metrics.jsonl"), d = read_metrics(two_offload / "metrics.jsonl");
+              c = read_metrics(two_bf16 / "metrics.jsonl"), d = read_metrics(two_offload / "metrics.jsonl"),
+              e = read_metrics(ddp / "metrics.jsonl"), f = read_metrics(ddp_offload / "metrics.jsonl");
   ASSERT_EQ(a.loss.size(), 30u);
   ASSERT_EQ(b.loss.size(), 30u);
   ASSERT_EQ(c.loss.size(), 30u);
   ASSERT_EQ(d.loss.size(), 30u);
+  ASSERT_EQ(e.loss.size(), 30u);
+  ASSERT_EQ(f.loss.size(), 30u);
   // Step 1 sees identical weights and tokens: only the forward's GEMM shapes differ.
   EXPECT_NEAR(b.loss[0], a.loss[0], 2e-3 * a.loss[0]);
   EXPECT_NEAR(b.grad_norm[0], a.grad_norm[0], 1e-2 * a.grad_norm[0]);
-  double worst = 0, worst_bf16 = 0, worst_offload = 0;
+  double worst = 0, worst_bf16 = 0, worst_offload = 0, worst_ddp = 0, worst_ddp_offload = 0;
   for (size_t i = 0; i < a.loss.size(); ++i) {
+    worst_ddp = std::max(worst_ddp, std::abs(e.loss[i] - a.loss[i]) / a.loss[i]);
+    worst_ddp_offload = std::max(worst_ddp_offload, std::abs(f.loss[i] - a.loss[i]) / a.loss[i]);
     worst = std::max(worst, std::abs(b.loss[i] - a.loss[i]) / a.loss[i]);
     worst_bf16 = std::max(worst_bf16, std::abs(c.loss[i] - a.loss[i]) / a.loss[i]);
     worst_offload = std::max(worst_offload, std::abs(d.loss[i] - a.loss[i]) / a.loss[i]);
@@ -227,6 +246,11 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   EXPECT_LT(worst, 1e-2);
   EXPECT_LT(worst_bf16, 2e-2);
   EXPECT_LT(worst_offload, 1e-2);  // as the f32 reduce: offload moves only where AdamW runs and micro-batches add
+  std::printf("2 replicas (DDP): worst relative loss gap %.2e, offloaded %.2e; eval %.4f\n", worst_ddp,
+              worst_ddp_offload, e.eval);
+  EXPECT_LT(worst_ddp, 1e-2);
+  EXPECT_LT(worst_ddp_offload, 1e-2);
+  EXPECT_NEAR(e.eval, a.eval, 1e-2 * a.eval);
   EXPECT_NEAR(b.eval, a.eval, 1e-2 * a.eval);
   EXPECT_LT(a.loss.back(), a.loss.front() - 1.0) << "the run should learn";
 }

@@ -144,6 +144,31 @@ TEST(Plan, TensorParallelismSplitsBlocksAndActivations) {
   EXPECT_THROW((void)plan_memory(in), Error);  // 3 does not divide 8 ranks
 }
 
+// Replicas (HSDP): 16 ranks in 2 replicas hold what 8 ranks without replicas hold; 8 replicas
+// of one GPU each (DDP) hold the whole model and, with compute shards, gather nothing.
+TEST(Plan, ReplicasShardOverTheirOwnRanks) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.micro_batch = 1;
+  in.seq_len = 8192;
+  in.world_size = 8;
+  const MemoryPlan eight = plan_memory(in);
+  in.world_size = 16;
+  in.replicate = 2;
+  const MemoryPlan replicas = plan_memory(in);
+  EXPECT_EQ(replicas.shard_elements, eight.shard_elements);
+  EXPECT_EQ(replicas.peak, eight.peak);
+  in.world_size = 8;
+  in.replicate = 8;
+  in.compute_shards = true;
+  const MemoryPlan ddp = plan_memory(in);
+  EXPECT_GE(ddp.shard_elements, in.model.num_parameters());
+  EXPECT_EQ(ddp.gathered_at_loss, 0);
+  EXPECT_GT(ddp.peak, eight.peak);
+  in.replicate = 3;
+  EXPECT_THROW((void)plan_memory(in), Error);  // 3 does not divide 8 ranks
+}
+
 // "auto" checkpointing takes the lightest policy whose plan fits, with the reserve beside it.
 TEST(Plan, AutoCheckpointingTakesTheLightestPolicyThatFits) {
   using enum model::ActivationCheckpointing;

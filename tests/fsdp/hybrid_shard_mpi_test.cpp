@@ -1,0 +1,254 @@
+// Hybrid sharding (HSDP, parallel.replicate) under mpirun (2, 3 and 4 ranks): replicas of
+// the sharded model, each over its own consecutive ranks, with the reduced gradient shards
+// summed between them, compute what one rank computes with the whole batch. The model in f64
+// on every mesh the run allows (DDP, replicas of FSDP groups, replicas of tensor-parallel
+// groups); the trainer against one rank (f32, 1e-5), with the replicas' weights bitwise equal;
+// checkpoints written by the first replica that load on one rank and resume the run.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <utility>
+#include <vector>
+
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include "core/random.h"
+#include "dist/mpi_communicator.h"
+#include "fsdp/sharded_store.h"
+#include "fsdp/tensor_parallel.h"
+#include "io/safetensors.h"
+#include "model/llama.h"
+#include "optim/adamw.h"
+#include "testing/compare.h"
+#include "testing/shard_parts.h"
+#include "testing/training_curves.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace shardtrain {
+namespace {
+
+using testing::copy_of;
+using testing::expect_parts_match;
+
+constexpr testing::Tolerance kRanksF64{1e-12, 1e30, 1e30};
+
+// Every (tensor_parallel, replicate) with more than one replica that `world` ranks allow.
+std::vector<std::pair<int, int>> hybrid_meshes(int world) {
+  std::vector<std::pair<int, int>> out;
+  for (int tp = 1; tp <= world; ++tp)
+    for (int rep = 2; world % tp == 0 && rep <= world / tp; ++rep)
+      if ((world / tp) % rep == 0 && (tp == 1 || tp == 2)) out.emplace_back(tp, rep);
+  return out;
+}
+
+std::string describe(const model::Mesh& m) {
+  return std::to_string(m.replicate) + " replicas of " + std::to_string(m.shard_groups()) + " x " +
+         std::to_string(m.tensor_parallel);
+}
+
+// The replicas' copies of this rank's slices: bitwise equal (every rank calls it).
+void expect_replicas_equal(const fsdp::DeviceMesh& mesh, const std::vector<Tensor>& shards, const std::string& what) {
+  dist::Communicator* across = mesh.across_replicas();
+  ASSERT_NE(across, nullptr);
+  for (size_t u = 0; u < shards.size(); ++u) {
+    const Tensor mine = copy_of(shards[u]);
+    Tensor all = Tensor::empty({across->world_size() * mine.numel()}, mine.dtype());
+    across->all_gather(all, mine);
+    for (int q = 0; q < across->world_size(); ++q)
+      EXPECT_TRUE(testing::all_close(all.flat_range(q * mine.numel(), mine.numel()), mine, testing::kExact))
+          << what << " of unit " << u << ": replica " << q << " differs";
+  }
+}
+
+// Each data-parallel rank takes its own rows of a global batch; the model's gradients, summed
+// over the replicas, are the resident model's on the whole batch.
+TEST(HybridSharding, ModelMatchesOneRankInF64) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  for (const auto& [tp, rep] : hybrid_meshes(w)) {
+    const model::Mesh shape{w / tp, tp, rep};
+    SCOPED_TRACE(describe(shape));
+    fsdp::DeviceMesh mesh(comm.get(), shape);
+    auto group = fsdp::make_tensor_parallel(&mesh.tensor_parallel());
+    model::LlamaConfig c;
+    c.vocab_size = 97;
+    c.dim = 48;
+    c.n_layers = 2;
+    c.n_heads = 12;
+    c.n_kv_heads = 4;
+    c.ffn_dim = 36;
+    c.max_seq_len = 16;
+    c.attention_bias = true;
+    model::Llama ref(c, DType::kF64);
+    ref.init_random(5);
+    ref.zero_grads();
+    const model::ModelLayout layout = model::ModelLayout::llama(c, shape, mesh.tp_rank());
+    for (const model::UnitLayout& u : layout.units())
+      EXPECT_EQ(u.ranks, u.kind == model::UnitKind::kBlock && tp > 1 ? shape.shard_groups() : shape.replica_ranks())
+          << u.name;
+    fsdp::ShardingOptions so;
+    so.compute_dtype = so.grad_dtype = so.master_dtype = so.reduce_dtype = DType::kF64;
+    fsdp::ShardedUnitStore store(layout, mesh, so, Device::cpu());
+    store.init_random(5, c.init_std);
+    model::Llama m(c, layout, &store, DType::kF64, Device::cpu());
+    if (tp > 1) m.set_tensor_parallel(group.get());
+
+    const int64_t B = 2, T = 12, dp = shape.data_parallel;
+    Tensor ids = Tensor::empty({B * dp, T}, DType::kI32), targets = Tensor::empty({B * dp, T}, DType::kI32);
+    testing::fill_random_ints(ids, 11, 0, c.vocab_size);
+    testing::fill_random_ints(targets, 12, 0, c.vocab_size);
+    targets.data<int32_t>()[3] = targets.data<int32_t>()[2 * T + 5] = -100;
+    model::StepOptions o;
+    o.grad_scale = 1.0 / static_cast<double>(B * dp * T - 2);
+    const model::LossSum want = ref.forward_backward(ids, targets, o);
+    const int64_t d = mesh.dp_rank();
+    const Tensor my_ids = copy_of(ids.slice(0, d * B, d * B + B)), my_targets = copy_of(targets.slice(0, d * B, d * B + B));
+    store.zero_grad_shards();
+    const model::LossSum got = m.forward_backward(my_ids, my_targets, o);
+    Tensor sum = Tensor::empty({1}, DType::kF64);
+    sum.data<double>()[0] = got.loss_sum;
+    comm->all_reduce(sum, dist::ReduceOp::kSum);  // each rank's rows
+    EXPECT_NEAR(sum.data<double>()[0], want.loss_sum, 1e-12 * want.loss_sum);
+    expect_parts_match(store, store.grad_shards(), [&](const std::string& n) { return ref.grad(n); }, kRanksF64,
+                       "gradient");
+    expect_parts_match(store, store.master_shards(), [&](const std::string& n) { return ref.param(n); },
+                       testing::kExact, "initial weights");
+    expect_replicas_equal(mesh, store.grad_shards(), "gradient shard");
+  }
+}
+
+TEST(HybridSharding, RejectsReplicasThatDoNotDivideTheRun) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  EXPECT_TRUE(testing::throws_with([&] { fsdp::DeviceMesh mesh(comm.get(), model::Mesh{w, 1, w + 1}); },
+                                   "`parallel.replicate` = " + std::to_string(w + 1) + " must divide the " +
+                                       std::to_string(w) + " data-parallel groups"));
+}
+
+std::string corpus_file(int rank) {
+  const std::string name =
+      "shardtrain_hsdp_corpus_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt";
+  const std::string path = (std::filesystem::temp_directory_path() / name).string();
+  std::ofstream out(path);
+  for (int i = 0; i < 300; ++i)
+    out << "Document " << i << " is read by one replica while another reads the next, number " << i * 7 % 13
+        << ".\n\n";
+  return path;
+}
+
+train::JobConfig job(const std::string& corpus, int64_t batch_size, int tp, int replicate) {
+  train::LoadedConfig c = train::load_config(
+      "", {"--model.dim=48", "--model.n_layers=2", "--model.n_heads=6", "--model.n_kv_heads=2",
+           "--model.ffn_dim=54", "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24",
+           "--training.device=cpu", "--training.batch_size=" + std::to_string(batch_size),
+           "--training.grad_accum_steps=2", "--training.steps=12", "--training.max_grad_norm=0.5",
+           "--schedule.warmup_steps=3", "--optimizer.lr=3e-3", "--eval.interval_steps=0", "--eval.batches=2",
+           "--sample.tokens=0", "--logging.progress=off", "--logging.level=warn", "--logging.metrics_file=",
+           "--data.source=" + corpus, "--data.val_fraction=0.1",
+           "--run.output_dir=" + std::filesystem::temp_directory_path().string() + "/shardtrain_hsdp_run",
+           "--parallel.tensor_parallel=" + std::to_string(tp), "--parallel.replicate=" + std::to_string(replicate)});
+  return c.config;
+}
+
+TEST(HybridSharding, TrainerRejectsReplicasThatDoNotDivideTheRun) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  const std::string corpus = corpus_file(comm->rank());
+  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(job(corpus, 2, 1, w + 1), comm.get()); },
+                                   "`parallel.replicate` (" + std::to_string(w + 1) + ") must divide the " +
+                                       std::to_string(w) + " data-parallel groups of this run"));
+  std::filesystem::remove(corpus);
+}
+
+// Replicas train as one rank with the whole global batch (the same losses, gradient norms,
+// held-out loss and weights), and stay bitwise equal to each other.
+TEST(HybridSharding, TrainerMatchesOneRank) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  const std::string corpus = corpus_file(comm->rank());
+  const int64_t B = 2;
+  auto single = dist::make_single_rank();
+  for (const auto& [tp, rep] : hybrid_meshes(w)) {
+    // one rank with the whole global batch: B sequences per data-parallel group
+    const int dp = w / tp;
+    train::Trainer ref(job(corpus, B * dp, 1, 1), single.get());
+    const train::TrainSummary a = ref.run();
+    SCOPED_TRACE(describe(model::Mesh{dp, tp, rep}));
+    for (const char* checkpointing : {"none", "full"}) {
+      SCOPED_TRACE(checkpointing);
+      train::JobConfig c = job(corpus, B, tp, rep);
+      c.training.activation_checkpointing = checkpointing;
+      train::Trainer t(c, comm.get());
+      EXPECT_EQ(t.mesh().shape().replicate, rep);
+      const train::TrainSummary b = t.run();
+      EXPECT_TRUE(testing::expect_same_curves(a, b, 1e-5, 0.5)) << "the test should exercise clipping";
+      expect_parts_match(t.store(), t.store().master_shards(),
+                         testing::whole_params(ref.store(), ref.store().master_shards()), testing::kRanksF32,
+                         "trained weights");
+      expect_replicas_equal(t.mesh(), t.store().master_shards(), "trained weights");
+      expect_replicas_equal(t.mesh(), t.optimizer().exp_avg_sq(), "AdamW exp_avg_sq");
+    }
+  }
+  std::filesystem::remove(corpus);
+}
+
+// The first replica writes the checkpoint (the other replicas' rank files hold no pieces):
+// one rank loads it, a run without replicas loads it, and the replicated run resumed from it
+// continues as it would have.
+TEST(HybridSharding, CheckpointsLoadAnywhereAndResume) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const int rep = w % 2 == 0 ? 2 : w;  // 2 replicas of 2 ranks on 4: sharded inside each replica
+  const std::string corpus = corpus_file(r);
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("shardtrain_hsdp_ckpt_np" + std::to_string(w))).string();
+  if (r == 0) std::filesystem::remove_all(root);
+  comm->barrier();
+  train::JobConfig c = job(corpus, 2, 1, rep);
+  c.training.steps = 6;
+  c.checkpoint.interval_steps = 3;
+  c.checkpoint.keep = 0;
+  c.checkpoint.dir = root + "/hsdp";
+  train::Trainer straight(c, comm.get());
+  const train::TrainSummary all = straight.run();
+  comm->barrier();
+
+  const train::CheckpointInfo info = train::read_checkpoint_info(root + "/hsdp/step_00000006");
+  EXPECT_EQ(info.world_size, w);
+  auto single = dist::make_single_rank();
+  const model::ModelLayout one = model::ModelLayout::llama(info.config, 1);
+  fsdp::ShardedUnitStore single_store(one, single.get(), {});
+  optim::AdamW single_opt(one, 0, {}, DType::kF32, Device::cpu());
+  train::load_checkpoint(info, single_store, &single_opt);
+  const auto whole = testing::whole_params(single_store, single_store.master_shards());
+  expect_parts_match(straight.store(), straight.store().master_shards(), whole, testing::kExact, "replicas -> 1");
+  expect_parts_match(straight.store(), straight.optimizer().exp_avg(),
+                     testing::whole_params(single_store, single_opt.exp_avg()), testing::kExact,
+                     "replicas -> 1, exp_avg");
+  if (straight.mesh().shape().replica(r) != 0) {
+    const io::SafetensorsFile mine(root + "/hsdp/step_00000006/" + fmt::format("rank_{:05}-of-{:05}.safetensors", r, w));
+    EXPECT_TRUE(mine.tensors().empty()) << "only the first replica saves pieces";
+  }
+
+  // every rank sharding the whole model (no replicas) loads it
+  const model::ModelLayout flat = model::ModelLayout::llama(info.config, w);
+  fsdp::ShardedUnitStore flat_store(flat, comm.get(), {});
+  train::load_checkpoint(info, flat_store, nullptr);
+  expect_parts_match(flat_store, flat_store.master_shards(), whole, testing::kExact, "replicas -> FSDP");
+
+  train::JobConfig resumed_job = c;
+  resumed_job.checkpoint.resume = root + "/hsdp/step_00000003";
+  resumed_job.checkpoint.dir = root + "/resumed";
+  const train::TrainSummary resumed = train::Trainer(resumed_job, comm.get()).run();
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.steps[i].loss, all.steps[i + 3].loss) << "step " << i + 4;
+  comm->barrier();
+  if (r == 0) std::filesystem::remove_all(root);
+  std::filesystem::remove(corpus);
+}
+
+}  // namespace
+}  // namespace shardtrain
