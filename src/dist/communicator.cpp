@@ -41,7 +41,7 @@ class SingleRank final : public Communicator {
     ST_CHECK(root == 0, "broadcast: root ", root, " out of range for 1 rank");
   }
   void barrier() override {}
-  std::unique_ptr<Communicator> split(int, int) override { return std::make_unique<SingleRank>(); }
+  std::unique_ptr<Communicator> split(int, int, int) override { return std::make_unique<SingleRank>(); }
 };
 
 }  // namespace

@@ -29,8 +29,10 @@ class Communicator {
   virtual void barrier() = 0;
   // Collective: a communicator over the ranks that pass the same `color`, ordered by `key`
   // (then by rank here): the groups of a device mesh (ranks sharing a tensor-parallel index,
-  // ranks of one tensor-parallel group). Valid while this one lives.
-  virtual std::unique_ptr<Communicator> split(int color, int key) = 0;
+  // ranks of one tensor-parallel group). Valid while this one lives. `max_ctas` > 0 caps the
+  // thread blocks (and so the SMs) its collectives take on a GPU (NCCL's maxCTAs), for
+  // collectives that run beside products planned for the other SMs; elsewhere ignored.
+  virtual std::unique_ptr<Communicator> split(int color, int key, int max_ctas = 0) = 0;
 };
 
 // The trivial communicator of a 1-rank run.

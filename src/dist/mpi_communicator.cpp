@@ -125,7 +125,7 @@ class MpiWorld final : public Communicator {
 
   void barrier() override { ST_MPI_CHECK(MPI_Barrier(comm_)); }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
+  std::unique_ptr<Communicator> split(int color, int key, int /*max_ctas: no thread blocks here*/) override {
     ST_CHECK(color >= 0, "mpi split: color must be >= 0, found ", color);
     MPI_Comm part = MPI_COMM_NULL;
     ST_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));

@@ -110,10 +110,13 @@ class NcclWorld final : public Communicator {
     all_reduce(one, ReduceOp::kSum, {});
   }
 
-  std::unique_ptr<Communicator> split(int color, int key) override {
+  std::unique_ptr<Communicator> split(int color, int key, int max_ctas) override {
     ST_CHECK(color >= 0, "nccl split: color must be >= 0, found ", color);
+    ST_CHECK(max_ctas >= 0, "nccl split: max_ctas must be >= 0, found ", max_ctas);
     ncclComm_t part = nullptr;
-    ST_NCCL_CHECK(ncclCommSplit(comm_, color, key, &part, nullptr));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    if (max_ctas > 0) config.maxCTAs = config.minCTAs = max_ctas;
+    ST_NCCL_CHECK(ncclCommSplit(comm_, color, key, &part, max_ctas > 0 ? &config : nullptr));
     ST_CHECK(part != nullptr, "nccl split: rank ", rank_, " got no communicator for color ", color);
     return std::make_unique<NcclWorld>(part, device_);
   }
