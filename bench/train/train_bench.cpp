@@ -334,6 +334,7 @@ int main(int argc, char** argv) try {
     double loss_sum = 0, step_fwd = 0, step_bwd = 0, step_issue = 0;
     for (int64_t mb = 0; mb < a.accum; ++mb) {
       o.overwrite_grads = writes.overwrites(mb);
+      store.set_sync_replicas(mb + 1 == a.accum);  // as the trainer: replicas exchange once a step
       loss_sum += captured ? captured->run(ids[mb], targets[mb], o.grad_scale).loss_sum
                            : m.forward_backward(ids[mb], targets[mb], o, positions).loss_sum;
       step_fwd += m.last_phase_times().forward_s;

@@ -183,6 +183,7 @@ void ShardedUnitStore::init(dist::Communicator* shards, dist::Communicator* bloc
   ST_CHECK(layout.world_size() == comm_->world_size(), "sharded store: layout padded for ", layout.world_size(),
            " ranks but the communicator has ", comm_->world_size());
   unsharded_ = true;
+  unsynced_.assign(layout.units().size(), false);
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const model::UnitLayout& unit = layout.units()[u];
     const bool split = unit.kind == model::UnitKind::kBlock && layout.mesh().tensor_parallel > 1;
@@ -452,7 +453,9 @@ void ShardedUnitStore::reduce(size_t u) {
     reduced = Tensor::empty({s}, options_.reduce_dtype, device_, "reduced gradient shard", stream);
     unit_comms_[u]->reduce_scatter(reduced, send, dist::ReduceOp::kSum, stream);
   }
-  if (across_ != nullptr) across_->all_reduce(reduced, dist::ReduceOp::kSum, stream);  // the other replicas' rows
+  // the other replicas' rows: summed now, or (deferred) added here and summed with a later backward's
+  const bool defer = across_ != nullptr && !grads_on_host() && (!sync_replicas_ || unsynced_[u]);
+  if (across_ != nullptr && !defer) across_->all_reduce(reduced, dist::ReduceOp::kSum, stream);
   if (reduced.dtype() != options_.master_dtype) {
     Tensor r = Tensor::empty({s}, options_.master_dtype, device_, "reduced gradient shard", stream);
     ops::cast(r, reduced, stream);
@@ -477,6 +480,8 @@ void ShardedUnitStore::reduce(size_t u) {
     grad_cleared_[u] = false;
   } else {
     ops::add(grad_[u], grad_[u], reduced, stream);
+    if (defer && sync_replicas_) across_->all_reduce(grad_[u], dist::ReduceOp::kSum, stream);
+    if (across_ != nullptr) unsynced_[u] = defer && !sync_replicas_;
   }
 #ifdef SHARDTRAIN_WITH_CUDA
   if (overlap_) {
@@ -605,6 +610,7 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
 }
 
 void ShardedUnitStore::zero_grad_shards() {
+  unsynced_.assign(unsynced_.size(), false);
   if (grads_on_host()) {
     grad_cleared_.assign(grad_.size(), true);  // the first gradient to land is written over it
     if (device_.is_cuda()) {
@@ -622,6 +628,9 @@ void ShardedUnitStore::zero_grad_shards() {
 }
 
 std::vector<Tensor> ShardedUnitStore::grad_norm_parts() {
+  for (size_t u = 0; u < unsynced_.size(); ++u)
+    ST_ASSERT(!unsynced_[u], "unit ", layout_->units()[u].name, "'s gradients were never summed between the replicas: "
+              "the step's last backward must run with set_sync_replicas(true)");
   std::vector<Tensor>& grads = grad_shards();
   const bool counts_replicated = layout_->tp_rank() == 0;
   std::vector<Tensor> parts;

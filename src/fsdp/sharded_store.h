@@ -80,6 +80,13 @@ class ShardedUnitStore final : public model::UnitStore {
   void before_replay() override;
   ~ShardedUnitStore() override;
 
+  // With replicas (HSDP): whether the reduced gradients of the backwards from now on are summed
+  // between the replicas (the default), or kept on this replica, added into its gradient
+  // shards, until a backward with it on sums them all (gradient accumulation: only the last
+  // micro-batch's backward exchanges; FSDP2's set_requires_all_reduce). Gradient shards
+  // offloaded to the host are always summed at once.
+  void set_sync_replicas(bool on) { sync_replicas_ = on; }
+
   // Seconds the compute stream stood waiting on gathers and reductions since the last call
   // (GPU only; measured with event pairs around each wait; synchronises the device).
   double take_comm_wait_seconds();
@@ -214,6 +221,8 @@ class ShardedUnitStore final : public model::UnitStore {
   dist::Communicator* comm_;
   std::vector<dist::Communicator*> unit_comms_;  // [unit] the ranks sharding it
   dist::Communicator* across_ = nullptr;         // the same slices in the other replicas (HSDP)
+  bool sync_replicas_ = true;                    // set_sync_replicas
+  std::vector<bool> unsynced_;                   // [unit] its shard holds gradients not yet summed
   bool unsharded_ = false;                       // every unit whole on this rank (one rank, or DDP)
   // The constructors' common part: `shards` shard the embedding and head, `blocks` the blocks.
   void init(dist::Communicator* shards, dist::Communicator* blocks);

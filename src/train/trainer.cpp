@@ -634,6 +634,7 @@ TrainSummary Trainer::run() {
     double loss_sum = 0, t_forward = 0, t_backward = 0;
     for (int64_t m = 0; m < accum; ++m) {
       so.overwrite_grads = writes.overwrites(m);
+      store_->set_sync_replicas(m + 1 == accum);  // replicas exchange the step's gradients once
       loss_sum += captured ? captured->run(ids[m], targets[m], so.grad_scale).loss_sum
                            : model_->forward_backward(ids[m], targets[m], so, positions_of(ids[m])).loss_sum;
       t_forward += model_->last_phase_times().forward_s;

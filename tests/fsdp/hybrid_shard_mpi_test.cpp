@@ -120,6 +120,61 @@ TEST(HybridSharding, ModelMatchesOneRankInF64) {
   }
 }
 
+// Gradient accumulation: a backward with set_sync_replicas(false) keeps its sums on the
+// replica (the replicas' shards then differ); the next backward with it on sums both micro-
+// batches between the replicas, giving the resident model's gradients of the two batches.
+TEST(HybridSharding, AccumulatedGradientsAreSummedBetweenReplicasOnce) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  const model::Mesh shape{w, 1, w % 2 == 0 ? 2 : w};
+  SCOPED_TRACE(describe(shape));
+  fsdp::DeviceMesh mesh(comm.get(), shape);
+  model::LlamaConfig c;
+  c.vocab_size = 97;
+  c.dim = 48;
+  c.n_layers = 2;
+  c.n_heads = 12;
+  c.n_kv_heads = 4;
+  c.ffn_dim = 36;
+  c.max_seq_len = 16;
+  model::Llama ref(c, DType::kF64);
+  ref.init_random(5);
+  ref.zero_grads();
+  const model::ModelLayout layout = model::ModelLayout::llama(c, shape, 0);
+  fsdp::ShardingOptions so;
+  so.compute_dtype = so.grad_dtype = so.master_dtype = so.reduce_dtype = DType::kF64;
+  fsdp::ShardedUnitStore store(layout, mesh, so, Device::cpu());
+  store.init_random(5, c.init_std);
+  model::Llama m(c, layout, &store, DType::kF64, Device::cpu());
+  const int64_t B = 2, T = 12, dp = shape.data_parallel, d = mesh.dp_rank();
+  model::StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(2 * B * dp * T);
+  store.zero_grad_shards();
+  for (int micro = 0; micro < 2; ++micro) {
+    Tensor ids = Tensor::empty({B * dp, T}, DType::kI32), targets = Tensor::empty({B * dp, T}, DType::kI32);
+    testing::fill_random_ints(ids, 20 + micro, 0, c.vocab_size);
+    testing::fill_random_ints(targets, 30 + micro, 0, c.vocab_size);
+    (void)ref.forward_backward(ids, targets, o);
+    store.set_sync_replicas(micro == 1);
+    (void)m.forward_backward(copy_of(ids.slice(0, d * B, d * B + B)), copy_of(targets.slice(0, d * B, d * B + B)), o);
+    if (micro == 0) {
+      // each replica holds only its own rows' sums so far
+      const Tensor mine = copy_of(store.grad_shards()[1]);
+      Tensor all = Tensor::empty({shape.replicate * mine.numel()}, mine.dtype());
+      mesh.across_replicas()->all_gather(all, mine);
+      EXPECT_FALSE(testing::all_close(all.flat_range(0, mine.numel()), all.flat_range(mine.numel(), mine.numel()),
+                                      testing::kExact))
+          << "the first micro-batch's gradients were summed between the replicas";
+      EXPECT_TRUE(testing::throws_with([&] { (void)store.grad_norm_parts(); }, "never summed between the replicas"));
+    }
+  }
+  expect_parts_match(store, store.grad_shards(), [&](const std::string& n) { return ref.grad(n); }, kRanksF64,
+                     "accumulated gradient");
+  expect_replicas_equal(mesh, store.grad_shards(), "accumulated gradient shard");
+  // summed now: the norm's parts come from the first replica alone
+  EXPECT_EQ(store.grad_norm_parts().empty(), shape.replica(comm->rank()) != 0);
+}
+
 TEST(HybridSharding, RejectsReplicasThatDoNotDivideTheRun) {
   auto comm = dist::make_mpi_world();
   const int w = comm->world_size();
