@@ -22,6 +22,7 @@
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
+#include "testing/mesh_jobs.h"
 #include "testing/shard_parts.h"
 #include "testing/training_curves.h"
 #include "train/checkpoint.h"
@@ -42,6 +43,20 @@ std::vector<std::pair<int, int>> hybrid_meshes(int world) {
     for (int rep = 2; world % tp == 0 && rep <= world / tp; ++rep)
       if ((world / tp) % rep == 0 && (tp == 1 || tp == 2)) out.emplace_back(tp, rep);
   return out;
+}
+
+// Heads, kv heads and FFN width that split over a tensor-parallel group of 2.
+model::LlamaConfig small_config() {
+  model::LlamaConfig c;
+  c.vocab_size = 97;
+  c.dim = 48;
+  c.n_layers = 2;
+  c.n_heads = 12;
+  c.n_kv_heads = 4;
+  c.ffn_dim = 36;
+  c.max_seq_len = 16;
+  c.attention_bias = true;
+  return c;
 }
 
 std::string describe(const model::Mesh& m) {
@@ -73,15 +88,7 @@ TEST(HybridSharding, ModelMatchesOneRankInF64) {
     SCOPED_TRACE(describe(shape));
     fsdp::DeviceMesh mesh(comm.get(), shape);
     auto group = fsdp::make_tensor_parallel(&mesh.tensor_parallel());
-    model::LlamaConfig c;
-    c.vocab_size = 97;
-    c.dim = 48;
-    c.n_layers = 2;
-    c.n_heads = 12;
-    c.n_kv_heads = 4;
-    c.ffn_dim = 36;
-    c.max_seq_len = 16;
-    c.attention_bias = true;
+    const model::LlamaConfig c = small_config();
     model::Llama ref(c, DType::kF64);
     ref.init_random(5);
     ref.zero_grads();
@@ -129,14 +136,7 @@ TEST(HybridSharding, AccumulatedGradientsAreSummedBetweenReplicasOnce) {
   const model::Mesh shape{w, 1, w % 2 == 0 ? 2 : w};
   SCOPED_TRACE(describe(shape));
   fsdp::DeviceMesh mesh(comm.get(), shape);
-  model::LlamaConfig c;
-  c.vocab_size = 97;
-  c.dim = 48;
-  c.n_layers = 2;
-  c.n_heads = 12;
-  c.n_kv_heads = 4;
-  c.ffn_dim = 36;
-  c.max_seq_len = 16;
+  const model::LlamaConfig c = small_config();
   model::Llama ref(c, DType::kF64);
   ref.init_random(5);
   ref.zero_grads();
@@ -183,36 +183,13 @@ TEST(HybridSharding, RejectsReplicasThatDoNotDivideTheRun) {
                                        std::to_string(w) + " data-parallel groups"));
 }
 
-std::string corpus_file(int rank) {
-  const std::string name =
-      "shardtrain_hsdp_corpus_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt";
-  const std::string path = (std::filesystem::temp_directory_path() / name).string();
-  std::ofstream out(path);
-  for (int i = 0; i < 300; ++i)
-    out << "Document " << i << " is read by one replica while another reads the next, number " << i * 7 % 13
-        << ".\n\n";
-  return path;
-}
-
-train::JobConfig job(const std::string& corpus, int64_t batch_size, int tp, int replicate) {
-  train::LoadedConfig c = train::load_config(
-      "", {"--model.dim=48", "--model.n_layers=2", "--model.n_heads=6", "--model.n_kv_heads=2",
-           "--model.ffn_dim=54", "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24",
-           "--training.device=cpu", "--training.batch_size=" + std::to_string(batch_size),
-           "--training.grad_accum_steps=2", "--training.steps=12", "--training.max_grad_norm=0.5",
-           "--schedule.warmup_steps=3", "--optimizer.lr=3e-3", "--eval.interval_steps=0", "--eval.batches=2",
-           "--sample.tokens=0", "--logging.progress=off", "--logging.level=warn", "--logging.metrics_file=",
-           "--data.source=" + corpus, "--data.val_fraction=0.1",
-           "--run.output_dir=" + std::filesystem::temp_directory_path().string() + "/shardtrain_hsdp_run",
-           "--parallel.tensor_parallel=" + std::to_string(tp), "--parallel.replicate=" + std::to_string(replicate)});
-  return c.config;
-}
+std::string corpus_file(int rank) { return testing::mesh_corpus_file("hsdp", rank); }
 
 TEST(HybridSharding, TrainerRejectsReplicasThatDoNotDivideTheRun) {
   auto comm = dist::make_mpi_world();
   const int w = comm->world_size();
   const std::string corpus = corpus_file(comm->rank());
-  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(job(corpus, 2, 1, w + 1), comm.get()); },
+  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(testing::mesh_job(corpus, 2, 1, w + 1), comm.get()); },
                                    "`parallel.replicate` (" + std::to_string(w + 1) + ") must divide the " +
                                        std::to_string(w) + " data-parallel groups of this run"));
   std::filesystem::remove(corpus);
@@ -229,12 +206,12 @@ TEST(HybridSharding, TrainerMatchesOneRank) {
   for (const auto& [tp, rep] : hybrid_meshes(w)) {
     // one rank with the whole global batch: B sequences per data-parallel group
     const int dp = w / tp;
-    train::Trainer ref(job(corpus, B * dp, 1, 1), single.get());
+    train::Trainer ref(testing::mesh_job(corpus, B * dp, 1, 1), single.get());
     const train::TrainSummary a = ref.run();
     SCOPED_TRACE(describe(model::Mesh{dp, tp, rep}));
     for (const char* checkpointing : {"none", "full"}) {
       SCOPED_TRACE(checkpointing);
-      train::JobConfig c = job(corpus, B, tp, rep);
+      train::JobConfig c = testing::mesh_job(corpus, B, tp, rep);
       c.training.activation_checkpointing = checkpointing;
       train::Trainer t(c, comm.get());
       EXPECT_EQ(t.mesh().shape().replicate, rep);
@@ -262,7 +239,7 @@ TEST(HybridSharding, CheckpointsLoadAnywhereAndResume) {
       (std::filesystem::temp_directory_path() / ("shardtrain_hsdp_ckpt_np" + std::to_string(w))).string();
   if (r == 0) std::filesystem::remove_all(root);
   comm->barrier();
-  train::JobConfig c = job(corpus, 2, 1, rep);
+  train::JobConfig c = testing::mesh_job(corpus, 2, 1, rep);
   c.training.steps = 6;
   c.checkpoint.interval_steps = 3;
   c.checkpoint.keep = 0;
@@ -273,16 +250,11 @@ TEST(HybridSharding, CheckpointsLoadAnywhereAndResume) {
 
   const train::CheckpointInfo info = train::read_checkpoint_info(root + "/hsdp/step_00000006");
   EXPECT_EQ(info.world_size, w);
-  auto single = dist::make_single_rank();
-  const model::ModelLayout one = model::ModelLayout::llama(info.config, 1);
-  fsdp::ShardedUnitStore single_store(one, single.get(), {});
-  optim::AdamW single_opt(one, 0, {}, DType::kF32, Device::cpu());
-  train::load_checkpoint(info, single_store, &single_opt);
-  const auto whole = testing::whole_params(single_store, single_store.master_shards());
+  const testing::OneRankCopy one = testing::load_on_one_rank(info);
+  const auto whole = one.params();
   expect_parts_match(straight.store(), straight.store().master_shards(), whole, testing::kExact, "replicas -> 1");
-  expect_parts_match(straight.store(), straight.optimizer().exp_avg(),
-                     testing::whole_params(single_store, single_opt.exp_avg()), testing::kExact,
-                     "replicas -> 1, exp_avg");
+  expect_parts_match(straight.store(), straight.optimizer().exp_avg(), one.state(one.optimizer->exp_avg()),
+                     testing::kExact, "replicas -> 1, exp_avg");
   if (straight.mesh().shape().replica(r) != 0) {
     const io::SafetensorsFile mine(root + "/hsdp/step_00000006/" + fmt::format("rank_{:05}-of-{:05}.safetensors", r, w));
     EXPECT_TRUE(mine.tensors().empty()) << "only the first replica saves pieces";

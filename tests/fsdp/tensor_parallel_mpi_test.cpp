@@ -24,6 +24,7 @@
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
+#include "testing/mesh_jobs.h"
 #include "testing/shard_parts.h"
 #include "testing/shared_data.h"
 #include "testing/training_curves.h"
@@ -190,38 +191,13 @@ TEST(TensorParallel, RejectsWhatDoesNotSplit) {
                                    "parallel.tensor_parallel"));
 }
 
-std::string corpus_file(int rank) {
-  const std::string name =
-      "shardtrain_tp_corpus_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt";
-  const std::string path = (std::filesystem::temp_directory_path() / name).string();
-  std::ofstream out(path);
-  for (int i = 0; i < 300; ++i)
-    out << "Document " << i << " splits heads, columns and token rows over a group of ranks, number " << i * 7 % 13
-        << ".\n\n";
-  return path;
-}
-
-// A job whose heads, kv heads and FFN width divide by 2 and 3; units padded on every mesh.
-train::JobConfig job(const std::string& corpus, int64_t batch_size, int tp) {
-  train::LoadedConfig c = train::load_config(
-      "", {"--model.dim=48", "--model.n_layers=2", "--model.n_heads=6",
-           "--model.n_kv_heads=" + std::to_string(tp == 3 ? 3 : 2),
-           "--model.ffn_dim=54", "--model.max_seq_len=32", "--model.tie_embeddings=false", "--training.seq_len=24",
-           "--training.device=cpu", "--training.batch_size=" + std::to_string(batch_size),
-           "--training.grad_accum_steps=2", "--training.steps=12", "--training.max_grad_norm=0.5",
-           "--schedule.warmup_steps=3", "--optimizer.lr=3e-3", "--eval.interval_steps=0", "--eval.batches=2",
-           "--sample.tokens=0", "--logging.progress=off", "--logging.level=warn", "--logging.metrics_file=",
-           "--data.source=" + corpus, "--data.val_fraction=0.1",
-           "--run.output_dir=" + std::filesystem::temp_directory_path().string() + "/shardtrain_tp_run",
-           "--parallel.tensor_parallel=" + std::to_string(tp)});
-  return c.config;
-}
+std::string corpus_file(int rank) { return testing::mesh_corpus_file("tp", rank); }
 
 TEST(TensorParallel, TrainerRejectsAGroupLargerThanTheRun) {
   auto comm = dist::make_mpi_world();
   if (comm->world_size() != 2) GTEST_SKIP() << "a 3-rank group (which the test model allows) on 2 ranks";
   const std::string corpus = corpus_file(comm->rank());
-  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(job(corpus, 2, 3), comm.get()); },
+  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(testing::mesh_job(corpus, 2, 3), comm.get()); },
                                    "`parallel.tensor_parallel` (3) must divide the 2 ranks of this run"));
   std::filesystem::remove(corpus);
 }
@@ -235,14 +211,14 @@ TEST(TensorParallel, TrainerMatchesOneRank) {
   const std::string corpus = corpus_file(r);
   const int64_t B = 2;
   auto single = dist::make_single_rank();
-  train::JobConfig one = job(corpus, B * dp, tp);
+  train::JobConfig one = testing::mesh_job(corpus, B * dp, tp);
   one.parallel.tensor_parallel = 1;
   train::Trainer ref(one, single.get());
   const train::TrainSummary a = ref.run();
 
   for (const char* checkpointing : {"none", "full"}) {
     SCOPED_TRACE(std::string(checkpointing) + " checkpointing, " + std::to_string(dp) + " x " + std::to_string(tp));
-    train::JobConfig c = job(corpus, B, tp);
+    train::JobConfig c = testing::mesh_job(corpus, B, tp);
     c.training.activation_checkpointing = checkpointing;
     train::Trainer t(c, comm.get());
     EXPECT_EQ(t.mesh().shape().tensor_parallel, tp);
@@ -287,7 +263,7 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   if (r == 0) std::filesystem::remove_all(root);
   comm->barrier();
 
-  train::JobConfig c = job(corpus, 2, tp);
+  train::JobConfig c = testing::mesh_job(corpus, 2, tp);
   c.training.steps = 6;
   c.checkpoint.interval_steps = 3;
   c.checkpoint.keep = 0;
@@ -301,19 +277,14 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   // one rank reads what the group wrote
   const train::CheckpointInfo info = train::read_checkpoint_info(root + "/tp/step_00000006");
   EXPECT_EQ(info.world_size, w);
-  auto single = dist::make_single_rank();
-  const model::ModelLayout one = model::ModelLayout::llama(info.config, 1);
-  fsdp::ShardedUnitStore single_store(one, single.get(), {});
-  optim::AdamW single_opt(one, 0, {}, DType::kF32, Device::cpu());
-  train::load_checkpoint(info, single_store, &single_opt);
-  const auto whole = testing::whole_params(single_store, single_store.master_shards());
-  expect_parts_match(straight.store(), straight.store().master_shards(), whole, testing::kExact,
-                     "2-D -> 1");
-  auto state = [&](const std::vector<Tensor>& v) { return testing::whole_params(single_store, v); };
-  expect_parts_match(straight.store(), straight.optimizer().exp_avg(), state(single_opt.exp_avg()), testing::kExact,
-                     "2-D -> 1, exp_avg");
-  expect_parts_match(straight.store(), straight.optimizer().exp_avg_sq(), state(single_opt.exp_avg_sq()),
-                     testing::kExact, "2-D -> 1, exp_avg_sq");
+  const testing::OneRankCopy one_rank = testing::load_on_one_rank(info);
+  const model::ModelLayout& one = *one_rank.layout;
+  const auto whole = one_rank.params();
+  expect_parts_match(straight.store(), straight.store().master_shards(), whole, testing::kExact, "2-D -> 1");
+  expect_parts_match(straight.store(), straight.optimizer().exp_avg(), one_rank.state(one_rank.optimizer->exp_avg()),
+                     testing::kExact, "2-D -> 1, exp_avg");
+  expect_parts_match(straight.store(), straight.optimizer().exp_avg_sq(),
+                     one_rank.state(one_rank.optimizer->exp_avg_sq()), testing::kExact, "2-D -> 1, exp_avg_sq");
 
   // the export holds the same whole tensors
   const io::HfWeights exported(root + "/export");
@@ -324,7 +295,9 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
           << "exported " << p.name;
 
   // one rank writes it again; the 2-D mesh loads that
-  if (r == 0) train::save_checkpoint(root + "/one", 6, info.config, "", single_store, &single_opt, *single, 0);
+  if (r == 0)
+    train::save_checkpoint(root + "/one", 6, info.config, "", *one_rank.store, one_rank.optimizer.get(),
+                           *one_rank.comm, 0);
   comm->barrier();
   fsdp::ShardedUnitStore reloaded(straight.store().layout(), comm.get(), {}, Device::cpu(),
                                   &straight.mesh().data_parallel());

@@ -1,6 +1,7 @@
 // Checking a sharded store's slices against whole parameters (tests of several ranks and meshes).
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -8,7 +9,9 @@
 
 #include "fsdp/sharded_store.h"
 #include "ops/elementwise.h"
+#include "optim/adamw.h"
 #include "testing/compare.h"
+#include "train/checkpoint.h"
 
 namespace shardtrain::testing {
 
@@ -47,6 +50,25 @@ inline auto whole_params(const fsdp::ShardedUnitStore& s, const std::vector<Tens
     const model::ModelLayout::Location loc = s.layout().locate(n);
     return shards[static_cast<size_t>(loc.unit)].flat_range(loc.spec->offset, loc.spec->numel());
   };
+}
+
+// A checkpoint loaded on one rank: whole parameters and AdamW state, in f32.
+struct OneRankCopy {
+  std::unique_ptr<dist::Communicator> comm;
+  std::unique_ptr<model::ModelLayout> layout;
+  std::unique_ptr<fsdp::ShardedUnitStore> store;
+  std::unique_ptr<optim::AdamW> optimizer;
+  auto params() const { return whole_params(*store, store->master_shards()); }
+  auto state(const std::vector<Tensor>& v) const { return whole_params(*store, v); }
+};
+inline OneRankCopy load_on_one_rank(const train::CheckpointInfo& info) {
+  OneRankCopy one;
+  one.comm = dist::make_single_rank();
+  one.layout = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(info.config, 1));
+  one.store = std::make_unique<fsdp::ShardedUnitStore>(*one.layout, one.comm.get(), fsdp::ShardingOptions{});
+  one.optimizer = std::make_unique<optim::AdamW>(*one.layout, 0, optim::AdamWConfig{}, DType::kF32, Device::cpu());
+  train::load_checkpoint(info, *one.store, one.optimizer.get());
+  return one;
 }
 
 }  // namespace shardtrain::testing
