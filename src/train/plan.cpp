@@ -199,7 +199,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                                                            in.world_size / in.tensor_parallel, in.tensor_parallel)
                                              : std::string();
   if (in.replicate > 1)
-    shape += fmt::format("{} {} replicas of {} sharding ranks", shape.empty() ? "," : ";", in.replicate,
+    shape += fmt::format("{} {} replicas of {} ranks", shape.empty() ? "," : ";", in.replicate,
                          in.world_size / in.replicate);
   s += fmt::format("ranks: {}{} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
                    shape, in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
