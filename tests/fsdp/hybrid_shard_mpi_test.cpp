@@ -18,12 +18,15 @@
 #include "dist/mpi_communicator.h"
 #include "fsdp/sharded_store.h"
 #include "fsdp/tensor_parallel.h"
+#include "io/hf_folder.h"
 #include "io/safetensors.h"
+#include "model/hf_config.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
 #include "testing/mesh_jobs.h"
 #include "testing/shard_parts.h"
+#include "testing/shared_data.h"
 #include "testing/training_curves.h"
 #include "train/checkpoint.h"
 #include "train/trainer.h"
@@ -275,6 +278,28 @@ TEST(HybridSharding, CheckpointsLoadAnywhereAndResume) {
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(root);
   std::filesystem::remove(corpus);
+}
+
+// A Hugging Face folder loads into every replica's shards, by ranges or through rank 0.
+TEST(HybridSharding, HfLoadingFillsEveryReplica) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  const model::Mesh shape{w, 1, w % 2 == 0 ? 2 : w};
+  fsdp::DeviceMesh mesh(comm.get(), shape);
+  const std::string dir = testing::source_dir() + "/tests/model/hf_reference/qwen2_bias";
+  const model::LlamaConfig c = model::load_hf_config(dir + "/config.json");
+  const io::HfWeights weights(dir);
+  const model::ModelLayout layout = model::ModelLayout::llama(c, shape, 0);
+  const auto whole = [&](const std::string& n) { return weights.files().front()->read_as(n, DType::kF32); };
+  fsdp::ShardedUnitStore by_ranges(layout, mesh, {});
+  by_ranges.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) { weights.read_range(p.name, first, out); });
+  expect_parts_match(by_ranges, by_ranges.master_shards(), whole, testing::kExact, "by ranges");
+  fsdp::ShardedUnitStore by_root(layout, mesh, {});
+  std::unique_ptr<io::HfWeights> root_weights;
+  if (comm->rank() == 0) root_weights = std::make_unique<io::HfWeights>(dir);
+  by_root.load_from_rank0(
+      [&](const model::ParamSpec& p, int64_t first, Tensor& out) { root_weights->read_range(p.name, first, out); });
+  expect_parts_match(by_root, by_root.master_shards(), whole, testing::kExact, "by rank 0");
 }
 
 }  // namespace
