@@ -250,11 +250,16 @@ const std::vector<KeyDef>& keys() {
           "also decay norm weights and biases"),
 
       key("schedule.type", &C::schedule, &ScheduleSection::type,
-          "learning-rate decay after warmup: cosine, linear or constant", one_of({"cosine", "linear", "constant"})),
+          "learning-rate decay after warmup: cosine, linear, sqrt (1 - sqrt of the decay's progress) or constant",
+          one_of({"cosine", "linear", "sqrt", "constant"})),
       key("schedule.warmup_steps", &C::schedule, &ScheduleSection::warmup_steps,
           "linear warmup steps from 0 to optimizer.lr", non_negative()),
       key("schedule.min_lr_ratio", &C::schedule, &ScheduleSection::min_lr_ratio,
           "final learning rate as a fraction of optimizer.lr", in_range(0.0, 1.0)),
+      key("schedule.decay_fraction", &C::schedule, &ScheduleSection::decay_fraction,
+          "share of training.steps the decay takes, at the end (warmup-stable-decay: the steps between "
+          "warmup and decay stay at optimizer.lr); 1: the decay starts right after warmup",
+          in_range(0.0, 1.0)),
 
       key("eval.interval_steps", &C::eval, &EvalSection::interval_steps,
           "evaluate on the held-out split every this many steps (and at the end); 0 only at the end",

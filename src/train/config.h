@@ -78,6 +78,7 @@ struct ScheduleSection {
   std::string type = "cosine";
   int64_t warmup_steps = 30;
   double min_lr_ratio = 0.1;
+  double decay_fraction = 1.0;
 };
 
 struct EvalSection {

@@ -529,6 +529,7 @@ TrainSummary Trainer::run() {
   sc.warmup_steps = config_.schedule.warmup_steps;
   sc.total_steps = tc.steps;
   sc.min_lr_ratio = config_.schedule.min_lr_ratio;
+  sc.decay_fraction = config_.schedule.decay_fraction;
   model::StepOptions so;
   so.checkpointing = checkpointing_;
   so.deterministic = tc.deterministic;
@@ -574,10 +575,17 @@ TrainSummary Trainer::run() {
   const int64_t dp = mesh_->shape().data_parallel, dp_rank = mesh_->dp_rank();
   Tensor reduce_buf = Tensor::empty({2}, DType::kF64, Device::cpu(), "step totals");
 
+  std::string decay;  // warmup-stable-decay: where the decay starts
+  if (config_.schedule.decay_fraction < 1.0 && sc.type != optim::ScheduleType::kConstant) {
+    int64_t start = tc.steps;
+    while (start > 0 && optim::learning_rate(sc, start) < sc.peak_lr) --start;
+    decay = fmt::format(", stable until step {}, then decaying", start);
+  }
   log::info(fmt::format("training: {} steps x {} sequences x {} tokens ({} tokens per step), lr {} {} with {} "
-                        "warmup steps, {} thread{} per rank",
+                        "warmup steps{}, {} thread{} per rank",
                         tc.steps, B * accum * dp, T, B * T * accum * dp, config_.optimizer.lr, config_.schedule.type,
-                        config_.schedule.warmup_steps, omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s"));
+                        config_.schedule.warmup_steps, decay, omp_get_max_threads(),
+                        omp_get_max_threads() == 1 ? "" : "s"));
   if (config_.schedule.warmup_steps > tc.steps)
     log::warn(fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
                           "optimizer.lr",

@@ -44,6 +44,38 @@ TEST(Schedule, LinearConstantAndNoWarmup) {
   EXPECT_THROW((void)parse_schedule("cosin", "schedule.type"), Error);
 }
 
+// Warmup-stable-decay: warmup to the peak, the peak until the last decay_fraction of the
+// steps, then the decay's shape over those; a fraction longer than what follows warmup is cut.
+TEST(Schedule, StableThenDecayAndTheSqrtShape) {
+  ScheduleConfig c;
+  c.type = ScheduleType::kLinear;
+  c.peak_lr = 1.0;
+  c.warmup_steps = 10;
+  c.total_steps = 100;
+  c.min_lr_ratio = 0.0;
+  c.decay_fraction = 0.2;  // steps 81..100
+  EXPECT_DOUBLE_EQ(learning_rate(c, 5), 0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 10), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 50), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 80), 1.0);   // the last stable step
+  EXPECT_DOUBLE_EQ(learning_rate(c, 81), 0.95);  // 1 of 20 decay steps
+  EXPECT_DOUBLE_EQ(learning_rate(c, 90), 0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 100), 0.0);
+  c.type = ScheduleType::kSqrt;
+  c.min_lr_ratio = 0.1;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 80), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 85), 0.1 + 0.9 * (1.0 - std::sqrt(0.25)));
+  EXPECT_DOUBLE_EQ(learning_rate(c, 100), 0.1);
+  c.type = ScheduleType::kCosine;
+  EXPECT_DOUBLE_EQ(learning_rate(c, 90), 0.1 + 0.9 * 0.5);  // halfway through the decay
+  c.decay_fraction = 0.95;  // more than the 90 steps after warmup: the decay starts right after it
+  EXPECT_DOUBLE_EQ(learning_rate(c, 10), 1.0);
+  EXPECT_DOUBLE_EQ(learning_rate(c, 55), 0.1 + 0.9 * 0.5);
+  c.decay_fraction = 1.0;  // the default: as without a stable phase
+  EXPECT_DOUBLE_EQ(learning_rate(c, 55), 0.1 + 0.9 * 0.5);
+  EXPECT_EQ(parse_schedule("sqrt", "schedule.type"), ScheduleType::kSqrt);
+}
+
 TEST(Clip, ScalesOnlyAboveTheLimit) {
   Tensor a = Tensor::empty({3}, DType::kF32), b = Tensor::empty({2}, DType::kF64);
   float* pa = a.data<float>();

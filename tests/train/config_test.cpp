@@ -76,7 +76,7 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   e = error_of("", {"--training.seq_len=512"});
   EXPECT_NE(e.find("exceeds `model.max_seq_len`"), std::string::npos) << e;
   e = error_of("", {"--schedule.type=exp"});
-  EXPECT_NE(e.find("`schedule.type` must be one of cosine, linear, constant"), std::string::npos) << e;
+  EXPECT_NE(e.find("`schedule.type` must be one of cosine, linear, sqrt, constant"), std::string::npos) << e;
   e = error_of("", {"--training.deterministic=true", "--training.gemm_selection=timed"});
   EXPECT_NE(e.find("`training.deterministic` needs `training.gemm_selection` = \"heuristic\" (found \"timed\")"),
             std::string::npos)
