@@ -269,12 +269,7 @@ TEST(HybridSharding, CheckpointsLoadAnywhereAndResume) {
   train::load_checkpoint(info, flat_store, nullptr);
   expect_parts_match(flat_store, flat_store.master_shards(), whole, testing::kExact, "replicas -> FSDP");
 
-  train::JobConfig resumed_job = c;
-  resumed_job.checkpoint.resume = root + "/hsdp/step_00000003";
-  resumed_job.checkpoint.dir = root + "/resumed";
-  const train::TrainSummary resumed = train::Trainer(resumed_job, comm.get()).run();
-  ASSERT_EQ(resumed.steps.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.steps[i].loss, all.steps[i + 3].loss) << "step " << i + 4;
+  testing::expect_resume_continues(c, root + "/hsdp/step_00000003", root + "/resumed", all, comm.get());
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(root);
   std::filesystem::remove(corpus);
@@ -288,18 +283,7 @@ TEST(HybridSharding, HfLoadingFillsEveryReplica) {
   fsdp::DeviceMesh mesh(comm.get(), shape);
   const std::string dir = testing::source_dir() + "/tests/model/hf_reference/qwen2_bias";
   const model::LlamaConfig c = model::load_hf_config(dir + "/config.json");
-  const io::HfWeights weights(dir);
-  const model::ModelLayout layout = model::ModelLayout::llama(c, shape, 0);
-  const auto whole = [&](const std::string& n) { return weights.files().front()->read_as(n, DType::kF32); };
-  fsdp::ShardedUnitStore by_ranges(layout, mesh, {});
-  by_ranges.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) { weights.read_range(p.name, first, out); });
-  expect_parts_match(by_ranges, by_ranges.master_shards(), whole, testing::kExact, "by ranges");
-  fsdp::ShardedUnitStore by_root(layout, mesh, {});
-  std::unique_ptr<io::HfWeights> root_weights;
-  if (comm->rank() == 0) root_weights = std::make_unique<io::HfWeights>(dir);
-  by_root.load_from_rank0(
-      [&](const model::ParamSpec& p, int64_t first, Tensor& out) { root_weights->read_range(p.name, first, out); });
-  expect_parts_match(by_root, by_root.master_shards(), whole, testing::kExact, "by rank 0");
+  testing::expect_hf_loading_fills_shards(model::ModelLayout::llama(c, shape, 0), mesh, dir);
 }
 
 }  // namespace

@@ -305,13 +305,7 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   expect_parts_match(reloaded, reloaded.master_shards(), whole, testing::kExact, "1 -> 2-D");
 
   // resumed at step 3, the 2-D run continues with the same losses
-  train::JobConfig resumed_job = c;
-  resumed_job.checkpoint.resume = root + "/tp/step_00000003";
-  resumed_job.checkpoint.dir = root + "/resumed";
-  resumed_job.export_.folder = "";
-  const train::TrainSummary resumed = train::Trainer(resumed_job, comm.get()).run();
-  ASSERT_EQ(resumed.steps.size(), 3u);
-  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.steps[i].loss, all.steps[i + 3].loss) << "step " << i + 4;
+  testing::expect_resume_continues(c, root + "/tp/step_00000003", root + "/resumed", all, comm.get());
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(root);
   std::filesystem::remove(corpus);
@@ -326,21 +320,7 @@ TEST(TensorParallel, HfLoadingFillsEachRanksPart) {
   fsdp::DeviceMesh mesh(comm.get(), shape);
   const std::string dir = testing::source_dir() + "/tests/model/hf_reference/qwen2_bias";
   const model::LlamaConfig c = model::load_hf_config(dir + "/config.json");
-  const io::HfWeights weights(dir);
-  const model::ModelLayout layout = model::ModelLayout::llama(c, shape, mesh.tp_rank());
-  fsdp::ShardedUnitStore by_ranges(layout, comm.get(), {}, Device::cpu(), &mesh.data_parallel());
-  by_ranges.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
-    ASSERT_LE(first + out.numel(), p.full_numel());
-    weights.read_range(p.name, first, out);
-  });
-  const auto whole = [&](const std::string& n) { return weights.files().front()->read_as(n, DType::kF32); };
-  expect_parts_match(by_ranges, by_ranges.master_shards(), whole, testing::kExact, "by ranges");
-  fsdp::ShardedUnitStore by_root(layout, comm.get(), {}, Device::cpu(), &mesh.data_parallel());
-  std::unique_ptr<io::HfWeights> root_weights;
-  if (comm->rank() == 0) root_weights = std::make_unique<io::HfWeights>(dir);
-  by_root.load_from_rank0(
-      [&](const model::ParamSpec& p, int64_t first, Tensor& out) { root_weights->read_range(p.name, first, out); });
-  expect_parts_match(by_root, by_root.master_shards(), whole, testing::kExact, "by rank 0");
+  testing::expect_hf_loading_fills_shards(model::ModelLayout::llama(c, shape, mesh.tp_rank()), mesh, dir);
 }
 
 }  // namespace

@@ -8,10 +8,12 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/sharded_store.h"
+#include "io/hf_folder.h"
 #include "ops/elementwise.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
 #include "train/checkpoint.h"
+#include "train/trainer.h"
 
 namespace shardtrain::testing {
 
@@ -69,6 +71,38 @@ inline OneRankCopy load_on_one_rank(const train::CheckpointInfo& info) {
   one.optimizer = std::make_unique<optim::AdamW>(*one.layout, 0, optim::AdamWConfig{}, DType::kF32, Device::cpu());
   train::load_checkpoint(info, *one.store, one.optimizer.get());
   return one;
+}
+
+// The Hugging Face folder `dir` loads into `mesh`'s shards of `layout` (this rank's part),
+// by ranges and through rank 0, each equal to the file's whole tensors.
+inline void expect_hf_loading_fills_shards(const model::ModelLayout& layout, const fsdp::DeviceMesh& mesh,
+                                           const std::string& dir) {
+  const io::HfWeights weights(dir);
+  const auto whole = [&](const std::string& n) { return weights.files().front()->read_as(n, DType::kF32); };
+  fsdp::ShardedUnitStore by_ranges(layout, mesh, {});
+  by_ranges.load([&](const model::ParamSpec& p, int64_t first, Tensor& out) {
+    ASSERT_LE(first + out.numel(), p.full_numel());
+    weights.read_range(p.name, first, out);
+  });
+  expect_parts_match(by_ranges, by_ranges.master_shards(), whole, kExact, "by ranges");
+  fsdp::ShardedUnitStore by_root(layout, mesh, {});
+  std::unique_ptr<io::HfWeights> root_weights;
+  if (mesh.world().rank() == 0) root_weights = std::make_unique<io::HfWeights>(dir);
+  by_root.load_from_rank0(
+      [&](const model::ParamSpec& p, int64_t first, Tensor& out) { root_weights->read_range(p.name, first, out); });
+  expect_parts_match(by_root, by_root.master_shards(), whole, kExact, "by rank 0");
+}
+
+// `job` resumed from `step_dir` (its step 3) on `comm` continues with the losses of the run
+// `all` that wrote it, exactly.
+inline void expect_resume_continues(train::JobConfig job, const std::string& step_dir, const std::string& new_dir,
+                                    const train::TrainSummary& all, dist::Communicator* comm) {
+  job.checkpoint.resume = step_dir;
+  job.checkpoint.dir = new_dir;
+  job.export_.folder = "";
+  const train::TrainSummary resumed = train::Trainer(job, comm).run();
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.steps[i].loss, all.steps[i + 3].loss) << "step " << i + 4;
 }
 
 }  // namespace shardtrain::testing
