@@ -186,8 +186,7 @@ void ShardedUnitStore::init(dist::Communicator* shards, dist::Communicator* bloc
   unsynced_.assign(layout.units().size(), false);
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const model::UnitLayout& unit = layout.units()[u];
-    const bool split = unit.kind == model::UnitKind::kBlock && layout.mesh().tensor_parallel > 1;
-    dist::Communicator* c = split ? blocks : shards;
+    dist::Communicator* c = unit.tp_part ? blocks : shards;
     ST_ASSERT(c != nullptr && c->world_size() == unit.ranks && c->rank() == layout.shard_index(u, comm_->rank()),
               "sharded store: unit ", unit.name, " is sharded over ", unit.ranks, " ranks; no communicator of them");
     unit_comms_.push_back(c);
@@ -586,8 +585,7 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
     const model::UnitLayout& unit = layout_->units()[u];
     const int64_t s = master_[u].numel();
     // a block split by tensor parallelism comes once per part, for the ranks holding it
-    const bool split = unit.kind == model::UnitKind::kBlock && mesh.tensor_parallel > 1;
-    for (int t = 0; t < (split ? mesh.tensor_parallel : 1); ++t) {
+    for (int t = 0; t < (unit.tp_part ? mesh.tensor_parallel : 1); ++t) {
       Tensor full = Tensor::empty({s * unit.ranks}, options_.master_dtype, Device::cpu(), "unit from rank 0");
       if (rank == 0) {
         ops::fill(full, 0.0);  // the padding
@@ -604,7 +602,7 @@ void ShardedUnitStore::load_from_rank0(const ParamReader& read) {
         Tensor piece = full.flat_range(first, std::min(kPiece, full.numel() - first));
         comm_->broadcast(piece, 0);
       }
-      if (!split || mesh.tp_rank(rank) == t) copy(master_[u], full.flat_range(unit_comms_[u]->rank() * s, s));
+      if (!unit.tp_part || mesh.tp_rank(rank) == t) copy(master_[u], full.flat_range(unit_comms_[u]->rank() * s, s));
     }
   }
 }

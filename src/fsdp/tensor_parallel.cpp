@@ -96,8 +96,7 @@ std::unique_ptr<model::TensorParallel> make_tensor_parallel(dist::Communicator* 
 DeviceMesh::DeviceMesh(dist::Communicator* world, const model::Mesh& shape) : shape_(shape), world_(world) {
   ST_CHECK(shape.world() == world->world_size(), "`parallel.tensor_parallel` = ", shape.tensor_parallel,
            " must divide the ", world->world_size(), " ranks of this run");
-  ST_CHECK(shape.replicate >= 1 && shape.data_parallel % shape.replicate == 0, "`parallel.replicate` = ",
-           shape.replicate, " must divide the ", shape.data_parallel, " data-parallel groups of this run");
+  shape.check();
   const int r = world->rank();
   // a group of consecutive ranks (one node's GPUs, where they share the fastest links)
   tp_ = world->split(shape.dp_rank(r), shape.tp_rank(r));

@@ -67,6 +67,11 @@ std::vector<ShardRange> shard_ranges(const UnitLayout& unit, int index) {
   return out;
 }
 
+void Mesh::check() const {
+  ST_CHECK(replicate >= 1 && data_parallel % replicate == 0, "`parallel.replicate` = ", replicate,
+           " must divide the ", data_parallel, " data-parallel groups of this run");
+}
+
 ModelLayout ModelLayout::llama(const LlamaConfig& c, int world_size) {
   ST_CHECK(world_size >= 1, "world size must be >= 1, found ", world_size);
   return llama(c, Mesh{world_size, 1}, 0);
@@ -77,9 +82,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   ST_CHECK(mesh.data_parallel >= 1 && tp >= 1, "the mesh needs >= 1 rank in each dimension, found ",
            mesh.data_parallel, " x ", tp);
   ST_ASSERT(tp_rank >= 0 && tp_rank < tp, "tensor-parallel rank ", tp_rank, " of ", tp);
-  ST_CHECK(mesh.replicate >= 1 && mesh.data_parallel % mesh.replicate == 0, "`parallel.replicate` = ",
-           mesh.replicate, " must divide the ", mesh.data_parallel, " data-parallel groups of ", tp, " rank",
-           tp == 1 ? "" : "s");
+  mesh.check();
   ST_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0 && c.ffn_dim % tp == 0, "`parallel.tensor_parallel` = ",
            tp, " must divide the model's query heads (", c.n_heads, "), key/value heads (", c.n_kv_heads,
            ") and FFN width (", c.ffn_dim, ")");
@@ -122,6 +125,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
     add("mlp.up_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.down_proj.weight", {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
     b.ranks = mesh.shard_groups();
+    b.tp_part = tp > 1;
     layout.units_.push_back(std::move(b));
   }
 
@@ -142,8 +146,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
 int ModelLayout::shard_index(size_t u, int rank) const {
   ST_ASSERT(rank >= 0 && rank < mesh_.world() && mesh_.tp_rank(rank) == tp_rank_, "rank ", rank,
             " does not hold tensor-parallel part ", tp_rank_);
-  const bool split = units_[u].kind == UnitKind::kBlock && mesh_.tensor_parallel > 1;
-  return split ? mesh_.dp_rank(rank) % mesh_.shard_groups() : rank % mesh_.replica_ranks();
+  return units_[u].tp_part ? mesh_.dp_rank(rank) % mesh_.shard_groups() : rank % mesh_.replica_ranks();
 }
 
 ModelLayout::Location ModelLayout::locate(const std::string& name) const {

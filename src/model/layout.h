@@ -72,6 +72,9 @@ struct UnitLayout {
   // with tensor parallelism the replica's data-parallel ranks holding the same part
   // (ModelLayout::shard_index).
   int ranks = 1;
+  // A block split by tensor parallelism: the unit holds this rank's part of it, and the
+  // group's other ranks hold the other parts.
+  bool tp_part = false;
   int64_t shard_numel() const { return numel / ranks; }
   const ParamSpec* find(const std::string& name) const;
   // The element ranges [first, end) of the flat buffer no parameter covers (alignment gaps
@@ -110,6 +113,8 @@ struct Mesh {
   int shard_groups() const { return data_parallel / replicate; }  // data-parallel groups per replica
   int replica_ranks() const { return world() / replicate; }       // ranks per replica
   int replica(int rank) const { return dp_rank(rank) / shard_groups(); }
+  // Throws, naming parallel.replicate, unless it divides the data-parallel groups.
+  void check() const;
 };
 
 class ModelLayout {

@@ -238,9 +238,9 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
   std::vector<std::pair<std::string, Tensor>> pieces;
   bool strided = false;
   // the first replica saves the shards (every replica holds the same); the others' files are empty
-  const bool saves = store.layout().mesh().replica(rank) == 0;
-  for (const LocalRange& r : local_ranges(store.layout(), rank)) {
-    if (!saves) break;
+  const std::vector<LocalRange> ranges =
+      store.layout().mesh().replica(rank) == 0 ? local_ranges(store.layout(), rank) : std::vector<LocalRange>();
+  for (const LocalRange& r : ranges) {
     // a parameter every rank of a tensor-parallel group holds is saved by the group's rank 0
     if (r.spec->replicated && store.layout().tp_rank() != 0) continue;
     for (const PieceShape& ps : piece_shapes(*r.spec, r.first, r.count)) {

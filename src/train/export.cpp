@@ -24,7 +24,7 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
     const model::UnitLayout& unit = layout.units()[u];
     Tensor full = store.acquire_params(u, model::Pass::kEval);  // collective: every rank joins
     // a block's tensor-parallel parts, side by side: [parts · numel]
-    const int parts = unit.kind == model::UnitKind::kBlock ? tp : 1;
+    const int parts = unit.tp_part ? tp : 1;
     if (parts > 1) {
       Tensor all = Tensor::empty({parts * unit.numel}, full.dtype(), full.device(), "tensor-parallel parts");
       tp_comm->all_gather(all, full);

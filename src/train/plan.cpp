@@ -36,7 +36,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int tp = in.tensor_parallel;
   ST_CHECK(tp >= 1 && in.world_size % tp == 0, "`parallel.tensor_parallel` (", tp, ") must divide the ",
            in.world_size, " ranks");
-  const model::Mesh mesh{in.world_size / tp, tp, in.replicate};
+  const model::Mesh mesh = in.mesh();
   const model::ModelLayout layout = model::ModelLayout::llama(c, mesh, 0);
   const int64_t world = in.world_size;
   const int64_t cb = in.gpu ? 2 : 4;  // bytes of a compute-dtype element (bf16 / f32)
@@ -228,7 +228,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     s += row("AdamW m and v (f32 shards)", p.optimizer);
     s += row("gradient shards (f32)", p.grad_shards);
     if (p.compute_shards > 0)
-      s += row(in.world_size == in.replicate ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
+      s += row(in.mesh().replica_ranks() == 1 ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
                p.compute_shards);
   }
   s += "  at the loss:\n";
@@ -379,7 +379,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
 bool choose_compute_shards(PlanInput in, int64_t device_bytes) {
   // one GPU only (or replicas of one GPU each, DDP: the copies are used in place there too):
   // measured there (+1-1.5 % tokens/s); sharded over several GPUs they are taken when asked ("on")
-  if (!in.gpu || in.world_size != in.replicate) return false;
+  if (!in.gpu || in.mesh().replica_ranks() != 1) return false;
   // offloaded they are in host memory: always kept with the gradients there, else when asked
   if (in.offload) return in.offload_grads || in.compute_shards;
   in.compute_shards = true;

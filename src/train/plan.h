@@ -18,6 +18,7 @@ struct PlanInput {
   int world_size = 1;
   int tensor_parallel = 1;         // parallel.tensor_parallel: ranks per group (dividing world_size)
   int replicate = 1;               // parallel.replicate: replicas of the sharded model (HSDP)
+  model::Mesh mesh() const { return {world_size / tensor_parallel, tensor_parallel, replicate}; }
   bool gpu = true;                 // compute dtype bf16 on a GPU, f32 on the CPU
   int64_t micro_batch = 1;         // sequences per rank and micro-batch (training.batch_size)
   int64_t seq_len = 4096;
