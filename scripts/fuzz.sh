@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the libFuzzer targets (clang, ASan + UBSan) for SECONDS each (default 30): the
-# safetensors parser, seeded with the shared sample files when present, and the Jinja
-# interpreter of chat templates, seeded with the shared Llama 3 template and a few of ours.
+# safetensors parser, seeded with the shared sample files when present, the Parquet reader,
+# seeded with small files pyarrow writes when it is installed, and the Jinja interpreter of
+# chat templates, seeded with the shared Llama 3 template and a few of ours.
 # Exits non-zero when a fuzzer finds a crash, a sanitizer error, a hang or an unexpected
 # exception (the input is saved under build-fuzz/).
 set -euo pipefail
@@ -11,6 +12,13 @@ mkdir -p build-fuzz/corpus
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
   tests/io/fuzz/safetensors_fuzz.cpp src/io/safetensors.cpp src/core/error.cpp src/core/dtype.cpp \
   src/core/tensor.cpp src/core/allocator.cpp -o build-fuzz/safetensors_fuzz
+clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
+  tests/io/fuzz/parquet_fuzz.cpp src/io/parquet.cpp src/io/parquet_meta.cpp src/io/parquet_pages.cpp \
+  src/io/decompress.cpp src/core/error.cpp -lzstd -lz -o build-fuzz/parquet_fuzz
+mkdir -p build-fuzz/parquet_corpus
+if python3 -c 'import pyarrow' 2>/dev/null; then
+  python3 tests/io/make_parquet_cases.py --seeds build-fuzz/parquet_corpus
+fi
 if [ -d ../shared/data/safetensors_samples ]; then cp ../shared/data/safetensors_samples/*.safetensors build-fuzz/corpus/; fi
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
   tests/data/fuzz/jinja_fuzz.cpp src/data/jinja_parse.cpp src/data/jinja_render.cpp src/data/jinja_builtins.cpp \
@@ -40,6 +48,7 @@ run() {
   tail -6 "$name.log"
 }
 run safetensors_fuzz -max_len=4096 corpus
+run parquet_fuzz -max_len=16384 parquet_corpus
 # renders are bounded (16 MiB of text, a million loop iterations), but a render that reaches
 # the bounds takes ~0.5 s in a release build and ~30x that under the sanitizers: a hang is
 # what runs past 30 s

@@ -8,6 +8,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libopenblas-dev libopenblas-openmp-dev libomp-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
+  libzstd-dev zlib1g-dev
   libgtest-dev libgmock-dev clang libclang-rt-14-dev
   openmpi-bin libopenmpi-dev
   fortunes
@@ -58,8 +59,8 @@ if [ "${1:-}" = "--tests" ]; then
     python3 -m venv "$here/.venv"
   fi
   # numpy + safetensors read files we write; tokenizers is the reference BPE implementation, jinja2
-  # the reference for chat templates
-  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers jinja2
+  # the reference for chat templates, pyarrow the reference reader and writer of Parquet files
+  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers jinja2 pyarrow
   # Llama 2's tokenizer as Hugging Face's tokenizer.json, built from the vocabulary in llama.cpp's
   # sources (PyPI sdist of llama-cpp-python) and checked with tokenizers; tests skip without it
   if [ ! -f "$here/.deps/llama2-tokenizer/tokenizer.json" ]; then
