@@ -21,6 +21,7 @@
 #include "train/config.h"
 #include "train/export.h"
 #include "train/generate.h"
+#include "io/parquet.h"
 #include "train/inspect.h"
 #include "train/open_model.h"
 #include "train/plan.h"
@@ -91,7 +92,8 @@ std::string usage() {
          "                                                   memory per rank and FLOPs of a job, without\n"
          "                                                   training (N: the launch's world size, else 1)\n"
          "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
-         "                                                   file or Hugging Face folder\n"
+         "                                                   file or Hugging Face folder; fields, types and the\n"
+         "                                                   first row of a .parquet file\n"
          "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]\n"
          "                                                   a Hugging Face folder from a training checkpoint\n"
          "                                                   (a step_* directory, or the folder holding `latest`)\n"
@@ -109,16 +111,17 @@ std::string usage() {
          "                                                   chat data line, {\"messages\": [...], \"tools\": [...]},\n"
          "                                                   in the chat template (tool calls and results too)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
-         "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|whole] [--field NAME] [--threads N]\n"
-         "                                                   text or JSONL -> token file (BOS, ids, EOS per\n"
-         "                                                   document) for `train --data.source=OUTPUT`\n"
+         "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|parquet|whole] [--field NAME]\n"
+         "           [--threads N]                           text, JSONL or Parquet -> token file (BOS, ids, EOS\n"
+         "                                                   per document) for `train --data.source=OUTPUT`;\n"
+         "                                                   the format: parquet for a Parquet INPUT, else lines\n"
          "  help                                             this text; `shardtrain help config` lists keys\n"
          "\n"
          "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";
 }
 
 int run_tokenize(const std::vector<std::string>& args) {
-  std::string tokenizer_path, format = "lines", field = "text";
+  std::string tokenizer_path, format, field = "text";
   bool print_ids = false;
   int threads = 0;
   std::vector<std::string> files;
@@ -157,10 +160,12 @@ int run_tokenize(const std::vector<std::string>& args) {
   }
   ST_CHECK(files.size() == 2, "tokenize: expected INPUT and OUTPUT files, found ", files.size(), " arguments");
   data::TokenizeFileOptions o;
+  if (format.empty()) format = io::is_parquet_file(files[0]) ? "parquet" : "lines";
   if (format == "lines") o.format = data::TextFormat::kLines;
+  else if (format == "parquet") o.format = data::TextFormat::kParquet;
   else if (format == "jsonl") o.format = data::TextFormat::kJsonl;
   else if (format == "whole") o.format = data::TextFormat::kWholeFile;
-  else ST_THROW("tokenize: --format must be lines, jsonl or whole; found `", format, "`");
+  else ST_THROW("tokenize: --format must be lines, jsonl, parquet or whole; found `", format, "`");
   o.jsonl_field = field;
   o.num_threads = threads;
   const data::TokenizeFileStats st = data::tokenize_file(*tok, files[0], files[1], o);
@@ -293,7 +298,8 @@ int run_generate(const std::vector<std::string>& args) {
 }
 
 int run_inspect(const std::vector<std::string>& args) {
-  ST_CHECK(args.size() == 1, "inspect: expected one PATH (a .safetensors file or a Hugging Face folder)");
+  ST_CHECK(args.size() == 1,
+           "inspect: expected one PATH (a .safetensors file, a Hugging Face folder or a .parquet file)");
   std::fputs(train::inspect_report(args[0]).c_str(), stdout);
   return 0;
 }

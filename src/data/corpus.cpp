@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/parquet.h"
 
 namespace shardtrain::data {
 namespace {
@@ -19,6 +20,12 @@ std::string read_file(const std::string& path) {
   std::ostringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+std::string fmt_fields(const io::ParquetFile& file) {
+  std::string s;
+  for (const std::string& f : file.field_names()) s += (s.empty() ? "" : ", ") + f + " (" + file.field_type(f) + ")";
+  return s;
 }
 
 bool blank(std::string_view line) {
@@ -97,6 +104,22 @@ std::vector<std::string> load_jsonl_documents(const std::string& path, const std
     docs.push_back(it->get<std::string>());
   }
   ST_CHECK(!docs.empty(), "JSONL file `", path, "` holds no documents");
+  return docs;
+}
+
+std::vector<std::string> load_parquet_documents(const std::string& path, const std::string& field) {
+  const io::ParquetFile file(path);
+  ST_CHECK(file.has_field(field), "`", path, "`: no field `", field, "` (set data.text_field to the field holding the "
+           "text; the file's fields are ", fmt_fields(file), ")");
+  std::vector<std::string> docs;
+  std::vector<std::string> values;
+  std::vector<uint8_t> present;
+  for (int g = 0; g < file.num_row_groups(); ++g) {
+    file.read_strings(g, field, values, present);
+    for (size_t i = 0; i < values.size(); ++i)
+      if (present[i] && !values[i].empty()) docs.push_back(std::move(values[i]));
+  }
+  ST_CHECK(!docs.empty(), "Parquet file `", path, "` holds no documents in field `", field, "`");
   return docs;
 }
 

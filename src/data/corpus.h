@@ -1,5 +1,5 @@
 // Reading documents: the built-in corpus (Debian's `fortunes` package, plain English text
-// installed by scripts/setup.sh) and user text / JSONL files.
+// installed by scripts/setup.sh) and user text / JSONL / Parquet files.
 #pragma once
 
 #include <string>
@@ -21,5 +21,10 @@ std::vector<std::string> load_text_documents(const std::string& path);
 // A JSONL file: one JSON object per line, the document in string field `field`.
 // Errors name the file, the line number and the field.
 std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field);
+
+// A Parquet file: the document in string column `field` of each row, row groups in order;
+// rows where it is null or empty are skipped. Errors name the file, row group and column, and
+// list the file's fields when `field` is not one of them.
+std::vector<std::string> load_parquet_documents(const std::string& path, const std::string& field);
 
 }  // namespace shardtrain::data

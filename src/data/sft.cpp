@@ -1,5 +1,6 @@
-// Supervised fine-tuning examples: JSONL parsing, loss masks, packing and the per-epoch order.
-// The JSON is parsed on one thread (errors name the line), examples are encoded in parallel.
+// Supervised fine-tuning examples: JSONL lines or Parquet rows, loss masks, packing and the
+// per-epoch order. Examples are read on one thread (errors name the line or row), encoded in
+// parallel.
 #include "data/sft.h"
 
 #include <algorithm>
@@ -12,6 +13,7 @@
 #include "core/error.h"
 #include "core/random.h"
 #include "data/parallel.h"
+#include "io/parquet.h"
 
 namespace shardtrain::data {
 namespace {
@@ -30,9 +32,9 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t key) {
   return order;
 }
 
-// One parsed line: the strings its example is made of.
+// One parsed line or row: the strings its example is made of.
 struct RawExample {
-  int64_t line = 0;
+  int64_t line = 0;  // 1-based line of a JSONL file or row of a Parquet file
   std::string prompt, response;
   std::vector<ChatMessage> messages;
   jinja::Value tools = jinja::Value::none();
@@ -91,9 +93,7 @@ ChatConversation conversation_of(const Json& j, const std::string& where, const 
   return c;
 }
 
-RawExample parse_line(const std::string& line, int64_t number, const std::string& path, const SftOptions& o) {
-  const std::string where = fmt::format("`{}` line {}", path, number);
-  const Json j = parse_object(line, where);
+RawExample parse_example(const Json& j, int64_t number, const std::string& where, const SftOptions& o) {
   RawExample r;
   r.line = number;
   if (o.format == SftFormat::kPromptResponse) {
@@ -110,6 +110,54 @@ RawExample parse_line(const std::string& line, int64_t number, const std::string
   r.messages = std::move(c.messages);
   r.tools = std::move(c.tools);
   return r;
+}
+
+// A JSONL file's examples, one per non-blank line.
+std::vector<RawExample> read_jsonl_examples(const std::string& path, const SftOptions& o) {
+  std::ifstream in(path, std::ios::binary);
+  ST_CHECK(in.good(), "cannot open `", path, "` (`data.source`)");
+  std::vector<RawExample> raw;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    const std::string where = fmt::format("`{}` line {}", path, number);
+    raw.push_back(parse_example(parse_object(line, where), number, where, o));
+  }
+  ST_CHECK(!in.bad(), "error reading `", path, "`");
+  return raw;
+}
+
+// A Parquet file's examples, one per row: the fields an example needs (and `tools` beside
+// messages when the file has it) read as JSON, so a row is what the same JSONL line would be.
+std::vector<RawExample> read_parquet_examples(const std::string& path, const SftOptions& o) {
+  const io::ParquetFile file(path);
+  // each field the example needs, with the key that names it
+  std::vector<std::pair<std::string, const char*>> needed;
+  if (o.format == SftFormat::kPromptResponse)
+    needed = {{o.prompt_field, "data.prompt_field"}, {o.response_field, "data.response_field"}};
+  else
+    needed = {{o.messages_field, "data.messages_field"}};
+  std::vector<std::string> fields;
+  for (const auto& [field, key] : needed) {
+    if (!file.has_field(field)) {
+      std::string names;
+      for (const std::string& n : file.field_names())
+        names += (names.empty() ? "" : ", ") + n + " (" + file.field_type(n) + ")";
+      ST_THROW("`", path, "`: no field `", field, "` (", key, " names it); the file's fields are ", names);
+    }
+    fields.push_back(field);
+  }
+  if (o.format == SftFormat::kChat && file.has_field("tools") && o.messages_field != "tools") fields.push_back("tools");
+  std::vector<RawExample> raw;
+  int64_t row = 0;
+  for (int g = 0; g < file.num_row_groups(); ++g) {
+    for (const Json& j : file.read_rows(g, fields)) {
+      ++row;
+      raw.push_back(parse_example(j, row, fmt::format("`{}` row {}", path, row), o));
+    }
+  }
+  return raw;
 }
 
 }  // namespace
@@ -218,16 +266,8 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
              "template (tokenizer_config.json's chat_template); `", path, "` would be read with ",
              bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one: " + bpe->chat_template_problem());
   }
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open `", path, "` (`data.source`)");
-  std::vector<RawExample> raw;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
-    if (!line.empty() && line.back() == '\r') line.pop_back();
-    if (line.find_first_not_of(" \t") == std::string::npos) continue;
-    raw.push_back(parse_line(line, number, path, o));
-  }
-  ST_CHECK(!in.bad(), "error reading `", path, "`");
+  const bool parquet = io::is_parquet_file(path);
+  const std::vector<RawExample> raw = parquet ? read_parquet_examples(path, o) : read_jsonl_examples(path, o);
   ST_CHECK(!raw.empty(), "`", path, "` holds no examples");
 
   std::vector<SftExample> examples(raw.size());
@@ -235,7 +275,7 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
   parallel_for_lowest_error(n, 0, [&](int64_t i) {
     const RawExample& r = raw[static_cast<size_t>(i)];
     examples[static_cast<size_t>(i)] =
-        with_context([&] { return fmt::format("tokenizing `{}` line {}", path, r.line); }, [&] {
+        with_context([&] { return fmt::format("tokenizing `{}` {} {}", path, parquet ? "row" : "line", r.line); }, [&] {
           return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt, r.tools)
                                               : format_prompt_response(tokenizer, r.prompt, r.response,
                                                                        o.train_on_prompt);

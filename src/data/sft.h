@@ -87,7 +87,8 @@ struct SftSequences {
 SftSequences pack_examples(std::span<const SftExample> examples, std::span<const int64_t> order, int64_t seq_len,
                            bool packing, int32_t pad_id);
 
-// A JSONL file of examples for training: each line one example (blank lines skipped); an
+// A JSONL file (each line one example, blank lines skipped) or a Parquet file (each row one
+// example, its fields read as the JSON a line would hold) of examples for training; an
 // example goes to the held-out split with probability val_fraction by a hash of (seed, its
 // index among the examples). Training sequences are packed from the examples in a seeded order; fill_train takes
 // training sequence g = the formula in SftOptions, epoch g / count, in that epoch's order.

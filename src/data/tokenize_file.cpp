@@ -19,10 +19,13 @@
 #include <limits>
 #include <utility>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/parallel.h"
+#include "io/parquet.h"
 
 namespace shardtrain::data {
 namespace {
@@ -255,6 +258,7 @@ namespace {
 std::string_view document_text(std::string_view line, const TokenizeFileOptions& options,
                                const std::string& path, uint64_t line_number,
                                std::string& storage) {
+  if (options.format == TextFormat::kParquet) return line;  // a row's text, as it is
   if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
   if (options.format != TextFormat::kJsonl) return line;
   if (line.find_first_not_of(" \t") == std::string_view::npos) return {};
@@ -287,7 +291,10 @@ void tokenize_block(const Tokenizer& tokenizer, const std::vector<std::string_vi
     const std::string_view text = document_text(lines[i], options, path, first_line + i, storage);
     if (!text.empty()) {
       ids[i] = with_context(
-          [&] { return "tokenizing line " + std::to_string(first_line + i) + " of `" + path + "`"; },
+          [&] {
+            return std::string("tokenizing ") + (options.format == TextFormat::kParquet ? "row " : "line ") +
+                   std::to_string(first_line + i) + " of `" + path + "`";
+          },
           [&] { return tokenizer.encode(text); });
       present[i] = 1;
     }
@@ -314,7 +321,31 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
   TokenFileWriter writer(output_path, tokenizer.vocab_size(), tokenizer.eos_id(), tokenizer.bos_id());
   TokenizeFileStats stats;
 
-  if (options.format == TextFormat::kWholeFile) {
+  if (options.format == TextFormat::kParquet) {
+    // a row group at a time: its texts, encoded in parallel, written in row order
+    const io::ParquetFile file(input_path);
+    std::vector<std::string> values;
+    std::vector<uint8_t> present;
+    std::vector<std::string_view> rows;
+    uint64_t next_row = 1;
+    auto last_report = std::chrono::steady_clock::now();
+    for (int g = 0; g < file.num_row_groups(); ++g) {
+      file.read_strings(g, options.jsonl_field, values, present);
+      rows.assign(values.size(), std::string_view());
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (present[i]) rows[i] = values[i];
+        stats.input_bytes += values[i].size();
+      }
+      tokenize_block(tokenizer, rows, next_row, options, threads, input_path, writer, stats);
+      next_row += rows.size();
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_report > std::chrono::seconds(10) && g + 1 < file.num_row_groups()) {
+        log::info(fmt::format("tokenize: row group {}/{} of `{}`: {} documents, {} tokens so far", g + 1,
+                              file.num_row_groups(), input_path, stats.documents, writer.header().token_count));
+        last_report = now;
+      }
+    }
+  } else if (options.format == TextFormat::kWholeFile) {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     ST_CHECK(!in.bad(), "error reading `", input_path, "`");
     stats.input_bytes = text.size();

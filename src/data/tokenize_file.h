@@ -105,11 +105,12 @@ enum class TextFormat {
   kLines,      // one document per line ('\n', a trailing '\r' is dropped); empty lines skipped
   kWholeFile,  // the whole file is one document (encoded by one thread)
   kJsonl,      // one JSON object per line, the document in string field `jsonl_field`
+  kParquet,    // a Parquet file, the document in string column `jsonl_field` of each row (nulls skipped)
 };
 
 struct TokenizeFileOptions {
   TextFormat format = TextFormat::kLines;
-  std::string jsonl_field = "text";
+  std::string jsonl_field = "text";       // kJsonl's field, kParquet's column
   int num_threads = 0;                    // 0: OpenMP's default (omp_get_max_threads)
   size_t block_bytes = size_t{16} << 20;  // input read and tokenized per parallel step
 };

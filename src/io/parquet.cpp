@@ -100,7 +100,7 @@ class Assembler {
         value_(leaves_.size(), 0), where_(std::move(where)) {}
 
   // The field's value in the next row.
-  nlohmann::json next_row(int field) {
+  nlohmann::ordered_json next_row(int field) {
     const SchemaNode& n = node(field);
     for (int l = n.first_leaf; l < n.first_leaf + n.leaf_count; ++l)
       ST_CHECK(has_entry(l) && rep(l) == 0, where_, ": column `", leaf_node(l).path, "` ",
@@ -134,12 +134,12 @@ class Assembler {
 
   // One occurrence of `index` in its parent's current instance; a repeated field's occurrence
   // is its whole list.
-  nlohmann::json read_field(int index) {
+  nlohmann::ordered_json read_field(int index) {
     const SchemaNode& n = node(index);
     const int first = n.first_leaf;
     ST_CHECK(has_entry(first), where_, ": column `", leaf_node(first).path, "` ends inside a row");
     if (n.repetition == Repetition::kRepeated) {
-      nlohmann::json list = nlohmann::json::array();
+      nlohmann::ordered_json list = nlohmann::ordered_json::array();
       if (def(first) < n.max_def) {  // empty
         skip_absent(n);
         return list;
@@ -166,35 +166,35 @@ class Assembler {
     }
   }
 
-  nlohmann::json read_instance(int index) {
+  nlohmann::ordered_json read_instance(int index) {
     const SchemaNode& n = node(index);
     if (n.physical != Physical::kGroup) return take_value(n.first_leaf);
     if (is_list(n)) {
       const ListShape s = list_shape(m_, n);
       if (s.repeated >= 0) {
-        nlohmann::json list = read_field(s.repeated);
+        nlohmann::ordered_json list = read_field(s.repeated);
         if (s.unwrap)
-          for (nlohmann::json& e : list) e = nlohmann::json(std::move(e.begin().value()));
+          for (nlohmann::ordered_json& e : list) e = nlohmann::ordered_json(std::move(e.begin().value()));
         return list;
       }
     }
-    nlohmann::json object = nlohmann::json::object();
+    nlohmann::ordered_json object = nlohmann::ordered_json::object();
     for (const int c : n.children) object[node(c).name] = read_field(c);
     if (is_map(n) && n.children.size() == 1) return map_of(std::move(object.begin().value()));
     return object;
   }
 
   // A map's key/value entries as an object when every key is a string.
-  static nlohmann::json map_of(nlohmann::json entries) {
-    nlohmann::json object = nlohmann::json::object();
-    for (const nlohmann::json& e : entries) {
+  static nlohmann::ordered_json map_of(nlohmann::ordered_json entries) {
+    nlohmann::ordered_json object = nlohmann::ordered_json::object();
+    for (const nlohmann::ordered_json& e : entries) {
       if (!e.is_object() || !e.contains("key") || !e["key"].is_string()) return entries;
-      object[e["key"].get<std::string>()] = e.contains("value") ? e["value"] : nlohmann::json();
+      object[e["key"].get<std::string>()] = e.contains("value") ? e["value"] : nlohmann::ordered_json();
     }
     return object;
   }
 
-  nlohmann::json take_value(int l) {
+  nlohmann::ordered_json take_value(int l) {
     const size_t i = static_cast<size_t>(l - first_leaf_);
     LeafData& d = leaves_[i];
     const size_t v = value_[i]++;
@@ -319,9 +319,9 @@ void ParquetFile::read_strings(int group, const std::string& name, std::vector<s
   }
 }
 
-std::vector<nlohmann::json> ParquetFile::read_rows(int group, std::span<const std::string> names) const {
+std::vector<nlohmann::ordered_json> ParquetFile::read_rows(int group, std::span<const std::string> names) const {
   const auto rows = static_cast<size_t>(row_group_rows(group));
-  std::vector<nlohmann::json> out(rows, nlohmann::json::object());
+  std::vector<nlohmann::ordered_json> out(rows, nlohmann::ordered_json::object());
   for (const std::string& name : names) {
     const int index = field_index(name);
     const SchemaNode& n = meta_->schema[static_cast<size_t>(index)];

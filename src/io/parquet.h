@@ -46,11 +46,12 @@ class ParquetFile {
   void read_strings(int group, const std::string& name, std::vector<std::string>& values,
                     std::vector<uint8_t>& present) const;
 
-  // The rows of row group `group` as JSON objects holding the named top-level fields: strings
+  // The rows of row group `group` as JSON objects holding the named top-level fields (objects in
+  // the schema's field order): strings
   // (and binaries) as strings, integers, floating-point numbers, booleans, lists (LIST and bare
   // repeated fields) as arrays, structs as objects, maps with string keys as objects; null
   // where a value is null.
-  std::vector<nlohmann::json> read_rows(int group, std::span<const std::string> names) const;
+  std::vector<nlohmann::ordered_json> read_rows(int group, std::span<const std::string> names) const;
 
  private:
   void open(const std::string& where);

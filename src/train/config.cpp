@@ -142,21 +142,23 @@ const std::vector<KeyDef>& keys() {
           one_of({"auto", "bf16", "f32", "f64"})),
 
       key("data.source", &C::data, &DataSection::source,
-          "builtin:fortunes (Debian's fortunes package), a .txt or .jsonl file, or a token file written by "
+          "builtin:fortunes (Debian's fortunes package), a .txt, .jsonl or .parquet file, or a token file written by "
           "`shardtrain tokenize` (or a folder of them, read in name order as one stream)"),
       key("data.format", &C::data, &DataSection::format,
-          "auto (a token file by its header, else jsonl for .jsonl / .json, else text), text (blank-line separated "
-          "documents), jsonl (a text field per line), tokens (a token file), sft (prompt/response JSONL, the loss on "
-          "the responses) or chat (JSONL of message lists in the tokenizer's chat template, the loss on the "
+          "auto (a token file by its header, a Parquet file by its PAR1 marks, else jsonl for .jsonl / .json, else "
+          "text), text (blank-line separated documents), jsonl (a text field per line), parquet (a text column, a "
+          "document per row), tokens (a token file), sft (prompt/response JSONL or Parquet, the loss on the "
+          "responses) or chat (JSONL or Parquet of message lists in the tokenizer's chat template, the loss on the "
           "assistant's turns)",
-          one_of({"auto", "text", "jsonl", "tokens", "sft", "chat"})),
-      key("data.text_field", &C::data, &DataSection::text_field, "JSONL field holding each document's text"),
-      key("data.prompt_field", &C::data, &DataSection::prompt_field, "sft: JSONL field holding each prompt"),
+          one_of({"auto", "text", "jsonl", "parquet", "tokens", "sft", "chat"})),
+      key("data.text_field", &C::data, &DataSection::text_field,
+          "JSONL field or Parquet column holding each document's text"),
+      key("data.prompt_field", &C::data, &DataSection::prompt_field, "sft: JSONL or Parquet field holding each prompt"),
       key("data.response_field", &C::data, &DataSection::response_field,
-          "sft: JSONL field holding each response"),
+          "sft: JSONL or Parquet field holding each response"),
       key("data.messages_field", &C::data, &DataSection::messages_field,
-          "chat: JSONL field holding each conversation, a list of {\"role\", \"content\", ...} objects (tool "
-          "calls and other fields pass to the template; a line's `tools` field too)"),
+          "chat: JSONL or Parquet field holding each conversation, a list of {\"role\", \"content\", ...} objects "
+          "(tool calls and other fields pass to the template; a line's or row's `tools` field too)"),
       key("data.train_on_prompt", &C::data, &DataSection::train_on_prompt,
           "sft and chat: count the loss on every token (prompts, system and user turns, chat headers), not only "
           "on the responses and the assistant's turns"),

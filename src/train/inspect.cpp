@@ -8,13 +8,37 @@
 
 #include "core/allocator.h"
 #include "io/hf_folder.h"
+#include "io/parquet.h"
 #include "model/hf_config.h"
 #include "model/layout.h"
 
 namespace shardtrain::train {
 
+namespace {
+
+// A Parquet file: its rows, row groups, fields with their types, and the first row's values.
+std::string parquet_report(const std::string& path) {
+  const io::ParquetFile f(path);
+  std::ostringstream r;
+  r << fmt::format("{}  (Parquet, {} rows in {} row groups, {})\n\n", path, f.num_rows(), f.num_row_groups(),
+                   format_bytes(static_cast<int64_t>(std::filesystem::file_size(path))));
+  const std::vector<std::string> fields = f.field_names();
+  for (const std::string& name : fields) r << fmt::format("  {:<24} {}\n", name, f.field_type(name));
+  for (int g = 0; g < f.num_row_groups(); ++g) {
+    if (f.row_group_rows(g) == 0) continue;
+    std::string row = f.read_rows(g, fields).front().dump();
+    if (row.size() > 600) row = row.substr(0, 600) + " ...";
+    r << "\nfirst row: " << row << "\n";
+    break;
+  }
+  return r.str();
+}
+
+}  // namespace
+
 std::string inspect_report(const std::string& path) {
   namespace fs = std::filesystem;
+  if (io::is_parquet_file(path)) return parquet_report(path);
   std::ostringstream r;
   const io::HfWeights w(path);
   int64_t total_bytes = 0, total_elements = 0;

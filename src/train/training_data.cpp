@@ -9,12 +9,14 @@
 #include "data/corpus.h"
 #include "data/sft.h"
 #include "data/tokenize_file.h"
+#include "io/parquet.h"
 
 namespace shardtrain::train {
 namespace {
 
 std::vector<std::string> load_documents(const DataSection& d, const std::string& format) {
   if (d.source == "builtin:fortunes") return data::load_fortunes();
+  if (format == "parquet") return data::load_parquet_documents(d.source, d.text_field);
   return format == "jsonl" ? data::load_jsonl_documents(d.source, d.text_field) : data::load_text_documents(d.source);
 }
 
@@ -34,6 +36,14 @@ std::string resolve_data_format(const DataSection& d) {
     return "tokens";
   }
   ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file or folder `", d.source, "`");
+  if (io::is_parquet_file(d.source)) {
+    ST_CHECK(d.format == "auto" || d.format == "parquet" || d.format == "sft" || d.format == "chat",
+             "`data.source` = `", d.source, "` is a Parquet file, which reads as `data.format` = parquet (documents in "
+             "data.text_field), sft or chat, not ", d.format);
+    return d.format == "auto" ? "parquet" : d.format;
+  }
+  ST_CHECK(d.format != "parquet", "`data.format` = parquet, but `", d.source, "` is not a Parquet file (it does not "
+           "start and end with PAR1)");
   if (d.format != "auto") return d.format;
   if (data::is_token_file(d.source)) return "tokens";
   const std::string ext = std::filesystem::path(d.source).extension().string();

@@ -55,11 +55,11 @@ class ParquetCases : public ::testing::Test {
   static inline bool ok_ = false;
 };
 
-std::vector<nlohmann::json> all_rows(const ParquetFile& f) {
-  std::vector<nlohmann::json> rows;
+std::vector<nlohmann::ordered_json> all_rows(const ParquetFile& f) {
+  std::vector<nlohmann::ordered_json> rows;
   const std::vector<std::string> fields = f.field_names();
   for (int g = 0; g < f.num_row_groups(); ++g) {
-    std::vector<nlohmann::json> part = f.read_rows(g, fields);
+    std::vector<nlohmann::ordered_json> part = f.read_rows(g, fields);
     rows.insert(rows.end(), part.begin(), part.end());
   }
   return rows;
@@ -71,8 +71,8 @@ TEST_F(ParquetCases, EveryCaseReadsAsPyarrowReadsIt) {
   for (const std::string& name : names) {
     SCOPED_TRACE(name);
     const ParquetFile f(path(name));
-    const nlohmann::json expected = nlohmann::json::parse(read_file(dir_ + "/" + name + ".json"));
-    const std::vector<nlohmann::json> rows = all_rows(f);
+    const nlohmann::ordered_json expected = nlohmann::ordered_json::parse(read_file(dir_ + "/" + name + ".json"));
+    const std::vector<nlohmann::ordered_json> rows = all_rows(f);
     ASSERT_EQ(rows.size(), expected.size());
     EXPECT_EQ(f.num_rows(), static_cast<int64_t>(rows.size()));
     size_t mismatches = 0;
@@ -90,7 +90,7 @@ TEST_F(ParquetCases, StringColumnsReadDirectly) {
   for (const std::string name : {"flat_snappy_v1", "flat_zstd_v2", "flat_delta", "long_values", "empty"}) {
     SCOPED_TRACE(name);
     const ParquetFile f(path(name));
-    const nlohmann::json expected = nlohmann::json::parse(read_file(dir_ + "/" + name + ".json"));
+    const nlohmann::ordered_json expected = nlohmann::ordered_json::parse(read_file(dir_ + "/" + name + ".json"));
     size_t row = 0;
     for (int g = 0; g < f.num_row_groups(); ++g) {
       std::vector<std::string> values;
@@ -98,7 +98,7 @@ TEST_F(ParquetCases, StringColumnsReadDirectly) {
       f.read_strings(g, "text", values, present);
       ASSERT_EQ(values.size(), static_cast<size_t>(f.row_group_rows(g)));
       for (size_t i = 0; i < values.size(); ++i, ++row) {
-        const nlohmann::json& e = expected[row]["text"];
+        const nlohmann::ordered_json& e = expected[row]["text"];
         ASSERT_EQ(present[i] != 0, !e.is_null()) << "row " << row;
         if (present[i]) {
           ASSERT_EQ(values[i], e.get<std::string>()) << "row " << row;
