@@ -11,10 +11,10 @@ seconds="${1:-30}"
 mkdir -p build-fuzz/corpus
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
   tests/io/fuzz/safetensors_fuzz.cpp src/io/safetensors.cpp src/core/error.cpp src/core/dtype.cpp \
-  src/core/tensor.cpp src/core/allocator.cpp -o build-fuzz/safetensors_fuzz
+  src/core/tensor.cpp src/core/allocator.cpp src/core/mapped_file.cpp -o build-fuzz/safetensors_fuzz
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
   tests/io/fuzz/parquet_fuzz.cpp src/io/parquet.cpp src/io/parquet_meta.cpp src/io/parquet_pages.cpp \
-  src/io/decompress.cpp src/core/error.cpp -lzstd -lz -o build-fuzz/parquet_fuzz
+  src/io/decompress.cpp src/core/error.cpp src/core/mapped_file.cpp -lzstd -lz -o build-fuzz/parquet_fuzz
 mkdir -p build-fuzz/parquet_corpus
 if python3 -c 'import pyarrow' 2>/dev/null; then
   python3 tests/io/make_parquet_cases.py --seeds build-fuzz/parquet_corpus

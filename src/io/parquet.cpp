@@ -4,11 +4,6 @@
 // entries while their repetition level says they continue it.
 #include "io/parquet.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <fstream>
 
@@ -222,38 +217,16 @@ class Assembler {
 
 }  // namespace
 
-ParquetFile::ParquetFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ST_CHECK(fd >= 0, "cannot open `", path, "`: ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    ST_THROW("cannot stat `", path, "`");
-  }
-  mapped_bytes_ = static_cast<size_t>(st.st_size);
-  if (mapped_bytes_ > 0) {
-    mapping_ = ::mmap(nullptr, mapped_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    ST_CHECK(mapping_ != MAP_FAILED, "cannot map `", path, "`: ", std::strerror(errno));
-    bytes_ = std::span<const uint8_t>(static_cast<const uint8_t*>(mapping_), mapped_bytes_);
-  } else {
-    ::close(fd);
-  }
-  try {
-    open("`" + path + "`");
-  } catch (...) {
-    if (mapping_ != nullptr) ::munmap(mapping_, mapped_bytes_);
-    throw;
-  }
+ParquetFile::ParquetFile(const std::string& path)
+    : path_(path), mapping_(std::make_unique<MappedFile>(path)), bytes_(mapping_->bytes()) {
+  open("`" + path + "`");
 }
 
 ParquetFile::ParquetFile(std::span<const uint8_t> bytes, std::string name) : path_(std::move(name)), bytes_(bytes) {
   open("`" + path_ + "`");
 }
 
-ParquetFile::~ParquetFile() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapped_bytes_);
-}
+ParquetFile::~ParquetFile() = default;
 
 void ParquetFile::open(const std::string& where) {
   const size_t n = bytes_.size();

@@ -14,6 +14,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/mapped_file.h"
+
 namespace shardtrain::io {
 
 namespace parquet {
@@ -58,9 +60,8 @@ class ParquetFile {
   int field_index(const std::string& name) const;  // schema index of a top-level field; throws
 
   std::string path_;
+  std::unique_ptr<MappedFile> mapping_;  // the file; null for a borrowed buffer
   std::span<const uint8_t> bytes_;
-  void* mapping_ = nullptr;  // the mapped file; nullptr for a borrowed buffer
-  size_t mapped_bytes_ = 0;
   std::unique_ptr<parquet::FileMeta> meta_;
 };
 

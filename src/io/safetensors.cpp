@@ -1,11 +1,6 @@
 // safetensors header validation, memory mapping and converting range reads.
 #include "io/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -154,38 +149,16 @@ std::vector<TensorInfo> validate_safetensors(std::span<const uint8_t> file, cons
                                   data_bytes, source, metadata);
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  ST_CHECK(fd >= 0, "cannot open `", path, "`: ", std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    ST_THROW("cannot stat `", path, "`");
-  }
-  map_bytes_ = static_cast<size_t>(st.st_size);
-  if (map_bytes_ > 0) {
-    void* m = ::mmap(nullptr, map_bytes_, PROT_READ, MAP_PRIVATE, fd, 0);
-    ::close(fd);
-    ST_CHECK(m != MAP_FAILED, "cannot map `", path, "`: ", std::strerror(errno));
-    map_ = static_cast<const uint8_t*>(m);
-  } else {
-    ::close(fd);
-  }
-  try {
-    tensors_ = validate_safetensors(std::span<const uint8_t>(map_, map_bytes_), path, &metadata_);
-    uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | map_[i];
-    data_ = map_ + 8 + n;
-    for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
-  } catch (...) {
-    if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
-    throw;
-  }
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(path) {
+  const std::span<const uint8_t> file = map_.bytes();
+  tensors_ = validate_safetensors(file, path, &metadata_);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | file[static_cast<size_t>(i)];
+  data_ = file.data() + 8 + n;
+  for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
 }
 
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(const_cast<uint8_t*>(map_), map_bytes_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   auto it = index_.find(name);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_file.h"
 #include "core/tensor.h"
 
 namespace shardtrain::io {
@@ -60,8 +61,7 @@ class SafetensorsFile {
 
  private:
   std::string path_;
-  const uint8_t* map_ = nullptr;
-  size_t map_bytes_ = 0;
+  MappedFile map_;
   const uint8_t* data_ = nullptr;  // start of the data section
   std::vector<TensorInfo> tensors_;
   std::map<std::string, size_t> index_;
