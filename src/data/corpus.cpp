@@ -1,6 +1,8 @@
 // Document loaders for the training data.
 #include "data/corpus.h"
 
+#include <fnmatch.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -107,19 +109,57 @@ std::vector<std::string> load_jsonl_documents(const std::string& path, const std
   return docs;
 }
 
-std::vector<std::string> load_parquet_documents(const std::string& path, const std::string& field) {
-  const io::ParquetFile file(path);
-  ST_CHECK(file.has_field(field), "`", path, "`: no field `", field, "` (set data.text_field to the field holding the "
-           "text; the file's fields are ", fmt_fields(file), ")");
+bool is_source_pattern(const std::string& source) {
+  const std::string name = std::filesystem::path(source).filename().string();
+  return name.find_first_of("*?[") != std::string::npos;
+}
+
+std::vector<std::string> source_files(const std::string& source) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> files;
+  if (is_source_pattern(source)) {
+    const fs::path p(source);
+    const fs::path dir = p.has_parent_path() ? p.parent_path() : fs::path(".");
+    const std::string pattern = p.filename().string();
+    std::error_code ec;
+    ST_CHECK(fs::is_directory(dir, ec), "`", source, "`: no folder `", dir.string(), "` to match `", pattern, "` in");
+    for (const fs::directory_entry& e : fs::directory_iterator(dir))
+      if (e.is_regular_file() && ::fnmatch(pattern.c_str(), e.path().filename().c_str(), FNM_PERIOD) == 0)
+        files.push_back(e.path().string());
+    ST_CHECK(!files.empty(), "`", source, "` matches no file");
+  } else if (fs::is_directory(source)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(source))
+      if (e.is_regular_file()) files.push_back(e.path().string());
+  } else {
+    files.push_back(source);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+std::vector<std::string> parquet_files(const std::string& source) {
+  std::vector<std::string> files;
+  for (const std::string& f : source_files(source))
+    if (io::is_parquet_file(f)) files.push_back(f);
+  ST_CHECK(!files.empty(), "`", source, "` holds no Parquet file");
+  return files;
+}
+
+std::vector<std::string> load_parquet_documents(const std::string& source, const std::string& field) {
   std::vector<std::string> docs;
   std::vector<std::string> values;
   std::vector<uint8_t> present;
-  for (int g = 0; g < file.num_row_groups(); ++g) {
-    file.read_strings(g, field, values, present);
-    for (size_t i = 0; i < values.size(); ++i)
-      if (present[i] && !values[i].empty()) docs.push_back(std::move(values[i]));
+  for (const std::string& path : parquet_files(source)) {
+    const io::ParquetFile file(path);
+    ST_CHECK(file.has_field(field), "`", path, "`: no field `", field, "` (set data.text_field to the field holding "
+             "the text; the file's fields are ", fmt_fields(file), ")");
+    for (int g = 0; g < file.num_row_groups(); ++g) {
+      file.read_strings(g, field, values, present);
+      for (size_t i = 0; i < values.size(); ++i)
+        if (present[i] && !values[i].empty()) docs.push_back(std::move(values[i]));
+    }
   }
-  ST_CHECK(!docs.empty(), "Parquet file `", path, "` holds no documents in field `", field, "`");
+  ST_CHECK(!docs.empty(), "`", source, "` holds no documents in Parquet field `", field, "`");
   return docs;
 }
 

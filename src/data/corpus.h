@@ -22,9 +22,19 @@ std::vector<std::string> load_text_documents(const std::string& path);
 // Errors name the file, the line number and the field.
 std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field);
 
-// A Parquet file: the document in string column `field` of each row, row groups in order;
-// rows where it is null or empty are skipped. Errors name the file, row group and column, and
-// list the file's fields when `field` is not one of them.
-std::vector<std::string> load_parquet_documents(const std::string& path, const std::string& field);
+// The files `source` names, in name order: the file itself, the files of a folder, or the
+// files matching a pattern in its last component (`*`, `?`, `[...]`, as a shell matches them:
+// "data/train-*.parquet"). A pattern that matches nothing is an error naming it.
+std::vector<std::string> source_files(const std::string& source);
+bool is_source_pattern(const std::string& source);  // wildcards in the last component
+
+// The Parquet files among source_files(source); an error naming `source` when there are none.
+std::vector<std::string> parquet_files(const std::string& source);
+
+// Parquet files (a file, a folder or a pattern: parquet_files): the document in string column
+// `field` of each row, files in name order and row groups in order; rows where it is null or
+// empty are skipped. Errors name the file, row group and column, and list the file's fields
+// when `field` is not one of them.
+std::vector<std::string> load_parquet_documents(const std::string& source, const std::string& field);
 
 }  // namespace shardtrain::data

@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "core/random.h"
+#include "data/corpus.h"
 #include "data/parallel.h"
 
 namespace shardtrain::data {
@@ -152,14 +153,14 @@ std::string PackedStreamData::held_out_size() const { return std::to_string(val_
 
 namespace {
 
-// `path` itself, or the token files of folder `path` in name order.
+// `path` itself, or the token files of folder or pattern `path` in name order.
 std::vector<std::string> token_file_paths(const std::string& path) {
-  if (!std::filesystem::is_directory(path)) return {path};
+  if (!std::filesystem::is_directory(path) && !is_source_pattern(path)) return {path};
   std::vector<std::string> paths;
-  for (const auto& entry : std::filesystem::directory_iterator(path))
-    if (is_token_file(entry.path().string())) paths.push_back(entry.path().string());
-  ST_CHECK(!paths.empty(), "`", path, "` is a folder without token files (written by `shardtrain tokenize`)");
-  std::sort(paths.begin(), paths.end());
+  for (const std::string& f : source_files(path))
+    if (is_token_file(f)) paths.push_back(f);
+  ST_CHECK(!paths.empty(), "`", path, "` ", is_source_pattern(path) ? "matches no token files" : "is a folder without token files",
+           " (written by `shardtrain tokenize`)");
   return paths;
 }
 

@@ -4,6 +4,7 @@
 #include "data/sft.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <numeric>
 
@@ -12,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/random.h"
+#include "data/corpus.h"
 #include "data/parallel.h"
 #include "io/parquet.h"
 
@@ -35,6 +37,7 @@ std::vector<int64_t> permutation(int64_t n, uint64_t seed, uint64_t key) {
 // One parsed line or row: the strings its example is made of.
 struct RawExample {
   int64_t line = 0;  // 1-based line of a JSONL file or row of a Parquet file
+  std::string file;  // the Parquet file of the row (several make one source)
   std::string prompt, response;
   std::vector<ChatMessage> messages;
   jinja::Value tools = jinja::Value::none();
@@ -266,8 +269,19 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
              "template (tokenizer_config.json's chat_template); `", path, "` would be read with ",
              bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one: " + bpe->chat_template_problem());
   }
-  const bool parquet = io::is_parquet_file(path);
-  const std::vector<RawExample> raw = parquet ? read_parquet_examples(path, o) : read_jsonl_examples(path, o);
+  // Parquet: one file, or the Parquet files of a folder or pattern (their rows one after
+  // another, in name order); else one JSONL file
+  const bool parquet = std::filesystem::is_directory(path) || is_source_pattern(path) || io::is_parquet_file(path);
+  std::vector<RawExample> raw;
+  if (parquet) {
+    for (const std::string& file : parquet_files(path)) {
+      std::vector<RawExample> part = read_parquet_examples(file, o);
+      for (RawExample& r : part) r.file = file;
+      raw.insert(raw.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
+    }
+  } else {
+    raw = read_jsonl_examples(path, o);
+  }
   ST_CHECK(!raw.empty(), "`", path, "` holds no examples");
 
   std::vector<SftExample> examples(raw.size());
@@ -275,7 +289,7 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
   parallel_for_lowest_error(n, 0, [&](int64_t i) {
     const RawExample& r = raw[static_cast<size_t>(i)];
     examples[static_cast<size_t>(i)] =
-        with_context([&] { return fmt::format("tokenizing `{}` {} {}", path, parquet ? "row" : "line", r.line); }, [&] {
+        with_context([&] { return fmt::format("tokenizing `{}` {} {}", parquet ? r.file : path, parquet ? "row" : "line", r.line); }, [&] {
           return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt, r.tools)
                                               : format_prompt_response(tokenizer, r.prompt, r.response,
                                                                        o.train_on_prompt);

@@ -142,8 +142,9 @@ const std::vector<KeyDef>& keys() {
           one_of({"auto", "bf16", "f32", "f64"})),
 
       key("data.source", &C::data, &DataSection::source,
-          "builtin:fortunes (Debian's fortunes package), a .txt, .jsonl or .parquet file, or a token file written by "
-          "`shardtrain tokenize` (or a folder of them, read in name order as one stream)"),
+          "builtin:fortunes (Debian's fortunes package), a .txt, .jsonl or .parquet file, a token file written by "
+          "`shardtrain tokenize`, or a folder or file-name pattern (\"data/train-*.parquet\") of token files or "
+          "Parquet files, read in name order as one source"),
       key("data.format", &C::data, &DataSection::format,
           "auto (a token file by its header, a Parquet file by its PAR1 marks, else jsonl for .jsonl / .json, else "
           "text), text (blank-line separated documents), jsonl (a text field per line), parquet (a text column, a "

@@ -1,6 +1,7 @@
 // Opening a job's training data; the loaders and samplers themselves live in data/.
 #include "train/training_data.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -30,10 +31,21 @@ std::string resolve_data_format(const DataSection& d) {
              "corpus `", d.source, "`, which is text");
     return "text";
   }
-  if (std::filesystem::is_directory(d.source)) {  // a folder of token files
-    ST_CHECK(d.format == "auto" || d.format == "tokens", "`data.source` = `", d.source, "` is a folder, which is read "
-             "as token files, not as `data.format` = ", d.format);
-    return "tokens";
+  if (std::filesystem::is_directory(d.source) || data::is_source_pattern(d.source)) {
+    // a folder or pattern: its token files, else its Parquet files
+    const std::vector<std::string> files = data::source_files(d.source);
+    const bool tokens = std::any_of(files.begin(), files.end(), [](const std::string& f) { return data::is_token_file(f); });
+    if (tokens) {
+      ST_CHECK(d.format == "auto" || d.format == "tokens", "`data.source` = `", d.source, "` names token files, which "
+               "are read as such, not as `data.format` = ", d.format);
+      return "tokens";
+    }
+    const bool parquet = std::any_of(files.begin(), files.end(), [](const std::string& f) { return io::is_parquet_file(f); });
+    ST_CHECK(parquet, "`data.source` = `", d.source, "` names ", files.size(), " files, none of them a token file ("
+             "written by `shardtrain tokenize`) or a Parquet file");
+    ST_CHECK(d.format == "auto" || d.format == "parquet" || d.format == "sft" || d.format == "chat", "`data.source` = `",
+             d.source, "` names Parquet files, which read as `data.format` = parquet, sft or chat, not ", d.format);
+    return d.format == "auto" ? "parquet" : d.format;
   }
   ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file or folder `", d.source, "`");
   if (io::is_parquet_file(d.source)) {

@@ -186,5 +186,42 @@ TEST(ParquetData, TheFormatFollowsTheFile) {
   EXPECT_TRUE(throws_with([&] { train::resolve_data_format(d); }, "is not a Parquet file"));
 }
 
+// A folder or a file-name pattern names several Parquet files: their rows one after another in
+// name order, other files skipped, as the concatenated JSONL would read.
+TEST(ParquetData, FoldersAndPatternsReadTheirParquetFilesInNameOrder) {
+  if (!have_pyarrow()) GTEST_SKIP() << "python3 cannot import pyarrow (scripts/setup.sh --tests installs it)";
+  namespace fs = std::filesystem;
+  const std::string dir = temp_path("shards");
+  fs::create_directories(dir);
+  const std::string a = prompt_response_jsonl(70), b = prompt_response_jsonl(45);
+  // b's examples first by name: train-00000 holds b, train-00001 holds a
+  fs::rename(to_parquet(write("b.jsonl", b), "b.parquet", 20), dir + "/train-00000-of-00002.parquet");
+  fs::rename(to_parquet(write("a.jsonl", a), "a.parquet", 30), dir + "/train-00001-of-00002.parquet");
+  fs::rename(to_parquet(write("t.jsonl", prompt_response_jsonl(5)), "t.parquet", 30), dir + "/test-00000-of-00001.parquet");
+  std::ofstream(dir + "/README.md") << "# a dataset card\n";
+  const ByteTokenizer t;
+  SftOptions o;
+  o.seq_len = 96;
+  o.seed = 9;
+  o.val_fraction = 0.1;
+  const std::string concatenated = write("ba.jsonl", b + a);
+  expect_same_sequences(SftData(dir + "/train-*.parquet", t, o), SftData(concatenated, t, o));
+  EXPECT_EQ(source_files(dir + "/train-*.parquet").size(), 2u);
+  EXPECT_EQ(parquet_files(dir).size(), 3u);  // the folder: every Parquet file, not the card
+  EXPECT_TRUE(throws_with([&] { source_files(dir + "/valid-*.parquet"); }, "valid-*.parquet` matches no file"));
+
+  train::DataSection d;
+  d.source = dir + "/train-*.parquet";
+  EXPECT_EQ(train::resolve_data_format(d), "parquet");
+  d.source = dir;
+  EXPECT_EQ(train::resolve_data_format(d), "parquet");
+  d.format = "text";
+  EXPECT_TRUE(throws_with([&] { train::resolve_data_format(d); }, "names Parquet files, which read as"));
+  d.format = "auto";
+  d.source = dir + "/*.md";
+  EXPECT_TRUE(throws_with([&] { train::resolve_data_format(d); }, "none of them a token file"));
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace shardtrain::data
