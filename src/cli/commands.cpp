@@ -21,6 +21,7 @@
 #include "train/config.h"
 #include "train/export.h"
 #include "train/generate.h"
+#include "io/input_file.h"
 #include "io/parquet.h"
 #include "train/inspect.h"
 #include "train/open_model.h"
@@ -112,9 +113,11 @@ std::string usage() {
          "                                                   in the chat template (tool calls and results too)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|parquet|whole] [--field NAME]\n"
-         "           [--threads N]                           text, JSONL or Parquet -> token file (BOS, ids, EOS\n"
-         "                                                   per document) for `train --data.source=OUTPUT`;\n"
-         "                                                   the format: parquet for a Parquet INPUT, else lines\n"
+         "           [--threads N]                           text, JSONL (.gz, .zst too) or Parquet -> token file\n"
+         "                                                   (BOS, ids, EOS per document)\n"
+         "                                                   for `train --data.source=OUTPUT`; the format:\n"
+         "                                                   parquet for a Parquet INPUT, jsonl for .jsonl or\n"
+         "                                                   .json (also .gz, .zst), else lines\n"
          "  help                                             this text; `shardtrain help config` lists keys\n"
          "\n"
          "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";
@@ -160,7 +163,11 @@ int run_tokenize(const std::vector<std::string>& args) {
   }
   ST_CHECK(files.size() == 2, "tokenize: expected INPUT and OUTPUT files, found ", files.size(), " arguments");
   data::TokenizeFileOptions o;
-  if (format.empty()) format = io::is_parquet_file(files[0]) ? "parquet" : "lines";
+  if (format.empty()) {  // by the file: Parquet by its marks, JSONL by .jsonl / .json (under .gz, .zst), else lines
+    const std::string ext = io::inner_extension(files[0]);
+    format = io::is_parquet_file(files[0]) ? "parquet" : (ext == ".jsonl" || ext == ".json") ? "jsonl" : "lines";
+    log::info(fmt::format("tokenize: reading `{}` as {} (--format)", files[0], format));
+  }
   if (format == "lines") o.format = data::TextFormat::kLines;
   else if (format == "parquet") o.format = data::TextFormat::kParquet;
   else if (format == "jsonl") o.format = data::TextFormat::kJsonl;

@@ -5,24 +5,18 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "io/input_file.h"
 #include "io/parquet.h"
 
 namespace shardtrain::data {
 namespace {
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open `", path, "`");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+// The file's text, decompressed when it is a .gz or .zst file.
+std::string read_file(const std::string& path) { return io::InputFile(path).read_all(); }
 
 std::string fmt_fields(const io::ParquetFile& file) {
   std::string s;
@@ -89,12 +83,14 @@ std::vector<std::string> load_text_documents(const std::string& path) {
 }
 
 std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field) {
-  std::ifstream in(path);
-  ST_CHECK(in.good(), "cannot open `", path, "`");
+  const std::string text = read_file(path);
   std::vector<std::string> docs;
-  std::string line;
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    const std::string_view line(text.data() + pos, end - pos);
+    pos = end + 1;
     ++line_no;
     if (blank(line)) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);

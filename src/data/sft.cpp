@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 #include <numeric>
 
 #include <fmt/format.h>
@@ -15,6 +14,7 @@
 #include "core/random.h"
 #include "data/corpus.h"
 #include "data/parallel.h"
+#include "io/input_file.h"
 #include "io/parquet.h"
 
 namespace shardtrain::data {
@@ -117,17 +117,20 @@ RawExample parse_example(const Json& j, int64_t number, const std::string& where
 
 // A JSONL file's examples, one per non-blank line.
 std::vector<RawExample> read_jsonl_examples(const std::string& path, const SftOptions& o) {
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open `", path, "` (`data.source`)");
+  const std::string text = io::InputFile(path).read_all();  // .gz and .zst decompressed
   std::vector<RawExample> raw;
-  std::string line;
-  for (int64_t number = 1; std::getline(in, line); ++number) {
+  int64_t number = 0;
+  for (size_t pos = 0; pos < text.size();) {
+    size_t end = text.find('\n', pos);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(pos, end - pos);
+    pos = end + 1;
+    ++number;
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const std::string where = fmt::format("`{}` line {}", path, number);
     raw.push_back(parse_example(parse_object(line, where), number, where, o));
   }
-  ST_CHECK(!in.bad(), "error reading `", path, "`");
   return raw;
 }
 

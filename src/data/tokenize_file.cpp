@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "data/parallel.h"
+#include "io/input_file.h"
 #include "io/parquet.h"
 
 namespace shardtrain::data {
@@ -316,14 +317,17 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
   ST_CHECK(options.format != TextFormat::kJsonl || !options.jsonl_field.empty(),
            "tokenize_file: jsonl_field must not be empty");
   const int threads = options.num_threads > 0 ? options.num_threads : omp_get_max_threads();
-  std::ifstream in(input_path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open `", input_path, "`");
+  // the input opens (and a Parquet footer checks) before the output is started
+  std::unique_ptr<io::ParquetFile> parquet;
+  std::unique_ptr<io::InputFile> in;  // text, decompressed when it is a .gz or .zst file
+  if (options.format == TextFormat::kParquet) parquet = std::make_unique<io::ParquetFile>(input_path);
+  else in = std::make_unique<io::InputFile>(input_path);
   TokenFileWriter writer(output_path, tokenizer.vocab_size(), tokenizer.eos_id(), tokenizer.bos_id());
   TokenizeFileStats stats;
 
-  if (options.format == TextFormat::kParquet) {
+  if (parquet) {
     // a row group at a time: its texts, encoded in parallel, written in row order
-    const io::ParquetFile file(input_path);
+    const io::ParquetFile& file = *parquet;
     std::vector<std::string> values;
     std::vector<uint8_t> present;
     std::vector<std::string_view> rows;
@@ -346,8 +350,7 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
       }
     }
   } else if (options.format == TextFormat::kWholeFile) {
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    ST_CHECK(!in.bad(), "error reading `", input_path, "`");
+    const std::string text = in->read_all();
     stats.input_bytes = text.size();
     if (!text.empty()) {
       writer.append_document(with_context([&] { return "tokenizing `" + input_path + "`"; },
@@ -367,11 +370,17 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
       while (!eof && last_newline == std::string::npos) {
         const size_t old = buffer.size();
         buffer.resize(old + options.block_bytes);
-        in.read(buffer.data() + old, static_cast<std::streamsize>(options.block_bytes));
-        buffer.resize(old + static_cast<size_t>(in.gcount()));
-        ST_CHECK(!in.bad(), "error reading `", input_path, "`");
-        stats.input_bytes += buffer.size() - old;
-        eof = in.eof();
+        size_t got = 0;  // a decompressing read may return less than asked: fill the block
+        while (got < options.block_bytes) {
+          const size_t k = in->read(buffer.data() + old + got, options.block_bytes - got);
+          if (k == 0) {
+            eof = true;
+            break;
+          }
+          got += k;
+        }
+        buffer.resize(old + got);
+        stats.input_bytes += got;
         last_newline = buffer.rfind('\n');
       }
       const size_t block_end = eof ? buffer.size() : last_newline + 1;

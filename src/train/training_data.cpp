@@ -10,6 +10,7 @@
 #include "data/corpus.h"
 #include "data/sft.h"
 #include "data/tokenize_file.h"
+#include "io/input_file.h"
 #include "io/parquet.h"
 
 namespace shardtrain::train {
@@ -58,7 +59,7 @@ std::string resolve_data_format(const DataSection& d) {
            "start and end with PAR1)");
   if (d.format != "auto") return d.format;
   if (data::is_token_file(d.source)) return "tokens";
-  const std::string ext = std::filesystem::path(d.source).extension().string();
+  const std::string ext = io::inner_extension(d.source);  // "corpus.jsonl.gz": .jsonl
   return (ext == ".jsonl" || ext == ".json") ? "jsonl" : "text";
 }
 
