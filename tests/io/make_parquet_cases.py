@@ -1,5 +1,6 @@
-"""Writes Parquet files with pyarrow, each beside the rows pyarrow reads back from it as JSON:
-the reference parquet_test compares shardtrain's reader with.
+"""Writes Parquet files with pyarrow (and, where installed, with polars and DuckDB, whose writers
+are their own), each beside the rows pyarrow reads back from it as JSON: the reference
+parquet_test compares shardtrain's reader with.
 
 Usage: make_parquet_cases.py OUT_DIR
        make_parquet_cases.py --seeds OUT_DIR   (small files only: the fuzz target's seeds)
@@ -87,6 +88,40 @@ def expected_rows(path):
     return [{f.name: plain(row[f.name], f.type) for f in table.schema} for row in table.to_pylist()]
 
 
+def other_writers(out, flat, chat):
+    """polars' (Rust) and DuckDB's (C++) writers on the same tables, where they are installed."""
+    written = []
+    try:
+        import polars as pl
+        for name, table in [("flat", flat), ("chat", chat)]:
+            frame = pl.from_arrow(table)
+            for codec in ["snappy", "zstd", "lz4", "uncompressed"]:
+                path = os.path.join(out, f"polars_{name}_{codec}.parquet")
+                frame.write_parquet(path, compression=codec, row_group_size=700, data_page_size=4096)
+                written.append(path)
+    except ImportError:
+        print("make_parquet_cases: polars not installed; no polars cases", file=sys.stderr)
+    try:
+        import duckdb
+        con = duckdb.connect()
+        for name, table in [("flat", flat), ("chat", chat)]:
+            con.register("t", table)
+            for codec, version in [("snappy", "V1"), ("gzip", "V1"), ("lz4", "V1"), ("zstd", "V2")]:
+                path = os.path.join(out, f"duckdb_{name}_{codec}_{version}.parquet")
+                con.execute(f"COPY t TO '{path}' (FORMAT parquet, COMPRESSION {codec}, PARQUET_VERSION {version}, "
+                            "ROW_GROUP_SIZE 700)")
+                written.append(path)
+            con.unregister("t")
+    except ImportError:
+        print("make_parquet_cases: duckdb not installed; no DuckDB cases", file=sys.stderr)
+    names = []
+    for path in written:
+        with open(path[:-len(".parquet")] + ".json", "w", encoding="utf-8") as f:
+            json.dump(expected_rows(path), f, ensure_ascii=False)
+        names.append(os.path.basename(path)[:-len(".parquet")])
+    return names
+
+
 def seeds(out):
     rng = random.Random(5)
     flat, chat = flat_table(rng, 40), chat_table(rng, 30)
@@ -129,7 +164,7 @@ def main():
     cases["long_values"] = (long_text, dict(compression="snappy", use_dictionary=False))
     empty = pa.table({"text": pa.array([], pa.string())})
     cases["empty"] = (empty, dict())
-    manifest = []
+    manifest = other_writers(out, flat, chat)
     for name, (table, options) in cases.items():
         path = os.path.join(out, name + ".parquet")
         pq.write_table(table, path, **options)
