@@ -222,24 +222,31 @@ json read_json(const std::string& path) {
 
 }  // namespace
 
-std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
-                            const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
-                            optim::AdamW* optimizer, dist::Communicator& comm, int keep) {
-  const fs::path final_dir = fs::path(root) / step_dir_name(step);
+std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int64_t step,
+                                                    const model::LlamaConfig& config,
+                                                    const std::string& tokenizer_source,
+                                                    fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
+                                                    dist::Communicator& comm, int keep) {
+  auto c = std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint());
+  c->root_ = root;
+  c->step_ = step;
+  c->keep_ = keep;
+  c->rank_ = comm.rank();
+  c->world_ = comm.world_size();
   const fs::path tmp_dir = fs::path(root) / fmt::format(".{}.tmp", step_dir_name(step));
-  const int rank = comm.rank(), world = comm.world_size();
-  if (rank == 0) {
+  c->file_ = (tmp_dir / rank_file_name(c->rank_, c->world_)).string();
+  if (c->rank_ == 0) {
     fs::create_directories(root);
     fs::remove_all(tmp_dir);
     fs::create_directories(tmp_dir);
   }
   comm.barrier();
 
-  std::vector<std::pair<std::string, Tensor>> pieces;
   bool strided = false;
   // the first replica saves the shards (every replica holds the same); the others' files are empty
-  const std::vector<LocalRange> ranges =
-      store.layout().mesh().replica(rank) == 0 ? local_ranges(store.layout(), rank) : std::vector<LocalRange>();
+  const std::vector<LocalRange> ranges = store.layout().mesh().replica(c->rank_) == 0
+                                             ? local_ranges(store.layout(), c->rank_)
+                                             : std::vector<LocalRange>();
   for (const LocalRange& r : ranges) {
     // a parameter every rank of a tensor-parallel group holds is saved by the group's rank 0
     if (r.spec->replicated && store.layout().tp_rank() != 0) continue;
@@ -250,9 +257,9 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
         Tensor host = Tensor::empty(shape, DType::kF32, Device::cpu(), "checkpoint piece");
         Tensor flat = host.view({ps.rows * width});
         ops::cast(flat, shard.flat_range(r.shard_offset + ps.local_offset, ps.rows * width));
-        pieces.emplace_back(ps.rows == 1 ? piece_name(r.spec->name, kind, ps.first, ps.end)
-                                         : strided_piece_name(r.spec->name, kind, ps.first, ps.end, ps.stride),
-                            host);
+        c->pieces_.emplace_back(ps.rows == 1 ? piece_name(r.spec->name, kind, ps.first, ps.end)
+                                             : strided_piece_name(r.spec->name, kind, ps.first, ps.end, ps.stride),
+                                host);
       };
       strided |= ps.rows > 1;
       add(kMaster, store.master_shards()[r.unit]);
@@ -262,46 +269,87 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
       }
     }
   }
-  io::write_safetensors((tmp_dir / rank_file_name(rank, world)).string(), pieces,
-                        {{"shardtrain", "checkpoint pieces"}, {"rank", std::to_string(rank)}});
-  comm.barrier();
 
   // the version: strided pieces on any rank need version 2
   Tensor any_strided = Tensor::empty({1}, DType::kI64, Device::cpu(), "strided pieces");
   any_strided.data<int64_t>()[0] = strided ? 1 : 0;
   comm.all_reduce(any_strided, dist::ReduceOp::kSum);
 
-  if (rank == 0) {
-    json meta;
-    meta["format"] = kFormat;
-    meta["version"] = any_strided.data<int64_t>()[0] > 0 ? kStridedVersion : kVersion;
-    meta["step"] = step;
-    meta["world_size"] = world;
-    meta["tensor_parallel"] = store.layout().mesh().tensor_parallel;
-    meta["config"] = model::to_hf_config(config, "float32");
-    meta["tokenizer_source"] = tokenizer_source;
-    meta["optimizer_steps"] = optimizer != nullptr ? optimizer->steps_taken() : 0;
-    meta["has_optimizer_state"] = optimizer != nullptr;
-    json files = json::array();
-    for (int r = 0; r < world; ++r) files.push_back(rank_file_name(r, world));
-    meta["files"] = files;
-    io::write_file_atomic((tmp_dir / "metadata.json").string(), meta.dump(2) + "\n");
+  json meta;
+  meta["format"] = kFormat;
+  meta["version"] = any_strided.data<int64_t>()[0] > 0 ? kStridedVersion : kVersion;
+  meta["step"] = step;
+  meta["world_size"] = c->world_;
+  meta["tensor_parallel"] = store.layout().mesh().tensor_parallel;
+  meta["config"] = model::to_hf_config(config, "float32");
+  meta["tokenizer_source"] = tokenizer_source;
+  meta["optimizer_steps"] = optimizer != nullptr ? optimizer->steps_taken() : 0;
+  meta["has_optimizer_state"] = optimizer != nullptr;
+  json files = json::array();
+  for (int r = 0; r < c->world_; ++r) files.push_back(rank_file_name(r, c->world_));
+  meta["files"] = files;
+  c->metadata_ = meta.dump(2) + "\n";
+  for (const auto& [name, t] : c->pieces_) c->bytes_ += static_cast<int64_t>(t.nbytes());
+  return c;
+}
+
+void PendingCheckpoint::write() {
+  io::write_safetensors(file_, pieces_, {{"shardtrain", "checkpoint pieces"}, {"rank", std::to_string(rank_)}});
+  pieces_.clear();  // the host copies are on disk now
+}
+
+std::string PendingCheckpoint::commit(dist::Communicator& comm, bool written) {
+  // every rank says whether its file was written, so that a failed rank does not leave the
+  // others waiting, and no rank publishes a checkpoint with a missing file
+  Tensor ok = Tensor::empty({1}, DType::kI64, Device::cpu(), "checkpoint written");
+  ok.data<int64_t>()[0] = written ? 1 : 0;
+  comm.all_reduce(ok, dist::ReduceOp::kSum);
+  const fs::path final_dir = fs::path(root_) / step_dir_name(step_);
+  const fs::path tmp_dir = fs::path(root_) / fmt::format(".{}.tmp", step_dir_name(step_));
+  ST_CHECK(ok.data<int64_t>()[0] == world_, "checkpoint of step ", step_, ": ", world_ - ok.data<int64_t>()[0],
+           " of ", world_, " ranks failed to write their file under `", tmp_dir.string(), "`; `latest` still names the "
+           "previous checkpoint");
+  if (rank_ == 0) {
+    io::write_file_atomic((tmp_dir / "metadata.json").string(), metadata_);
     fsync_path(tmp_dir);
     fs::remove_all(final_dir);  // a re-save of the same step replaces it
     fs::rename(tmp_dir, final_dir);
-    fsync_path(root);
-    io::write_file_atomic((fs::path(root) / "latest").string(), step_dir_name(step) + "\n");
-    if (keep > 0) {
+    fsync_path(root_);
+    io::write_file_atomic((fs::path(root_) / "latest").string(), step_dir_name(step_) + "\n");
+    if (keep_ > 0) {
       std::vector<fs::path> steps;
-      for (const fs::directory_entry& e : fs::directory_iterator(root))
+      for (const fs::directory_entry& e : fs::directory_iterator(root_))
         if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path());
       std::sort(steps.begin(), steps.end());
-      for (size_t i = 0; i + static_cast<size_t>(keep) < steps.size(); ++i)
+      for (size_t i = 0; i + static_cast<size_t>(keep_) < steps.size(); ++i)
         if (steps[i] != final_dir) fs::remove_all(steps[i]);
     }
   }
   comm.barrier();
   return final_dir.string();
+}
+
+std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
+                            const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
+                            optim::AdamW* optimizer, dist::Communicator& comm, int keep) {
+  const std::unique_ptr<PendingCheckpoint> c =
+      begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep);
+  bool written = false;
+  std::string error;
+  try {
+    c->write();
+    written = true;
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  if (!written) {  // the others learn of it in commit; this rank says why
+    try {
+      c->commit(comm, false);
+    } catch (const Error&) {
+    }
+    ST_THROW(error);
+  }
+  return c->commit(comm, true);
 }
 
 std::string resolve_checkpoint(const std::string& spec, const std::string& root) {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -30,9 +31,39 @@ struct CheckpointInfo {
   std::string tokenizer_source;  // folder with tokenizer files ("" when the tokenizer was built in)
 };
 
-// Collective: every rank writes its pieces; rank 0 writes the metadata, renames the
-// directory into place, points `latest` at it and deletes all but the newest `keep` step
-// directories (0 keeps all). Returns the step directory.
+// A checkpoint being saved in two halves, so that training can go on while the files are
+// written (checkpoint.async). begin_checkpoint (collective) copies this rank's pieces into
+// host memory and makes the temporary directory; write() writes this rank's file and uses no
+// collective, so it may run on another thread while the training thread steps; commit
+// (collective) learns from every rank whether its file was written, then rank 0 writes the
+// metadata, renames the directory into place, points `latest` at it and deletes all but the
+// newest `keep` step directories (0 keeps all). It returns the step directory; if any rank's
+// write failed it throws on every rank and `latest` keeps naming the previous checkpoint.
+class PendingCheckpoint {
+ public:
+  void write();
+  std::string commit(dist::Communicator& comm, bool written);
+  int64_t step() const { return step_; }
+  int64_t bytes() const { return bytes_; }  // this rank's pieces
+
+ private:
+  friend std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string&, int64_t, const model::LlamaConfig&,
+                                                             const std::string&, fsdp::ShardedUnitStore&,
+                                                             optim::AdamW*, dist::Communicator&, int);
+  PendingCheckpoint() = default;
+  std::string root_, file_, metadata_;
+  int64_t step_ = 0, bytes_ = 0;
+  int keep_ = 0, rank_ = 0, world_ = 1;
+  std::vector<std::pair<std::string, Tensor>> pieces_;  // host copies, freed once written
+};
+
+std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int64_t step,
+                                                    const model::LlamaConfig& config,
+                                                    const std::string& tokenizer_source,
+                                                    fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
+                                                    dist::Communicator& comm, int keep);
+
+// All three halves at once: begin, write, commit. Returns the step directory.
 std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
                             const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
                             optim::AdamW* optimizer, dist::Communicator& comm, int keep);

@@ -122,6 +122,7 @@ struct CheckpointSection {
   int64_t keep = 2;
   std::string dir = "";        // "" = run.output_dir/checkpoints
   std::string resume = "";     // "", "auto" or a step directory
+  bool async = false;          // write the files on a thread while training goes on
 };
 
 struct SampleSection {

@@ -368,6 +368,29 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   }
 }
 
+void Trainer::commit_pending_checkpoint() {
+  const Clock::time_point t0 = Clock::now();
+  if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
+  const double waited = seconds_since(t0);
+  const std::unique_ptr<PendingCheckpoint> c = std::move(pending_checkpoint_);
+  if (checkpoint_error_) {
+    std::string why;
+    try {
+      std::rethrow_exception(std::exchange(checkpoint_error_, nullptr));
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+    try {
+      c->commit(*comm_, false);  // the other ranks learn of it
+    } catch (const Error&) {
+    }
+    ST_THROW("checkpoint of step ", c->step(), " not saved (`latest` still names the previous one): ", why);
+  }
+  const std::string dir = c->commit(*comm_, true);
+  log::info(fmt::format("checkpoint  step {:>5}  {} is `latest` (waited {:.1f} s for the writing)", c->step(), dir,
+                        waited));
+}
+
 Trainer::~Trainer() {
   // an offloaded host update still in flight (a run left by an error) uses the optimizer,
   // which goes before the store
@@ -773,16 +796,40 @@ TrainSummary Trainer::run() {
       log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", step, e, std::exp(e)));
       metrics.write({{"step", step}, {"eval_loss", e}});
     }
-    if (checkpoint_now) {
+    if (checkpoint_now && config_.checkpoint.async) {
+      if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
+      const Clock::time_point tc0 = Clock::now();
+      pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
+                                             optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));
+      checkpoint_commit_step_ = std::min(tc.steps, step + std::max<int64_t>(1, every / 4));
+      checkpoint_error_ = nullptr;
+      PendingCheckpoint* c = pending_checkpoint_.get();
+      checkpoint_writer_ = std::jthread([this, c] {
+        try {
+          c->write();
+        } catch (...) {
+          checkpoint_error_ = std::current_exception();
+        }
+      });
+      progress.clear();
+      log::info(fmt::format("checkpoint  step {:>5}  {} copied to host memory in {:.1f} s; writing while training "
+                            "goes on, `latest` at step {}", step, format_bytes(c->bytes()), seconds_since(tc0),
+                            checkpoint_commit_step_));
+    } else if (checkpoint_now) {
       const Clock::time_point tc0 = Clock::now();
       const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
                                               optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));
       progress.clear();
       log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds_since(tc0)));
     }
+    if (pending_checkpoint_ && step >= checkpoint_commit_step_) {
+      progress.clear();
+      commit_pending_checkpoint();
+    }
     progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
   }
   progress.clear();
+  if (pending_checkpoint_) commit_pending_checkpoint();
   summary.seconds = seconds_since(start);
   const int64_t steps_done = tc.steps - first_step + 1;
   summary.tokens_per_second = steps_done > 1 && steady_seconds > 0

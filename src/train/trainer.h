@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/dataset.h"
@@ -15,6 +17,7 @@
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "train/checkpoint.h"
 #include "train/plan.h"
 #include "train/config.h"
 
@@ -95,6 +98,13 @@ class Trainer {
   std::unique_ptr<fsdp::ShardedUnitStore> store_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
+  // checkpoint.async: the checkpoint whose files a thread is writing, and when it commits
+  std::unique_ptr<PendingCheckpoint> pending_checkpoint_;
+  std::jthread checkpoint_writer_;
+  std::exception_ptr checkpoint_error_;
+  int64_t checkpoint_commit_step_ = 0;
+  double checkpoint_started_ = 0;  // seconds since the run's start when the copy finished
+  void commit_pending_checkpoint();
 };
 
 // The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or

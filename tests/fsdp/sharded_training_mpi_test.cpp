@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "dist/mpi_communicator.h"
@@ -294,6 +295,25 @@ TEST(ShardedCheckpoint, WrittenByNRanksLoadsOnOneAndBack) {
     EXPECT_TRUE(
         testing::all_close(reloaded_opt.exp_avg_sq()[u], sharded.optimizer().exp_avg_sq()[u], testing::kExact));
   }
+
+  // checkpoint.async on N ranks (files written on a thread while the ranks step on, committed
+  // a step later): every rank's file and the metadata equal the synchronous save's
+  train::JobConfig a = c;
+  a.checkpoint.dir = root + "/async";
+  a.checkpoint.interval_steps = 2;
+  a.checkpoint.async = true;
+  train::Trainer async_run(a, comm.get());
+  async_run.run();
+  comm->barrier();
+  const auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string rank_file = "/step_00000004/rank_" + fmt::format("{:05d}-of-{:05d}", r, w) + ".safetensors";
+  EXPECT_FALSE(bytes(root + "/by_n" + rank_file).empty());
+  EXPECT_TRUE(bytes(root + "/async" + rank_file) == bytes(root + "/by_n" + rank_file)) << rank_file;
+  EXPECT_TRUE(bytes(root + "/async/step_00000004/metadata.json") == bytes(root + "/by_n/step_00000004/metadata.json"));
+  EXPECT_TRUE(std::filesystem::is_directory(root + "/async/step_00000002"));
   comm->barrier();
   if (r == 0) std::filesystem::remove_all(root);
   std::filesystem::remove(corpus);

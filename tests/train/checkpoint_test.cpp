@@ -46,6 +46,15 @@ JobConfig job(const std::string& dir) {
   return c.config;
 }
 
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
+
 void expect_same_masters(Trainer& a, Trainer& b) {
   for (size_t u = 0; u < a.store().master_shards().size(); ++u)
     EXPECT_TRUE(testing::all_close(a.store().master_shards()[u], b.store().master_shards()[u], testing::kExact))
@@ -100,6 +109,51 @@ TEST(Checkpoint, ResumeEqualsStraightThroughOnFineTuningExamples) {
   expect_resume_equals_straight_through(c, dir);
 }
 
+// checkpoint.async: the files written on a thread while training goes on are the synchronous
+// run's byte for byte, and resuming from them equals training straight through.
+TEST(Checkpoint, AsyncSavesTheSameFilesAndResumes) {
+  const std::string sync_dir = fresh_dir("sync");
+  Trainer(job(sync_dir)).run();
+  const std::string dir = fresh_dir("async");
+  JobConfig c = job(dir);
+  c.checkpoint.async = true;
+  expect_resume_equals_straight_through(c, dir);
+  for (const char* step : {"step_00000003", "step_00000006"}) {
+    for (const char* file : {"rank_00000-of-00001.safetensors", "metadata.json"}) {
+      std::ifstream a(sync_dir + "/checkpoints/" + step + "/" + file, std::ios::binary);
+      std::ifstream b(dir + "/checkpoints/" + step + "/" + file, std::ios::binary);
+      const std::string sa((std::istreambuf_iterator<char>(a)), std::istreambuf_iterator<char>());
+      const std::string sb((std::istreambuf_iterator<char>(b)), std::istreambuf_iterator<char>());
+      EXPECT_FALSE(sa.empty());
+      EXPECT_TRUE(sa == sb) << step << "/" << file << " differs from the synchronous save";
+    }
+  }
+}
+
+// A rank whose file cannot be written fails the commit on every rank, and `latest` keeps
+// naming the previous checkpoint.
+TEST(Checkpoint, AFailedWriteIsNotCommitted) {
+  const std::string dir = fresh_dir("failed_write");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  Trainer t(c);
+  t.run();
+  const std::string root = dir + "/checkpoints";
+  ASSERT_EQ(resolve_checkpoint("auto", root), root + "/step_00000003");
+  const std::unique_ptr<dist::Communicator> one = dist::make_single_rank();
+  dist::Communicator& comm = *one;
+  std::unique_ptr<PendingCheckpoint> p =
+      begin_checkpoint(root, 4, t.model().config(), "", t.store(), &t.optimizer(), comm, 0);
+  // the temporary directory replaced by a file: the rank file cannot be created
+  fs::remove_all(root + "/.step_00000004.tmp");
+  std::ofstream(root + "/.step_00000004.tmp") << "in the way";
+  EXPECT_THROW(p->write(), Error);
+  const std::string e = error_of([&] { p->commit(comm, false); });
+  EXPECT_NE(e.find("1 of 1 ranks failed to write their file"), std::string::npos) << e;
+  EXPECT_EQ(resolve_checkpoint("auto", root), root + "/step_00000003");
+  EXPECT_FALSE(fs::exists(root + "/step_00000004"));
+}
+
 TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
   const std::string dir = fresh_dir("auto");
   JobConfig c = job(dir);
@@ -125,14 +179,6 @@ TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
   EXPECT_EQ(Trainer(fresh).run().steps.size(), 1u);
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Checkpoint, DamageIsNamed) {
   const std::string dir = fresh_dir("damage");
