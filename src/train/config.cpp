@@ -354,8 +354,8 @@ const std::vector<KeyDef>& keys() {
           "empty starts fresh"),
       key("checkpoint.async", &C::checkpoint, &CheckpointSection::async,
           "copy the state to host memory and write the files on a thread while training goes on; the checkpoint "
-          "becomes `latest` a quarter of checkpoint.interval_steps later (at least 1 step; at the latest at the "
-          "next save or the end), waiting there only for what is left of the writing"),
+          "becomes `latest` at the first step after it at which every rank has written its file (at the latest at "
+          "the next save or the end, which wait for the writing)"),
 
       key("sample.prompt", &C::sample, &SampleSection::prompt, "text the final sample continues"),
       key("sample.tokens", &C::sample, &SampleSection::tokens,

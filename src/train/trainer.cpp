@@ -368,6 +368,13 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   }
 }
 
+bool Trainer::all_ranks_wrote_checkpoint() {
+  Tensor done = Tensor::empty({1}, DType::kI64, Device::cpu(), "checkpoint written");
+  done.data<int64_t>()[0] = checkpoint_written_ ? 1 : 0;
+  comm_->all_reduce(done, dist::ReduceOp::kSum);
+  return done.data<int64_t>()[0] == comm_->world_size();
+}
+
 void Trainer::commit_pending_checkpoint() {
   const Clock::time_point t0 = Clock::now();
   if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
@@ -387,8 +394,8 @@ void Trainer::commit_pending_checkpoint() {
     ST_THROW("checkpoint of step ", c->step(), " not saved (`latest` still names the previous one): ", why);
   }
   const std::string dir = c->commit(*comm_, true);
-  log::info(fmt::format("checkpoint  step {:>5}  {} is `latest` (waited {:.1f} s for the writing)", c->step(), dir,
-                        waited));
+  log::info(fmt::format("checkpoint  step {:>5}  {} is `latest`{}", c->step(), dir,
+                        waited >= 0.05 ? fmt::format(" (waited {:.1f} s for the writing)", waited) : std::string()));
 }
 
 Trainer::~Trainer() {
@@ -801,8 +808,9 @@ TrainSummary Trainer::run() {
       const Clock::time_point tc0 = Clock::now();
       pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
                                              optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));
-      checkpoint_commit_step_ = std::min(tc.steps, step + std::max<int64_t>(1, every / 4));
+      checkpoint_step_ = step;
       checkpoint_error_ = nullptr;
+      checkpoint_written_ = false;
       PendingCheckpoint* c = pending_checkpoint_.get();
       checkpoint_writer_ = std::jthread([this, c] {
         try {
@@ -810,11 +818,11 @@ TrainSummary Trainer::run() {
         } catch (...) {
           checkpoint_error_ = std::current_exception();
         }
+        checkpoint_written_ = true;
       });
       progress.clear();
       log::info(fmt::format("checkpoint  step {:>5}  {} copied to host memory in {:.1f} s; writing while training "
-                            "goes on, `latest` at step {}", step, format_bytes(c->bytes()), seconds_since(tc0),
-                            checkpoint_commit_step_));
+                            "goes on", step, format_bytes(c->bytes()), seconds_since(tc0)));
     } else if (checkpoint_now) {
       const Clock::time_point tc0 = Clock::now();
       const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
@@ -822,7 +830,7 @@ TrainSummary Trainer::run() {
       progress.clear();
       log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds_since(tc0)));
     }
-    if (pending_checkpoint_ && step >= checkpoint_commit_step_) {
+    if (pending_checkpoint_ && step > checkpoint_step_ && all_ranks_wrote_checkpoint()) {
       progress.clear();
       commit_pending_checkpoint();
     }

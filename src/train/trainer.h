@@ -3,6 +3,7 @@
 // holding 1/N of the master weights, gradients and optimizer state (fsdp/).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <exception>
 #include <memory>
@@ -98,13 +99,15 @@ class Trainer {
   std::unique_ptr<fsdp::ShardedUnitStore> store_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
-  // checkpoint.async: the checkpoint whose files a thread is writing, and when it commits
+  // checkpoint.async: the checkpoint whose files a thread is writing; from the step after the
+  // save, the ranks ask each other every step whether all are done, and commit when they are
   std::unique_ptr<PendingCheckpoint> pending_checkpoint_;
   std::jthread checkpoint_writer_;
   std::exception_ptr checkpoint_error_;
-  int64_t checkpoint_commit_step_ = 0;
-  double checkpoint_started_ = 0;  // seconds since the run's start when the copy finished
-  void commit_pending_checkpoint();
+  std::atomic<bool> checkpoint_written_{false};  // the thread has finished (written or failed)
+  int64_t checkpoint_step_ = 0;
+  bool all_ranks_wrote_checkpoint();  // collective
+  void commit_pending_checkpoint();   // collective: waits for this rank's writing
 };
 
 // The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or
