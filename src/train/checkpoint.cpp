@@ -15,6 +15,9 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/stream.h"
+#endif
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
@@ -226,7 +229,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
                                                     const model::LlamaConfig& config,
                                                     const std::string& tokenizer_source,
                                                     fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
-                                                    dist::Communicator& comm, int keep) {
+                                                    dist::Communicator& comm, int keep, CheckpointStaging* staging) {
   auto c = std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint());
   c->root_ = root;
   c->step_ = step;
@@ -243,6 +246,18 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
   comm.barrier();
 
   bool strided = false;
+  // whole shards copied to the host once each (one transfer), the pieces views of them
+  std::map<std::pair<int, int>, Tensor> copies;
+  auto host_copy = [&](int unit, int kind, const Tensor& shard) -> const Tensor& {
+    const auto key = std::make_pair(unit, kind);
+    if (const auto it = copies.find(key); it != copies.end()) return it->second;
+    Tensor host = staging != nullptr ? staging->buffer(unit, kind, shard.numel(), !shard.device().is_cpu())
+                                     : Tensor::empty({shard.numel()}, DType::kF32, Device::cpu(), "checkpoint copy");
+    if (shard.dtype() == DType::kF32) copy(host, shard);
+    else ops::cast(host, shard);  // f64 masters of a CPU check run
+    if (staging == nullptr) c->copies_.push_back(host);
+    return copies[key] = host;
+  };
   // the first replica saves the shards (every replica holds the same); the others' files are empty
   const std::vector<LocalRange> ranges = store.layout().mesh().replica(c->rank_) == 0
                                              ? local_ranges(store.layout(), c->rank_)
@@ -252,20 +267,18 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
     if (r.spec->replicated && store.layout().tp_rank() != 0) continue;
     for (const PieceShape& ps : piece_shapes(*r.spec, r.first, r.count)) {
       const int64_t width = ps.end - ps.first;
-      auto add = [&](const char* kind, const Tensor& shard) {
+      auto add = [&](const char* kind, int kind_index, const Tensor& shard) {
         const Shape shape = ps.rows == 1 ? Shape{width} : Shape{ps.rows, width};
-        Tensor host = Tensor::empty(shape, DType::kF32, Device::cpu(), "checkpoint piece");
-        Tensor flat = host.view({ps.rows * width});
-        ops::cast(flat, shard.flat_range(r.shard_offset + ps.local_offset, ps.rows * width));
+        const Tensor& host = host_copy(static_cast<int>(r.unit), kind_index, shard);
         c->pieces_.emplace_back(ps.rows == 1 ? piece_name(r.spec->name, kind, ps.first, ps.end)
                                              : strided_piece_name(r.spec->name, kind, ps.first, ps.end, ps.stride),
-                                host);
+                                host.flat_range(r.shard_offset + ps.local_offset, ps.rows * width).view(shape));
       };
       strided |= ps.rows > 1;
-      add(kMaster, store.master_shards()[r.unit]);
+      add(kMaster, 0, store.master_shards()[r.unit]);
       if (optimizer != nullptr) {
-        add(kExpAvg, optimizer->exp_avg()[r.unit]);
-        add(kExpAvgSq, optimizer->exp_avg_sq()[r.unit]);
+        add(kExpAvg, 1, optimizer->exp_avg()[r.unit]);
+        add(kExpAvgSq, 2, optimizer->exp_avg_sq()[r.unit]);
       }
     }
   }
@@ -295,7 +308,27 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
 
 void PendingCheckpoint::write() {
   io::write_safetensors(file_, pieces_, {{"shardtrain", "checkpoint pieces"}, {"rank", std::to_string(rank_)}});
-  pieces_.clear();  // the host copies are on disk now
+  pieces_.clear();  // on disk now
+  copies_.clear();
+}
+
+Tensor CheckpointStaging::buffer(int unit, int kind, int64_t numel, bool page_locked) {
+  const auto key = std::make_pair(unit, kind);
+  if (const auto it = buffers_.find(key); it != buffers_.end() && it->second.numel() == numel) return it->second;
+  Tensor t;
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (page_locked) {
+    auto pinned = std::make_shared<cuda::PinnedBuffer>(std::max<size_t>(static_cast<size_t>(numel) * 4, 64),
+                                                       "checkpoint staging");
+    owners_.push_back(pinned);
+    t = Tensor::from_blob(pinned->data(), {numel}, DType::kF32, Device::cpu());
+  }
+#else
+  (void)page_locked;
+#endif
+  if (!t.defined()) t = Tensor::empty({numel}, DType::kF32, Device::cpu(), "checkpoint staging");
+  bytes_ += numel * 4;
+  return buffers_[key] = t;
 }
 
 std::string PendingCheckpoint::commit(dist::Communicator& comm, bool written) {
@@ -331,9 +364,10 @@ std::string PendingCheckpoint::commit(dist::Communicator& comm, bool written) {
 
 std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
                             const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
-                            optim::AdamW* optimizer, dist::Communicator& comm, int keep) {
+                            optim::AdamW* optimizer, dist::Communicator& comm, int keep,
+                            CheckpointStaging* staging) {
   const std::unique_ptr<PendingCheckpoint> c =
-      begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep);
+      begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep, staging);
   bool written = false;
   std::string error;
   try {

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -29,6 +30,21 @@ struct CheckpointInfo {
   int world_size = 0;    // ranks that wrote it
   model::LlamaConfig config;
   std::string tokenizer_source;  // folder with tokenizer files ("" when the tokenizer was built in)
+};
+
+// Host memory the shards are copied into at a save, kept from one save to the next: whole
+// shards, one transfer each, page-locked where the shards are on a GPU (so the copy runs at
+// the link's speed, not at the pace of pageable memory's first touch).
+class CheckpointStaging {
+ public:
+  // A host f32 buffer of `numel` elements for (unit, kind); the same one at every save.
+  Tensor buffer(int unit, int kind, int64_t numel, bool page_locked);
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::map<std::pair<int, int>, Tensor> buffers_;
+  std::vector<std::shared_ptr<void>> owners_;
+  int64_t bytes_ = 0;
 };
 
 // A checkpoint being saved in two halves, so that training can go on while the files are
@@ -49,24 +65,29 @@ class PendingCheckpoint {
  private:
   friend std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string&, int64_t, const model::LlamaConfig&,
                                                              const std::string&, fsdp::ShardedUnitStore&,
-                                                             optim::AdamW*, dist::Communicator&, int);
+                                                             optim::AdamW*, dist::Communicator&, int,
+                                                             CheckpointStaging*);
   PendingCheckpoint() = default;
   std::string root_, file_, metadata_;
   int64_t step_ = 0, bytes_ = 0;
   int keep_ = 0, rank_ = 0, world_ = 1;
-  std::vector<std::pair<std::string, Tensor>> pieces_;  // host copies, freed once written
+  std::vector<std::pair<std::string, Tensor>> pieces_;  // views of the host copies, dropped once written
+  std::vector<Tensor> copies_;                          // the host copies when no staging was given
 };
 
 std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int64_t step,
                                                     const model::LlamaConfig& config,
                                                     const std::string& tokenizer_source,
                                                     fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
-                                                    dist::Communicator& comm, int keep);
+                                                    dist::Communicator& comm, int keep,
+                                                    CheckpointStaging* staging = nullptr);
 
-// All three halves at once: begin, write, commit. Returns the step directory.
+// The whole save at once: begin, write, commit (host copies made for this save alone unless
+// `staging` keeps them). Returns the step directory.
 std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
                             const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
-                            optim::AdamW* optimizer, dist::Communicator& comm, int keep);
+                            optim::AdamW* optimizer, dist::Communicator& comm, int keep,
+                            CheckpointStaging* staging = nullptr);
 
 // Resolves "auto" (the checkpoint `latest` names under root, or "" when there is none) or
 // a step directory, and reads its metadata (throws naming the file on any problem).

@@ -807,7 +807,8 @@ TrainSummary Trainer::run() {
       if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
       const Clock::time_point tc0 = Clock::now();
       pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
-                                             optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));
+                                             optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep),
+                                             &checkpoint_staging_);
       checkpoint_step_ = step;
       checkpoint_error_ = nullptr;
       checkpoint_written_ = false;
@@ -826,7 +827,8 @@ TrainSummary Trainer::run() {
     } else if (checkpoint_now) {
       const Clock::time_point tc0 = Clock::now();
       const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
-                                              optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep));
+                                              optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep),
+                                              &checkpoint_staging_);
       progress.clear();
       log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds_since(tc0)));
     }

@@ -101,6 +101,7 @@ class Trainer {
   std::unique_ptr<optim::AdamW> optimizer_;
   // checkpoint.async: the checkpoint whose files a thread is writing; from the step after the
   // save, the ranks ask each other every step whether all are done, and commit when they are
+  CheckpointStaging checkpoint_staging_;  // host copies of the shards, kept from save to save
   std::unique_ptr<PendingCheckpoint> pending_checkpoint_;
   std::jthread checkpoint_writer_;
   std::exception_ptr checkpoint_error_;
