@@ -229,7 +229,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
                                                     const model::LlamaConfig& config,
                                                     const std::string& tokenizer_source,
                                                     fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
-                                                    dist::Communicator& comm, int keep, CheckpointStaging* staging) {
+                                                    dist::Communicator& comm, int keep, CheckpointStaging* staging,
+                                                    bool snapshot) {
   auto c = std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint());
   c->root_ = root;
   c->step_ = step;
@@ -248,7 +249,8 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
   bool strided = false;
   // whole shards copied to the host once each (one transfer), the pieces views of them
   std::map<std::pair<int, int>, Tensor> copies;
-  auto host_copy = [&](int unit, int kind, const Tensor& shard) -> const Tensor& {
+  auto host_copy = [&](int unit, int kind, const Tensor& shard) -> Tensor {
+    if (!snapshot && shard.device().is_cpu() && shard.dtype() == DType::kF32) return shard;  // written as it is
     const auto key = std::make_pair(unit, kind);
     if (const auto it = copies.find(key); it != copies.end()) return it->second;
     Tensor host = staging != nullptr ? staging->buffer(unit, kind, shard.numel(), !shard.device().is_cpu())
@@ -269,7 +271,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
       const int64_t width = ps.end - ps.first;
       auto add = [&](const char* kind, int kind_index, const Tensor& shard) {
         const Shape shape = ps.rows == 1 ? Shape{width} : Shape{ps.rows, width};
-        const Tensor& host = host_copy(static_cast<int>(r.unit), kind_index, shard);
+        const Tensor host = host_copy(static_cast<int>(r.unit), kind_index, shard);
         c->pieces_.emplace_back(ps.rows == 1 ? piece_name(r.spec->name, kind, ps.first, ps.end)
                                              : strided_piece_name(r.spec->name, kind, ps.first, ps.end, ps.stride),
                                 host.flat_range(r.shard_offset + ps.local_offset, ps.rows * width).view(shape));
@@ -367,7 +369,7 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
                             optim::AdamW* optimizer, dist::Communicator& comm, int keep,
                             CheckpointStaging* staging) {
   const std::unique_ptr<PendingCheckpoint> c =
-      begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep, staging);
+      begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep, staging, false);
   bool written = false;
   std::string error;
   try {

@@ -48,8 +48,10 @@ class CheckpointStaging {
 };
 
 // A checkpoint being saved in two halves, so that training can go on while the files are
-// written (checkpoint.async). begin_checkpoint (collective) copies this rank's pieces into
-// host memory and makes the temporary directory; write() writes this rank's file and uses no
+// written (checkpoint.async). begin_checkpoint (collective) copies this rank's shards into
+// host memory (`staging`, or buffers of its own) and makes the temporary directory; without
+// `snapshot` (the caller writes before the shards change again) f32 shards already in host
+// memory are written from where they are; write() writes this rank's file and uses no
 // collective, so it may run on another thread while the training thread steps; commit
 // (collective) learns from every rank whether its file was written, then rank 0 writes the
 // metadata, renames the directory into place, points `latest` at it and deletes all but the
@@ -66,7 +68,7 @@ class PendingCheckpoint {
   friend std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string&, int64_t, const model::LlamaConfig&,
                                                              const std::string&, fsdp::ShardedUnitStore&,
                                                              optim::AdamW*, dist::Communicator&, int,
-                                                             CheckpointStaging*);
+                                                             CheckpointStaging*, bool);
   PendingCheckpoint() = default;
   std::string root_, file_, metadata_;
   int64_t step_ = 0, bytes_ = 0;
@@ -80,7 +82,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
                                                     const std::string& tokenizer_source,
                                                     fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
                                                     dist::Communicator& comm, int keep,
-                                                    CheckpointStaging* staging = nullptr);
+                                                    CheckpointStaging* staging = nullptr, bool snapshot = true);
 
 // The whole save at once: begin, write, commit (host copies made for this save alone unless
 // `staging` keeps them). Returns the step directory.

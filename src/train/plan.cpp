@@ -73,6 +73,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   if (offload)
     p.host = p.master + p.optimizer + (grads_on_host ? p.grad_shards : 0) + p.compute_shards + p.host_grad_staging;
+  if (in.checkpoints && (!(offload || !in.gpu) || in.async_checkpoints)) p.host_checkpoint = p.master + p.optimizer;
 
   // One rank whose compute dtype is the master's works on the shards themselves; otherwise
   // units are gathered (cast) into compute copies, and gradients land in full f32 unit
@@ -209,8 +210,8 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     s += fmt::format("MLP in pieces of {} tokens (training.mlp_chunk_tokens)\n", p.mlp_chunk_tokens);
   s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
                    fmt::group_digits(p.parameters), fmt::group_digits(p.shard_elements));
-  if (p.host > 0 || p.host_activations > 0) {
-    s += row("in host memory, not on the GPU:", p.host + p.host_activations);
+  if (p.host > 0 || p.host_activations > 0 || (p.host_checkpoint > 0 && in.gpu)) {
+    s += row("in host memory, not on the GPU:", p.host + p.host_activations + p.host_checkpoint);
     if (p.host > 0) {
       s += row("  master weights (f32 shard, parallel.offload)", p.master);
       s += row("  AdamW m and v (f32 shards)", p.optimizer);
@@ -220,6 +221,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     }
     if (p.host_activations > 0)
       s += row(fmt::format("  activations of {} blocks (offloaded)", p.offloaded_blocks), p.host_activations);
+    if (p.host_checkpoint > 0) s += row("  checkpoint copies (master, AdamW)", p.host_checkpoint);
     s += "on the GPU:\n";
     if (p.grad_shards_on_gpu) s += row("gradient shards (f32, kept on the GPU)", p.grad_shards);
   }
@@ -230,6 +232,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     if (p.compute_shards > 0)
       s += row(in.mesh().replica_ranks() == 1 ? "compute shards (bf16, used in place)" : "compute shards (bf16, gathered)",
                p.compute_shards);
+    if (p.host_checkpoint > 0 && !in.gpu) s += row("checkpoint copies (master, AdamW)", p.host_checkpoint);
   }
   s += "  at the loss:\n";
   std::string kept_row = *kept ? std::string(kept) : fmt::format("  activations of {} blocks", in.model.n_layers);
@@ -256,7 +259,7 @@ int64_t host_memory_bytes() {
 
 std::string host_memory_problem(const PlanInput& in, const MemoryPlan& p, int64_t host_bytes) {
   // a tenth stays for the system, the process's own memory and the data
-  const int64_t need = p.host + p.host_activations, usable = host_bytes / 10 * 9;
+  const int64_t need = p.host + p.host_activations + p.host_checkpoint, usable = host_bytes / 10 * 9;
   if (host_bytes <= 0 || need <= usable) return "";
   std::string s = fmt::format("this rank needs {} of host memory, more than 90 % of this machine's {}: ",
                               format_bytes(need), format_bytes(host_bytes));
@@ -274,6 +277,12 @@ std::string host_memory_problem(const PlanInput& in, const MemoryPlan& p, int64_
     s += fmt::format("{}{} for {} blocks' activations (training.offload_activations; "
                      "training.offload_activations_blocks offloads fewer)",
                      p.host > 0 ? "; " : "", format_bytes(p.host_activations), p.offloaded_blocks);
+  if (p.host_checkpoint > 0)
+    s += fmt::format("{}{} for the copies checkpoints are written from{}", p.host + p.host_activations > 0 ? "; " : "",
+                     format_bytes(p.host_checkpoint),
+                     in.async_checkpoints && (in.offload || !in.gpu) ? " (checkpoint.async = false writes offloaded shards "
+                                                                       "as they are)"
+                                                                     : "");
   return s + "; more ranks (GPUs) divide the sharded state";
 }
 
@@ -373,6 +382,8 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.offload_grads = job.parallel.offload_gradients;
   in.offload_activations = job.training.offload_activations;
   in.offload_activation_blocks = job.training.offload_activations_blocks;
+  in.checkpoints = job.checkpoint.interval_steps > 0;
+  in.async_checkpoints = job.checkpoint.async;
   return in;
 }
 

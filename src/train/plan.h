@@ -31,6 +31,8 @@ struct PlanInput {
   bool offload_grads = true;          // parallel.offload_gradients: with offload, the gradient shards too
   bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
   int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
+  bool checkpoints = false;           // checkpoint.interval_steps > 0
+  bool async_checkpoints = false;     // checkpoint.async
 };
 
 // Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
@@ -59,6 +61,9 @@ struct MemoryPlan {
   // memory (and over the bus twice a micro-batch); activations_at_loss then holds two blocks'.
   int64_t host_activations = 0;
   int64_t offloaded_blocks = 0;      // blocks whose activations are in host_activations
+  // Checkpoint saves: host copies of this rank's master and AdamW shards, kept for the run
+  // (none where the shards are in host memory already and saves are synchronous).
+  int64_t host_checkpoint = 0;
   int64_t loss_chunk = 0;            // one chunk's logits (overwritten by their gradient)
   int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state (the larger of two)
   int64_t in_attention_backward = 0; // at the attention backward (selective and full checkpointing)

@@ -253,6 +253,31 @@ TEST(Plan, OffloadMovesTheShardsToTheHost) {
   EXPECT_EQ(plan_memory(in).compute_shards, off.compute_shards) << "offload keeps them without being asked";
 }
 
+// Checkpoint saves copy the master and AdamW shards into host memory kept for the run, except
+// synchronous saves of shards already in host memory, which are written as they are.
+TEST(Plan, CheckpointCopiesAreCountedInHostMemory) {
+  PlanInput in;
+  in.model = llama_1b();
+  in.micro_batch = 8;
+  in.seq_len = 4096;
+  EXPECT_EQ(plan_memory(in).host_checkpoint, 0) << "no checkpoints";
+  in.checkpoints = true;
+  const MemoryPlan gpu = plan_memory(in);
+  EXPECT_EQ(gpu.host_checkpoint, gpu.master + gpu.optimizer);
+  PlanInput without = in;
+  without.checkpoints = false;
+  EXPECT_EQ(gpu.peak, plan_memory(without).peak) << "the GPU peak is unchanged";
+  EXPECT_NE(describe_plan(in, gpu).find("checkpoint copies (master, AdamW)"), std::string::npos);
+  in.offload = true;
+  EXPECT_EQ(plan_memory(in).host_checkpoint, 0) << "synchronous saves write the offloaded shards in place";
+  in.async_checkpoints = true;
+  const MemoryPlan async_off = plan_memory(in);
+  EXPECT_EQ(async_off.host_checkpoint, async_off.master + async_off.optimizer);
+  const std::string problem = host_memory_problem(in, async_off, async_off.host + async_off.host_checkpoint / 2);
+  EXPECT_NE(problem.find("for the copies checkpoints are written from (checkpoint.async = false"), std::string::npos)
+      << problem;
+}
+
 // parallel.offload_gradients = false: the host keeps master weights and AdamW state (and two
 // gradient buffers of the largest unit, the 8B's embedding), the GPU the f32 gradient shards;
 // no bf16 copies on the host unless asked for.
