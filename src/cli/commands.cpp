@@ -1,7 +1,9 @@
 // Subcommand implementations: argument splitting, then the modules do the work.
 #include "cli/commands.h"
 
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <optional>
@@ -12,6 +14,7 @@
 
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
+#include "data/corpus.h"
 #include "data/byte_tokenizer.h"
 #include "data/sft.h"
 #include "data/tokenize_file.h"
@@ -117,7 +120,9 @@ std::string usage() {
          "                                                   (BOS, ids, EOS per document)\n"
          "                                                   for `train --data.source=OUTPUT`; the format:\n"
          "                                                   parquet for a Parquet INPUT, jsonl for .jsonl or\n"
-         "                                                   .json (also .gz, .zst), else lines\n"
+         "                                                   .json (also .gz, .zst), else lines. INPUT may be a\n"
+         "                                                   folder or a pattern ('data/*.parquet'): each file\n"
+         "                                                   becomes OUTPUT/<its name>.tok\n"
          "  help                                             this text; `shardtrain help config` lists keys\n"
          "\n"
          "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";
@@ -161,24 +166,53 @@ int run_tokenize(const std::vector<std::string>& args) {
     }
     return 0;
   }
-  ST_CHECK(files.size() == 2, "tokenize: expected INPUT and OUTPUT files, found ", files.size(), " arguments");
+  ST_CHECK(files.size() == 2, "tokenize: expected INPUT and OUTPUT, found ", files.size(), " arguments");
   data::TokenizeFileOptions o;
-  if (format.empty()) {  // by the file: Parquet by its marks, JSONL by .jsonl / .json (under .gz, .zst), else lines
-    const std::string ext = io::inner_extension(files[0]);
-    format = io::is_parquet_file(files[0]) ? "parquet" : (ext == ".jsonl" || ext == ".json") ? "jsonl" : "lines";
-    log::info(fmt::format("tokenize: reading `{}` as {} (--format)", files[0], format));
-  }
-  if (format == "lines") o.format = data::TextFormat::kLines;
-  else if (format == "parquet") o.format = data::TextFormat::kParquet;
-  else if (format == "jsonl") o.format = data::TextFormat::kJsonl;
-  else if (format == "whole") o.format = data::TextFormat::kWholeFile;
-  else ST_THROW("tokenize: --format must be lines, jsonl, parquet or whole; found `", format, "`");
   o.jsonl_field = field;
   o.num_threads = threads;
-  const data::TokenizeFileStats st = data::tokenize_file(*tok, files[0], files[1], o);
-  log::info(fmt::format("tokenize: {} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}",
-                        st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
-                        st.bytes_per_second() / 1e6, files[1]));
+  std::optional<data::TextFormat> given;
+  if (format == "lines") given = data::TextFormat::kLines;
+  else if (format == "parquet") given = data::TextFormat::kParquet;
+  else if (format == "jsonl") given = data::TextFormat::kJsonl;
+  else if (format == "whole") given = data::TextFormat::kWholeFile;
+  else ST_CHECK(format.empty(), "tokenize: --format must be lines, jsonl, parquet or whole; found `", format, "`");
+  const char* names[] = {"lines", "whole", "jsonl", "parquet"};  // TextFormat's order
+  auto one = [&](const std::string& in, const std::string& out, const std::string& tag) {
+    o.format = given ? *given : data::detect_text_format(in);
+    if (!given) log::info(fmt::format("tokenize: {}reading `{}` as {} (--format)", tag, in, names[static_cast<int>(o.format)]));
+    const data::TokenizeFileStats st = data::tokenize_file(*tok, in, out, o);
+    log::info(fmt::format("tokenize: {}{} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}", tag,
+                          st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
+                          st.bytes_per_second() / 1e6, out));
+    return st;
+  };
+  if (!std::filesystem::is_directory(files[0]) && !data::is_source_pattern(files[0])) {
+    one(files[0], files[1], "");
+    return 0;
+  }
+  // a folder's data files (others, such as a dataset card, skipped) or a pattern's matches,
+  // each into OUTPUT/<its name>.tok
+  std::vector<std::string> inputs;
+  for (const std::string& f : data::source_files(files[0])) {
+    const std::string ext = io::inner_extension(f);
+    if (data::is_source_pattern(files[0]) || io::is_parquet_file(f) || ext == ".jsonl" || ext == ".json" ||
+        ext == ".txt")
+      inputs.push_back(f);
+  }
+  ST_CHECK(!inputs.empty(), "tokenize: `", files[0], "` holds no .parquet, .jsonl, .json or .txt files");
+  std::filesystem::create_directories(files[1]);
+  uint64_t documents = 0, tokens = 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const std::string out = (std::filesystem::path(files[1]) / data::token_file_name(inputs[i])).string();
+    const data::TokenizeFileStats st = one(inputs[i], out, fmt::format("[{}/{}] ", i + 1, inputs.size()));
+    documents += st.documents;
+    tokens += st.tokens;
+  }
+  log::info(fmt::format("tokenize: {} files, {} documents, {} tokens in {:.1f} s -> {} (train with --data.source={})",
+                        inputs.size(), documents, tokens,
+                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), files[1],
+                        files[1]));
   return 0;
 }
 

@@ -309,6 +309,28 @@ void tokenize_block(const Tokenizer& tokenizer, const std::vector<std::string_vi
 
 }  // namespace
 
+TextFormat detect_text_format(const std::string& path) {
+  if (io::is_parquet_file(path)) return TextFormat::kParquet;
+  const std::string ext = io::inner_extension(path);
+  return ext == ".jsonl" || ext == ".json" ? TextFormat::kJsonl : TextFormat::kLines;
+}
+
+std::string token_file_name(const std::string& input_path) {
+  std::string name = std::filesystem::path(input_path).filename().string();
+  auto strip = [&](const char* suffix) {
+    const std::string x(suffix);
+    if (name.size() > x.size() && name.compare(name.size() - x.size(), x.size(), x) == 0) {
+      name.resize(name.size() - x.size());
+      return true;
+    }
+    return false;
+  };
+  if (!strip(".gz")) strip(".zst");
+  for (const char* ext : {".parquet", ".jsonl", ".json", ".txt"})
+    if (strip(ext)) break;
+  return name + ".tok";
+}
+
 TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& input_path,
                                 const std::string& output_path,
                                 const TokenizeFileOptions& options) {

@@ -123,6 +123,13 @@ struct TokenizeFileStats {
   double bytes_per_second() const { return seconds > 0 ? input_bytes / seconds : 0; }
 };
 
+// The format a file reads as when none is given: kParquet by its PAR1 marks, kJsonl for
+// .jsonl / .json (also under .gz or .zst), else kLines.
+TextFormat detect_text_format(const std::string& path);
+// "c4-train.00000-of-01024.json.gz" -> "c4-train.00000-of-01024.tok": the file name without
+// its compression and data suffixes (.gz, .zst; .parquet, .jsonl, .json, .txt), and ".tok".
+std::string token_file_name(const std::string& input_path);
+
 // Tokenizes `input_path` into token file `output_path`. Documents are encoded in parallel
 // (tokenizer.encode must be thread-safe; BpeTokenizer and ByteTokenizer are) and written in
 // input order, so the result does not depend on num_threads. Documents whose text is empty

@@ -1,5 +1,9 @@
 // The `shardtrain` command: exit codes and messages for bad input.
+#include <unistd.h>
+
 #include <array>
+#include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <vector>
 #include <cstdio>
@@ -97,6 +101,44 @@ TEST(Cli, TokenizeNeedsATokenizer) {
   const Result r = run("tokenize --print-ids");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("--tokenizer PATH is required"), std::string::npos) << r.output;
+}
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A folder of shards tokenizes file by file into OUTPUT/<name>.tok, each as the file alone
+// would, its format found per file; the dataset card is skipped.
+TEST(Cli, TokenizeAFolderFileByFile) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_tok_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "in");
+  std::ofstream(dir / "in" / "train-00000.jsonl") << "{\"text\": \"first shard\"}\n{\"text\": \"more\"}\n";
+  std::ofstream(dir / "in" / "train-00001.jsonl") << "{\"text\": \"second shard\"}\n";
+  std::ofstream(dir / "in" / "notes.txt") << "a line\nanother line\n";
+  std::ofstream(dir / "in" / "README.md") << "# a dataset card\n";
+  const Result r = run("tokenize --tokenizer byte " + (dir / "in").string() + " " + (dir / "out").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("[3/3]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("3 files, 5 documents"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "out" / "README.tok")) << "the card is not data";
+  EXPECT_FALSE(fs::exists(dir / "out" / "README.md.tok"));
+  for (const char* name : {"train-00000", "train-00001", "notes"}) {
+    const std::string in = (dir / "in" / name).string() + (std::string(name) == "notes" ? ".txt" : ".jsonl");
+    const std::string alone = (dir / (std::string(name) + ".tok")).string();
+    ASSERT_EQ(run("tokenize --tokenizer byte " + in + " " + alone).status, 0);
+    const std::string a = file_bytes(alone), b = file_bytes((dir / "out" / (std::string(name) + ".tok")).string());
+    EXPECT_FALSE(a.empty());
+    EXPECT_TRUE(a == b) << name;
+  }
+  // a pattern takes only its matches
+  const Result p = run("tokenize --tokenizer byte '" + (dir / "in" / "train-*.jsonl").string() + "' " +
+                       (dir / "out2").string());
+  ASSERT_EQ(p.status, 0) << p.output;
+  EXPECT_NE(p.output.find("2 files, 3 documents"), std::string::npos) << p.output;
+  fs::remove_all(dir);
 }
 
 }  // namespace
