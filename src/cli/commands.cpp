@@ -122,7 +122,8 @@ std::string usage() {
          "                                                   parquet for a Parquet INPUT, jsonl for .jsonl or\n"
          "                                                   .json (also .gz, .zst), else lines. INPUT may be a\n"
          "                                                   folder or a pattern ('data/*.parquet'): each file\n"
-         "                                                   becomes OUTPUT/<its name>.tok\n"
+         "                                                   becomes OUTPUT/<its name>.tok (--skip-existing:\n"
+         "                                                   keeps those already made with this tokenizer)\n"
          "  help                                             this text; `shardtrain help config` lists keys\n"
          "\n"
          "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";
@@ -130,7 +131,7 @@ std::string usage() {
 
 int run_tokenize(const std::vector<std::string>& args) {
   std::string tokenizer_path, format, field = "text";
-  bool print_ids = false;
+  bool print_ids = false, skip_existing = false;
   int threads = 0;
   std::vector<std::string> files;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -141,6 +142,7 @@ int run_tokenize(const std::vector<std::string>& args) {
     };
     if (a == "--tokenizer") tokenizer_path = value();
     else if (a == "--print-ids") print_ids = true;
+    else if (a == "--skip-existing") skip_existing = true;
     else if (a == "--format") format = value();
     else if (a == "--field") field = value();
     else if (a == "--threads") threads = std::stoi(value());
@@ -203,14 +205,31 @@ int run_tokenize(const std::vector<std::string>& args) {
   std::filesystem::create_directories(files[1]);
   uint64_t documents = 0, tokens = 0;
   const auto start = std::chrono::steady_clock::now();
+  size_t skipped = 0;
   for (size_t i = 0; i < inputs.size(); ++i) {
     const std::string out = (std::filesystem::path(files[1]) / data::token_file_name(inputs[i])).string();
-    const data::TokenizeFileStats st = one(inputs[i], out, fmt::format("[{}/{}] ", i + 1, inputs.size()));
+    const std::string tag = fmt::format("[{}/{}] ", i + 1, inputs.size());
+    // a token file is complete once it has its name (written under another, then renamed);
+    // one made with this tokenizer is kept
+    if (skip_existing && data::is_token_file(out)) {
+      const data::TokenFile done(out);
+      const data::TokenFileHeader& h = done.header();
+      if (h.vocab_size == tok->vocab_size() && h.eos_id == tok->eos_id() && h.bos_id == tok->bos_id()) {
+        log::info(fmt::format("tokenize: {}`{}` exists ({} documents, {} tokens): skipped (--skip-existing)", tag, out,
+                              h.document_count, h.token_count));
+        documents += h.document_count;
+        tokens += h.token_count;
+        ++skipped;
+        continue;
+      }
+    }
+    const data::TokenizeFileStats st = one(inputs[i], out, tag);
     documents += st.documents;
     tokens += st.tokens;
   }
-  log::info(fmt::format("tokenize: {} files, {} documents, {} tokens in {:.1f} s -> {} (train with --data.source={})",
-                        inputs.size(), documents, tokens,
+  log::info(fmt::format("tokenize: {} files{}, {} documents, {} tokens in {:.1f} s -> {} (train with --data.source={})",
+                        inputs.size(), skipped > 0 ? fmt::format(" ({} already there)", skipped) : std::string(),
+                        documents, tokens,
                         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), files[1],
                         files[1]));
   return 0;

@@ -133,6 +133,13 @@ TEST(Cli, TokenizeAFolderFileByFile) {
     EXPECT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << name;
   }
+  // again with --skip-existing: the finished files are kept, a missing one is made
+  fs::remove(dir / "out" / "notes.tok");
+  const Result again = run("tokenize --tokenizer byte --skip-existing " + (dir / "in").string() + " " +
+                           (dir / "out").string());
+  ASSERT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("3 files (2 already there), 5 documents"), std::string::npos) << again.output;
+  EXPECT_TRUE(file_bytes((dir / "out" / "notes.tok").string()) == file_bytes((dir / "notes.tok").string()));
   // a pattern takes only its matches
   const Result p = run("tokenize --tokenizer byte '" + (dir / "in" / "train-*.jsonl").string() + "' " +
                        (dir / "out2").string());
