@@ -83,15 +83,10 @@ std::vector<std::string> load_text_documents(const std::string& path) {
 }
 
 std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field) {
-  const std::string text = read_file(path);
+  io::InputFile in(path);  // line by line, decompressed when it is a .gz or .zst file
   std::vector<std::string> docs;
-  int64_t line_no = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    const std::string_view line(text.data() + pos, end - pos);
-    pos = end + 1;
-    ++line_no;
+  std::string line;
+  for (int64_t line_no = 1; in.read_line(line); ++line_no) {
     if (blank(line)) continue;
     nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
     ST_CHECK(!j.is_discarded() && j.is_object(), "`", path, "` line ", line_no, ": not a JSON object");

@@ -117,15 +117,10 @@ RawExample parse_example(const Json& j, int64_t number, const std::string& where
 
 // A JSONL file's examples, one per non-blank line.
 std::vector<RawExample> read_jsonl_examples(const std::string& path, const SftOptions& o) {
-  const std::string text = io::InputFile(path).read_all();  // .gz and .zst decompressed
+  io::InputFile in(path);  // line by line, decompressed when it is a .gz or .zst file
   std::vector<RawExample> raw;
-  int64_t number = 0;
-  for (size_t pos = 0; pos < text.size();) {
-    size_t end = text.find('\n', pos);
-    if (end == std::string::npos) end = text.size();
-    std::string line = text.substr(pos, end - pos);
-    pos = end + 1;
-    ++number;
+  std::string line;
+  for (int64_t number = 1; in.read_line(line); ++number) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     const std::string where = fmt::format("`{}` line {}", path, number);

@@ -135,6 +135,29 @@ std::string InputFile::read_all() {
   return s;
 }
 
+bool InputFile::read_line(std::string& line) {
+  while (true) {
+    const size_t end = lines_.find('\n', line_pos_);
+    if (end != std::string::npos) {
+      line.assign(lines_, line_pos_, end - line_pos_);
+      line_pos_ = end + 1;
+      return true;
+    }
+    lines_.erase(0, line_pos_);  // keep the partial line, read more after it
+    line_pos_ = 0;
+    const size_t old = lines_.size();
+    lines_.resize(old + kBufferBytes);
+    const size_t k = read(lines_.data() + old, kBufferBytes);
+    lines_.resize(old + k);
+    if (k == 0) {
+      if (lines_.empty()) return false;
+      line = std::move(lines_);
+      lines_.clear();
+      return true;
+    }
+  }
+}
+
 std::string inner_extension(const std::string& path) {
   const std::filesystem::path p(path);
   const std::string ext = p.extension().string();

@@ -25,6 +25,9 @@ class InputFile {
   size_t read(char* out, size_t n);
   // Everything left, decompressed.
   std::string read_all();
+  // The next line without its '\n' (a last line without one too); false at the end. Reads
+  // through a buffer, so a file of any size goes line by line.
+  bool read_line(std::string& line);
 
   Compression compression() const { return compression_; }
   const std::string& path() const { return path_; }
@@ -42,6 +45,8 @@ class InputFile {
   bool eof_ = false, finished_ = false;
   bool at_boundary_ = false;  // no byte of a gzip member or zstd frame is pending
   uint64_t produced_ = 0;
+  std::string lines_;       // decompressed bytes read ahead for read_line: lines_[line_pos_, end)
+  size_t line_pos_ = 0;
   std::unique_ptr<Codec> codec_;
 };
 

@@ -109,6 +109,37 @@ TEST(InputFile, PlainGzipAndZstdReadAsTheirBytes) {
   EXPECT_EQ(InputFile(temp_path("empty")).read_all(), "");
 }
 
+// read_line gives the lines split at '\n': empty ones, one longer than the read buffer, and a
+// last line without its '\n'.
+TEST(InputFile, LinesOneByOne) {
+  const std::string text = "first\n\n" + std::string(size_t{3} << 20, 'x') + "\n" + corpus_text() + "last, unended";
+  std::vector<std::string> expected;
+  for (size_t pos = 0; pos <= text.size();) {
+    const size_t end = std::min(text.find('\n', pos), text.size());
+    expected.push_back(text.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  write_bytes(temp_path("l.txt"), text);
+  write_bytes(temp_path("l.txt.gz"), gzip(text));
+  write_bytes(temp_path("l.txt.zst"), zstd(text));
+  for (const std::string name : {"l.txt", "l.txt.gz", "l.txt.zst"}) {
+    SCOPED_TRACE(name);
+    InputFile f(temp_path(name));
+    std::vector<std::string> lines;
+    for (std::string line; f.read_line(line);) lines.push_back(line);
+    ASSERT_EQ(lines.size(), expected.size());
+    EXPECT_TRUE(lines == expected);
+  }
+  write_bytes(temp_path("ended.txt"), "a\nb\n");
+  InputFile f(temp_path("ended.txt"));
+  std::string line;
+  ASSERT_TRUE(f.read_line(line));
+  EXPECT_EQ(line, "a");
+  ASSERT_TRUE(f.read_line(line));
+  EXPECT_EQ(line, "b");
+  EXPECT_FALSE(f.read_line(line)) << "no empty line after the last '\\n'";
+}
+
 TEST(InputFile, TruncatedAndCorruptFilesAreNamed) {
   const std::string text = corpus_text();
   const std::string gz = gzip(text), zst = zstd(text);
