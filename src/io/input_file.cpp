@@ -104,6 +104,15 @@ size_t InputFile::read(char* out, size_t n) {
       if (rc == Z_STREAM_END) {
         frame_end = true;
         ST_CHECK(inflateReset(&z) == Z_OK, where, ": zlib reset failed");
+        // zero bytes after a member (block padding) are not another member, as gzip(1) and
+        // Python's gzip module read them
+        in_pos_ += consumed;
+        consumed = 0;
+        while (true) {
+          while (in_pos_ < in_end_ && in_[in_pos_] == 0) ++in_pos_;
+          if (in_pos_ < in_end_ || eof_) break;
+          fill();
+        }
       }
     } else {
       ZSTD_inBuffer in{in_.data() + in_pos_, available, 0};

@@ -105,6 +105,8 @@ TEST(InputFile, PlainGzipAndZstdReadAsTheirBytes) {
     EXPECT_TRUE(read_in_pieces(path, 7) == text);
     EXPECT_TRUE(read_in_pieces(path, 100003) == text);
   }
+  write_bytes(temp_path("padded.gz"), gzip(text.substr(0, half)) + std::string(70000, '\0'));  // block padding
+  EXPECT_TRUE(InputFile(temp_path("padded.gz")).read_all() == text.substr(0, half));
   write_bytes(temp_path("empty"), "");
   EXPECT_EQ(InputFile(temp_path("empty")).read_all(), "");
 }
