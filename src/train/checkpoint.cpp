@@ -257,7 +257,6 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
                                      : Tensor::empty({shard.numel()}, DType::kF32, Device::cpu(), "checkpoint copy");
     if (shard.dtype() == DType::kF32) copy(host, shard);
     else ops::cast(host, shard);  // f64 masters of a CPU check run
-    if (staging == nullptr) c->copies_.push_back(host);
     return copies[key] = host;
   };
   // the first replica saves the shards (every replica holds the same); the others' files are empty
@@ -310,13 +309,15 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
 
 void PendingCheckpoint::write() {
   io::write_safetensors(file_, pieces_, {{"shardtrain", "checkpoint pieces"}, {"rank", std::to_string(rank_)}});
-  pieces_.clear();  // on disk now
-  copies_.clear();
+  pieces_.clear();  // on disk now (and host copies of our own freed)
 }
 
 Tensor CheckpointStaging::buffer(int unit, int kind, int64_t numel, bool page_locked) {
   const auto key = std::make_pair(unit, kind);
-  if (const auto it = buffers_.find(key); it != buffers_.end() && it->second.numel() == numel) return it->second;
+  if (const auto it = buffers_.find(key); it != buffers_.end()) {
+    ST_ASSERT(it->second.numel() == numel, "checkpoint staging: a shard changed size");
+    return it->second;
+  }
   Tensor t;
 #ifdef SHARDTRAIN_WITH_CUDA
   if (page_locked) {
@@ -329,21 +330,30 @@ Tensor CheckpointStaging::buffer(int unit, int kind, int64_t numel, bool page_lo
   (void)page_locked;
 #endif
   if (!t.defined()) t = Tensor::empty({numel}, DType::kF32, Device::cpu(), "checkpoint staging");
-  bytes_ += numel * 4;
   return buffers_[key] = t;
 }
 
-std::string PendingCheckpoint::commit(dist::Communicator& comm, bool written) {
+std::string PendingCheckpoint::commit(dist::Communicator& comm, std::exception_ptr write_error) {
   // every rank says whether its file was written, so that a failed rank does not leave the
   // others waiting, and no rank publishes a checkpoint with a missing file
   Tensor ok = Tensor::empty({1}, DType::kI64, Device::cpu(), "checkpoint written");
-  ok.data<int64_t>()[0] = written ? 1 : 0;
+  ok.data<int64_t>()[0] = write_error ? 0 : 1;
   comm.all_reduce(ok, dist::ReduceOp::kSum);
   const fs::path final_dir = fs::path(root_) / step_dir_name(step_);
   const fs::path tmp_dir = fs::path(root_) / fmt::format(".{}.tmp", step_dir_name(step_));
-  ST_CHECK(ok.data<int64_t>()[0] == world_, "checkpoint of step ", step_, ": ", world_ - ok.data<int64_t>()[0],
-           " of ", world_, " ranks failed to write their file under `", tmp_dir.string(), "`; `latest` still names the "
-           "previous checkpoint");
+  if (ok.data<int64_t>()[0] != world_) {
+    std::string mine;
+    if (write_error) {
+      try {
+        std::rethrow_exception(write_error);
+      } catch (const std::exception& e) {
+        mine = std::string(" (this rank: ") + e.what() + ")";
+      }
+    }
+    ST_THROW("checkpoint of step ", step_, ": ", world_ - ok.data<int64_t>()[0], " of ", world_,
+             " ranks failed to write their file under `", tmp_dir.string(), "`; `latest` still names the previous "
+             "checkpoint", mine);
+  }
   if (rank_ == 0) {
     io::write_file_atomic((tmp_dir / "metadata.json").string(), metadata_);
     fsync_path(tmp_dir);
@@ -370,22 +380,13 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
                             CheckpointStaging* staging) {
   const std::unique_ptr<PendingCheckpoint> c =
       begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep, staging, false);
-  bool written = false;
-  std::string error;
+  std::exception_ptr write_error;
   try {
     c->write();
-    written = true;
-  } catch (const std::exception& e) {
-    error = e.what();
+  } catch (...) {
+    write_error = std::current_exception();
   }
-  if (!written) {  // the others learn of it in commit; this rank says why
-    try {
-      c->commit(comm, false);
-    } catch (const Error&) {
-    }
-    ST_THROW(error);
-  }
-  return c->commit(comm, true);
+  return c->commit(comm, write_error);
 }
 
 std::string resolve_checkpoint(const std::string& spec, const std::string& root) {

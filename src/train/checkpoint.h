@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <memory>
 #include <string>
@@ -39,12 +40,10 @@ class CheckpointStaging {
  public:
   // A host f32 buffer of `numel` elements for (unit, kind); the same one at every save.
   Tensor buffer(int unit, int kind, int64_t numel, bool page_locked);
-  int64_t bytes() const { return bytes_; }
 
  private:
   std::map<std::pair<int, int>, Tensor> buffers_;
-  std::vector<std::shared_ptr<void>> owners_;
-  int64_t bytes_ = 0;
+  std::vector<std::shared_ptr<void>> owners_;  // the page-locked memory behind buffers_
 };
 
 // A checkpoint being saved in two halves, so that training can go on while the files are
@@ -53,14 +52,15 @@ class CheckpointStaging {
 // `snapshot` (the caller writes before the shards change again) f32 shards already in host
 // memory are written from where they are; write() writes this rank's file and uses no
 // collective, so it may run on another thread while the training thread steps; commit
-// (collective) learns from every rank whether its file was written, then rank 0 writes the
-// metadata, renames the directory into place, points `latest` at it and deletes all but the
-// newest `keep` step directories (0 keeps all). It returns the step directory; if any rank's
-// write failed it throws on every rank and `latest` keeps naming the previous checkpoint.
+// (collective) is given what write() threw on this rank (nullptr: the file is written) and
+// learns the same from every rank, then rank 0 writes the metadata, renames the directory into
+// place, points `latest` at it and deletes all but the newest `keep` step directories (0 keeps
+// all). It returns the step directory; if any rank's write failed it throws on every rank
+// (naming this rank's error where it had one) and `latest` keeps naming the previous checkpoint.
 class PendingCheckpoint {
  public:
   void write();
-  std::string commit(dist::Communicator& comm, bool written);
+  std::string commit(dist::Communicator& comm, std::exception_ptr write_error);
   int64_t step() const { return step_; }
   int64_t bytes() const { return bytes_; }  // this rank's pieces
 
@@ -73,8 +73,7 @@ class PendingCheckpoint {
   std::string root_, file_, metadata_;
   int64_t step_ = 0, bytes_ = 0;
   int keep_ = 0, rank_ = 0, world_ = 1;
-  std::vector<std::pair<std::string, Tensor>> pieces_;  // views of the host copies, dropped once written
-  std::vector<Tensor> copies_;                          // the host copies when no staging was given
+  std::vector<std::pair<std::string, Tensor>> pieces_;  // views of the host copies (holding them), dropped once written
 };
 
 std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int64_t step,

@@ -73,7 +73,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   }
   if (offload)
     p.host = p.master + p.optimizer + (grads_on_host ? p.grad_shards : 0) + p.compute_shards + p.host_grad_staging;
-  if (in.checkpoints && (!(offload || !in.gpu) || in.async_checkpoints)) p.host_checkpoint = p.master + p.optimizer;
+  // checkpoint saves copy the shards into host memory, but for synchronous saves of shards
+  // already there (offload, CPU runs), which are written in place
+  const bool shards_on_host = offload || !in.gpu;
+  if (in.checkpoints && (!shards_on_host || in.async_checkpoints)) p.host_checkpoint = p.master + p.optimizer;
 
   // One rank whose compute dtype is the master's works on the shards themselves; otherwise
   // units are gathered (cast) into compute copies, and gradients land in full f32 unit

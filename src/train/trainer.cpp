@@ -380,20 +380,7 @@ void Trainer::commit_pending_checkpoint() {
   if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
   const double waited = seconds_since(t0);
   const std::unique_ptr<PendingCheckpoint> c = std::move(pending_checkpoint_);
-  if (checkpoint_error_) {
-    std::string why;
-    try {
-      std::rethrow_exception(std::exchange(checkpoint_error_, nullptr));
-    } catch (const std::exception& e) {
-      why = e.what();
-    }
-    try {
-      c->commit(*comm_, false);  // the other ranks learn of it
-    } catch (const Error&) {
-    }
-    ST_THROW("checkpoint of step ", c->step(), " not saved (`latest` still names the previous one): ", why);
-  }
-  const std::string dir = c->commit(*comm_, true);
+  const std::string dir = c->commit(*comm_, std::exchange(checkpoint_error_, nullptr));
   log::info(fmt::format("checkpoint  step {:>5}  {} is `latest`{}", c->step(), dir,
                         waited >= 0.05 ? fmt::format(" (waited {:.1f} s for the writing)", waited) : std::string()));
 }

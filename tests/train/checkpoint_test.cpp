@@ -147,9 +147,16 @@ TEST(Checkpoint, AFailedWriteIsNotCommitted) {
   // the temporary directory replaced by a file: the rank file cannot be created
   fs::remove_all(root + "/.step_00000004.tmp");
   std::ofstream(root + "/.step_00000004.tmp") << "in the way";
-  EXPECT_THROW(p->write(), Error);
-  const std::string e = error_of([&] { p->commit(comm, false); });
+  std::exception_ptr write_error;
+  try {
+    p->write();
+  } catch (const Error&) {
+    write_error = std::current_exception();
+  }
+  ASSERT_TRUE(write_error) << "the write must fail";
+  const std::string e = error_of([&] { p->commit(comm, write_error); });
   EXPECT_NE(e.find("1 of 1 ranks failed to write their file"), std::string::npos) << e;
+  EXPECT_NE(e.find("(this rank: "), std::string::npos) << e << ": the rank's own error is named";
   EXPECT_EQ(resolve_checkpoint("auto", root), root + "/step_00000003");
   EXPECT_FALSE(fs::exists(root + "/step_00000004"));
 }
