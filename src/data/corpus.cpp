@@ -18,12 +18,6 @@ namespace {
 // The file's text, decompressed when it is a .gz or .zst file.
 std::string read_file(const std::string& path) { return io::InputFile(path).read_all(); }
 
-std::string fmt_fields(const io::ParquetFile& file) {
-  std::string s;
-  for (const std::string& f : file.field_names()) s += (s.empty() ? "" : ", ") + f + " (" + file.field_type(f) + ")";
-  return s;
-}
-
 bool blank(std::string_view line) {
   return std::all_of(line.begin(), line.end(), [](char c) { return c == ' ' || c == '\t' || c == '\r'; });
 }
@@ -143,7 +137,7 @@ std::vector<std::string> load_parquet_documents(const std::string& source, const
   for (const std::string& path : parquet_files(source)) {
     const io::ParquetFile file(path);
     ST_CHECK(file.has_field(field), "`", path, "`: no field `", field, "` (set data.text_field to the field holding "
-             "the text; the file's fields are ", fmt_fields(file), ")");
+             "the text; the file's fields are ", file.describe_fields(), ")");
     for (int g = 0; g < file.num_row_groups(); ++g) {
       file.read_strings(g, field, values, present);
       for (size_t i = 0; i < values.size(); ++i)

@@ -141,12 +141,8 @@ std::vector<RawExample> read_parquet_examples(const std::string& path, const Sft
     needed = {{o.messages_field, "data.messages_field"}};
   std::vector<std::string> fields;
   for (const auto& [field, key] : needed) {
-    if (!file.has_field(field)) {
-      std::string names;
-      for (const std::string& n : file.field_names())
-        names += (names.empty() ? "" : ", ") + n + " (" + file.field_type(n) + ")";
-      ST_THROW("`", path, "`: no field `", field, "` (", key, " names it); the file's fields are ", names);
-    }
+    ST_CHECK(file.has_field(field), "`", path, "`: no field `", field, "` (", key, " names it); the file's fields are ",
+             file.describe_fields());
     fields.push_back(field);
   }
   if (o.format == SftFormat::kChat && file.has_field("tools") && o.messages_field != "tools") fields.push_back("tools");

@@ -269,6 +269,13 @@ int ParquetFile::field_index(const std::string& name) const {
 
 std::string ParquetFile::field_type(const std::string& name) const { return type_text(*meta_, field_index(name)); }
 
+std::string ParquetFile::describe_fields() const {
+  std::string s;
+  for (const int c : meta_->schema[0].children)
+    s += (s.empty() ? "" : ", ") + meta_->schema[static_cast<size_t>(c)].name + " (" + type_text(*meta_, c) + ")";
+  return s;
+}
+
 void ParquetFile::read_strings(int group, const std::string& name, std::vector<std::string>& values,
                                std::vector<uint8_t>& present) const {
   row_group_rows(group);

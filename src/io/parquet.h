@@ -41,6 +41,8 @@ class ParquetFile {
   bool has_field(const std::string& name) const;
   // A field's type as text: "string", "int64", "list<struct<content: string, role: string>>".
   std::string field_type(const std::string& name) const;
+  // Every top-level field with its type, for messages: "text (string), id (int64)".
+  std::string describe_fields() const;
 
   // Top-level field `name`, a string (or binary) column, for every row of row group `group`:
   // values[i] is row i's bytes, present[i] 0 where the row's value is null. Throws naming the

@@ -57,15 +57,9 @@ PageHeader read_page_header(ThriftReader& r) {
       case 1: h.type = r.i32(w); break;
       case 2: h.uncompressed = r.i32(w); break;
       case 3: h.compressed = r.i32(w); break;
-      case 5:
-        sub(w, "data_page_header", [&](int16_t f, Wire fw) {
-          if (f == 1) h.num_values = r.i32(fw);
-          else if (f == 2) h.encoding = r.i32(fw);
-          else r.skip(fw);
-        });
-        break;
+      case 5:  // DataPageHeader and DictionaryPageHeader both begin num_values, encoding
       case 7:
-        sub(w, "dictionary_page_header", [&](int16_t f, Wire fw) {
+        sub(w, id == 5 ? "data_page_header" : "dictionary_page_header", [&](int16_t f, Wire fw) {
           if (f == 1) h.num_values = r.i32(fw);
           else if (f == 2) h.encoding = r.i32(fw);
           else r.skip(fw);
