@@ -78,13 +78,16 @@ size_t InputFile::read(char* out, size_t n) {
     if (k == 0) finished_ = true;
     return k;
   }
-  const std::string where = "`" + path_ + "` (" + (compression_ == Compression::kGzip ? "gzip" : "zstd") +
-                            ", after " + std::to_string(produced_) + " decompressed bytes)";
+  // named only when something goes wrong: not built on every read
+  auto where = [&] {
+    return "`" + path_ + "` (" + (compression_ == Compression::kGzip ? "gzip" : "zstd") + ", after " +
+           std::to_string(produced_) + " decompressed bytes)";
+  };
   bool stalled = false;
   while (true) {
     if (in_pos_ == in_end_ || stalled) {
       const size_t more = fill();
-      ST_CHECK(!stalled || more > 0, where, ": no progress decompressing (corrupt data?)");
+      ST_CHECK(!stalled || more > 0, where(), ": no progress decompressing (corrupt data?)");
     }
     const size_t available = in_end_ - in_pos_;
     size_t consumed = 0, got = 0;
@@ -99,11 +102,11 @@ size_t InputFile::read(char* out, size_t n) {
       const int rc = inflate(&z, Z_NO_FLUSH);
       consumed = available - z.avail_in;
       got = out_before - z.avail_out;
-      ST_CHECK(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR, where, ": corrupt gzip data (",
+      ST_CHECK(rc == Z_OK || rc == Z_STREAM_END || rc == Z_BUF_ERROR, where(), ": corrupt gzip data (",
                z.msg != nullptr ? z.msg : std::to_string(rc), ")");
       if (rc == Z_STREAM_END) {
         frame_end = true;
-        ST_CHECK(inflateReset(&z) == Z_OK, where, ": zlib reset failed");
+        ST_CHECK(inflateReset(&z) == Z_OK, where(), ": zlib reset failed");
         // zero bytes after a member (block padding) are not another member, as gzip(1) and
         // Python's gzip module read them
         in_pos_ += consumed;
@@ -118,7 +121,7 @@ size_t InputFile::read(char* out, size_t n) {
       ZSTD_inBuffer in{in_.data() + in_pos_, available, 0};
       ZSTD_outBuffer o{out, n, 0};
       const size_t rc = ZSTD_decompressStream(codec_->zstd, &o, &in);
-      ST_CHECK(!ZSTD_isError(rc), where, ": corrupt zstd data (", ZSTD_getErrorName(rc), ")");
+      ST_CHECK(!ZSTD_isError(rc), where(), ": corrupt zstd data (", ZSTD_getErrorName(rc), ")");
       consumed = in.pos;
       got = o.pos;
       frame_end = rc == 0;
@@ -129,7 +132,7 @@ size_t InputFile::read(char* out, size_t n) {
     if (frame_end) at_boundary_ = true;  // a member or frame ended: the file may end here
     if (got > 0) return got;
     if (eof_ && in_pos_ == in_end_) {
-      ST_CHECK(at_boundary_, where, ": the file ends inside compressed data (truncated?)");
+      ST_CHECK(at_boundary_, where(), ": the file ends inside compressed data (truncated?)");
       finished_ = true;
       return 0;
     }
