@@ -417,6 +417,8 @@ int64_t BpeTokenizer::vocab_size() const {
 int32_t BpeTokenizer::bos_id() const { return impl_->bos; }
 int32_t BpeTokenizer::eos_id() const { return impl_->eos; }
 
+std::string BpeTokenizer::fingerprint() const { return impl_->fingerprint; }
+
 int32_t BpeTokenizer::Impl::find_spelled(std::string_view spelled) const {
   if (sentencepiece) return vocab.find(spelled);
   std::string bytes;

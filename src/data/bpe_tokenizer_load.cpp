@@ -5,8 +5,10 @@
 #include <fstream>
 #include <sstream>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "core/random.h"
 #include "data/bpe_tokenizer_internal.h"
 
 namespace shardtrain::data {
@@ -89,18 +91,24 @@ void require_bool_value(const std::string& file, const json& object, const std::
   }
 }
 
-json parse_json_file(const std::string& path) {
+std::string read_text_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   ST_CHECK(in.good(), "cannot open `", path, "`");
   std::ostringstream text;
   text << in.rdbuf();
   ST_CHECK(!in.bad(), "error reading `", path, "`");
+  return std::move(text).str();
+}
+
+json parse_json_text(const std::string& text, const std::string& path) {
   try {
-    return json::parse(text.str());
+    return json::parse(text);
   } catch (const json::exception& e) {
     ST_THROW("`", path, "`: malformed JSON: ", e.what());
   }
 }
+
+json parse_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
 
 // Decoded bytes of a token spelled in tokenizer.json: per HF's ByteLevel decoder, or
 // (SentencePiece) its Replace("▁" -> " ") and ByteFallback ("<0x0A>" is byte 10) decoders.
@@ -448,7 +456,9 @@ BpeTokenizer::BpeTokenizer(const std::string& tokenizer_json_path,
   with_context(
       [&] { return "loading tokenizer `" + tokenizer_json_path + "`"; },
       [&] {
-        const json root = parse_json_file(t.path);
+        const std::string text = read_text_file(t.path);
+        t.fingerprint = fmt::format("bpe-{:016x}", name_key(text));
+        const json root = parse_json_text(text, t.path);
         if (!root.is_object()) reject(t.path, "(root)", "an object", root);
         require_null(t.path, root, "", "truncation", "null (truncation is not implemented)");
         require_null(t.path, root, "", "padding", "null (padding is not implemented)");

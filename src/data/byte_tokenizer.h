@@ -16,6 +16,7 @@ class ByteTokenizer final : public Tokenizer {
   int64_t vocab_size() const override { return 258; }
   int32_t bos_id() const override { return kBos; }
   int32_t eos_id() const override { return kEos; }
+  std::string fingerprint() const override { return "byte"; }
 };
 
 }  // namespace shardtrain::data

@@ -70,28 +70,172 @@ std::vector<std::string> load_fortunes(const std::string& dir) {
   return docs;
 }
 
-std::vector<std::string> load_text_documents(const std::string& path) {
-  std::vector<std::string> docs = split_documents(read_file(path), blank);
-  ST_CHECK(!docs.empty(), "text file `", path, "` holds no documents");
+// ---- DocumentReader ----
+
+struct DocumentReader::State {
+  size_t file = 0;                      // index into files_ of the file being read
+  std::unique_ptr<io::InputFile> text;  // text and JSONL: the open file
+  uint64_t file_bytes = 0;              // its size on disk
+  int64_t line_no = 0;
+  std::string line;
+  std::string current;                  // text: the document being assembled
+  std::unique_ptr<io::ParquetFile> parquet;
+  int group = 0;                        // Parquet: the next row group
+  std::vector<std::string> values;
+  std::vector<uint8_t> present;
+};
+
+DocumentReader::DocumentReader(std::string source, DocumentFormat format, std::string field)
+    : source_(std::move(source)), format_(format), field_(std::move(field)), state_(std::make_unique<State>()) {
+  if (format_ == DocumentFormat::kParquet) {
+    files_ = parquet_files(source_);
+  } else {
+    files_ = {source_};
+    state_->text = std::make_unique<io::InputFile>(source_);  // decompressed when it is a .gz or .zst file
+    std::error_code ec;
+    state_->file_bytes = std::filesystem::file_size(source_, ec);
+  }
+}
+
+DocumentReader::~DocumentReader() = default;
+
+bool DocumentReader::next(std::vector<std::string>& out, size_t max_bytes) {
+  switch (format_) {
+    case DocumentFormat::kText: return next_text(out, max_bytes);
+    case DocumentFormat::kJsonl: return next_jsonl(out, max_bytes);
+    case DocumentFormat::kParquet: return next_parquet(out, max_bytes);
+  }
+  return false;
+}
+
+bool DocumentReader::next_text(std::vector<std::string>& out, size_t max_bytes) {
+  State& s = *state_;
+  size_t bytes = 0;
+  bool any = false;
+  auto finish_document = [&] {
+    if (s.current.empty() || blank(s.current)) return;
+    bytes += s.current.size();
+    text_bytes_ += s.current.size();
+    ++documents_;
+    out.push_back(std::move(s.current));
+    s.current.clear();
+    any = true;
+  };
+  while (bytes < max_bytes) {
+    if (!s.text || !s.text->read_line(s.line)) {
+      s.text.reset();
+      finish_document();
+      break;
+    }
+    if (blank(s.line)) {
+      finish_document();
+    } else {
+      if (!s.current.empty()) s.current += '\n';
+      s.current += s.line;
+    }
+  }
+  return any;
+}
+
+bool DocumentReader::next_jsonl(std::vector<std::string>& out, size_t max_bytes) {
+  State& s = *state_;
+  size_t bytes = 0;
+  bool any = false;
+  while (bytes < max_bytes && s.text) {
+    if (!s.text->read_line(s.line)) {
+      s.text.reset();
+      break;
+    }
+    ++s.line_no;
+    if (blank(s.line)) continue;
+    nlohmann::json j = nlohmann::json::parse(s.line, nullptr, false);
+    ST_CHECK(!j.is_discarded() && j.is_object(), "`", source_, "` line ", s.line_no, ": not a JSON object");
+    auto it = j.find(field_);
+    ST_CHECK(it != j.end(), "`", source_, "` line ", s.line_no, ": no field `", field_,
+             "` (set data.text_field to the field holding the text)");
+    ST_CHECK(it->is_string(), "`", source_, "` line ", s.line_no, ": field `", field_, "` is not a string");
+    out.push_back(it->get<std::string>());
+    bytes += out.back().size();
+    text_bytes_ += out.back().size();
+    ++documents_;
+    any = true;
+  }
+  return any;
+}
+
+bool DocumentReader::next_parquet(std::vector<std::string>& out, size_t max_bytes) {
+  State& s = *state_;
+  size_t bytes = 0;
+  bool any = false;
+  while (bytes < max_bytes && s.file < files_.size()) {
+    if (!s.parquet) {
+      const std::string& path = files_[s.file];
+      s.parquet = std::make_unique<io::ParquetFile>(path);
+      s.group = 0;
+      ST_CHECK(s.parquet->has_field(field_), "`", path, "`: no field `", field_, "` (set data.text_field to the "
+               "field holding the text; the file's fields are ", s.parquet->describe_fields(), ")");
+    }
+    if (s.group == s.parquet->num_row_groups()) {
+      s.parquet.reset();
+      ++s.file;
+      continue;
+    }
+    s.parquet->read_strings(s.group++, field_, s.values, s.present);
+    for (size_t i = 0; i < s.values.size(); ++i) {
+      if (!s.present[i] || s.values[i].empty()) continue;
+      bytes += s.values[i].size();
+      text_bytes_ += s.values[i].size();
+      ++documents_;
+      out.push_back(std::move(s.values[i]));
+      any = true;
+    }
+  }
+  return any;
+}
+
+void DocumentReader::check_not_empty() const {
+  if (documents_ > 0) return;
+  switch (format_) {
+    case DocumentFormat::kText: ST_THROW("text file `", source_, "` holds no documents");
+    case DocumentFormat::kJsonl: ST_THROW("JSONL file `", source_, "` holds no documents");
+    case DocumentFormat::kParquet:
+      ST_THROW("`", source_, "` holds no documents in Parquet field `", field_, "`");
+  }
+}
+
+double DocumentReader::progress() const {
+  const State& s = *state_;
+  if (format_ == DocumentFormat::kParquet) {
+    double within = 0;
+    if (s.parquet && s.parquet->num_row_groups() > 0)
+      within = static_cast<double>(s.group) / s.parquet->num_row_groups();
+    return std::min(1.0, (static_cast<double>(s.file) + within) / static_cast<double>(files_.size()));
+  }
+  if (!s.text) return 1.0;
+  if (s.text->compression() != io::InputFile::Compression::kNone || s.file_bytes == 0) return -1;
+  return std::min(1.0, static_cast<double>(s.text->bytes_read()) / static_cast<double>(s.file_bytes));
+}
+
+namespace {
+
+std::vector<std::string> drain(DocumentReader& reader) {
+  std::vector<std::string> docs;
+  while (reader.next(docs, size_t{64} << 20)) {
+  }
+  reader.check_not_empty();
   return docs;
 }
 
+}  // namespace
+
+std::vector<std::string> load_text_documents(const std::string& path) {
+  DocumentReader reader(path, DocumentFormat::kText, "");
+  return drain(reader);
+}
+
 std::vector<std::string> load_jsonl_documents(const std::string& path, const std::string& field) {
-  io::InputFile in(path);  // line by line, decompressed when it is a .gz or .zst file
-  std::vector<std::string> docs;
-  std::string line;
-  for (int64_t line_no = 1; in.read_line(line); ++line_no) {
-    if (blank(line)) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
-    ST_CHECK(!j.is_discarded() && j.is_object(), "`", path, "` line ", line_no, ": not a JSON object");
-    auto it = j.find(field);
-    ST_CHECK(it != j.end(), "`", path, "` line ", line_no, ": no field `", field,
-             "` (set data.text_field to the field holding the text)");
-    ST_CHECK(it->is_string(), "`", path, "` line ", line_no, ": field `", field, "` is not a string");
-    docs.push_back(it->get<std::string>());
-  }
-  ST_CHECK(!docs.empty(), "JSONL file `", path, "` holds no documents");
-  return docs;
+  DocumentReader reader(path, DocumentFormat::kJsonl, field);
+  return drain(reader);
 }
 
 bool is_source_pattern(const std::string& source) {
@@ -131,21 +275,8 @@ std::vector<std::string> parquet_files(const std::string& source) {
 }
 
 std::vector<std::string> load_parquet_documents(const std::string& source, const std::string& field) {
-  std::vector<std::string> docs;
-  std::vector<std::string> values;
-  std::vector<uint8_t> present;
-  for (const std::string& path : parquet_files(source)) {
-    const io::ParquetFile file(path);
-    ST_CHECK(file.has_field(field), "`", path, "`: no field `", field, "` (set data.text_field to the field holding "
-             "the text; the file's fields are ", file.describe_fields(), ")");
-    for (int g = 0; g < file.num_row_groups(); ++g) {
-      file.read_strings(g, field, values, present);
-      for (size_t i = 0; i < values.size(); ++i)
-        if (present[i] && !values[i].empty()) docs.push_back(std::move(values[i]));
-    }
-  }
-  ST_CHECK(!docs.empty(), "`", source, "` holds no documents in Parquet field `", field, "`");
-  return docs;
+  DocumentReader reader(source, DocumentFormat::kParquet, field);
+  return drain(reader);
 }
 
 }  // namespace shardtrain::data

@@ -2,6 +2,8 @@
 // installed by scripts/setup.sh) and user text / JSONL / Parquet files.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -14,6 +16,55 @@ constexpr const char* kFortunesDir = "/usr/share/games/fortunes";
 // `dir` (files without the .dat / .u8 suffixes), in file-name order. Throws, naming the
 // folder and how to install it, when it is missing or empty.
 std::vector<std::string> load_fortunes(const std::string& dir = kFortunesDir);
+
+// How a source's documents are written.
+enum class DocumentFormat {
+  kText,     // a text file (plain, .gz or .zst): documents separated by one or more blank lines
+  kJsonl,    // a JSONL file (plain, .gz or .zst): one JSON object per line, the document in a string field
+  kParquet,  // Parquet files (a file, a folder or a pattern): the document in a string column of each row
+};
+
+// The documents of a source, a block at a time, in order, holding only the block in memory.
+// The load_*_documents functions below are this reader drained, so anything built from it
+// block by block (a token cache, streams) equals what the loaders give. Errors name the file
+// and the line (JSONL) or the row group and column (Parquet).
+class DocumentReader {
+ public:
+  // `field`: JSONL's field or Parquet's column (unused for text). Throws when a file cannot
+  // be opened; a Parquet source with no Parquet file is an error naming it.
+  DocumentReader(std::string source, DocumentFormat format, std::string field);
+  ~DocumentReader();
+  DocumentReader(const DocumentReader&) = delete;
+  DocumentReader& operator=(const DocumentReader&) = delete;
+
+  // Appends the next documents to `out` until their text reaches `max_bytes` (at least one
+  // document) or the source ends. False when no document was left.
+  bool next(std::vector<std::string>& out, size_t max_bytes);
+  // Throws, naming the source, when it has held no document (call once next() returned false).
+  void check_not_empty() const;
+
+  const std::string& source() const { return source_; }
+  const std::vector<std::string>& files() const { return files_; }
+  int64_t documents() const { return documents_; }  // handed out so far
+  uint64_t text_bytes() const { return text_bytes_; }
+  // How far through the input it is, in [0, 1]: finished files, and the current file's
+  // share read (its bytes, or its row groups); -1 when unknown (a compressed file).
+  double progress() const;
+
+ private:
+  bool next_text(std::vector<std::string>& out, size_t max_bytes);
+  bool next_jsonl(std::vector<std::string>& out, size_t max_bytes);
+  bool next_parquet(std::vector<std::string>& out, size_t max_bytes);
+
+  struct State;
+  std::string source_;
+  DocumentFormat format_;
+  std::string field_;
+  std::vector<std::string> files_;
+  int64_t documents_ = 0;
+  uint64_t text_bytes_ = 0;
+  std::unique_ptr<State> state_;
+};
 
 // A plain text file: documents separated by one or more blank lines.
 std::vector<std::string> load_text_documents(const std::string& path);

@@ -2,40 +2,121 @@
 #include "data/dataset.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
+#include <fmt/format.h>
+
+#include "core/log.h"
 #include "core/random.h"
 #include "data/corpus.h"
 #include "data/parallel.h"
 
 namespace shardtrain::data {
 
+namespace detail {
+
+void check_val_fraction(double val_fraction) {
+  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
+}
+
+bool held_out(uint64_t seed, int64_t index, double val_fraction) {
+  static const uint64_t key = name_key("validation split");
+  return uniform_at(seed, key, static_cast<uint64_t>(index)) < val_fraction;
+}
+
+void encode_block(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
+                  std::vector<std::vector<int32_t>>& ids) {
+  ids.resize(documents.size());
+  const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+  parallel_for_lowest_error(static_cast<int64_t>(documents.size()), 0, [&](int64_t i) {
+    std::vector<int32_t>& out = ids[static_cast<size_t>(i)];
+    out.clear();
+    if (bos >= 0) out.push_back(bos);
+    const std::vector<int32_t> encoded =
+        with_context([&] { return "tokenizing document " + std::to_string(first_index + i); },
+                     [&] { return tokenizer.encode(documents[static_cast<size_t>(i)]); });
+    out.insert(out.end(), encoded.begin(), encoded.end());
+    if (eos >= 0) out.push_back(eos);
+  });
+}
+
+}  // namespace detail
+
+namespace {
+
+void append_to(TokenStreams& s, bool held_out, std::span<const int32_t> ids) {
+  std::vector<int32_t>& out = held_out ? s.val : s.train;
+  out.insert(out.end(), ids.begin(), ids.end());
+}
+
+}  // namespace
+
 TokenStreams build_token_streams(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                                  double val_fraction, uint64_t seed) {
-  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
+  detail::check_val_fraction(val_fraction);
   TokenStreams s;
-  const uint64_t key = name_key("validation split");
-  // documents are encoded in parallel a block at a time and appended in order, so the streams
-  // do not depend on the number of threads
-  constexpr int64_t kBlock = 4096;
-  const auto n = static_cast<int64_t>(documents.size());
-  std::vector<std::vector<int32_t>> ids(static_cast<size_t>(std::min(n, kBlock)));
-  for (int64_t first = 0; first < n; first += kBlock) {
-    const int64_t count = std::min(kBlock, n - first);
-    parallel_for_lowest_error(count, 0, [&](int64_t i) {
-      ids[static_cast<size_t>(i)] = with_context([&] { return "tokenizing document " + std::to_string(first + i); },
-                                                 [&] { return tokenizer.encode(documents[first + i]); });
-    });
-    for (int64_t i = 0; i < count; ++i) {
-      const auto d = static_cast<uint64_t>(first + i);
-      std::vector<int32_t>& out = uniform_at(seed, key, d) < val_fraction ? s.val : s.train;
-      if (tokenizer.bos_id() >= 0) out.push_back(tokenizer.bos_id());
-      out.insert(out.end(), ids[static_cast<size_t>(i)].begin(), ids[static_cast<size_t>(i)].end());
-      if (tokenizer.eos_id() >= 0) out.push_back(tokenizer.eos_id());
-      s.bytes += static_cast<int64_t>(documents[d].size());
+  constexpr size_t kBlock = 4096;  // documents encoded per parallel step
+  const std::span<const std::string> all(documents);
+  for (size_t first = 0; first < all.size(); first += kBlock) {
+    encode_and_split(all.subspan(first, std::min(kBlock, all.size() - first)), static_cast<int64_t>(first),
+                     tokenizer, val_fraction, seed, [&](bool held, std::span<const int32_t> ids) {
+                       append_to(s, held, ids);
+                     });
+  }
+  for (const std::string& d : documents) s.bytes += static_cast<int64_t>(d.size());
+  s.documents = static_cast<int64_t>(documents.size());
+  return s;
+}
+
+namespace {
+
+double seconds_now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void log_progress(const DocumentReader& reader, uint64_t tokens, double seconds) {
+  const double mb = static_cast<double>(reader.text_bytes()) / 1e6;
+  std::string line = fmt::format("data: tokenizing `{}`: {} documents, {:.0f} MB of text, {} tokens, {:.1f} MB/s",
+                                 reader.source(), reader.documents(), mb, tokens, mb / seconds);
+  const double done = reader.progress();
+  if (done > 0 && done < 1) line += fmt::format(", {:.0f} % (about {:.0f} s left)", 100 * done, seconds * (1 - done) / done);
+  log::info(line);
+}
+
+}  // namespace
+
+void encode_and_split(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction, uint64_t seed,
+                      bool progress, const std::function<void(bool held_out, std::span<const int32_t> ids)>& take) {
+  const double start = seconds_now();
+  double last_report = start;
+  uint64_t tokens = 0;
+  std::vector<std::string> block;
+  while (true) {
+    block.clear();
+    const int64_t first = reader.documents();
+    if (!reader.next(block, size_t{16} << 20)) break;
+    encode_and_split(std::span<const std::string>(block), first, tokenizer, val_fraction, seed,
+                     [&](bool held_out, std::span<const int32_t> ids) {
+                       tokens += ids.size();
+                       take(held_out, ids);
+                     });
+    const double now = seconds_now();
+    if (progress && now - last_report >= 10) {
+      log_progress(reader, tokens, now - start);
+      last_report = now;
     }
   }
-  s.documents = n;
+  reader.check_not_empty();
+}
+
+TokenStreams build_token_streams(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction,
+                                 uint64_t seed, bool progress) {
+  TokenStreams s;
+  encode_and_split(reader, tokenizer, val_fraction, seed, progress,
+                   [&](bool held_out, std::span<const int32_t> ids) { append_to(s, held_out, ids); });
+  s.documents = reader.documents();
+  s.bytes = static_cast<int64_t>(reader.text_bytes());
   return s;
 }
 
@@ -225,6 +306,19 @@ std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, cons
   return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(files, 0, cut),
                                             std::make_unique<FileTokenSource>(files, cut, total - cut), seq_len,
                                             seed, std::move(summary));
+}
+
+std::unique_ptr<TrainingData> open_split_token_files(const std::string& train_path, const std::string& val_path,
+                                                     const Tokenizer& tokenizer, int64_t model_vocab,
+                                                     int64_t seq_len, uint64_t seed, std::string summary) {
+  auto train = std::make_shared<const TokenFiles>(std::vector<std::string>{train_path});
+  auto val = std::make_shared<const TokenFiles>(std::vector<std::string>{val_path});
+  check_token_file(train->files()[0], tokenizer, model_vocab);
+  check_token_file(val->files()[0], tokenizer, model_vocab);
+  const int64_t train_tokens = train->size(), val_tokens = val->size();
+  return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(std::move(train), 0, train_tokens),
+                                            std::make_unique<FileTokenSource>(std::move(val), 0, val_tokens),
+                                            seq_len, seed, std::move(summary));
 }
 
 }  // namespace shardtrain::data

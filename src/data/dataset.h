@@ -6,12 +6,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/tensor.h"
+#include "data/corpus.h"
 #include "data/tokenize_file.h"
 #include "data/tokenizer.h"
 
@@ -24,12 +26,28 @@ struct TokenStreams {
   int64_t bytes = 0;
 };
 
-// Each document goes to the validation split with probability val_fraction, decided by a
-// hash of (seed, document index) so the split never depends on the order of work. Documents
-// are encoded on every OpenMP thread (the tokenizer's encode must be thread-safe; both of
-// ours are); the streams are the same for any number of threads. Errors name the document.
+// Documents `first_index` .. of `documents`, encoded on every OpenMP thread (the tokenizer's
+// encode must be thread-safe; both of ours are), then handed to take(held_out, ids) in order.
+// Each document is held out with probability val_fraction, decided by a hash of (seed,
+// document index), so the split depends on neither the order of work nor how a source is cut
+// into blocks. `ids` is the document as a stream holds it: BOS (when the tokenizer has one),
+// its ids, EOS (likewise). Errors name the document.
+template <typename Take>
+void encode_and_split(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
+                      double val_fraction, uint64_t seed, Take&& take);
+
+// Each document goes to the validation split as encode_and_split says; the streams are the
+// same for any number of threads.
 TokenStreams build_token_streams(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                                  double val_fraction, uint64_t seed);
+// encode_and_split over a reader's documents, a block of 16 MB of text at a time (only one
+// block is held), logging "data: tokenizing `source`: ..." every 10 s when `progress` is set.
+// Throws when the source held no document.
+void encode_and_split(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction, uint64_t seed,
+                      bool progress, const std::function<void(bool held_out, std::span<const int32_t> ids)>& take);
+// The same streams as from the documents, from a reader's.
+TokenStreams build_token_streams(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction,
+                                 uint64_t seed, bool progress = false);
 
 // A sequence of token ids: in memory, or a range of a mapped token file (never copied whole).
 class TokenSource {
@@ -144,5 +162,30 @@ class PackedStreamData final : public TrainingData {
 std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
                                                    int64_t model_vocab, double val_fraction, int64_t seq_len,
                                                    uint64_t seed);
+
+// A training and a held-out token file, each read whole as its stream (a token cache's pair:
+// data/token_cache.h), checked against the tokenizer and model_vocab like token files.
+std::unique_ptr<TrainingData> open_split_token_files(const std::string& train_path, const std::string& val_path,
+                                                     const Tokenizer& tokenizer, int64_t model_vocab,
+                                                     int64_t seq_len, uint64_t seed, std::string summary);
+
+namespace detail {
+void check_val_fraction(double val_fraction);
+bool held_out(uint64_t seed, int64_t index, double val_fraction);
+// encodes documents [0, n) of the block in parallel into ids (BOS and EOS added)
+void encode_block(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
+                  std::vector<std::vector<int32_t>>& ids);
+}  // namespace detail
+
+template <typename Take>
+void encode_and_split(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
+                      double val_fraction, uint64_t seed, Take&& take) {
+  detail::check_val_fraction(val_fraction);
+  std::vector<std::vector<int32_t>> ids;
+  detail::encode_block(documents, first_index, tokenizer, ids);
+  for (size_t i = 0; i < documents.size(); ++i)
+    take(detail::held_out(seed, first_index + static_cast<int64_t>(i), val_fraction),
+         std::span<const int32_t>(ids[i]));
+}
 
 }  // namespace shardtrain::data

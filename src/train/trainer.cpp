@@ -224,7 +224,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
   }
-  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size);
+  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size, comm_, local_rank());
   log::info("data: " + data_->summary());
   document_mask_ = resolve_document_mask(config_.data);
   ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,

@@ -5,21 +5,106 @@
 #include <filesystem>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "data/corpus.h"
 #include "data/sft.h"
+#include "data/token_cache.h"
 #include "data/tokenize_file.h"
+#include "dist/communicator.h"
 #include "io/input_file.h"
 #include "io/parquet.h"
 
 namespace shardtrain::train {
 namespace {
 
-std::vector<std::string> load_documents(const DataSection& d, const std::string& format) {
-  if (d.source == "builtin:fortunes") return data::load_fortunes();
-  if (format == "parquet") return data::load_parquet_documents(d.source, d.text_field);
-  return format == "jsonl" ? data::load_jsonl_documents(d.source, d.text_field) : data::load_text_documents(d.source);
+data::DocumentFormat document_format(const std::string& format) {
+  if (format == "parquet") return data::DocumentFormat::kParquet;
+  return format == "jsonl" ? data::DocumentFormat::kJsonl : data::DocumentFormat::kText;
+}
+
+std::string megabytes(uint64_t bytes) { return fmt::format("{:.2f} MB", static_cast<double>(bytes) / 1e6); }
+
+// Builds the cache where `builds` says so, then agrees across the ranks that every build went
+// well: a rank whose build failed rethrows its error, the others name it.
+void build_where(bool builds, const std::string& folder, const data::TokenCacheKey& key,
+                 const data::Tokenizer& tokenizer, dist::Communicator& comm) {
+  std::exception_ptr error;
+  if (builds && !data::token_cache_complete(folder)) {
+    try {
+      log::info(fmt::format("data: tokenizing `{}` into the token cache `{}` (once; later launches map it)",
+                            key.source, folder));
+      const data::TokenCacheStats s = data::build_token_cache(folder, key, tokenizer, true);
+      log::info(fmt::format("data: token cache built in {:.1f} s: {} documents, {} of text, {:.1f} MB/s{}", s.seconds,
+                            s.documents, megabytes(s.text_bytes), static_cast<double>(s.text_bytes) / 1e6 / s.seconds,
+                            s.built ? "" : " (another process finished it first; its copy is used)"));
+    } catch (...) {
+      error = std::current_exception();
+    }
+  }
+  Tensor failed = Tensor::zeros({2}, DType::kF32, Device::cpu(), "token cache status");
+  if (error) {
+    failed.data<float>()[0] = 1;
+    failed.data<float>()[1] = static_cast<float>(comm.rank() + 1);
+  }
+  comm.all_reduce(failed, dist::ReduceOp::kSum);
+  if (error) std::rethrow_exception(error);
+  ST_CHECK(failed.data<float>()[0] == 0, "the token cache `", folder, "` could not be built (",
+           failed.data<float>()[0], " rank(s) failed; see rank ", failed.data<float>()[1] - 1, "'s error)");
+}
+
+// The token cache for a document source, built by rank 0 (then, for ranks that do not see its
+// folder, by the first rank of each machine), or nullptr when the data is tokenized in memory.
+std::unique_ptr<data::TrainingData> open_token_cache(const DataSection& d, const std::string& format,
+                                                     const data::Tokenizer& tokenizer, int64_t model_vocab,
+                                                     const TrainingSection& t, dist::Communicator* comm,
+                                                     int local_rank) {
+  if (d.token_cache == "off" || d.source.rfind("builtin:", 0) == 0) return nullptr;
+  data::TokenCacheKey key{d.source, document_format(format), d.text_field, d.val_fraction, t.seed};
+  const bool on = d.token_cache == "on";
+  constexpr uint64_t kAutoBytes = uint64_t{64} << 20;
+  if (!on && data::token_cache_source_bytes(key) < kAutoBytes) return nullptr;
+  const std::string dir = d.cache_dir.empty() ? data::default_token_cache_dir() : d.cache_dir;
+  if (dir.empty() || tokenizer.fingerprint().empty()) {
+    const std::string why = dir.empty() ? "neither XDG_CACHE_HOME nor HOME is set, and data.cache_dir is empty"
+                                        : "the tokenizer does not say what it encodes by";
+    ST_CHECK(!on, "`data.token_cache` = on, but ", why);
+    log::info("data: tokenizing in memory (no token cache: " + why + ")");
+    return nullptr;
+  }
+  const std::string folder = data::token_cache_folder(dir, key, tokenizer);
+  const bool reused = data::token_cache_complete(folder);
+  if (!reused) {
+    std::unique_ptr<dist::Communicator> single;
+    if (comm == nullptr) {
+      single = dist::make_single_rank();
+      comm = single.get();
+    }
+    build_where(comm->rank() == 0, folder, key, tokenizer, *comm);
+    // ranks on machines that do not share rank 0's folder build their own copy, once a machine
+    build_where(local_rank == 0 && !data::token_cache_complete(folder), folder, key, tokenizer, *comm);
+    ST_CHECK(data::token_cache_complete(folder), "the token cache `", folder, "` is not visible to this rank after "
+             "its machine's first rank (LOCAL_RANK 0) built it; set data.cache_dir to a folder every rank of a "
+             "machine shares");
+  }
+  const std::string info_path = (std::filesystem::path(folder) / "source.json").string();
+  std::string made = reused ? "made by an earlier launch" : "made now";
+  std::string summary;
+  try {
+    const nlohmann::json info = nlohmann::json::parse(io::InputFile(info_path).read_all());
+    summary = fmt::format("{} documents, {} of text -> {} training / {} held-out tokens ({}; token cache `{}`, {})",
+                          info.at("documents").get<int64_t>(), megabytes(info.at("text_bytes").get<uint64_t>()),
+                          info.at("train_tokens").get<uint64_t>(), info.at("val_tokens").get<uint64_t>(), d.source,
+                          folder, made);
+  } catch (const nlohmann::json::exception& e) {
+    ST_THROW("token cache `", info_path, "`: unreadable (", e.what(), "); remove the folder `", folder,
+             "` to rebuild it");
+  }
+  const std::filesystem::path f(folder);
+  return data::open_split_token_files((f / "train.tok").string(), (f / "val.tok").string(), tokenizer, model_vocab,
+                                      t.seq_len, t.seed, std::move(summary));
 }
 
 }  // namespace
@@ -70,7 +155,8 @@ bool resolve_document_mask(const DataSection& d) {
 }
 
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
-                                                       int64_t model_vocab, int64_t world) {
+                                                       int64_t model_vocab, int64_t world, dist::Communicator* comm,
+                                                       int local_rank) {
   const DataSection& d = config.data;
   const TrainingSection& t = config.training;
   const std::string format = resolve_data_format(d);
@@ -92,8 +178,14 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
     o.micro_batches = t.grad_accum_steps;
     return std::make_unique<data::SftData>(d.source, tokenizer, o);
   }
-  const std::vector<std::string> docs = load_documents(d, format);
-  data::TokenStreams streams = data::build_token_streams(docs, tokenizer, d.val_fraction, t.seed);
+  if (auto cached = open_token_cache(d, format, tokenizer, model_vocab, t, comm, local_rank)) return cached;
+  data::TokenStreams streams;
+  if (d.source == "builtin:fortunes") {
+    streams = data::build_token_streams(data::load_fortunes(), tokenizer, d.val_fraction, t.seed);
+  } else {
+    data::DocumentReader reader(d.source, document_format(format), d.text_field);
+    streams = data::build_token_streams(reader, tokenizer, d.val_fraction, t.seed, true);
+  }
   std::string summary = fmt::format("{} documents, {:.2f} MB of text -> {} training / {} held-out tokens ({})",
                                     streams.documents, static_cast<double>(streams.bytes) / 1e6,
                                     streams.train.size(), streams.val.size(), d.source);

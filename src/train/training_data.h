@@ -10,6 +10,10 @@
 #include "data/tokenizer.h"
 #include "train/config.h"
 
+namespace shardtrain::dist {
+class Communicator;
+}  // namespace shardtrain::dist
+
 namespace shardtrain::train {
 
 // data.format with "auto" resolved: tokens when data.source is a folder or a file that starts
@@ -22,8 +26,12 @@ bool resolve_document_mask(const DataSection& data);
 
 // Reads data.source as its format says, split by data.val_fraction and seeded by
 // training.seed, for sequences of training.seq_len; `model_vocab` bounds a token file's ids
-// and `world` ranks share each global batch (SFT epochs count global sequences).
+// and `world` ranks share each global batch (SFT epochs count global sequences). Text, JSONL
+// and Parquet documents go through a token cache when data.token_cache says so: every rank of
+// `comm` (nullptr: this process alone) calls this together; rank 0 builds a missing cache, then
+// the rank with `local_rank` 0 on each machine that does not see rank 0's folder.
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
-                                                       int64_t model_vocab, int64_t world);
+                                                       int64_t model_vocab, int64_t world,
+                                                       dist::Communicator* comm = nullptr, int local_rank = 0);
 
 }  // namespace shardtrain::train

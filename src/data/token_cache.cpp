@@ -1,0 +1,204 @@
+// Token caches: a source tokenized once into train.tok / val.tok (data/token_cache.h).
+#include "data/token_cache.h"
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/random.h"
+#include "data/dataset.h"
+#include "data/tokenize_file.h"
+
+namespace shardtrain::data {
+namespace fs = std::filesystem;
+namespace {
+
+const char* format_name(DocumentFormat f) {
+  switch (f) {
+    case DocumentFormat::kText: return "text";
+    case DocumentFormat::kJsonl: return "jsonl";
+    case DocumentFormat::kParquet: return "parquet";
+  }
+  return "?";
+}
+
+struct FileStamp {
+  std::string path;  // absolute
+  uint64_t bytes = 0;
+  int64_t mtime_ns = 0;
+};
+
+FileStamp stamp(const std::string& path) {
+  std::error_code ec;
+  FileStamp s;
+  s.path = fs::absolute(path, ec).lexically_normal().string();
+  if (ec) s.path = path;
+  s.bytes = fs::file_size(path, ec);
+  ST_CHECK(!ec, "`", path, "`: cannot read its size: ", ec.message());
+  const auto t = fs::last_write_time(path, ec);
+  ST_CHECK(!ec, "`", path, "`: cannot read its modification time: ", ec.message());
+  s.mtime_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  return s;
+}
+
+// The key as JSON: what source.json records and what the folder name hashes.
+nlohmann::ordered_json key_json(const TokenCacheKey& key, const Tokenizer& tokenizer) {
+  nlohmann::ordered_json j;
+  j["cache_version"] = 1;
+  j["source"] = key.source;
+  j["format"] = format_name(key.format);
+  j["field"] = key.format == DocumentFormat::kText ? "" : key.field;
+  j["tokenizer"] = tokenizer.fingerprint();
+  j["vocab_size"] = tokenizer.vocab_size();
+  j["bos_id"] = tokenizer.bos_id();
+  j["eos_id"] = tokenizer.eos_id();
+  j["val_fraction"] = fmt::format("{:.17g}", key.val_fraction);  // exact
+  j["seed"] = key.seed;
+  nlohmann::ordered_json files = nlohmann::ordered_json::array();
+  for (const std::string& f : token_cache_source_files(key)) {
+    const FileStamp s = stamp(f);
+    files.push_back({{"path", s.path}, {"bytes", s.bytes}, {"mtime_ns", s.mtime_ns}});
+  }
+  j["files"] = std::move(files);
+  return j;
+}
+
+// A readable stem for the folder: the source's file name without its data suffixes, or the
+// folder's name (a pattern: its folder's), in [A-Za-z0-9._-], at most 48 characters.
+std::string source_stem(const TokenCacheKey& key) {
+  std::string name;
+  if (fs::is_directory(key.source)) {
+    name = fs::path(key.source).lexically_normal().filename().string();
+    if (name.empty()) name = fs::path(key.source).lexically_normal().parent_path().filename().string();
+  } else if (is_source_pattern(key.source)) {
+    name = fs::path(key.source).parent_path().filename().string();
+  } else {
+    name = token_file_name(key.source);
+    name.resize(name.size() - 4);  // ".tok"
+  }
+  for (char& c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
+  if (name.empty() || name[0] == '.') name = "source" + name;
+  if (name.size() > 48) name.resize(48);
+  return name;
+}
+
+std::string host_name() {
+  char buffer[256] = {};
+  if (::gethostname(buffer, sizeof(buffer) - 1) != 0) return "host";
+  return buffer;
+}
+
+// Removes a temporary folder unless released.
+struct RemoveOnExit {
+  std::string path;
+  ~RemoveOnExit() {
+    if (path.empty()) return;
+    std::error_code ec;
+    fs::remove_all(path, ec);
+  }
+};
+
+}  // namespace
+
+std::vector<std::string> token_cache_source_files(const TokenCacheKey& key) {
+  if (key.format == DocumentFormat::kParquet) return parquet_files(key.source);
+  return {key.source};
+}
+
+uint64_t token_cache_source_bytes(const TokenCacheKey& key) {
+  uint64_t total = 0;
+  for (const std::string& f : token_cache_source_files(key)) total += stamp(f).bytes;
+  return total;
+}
+
+std::string default_token_cache_dir() {
+  const char* xdg = std::getenv("XDG_CACHE_HOME");
+  if (xdg != nullptr && *xdg == '/') return (fs::path(xdg) / "shardtrain" / "tokens").string();
+  const char* home = std::getenv("HOME");
+  if (home != nullptr && *home != '\0') return (fs::path(home) / ".cache" / "shardtrain" / "tokens").string();
+  return {};
+}
+
+std::string token_cache_folder(const std::string& cache_dir, const TokenCacheKey& key, const Tokenizer& tokenizer) {
+  ST_CHECK(!tokenizer.fingerprint().empty(), "a token cache needs a tokenizer that names what it encodes by; this "
+           "one does not (set data.token_cache = off)");
+  const uint64_t hash = name_key(key_json(key, tokenizer).dump());
+  return (fs::path(cache_dir) / fmt::format("{}-{:016x}", source_stem(key), hash)).string();
+}
+
+bool token_cache_complete(const std::string& folder) {
+  std::error_code ec;
+  for (const char* name : {"train.tok", "val.tok", "source.json"})
+    if (!fs::is_regular_file(fs::path(folder) / name, ec)) return false;
+  return true;
+}
+
+TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
+                                  bool progress) {
+  const auto start = std::chrono::steady_clock::now();
+  nlohmann::ordered_json info = key_json(key, tokenizer);
+  DocumentReader reader(key.source, key.format, key.field);  // opens (and checks) the input first
+
+  const fs::path final_path(folder);
+  std::error_code ec;
+  fs::create_directories(final_path.parent_path(), ec);
+  ST_CHECK(!ec, "token cache: cannot create the folder `", final_path.parent_path().string(), "`: ", ec.message(),
+           " (set data.cache_dir to a writable folder, or data.token_cache = off)");
+  RemoveOnExit tmp{fmt::format("{}.tmp-{}-{}", folder, host_name(), ::getpid())};
+  fs::remove_all(tmp.path, ec);
+  fs::create_directory(tmp.path, ec);
+  ST_CHECK(!ec, "token cache: cannot create `", tmp.path, "`: ", ec.message());
+
+  const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+  TokenFileWriter train((fs::path(tmp.path) / "train.tok").string(), tokenizer.vocab_size(), eos, bos);
+  TokenFileWriter val((fs::path(tmp.path) / "val.tok").string(), tokenizer.vocab_size(), eos, bos);
+  const size_t head = bos >= 0 ? 1 : 0, tail = eos >= 0 ? 1 : 0;  // the writers add BOS and EOS themselves
+  encode_and_split(reader, tokenizer, key.val_fraction, key.seed, progress,
+                   [&](bool held_out, std::span<const int32_t> ids) {
+                     (held_out ? val : train).append_document(ids.subspan(head, ids.size() - head - tail));
+                   });
+  train.finish();
+  val.finish();
+
+  TokenCacheStats stats;
+  stats.documents = reader.documents();
+  stats.text_bytes = reader.text_bytes();
+  stats.train_tokens = train.header().token_count;
+  stats.val_tokens = val.header().token_count;
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  info["documents"] = stats.documents;
+  info["text_bytes"] = stats.text_bytes;
+  info["train_tokens"] = stats.train_tokens;
+  info["val_tokens"] = stats.val_tokens;
+  info["seconds"] = stats.seconds;
+  {
+    const std::string path = (fs::path(tmp.path) / "source.json").string();
+    std::ofstream out(path);
+    out << info.dump(2) << "\n";
+    out.close();
+    ST_CHECK(out.good(), "token cache: writing `", path, "` failed");
+  }
+  // a folder another process completed meanwhile stays; ours is then removed on the way out
+  if (::rename(tmp.path.c_str(), folder.c_str()) == 0) {
+    tmp.path.clear();
+    stats.built = true;
+  } else {
+    const int error = errno;
+    ST_CHECK(token_cache_complete(folder), "token cache: renaming `", tmp.path, "` to `", folder,
+             "`: ", std::strerror(error));
+  }
+  return stats;
+}
+
+}  // namespace shardtrain::data

@@ -1,0 +1,301 @@
+// Token caches: documents read a block at a time equal the loaders' whole reads; a cache holds
+// the streams the in-memory path builds, so training reads the same batches from it; its folder
+// follows everything the streams depend on; builds that fail or race leave no partial folder.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include <gtest/gtest.h>
+
+#include "data/bpe_tokenizer.h"
+#include "data/byte_tokenizer.h"
+#include "data/corpus.h"
+#include "data/dataset.h"
+#include "data/token_cache.h"
+#include "testing/compare.h"
+#include "testing/shared_data.h"
+#include "train/training_data.h"
+
+namespace shardtrain::data {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::throws_with;
+
+// A fresh folder per test, removed at its end.
+class TokenCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("shardtrain_token_cache_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  std::string write(const std::string& name, const std::string& contents) const {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path, std::ios::binary) << contents;
+    return path;
+  }
+  std::string cache_dir() const { return (dir_ / "cache").string(); }
+  // The entries of the cache folder (complete caches and anything left behind).
+  std::vector<std::string> cache_entries() const {
+    std::vector<std::string> names;
+    if (!fs::exists(cache_dir())) return names;
+    for (const fs::directory_entry& e : fs::directory_iterator(cache_dir())) names.push_back(e.path().filename());
+    std::sort(names.begin(), names.end());
+    return names;
+  }
+
+  fs::path dir_;
+};
+
+// Paragraphs with \r\n line ends, runs of blank (and whitespace-only) lines, a last
+// document without a line end; many documents so blocks of a few bytes cut them everywhere.
+std::string paragraphs(int n) {
+  std::string s = "\n \t\n";
+  for (int i = 0; i < n; ++i) {
+    s += "document " + std::to_string(i) + " first line\r\n";
+    if (i % 3 == 0) s += "  its second line, caf\xc3\xa9\n";
+    s += i % 4 == 1 ? "\n\n \n" : "\n";
+  }
+  return s + "the last one, unended";
+}
+
+std::string jsonl(int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    if (i % 7 == 3) s += "   \n";  // blank lines are skipped
+    s += "{\"id\": " + std::to_string(i) + ", \"text\": \"row " + std::to_string(i) +
+         (i % 5 == 0 ? "" : " with \\\"quotes\\\" and\\nlines") + "\"}\n";
+  }
+  s += "{\"text\": \"\"}\n";  // an empty text is a document (BOS EOS)
+  return s;
+}
+
+std::vector<std::string> drain_in_blocks(DocumentReader& reader, size_t max_bytes) {
+  std::vector<std::string> docs;
+  size_t calls = 0;
+  while (reader.next(docs, max_bytes)) ++calls;
+  EXPECT_GT(calls, 1u);
+  return docs;
+}
+
+TEST_F(TokenCache, ReaderBlocksEqualTheWholeLoad) {
+  const std::string txt = write("docs.txt", paragraphs(300));
+  const std::vector<std::string> whole = load_text_documents(txt);
+  ASSERT_EQ(whole.size(), 301u);
+  EXPECT_EQ(whole[0], "document 0 first line\r\n  its second line, caf\xc3\xa9");
+  EXPECT_EQ(whole.back(), "the last one, unended");
+  for (size_t max_bytes : {1, 7, 4096}) {
+    DocumentReader reader(txt, DocumentFormat::kText, "");
+    EXPECT_EQ(drain_in_blocks(reader, max_bytes), whole) << max_bytes;
+    EXPECT_EQ(reader.documents(), 301);
+    EXPECT_DOUBLE_EQ(reader.progress(), 1.0);
+  }
+  const std::string jl = write("docs.jsonl", jsonl(500));
+  const std::vector<std::string> rows = load_jsonl_documents(jl, "text");
+  ASSERT_EQ(rows.size(), 501u);
+  EXPECT_EQ(rows[1], "row 1 with \"quotes\" and\nlines");
+  DocumentReader reader(jl, DocumentFormat::kJsonl, "text");
+  EXPECT_EQ(drain_in_blocks(reader, 100), rows);
+
+  const std::string bad = write("bad.jsonl", "{\"text\": \"a\"}\n{\"body\": \"b\"}\n");
+  DocumentReader bad_reader(bad, DocumentFormat::kJsonl, "text");
+  std::vector<std::string> docs;
+  EXPECT_TRUE(bad_reader.next(docs, 1));  // the first line, alone
+  EXPECT_TRUE(throws_with([&] { bad_reader.next(docs, 1); }, "line 2: no field `text`"));
+  DocumentReader empty(write("empty.txt", "\n\n  \n"), DocumentFormat::kText, "");
+  EXPECT_FALSE(empty.next(docs, 1));
+  EXPECT_TRUE(throws_with([&] { empty.check_not_empty(); }, "holds no documents"));
+}
+
+TEST_F(TokenCache, StreamsFromAReaderEqualStreamsFromTheDocuments) {
+  const std::string txt = write("docs.txt", paragraphs(2000));
+  ByteTokenizer t;
+  const TokenStreams whole = build_token_streams(load_text_documents(txt), t, 0.2, 11);
+  DocumentReader reader(txt, DocumentFormat::kText, "");
+  const TokenStreams streamed = build_token_streams(reader, t, 0.2, 11);
+  EXPECT_EQ(streamed.train, whole.train);
+  EXPECT_EQ(streamed.val, whole.val);
+  EXPECT_EQ(streamed.documents, whole.documents);
+  EXPECT_EQ(streamed.bytes, whole.bytes);
+  EXPECT_GT(whole.val.size(), whole.train.size() / 10);  // the split holds out about a fifth
+  EXPECT_LT(whole.val.size(), whole.train.size() / 2);
+}
+
+bool same_ids(const Tensor& a, const Tensor& b) {
+  return a.shape() == b.shape() && std::equal(a.data<int32_t>(), a.data<int32_t>() + a.numel(), b.data<int32_t>());
+}
+
+// The in-memory data and the cache's data give the same batches for `config`.
+void expect_same_batches(const train::JobConfig& memory, const train::JobConfig& cached, const Tokenizer& t,
+                         int64_t vocab) {
+  const auto a = train::open_training_data(memory, t, vocab, 1);
+  const auto b = train::open_training_data(cached, t, vocab, 1);
+  const int64_t B = 3, T = memory.training.seq_len;
+  ASSERT_EQ(a->eval_batches(B, T), b->eval_batches(B, T));
+  ASSERT_GT(a->eval_batches(B, T), 0);
+  EXPECT_EQ(a->held_out_size(), b->held_out_size());
+  Tensor ids_a = Tensor::empty({B, T}, DType::kI32), targets_a = Tensor::empty({B, T}, DType::kI32);
+  Tensor ids_b = Tensor::empty({B, T}, DType::kI32), targets_b = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t step = 0; step < 20; ++step) {
+    a->fill_train(ids_a, targets_a, step, step % 2, 4 * step);
+    b->fill_train(ids_b, targets_b, step, step % 2, 4 * step);
+    ASSERT_TRUE(same_ids(ids_a, ids_b)) << "step " << step;
+    ASSERT_TRUE(same_ids(targets_a, targets_b)) << "step " << step;
+  }
+  for (int64_t i = 0; i < a->eval_batches(B, T); ++i) {
+    a->fill_eval(ids_a, targets_a, i);
+    b->fill_eval(ids_b, targets_b, i);
+    ASSERT_TRUE(same_ids(ids_a, ids_b)) << "eval batch " << i;
+  }
+}
+
+train::JobConfig job(const std::string& source, const std::string& cache, const std::string& cache_dir) {
+  train::JobConfig c;
+  c.data.source = source;
+  c.data.token_cache = cache;
+  c.data.cache_dir = cache_dir;
+  c.data.val_fraction = 0.1;
+  c.training.seq_len = 32;
+  c.training.seed = 5;
+  return c;
+}
+
+TEST_F(TokenCache, TrainingReadsTheSameBatchesFromTheCache) {
+  ByteTokenizer t;
+  for (const auto& [name, contents] : {std::pair{"docs.txt", paragraphs(3000)}, std::pair{"docs.jsonl", jsonl(3000)}}) {
+    const std::string source = write(name, contents);
+    const train::JobConfig memory = job(source, "off", cache_dir());
+    const train::JobConfig cached = job(source, "on", cache_dir());
+    expect_same_batches(memory, cached, t, t.vocab_size());
+    const auto again = train::open_training_data(cached, t, t.vocab_size(), 1);  // the folder is kept and reused
+    EXPECT_NE(again->summary().find("made by an earlier launch"), std::string::npos) << again->summary();
+  }
+  const std::vector<std::string> entries = cache_entries();
+  ASSERT_EQ(entries.size(), 2u);  // one complete folder per source, nothing left over
+  EXPECT_EQ(entries[0].rfind("docs-", 0), 0u);
+  EXPECT_EQ(entries[1].rfind("docs-", 0), 0u);
+  EXPECT_NE(entries[0], entries[1]);
+  for (const std::string& e : entries) EXPECT_TRUE(token_cache_complete((fs::path(cache_dir()) / e).string()));
+
+  // auto leaves a source under 64 MiB in memory
+  const auto small = train::open_training_data(job(write("small.txt", paragraphs(50)), "auto", cache_dir()), t,
+                                               t.vocab_size(), 1);
+  EXPECT_EQ(small->summary().find("token cache"), std::string::npos) << small->summary();
+  EXPECT_EQ(cache_entries().size(), 2u);
+}
+
+TEST_F(TokenCache, TheLlama3TokenizerGivesTheSameBatches) {
+  ST_REQUIRE_SHARED_DATA(shared);
+  const BpeTokenizer t(shared + "/tokenizers/llama3/tokenizer.json");
+  EXPECT_EQ(t.fingerprint().rfind("bpe-", 0), 0u);
+  EXPECT_EQ(t.fingerprint(), BpeTokenizer(shared + "/tokenizers/llama3/tokenizer.json").fingerprint());
+  train::JobConfig memory = job(shared + "/corpus/tinyshakespeare.txt", "off", cache_dir());
+  memory.training.seq_len = 256;
+  train::JobConfig cached = memory;
+  cached.data.token_cache = "on";
+  expect_same_batches(memory, cached, t, t.vocab_size());
+}
+
+TEST_F(TokenCache, TheFolderFollowsWhatTheStreamsDependOn) {
+  const std::string source = write("corpus.jsonl", jsonl(50));
+  ByteTokenizer byte;
+  const TokenCacheKey key{source, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const std::string base = token_cache_folder("/c", key, byte);
+  EXPECT_EQ(fs::path(base).parent_path(), "/c");
+  EXPECT_EQ(fs::path(base).filename().string().rfind("corpus-", 0), 0u) << base;
+  EXPECT_EQ(token_cache_folder("/c", key, byte), base);
+  auto changed = [&](auto mutate) {
+    TokenCacheKey k = key;
+    mutate(k);
+    return token_cache_folder("/c", k, byte) != base;
+  };
+  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.seed = 6; }));
+  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.val_fraction = 0.1000001; }));
+  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.field = "body"; }));
+  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.format = DocumentFormat::kText; }));
+  ST_REQUIRE_SHARED_DATA(shared);
+  const BpeTokenizer llama3(shared + "/tokenizers/llama3/tokenizer.json");
+  EXPECT_NE(token_cache_folder("/c", key, llama3), base);
+  // an edited source: another size, or the same size written later
+  write("corpus.jsonl", jsonl(51));
+  EXPECT_NE(token_cache_folder("/c", key, byte), base);
+  write("corpus.jsonl", jsonl(50));
+  fs::last_write_time(source, fs::last_write_time(source) + std::chrono::seconds(5));
+  EXPECT_NE(token_cache_folder("/c", key, byte), base);
+}
+
+TEST_F(TokenCache, AFailedBuildLeavesNothingAndARaceKeepsTheFirstFolder) {
+  ByteTokenizer t;
+  std::string lines = jsonl(3000);
+  lines += "{\"text\": 5}\n";
+  const std::string bad = write("bad.jsonl", lines);
+  const TokenCacheKey bad_key{bad, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const std::string bad_folder = token_cache_folder(cache_dir(), bad_key, t);
+  EXPECT_TRUE(throws_with([&] { build_token_cache(bad_folder, bad_key, t, false); },
+                          "line 3431: field `text` is not a string"));
+  EXPECT_TRUE(cache_entries().empty());
+  EXPECT_TRUE(throws_with([&] { train::open_training_data(job(bad, "on", cache_dir()), t, t.vocab_size(), 1); },
+                          "line 3431"));
+  EXPECT_TRUE(cache_entries().empty());
+
+  const std::string good = write("good.jsonl", jsonl(300));
+  const TokenCacheKey key{good, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const std::string folder = token_cache_folder(cache_dir(), key, t);
+  const TokenCacheStats first = build_token_cache(folder, key, t, false);
+  EXPECT_TRUE(first.built);
+  EXPECT_EQ(first.documents, 301);
+  EXPECT_EQ(first.train_tokens + first.val_tokens, TokenFile((fs::path(folder) / "train.tok").string()).size() +
+                                                       TokenFile((fs::path(folder) / "val.tok").string()).size());
+  // a second process that finished after the first keeps the first one's folder
+  const auto time = fs::last_write_time(fs::path(folder) / "train.tok");
+  const TokenCacheStats second = build_token_cache(folder, key, t, false);
+  EXPECT_FALSE(second.built);
+  EXPECT_EQ(fs::last_write_time(fs::path(folder) / "train.tok"), time);
+  EXPECT_EQ(cache_entries().size(), 1u);
+
+  // a tokenizer that cannot name itself gets no cache
+  class Unnamed final : public Tokenizer {
+   public:
+    std::vector<int32_t> encode(std::string_view text) const override { return ByteTokenizer().encode(text); }
+    std::string decode(std::span<const int32_t> ids) const override { return ByteTokenizer().decode(ids); }
+    int64_t vocab_size() const override { return 258; }
+    int32_t bos_id() const override { return ByteTokenizer::kBos; }
+    int32_t eos_id() const override { return ByteTokenizer::kEos; }
+  } unnamed;
+  EXPECT_TRUE(throws_with([&] { train::open_training_data(job(good, "on", cache_dir()), unnamed, 258, 1); },
+                          "the tokenizer does not say what it encodes by"));
+}
+
+bool have_pyarrow() { return std::system("python3 -c 'import pyarrow' > /dev/null 2>&1") == 0; }
+
+TEST_F(TokenCache, ParquetShardsGiveTheSameBatches) {
+  if (!have_pyarrow()) GTEST_SKIP() << "python3 cannot import pyarrow (scripts/setup.sh --tests installs it)";
+  fs::create_directories(dir_ / "shards");
+  const std::string script = write("make.py",
+                                   "import sys, pyarrow as pa, pyarrow.parquet as pq\n"
+                                   "for s in range(3):\n"
+                                   "    texts = [None if i % 11 == 3 else f'shard {s} row {i} ' * (1 + i % 5)\n"
+                                   "             for i in range(700)]\n"
+                                   "    pq.write_table(pa.table({'text': texts}), f'{sys.argv[1]}/train-{s:05d}.parquet',\n"
+                                   "                   row_group_size=128)\n");
+  const std::string command = "python3 " + script + " " + (dir_ / "shards").string();
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  write("shards/README.md", "# a dataset card, skipped\n");
+  ByteTokenizer t;
+  const std::string pattern = (dir_ / "shards" / "train-*.parquet").string();
+  expect_same_batches(job(pattern, "off", cache_dir()), job(pattern, "on", cache_dir()), t, t.vocab_size());
+  const std::vector<std::string> entries = cache_entries();
+  ASSERT_EQ(entries.size(), 1u);
+  EXPECT_EQ(entries[0].rfind("shards-", 0), 0u) << entries[0];
+}
+
+}  // namespace
+}  // namespace shardtrain::data
