@@ -63,7 +63,8 @@ class BpeTokenizer final : public Tokenizer {
   // are added tokens (<s> / </s> for SentencePiece-style ones); otherwise -1.
   int32_t bos_id() const override;
   int32_t eos_id() const override;
-  // "bpe-" and a 64-bit hash of tokenizer.json's bytes.
+  // "bpe-" and 64-bit hashes of tokenizer.json's bytes and tokenizer_config.json's (its chat
+  // template, BOS and EOS), when there is one.
   std::string fingerprint() const override;
 
   // The id of a token given as written in tokenizer.json (added-token content, or a vocab

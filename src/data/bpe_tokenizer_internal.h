@@ -290,7 +290,7 @@ namespace shardtrain::data {
 
 struct BpeTokenizer::Impl {
   std::string path;
-  std::string fingerprint;  // "bpe-" + hash of tokenizer.json's bytes
+  std::string fingerprint;  // "bpe-" + hashes of tokenizer.json's and tokenizer_config.json's bytes
   // SentencePiece-style BPE (Llama 2): a normalizer prepends "▁" and turns spaces into "▁", no
   // pre-tokenizer splits the text, BPE starts from characters (a character outside the vocab
   // falls back to its bytes' <0xXX> tokens), and decoding turns "▁" back into spaces and

@@ -108,8 +108,6 @@ json parse_json_text(const std::string& text, const std::string& path) {
   }
 }
 
-json parse_json_file(const std::string& path) { return parse_json_text(read_text_file(path), path); }
-
 // Decoded bytes of a token spelled in tokenizer.json: per HF's ByteLevel decoder, or
 // (SentencePiece) its Replace("▁" -> " ") and ByteFallback ("<0x0A>" is byte 10) decoders.
 std::string token_text_bytes(std::string_view spelled, bool sentencepiece) {
@@ -378,7 +376,9 @@ int32_t BpeTokenizer::Impl::resolve_token(const std::string& file, const std::st
 void BpeTokenizer::Impl::load_config(const std::string& config_path) {
   json config;
   if (!config_path.empty()) {
-    config = parse_json_file(config_path);
+    const std::string text = read_text_file(config_path);
+    fingerprint = fmt::format("{}-{:016x}", fingerprint, name_key(text));  // the chat template, BOS and EOS
+    config = parse_json_text(text, config_path);
     if (!config.is_object()) reject(config_path, "(root)", "an object", config);
   }
   const auto special_id = [&](const char* key, const char* fallback) -> int32_t {

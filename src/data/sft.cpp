@@ -3,7 +3,12 @@
 // parallel.
 #include "data/sft.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <numeric>
 
@@ -11,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/mapped_file.h"
 #include "core/random.h"
 #include "data/corpus.h"
 #include "data/parallel.h"
@@ -252,20 +258,30 @@ SftSequences pack_examples(std::span<const SftExample> examples, std::span<const
   return s;
 }
 
-SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftOptions& options)
-    : options_(options) {
-  const SftOptions& o = options_;
-  ST_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", o.val_fraction);
-  ST_CHECK(o.seq_len > 0 && o.global_batch > 0 && o.micro_batches > 0, "SFT data: bad shape");
+namespace {
+
+const BpeTokenizer* chat_tokenizer(const std::string& path, const Tokenizer& tokenizer, const SftOptions& o) {
   const auto* bpe = dynamic_cast<const BpeTokenizer*>(&tokenizer);
   if (o.format == SftFormat::kChat) {
     ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "`data.format` = chat needs a tokenizer with a chat "
              "template (tokenizer_config.json's chat_template); `", path, "` would be read with ",
              bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one: " + bpe->chat_template_problem());
   }
+  return bpe;
+}
+
+}  // namespace
+
+bool is_parquet_source(const std::string& path) {
+  return std::filesystem::is_directory(path) || is_source_pattern(path) || io::is_parquet_file(path);
+}
+
+std::vector<SftExample> read_sft_examples(const std::string& path, const Tokenizer& tokenizer,
+                                          const SftOptions& o) {
+  const BpeTokenizer* bpe = chat_tokenizer(path, tokenizer, o);
   // Parquet: one file, or the Parquet files of a folder or pattern (their rows one after
   // another, in name order); else one JSONL file
-  const bool parquet = std::filesystem::is_directory(path) || is_source_pattern(path) || io::is_parquet_file(path);
+  const bool parquet = is_parquet_source(path);
   std::vector<RawExample> raw;
   if (parquet) {
     for (const std::string& file : parquet_files(path)) {
@@ -289,6 +305,21 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
                                                                        o.train_on_prompt);
         });
   });
+  return examples;
+}
+
+SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftOptions& options)
+    : SftData(read_sft_examples(path, tokenizer, options), path, tokenizer, options) {}
+
+SftData::SftData(const std::vector<SftExample>& examples, const std::string& path, const Tokenizer& tokenizer,
+                 const SftOptions& options, const std::string& origin)
+    : options_(options) {
+  const SftOptions& o = options_;
+  ST_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", o.val_fraction);
+  ST_CHECK(o.seq_len > 0 && o.global_batch > 0 && o.micro_batches > 0, "SFT data: bad shape");
+  chat_tokenizer(path, tokenizer, o);
+  ST_CHECK(!examples.empty(), "`", path, "` holds no examples");
+  const auto n = static_cast<int64_t>(examples.size());
 
   int64_t lost_turns = 0, lost_examples = 0;
   for (const SftExample& e : examples) {
@@ -321,6 +352,7 @@ SftData::SftData(const std::string& path, const Tokenizer& tokenizer, const SftO
       o.packing ? "packed" : "one example each", 100.0 * static_cast<double>(train_.counted_tokens) /
                                                      (row * static_cast<double>(train_.count)),
       train_.truncated + val_.truncated, val_examples_, val_.count);
+  summary_ += origin;
   if (lost_turns > 0)
     summary_ += fmt::format("; {} assistant turns in {} examples were not found in the template's text and do not "
                             "count (a template that rewrites the content; see data.format = chat in the README)",
@@ -380,6 +412,117 @@ void SftData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const
 
 std::string SftData::held_out_size() const {
   return fmt::format("{} examples in {} sequences", val_examples_, val_.count);
+}
+
+// ---- example files ----
+
+namespace {
+
+constexpr char kSftMagic[8] = {'S', 'T', 'S', 'F', 'T', '\0', '\0', '\0'};
+constexpr uint32_t kSftVersion = 1;
+constexpr size_t kSftHeaderBytes = 40;
+
+template <typename T>
+void put(std::vector<uint8_t>& out, T value) {
+  const auto* p = reinterpret_cast<const uint8_t*>(&value);  // little-endian hosts only (x86-64, arm64)
+  out.insert(out.end(), p, p + sizeof(T));
+}
+
+template <typename T>
+T get(std::span<const uint8_t> bytes, size_t at) {
+  T value;
+  std::memcpy(&value, bytes.data() + at, sizeof(T));
+  return value;
+}
+
+}  // namespace
+
+void write_sft_examples(const std::string& path, std::span<const SftExample> examples, int64_t vocab_size) {
+  uint64_t tokens = 0;
+  for (const SftExample& e : examples) {
+    ST_ASSERT(e.ids.size() == e.counted.size());
+    tokens += e.ids.size();
+  }
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  ST_CHECK(f != nullptr, "cannot create `", tmp, "`: ", std::strerror(errno));
+  bool ok = true;
+  auto write = [&](const std::vector<uint8_t>& bytes) {
+    ok = ok && std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  };
+  std::vector<uint8_t> buffer;
+  buffer.insert(buffer.end(), kSftMagic, kSftMagic + sizeof(kSftMagic));
+  put<uint32_t>(buffer, kSftVersion);
+  put<uint32_t>(buffer, 0);
+  put<uint64_t>(buffer, examples.size());
+  put<uint64_t>(buffer, tokens);
+  put<int64_t>(buffer, vocab_size);
+  uint64_t offset = 0;
+  put<uint64_t>(buffer, offset);
+  for (const SftExample& e : examples) put<uint64_t>(buffer, offset += e.ids.size());
+  for (const SftExample& e : examples) put<uint32_t>(buffer, static_cast<uint32_t>(e.lost_turns));
+  write(buffer);
+  for (const SftExample& e : examples) {
+    buffer.clear();
+    for (const int32_t id : e.ids) {
+      ST_CHECK(id >= 0 && id < vocab_size, "`", path, "`: id ", id, " outside [0, ", vocab_size, ")");
+      put<int32_t>(buffer, id);
+    }
+    write(buffer);
+  }
+  for (const SftExample& e : examples) {
+    buffer.assign(e.counted.begin(), e.counted.end());
+    write(buffer);
+  }
+  ok = ok && std::fflush(f) == 0 && ::fsync(::fileno(f)) == 0;
+  const std::string error = ok ? std::string() : std::strerror(errno);
+  ok = std::fclose(f) == 0 && ok;
+  if (!ok) {
+    std::remove(tmp.c_str());
+    ST_THROW("writing `", tmp, "`: ", error.empty() ? std::strerror(errno) : error);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  ST_CHECK(!ec, "renaming `", tmp, "` to `", path, "`: ", ec.message());
+}
+
+std::vector<SftExample> read_sft_examples_file(const std::string& path, int64_t model_vocab) {
+  const MappedFile file(path);
+  const std::span<const uint8_t> bytes = file.bytes();
+  auto fail = [&](const auto&... what) { ST_THROW("example file `", path, "`: ", what..., " (corrupt; remove it)"); };
+  if (bytes.size() < kSftHeaderBytes || std::memcmp(bytes.data(), kSftMagic, sizeof(kSftMagic)) != 0)
+    fail("no STSFT header");
+  const auto version = get<uint32_t>(bytes, 8);
+  if (version != kSftVersion) fail("version ", version, ", this build reads ", kSftVersion);
+  const auto n = get<uint64_t>(bytes, 16), t = get<uint64_t>(bytes, 24);
+  const auto vocab = get<int64_t>(bytes, 32);
+  if (vocab <= 0 || vocab > model_vocab) fail("vocab_size ", vocab, " outside [1, the model's ", model_vocab, "]");
+  // every size below is checked against the file before it is multiplied into an offset
+  const uint64_t size = bytes.size();
+  if (n > size / 12 || t > size / 5) fail("header counts ", n, " examples and ", t, " tokens, more than ", size, " bytes hold");
+  const uint64_t offsets_at = kSftHeaderBytes, lost_at = offsets_at + 8 * (n + 1), ids_at = lost_at + 4 * n;
+  const uint64_t counted_at = ids_at + 4 * t;
+  if (counted_at + t != size) fail("holds ", size, " bytes; ", n, " examples of ", t, " tokens need ", counted_at + t);
+  std::vector<SftExample> examples(n);
+  uint64_t previous = get<uint64_t>(bytes, offsets_at);
+  if (previous != 0) fail("the first offset is ", previous, ", not 0");
+  for (uint64_t i = 0; i < n; ++i) {
+    const auto next = get<uint64_t>(bytes, offsets_at + 8 * (i + 1));
+    if (next < previous || next > t) fail("example ", i, " ends at ", next, ", outside [", previous, ", ", t, "]");
+    SftExample& e = examples[i];
+    e.lost_turns = get<uint32_t>(bytes, lost_at + 4 * i);
+    e.ids.resize(next - previous);
+    std::memcpy(e.ids.data(), bytes.data() + ids_at + 4 * previous, 4 * (next - previous));
+    e.counted.assign(bytes.begin() + static_cast<std::ptrdiff_t>(counted_at + previous),
+                     bytes.begin() + static_cast<std::ptrdiff_t>(counted_at + next));
+    for (size_t k = 0; k < e.ids.size(); ++k) {
+      if (e.ids[k] < 0 || e.ids[k] >= vocab) fail("example ", i, ": id ", e.ids[k], " outside [0, ", vocab, ")");
+      if (e.counted[k] > 1) fail("example ", i, ": counted flag ", int{e.counted[k]}, " is not 0 or 1");
+    }
+    previous = next;
+  }
+  if (previous != t) fail("the last offset is ", previous, ", not the ", t, " tokens");
+  return examples;
 }
 
 }  // namespace shardtrain::data

@@ -87,6 +87,33 @@ struct SftSequences {
 SftSequences pack_examples(std::span<const SftExample> examples, std::span<const int64_t> order, int64_t seq_len,
                            bool packing, int32_t pad_id);
 
+// Whether an SFT source is read as Parquet: a folder, a pattern, or a file with Parquet's marks.
+bool is_parquet_source(const std::string& path);
+
+// Every example of `path` (as SftData reads it: JSONL lines or Parquet rows) tokenized, in file
+// order, on every core. Errors name the file and the line or row.
+std::vector<SftExample> read_sft_examples(const std::string& path, const Tokenizer& tokenizer,
+                                          const SftOptions& options);
+
+// Example files: tokenized examples as a token cache keeps them (data/token_cache.h).
+// Format, version 1 (little-endian; n examples, t tokens):
+//   offset      size   field
+//        0         8   magic "STSFT\0\0\0"
+//        8         4   u32 version = 1
+//       12         4   u32 zero
+//       16         8   u64 n
+//       24         8   u64 t
+//       32         8   i64 vocab_size (every id is < vocab_size)
+//       40   8(n+1)   u64 offsets: example i is tokens [offsets[i], offsets[i+1]); offsets[0] = 0, offsets[n] = t
+//        .       4n    u32 lost_turns of each example
+//        .       4t    i32 ids
+//        .        t    u8 counted (0 or 1)
+// The file is exactly that long. Written to "<path>.tmp" and renamed when complete.
+void write_sft_examples(const std::string& path, std::span<const SftExample> examples, int64_t vocab_size);
+// Reads and checks every field (magic, version, sizes, offsets, ids below vocab_size and
+// model_vocab, counted 0 or 1), naming the file and what is wrong.
+std::vector<SftExample> read_sft_examples_file(const std::string& path, int64_t model_vocab);
+
 // A JSONL file (each line one example, blank lines skipped) or a Parquet file (each row one
 // example, its fields read as the JSON a line would hold) of examples for training; an
 // example goes to the held-out split with probability val_fraction by a hash of (seed, its
@@ -95,6 +122,10 @@ SftSequences pack_examples(std::span<const SftExample> examples, std::span<const
 class SftData final : public TrainingData {
  public:
   SftData(const std::string& path, const Tokenizer& tokenizer, const SftOptions& options);
+  // From examples already tokenized (read_sft_examples' in file order, or an example file's);
+  // `path` names the source in errors and the summary, and `origin` ends the summary's first part.
+  SftData(const std::vector<SftExample>& examples, const std::string& path, const Tokenizer& tokenizer,
+          const SftOptions& options, const std::string& origin = "");
 
   void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
                   int64_t first_sequence) const override;

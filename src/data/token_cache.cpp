@@ -32,6 +32,12 @@ const char* format_name(DocumentFormat f) {
   return "?";
 }
 
+DocumentFormat document_format(const std::string& name) {
+  if (name == "parquet") return DocumentFormat::kParquet;
+  ST_CHECK(name == "text" || name == "jsonl", "token cache: `", name, "` is not a document format");
+  return name == "jsonl" ? DocumentFormat::kJsonl : DocumentFormat::kText;
+}
+
 struct FileStamp {
   std::string path;  // absolute
   uint64_t bytes = 0;
@@ -56,14 +62,12 @@ nlohmann::ordered_json key_json(const TokenCacheKey& key, const Tokenizer& token
   nlohmann::ordered_json j;
   j["cache_version"] = 1;
   j["source"] = key.source;
-  j["format"] = format_name(key.format);
-  j["field"] = key.format == DocumentFormat::kText ? "" : key.field;
+  j["format"] = key.format;
+  j["settings"] = key.settings;
   j["tokenizer"] = tokenizer.fingerprint();
   j["vocab_size"] = tokenizer.vocab_size();
   j["bos_id"] = tokenizer.bos_id();
   j["eos_id"] = tokenizer.eos_id();
-  j["val_fraction"] = fmt::format("{:.17g}", key.val_fraction);  // exact
-  j["seed"] = key.seed;
   nlohmann::ordered_json files = nlohmann::ordered_json::array();
   for (const std::string& f : token_cache_source_files(key)) {
     const FileStamp s = stamp(f);
@@ -111,8 +115,18 @@ struct RemoveOnExit {
 
 }  // namespace
 
+TokenCacheKey document_cache_key(const std::string& source, DocumentFormat format, const std::string& field,
+                                 double val_fraction, uint64_t seed) {
+  TokenCacheKey key{source, format_name(format), nlohmann::ordered_json::object()};
+  key.settings["field"] = format == DocumentFormat::kText ? "" : field;
+  key.settings["val_fraction"] = fmt::format("{:.17g}", val_fraction);  // exact
+  key.settings["seed"] = seed;
+  return key;
+}
+
 std::vector<std::string> token_cache_source_files(const TokenCacheKey& key) {
-  if (key.format == DocumentFormat::kParquet) return parquet_files(key.source);
+  const bool parquet = key.format == "parquet" || fs::is_directory(key.source) || is_source_pattern(key.source);
+  if (parquet) return parquet_files(key.source);
   return {key.source};
 }
 
@@ -139,17 +153,12 @@ std::string token_cache_folder(const std::string& cache_dir, const TokenCacheKey
 
 bool token_cache_complete(const std::string& folder) {
   std::error_code ec;
-  for (const char* name : {"train.tok", "val.tok", "source.json"})
-    if (!fs::is_regular_file(fs::path(folder) / name, ec)) return false;
-  return true;
+  return fs::is_regular_file(fs::path(folder) / "source.json", ec);
 }
 
-TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
-                                  bool progress) {
-  const auto start = std::chrono::steady_clock::now();
+bool build_cache_folder(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
+                        const std::function<nlohmann::ordered_json(const std::string& tmp)>& write) {
   nlohmann::ordered_json info = key_json(key, tokenizer);
-  DocumentReader reader(key.source, key.format, key.field);  // opens (and checks) the input first
-
   const fs::path final_path(folder);
   std::error_code ec;
   fs::create_directories(final_path.parent_path(), ec);
@@ -159,29 +168,7 @@ TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey
   fs::remove_all(tmp.path, ec);
   fs::create_directory(tmp.path, ec);
   ST_CHECK(!ec, "token cache: cannot create `", tmp.path, "`: ", ec.message());
-
-  const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
-  TokenFileWriter train((fs::path(tmp.path) / "train.tok").string(), tokenizer.vocab_size(), eos, bos);
-  TokenFileWriter val((fs::path(tmp.path) / "val.tok").string(), tokenizer.vocab_size(), eos, bos);
-  const size_t head = bos >= 0 ? 1 : 0, tail = eos >= 0 ? 1 : 0;  // the writers add BOS and EOS themselves
-  encode_and_split(reader, tokenizer, key.val_fraction, key.seed, progress,
-                   [&](bool held_out, std::span<const int32_t> ids) {
-                     (held_out ? val : train).append_document(ids.subspan(head, ids.size() - head - tail));
-                   });
-  train.finish();
-  val.finish();
-
-  TokenCacheStats stats;
-  stats.documents = reader.documents();
-  stats.text_bytes = reader.text_bytes();
-  stats.train_tokens = train.header().token_count;
-  stats.val_tokens = val.header().token_count;
-  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  info["documents"] = stats.documents;
-  info["text_bytes"] = stats.text_bytes;
-  info["train_tokens"] = stats.train_tokens;
-  info["val_tokens"] = stats.val_tokens;
-  info["seconds"] = stats.seconds;
+  info.update(write(tmp.path));
   {
     const std::string path = (fs::path(tmp.path) / "source.json").string();
     std::ofstream out(path);
@@ -192,12 +179,53 @@ TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey
   // a folder another process completed meanwhile stays; ours is then removed on the way out
   if (::rename(tmp.path.c_str(), folder.c_str()) == 0) {
     tmp.path.clear();
-    stats.built = true;
-  } else {
-    const int error = errno;
-    ST_CHECK(token_cache_complete(folder), "token cache: renaming `", tmp.path, "` to `", folder,
-             "`: ", std::strerror(error));
+    return true;
   }
+  const int error = errno;
+  ST_CHECK(token_cache_complete(folder), "token cache: renaming `", tmp.path, "` to `", folder, "`: ",
+           std::strerror(error));
+  return false;
+}
+
+nlohmann::ordered_json read_cache_info(const std::string& folder) {
+  const std::string path = (fs::path(folder) / "source.json").string();
+  std::ifstream in(path);
+  ST_CHECK(in.good(), "token cache: cannot open `", path, "`");
+  try {
+    return nlohmann::ordered_json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    ST_THROW("token cache `", path, "`: unreadable (", e.what(), "); remove the folder `", folder,
+             "` to rebuild it");
+  }
+}
+
+TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
+                                  bool progress) {
+  const auto start = std::chrono::steady_clock::now();
+  DocumentReader reader(key.source, document_format(key.format), key.settings.value("field", ""));
+  const double val_fraction = std::stod(key.settings.at("val_fraction").get<std::string>());
+  const auto seed = key.settings.at("seed").get<uint64_t>();
+  TokenCacheStats stats;
+  stats.built = build_cache_folder(folder, key, tokenizer, [&](const std::string& tmp) {
+    const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
+    TokenFileWriter train((fs::path(tmp) / "train.tok").string(), tokenizer.vocab_size(), eos, bos);
+    TokenFileWriter val((fs::path(tmp) / "val.tok").string(), tokenizer.vocab_size(), eos, bos);
+    const size_t head = bos >= 0 ? 1 : 0, tail = eos >= 0 ? 1 : 0;  // the writers add BOS and EOS themselves
+    encode_and_split(reader, tokenizer, val_fraction, seed, progress,
+                     [&](bool held_out, std::span<const int32_t> ids) {
+                       (held_out ? val : train).append_document(ids.subspan(head, ids.size() - head - tail));
+                     });
+    train.finish();
+    val.finish();
+    stats.documents = reader.documents();
+    stats.text_bytes = reader.text_bytes();
+    stats.train_tokens = train.header().token_count;
+    stats.val_tokens = val.header().token_count;
+    stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return nlohmann::ordered_json{{"documents", stats.documents},     {"text_bytes", stats.text_bytes},
+                                  {"train_tokens", stats.train_tokens}, {"val_tokens", stats.val_tokens},
+                                  {"seconds", stats.seconds}};
+  });
   return stats;
 }
 

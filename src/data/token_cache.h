@@ -1,36 +1,44 @@
-// A token cache: a text, JSONL or Parquet source tokenized once into a folder of token files,
-// which later launches, and every rank of a launch, map instead of tokenizing the source
-// again. The folder holds the same streams the in-memory path builds (the same documents in
-// the same order, held out by the same seeded hash), so training reads the same batches
-// either way.
+// A token cache: a source tokenized once into a folder, which later launches, and every rank
+// of a launch, read instead of tokenizing the source again. Documents (text, JSONL, Parquet)
+// are kept as the streams the in-memory path builds (the same documents in the same order,
+// held out by the same seeded hash), fine-tuning examples as the examples SftData packs, so
+// training reads the same batches either way.
 //
 // Layout of a cache folder (`<cache_dir>/<source name>-<16 hex digits>`):
-//   train.tok    the training documents, a token file (data/tokenize_file.h)
-//   val.tok      the held-out documents
-//   source.json  what it was made from (the key below, each file's size and time) and counts
+//   documents (text, jsonl, parquet): train.tok and val.tok, the training and held-out
+//     documents as token files (data/tokenize_file.h)
+//   examples (sft, chat): examples.bin, every example tokenized with its loss mask, in file
+//     order (an example file, data/sft.h); the split and packing happen at each launch
+//   source.json: what it was made from (the key below, each file's size and time) and counts,
+//     written last
 // A folder is written under a temporary name and renamed into place when whole, so a folder
 // with its final name is complete; when two processes build one at once, the first rename
 // wins and the other's copy is removed.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "data/corpus.h"
 #include "data/tokenizer.h"
 
 namespace shardtrain::data {
 
-// Everything the streams depend on. The source's files enter the folder's name by path, size
-// and modification time, so an edited file gets a new folder.
+// Everything the cached tokens depend on besides the tokenizer. The source's files enter the
+// folder's name by path, size and modification time, so an edited file gets a new folder.
 struct TokenCacheKey {
   std::string source;  // a file, or for Parquet also a folder or pattern
-  DocumentFormat format = DocumentFormat::kText;
-  std::string field;  // JSONL's field, Parquet's column (unused for text)
-  double val_fraction = 0.05;
-  uint64_t seed = 0;
+  std::string format;  // text, jsonl, parquet (documents) or sft, chat (examples)
+  nlohmann::ordered_json settings = nlohmann::ordered_json::object();  // fields, split, ...
 };
+
+// The key of a document source, whose streams also depend on the split (val_fraction, seed).
+TokenCacheKey document_cache_key(const std::string& source, DocumentFormat format, const std::string& field,
+                                 double val_fraction, uint64_t seed);
 
 // The source's files (as DocumentReader reads them) and their total size on disk.
 std::vector<std::string> token_cache_source_files(const TokenCacheKey& key);
@@ -43,8 +51,18 @@ std::string default_token_cache_dir();
 // must not be empty).
 std::string token_cache_folder(const std::string& cache_dir, const TokenCacheKey& key, const Tokenizer& tokenizer);
 
-// Whether `folder` is a complete cache (its three files present).
+// Whether `folder` is a complete cache (its source.json, written last, is there).
 bool token_cache_complete(const std::string& folder);
+
+// Builds `folder`: write(tmp) fills a temporary folder beside it and returns the counts for
+// source.json, which is written after them; the folder is then renamed into place. Returns
+// false when another process completed `folder` first (its copy is kept, ours removed). A
+// failed write leaves nothing behind.
+bool build_cache_folder(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
+                        const std::function<nlohmann::ordered_json(const std::string& tmp)>& write);
+
+// source.json of a complete folder.
+nlohmann::ordered_json read_cache_info(const std::string& folder);
 
 struct TokenCacheStats {
   int64_t documents = 0;
@@ -54,9 +72,9 @@ struct TokenCacheStats {
   bool built = false;  // false: another process completed the folder first, and its copy is kept
 };
 
-// Tokenizes the source into `folder` (created with its parents), a block of documents at a
-// time on every core; logs progress every 10 s when `progress`. Errors name the source; a
-// failed build leaves no folder behind.
+// Tokenizes a document source (`key` from document_cache_key) into `folder`: train.tok and
+// val.tok, a block of documents at a time on every core; logs progress every 10 s when
+// `progress`. Errors name the source.
 TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
                                   bool progress);
 

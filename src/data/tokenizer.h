@@ -22,9 +22,10 @@ class Tokenizer {
   // -1 when the tokenizer has no such token.
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
-  // What determines encode()'s output, as a short string ("byte"; a BPE tokenizer: a hash of
-  // its tokenizer.json): equal fingerprints, BOS and EOS give equal token streams, which is
-  // what a token cache is keyed by. Empty: the tokenizer cannot say, and no cache is used.
+  // What determines encode()'s output and the chat template's, as a short string ("byte"; a
+  // BPE tokenizer: hashes of its tokenizer.json and tokenizer_config.json): equal fingerprints
+  // give equal tokens, which is what a token cache is keyed by. Empty: the tokenizer cannot
+  // say, and no cache is used.
   virtual std::string fingerprint() const { return {}; }
 };
 

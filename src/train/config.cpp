@@ -178,9 +178,9 @@ const std::vector<KeyDef>& keys() {
           "fraction held out for evaluation: of the documents (text, jsonl) or examples (sft, chat) by a seeded "
           "hash, or the tail of a token file from the first document after that fraction", in_range(0.0, 0.5)),
       key("data.token_cache", &C::data, &DataSection::token_cache,
-          "text, jsonl and parquet documents tokenized once into token files in data.cache_dir, which later "
-          "launches and every rank map (the same batches as tokenizing in memory): on, off (tokenize in memory at "
-          "every launch), or auto (on for sources of 64 MiB and more)",
+          "a source tokenized once into data.cache_dir (documents as token files, sft and chat examples with their "
+          "loss masks), which later launches and every rank read (the same batches as tokenizing in memory): on, off "
+          "(tokenize in memory at every launch), or auto (on for sources of 64 MiB and more)",
           one_of({"auto", "on", "off"})),
       key("data.cache_dir", &C::data, &DataSection::cache_dir,
           "folder of token caches; empty: $XDG_CACHE_HOME/shardtrain/tokens, else ~/.cache/shardtrain/tokens"),

@@ -2,6 +2,7 @@
 #include "train/training_data.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -27,19 +28,14 @@ data::DocumentFormat document_format(const std::string& format) {
 
 std::string megabytes(uint64_t bytes) { return fmt::format("{:.2f} MB", static_cast<double>(bytes) / 1e6); }
 
-// Builds the cache where `builds` says so, then agrees across the ranks that every build went
+// Runs build() where `builds` says so, then agrees across the ranks that every build went
 // well: a rank whose build failed rethrows its error, the others name it.
-void build_where(bool builds, const std::string& folder, const data::TokenCacheKey& key,
-                 const data::Tokenizer& tokenizer, dist::Communicator& comm) {
+void build_where(bool builds, const std::string& folder, const std::function<void()>& build,
+                 dist::Communicator& comm) {
   std::exception_ptr error;
   if (builds && !data::token_cache_complete(folder)) {
     try {
-      log::info(fmt::format("data: tokenizing `{}` into the token cache `{}` (once; later launches map it)",
-                            key.source, folder));
-      const data::TokenCacheStats s = data::build_token_cache(folder, key, tokenizer, true);
-      log::info(fmt::format("data: token cache built in {:.1f} s: {} documents, {} of text, {:.1f} MB/s{}", s.seconds,
-                            s.documents, megabytes(s.text_bytes), static_cast<double>(s.text_bytes) / 1e6 / s.seconds,
-                            s.built ? "" : " (another process finished it first; its copy is used)"));
+      build();
     } catch (...) {
       error = std::current_exception();
     }
@@ -55,56 +51,112 @@ void build_where(bool builds, const std::string& folder, const data::TokenCacheK
            failed.data<float>()[0], " rank(s) failed; see rank ", failed.data<float>()[1] - 1, "'s error)");
 }
 
-// The token cache for a document source, built by rank 0 (then, for ranks that do not see its
-// folder, by the first rank of each machine), or nullptr when the data is tokenized in memory.
-std::unique_ptr<data::TrainingData> open_token_cache(const DataSection& d, const std::string& format,
-                                                     const data::Tokenizer& tokenizer, int64_t model_vocab,
-                                                     const TrainingSection& t, dist::Communicator* comm,
-                                                     int local_rank) {
-  if (d.token_cache == "off" || d.source.rfind("builtin:", 0) == 0) return nullptr;
-  data::TokenCacheKey key{d.source, document_format(format), d.text_field, d.val_fraction, t.seed};
+// The cache folder for `key`, or "" when the source is tokenized in memory (data.token_cache
+// off, or auto and a source under 64 MiB, or no folder or tokenizer fingerprint to key it by).
+std::string cache_folder(const DataSection& d, const data::TokenCacheKey& key, const data::Tokenizer& tokenizer) {
+  if (d.token_cache == "off" || d.source.rfind("builtin:", 0) == 0) return {};
   const bool on = d.token_cache == "on";
   constexpr uint64_t kAutoBytes = uint64_t{64} << 20;
-  if (!on && data::token_cache_source_bytes(key) < kAutoBytes) return nullptr;
+  if (!on && data::token_cache_source_bytes(key) < kAutoBytes) return {};
   const std::string dir = d.cache_dir.empty() ? data::default_token_cache_dir() : d.cache_dir;
   if (dir.empty() || tokenizer.fingerprint().empty()) {
     const std::string why = dir.empty() ? "neither XDG_CACHE_HOME nor HOME is set, and data.cache_dir is empty"
                                         : "the tokenizer does not say what it encodes by";
     ST_CHECK(!on, "`data.token_cache` = on, but ", why);
     log::info("data: tokenizing in memory (no token cache: " + why + ")");
-    return nullptr;
+    return {};
   }
-  const std::string folder = data::token_cache_folder(dir, key, tokenizer);
-  const bool reused = data::token_cache_complete(folder);
-  if (!reused) {
-    std::unique_ptr<dist::Communicator> single;
-    if (comm == nullptr) {
-      single = dist::make_single_rank();
-      comm = single.get();
-    }
-    build_where(comm->rank() == 0, folder, key, tokenizer, *comm);
-    // ranks on machines that do not share rank 0's folder build their own copy, once a machine
-    build_where(local_rank == 0 && !data::token_cache_complete(folder), folder, key, tokenizer, *comm);
-    ST_CHECK(data::token_cache_complete(folder), "the token cache `", folder, "` is not visible to this rank after "
-             "its machine's first rank (LOCAL_RANK 0) built it; set data.cache_dir to a folder every rank of a "
-             "machine shares");
+  return data::token_cache_folder(dir, key, tokenizer);
+}
+
+// Makes `folder` complete for this rank: rank 0 builds it when missing, then, for ranks that
+// do not see its folder, the first rank of each machine. Returns whether it was there already.
+bool ensure_cache(const std::string& folder, const std::function<void()>& build, dist::Communicator* comm,
+                  int local_rank) {
+  if (data::token_cache_complete(folder)) return true;
+  std::unique_ptr<dist::Communicator> single;
+  if (comm == nullptr) {
+    single = dist::make_single_rank();
+    comm = single.get();
   }
-  const std::string info_path = (std::filesystem::path(folder) / "source.json").string();
-  std::string made = reused ? "made by an earlier launch" : "made now";
+  build_where(comm->rank() == 0, folder, build, *comm);
+  // ranks on machines that do not share rank 0's folder build their own copy, once a machine
+  build_where(local_rank == 0 && !data::token_cache_complete(folder), folder, build, *comm);
+  ST_CHECK(data::token_cache_complete(folder), "the token cache `", folder, "` is not visible to this rank after "
+           "its machine's first rank (LOCAL_RANK 0) built it; set data.cache_dir to a folder every rank of a "
+           "machine shares");
+  return false;
+}
+
+void log_building(const std::string& source, const std::string& folder) {
+  log::info(fmt::format("data: tokenizing `{}` into the token cache `{}` (once; later launches read it)", source,
+                        folder));
+}
+
+// The token cache of a document source, or nullptr when it is tokenized in memory.
+std::unique_ptr<data::TrainingData> open_document_cache(const DataSection& d, const std::string& format,
+                                                        const data::Tokenizer& tokenizer, int64_t model_vocab,
+                                                        const TrainingSection& t, dist::Communicator* comm,
+                                                        int local_rank) {
+  const data::TokenCacheKey key =
+      data::document_cache_key(d.source, document_format(format), d.text_field, d.val_fraction, t.seed);
+  const std::string folder = cache_folder(d, key, tokenizer);
+  if (folder.empty()) return nullptr;
+  const bool reused = ensure_cache(folder, [&] {
+    log_building(d.source, folder);
+    const data::TokenCacheStats s = data::build_token_cache(folder, key, tokenizer, true);
+    log::info(fmt::format("data: token cache built in {:.1f} s: {} documents, {} of text, {:.1f} MB/s{}", s.seconds,
+                          s.documents, megabytes(s.text_bytes), static_cast<double>(s.text_bytes) / 1e6 / s.seconds,
+                          s.built ? "" : " (another process finished it first; its copy is used)"));
+  }, comm, local_rank);
+  const nlohmann::ordered_json info = data::read_cache_info(folder);
   std::string summary;
   try {
-    const nlohmann::json info = nlohmann::json::parse(io::InputFile(info_path).read_all());
     summary = fmt::format("{} documents, {} of text -> {} training / {} held-out tokens ({}; token cache `{}`, {})",
                           info.at("documents").get<int64_t>(), megabytes(info.at("text_bytes").get<uint64_t>()),
                           info.at("train_tokens").get<uint64_t>(), info.at("val_tokens").get<uint64_t>(), d.source,
-                          folder, made);
+                          folder, reused ? "made by an earlier launch" : "made now");
   } catch (const nlohmann::json::exception& e) {
-    ST_THROW("token cache `", info_path, "`: unreadable (", e.what(), "); remove the folder `", folder,
-             "` to rebuild it");
+    ST_THROW("token cache `", folder, "/source.json`: ", e.what(), "; remove the folder to rebuild it");
   }
   const std::filesystem::path f(folder);
   return data::open_split_token_files((f / "train.tok").string(), (f / "val.tok").string(), tokenizer, model_vocab,
                                       t.seq_len, t.seed, std::move(summary));
+}
+
+// Fine-tuning examples, through a token cache of the tokenized examples where it applies.
+std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const std::string& format,
+                                                  const data::Tokenizer& tokenizer, int64_t model_vocab,
+                                                  const data::SftOptions& o, dist::Communicator* comm,
+                                                  int local_rank) {
+  data::TokenCacheKey key{d.source, format, nlohmann::ordered_json::object()};
+  if (o.format == data::SftFormat::kChat) {
+    key.settings["messages_field"] = o.messages_field;
+  } else {
+    key.settings["prompt_field"] = o.prompt_field;
+    key.settings["response_field"] = o.response_field;
+  }
+  key.settings["train_on_prompt"] = o.train_on_prompt;
+  const std::string folder = cache_folder(d, key, tokenizer);
+  if (folder.empty()) return std::make_unique<data::SftData>(d.source, tokenizer, o);
+  const std::string file = (std::filesystem::path(folder) / "examples.bin").string();
+  const bool reused = ensure_cache(folder, [&] {
+    log_building(d.source, folder);
+    const auto start = std::chrono::steady_clock::now();
+    const std::vector<data::SftExample> examples = data::read_sft_examples(d.source, tokenizer, o);
+    const bool built = data::build_cache_folder(folder, key, tokenizer, [&](const std::string& tmp) {
+      data::write_sft_examples((std::filesystem::path(tmp) / "examples.bin").string(), examples,
+                               tokenizer.vocab_size());
+      const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      return nlohmann::ordered_json{{"examples", examples.size()}, {"seconds", seconds}};
+    });
+    log::info(fmt::format("data: token cache built in {:.1f} s: {} examples{}",
+                          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
+                          examples.size(), built ? "" : " (another process finished it first; its copy is used)"));
+  }, comm, local_rank);
+  return std::make_unique<data::SftData>(
+      data::read_sft_examples_file(file, model_vocab), d.source, tokenizer, o,
+      fmt::format("; token cache `{}`, {}", folder, reused ? "made by an earlier launch" : "made now"));
 }
 
 }  // namespace
@@ -176,9 +228,9 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
     o.seed = t.seed;
     o.global_batch = t.batch_size * world;
     o.micro_batches = t.grad_accum_steps;
-    return std::make_unique<data::SftData>(d.source, tokenizer, o);
+    return open_examples(d, format, tokenizer, model_vocab, o, comm, local_rank);
   }
-  if (auto cached = open_token_cache(d, format, tokenizer, model_vocab, t, comm, local_rank)) return cached;
+  if (auto cached = open_document_cache(d, format, tokenizer, model_vocab, t, comm, local_rank)) return cached;
   data::TokenStreams streams;
   if (d.source == "builtin:fortunes") {
     streams = data::build_token_streams(data::load_fortunes(), tokenizer, d.val_fraction, t.seed);

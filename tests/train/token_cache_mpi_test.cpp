@@ -35,6 +35,10 @@ fs::path shared_folder(dist::Communicator& comm, const std::string& name) {
     for (int i = 0; i < 4000; ++i) text += "{\"text\": \"document " + std::to_string(i) + " of the corpus\"}\n";
     std::ofstream(dir / "corpus.jsonl") << text;
     std::ofstream(dir / "bad.jsonl") << text << "{\"text\": [1]}\n";
+    std::string pairs;
+    for (int i = 0; i < 2000; ++i)
+      pairs += "{\"prompt\": \"q" + std::to_string(i) + "\", \"response\": \"a" + std::to_string(i * 7) + "\"}\n";
+    std::ofstream(dir / "pairs.jsonl") << pairs;
   }
   comm.barrier();
   return dir;
@@ -56,7 +60,7 @@ void expect_same_batches(const data::TrainingData& a, const data::TrainingData& 
   ASSERT_EQ(a.eval_batches(B, T), b.eval_batches(B, T));
   Tensor x = Tensor::empty({B, T}, DType::kI32), tx = Tensor::empty({B, T}, DType::kI32);
   Tensor y = Tensor::empty({B, T}, DType::kI32), ty = Tensor::empty({B, T}, DType::kI32);
-  for (int64_t step = 0; step < 10; ++step) {
+  for (int64_t step = 1; step <= 10; ++step) {
     a.fill_train(x, tx, step, 0, 2 * step);
     b.fill_train(y, ty, step, 0, 2 * step);
     ASSERT_TRUE(std::equal(x.data<int32_t>(), x.data<int32_t>() + B * T, y.data<int32_t>())) << "step " << step;
@@ -87,6 +91,25 @@ TEST(TokenCacheRanks, RankZeroBuildsOnceAndEveryRankReadsTheSameBatches) {
   const auto apart = train::open_training_data(job(dir / "corpus.jsonl", "on", own), t, 258, w, comm.get(), 0);
   expect_same_batches(*memory, *apart);
   EXPECT_EQ(entries(own), 1u);
+  comm->barrier();
+  if (r == 0) fs::remove_all(dir);
+}
+
+TEST(TokenCacheRanks, FineTuningExamplesToo) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const fs::path dir = shared_folder(*comm, "examples");
+  data::ByteTokenizer t;
+  train::JobConfig memory = job(dir / "pairs.jsonl", "off", dir / "cache");
+  memory.data.format = "sft";
+  train::JobConfig cached = memory;
+  cached.data.token_cache = "on";
+  const auto a = train::open_training_data(memory, t, 258, w);
+  const auto b = train::open_training_data(cached, t, 258, w, comm.get(), r);
+  EXPECT_NE(b->summary().find("token cache"), std::string::npos) << b->summary();
+  expect_same_batches(*a, *b);
+  comm->barrier();
+  EXPECT_EQ(entries(dir / "cache"), 1u);
   comm->barrier();
   if (r == 0) fs::remove_all(dir);
 }

@@ -14,7 +14,9 @@
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
 #include "data/dataset.h"
+#include "data/sft.h"
 #include "data/token_cache.h"
+#include "core/random.h"
 #include "testing/compare.h"
 #include "testing/shared_data.h"
 #include "train/training_data.h"
@@ -145,8 +147,8 @@ void expect_same_batches(const train::JobConfig& memory, const train::JobConfig&
   Tensor ids_a = Tensor::empty({B, T}, DType::kI32), targets_a = Tensor::empty({B, T}, DType::kI32);
   Tensor ids_b = Tensor::empty({B, T}, DType::kI32), targets_b = Tensor::empty({B, T}, DType::kI32);
   for (int64_t step = 0; step < 20; ++step) {
-    a->fill_train(ids_a, targets_a, step, step % 2, 4 * step);
-    b->fill_train(ids_b, targets_b, step, step % 2, 4 * step);
+    a->fill_train(ids_a, targets_a, step + 1, step % 2, 4 * step);  // steps count from 1
+    b->fill_train(ids_b, targets_b, step + 1, step % 2, 4 * step);
     ASSERT_TRUE(same_ids(ids_a, ids_b)) << "step " << step;
     ASSERT_TRUE(same_ids(targets_a, targets_b)) << "step " << step;
   }
@@ -207,7 +209,7 @@ TEST_F(TokenCache, TheLlama3TokenizerGivesTheSameBatches) {
 TEST_F(TokenCache, TheFolderFollowsWhatTheStreamsDependOn) {
   const std::string source = write("corpus.jsonl", jsonl(50));
   ByteTokenizer byte;
-  const TokenCacheKey key{source, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const TokenCacheKey key = document_cache_key(source, DocumentFormat::kJsonl, "text", 0.1, 5);
   const std::string base = token_cache_folder("/c", key, byte);
   EXPECT_EQ(fs::path(base).parent_path(), "/c");
   EXPECT_EQ(fs::path(base).filename().string().rfind("corpus-", 0), 0u) << base;
@@ -217,10 +219,13 @@ TEST_F(TokenCache, TheFolderFollowsWhatTheStreamsDependOn) {
     mutate(k);
     return token_cache_folder("/c", k, byte) != base;
   };
-  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.seed = 6; }));
-  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.val_fraction = 0.1000001; }));
-  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.field = "body"; }));
-  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.format = DocumentFormat::kText; }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key(source, DocumentFormat::kJsonl, "text", 0.1, 6); }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) {
+    k = document_cache_key(source, DocumentFormat::kJsonl, "text", 0.1000001, 5);
+  }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key(source, DocumentFormat::kJsonl, "body", 0.1, 5); }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key(source, DocumentFormat::kText, "text", 0.1, 5); }));
+  EXPECT_TRUE(changed([](TokenCacheKey& k) { k.settings["train_on_prompt"] = true; }));
   ST_REQUIRE_SHARED_DATA(shared);
   const BpeTokenizer llama3(shared + "/tokenizers/llama3/tokenizer.json");
   EXPECT_NE(token_cache_folder("/c", key, llama3), base);
@@ -237,7 +242,7 @@ TEST_F(TokenCache, AFailedBuildLeavesNothingAndARaceKeepsTheFirstFolder) {
   std::string lines = jsonl(3000);
   lines += "{\"text\": 5}\n";
   const std::string bad = write("bad.jsonl", lines);
-  const TokenCacheKey bad_key{bad, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const TokenCacheKey bad_key = document_cache_key(bad, DocumentFormat::kJsonl, "text", 0.1, 5);
   const std::string bad_folder = token_cache_folder(cache_dir(), bad_key, t);
   EXPECT_TRUE(throws_with([&] { build_token_cache(bad_folder, bad_key, t, false); },
                           "line 3431: field `text` is not a string"));
@@ -247,7 +252,7 @@ TEST_F(TokenCache, AFailedBuildLeavesNothingAndARaceKeepsTheFirstFolder) {
   EXPECT_TRUE(cache_entries().empty());
 
   const std::string good = write("good.jsonl", jsonl(300));
-  const TokenCacheKey key{good, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const TokenCacheKey key = document_cache_key(good, DocumentFormat::kJsonl, "text", 0.1, 5);
   const std::string folder = token_cache_folder(cache_dir(), key, t);
   const TokenCacheStats first = build_token_cache(folder, key, t, false);
   EXPECT_TRUE(first.built);
@@ -295,6 +300,147 @@ TEST_F(TokenCache, ParquetShardsGiveTheSameBatches) {
   const std::vector<std::string> entries = cache_entries();
   ASSERT_EQ(entries.size(), 1u);
   EXPECT_EQ(entries[0].rfind("shards-", 0), 0u) << entries[0];
+}
+
+
+std::vector<SftExample> random_examples(int n, int64_t vocab, uint64_t seed) {
+  std::vector<SftExample> examples(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    SftExample& e = examples[static_cast<size_t>(i)];
+    const uint64_t length = i == 3 ? 0 : hash3(seed, 1, static_cast<uint64_t>(i)) % 40;  // one empty example
+    for (uint64_t k = 0; k < length; ++k) {
+      e.ids.push_back(static_cast<int32_t>(hash3(seed, 2, static_cast<uint64_t>(i) * 1000 + k) % vocab));
+      e.counted.push_back(static_cast<uint8_t>(hash3(seed, 3, static_cast<uint64_t>(i) * 1000 + k) % 2));
+    }
+    e.lost_turns = i % 5 == 0 ? 2 : 0;
+  }
+  return examples;
+}
+
+TEST_F(TokenCache, ExampleFilesRoundTripAndRefuseDamage) {
+  const std::vector<SftExample> examples = random_examples(60, 300, 4);
+  const std::string path = (dir_ / "examples.bin").string();
+  write_sft_examples(path, examples, 300);
+  EXPECT_FALSE(fs::exists(path + ".tmp"));
+  const std::vector<SftExample> back = read_sft_examples_file(path, 300);
+  ASSERT_EQ(back.size(), examples.size());
+  for (size_t i = 0; i < back.size(); ++i) {
+    EXPECT_EQ(back[i].ids, examples[i].ids) << i;
+    EXPECT_EQ(back[i].counted, examples[i].counted) << i;
+    EXPECT_EQ(back[i].lost_turns, examples[i].lost_turns) << i;
+  }
+  EXPECT_TRUE(throws_with([&] { read_sft_examples_file(path, 299); }, "vocab_size 300 outside [1, the model's 299]"));
+
+  std::string bytes;
+  {
+    std::ifstream in(path, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  auto damaged = [&](const std::string& contents) {
+    const std::string p = (dir_ / "damaged.bin").string();
+    std::ofstream(p, std::ios::binary) << contents;
+    return p;
+  };
+  EXPECT_TRUE(throws_with([&] { read_sft_examples_file(damaged(bytes.substr(0, bytes.size() - 1)), 300); },
+                          "examples of"));
+  EXPECT_TRUE(throws_with([&] { read_sft_examples_file(damaged("STSFT"), 300); }, "no STSFT header"));
+  std::string over = bytes;
+  const size_t ids_at = 40 + 8 * 61 + 4 * 60;
+  over[ids_at] = static_cast<char>(0x2c);  // the first id (of example 0) becomes 300 + ...
+  over[ids_at + 1] = 1;
+  EXPECT_TRUE(throws_with([&] { read_sft_examples_file(damaged(over), 300); }, "example 0: id"));
+  std::string flag = bytes;
+  flag[flag.size() - 1] = 2;
+  EXPECT_TRUE(throws_with([&] { read_sft_examples_file(damaged(flag), 300); }, "is not 0 or 1"));
+  std::string order = bytes;
+  order[40 + 8 * 2 + 7] = 1;  // example 1 ends far past the tokens
+  EXPECT_TRUE(throws_with([&] { read_sft_examples_file(damaged(order), 300); }, "example 1 ends at"));
+  // any byte changed: read or refused by name, never a crash
+  int refused = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    std::string m = bytes;
+    const size_t at = hash3(9, 4, static_cast<uint64_t>(trial)) % m.size();
+    m[at] = static_cast<char>(m[at] ^ (1 + hash3(9, 5, static_cast<uint64_t>(trial)) % 255));
+    try {
+      read_sft_examples_file(damaged(m), 300);
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("damaged.bin"), std::string::npos) << e.what();
+      ++refused;
+    }
+  }
+  EXPECT_GT(refused, 100);
+}
+
+TEST_F(TokenCache, PromptResponseExamplesGiveTheSameBatches) {
+  std::string lines;
+  for (int i = 0; i < 3000; ++i)
+    lines += "{\"prompt\": \"question " + std::to_string(i) + "?\", \"response\": \"answer " +
+             std::string(static_cast<size_t>(i % 40), 'x') + "\"}\n";
+  const std::string source = write("pairs.jsonl", lines);
+  ByteTokenizer t;
+  train::JobConfig memory = job(source, "off", cache_dir());
+  memory.data.format = "sft";
+  memory.training.seq_len = 64;
+  train::JobConfig cached = memory;
+  cached.data.token_cache = "on";
+  expect_same_batches(memory, cached, t, t.vocab_size());
+  const auto again = train::open_training_data(cached, t, t.vocab_size(), 1);
+  EXPECT_NE(again->summary().find("token cache"), std::string::npos) << again->summary();
+  EXPECT_NE(again->summary().find("made by an earlier launch"), std::string::npos) << again->summary();
+  // the split and packing are drawn at each launch from the one cache: another seed, no new folder
+  cached.training.seed = 77;
+  memory.training.seed = 77;
+  expect_same_batches(memory, cached, t, t.vocab_size());
+  cached.data.train_on_prompt = true;  // other loss masks: another folder
+  memory.data.train_on_prompt = true;
+  expect_same_batches(memory, cached, t, t.vocab_size());
+  EXPECT_EQ(cache_entries().size(), 2u);
+}
+
+TEST_F(TokenCache, ChatExamplesGiveTheSameBatchesAndFollowTheTemplate) {
+  ST_REQUIRE_SHARED_DATA(shared);
+  std::string lines;
+  for (int i = 0; i < 400; ++i) {
+    lines += "{\"messages\": [";
+    if (i % 3 == 0) lines += "{\"role\": \"system\", \"content\": \"Be brief.\"}, ";
+    lines += "{\"role\": \"user\", \"content\": \"What is " + std::to_string(i) + " plus one?\"}, "
+             "{\"role\": \"assistant\", \"content\": \"It is " + std::to_string(i + 1) + ".\"}]}\n";
+  }
+  const std::string source = write("chats.jsonl", lines);
+  // the tokenizer from a folder of our own, so that its template can change
+  fs::create_directories(dir_ / "tok");
+  fs::copy_file(shared + "/tokenizers/llama3/tokenizer.json", dir_ / "tok" / "tokenizer.json");
+  fs::copy_file(shared + "/tokenizers/llama3/tokenizer_config.json", dir_ / "tok" / "tokenizer_config.json");
+  const BpeTokenizer t((dir_ / "tok").string());
+  ASSERT_TRUE(t.has_chat_template()) << t.chat_template_problem();
+  train::JobConfig memory = job(source, "off", cache_dir());
+  memory.data.format = "chat";
+  memory.training.seq_len = 128;
+  train::JobConfig cached = memory;
+  cached.data.token_cache = "on";
+  expect_same_batches(memory, cached, t, t.vocab_size());
+  ASSERT_EQ(cache_entries().size(), 1u);
+
+  // another chat template is another tokenizer fingerprint, so another folder
+  std::string config;
+  {
+    std::ifstream in(dir_ / "tok" / "tokenizer_config.json");
+    config.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  // each header ends in one line break instead of two: other tokens for every example; a
+  // stale folder would give the old ones, which the in-memory path no longer does
+  const std::string two = "<|end_header_id|>\\n\\n";
+  int replaced = 0;
+  for (size_t at = config.find(two); at != std::string::npos; at = config.find(two, at), ++replaced)
+    config.replace(at, two.size(), "<|end_header_id|>\\n");
+  ASSERT_EQ(replaced, 2);
+  std::ofstream(dir_ / "tok" / "tokenizer_config.json") << config;
+  const BpeTokenizer edited((dir_ / "tok").string());
+  EXPECT_NE(edited.fingerprint(), t.fingerprint());
+  EXPECT_NE(token_cache_folder("/c", TokenCacheKey{source, "chat", {}}, edited),
+            token_cache_folder("/c", TokenCacheKey{source, "chat", {}}, t));
+  expect_same_batches(memory, cached, edited, edited.vocab_size());
+  EXPECT_EQ(cache_entries().size(), 2u);
 }
 
 }  // namespace
