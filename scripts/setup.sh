@@ -60,8 +60,9 @@ if [ "${1:-}" = "--tests" ]; then
   fi
   # numpy + safetensors read files we write; tokenizers is the reference BPE implementation, jinja2
   # the reference for chat templates, pyarrow the reference reader and writer of Parquet files,
-  # polars and DuckDB two more writers of their own
-  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers jinja2 pyarrow polars duckdb
+  # polars and DuckDB two more writers of their own, tensorboard the reader of the event files we write
+  "$here/.venv/bin/python3" -m pip install -q --disable-pip-version-check numpy safetensors tokenizers jinja2 pyarrow polars duckdb \
+    tensorboard
   # Llama 2's tokenizer as Hugging Face's tokenizer.json, built from the vocabulary in llama.cpp's
   # sources (PyPI sdist of llama-cpp-python) and checked with tokenizers; tests skip without it
   if [ ! -f "$here/.deps/llama2-tokenizer/tokenizer.json" ]; then

@@ -280,7 +280,11 @@ const std::vector<KeyDef>& keys() {
       key("logging.interval_steps", &C::logging, &LoggingSection::interval_steps,
           "write a log line every this many steps", positive()),
       key("logging.metrics_file", &C::logging, &LoggingSection::metrics_file,
-          "JSONL metrics file, relative to run.output_dir; empty disables"),
+          "JSONL metrics file, relative to run.output_dir; empty disables (a resumed run keeps the steps its "
+          "checkpoint covers and appends)"),
+      key("logging.tensorboard_dir", &C::logging, &LoggingSection::tensorboard_dir,
+          "folder for TensorBoard event files (`tensorboard --logdir`), relative to run.output_dir: every metric "
+          "of the JSONL file as a scalar; empty disables"),
       key("logging.level", &C::logging, &LoggingSection::level, "debug, info, warn or error",
           one_of({"debug", "info", "warn", "error"})),
       key("logging.progress", &C::logging, &LoggingSection::progress,

@@ -91,6 +91,7 @@ struct EvalSection {
 struct LoggingSection {
   int64_t interval_steps = 10;
   std::string metrics_file = "metrics.jsonl";
+  std::string tensorboard_dir;  // empty: none
   std::string level = "info";
   std::string progress = "auto";
   bool gpu_power = true;

@@ -537,9 +537,20 @@ TrainSummary Trainer::run() {
   const TrainingSection& tc = config_.training;
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum_steps;
   std::filesystem::create_directories(config_.run.output_dir);
-  JsonlSink metrics(config_.logging.metrics_file.empty() || comm_->rank() != 0
-                        ? std::string()
-                        : (std::filesystem::path(config_.run.output_dir) / config_.logging.metrics_file).string());
+  const std::filesystem::path out_dir(config_.run.output_dir);
+  const bool rank0 = comm_->rank() == 0;
+  JsonlSink jsonl(config_.logging.metrics_file.empty() || !rank0 ? std::string()
+                                                                  : (out_dir / config_.logging.metrics_file).string(),
+                  start_step_);
+  TensorBoardSink tensorboard(config_.logging.tensorboard_dir.empty() || !rank0
+                                  ? std::string()
+                                  : (out_dir / config_.logging.tensorboard_dir).string(),
+                              start_step_);
+  if (!tensorboard.path().empty()) log::info("logging.tensorboard_dir: writing `" + tensorboard.path() + "`");
+  const auto write_metrics = [&](const nlohmann::json& record) {
+    jsonl.write(record);
+    tensorboard.write(record);
+  };
   optim::ScheduleConfig sc;
   sc.type = optim::parse_schedule(config_.schedule.type, "schedule.type");
   sc.peak_lr = config_.optimizer.lr;
@@ -728,7 +739,7 @@ TrainSummary Trainer::run() {
     const double seconds_per_step =
         steps_run > 1 ? steady_seconds / static_cast<double>(steps_run - 1) : train_seconds;
     const double eta = static_cast<double>(tc.steps - step) * seconds_per_step;
-    metrics.write({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
+    write_metrics({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
                    {"time_data_s", t_data}, {"time_forward_s", t_forward}, {"time_backward_s", t_backward},
                    {"time_forward_backward_s", t_fwd_bwd}, {"time_optimizer_s", t_optim},
@@ -770,7 +781,7 @@ TrainSummary Trainer::run() {
                                 {"gpu_power_capped", window_power.power_capped},
                                 {"gpu_power_limit_w", window_power.power_limit_w}};
         if (watts) board["gpu_power_w"] = window_power.mean_power_w;
-        metrics.write(board);
+        write_metrics(board);
       }
       log::info(fmt::format("step {:>5}/{}  loss {:.4f}  lr {:.2e}  grad norm {:.3f}  {:.0f} tok/s{}  elapsed {}  ETA {}",
                             step, tc.steps, r.loss, lr, norm, window_tps, device_part,
@@ -788,7 +799,7 @@ TrainSummary Trainer::run() {
       summary.evals.emplace_back(step, e);
       progress.clear();
       log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", step, e, std::exp(e)));
-      metrics.write({{"step", step}, {"eval_loss", e}});
+      write_metrics({{"step", step}, {"eval_loss", e}});
     }
     if (checkpoint_now && config_.checkpoint.async) {
       if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first

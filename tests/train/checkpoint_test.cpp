@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "io/hf_folder.h"
 #include "testing/compare.h"
@@ -167,6 +168,7 @@ TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
   c.checkpoint.keep = 1;
   c.training.steps = 4;
   c.checkpoint.interval_steps = 2;
+  c.logging.metrics_file = "metrics.jsonl";
   Trainer(c).run();
   EXPECT_FALSE(fs::exists(dir + "/checkpoints/step_00000002")) << "keep = 1";
   EXPECT_TRUE(fs::exists(dir + "/checkpoints/step_00000004"));
@@ -174,10 +176,24 @@ TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
   fs::create_directories(dir + "/checkpoints/.step_00000009.tmp");
   c.training.steps = 5;
   c.checkpoint.resume = "auto";
+  c.logging.tensorboard_dir = "tb";
   Trainer t(c);
   const TrainSummary s = t.run();
   ASSERT_EQ(s.steps.size(), 1u);
   EXPECT_EQ(s.steps.front().step, 5);
+  // the metrics file keeps the first run's steps and continues; the resumed run's TensorBoard
+  // file is its own
+  std::vector<int64_t> loss_steps, eval_steps;
+  std::ifstream metrics(c.run.output_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.contains("loss")) loss_steps.push_back(j["step"]);
+    if (j.contains("eval_loss")) eval_steps.push_back(j["step"]);
+  }
+  EXPECT_EQ(loss_steps, (std::vector<int64_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(eval_steps, (std::vector<int64_t>{4, 5}));
+  ASSERT_TRUE(fs::is_directory(c.run.output_dir + "/tb"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(c.run.output_dir + "/tb"), fs::directory_iterator()), 1);
 
   // nothing to resume from: a fresh start, said in the log
   JobConfig fresh = job(fresh_dir("auto_empty"));
