@@ -17,12 +17,12 @@ namespace shardtrain::data {
 namespace detail {
 
 void check_val_fraction(double val_fraction) {
-  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
+  ST_CHECK(val_fraction >= 0 && val_fraction <= 1, "`data.val_fraction` must be in [0, 1], found ", val_fraction);
 }
 
 bool held_out(uint64_t seed, int64_t index, double val_fraction) {
   static const uint64_t key = name_key("validation split");
-  return uniform_at(seed, key, static_cast<uint64_t>(index)) < val_fraction;
+  return val_fraction >= 1 || uniform_at(seed, key, static_cast<uint64_t>(index)) < val_fraction;
 }
 
 void encode_block(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
@@ -212,13 +212,15 @@ bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const TokenSource& stre
 }
 
 PackedStreamData::PackedStreamData(std::unique_ptr<TokenSource> train, std::unique_ptr<TokenSource> val,
-                                   int64_t seq_len, uint64_t seed, std::string summary)
-    : train_(std::move(train)), val_(std::move(val)), sampler_(train_.get(), seq_len, seed),
-      summary_(std::move(summary)) {}
+                                   int64_t seq_len, uint64_t seed, std::string summary, bool held_out_only)
+    : train_(std::move(train)), val_(std::move(val)), summary_(std::move(summary)) {
+  if (!held_out_only) sampler_.emplace(train_.get(), seq_len, seed);
+}
 
 void PackedStreamData::fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
                                   int64_t first_sequence) const {
-  sampler_.fill(ids_BT, targets_BT, step, micro, first_sequence);
+  ST_CHECK(sampler_.has_value(), "this data was opened for evaluation only");
+  sampler_->fill(ids_BT, targets_BT, step, micro, first_sequence);
 }
 
 int64_t PackedStreamData::eval_batches(int64_t B, int64_t T) const {
@@ -266,7 +268,7 @@ void check_token_file(const TokenFile& file, const Tokenizer& tokenizer, int64_t
 std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
                                                    int64_t model_vocab, double val_fraction, int64_t seq_len,
                                                    uint64_t seed) {
-  ST_CHECK(val_fraction >= 0 && val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", val_fraction);
+  detail::check_val_fraction(val_fraction);
   auto files = std::make_shared<const TokenFiles>(token_file_paths(path));
   uint64_t documents = 0;
   for (const TokenFile& f : files->files()) {
@@ -275,7 +277,9 @@ std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, cons
   }
   const int64_t total = files->size();
   int64_t cut = total;
-  if (val_fraction > 0) {
+  if (val_fraction >= 1) {
+    cut = 0;
+  } else if (val_fraction > 0) {
     // The held-out part starts at a document boundary: the first BOS (or, without one, the
     // token after an EOS) at or after the nominal cut, looked for in pieces.
     cut = static_cast<int64_t>(static_cast<double>(total) * (1 - val_fraction));
@@ -305,12 +309,13 @@ std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, cons
                         " held-out tokens";
   return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(files, 0, cut),
                                             std::make_unique<FileTokenSource>(files, cut, total - cut), seq_len,
-                                            seed, std::move(summary));
+                                            seed, std::move(summary), val_fraction >= 1);
 }
 
 std::unique_ptr<TrainingData> open_split_token_files(const std::string& train_path, const std::string& val_path,
                                                      const Tokenizer& tokenizer, int64_t model_vocab,
-                                                     int64_t seq_len, uint64_t seed, std::string summary) {
+                                                     int64_t seq_len, uint64_t seed, std::string summary,
+                                                     bool held_out_only) {
   auto train = std::make_shared<const TokenFiles>(std::vector<std::string>{train_path});
   auto val = std::make_shared<const TokenFiles>(std::vector<std::string>{val_path});
   check_token_file(train->files()[0], tokenizer, model_vocab);
@@ -318,7 +323,7 @@ std::unique_ptr<TrainingData> open_split_token_files(const std::string& train_pa
   const int64_t train_tokens = train->size(), val_tokens = val->size();
   return std::make_unique<PackedStreamData>(std::make_unique<FileTokenSource>(std::move(train), 0, train_tokens),
                                             std::make_unique<FileTokenSource>(std::move(val), 0, val_tokens),
-                                            seq_len, seed, std::move(summary));
+                                            seq_len, seed, std::move(summary), held_out_only);
 }
 
 }  // namespace shardtrain::data

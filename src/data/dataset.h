@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,8 +29,8 @@ struct TokenStreams {
 
 // Documents `first_index` .. of `documents`, encoded on every OpenMP thread (the tokenizer's
 // encode must be thread-safe; both of ours are), then handed to take(held_out, ids) in order.
-// Each document is held out with probability val_fraction, decided by a hash of (seed,
-// document index), so the split depends on neither the order of work nor how a source is cut
+// Each document is held out with probability val_fraction (1: every one, an evaluation
+// source), decided by a hash of (seed, document index), so the split depends on neither the order of work nor how a source is cut
 // into blocks. `ids` is the document as a stream holds it: BOS (when the tokenizer has one),
 // its ids, EOS (likewise). Errors name the document.
 template <typename Take>
@@ -139,8 +140,10 @@ class TrainingData {
 // Documents packed end to end, trained on in random windows, evaluated on consecutive ones.
 class PackedStreamData final : public TrainingData {
  public:
+  // held_out_only: data for evaluation alone (an evaluation source), whose training part may
+  // be empty and which fill_train refuses.
   PackedStreamData(std::unique_ptr<TokenSource> train, std::unique_ptr<TokenSource> val, int64_t seq_len,
-                   uint64_t seed, std::string summary);
+                   uint64_t seed, std::string summary, bool held_out_only = false);
   void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
                   int64_t first_sequence) const override;
   int64_t eval_batches(int64_t B, int64_t T) const override;
@@ -150,13 +153,14 @@ class PackedStreamData final : public TrainingData {
 
  private:
   std::unique_ptr<TokenSource> train_, val_;
-  WindowSampler sampler_;
+  std::optional<WindowSampler> sampler_;
   std::string summary_;
 };
 
 // Token files written by `shardtrain tokenize` (`path` one file, or a folder whose token files
 // are read in name order as one stream), split for training: the held-out part is the last
-// val_fraction of the tokens, starting at the first document (BOS) at or after that point.
+// val_fraction of the tokens, starting at the first document (BOS) at or after that point
+// (val_fraction 1: all of it, for evaluation only).
 // Checks each file against the run's tokenizer (same BOS and EOS, ids below model_vocab) and
 // that the training part holds a window of seq_len + 1.
 std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
@@ -167,7 +171,8 @@ std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, cons
 // data/token_cache.h), checked against the tokenizer and model_vocab like token files.
 std::unique_ptr<TrainingData> open_split_token_files(const std::string& train_path, const std::string& val_path,
                                                      const Tokenizer& tokenizer, int64_t model_vocab,
-                                                     int64_t seq_len, uint64_t seed, std::string summary);
+                                                     int64_t seq_len, uint64_t seed, std::string summary,
+                                                     bool held_out_only = false);
 
 namespace detail {
 void check_val_fraction(double val_fraction);

@@ -315,7 +315,8 @@ SftData::SftData(const std::vector<SftExample>& examples, const std::string& pat
                  const SftOptions& options, const std::string& origin)
     : options_(options) {
   const SftOptions& o = options_;
-  ST_CHECK(o.val_fraction >= 0 && o.val_fraction < 1, "`data.val_fraction` must be in [0, 1), found ", o.val_fraction);
+  ST_CHECK(o.val_fraction >= 0 && o.val_fraction <= 1, "`data.val_fraction` must be in [0, 1], found ", o.val_fraction);
+  const bool held_out_only = o.val_fraction >= 1;
   ST_CHECK(o.seq_len > 0 && o.global_batch > 0 && o.micro_batches > 0, "SFT data: bad shape");
   chat_tokenizer(path, tokenizer, o);
   ST_CHECK(!examples.empty(), "`", path, "` holds no examples");
@@ -330,9 +331,11 @@ SftData::SftData(const std::vector<SftExample>& examples, const std::string& pat
   const uint64_t split_key = name_key("sft validation split");
   std::vector<int64_t> train_index, val_index;
   for (int64_t i = 0; i < n; ++i)
-    (uniform_at(o.seed, split_key, static_cast<uint64_t>(i)) < o.val_fraction ? val_index : train_index).push_back(i);
+    (held_out_only || uniform_at(o.seed, split_key, static_cast<uint64_t>(i)) < o.val_fraction ? val_index
+                                                                                                : train_index)
+        .push_back(i);
   val_examples_ = static_cast<int64_t>(val_index.size());
-  ST_CHECK(!train_index.empty(), "`", path, "`: all ", n,
+  ST_CHECK(held_out_only || !train_index.empty(), "`", path, "`: all ", n,
            " examples went to the held-out split; lower `data.val_fraction`");
   // Training examples are packed in a seeded order, so neighbours in a sequence are unrelated.
   const std::vector<int64_t> shuffled = permutation(static_cast<int64_t>(train_index.size()), o.seed,
@@ -342,16 +345,24 @@ SftData::SftData(const std::vector<SftExample>& examples, const std::string& pat
   const int32_t pad = tokenizer.eos_id() >= 0 ? tokenizer.eos_id() : 0;
   train_ = pack_examples(examples, train_order, o.seq_len, o.packing, pad);
   val_ = pack_examples(examples, val_index, o.seq_len, o.packing, pad);
-  ST_CHECK(train_.counted_tokens > 0, "`", path, "`: no training token counts in the loss");
+  ST_CHECK(held_out_only || train_.counted_tokens > 0, "`", path, "`: no training token counts in the loss");
+  ST_CHECK(!held_out_only || val_.counted_tokens > 0, "`", path, "`: no held-out token counts in the loss");
 
   const double row = static_cast<double>(o.seq_len + 1);
-  summary_ = fmt::format(
-      "{} examples in `{}` ({}) -> {} training sequences of {} tokens ({}, {:.1f} % of their tokens counted in the "
-      "loss, {} examples cut to fit), {} held-out examples -> {} sequences",
-      n, path, o.format == SftFormat::kChat ? "chat" : "prompt/response", train_.count, o.seq_len + 1,
-      o.packing ? "packed" : "one example each", 100.0 * static_cast<double>(train_.counted_tokens) /
-                                                     (row * static_cast<double>(train_.count)),
-      train_.truncated + val_.truncated, val_examples_, val_.count);
+  if (held_out_only)
+    summary_ = fmt::format(
+        "{} examples in `{}` ({}), all held out -> {} sequences of {} tokens ({:.1f} % of their tokens counted in "
+        "the loss, {} examples cut to fit)",
+        n, path, o.format == SftFormat::kChat ? "chat" : "prompt/response", val_.count, o.seq_len + 1,
+        100.0 * static_cast<double>(val_.counted_tokens) / (row * static_cast<double>(val_.count)), val_.truncated);
+  else
+    summary_ = fmt::format(
+        "{} examples in `{}` ({}) -> {} training sequences of {} tokens ({}, {:.1f} % of their tokens counted in "
+        "the loss, {} examples cut to fit), {} held-out examples -> {} sequences",
+        n, path, o.format == SftFormat::kChat ? "chat" : "prompt/response", train_.count, o.seq_len + 1,
+        o.packing ? "packed" : "one example each",
+        100.0 * static_cast<double>(train_.counted_tokens) / (row * static_cast<double>(train_.count)),
+        train_.truncated + val_.truncated, val_examples_, val_.count);
   summary_ += origin;
   if (lost_turns > 0)
     summary_ += fmt::format("; {} assistant turns in {} examples were not found in the template's text and do not "
@@ -394,6 +405,7 @@ void SftData::fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64
   const int64_t B = ids_BT.size(0);
   ST_ASSERT(ids_BT.size(1) == options_.seq_len && targets_BT.shape() == ids_BT.shape());
   ST_CHECK(step >= 1, "SFT data: steps count from 1, found ", step);
+  ST_CHECK(train_.count > 0, "this data was opened for evaluation only");
   const int64_t first = ((step - 1) * options_.micro_batches + micro) * options_.global_batch + first_sequence;
   for (int64_t b = 0; b < B; ++b) put_sequence(ids_BT, targets_BT, b, train_, train_sequence_at(first + b));
 }

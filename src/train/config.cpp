@@ -177,6 +177,10 @@ const std::vector<KeyDef>& keys() {
       key("data.val_fraction", &C::data, &DataSection::val_fraction,
           "fraction held out for evaluation: of the documents (text, jsonl) or examples (sft, chat) by a seeded "
           "hash, or the tail of a token file from the first document after that fraction", in_range(0.0, 0.5)),
+      key("data.eval_source", &C::data, &DataSection::eval_source,
+          "a separate held-out source (a validation split: the same kind of data as data.source, read with the "
+          "same fields) that evaluation reads whole; data.source is then trained on whole and data.val_fraction "
+          "does not apply; empty: evaluation reads data.val_fraction of data.source"),
       key("data.token_cache", &C::data, &DataSection::token_cache,
           "a source tokenized once into data.cache_dir (documents as token files, sft and chat examples with their "
           "loss masks), which later launches and every rank read (the same batches as tokenizing in memory): on, off "

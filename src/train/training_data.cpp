@@ -121,7 +121,7 @@ std::unique_ptr<data::TrainingData> open_document_cache(const DataSection& d, co
   }
   const std::filesystem::path f(folder);
   return data::open_split_token_files((f / "train.tok").string(), (f / "val.tok").string(), tokenizer, model_vocab,
-                                      t.seq_len, t.seed, std::move(summary));
+                                      t.seq_len, t.seed, std::move(summary), d.val_fraction >= 1);
 }
 
 // Fine-tuning examples, through a token cache of the tokenized examples where it applies.
@@ -206,9 +206,59 @@ bool resolve_document_mask(const DataSection& d) {
   return (format == "sft" || format == "chat") && d.packing;
 }
 
+namespace {
+
+// Training from one source, evaluation from another.
+class TrainEvalData final : public data::TrainingData {
+ public:
+  TrainEvalData(std::unique_ptr<data::TrainingData> train, std::unique_ptr<data::TrainingData> eval)
+      : train_(std::move(train)), eval_(std::move(eval)) {}
+  void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                  int64_t first_sequence) const override {
+    train_->fill_train(ids_BT, targets_BT, step, micro, first_sequence);
+  }
+  int64_t eval_batches(int64_t B, int64_t T) const override { return eval_->eval_batches(B, T); }
+  void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override {
+    eval_->fill_eval(ids_BT, targets_BT, index);
+  }
+  std::string summary() const override {
+    return "training: " + train_->summary() + "; evaluation (data.eval_source): " + eval_->summary();
+  }
+  std::string held_out_size() const override { return eval_->held_out_size() + " in data.eval_source"; }
+
+ private:
+  std::unique_ptr<data::TrainingData> train_, eval_;
+};
+
+std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const data::Tokenizer& tokenizer,
+                                                int64_t model_vocab, int64_t world, dist::Communicator* comm,
+                                                int local_rank);
+
+}  // namespace
+
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                        int64_t model_vocab, int64_t world, dist::Communicator* comm,
                                                        int local_rank) {
+  if (config.data.eval_source.empty()) return open_source(config, tokenizer, model_vocab, world, comm, local_rank);
+  // the training source whole, and the evaluation source whole as the held-out split
+  JobConfig train = config;
+  train.data.val_fraction = 0;
+  JobConfig eval = config;
+  eval.data.source = config.data.eval_source;
+  eval.data.val_fraction = 1;
+  // data.format applies to both: examples beside examples of the same format, documents (of
+  // any of their forms when it is auto) beside documents
+  auto train_data = open_source(train, tokenizer, model_vocab, world, comm, local_rank);
+  auto eval_data = with_context([&] { return "reading `data.eval_source` = `" + eval.data.source + "`"; },
+                                [&] { return open_source(eval, tokenizer, model_vocab, world, comm, local_rank); });
+  return std::make_unique<TrainEvalData>(std::move(train_data), std::move(eval_data));
+}
+
+namespace {
+
+std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const data::Tokenizer& tokenizer,
+                                                int64_t model_vocab, int64_t world, dist::Communicator* comm,
+                                                int local_rank) {
   const DataSection& d = config.data;
   const TrainingSection& t = config.training;
   const std::string format = resolve_data_format(d);
@@ -243,7 +293,10 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
                                     streams.train.size(), streams.val.size(), d.source);
   return std::make_unique<data::PackedStreamData>(
       std::make_unique<data::VectorTokenSource>(std::move(streams.train)),
-      std::make_unique<data::VectorTokenSource>(std::move(streams.val)), t.seq_len, t.seed, std::move(summary));
+      std::make_unique<data::VectorTokenSource>(std::move(streams.val)), t.seq_len, t.seed, std::move(summary),
+      d.val_fraction >= 1);
 }
+
+}  // namespace
 
 }  // namespace shardtrain::train

@@ -29,7 +29,8 @@ bool resolve_document_mask(const DataSection& data);
 // and `world` ranks share each global batch (SFT epochs count global sequences). Text, JSONL
 // and Parquet documents go through a token cache when data.token_cache says so: every rank of
 // `comm` (nullptr: this process alone) calls this together; rank 0 builds a missing cache, then
-// the rank with `local_rank` 0 on each machine that does not see rank 0's folder.
+// the rank with `local_rank` 0 on each machine that does not see rank 0's folder. With
+// data.eval_source, training reads all of data.source and evaluation all of data.eval_source.
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                        int64_t model_vocab, int64_t world,
                                                        dist::Communicator* comm = nullptr, int local_rank = 0);
