@@ -70,15 +70,21 @@ std::string cache_folder(const DataSection& d, const data::TokenCacheKey& key, c
 }
 
 // Makes `folder` complete for this rank: rank 0 builds it when missing, then, for ranks that
-// do not see its folder, the first rank of each machine. Returns whether it was there already.
+// do not see its folder, the first rank of each machine. Every rank calls it together.
+// Returns whether every rank found it complete already.
 bool ensure_cache(const std::string& folder, const std::function<void()>& build, dist::Communicator* comm,
                   int local_rank) {
-  if (data::token_cache_complete(folder)) return true;
   std::unique_ptr<dist::Communicator> single;
   if (comm == nullptr) {
     single = dist::make_single_rank();
     comm = single.get();
   }
+  // Decided together: a rank that arrives after rank 0 finished building sees a complete
+  // folder, and must still take part in the collectives the others are in.
+  Tensor missing = Tensor::empty({1}, DType::kF32, Device::cpu(), "token cache missing");
+  missing.data<float>()[0] = data::token_cache_complete(folder) ? 0.0f : 1.0f;
+  comm->all_reduce(missing, dist::ReduceOp::kSum);
+  if (missing.data<float>()[0] == 0) return true;
   build_where(comm->rank() == 0, folder, build, *comm);
   // ranks on machines that do not share rank 0's folder build their own copy, once a machine
   build_where(local_rank == 0 && !data::token_cache_complete(folder), folder, build, *comm);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -91,6 +92,22 @@ TEST(TokenCacheRanks, RankZeroBuildsOnceAndEveryRankReadsTheSameBatches) {
   const auto apart = train::open_training_data(job(dir / "corpus.jsonl", "on", own), t, 258, w, comm.get(), 0);
   expect_same_batches(*memory, *apart);
   EXPECT_EQ(entries(own), 1u);
+  comm->barrier();
+  if (r == 0) fs::remove_all(dir);
+}
+
+TEST(TokenCacheRanks, RanksThatArriveAfterTheBuildStillJoinIt) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const fs::path dir = shared_folder(*comm, "late");
+  data::ByteTokenizer t;
+  // the other ranks come once rank 0 has built the folder and waits for them: they see it
+  // complete, and must still take part in what rank 0 is waiting on
+  if (r != 0) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  const auto cached = train::open_training_data(job(dir / "corpus.jsonl", "on", dir / "cache"), t, 258, w,
+                                                comm.get(), r);
+  const auto memory = train::open_training_data(job(dir / "corpus.jsonl", "off", dir / "cache"), t, 258, w);
+  expect_same_batches(*memory, *cached);
   comm->barrier();
   if (r == 0) fs::remove_all(dir);
 }
