@@ -279,7 +279,10 @@ const std::vector<KeyDef>& keys() {
       key("eval.interval_steps", &C::eval, &EvalSection::interval_steps,
           "evaluate on the held-out split every this many steps (and at the end); 0 only at the end",
           non_negative()),
-      key("eval.batches", &C::eval, &EvalSection::batches, "held-out batches per evaluation", positive()),
+      key("eval.batches", &C::eval, &EvalSection::batches,
+          "global held-out batches per evaluation (each training.batch_size sequences per data-parallel rank), "
+          "from the split's start; 0: all of them (the whole held-out split or data.eval_source)",
+          non_negative()),
 
       key("logging.interval_steps", &C::logging, &LoggingSection::interval_steps,
           "write a log line every this many steps", positive()),

@@ -515,7 +515,8 @@ double Trainer::evaluate() {
   const int64_t available = data_->eval_batches(B, T);
   double loss = 0;
   int64_t tokens = 0;
-  for (int64_t i = 0; i < config_.eval.batches && (i + 1) * W <= available; ++i) {
+  const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
+  for (int64_t i = 0; i < wanted && (i + 1) * W <= available; ++i) {
     data_->fill_eval(ids, targets, i * W + mesh_->dp_rank());
     const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
     loss += r.loss_sum;

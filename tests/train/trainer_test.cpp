@@ -162,6 +162,33 @@ TEST(Trainer, LearnsFromATokenFile) {
   std::filesystem::remove(text);
 }
 
+// A model evaluated without training on a separate source, over all of it (eval.batches = 0):
+// the same loss as naming every batch, and not the loss of its first batch alone.
+TEST(Trainer, EvaluatesAWholeEvalSourceWithoutTraining) {
+  const std::string eval = temp_name("eval_source.txt");
+  {
+    std::ofstream out(eval);
+    const std::vector<std::string> docs = data::load_fortunes();
+    for (size_t i = 0; i < 300 && i < docs.size(); ++i) out << docs[i] << "\n\n";
+  }
+  JobConfig c = short_default_job(temp_name("eval_only_out"));
+  c.data.eval_source = eval;
+  c.training.steps = 0;
+  c.sample.tokens = 0;
+  c.eval.batches = 0;
+  const TrainSummary all = Trainer(c).run();
+  ASSERT_EQ(all.evals.size(), 1u);
+  const data::ByteTokenizer t;
+  const int64_t available = open_training_data(c, t, t.vocab_size(), 1)->eval_batches(c.training.batch_size,
+                                                                                       c.training.seq_len);
+  ASSERT_GT(available, 2);
+  c.eval.batches = available;
+  EXPECT_EQ(Trainer(c).run().evals.back().second, all.evals.back().second);
+  c.eval.batches = 1;
+  EXPECT_NE(Trainer(c).run().evals.back().second, all.evals.back().second);
+  std::filesystem::remove(eval);
+}
+
 // Prompt/response fine-tuning: the loss counts only the responses, which here follow from
 // the prompts (a colour per animal), so it falls far below what whole documents would give.
 TEST(Trainer, LearnsResponsesFromPromptResponseExamples) {
