@@ -135,6 +135,10 @@ class TrainingData {
   virtual std::string summary() const = 0;
   // The held-out split's size in words, for errors ("1234 tokens", "12 examples in 3 sequences").
   virtual std::string held_out_size() const = 0;
+  // Data mixed from several sources evaluates each: their names, and which one held-out
+  // batch `index` comes from. Empty: one source, reported as the whole.
+  virtual std::vector<std::string> eval_part_names() const { return {}; }
+  virtual int64_t eval_part(int64_t /*index*/) const { return 0; }
 };
 
 // Documents packed end to end, trained on in random windows, evaluated on consecutive ones.

@@ -45,6 +45,7 @@ struct DataSection {
   std::string tokenizer = "auto";
   double val_fraction = 0.05;
   std::string eval_source;           // empty: the held-out split of `source`
+  std::string mix;                   // "path=weight, ...": documents mixed from several sources
   std::string token_cache = "auto";  // auto | on | off
   std::string cache_dir;             // empty: data::default_token_cache_dir()
 };

@@ -513,21 +513,30 @@ double Trainer::evaluate() {
   // the same number of forwards, since units are gathered collectively.
   const int64_t W = mesh_->shape().data_parallel;
   const int64_t available = data_->eval_batches(B, T);
-  double loss = 0;
-  int64_t tokens = 0;
+  // totals [loss, tokens] of the whole, then of each source of a mix
+  const std::vector<std::string> parts = data_->eval_part_names();
+  Tensor totals = Tensor::zeros({2 * (1 + static_cast<int64_t>(parts.size()))}, DType::kF64, Device::cpu(),
+                                "eval totals");
+  double* sums = totals.data<double>();
   const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
   for (int64_t i = 0; i < wanted && (i + 1) * W <= available; ++i) {
-    data_->fill_eval(ids, targets, i * W + mesh_->dp_rank());
+    const int64_t index = i * W + mesh_->dp_rank();
+    data_->fill_eval(ids, targets, index);
     const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
-    loss += r.loss_sum;
-    tokens += r.tokens;
+    sums[0] += r.loss_sum;
+    sums[1] += static_cast<double>(r.tokens);
+    if (!parts.empty()) {
+      const int64_t p = 1 + data_->eval_part(index);
+      sums[2 * p] += r.loss_sum;
+      sums[2 * p + 1] += static_cast<double>(r.tokens);
+    }
   }
-  Tensor totals = Tensor::empty({2}, DType::kF64, Device::cpu(), "eval totals");
-  totals.data<double>()[0] = loss;
-  totals.data<double>()[1] = static_cast<double>(tokens);
   comm_->all_reduce(totals, dist::ReduceOp::kSum);
-  loss = totals.data<double>()[0];
-  tokens = static_cast<int64_t>(totals.data<double>()[1]);
+  const double loss = sums[0];
+  const auto tokens = static_cast<int64_t>(sums[1]);
+  eval_parts_.clear();
+  for (size_t p = 0; p < parts.size(); ++p)
+    if (sums[2 * (p + 1) + 1] > 0) eval_parts_.emplace_back(parts[p], sums[2 * (p + 1)] / sums[2 * (p + 1) + 1]);
   ST_CHECK(tokens > 0, "evaluation: the held-out split (", data_->held_out_size(),
            ") gave no counted token in one batch of `training.batch_size` x `training.seq_len` + 1; raise "
            "`data.val_fraction`");
@@ -642,6 +651,20 @@ TrainSummary Trainer::run() {
   };
   auto peak_device_bytes = [&] { return allocator_for(device_).stats().peak_allocated_bytes; };
   TrainSummary summary;
+  // An evaluation: the log line, the metrics (a mix's sources' losses as eval_loss/<name>), the summary.
+  const auto report_eval = [&](int64_t step) {
+    const double e = evaluate();
+    summary.evals.emplace_back(step, e);
+    nlohmann::json record = {{"step", step}, {"eval_loss", e}};
+    std::string parts;
+    for (const auto& [name, loss] : eval_parts_) {
+      record["eval_loss/" + name] = loss;
+      parts += fmt::format("{}{} {:.4f}", parts.empty() ? "  (" : ", ", name, loss);
+    }
+    if (!parts.empty()) parts += ")";
+    log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}{}", step, e, std::exp(e), parts));
+    write_metrics(record);
+  };
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();
   double train_seconds = 0;
@@ -796,11 +819,8 @@ TrainSummary Trainer::run() {
                             "page-locked)", format_bytes(model_->activation_offload()->bytes_offloaded()),
                             format_bytes(model_->activation_offload()->host_bytes())));
     if (eval_now) {
-      const double e = evaluate();
-      summary.evals.emplace_back(step, e);
       progress.clear();
-      log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}", step, e, std::exp(e)));
-      write_metrics({{"step", step}, {"eval_loss", e}});
+      report_eval(step);
     }
     if (checkpoint_now && config_.checkpoint.async) {
       if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
@@ -866,11 +886,7 @@ TrainSummary Trainer::run() {
     log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
               profile::report_and_reset());
-  if (tc.steps == 0) {
-    const double e = evaluate();
-    summary.evals.emplace_back(0, e);
-    log::info(fmt::format("eval  step     0  held-out loss {:.4f}  perplexity {:.2f}", e, std::exp(e)));
-  }
+  if (tc.steps == 0) report_eval(0);
   if (!config_.export_.folder.empty()) {
     ExportOptions eo;
     eo.folder = config_.export_.folder;

@@ -61,6 +61,8 @@ class Trainer {
   std::string checkpoint_root() const;
   // Mean held-out loss over eval.batches batches (or fewer if the split is small).
   double evaluate();
+  // The last evaluation's loss on each source of a mix (data.mix), by name; empty otherwise.
+  const std::vector<std::pair<std::string, double>>& eval_parts() const { return eval_parts_; }
   // The documents' positions in a batch's rows with data.document_mask; undefined without.
   Tensor positions_of(const Tensor& ids_BT) const;
 
@@ -105,6 +107,7 @@ class Trainer {
   std::unique_ptr<PendingCheckpoint> pending_checkpoint_;
   std::jthread checkpoint_writer_;
   std::exception_ptr checkpoint_error_;
+  std::vector<std::pair<std::string, double>> eval_parts_;  // evaluate()'s per-source losses
   std::atomic<bool> checkpoint_written_{false};  // the thread has finished (written or failed)
   int64_t checkpoint_step_ = 0;
   bool all_ranks_wrote_checkpoint();  // collective

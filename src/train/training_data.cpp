@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include <fmt/format.h>
@@ -10,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/random.h"
 #include "data/corpus.h"
 #include "data/sft.h"
 #include "data/token_cache.h"
@@ -242,9 +244,146 @@ std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const d
 
 }  // namespace
 
+std::vector<MixEntry> parse_data_mix(const std::string& mix) {
+  std::vector<MixEntry> entries;
+  size_t pos = 0;
+  while (pos <= mix.size()) {
+    size_t end = mix.find(',', pos);
+    if (end == std::string::npos) end = mix.size();
+    std::string item = mix.substr(pos, end - pos);
+    pos = end + 1;
+    const size_t first = item.find_first_not_of(" \t"), last = item.find_last_not_of(" \t");
+    if (first == std::string::npos) {
+      ST_CHECK(end == mix.size() && !entries.empty(), "`data.mix` = \"", mix, "\": an empty entry; write "
+               "`path=weight, path=weight, ...`");
+      break;
+    }
+    item = item.substr(first, last - first + 1);
+    const size_t eq = item.rfind('=');
+    ST_CHECK(eq != std::string::npos && eq > 0, "`data.mix`: entry `", item, "` is not `path=weight`");
+    MixEntry e;
+    e.source = item.substr(0, eq);
+    e.source.erase(e.source.find_last_not_of(" \t") + 1);
+    const std::string w = item.substr(eq + 1);
+    size_t used = 0;
+    try {
+      e.weight = std::stod(w, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    ST_CHECK(used > 0 && w.find_first_not_of(" \t", used) == std::string::npos && std::isfinite(e.weight) &&
+                 e.weight > 0,
+             "`data.mix`: the weight of `", e.source, "` is `", w, "`; expected a number > 0");
+    entries.push_back(std::move(e));
+  }
+  ST_CHECK(!entries.empty(), "`data.mix` is empty");
+  double total = 0;
+  for (const MixEntry& e : entries) total += e.weight;
+  for (MixEntry& e : entries) e.weight /= total;
+  // names: each source's file or folder name, made unique
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const std::filesystem::path p(entries[i].source);
+    std::string name = data::is_source_pattern(entries[i].source) ? p.parent_path().filename().string()
+                                                                   : p.filename().string();
+    if (name.empty()) name = p.parent_path().filename().string();
+    name = data::token_file_name(name.empty() ? "source" : name);
+    name.resize(name.size() - 4);  // the ".tok" token_file_name adds
+    if (name.size() > 4 && name.ends_with(".tok")) name.resize(name.size() - 4);
+    entries[i].name = name;
+  }
+  std::vector<int> same(entries.size(), 0);
+  for (size_t i = 0; i < entries.size(); ++i)
+    for (size_t j = 0; j < entries.size(); ++j) same[i] += entries[j].name == entries[i].name ? 1 : 0;
+  for (size_t i = 0; i < entries.size(); ++i)
+    if (same[i] > 1) entries[i].name = fmt::format("{}_{}", entries[i].name, i);
+  return entries;
+}
+
+namespace {
+
+// Documents from several sources: each training sequence from one, drawn by weight from
+// (seed, step, micro-batch, sequence); held-out batches from each in turn.
+class MixedData final : public data::TrainingData {
+ public:
+  MixedData(std::vector<MixEntry> entries, std::vector<std::unique_ptr<data::TrainingData>> parts, uint64_t seed)
+      : entries_(std::move(entries)), parts_(std::move(parts)), seed_(seed) {}
+
+  void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                  int64_t first_sequence) const override {
+    const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+    Tensor ids = Tensor::empty({1, T}, DType::kI32, Device::cpu(), "mix row");
+    Tensor targets = Tensor::empty({1, T}, DType::kI32, Device::cpu(), "mix row targets");
+    const uint64_t key = hash3(name_key("data mix"), static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t sequence = first_sequence + b;
+      const double u = uniform_at(seed_, key, static_cast<uint64_t>(sequence));
+      size_t s = 0;
+      for (double below = entries_[0].weight; s + 1 < entries_.size() && u >= below; below += entries_[++s].weight) {
+      }
+      parts_[s]->fill_train(ids, targets, step, micro, sequence);
+      std::copy_n(ids.data<int32_t>(), T, ids_BT.data<int32_t>() + b * T);
+      std::copy_n(targets.data<int32_t>(), T, targets_BT.data<int32_t>() + b * T);
+    }
+  }
+  // Batch i comes from source i mod S, its batch i / S: every source as many as the one with
+  // the fewest has.
+  int64_t eval_batches(int64_t B, int64_t T) const override {
+    int64_t fewest = parts_[0]->eval_batches(B, T);
+    for (const auto& p : parts_) fewest = std::min(fewest, p->eval_batches(B, T));
+    return fewest * static_cast<int64_t>(parts_.size());
+  }
+  void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override {
+    const auto S = static_cast<int64_t>(parts_.size());
+    parts_[static_cast<size_t>(index % S)]->fill_eval(ids_BT, targets_BT, index / S);
+  }
+  std::string summary() const override {
+    std::string s = "mixed from " + std::to_string(parts_.size()) + " sources:";
+    for (size_t i = 0; i < parts_.size(); ++i)
+      s += fmt::format("{} {} ({:.1f} %): {}", i == 0 ? "" : ";", entries_[i].name, 100 * entries_[i].weight,
+                       parts_[i]->summary());
+    return s;
+  }
+  std::string held_out_size() const override {
+    std::string s;
+    for (size_t i = 0; i < parts_.size(); ++i)
+      s += (i == 0 ? "" : ", ") + entries_[i].name + ": " + parts_[i]->held_out_size();
+    return s;
+  }
+  std::vector<std::string> eval_part_names() const override {
+    std::vector<std::string> names;
+    for (const MixEntry& e : entries_) names.push_back(e.name);
+    return names;
+  }
+  int64_t eval_part(int64_t index) const override { return index % static_cast<int64_t>(parts_.size()); }
+
+ private:
+  std::vector<MixEntry> entries_;
+  std::vector<std::unique_ptr<data::TrainingData>> parts_;
+  uint64_t seed_;
+};
+
+}  // namespace
+
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                        int64_t model_vocab, int64_t world, dist::Communicator* comm,
                                                        int local_rank) {
+  if (!config.data.mix.empty()) {
+    ST_CHECK(config.data.format != "sft" && config.data.format != "chat", "`data.mix` mixes documents; `data.format` = ",
+             config.data.format, " reads fine-tuning examples, which it does not mix");
+    ST_CHECK(config.data.eval_source.empty(), "`data.mix` evaluates each source on its own held-out split; "
+             "`data.eval_source` does not apply beside it");
+    std::vector<MixEntry> entries = parse_data_mix(config.data.mix);
+    std::vector<std::unique_ptr<data::TrainingData>> parts;
+    for (const MixEntry& e : entries) {
+      JobConfig one = config;
+      one.data.mix.clear();
+      one.data.source = e.source;
+      parts.push_back(with_context([&] { return "`data.mix` source `" + e.source + "`"; },
+                                   [&] { return open_training_data(one, tokenizer, model_vocab, world, comm,
+                                                                   local_rank); }));
+    }
+    return std::make_unique<MixedData>(std::move(entries), std::move(parts), config.training.seed);
+  }
   if (config.data.eval_source.empty()) return open_source(config, tokenizer, model_vocab, world, comm, local_rank);
   // the training source whole, and the evaluation source whole as the held-out split
   JobConfig train = config;

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
@@ -15,6 +16,16 @@ class Communicator;
 }  // namespace shardtrain::dist
 
 namespace shardtrain::train {
+
+// One source of data.mix, its weight normalised (the weights sum to 1), and its name in the
+// evaluation's report (its file or folder name without data suffixes, made unique).
+struct MixEntry {
+  std::string source;
+  double weight = 0;
+  std::string name;
+};
+// Parses `path=weight, path=weight, ...`; errors name the entry.
+std::vector<MixEntry> parse_data_mix(const std::string& mix);
 
 // data.format with "auto" resolved: tokens when data.source is a folder or a file that starts
 // with a token file's magic, jsonl for .jsonl / .json, text otherwise (and for builtin: sources).
