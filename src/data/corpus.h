@@ -37,8 +37,9 @@ class DocumentReader {
   DocumentReader(const DocumentReader&) = delete;
   DocumentReader& operator=(const DocumentReader&) = delete;
 
-  // Appends the next documents to `out` until their text reaches `max_bytes` (at least one
-  // document) or the source ends. False when no document was left.
+  // Appends the next documents to `out` until they, or the lines holding them, reach
+  // `max_bytes` (at least one document) or the source ends. False when no document was left.
+  // JSONL lines are parsed on every OpenMP thread.
   bool next(std::vector<std::string>& out, size_t max_bytes);
   // Throws, naming the source, when it has held no document (call once next() returned false).
   void check_not_empty() const;
