@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
+#include <future>
 
 #include <fmt/format.h>
 
@@ -88,19 +89,32 @@ void log_progress(const DocumentReader& reader, uint64_t tokens, double seconds)
 
 void encode_and_split(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction, uint64_t seed,
                       bool progress, const std::function<void(bool held_out, std::span<const int32_t> ids)>& take) {
+  // The next block is read (a JSONL block parsed) on a thread of its own while this one's
+  // documents are encoded and taken. The reader is touched only by that thread until get().
+  constexpr size_t kBlockBytes = size_t{16} << 20;
   const double start = seconds_now();
   double last_report = start;
   uint64_t tokens = 0;
-  std::vector<std::string> block;
-  while (true) {
-    block.clear();
-    const int64_t first = reader.documents();
-    if (!reader.next(block, size_t{16} << 20)) break;
-    encode_and_split(std::span<const std::string>(block), first, tokenizer, val_fraction, seed,
-                     [&](bool held_out, std::span<const int32_t> ids) {
-                       tokens += ids.size();
-                       take(held_out, ids);
-                     });
+  std::vector<std::string> block, next;
+  bool more = reader.next(block, kBlockBytes);
+  int64_t first = 0;
+  while (more) {
+    const int64_t next_first = reader.documents();
+    next.clear();
+    std::future<bool> reading = std::async(std::launch::async, [&] { return reader.next(next, kBlockBytes); });
+    try {
+      encode_and_split(std::span<const std::string>(block), first, tokenizer, val_fraction, seed,
+                       [&](bool held_out, std::span<const int32_t> ids) {
+                         tokens += ids.size();
+                         take(held_out, ids);
+                       });
+    } catch (...) {
+      reading.wait();  // the reader is not left working on the caller's objects
+      throw;
+    }
+    more = reading.get();
+    block.swap(next);
+    first = next_first;
     const double now = seconds_now();
     if (progress && now - last_report >= 10) {
       log_progress(reader, tokens, now - start);

@@ -41,9 +41,9 @@ void encode_and_split(std::span<const std::string> documents, int64_t first_inde
 // same for any number of threads.
 TokenStreams build_token_streams(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                                  double val_fraction, uint64_t seed);
-// encode_and_split over a reader's documents, a block of 16 MB of text at a time (only one
-// block is held), logging "data: tokenizing `source`: ..." every 10 s when `progress` is set.
-// Throws when the source held no document.
+// encode_and_split over a reader's documents, a block of 16 MB at a time (two blocks are held:
+// the next is read on another thread while this one is encoded), logging "data: tokenizing
+// `source`: ..." every 10 s when `progress` is set. Throws when the source held no document.
 void encode_and_split(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction, uint64_t seed,
                       bool progress, const std::function<void(bool held_out, std::span<const int32_t> ids)>& take);
 // The same streams as from the documents, from a reader's.
