@@ -16,6 +16,7 @@
 #include "data/corpus.h"
 #include "data/tokenize_file.h"
 #include "testing/compare.h"
+#include "testing/temp_folder.h"
 #include "train/trainer.h"
 #include "train/training_data.h"
 
@@ -25,15 +26,8 @@ namespace {
 namespace fs = std::filesystem;
 using testing::throws_with;
 
-class DataMix : public ::testing::Test {
+class DataMix : public testing::TempFolderTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("shardtrain_data_mix_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
   // JSONL documents of one letter, so a window shows its source
   std::string letters(const std::string& name, char letter, int n) const {
     std::string s;
@@ -42,7 +36,6 @@ class DataMix : public ::testing::Test {
     std::ofstream(path) << s;
     return path;
   }
-  fs::path dir_;
 };
 
 JobConfig job(const std::string& mix) {

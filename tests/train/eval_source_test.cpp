@@ -11,6 +11,7 @@
 #include "data/byte_tokenizer.h"
 #include "data/tokenize_file.h"
 #include "testing/compare.h"
+#include "testing/temp_folder.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {
@@ -19,22 +20,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::throws_with;
 
-class EvalSource : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() / ("shardtrain_eval_source_" + std::to_string(::getpid()) + "_" +
-                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string write(const std::string& name, const std::string& contents) const {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << contents;
-    return path;
-  }
-  fs::path dir_;
-};
+using EvalSource = testing::TempFolderTest;
 
 // JSONL documents written with one letter only, so a window shows which source it came from.
 std::string documents(int n, char letter) {

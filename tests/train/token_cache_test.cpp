@@ -18,6 +18,7 @@
 #include "data/token_cache.h"
 #include "core/random.h"
 #include "testing/compare.h"
+#include "testing/temp_folder.h"
 #include "testing/shared_data.h"
 #include "train/training_data.h"
 
@@ -27,23 +28,9 @@ namespace {
 namespace fs = std::filesystem;
 using testing::throws_with;
 
-// A fresh folder per test, removed at its end.
-class TokenCache : public ::testing::Test {
+// A fresh folder per test (testing::TempFolderTest), with the cache folder inside it.
+class TokenCache : public testing::TempFolderTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("shardtrain_token_cache_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string write(const std::string& name, const std::string& contents) const {
-    const std::string path = (dir_ / name).string();
-    std::ofstream(path, std::ios::binary) << contents;
-    return path;
-  }
   std::string cache_dir() const { return (dir_ / "cache").string(); }
   // The entries of the cache folder (complete caches and anything left behind).
   std::vector<std::string> cache_entries() const {
@@ -53,8 +40,6 @@ class TokenCache : public ::testing::Test {
     std::sort(names.begin(), names.end());
     return names;
   }
-
-  fs::path dir_;
 };
 
 // Paragraphs with \r\n line ends, runs of blank (and whitespace-only) lines, a last
