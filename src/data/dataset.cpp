@@ -15,7 +15,7 @@
 
 namespace shardtrain::data {
 
-namespace detail {
+namespace {
 
 void check_val_fraction(double val_fraction) {
   ST_CHECK(val_fraction >= 0 && val_fraction <= 1, "`data.val_fraction` must be in [0, 1], found ", val_fraction);
@@ -26,13 +26,15 @@ bool held_out(uint64_t seed, int64_t index, double val_fraction) {
   return val_fraction >= 1 || uniform_at(seed, key, static_cast<uint64_t>(index)) < val_fraction;
 }
 
-void encode_block(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
-                  std::vector<std::vector<int32_t>>& ids) {
-  ids.resize(documents.size());
+}  // namespace
+
+void encode_and_split(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
+                      double val_fraction, uint64_t seed, const TakeDocument& take) {
+  check_val_fraction(val_fraction);
+  std::vector<std::vector<int32_t>> ids(documents.size());
   const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
   parallel_for_lowest_error(static_cast<int64_t>(documents.size()), 0, [&](int64_t i) {
     std::vector<int32_t>& out = ids[static_cast<size_t>(i)];
-    out.clear();
     if (bos >= 0) out.push_back(bos);
     const std::vector<int32_t> encoded =
         with_context([&] { return "tokenizing document " + std::to_string(first_index + i); },
@@ -40,9 +42,9 @@ void encode_block(std::span<const std::string> documents, int64_t first_index, c
     out.insert(out.end(), encoded.begin(), encoded.end());
     if (eos >= 0) out.push_back(eos);
   });
+  for (size_t i = 0; i < documents.size(); ++i)
+    take(held_out(seed, first_index + static_cast<int64_t>(i), val_fraction), ids[i]);
 }
-
-}  // namespace detail
 
 namespace {
 
@@ -55,7 +57,7 @@ void append_to(TokenStreams& s, bool held_out, std::span<const int32_t> ids) {
 
 TokenStreams build_token_streams(const std::vector<std::string>& documents, const Tokenizer& tokenizer,
                                  double val_fraction, uint64_t seed) {
-  detail::check_val_fraction(val_fraction);
+  check_val_fraction(val_fraction);
   TokenStreams s;
   constexpr size_t kBlock = 4096;  // documents encoded per parallel step
   const std::span<const std::string> all(documents);
@@ -88,7 +90,7 @@ void log_progress(const DocumentReader& reader, uint64_t tokens, double seconds)
 }  // namespace
 
 void encode_and_split(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction, uint64_t seed,
-                      bool progress, const std::function<void(bool held_out, std::span<const int32_t> ids)>& take) {
+                      bool progress, const TakeDocument& take) {
   // The next block is read (a JSONL block parsed) on a thread of its own while this one's
   // documents are encoded and taken. The reader is touched only by that thread until get().
   constexpr size_t kBlockBytes = size_t{16} << 20;
@@ -282,7 +284,7 @@ void check_token_file(const TokenFile& file, const Tokenizer& tokenizer, int64_t
 std::unique_ptr<TrainingData> open_token_file_data(const std::string& path, const Tokenizer& tokenizer,
                                                    int64_t model_vocab, double val_fraction, int64_t seq_len,
                                                    uint64_t seed) {
-  detail::check_val_fraction(val_fraction);
+  check_val_fraction(val_fraction);
   auto files = std::make_shared<const TokenFiles>(token_file_paths(path));
   uint64_t documents = 0;
   for (const TokenFile& f : files->files()) {

@@ -30,12 +30,12 @@ struct TokenStreams {
 // Documents `first_index` .. of `documents`, encoded on every OpenMP thread (the tokenizer's
 // encode must be thread-safe; both of ours are), then handed to take(held_out, ids) in order.
 // Each document is held out with probability val_fraction (1: every one, an evaluation
-// source), decided by a hash of (seed, document index), so the split depends on neither the order of work nor how a source is cut
-// into blocks. `ids` is the document as a stream holds it: BOS (when the tokenizer has one),
+// source), decided by a hash of (seed, document index), so the split depends on neither the
+// order of work nor how a source is cut into blocks. `ids` is the document as a stream holds it: BOS (when the tokenizer has one),
 // its ids, EOS (likewise). Errors name the document.
-template <typename Take>
+using TakeDocument = std::function<void(bool held_out, std::span<const int32_t> ids)>;
 void encode_and_split(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
-                      double val_fraction, uint64_t seed, Take&& take);
+                      double val_fraction, uint64_t seed, const TakeDocument& take);
 
 // Each document goes to the validation split as encode_and_split says; the streams are the
 // same for any number of threads.
@@ -45,7 +45,7 @@ TokenStreams build_token_streams(const std::vector<std::string>& documents, cons
 // the next is read on another thread while this one is encoded), logging "data: tokenizing
 // `source`: ..." every 10 s when `progress` is set. Throws when the source held no document.
 void encode_and_split(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction, uint64_t seed,
-                      bool progress, const std::function<void(bool held_out, std::span<const int32_t> ids)>& take);
+                      bool progress, const TakeDocument& take);
 // The same streams as from the documents, from a reader's.
 TokenStreams build_token_streams(DocumentReader& reader, const Tokenizer& tokenizer, double val_fraction,
                                  uint64_t seed, bool progress = false);
@@ -177,24 +177,5 @@ std::unique_ptr<TrainingData> open_split_token_files(const std::string& train_pa
                                                      const Tokenizer& tokenizer, int64_t model_vocab,
                                                      int64_t seq_len, uint64_t seed, std::string summary,
                                                      bool held_out_only = false);
-
-namespace detail {
-void check_val_fraction(double val_fraction);
-bool held_out(uint64_t seed, int64_t index, double val_fraction);
-// encodes documents [0, n) of the block in parallel into ids (BOS and EOS added)
-void encode_block(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
-                  std::vector<std::vector<int32_t>>& ids);
-}  // namespace detail
-
-template <typename Take>
-void encode_and_split(std::span<const std::string> documents, int64_t first_index, const Tokenizer& tokenizer,
-                      double val_fraction, uint64_t seed, Take&& take) {
-  detail::check_val_fraction(val_fraction);
-  std::vector<std::vector<int32_t>> ids;
-  detail::encode_block(documents, first_index, tokenizer, ids);
-  for (size_t i = 0; i < documents.size(); ++i)
-    take(detail::held_out(seed, first_index + static_cast<int64_t>(i), val_fraction),
-         std::span<const int32_t>(ids[i]));
-}
 
 }  // namespace shardtrain::data
