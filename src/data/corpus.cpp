@@ -71,6 +71,21 @@ std::vector<std::string> load_fortunes(const std::string& dir) {
   return docs;
 }
 
+const char* document_format_name(DocumentFormat format) {
+  switch (format) {
+    case DocumentFormat::kText: return "text";
+    case DocumentFormat::kJsonl: return "jsonl";
+    case DocumentFormat::kParquet: return "parquet";
+  }
+  return "?";
+}
+
+DocumentFormat parse_document_format(const std::string& name) {
+  for (const DocumentFormat f : {DocumentFormat::kText, DocumentFormat::kJsonl, DocumentFormat::kParquet})
+    if (name == document_format_name(f)) return f;
+  ST_THROW("`", name, "` is not a document format (text, jsonl or parquet)");
+}
+
 // ---- DocumentReader ----
 
 struct DocumentReader::State {

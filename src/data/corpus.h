@@ -24,6 +24,10 @@ enum class DocumentFormat {
   kParquet,  // Parquet files (a file, a folder or a pattern): the document in a string column of each row
 };
 
+// "text", "jsonl", "parquet" (data.format's names), and back; another name is an error.
+const char* document_format_name(DocumentFormat format);
+DocumentFormat parse_document_format(const std::string& name);
+
 // The documents of a source, a block at a time, in order, holding only the block in memory.
 // The load_*_documents functions below are this reader drained, so anything built from it
 // block by block (a token cache, streams) equals what the loaders give. Errors name the file

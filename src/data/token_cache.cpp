@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -22,21 +23,6 @@
 namespace shardtrain::data {
 namespace fs = std::filesystem;
 namespace {
-
-const char* format_name(DocumentFormat f) {
-  switch (f) {
-    case DocumentFormat::kText: return "text";
-    case DocumentFormat::kJsonl: return "jsonl";
-    case DocumentFormat::kParquet: return "parquet";
-  }
-  return "?";
-}
-
-DocumentFormat document_format(const std::string& name) {
-  if (name == "parquet") return DocumentFormat::kParquet;
-  ST_CHECK(name == "text" || name == "jsonl", "token cache: `", name, "` is not a document format");
-  return name == "jsonl" ? DocumentFormat::kJsonl : DocumentFormat::kText;
-}
 
 struct FileStamp {
   std::string path;  // absolute
@@ -77,22 +63,12 @@ nlohmann::ordered_json key_json(const TokenCacheKey& key, const Tokenizer& token
   return j;
 }
 
-// A readable stem for the folder: the source's file name without its data suffixes, or the
-// folder's name (a pattern: its folder's), in [A-Za-z0-9._-], at most 48 characters.
+// A readable stem for the folder: the source's name, in [A-Za-z0-9._-], at most 48 characters.
 std::string source_stem(const TokenCacheKey& key) {
-  std::string name;
-  if (fs::is_directory(key.source)) {
-    name = fs::path(key.source).lexically_normal().filename().string();
-    if (name.empty()) name = fs::path(key.source).lexically_normal().parent_path().filename().string();
-  } else if (is_source_pattern(key.source)) {
-    name = fs::path(key.source).parent_path().filename().string();
-  } else {
-    name = token_file_name(key.source);
-    name.resize(name.size() - 4);  // ".tok"
-  }
+  std::string name = source_name(key.source);
   for (char& c : name)
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') c = '_';
-  if (name.empty() || name[0] == '.') name = "source" + name;
+  if (name[0] == '.') name = "source" + name;
   if (name.size() > 48) name.resize(48);
   return name;
 }
@@ -115,12 +91,11 @@ struct RemoveOnExit {
 
 }  // namespace
 
-TokenCacheKey document_cache_key(const std::string& source, DocumentFormat format, const std::string& field,
-                                 double val_fraction, uint64_t seed) {
-  TokenCacheKey key{source, format_name(format), nlohmann::ordered_json::object()};
-  key.settings["field"] = format == DocumentFormat::kText ? "" : field;
-  key.settings["val_fraction"] = fmt::format("{:.17g}", val_fraction);  // exact
-  key.settings["seed"] = seed;
+TokenCacheKey document_cache_key(const DocumentSource& d) {
+  TokenCacheKey key{d.source, document_format_name(d.format), nlohmann::ordered_json::object()};
+  key.settings["field"] = d.format == DocumentFormat::kText ? "" : d.field;
+  key.settings["val_fraction"] = fmt::format("{:.17g}", d.val_fraction);  // exact
+  key.settings["seed"] = d.seed;
   return key;
 }
 
@@ -199,19 +174,17 @@ nlohmann::ordered_json read_cache_info(const std::string& folder) {
   }
 }
 
-TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
-                                  bool progress) {
+TokenCacheStats build_token_cache(const std::string& folder, const DocumentSource& documents,
+                                  const Tokenizer& tokenizer, bool progress) {
   const auto start = std::chrono::steady_clock::now();
-  DocumentReader reader(key.source, document_format(key.format), key.settings.value("field", ""));
-  const double val_fraction = std::stod(key.settings.at("val_fraction").get<std::string>());
-  const auto seed = key.settings.at("seed").get<uint64_t>();
+  DocumentReader reader(documents.source, documents.format, documents.field);
   TokenCacheStats stats;
-  stats.built = build_cache_folder(folder, key, tokenizer, [&](const std::string& tmp) {
+  stats.built = build_cache_folder(folder, document_cache_key(documents), tokenizer, [&](const std::string& tmp) {
     const int32_t bos = tokenizer.bos_id(), eos = tokenizer.eos_id();
     TokenFileWriter train((fs::path(tmp) / "train.tok").string(), tokenizer.vocab_size(), eos, bos);
     TokenFileWriter val((fs::path(tmp) / "val.tok").string(), tokenizer.vocab_size(), eos, bos);
     const size_t head = bos >= 0 ? 1 : 0, tail = eos >= 0 ? 1 : 0;  // the writers add BOS and EOS themselves
-    encode_and_split(reader, tokenizer, val_fraction, seed, progress,
+    encode_and_split(reader, tokenizer, documents.val_fraction, documents.seed, progress,
                      [&](bool held_out, std::span<const int32_t> ids) {
                        (held_out ? val : train).append_document(ids.subspan(head, ids.size() - head - tail));
                      });

@@ -36,9 +36,15 @@ struct TokenCacheKey {
   nlohmann::ordered_json settings = nlohmann::ordered_json::object();  // fields, split, ...
 };
 
-// The key of a document source, whose streams also depend on the split (val_fraction, seed).
-TokenCacheKey document_cache_key(const std::string& source, DocumentFormat format, const std::string& field,
-                                 double val_fraction, uint64_t seed);
+// A document source and the split of its streams: what they depend on besides the tokenizer.
+struct DocumentSource {
+  std::string source;
+  DocumentFormat format = DocumentFormat::kText;
+  std::string field;  // JSONL's field, Parquet's column (unused for text)
+  double val_fraction = 0.05;
+  uint64_t seed = 0;
+};
+TokenCacheKey document_cache_key(const DocumentSource& documents);
 
 // The source's files (as DocumentReader reads them) and their total size on disk.
 std::vector<std::string> token_cache_source_files(const TokenCacheKey& key);
@@ -72,10 +78,10 @@ struct TokenCacheStats {
   bool built = false;  // false: another process completed the folder first, and its copy is kept
 };
 
-// Tokenizes a document source (`key` from document_cache_key) into `folder`: train.tok and
+// Tokenizes a document source into `folder` (its document_cache_key's): train.tok and
 // val.tok, a block of documents at a time on every core; logs progress every 10 s when
 // `progress`. Errors name the source.
-TokenCacheStats build_token_cache(const std::string& folder, const TokenCacheKey& key, const Tokenizer& tokenizer,
-                                  bool progress);
+TokenCacheStats build_token_cache(const std::string& folder, const DocumentSource& documents,
+                                  const Tokenizer& tokenizer, bool progress);
 
 }  // namespace shardtrain::data

@@ -24,6 +24,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "data/corpus.h"
 #include "data/parallel.h"
 #include "io/input_file.h"
 #include "io/parquet.h"
@@ -329,6 +330,18 @@ std::string token_file_name(const std::string& input_path) {
   for (const char* ext : {".parquet", ".jsonl", ".json", ".txt"})
     if (strip(ext)) break;
   return name + ".tok";
+}
+
+std::string source_name(const std::string& source) {
+  std::filesystem::path p = std::filesystem::path(source).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "folder/"
+  if (is_source_pattern(source)) p = p.parent_path();
+  std::string name = p.filename().string();
+  if (name.empty() || name == "." || name == "..") return "source";
+  name = token_file_name(name);
+  name.resize(name.size() - 4);  // the ".tok" token_file_name adds
+  if (name.size() > 4 && name.ends_with(".tok")) name.resize(name.size() - 4);
+  return name;
 }
 
 TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& input_path,

@@ -129,6 +129,10 @@ TextFormat detect_text_format(const std::string& path);
 // "c4-train.00000-of-01024.json.gz" -> "c4-train.00000-of-01024.tok": the file name without
 // its compression and data suffixes (.gz, .zst; .parquet, .jsonl, .json, .txt), and ".tok".
 std::string token_file_name(const std::string& input_path);
+// A source's name for people: a file's name without its compression and data suffixes (and
+// .tok), a folder's name, or for a pattern its folder's ("tokens/web.tok" -> "web",
+// "books/part.jsonl.zst" -> "part", "c4/en/train-*.json.gz" -> "en"); "source" when it has none.
+std::string source_name(const std::string& source);
 
 // Tokenizes `input_path` into token file `output_path`. Documents are encoded in parallel
 // (tokenizer.encode must be thread-safe; BpeTokenizer and ByteTokenizer are) and written in

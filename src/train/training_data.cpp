@@ -23,11 +23,6 @@
 namespace shardtrain::train {
 namespace {
 
-data::DocumentFormat document_format(const std::string& format) {
-  if (format == "parquet") return data::DocumentFormat::kParquet;
-  return format == "jsonl" ? data::DocumentFormat::kJsonl : data::DocumentFormat::kText;
-}
-
 std::string megabytes(uint64_t bytes) { return fmt::format("{:.2f} MB", static_cast<double>(bytes) / 1e6); }
 
 // Runs build() where `builds` says so, then agrees across the ranks that every build went
@@ -89,7 +84,7 @@ bool ensure_cache(const std::string& folder, const std::function<void()>& build,
   if (missing.data<float>()[0] == 0) return true;
   build_where(comm->rank() == 0, folder, build, *comm);
   // ranks on machines that do not share rank 0's folder build their own copy, once a machine
-  build_where(local_rank == 0 && !data::token_cache_complete(folder), folder, build, *comm);
+  build_where(local_rank == 0, folder, build, *comm);
   ST_CHECK(data::token_cache_complete(folder), "the token cache `", folder, "` is not visible to this rank after "
            "its machine's first rank (LOCAL_RANK 0) built it; set data.cache_dir to a folder every rank of a "
            "machine shares");
@@ -106,13 +101,13 @@ std::unique_ptr<data::TrainingData> open_document_cache(const DataSection& d, co
                                                         const data::Tokenizer& tokenizer, int64_t model_vocab,
                                                         const TrainingSection& t, dist::Communicator* comm,
                                                         int local_rank) {
-  const data::TokenCacheKey key =
-      data::document_cache_key(d.source, document_format(format), d.text_field, d.val_fraction, t.seed);
-  const std::string folder = cache_folder(d, key, tokenizer);
+  const data::DocumentSource documents{d.source, data::parse_document_format(format), d.text_field, d.val_fraction,
+                                       t.seed};
+  const std::string folder = cache_folder(d, data::document_cache_key(documents), tokenizer);
   if (folder.empty()) return nullptr;
   const bool reused = ensure_cache(folder, [&] {
     log_building(d.source, folder);
-    const data::TokenCacheStats s = data::build_token_cache(folder, key, tokenizer, true);
+    const data::TokenCacheStats s = data::build_token_cache(folder, documents, tokenizer, true);
     log::info(fmt::format("data: token cache built in {:.1f} s: {} documents, {} of text, {:.1f} MB/s{}", s.seconds,
                           s.documents, megabytes(s.text_bytes), static_cast<double>(s.text_bytes) / 1e6 / s.seconds,
                           s.built ? "" : " (another process finished it first; its copy is used)"));
@@ -281,16 +276,7 @@ std::vector<MixEntry> parse_data_mix(const std::string& mix) {
   for (const MixEntry& e : entries) total += e.weight;
   for (MixEntry& e : entries) e.weight /= total;
   // names: each source's file or folder name, made unique
-  for (size_t i = 0; i < entries.size(); ++i) {
-    const std::filesystem::path p(entries[i].source);
-    std::string name = data::is_source_pattern(entries[i].source) ? p.parent_path().filename().string()
-                                                                   : p.filename().string();
-    if (name.empty()) name = p.parent_path().filename().string();
-    name = data::token_file_name(name.empty() ? "source" : name);
-    name.resize(name.size() - 4);  // the ".tok" token_file_name adds
-    if (name.size() > 4 && name.ends_with(".tok")) name.resize(name.size() - 4);
-    entries[i].name = name;
-  }
+  for (MixEntry& e : entries) e.name = data::source_name(e.source);
   std::vector<int> same(entries.size(), 0);
   for (size_t i = 0; i < entries.size(); ++i)
     for (size_t j = 0; j < entries.size(); ++j) same[i] += entries[j].name == entries[i].name ? 1 : 0;
@@ -430,7 +416,7 @@ std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const d
   if (d.source == "builtin:fortunes") {
     streams = data::build_token_streams(data::load_fortunes(), tokenizer, d.val_fraction, t.seed);
   } else {
-    data::DocumentReader reader(d.source, document_format(format), d.text_field);
+    data::DocumentReader reader(d.source, data::parse_document_format(format), d.text_field);
     streams = data::build_token_streams(reader, tokenizer, d.val_fraction, t.seed, true);
   }
   std::string summary = fmt::format("{} documents, {:.2f} MB of text -> {} training / {} held-out tokens ({})",

@@ -67,6 +67,19 @@ std::vector<int32_t> expected_line_ids(const Tokenizer& t, const std::string& te
   return ids;
 }
 
+TEST(TokenFileNames, TokenFilesAndSourcesAreNamedWithoutTheirSuffixes) {
+  EXPECT_EQ(token_file_name("c4/c4-train.00000-of-01024.json.gz"), "c4-train.00000-of-01024.tok");
+  EXPECT_EQ(token_file_name("a/b.parquet"), "b.tok");
+  EXPECT_EQ(token_file_name("notes.md"), "notes.md.tok");
+  EXPECT_EQ(source_name("tokens/web.tok"), "web");
+  EXPECT_EQ(source_name("books/part.jsonl.zst"), "part");
+  EXPECT_EQ(source_name("c4/en/train-*.json.gz"), "en");
+  EXPECT_EQ(source_name("tokens/fineweb/"), "fineweb");
+  EXPECT_EQ(source_name("corpus.txt"), "corpus");
+  EXPECT_EQ(source_name("."), "source");
+  EXPECT_EQ(source_name("*.jsonl"), "source");
+}
+
 TEST_F(TokenFileTest, WriterReaderRoundTripU16) {
   {
     TokenFileWriter w(path("a.sttok"), 300, 299);

@@ -194,7 +194,7 @@ TEST_F(TokenCache, TheLlama3TokenizerGivesTheSameBatches) {
 TEST_F(TokenCache, TheFolderFollowsWhatTheStreamsDependOn) {
   const std::string source = write("corpus.jsonl", jsonl(50));
   ByteTokenizer byte;
-  const TokenCacheKey key = document_cache_key(source, DocumentFormat::kJsonl, "text", 0.1, 5);
+  const TokenCacheKey key = document_cache_key({source, DocumentFormat::kJsonl, "text", 0.1, 5});
   const std::string base = token_cache_folder("/c", key, byte);
   EXPECT_EQ(fs::path(base).parent_path(), "/c");
   EXPECT_EQ(fs::path(base).filename().string().rfind("corpus-", 0), 0u) << base;
@@ -204,12 +204,12 @@ TEST_F(TokenCache, TheFolderFollowsWhatTheStreamsDependOn) {
     mutate(k);
     return token_cache_folder("/c", k, byte) != base;
   };
-  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key(source, DocumentFormat::kJsonl, "text", 0.1, 6); }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key({source, DocumentFormat::kJsonl, "text", 0.1, 6}); }));
   EXPECT_TRUE(changed([&](TokenCacheKey& k) {
-    k = document_cache_key(source, DocumentFormat::kJsonl, "text", 0.1000001, 5);
+    k = document_cache_key({source, DocumentFormat::kJsonl, "text", 0.1000001, 5});
   }));
-  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key(source, DocumentFormat::kJsonl, "body", 0.1, 5); }));
-  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key(source, DocumentFormat::kText, "text", 0.1, 5); }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key({source, DocumentFormat::kJsonl, "body", 0.1, 5}); }));
+  EXPECT_TRUE(changed([&](TokenCacheKey& k) { k = document_cache_key({source, DocumentFormat::kText, "text", 0.1, 5}); }));
   EXPECT_TRUE(changed([](TokenCacheKey& k) { k.settings["train_on_prompt"] = true; }));
   ST_REQUIRE_SHARED_DATA(shared);
   const BpeTokenizer llama3(shared + "/tokenizers/llama3/tokenizer.json");
@@ -227,9 +227,9 @@ TEST_F(TokenCache, AFailedBuildLeavesNothingAndARaceKeepsTheFirstFolder) {
   std::string lines = jsonl(3000);
   lines += "{\"text\": 5}\n";
   const std::string bad = write("bad.jsonl", lines);
-  const TokenCacheKey bad_key = document_cache_key(bad, DocumentFormat::kJsonl, "text", 0.1, 5);
-  const std::string bad_folder = token_cache_folder(cache_dir(), bad_key, t);
-  EXPECT_TRUE(throws_with([&] { build_token_cache(bad_folder, bad_key, t, false); },
+  const DocumentSource bad_documents{bad, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const std::string bad_folder = token_cache_folder(cache_dir(), document_cache_key(bad_documents), t);
+  EXPECT_TRUE(throws_with([&] { build_token_cache(bad_folder, bad_documents, t, false); },
                           "line 3431: field `text` is not a string"));
   EXPECT_TRUE(cache_entries().empty());
   EXPECT_TRUE(throws_with([&] { train::open_training_data(job(bad, "on", cache_dir()), t, t.vocab_size(), 1); },
@@ -237,16 +237,17 @@ TEST_F(TokenCache, AFailedBuildLeavesNothingAndARaceKeepsTheFirstFolder) {
   EXPECT_TRUE(cache_entries().empty());
 
   const std::string good = write("good.jsonl", jsonl(300));
-  const TokenCacheKey key = document_cache_key(good, DocumentFormat::kJsonl, "text", 0.1, 5);
+  const DocumentSource documents{good, DocumentFormat::kJsonl, "text", 0.1, 5};
+  const TokenCacheKey key = document_cache_key(documents);
   const std::string folder = token_cache_folder(cache_dir(), key, t);
-  const TokenCacheStats first = build_token_cache(folder, key, t, false);
+  const TokenCacheStats first = build_token_cache(folder, documents, t, false);
   EXPECT_TRUE(first.built);
   EXPECT_EQ(first.documents, 301);
   EXPECT_EQ(first.train_tokens + first.val_tokens, TokenFile((fs::path(folder) / "train.tok").string()).size() +
                                                        TokenFile((fs::path(folder) / "val.tok").string()).size());
   // a second process that finished after the first keeps the first one's folder
   const auto time = fs::last_write_time(fs::path(folder) / "train.tok");
-  const TokenCacheStats second = build_token_cache(folder, key, t, false);
+  const TokenCacheStats second = build_token_cache(folder, documents, t, false);
   EXPECT_FALSE(second.built);
   EXPECT_EQ(fs::last_write_time(fs::path(folder) / "train.tok"), time);
   EXPECT_EQ(cache_entries().size(), 1u);
