@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/host.h"
 #include "core/random.h"
 #include "data/dataset.h"
 #include "data/tokenize_file.h"
@@ -71,12 +72,6 @@ std::string source_stem(const TokenCacheKey& key) {
   if (name[0] == '.') name = "source" + name;
   if (name.size() > 48) name.resize(48);
   return name;
-}
-
-std::string host_name() {
-  char buffer[256] = {};
-  if (::gethostname(buffer, sizeof(buffer) - 1) != 0) return "host";
-  return buffer;
 }
 
 // Removes a temporary folder unless released.

@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/host.h"
 
 namespace shardtrain::train {
 namespace fs = std::filesystem;
@@ -109,12 +110,6 @@ std::string event(int64_t step) {
   key(e, 2, 0);
   varint(e, static_cast<uint64_t>(step));
   return e;
-}
-
-std::string host_name() {
-  char buffer[256] = {};
-  if (::gethostname(buffer, sizeof(buffer) - 1) != 0) return "host";
-  return buffer;
 }
 
 }  // namespace
