@@ -502,7 +502,7 @@ Tensor Trainer::positions_of(const Tensor& ids_BT) const {
   return document_mask_ ? ops::document_positions(ids_BT, tokenizer_->bos_id()) : Tensor();
 }
 
-double Trainer::evaluate() {
+Trainer::Evaluation Trainer::evaluate() {
   const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
   Tensor ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval ids");
   Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
@@ -534,13 +534,14 @@ double Trainer::evaluate() {
   comm_->all_reduce(totals, dist::ReduceOp::kSum);
   const double loss = sums[0];
   const auto tokens = static_cast<int64_t>(sums[1]);
-  eval_parts_.clear();
+  Evaluation result;
   for (size_t p = 0; p < parts.size(); ++p)
-    if (sums[2 * (p + 1) + 1] > 0) eval_parts_.emplace_back(parts[p], sums[2 * (p + 1)] / sums[2 * (p + 1) + 1]);
+    if (sums[2 * (p + 1) + 1] > 0) result.parts.emplace_back(parts[p], sums[2 * (p + 1)] / sums[2 * (p + 1) + 1]);
   ST_CHECK(tokens > 0, "evaluation: the held-out split (", data_->held_out_size(),
            ") gave no counted token in one batch of `training.batch_size` x `training.seq_len` + 1; raise "
            "`data.val_fraction`");
-  return loss / static_cast<double>(tokens);
+  result.loss = loss / static_cast<double>(tokens);
+  return result;
 }
 
 TrainSummary Trainer::run() {
@@ -653,17 +654,19 @@ TrainSummary Trainer::run() {
   TrainSummary summary;
   // An evaluation: the log line, the metrics (a mix's sources' losses as eval_loss/<name>), the summary.
   const auto report_eval = [&](int64_t step) {
-    const double e = evaluate();
+    Evaluation evaluation = evaluate();
+    const double e = evaluation.loss;
     summary.evals.emplace_back(step, e);
     nlohmann::json record = {{"step", step}, {"eval_loss", e}};
     std::string parts;
-    for (const auto& [name, loss] : eval_parts_) {
+    for (const auto& [name, loss] : evaluation.parts) {
       record["eval_loss/" + name] = loss;
       parts += fmt::format("{}{} {:.4f}", parts.empty() ? "  (" : ", ", name, loss);
     }
     if (!parts.empty()) parts += ")";
     log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}{}", step, e, std::exp(e), parts));
     write_metrics(record);
+    summary.last_eval_parts = std::move(evaluation.parts);
   };
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   const Clock::time_point start = Clock::now();

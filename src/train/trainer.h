@@ -35,6 +35,7 @@ struct StepRecord {
 struct TrainSummary {
   std::vector<StepRecord> steps;
   std::vector<std::pair<int64_t, double>> evals;  // (step, held-out loss)
+  std::vector<std::pair<std::string, double>> last_eval_parts;  // the last evaluation's per-source losses (data.mix)
   double seconds = 0;
   double tokens_per_second = 0;  // over the whole run, evaluation excluded
   std::string sample;
@@ -59,10 +60,13 @@ class Trainer {
   optim::AdamW& optimizer() { return *optimizer_; }
   // The folder of step_* checkpoints (checkpoint.dir, or run.output_dir/checkpoints).
   std::string checkpoint_root() const;
-  // Mean held-out loss over eval.batches batches (or fewer if the split is small).
-  double evaluate();
-  // The last evaluation's loss on each source of a mix (data.mix), by name; empty otherwise.
-  const std::vector<std::pair<std::string, double>>& eval_parts() const { return eval_parts_; }
+  // Mean held-out loss over eval.batches batches (or fewer if the split is small), and for a
+  // mix (data.mix) each source's, by name.
+  struct Evaluation {
+    double loss = 0;
+    std::vector<std::pair<std::string, double>> parts;
+  };
+  Evaluation evaluate();
   // The documents' positions in a batch's rows with data.document_mask; undefined without.
   Tensor positions_of(const Tensor& ids_BT) const;
 
@@ -107,7 +111,6 @@ class Trainer {
   std::unique_ptr<PendingCheckpoint> pending_checkpoint_;
   std::jthread checkpoint_writer_;
   std::exception_ptr checkpoint_error_;
-  std::vector<std::pair<std::string, double>> eval_parts_;  // evaluate()'s per-source losses
   std::atomic<bool> checkpoint_written_{false};  // the thread has finished (written or failed)
   int64_t checkpoint_step_ = 0;
   bool all_ranks_wrote_checkpoint();  // collective

@@ -145,14 +145,13 @@ TEST_F(DataMix, TheTrainerReportsEachSourcesLossAndTheErrorsNameTheSource) {
                                          "--run.output_dir=" + (dir_ / "out").string()});
   JobConfig c = loaded.config;
   c.data.mix = (dir_ / "a.tok").string() + "=1, " + letters("b.jsonl", 'b', 400) + "=1";
-  Trainer trainer(c);
-  const TrainSummary s = trainer.run();
-  ASSERT_EQ(trainer.eval_parts().size(), 2u);
-  EXPECT_EQ(trainer.eval_parts()[0].first, "a");
-  EXPECT_EQ(trainer.eval_parts()[1].first, "b");
+  const TrainSummary s = Trainer(c).run();
+  ASSERT_EQ(s.last_eval_parts.size(), 2u);
+  EXPECT_EQ(s.last_eval_parts[0].first, "a");
+  EXPECT_EQ(s.last_eval_parts[1].first, "b");
   // two batches each: the whole's loss is the token-weighted mean of the two
-  EXPECT_NEAR(s.evals.back().second, (trainer.eval_parts()[0].second + trainer.eval_parts()[1].second) / 2, 1e-9);
-  EXPECT_NE(trainer.eval_parts()[0].second, trainer.eval_parts()[1].second);
+  EXPECT_NEAR(s.evals.back().second, (s.last_eval_parts[0].second + s.last_eval_parts[1].second) / 2, 1e-9);
+  EXPECT_NE(s.last_eval_parts[0].second, s.last_eval_parts[1].second);
   std::ifstream metrics(dir_ / "out" / "metrics.jsonl");
   bool found = false;
   for (std::string line; std::getline(metrics, line);) {
