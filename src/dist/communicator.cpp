@@ -21,6 +21,15 @@ void check_reduce_scatter(const Tensor& out, const Tensor& in, int world, const 
            out.numel());
 }
 
+void check_send_recv(const Tensor& send, int to, const Tensor& recv, int from, int world, const char* who) {
+  check_contiguous(send, who, "send");
+  check_contiguous(recv, who, "recv");
+  ST_CHECK(send.dtype() == recv.dtype() && send.numel() == recv.numel(), who, ": send ", send.str(),
+           " and recv ", recv.str(), " differ in dtype or size");
+  ST_CHECK(to >= 0 && to < world && from >= 0 && from < world, who, ": peers ", to, " (to) and ", from,
+           " (from) out of range for ", world, " ranks");
+}
+
 namespace {
 
 class SingleRank final : public Communicator {
@@ -39,6 +48,10 @@ class SingleRank final : public Communicator {
   void all_reduce(Tensor&, ReduceOp, Stream) override {}
   void broadcast(Tensor&, int root, Stream) override {
     ST_CHECK(root == 0, "broadcast: root ", root, " out of range for 1 rank");
+  }
+  void send_recv(const Tensor& send, int to, Tensor& recv, int from, Stream stream) override {
+    check_send_recv(send, to, recv, from, 1, "send_recv");
+    copy(recv, send, stream);
   }
   void barrier() override {}
   std::unique_ptr<Communicator> split(int, int, int) override { return std::make_unique<SingleRank>(); }

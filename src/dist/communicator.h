@@ -26,6 +26,10 @@ class Communicator {
   // In place, over all ranks.
   virtual void all_reduce(Tensor& inout, ReduceOp op, Stream stream = {}) = 0;
   virtual void broadcast(Tensor& inout, int root, Stream stream = {}) = 0;
+  // Point to point: `send` goes to rank `to` while `recv` arrives from rank `from` (each
+  // rank's `to` names a rank whose `from` names it, with equal sizes). Not collective: only
+  // the pairs meet. A rank may be its own `to` and `from` (a copy).
+  virtual void send_recv(const Tensor& send, int to, Tensor& recv, int from, Stream stream = {}) = 0;
   virtual void barrier() = 0;
   // Collective: a communicator over the ranks that pass the same `color`, ordered by `key`
   // (then by rank here): the groups of a device mesh (ranks sharing a tensor-parallel index,
@@ -41,5 +45,6 @@ std::unique_ptr<Communicator> make_single_rank();
 // Checks shared by implementations: contiguous, matching dtypes, out = W·in etc.
 void check_all_gather(const Tensor& out, const Tensor& in, int world, const char* who);
 void check_reduce_scatter(const Tensor& out, const Tensor& in, int world, const char* who);
+void check_send_recv(const Tensor& send, int to, const Tensor& recv, int from, int world, const char* who);
 
 }  // namespace shardtrain::dist

@@ -71,6 +71,7 @@ void divide(Tensor& t, int world) {
 
 class MpiWorld final : public Communicator {
  public:
+  static constexpr int kSendRecvTag = 17;
   // MPI_COMM_WORLD, or a communicator split from it (owned, freed with this object).
   explicit MpiWorld(MPI_Comm comm = MPI_COMM_WORLD) : comm_(comm) {
     ensure_initialized();
@@ -121,6 +122,15 @@ class MpiWorld final : public Communicator {
     ST_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " out of range for ", world_, " ranks");
     const int bytes = checked_count(inout.nbytes(), "broadcast");
     ST_MPI_CHECK(MPI_Bcast(inout.raw_data(), bytes, MPI_BYTE, root, comm_));
+  }
+
+  void send_recv(const Tensor& send, int to, Tensor& recv, int from, Stream) override {
+    check_send_recv(send, to, recv, from, world_, "mpi send_recv");
+    host_only(send, "send_recv");
+    host_only(recv, "send_recv");
+    const int bytes = checked_count(send.nbytes(), "send_recv");
+    ST_MPI_CHECK(MPI_Sendrecv(send.raw_data(), bytes, MPI_BYTE, to, kSendRecvTag, recv.raw_data(), bytes, MPI_BYTE,
+                              from, kSendRecvTag, comm_, MPI_STATUS_IGNORE));
   }
 
   void barrier() override { ST_MPI_CHECK(MPI_Barrier(comm_)); }

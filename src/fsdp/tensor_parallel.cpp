@@ -4,6 +4,7 @@
 #include "fsdp/tensor_parallel.h"
 
 #include <cstdlib>
+#include <string>
 
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/stream.h"
@@ -25,10 +26,21 @@ int overlap_sms_from_env() {
   return static_cast<int>(n);
 }
 
+// SHARDTRAIN_TP_PIECES=0 turns model::TensorParallel::by_pieces off (to compare against).
+bool by_pieces_from_env() {
+  const char* v = std::getenv("SHARDTRAIN_TP_PIECES");
+  if (v == nullptr) return true;
+  const std::string s = v;
+  ST_CHECK(s == "0" || s == "1", "SHARDTRAIN_TP_PIECES: expected 0 or 1, found \"", s, "\"");
+  return s == "1";
+}
+
 class GroupCollectives final : public model::TensorParallel {
  public:
-  explicit GroupCollectives(dist::Communicator* comm) : comm_(comm), overlap_sms_(overlap_sms_from_env()) {}
+  explicit GroupCollectives(dist::Communicator* comm)
+      : comm_(comm), overlap_sms_(overlap_sms_from_env()), by_pieces_(by_pieces_from_env()) {}
   int overlap_sm_reserve() const override { return overlap_sms_; }
+  bool by_pieces() const override { return by_pieces_; }
   int size() const override { return comm_->world_size(); }
   int rank() const override { return comm_->rank(); }
   void all_gather(Tensor& out, const Tensor& in) override { comm_->all_gather(out, in); }
@@ -36,12 +48,18 @@ class GroupCollectives final : public model::TensorParallel {
     comm_->reduce_scatter(out, in, dist::ReduceOp::kSum);
   }
   void all_reduce(Tensor& inout) override { comm_->all_reduce(inout, dist::ReduceOp::kSum); }
+  void send_recv(const Tensor& send, int to, Tensor& recv, int from) override {
+    comm_->send_recv(send, to, recv, from);
+  }
 
   void start_all_gather(Tensor& out, const Tensor& in) override {
     start(out, in, [&](Stream s) { comm_->all_gather(out, in, s); });
   }
   void start_reduce_scatter(Tensor& out, const Tensor& in) override {
     start(out, in, [&](Stream s) { comm_->reduce_scatter(out, in, dist::ReduceOp::kSum, s); });
+  }
+  void start_send_recv(const Tensor& send, int to, Tensor& recv, int from) override {
+    start(recv, send, [&](Stream s) { comm_->send_recv(send, to, recv, from, s); });
   }
   void finish() override {
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -76,6 +94,7 @@ class GroupCollectives final : public model::TensorParallel {
 
   dist::Communicator* comm_;
   int overlap_sms_;
+  bool by_pieces_;
 #ifdef SHARDTRAIN_WITH_CUDA
   struct Side {
     cuda::OwnedStream stream;

@@ -5,6 +5,7 @@
 #include <functional>
 #include <optional>
 #include <utility>
+#include <vector>
 
 #include "ops/attention.h"
 #include "ops/elementwise.h"
@@ -193,20 +194,65 @@ void over_all_rows(Tensor& all_TD, const Tensor& rows_RD, const BlockContext& ct
   if (end < d.BT) product(all_TD.slice(0, end, d.BT), end, d.BT);
 }
 
-// out = x + o(in) for the residual stream: the residual add in the product's epilogue, or
-// with tensor parallelism after the partial outputs are summed over the group.
+// out_RD = x_RD + this rank's rows of a row-parallel product, summed over the group.
+// `partial(out, first, end, add)` writes the product of rows [first, end) of all B·T rows
+// into `out` [end - first, D], plus `add` (same rows) when it is defined. Without tensor
+// parallelism one product with x added in its epilogue; with replicated rows one product of
+// every row, all-reduced (and one reduce-scatter without TensorParallel::by_pieces). Under
+// sequence parallelism the reduce-scatter is decomposed: each
+// other rank's rows are made first and sent to it while the next rows' product runs (and the
+// other ranks' pieces of this rank's rows arrive), this rank's own rows last, x added in
+// their epilogue, then the pieces received are added.
+template <typename Partial>
+void summed_product(Tensor& out_RD, const Tensor& x_RD, const BlockContext& ctx, const Dims& d, Partial&& partial) {
+  if (ctx.tp == nullptr) {
+    partial(out_RD, int64_t{0}, d.BT, x_RD);
+    return;
+  }
+  if (!sequence_split(ctx) || !ctx.tp->by_pieces()) {
+    Tensor partial_TD = Tensor::empty({d.BT, d.D}, x_RD.dtype(), x_RD.device(), "partial sums over the group");
+    partial(partial_TD, int64_t{0}, d.BT, Tensor());
+    ops::add(out_RD, summed_rows(partial_TD, ctx, d, "partial sums of this rank's rows"), x_RD);
+    return;
+  }
+  const int P = ctx.tp->size(), r = ctx.tp->rank();
+  std::vector<Tensor> received;
+  for (int s = 1; s <= P; ++s) {
+    // step s makes rank (r + s)'s rows (its own at s = P) beside step s - 1's exchange
+    const int owner = (r + s) % P;
+    const int64_t first = owner * d.R, end = first + d.R;
+    std::optional<ops::GemmSmReserve> reserve;
+    if (s > 1) reserve.emplace(ctx.tp->overlap_sm_reserve());
+    if (owner == r) {
+      partial(out_RD, first, end, x_RD);
+      reserve.reset();
+      ctx.tp->finish();
+      break;
+    }
+    Tensor piece = Tensor::empty({d.R, d.D}, x_RD.dtype(), x_RD.device(), "partial sums for another rank");
+    partial(piece, first, end, Tensor());
+    reserve.reset();
+    ctx.tp->finish();
+    received.push_back(Tensor::empty({d.R, d.D}, x_RD.dtype(), x_RD.device(), "partial sums from another rank"));
+    ctx.tp->start_send_recv(piece, owner, received.back(), (r - s + P) % P);
+  }
+  for (const Tensor& part : received) ops::add(out_RD, out_RD, part);
+}
+
+// out = x + o(in) for the residual stream (summed_product).
 void residual_product(Tensor& out, const Tensor& in_TK, const Tensor& weight_DK, const Tensor& x, const Dims& d,
                       const BlockContext& ctx, const char* name) {
   out = Tensor::empty(residual_shape(d), x.dtype(), x.device(), name);
   Tensor out_RD = out.view({d.R, d.D});
-  if (ctx.tp == nullptr) {
-    ops::linear_forward_add(out_RD, in_TK, weight_DK, x.view({d.R, d.D}));
-    return;
-  }
-  Tensor partial_TD = Tensor::empty({d.BT, d.D}, x.dtype(), x.device(), "partial sums over the group");
-  ops::linear_forward(partial_TD, in_TK, weight_DK);
-  const Tensor summed_RD = summed_rows(partial_TD, ctx, d, name);
-  ops::add(out_RD, summed_RD, x.view({d.R, d.D}));
+  summed_product(out_RD, x.view({d.R, d.D}), ctx, d,
+                 [&](Tensor& o, int64_t first, int64_t end, const Tensor& add) {
+                   const Tensor rows = in_TK.slice(0, first, end);
+                   if (add.defined()) {
+                     ops::linear_forward_add(o, rows, weight_DK, add);
+                   } else {
+                     ops::linear_forward(o, rows, weight_DK);
+                   }
+                 });
 }
 
 // Whether q, k and v (gate and up) come from one product: their weights stacked, and not
@@ -269,27 +315,52 @@ const Tensor& positions(const BlockContext& ctx) {
   return ctx.documents != nullptr ? ctx.documents->positions_BT : none;
 }
 
+// Whether attention_half runs rope and attention on each range of rows as soon as that
+// range's q, k and v exist: under sequence parallelism by pieces when every rank holds whole
+// sequences (R a multiple of T) of one document each, and no KV cache. This rank's own
+// sequences then attend while the other ranks' rows are gathered.
+bool attention_by_pieces(const BlockContext& ctx, const Dims& d) {
+  return sequence_split(ctx) && ctx.tp->by_pieces() && d.R % d.T == 0 && ctx.documents == nullptr &&
+         !ctx.kv_keys_BSMH.defined() && !ctx.kv_position_1.defined();
+}
+
 // q, k, v (rope applied), attention, and x2 = x + o(attn), from the attention norm's output
 // xn1_RD (this rank's rows; a.xn1_BTD receives all rows). With a KV cache the attention reads
 // the cached positions' keys and values too.
 void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeights& w, const BlockContext& ctx,
                     const Dims& d) {
   const Tensor& x = a.x_BTD;
+  a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
+  a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
+  ops::AttentionOptions attention;
+  attention.documents = ctx.documents;
+  // rope on q and k of sequences [b0, b1), then their attention (attention_by_pieces)
+  auto attend = [&](int64_t b0, int64_t b1, auto&& rope) {
+    rope(b0, b1);
+    Tensor attn = a.attn_BTNH.slice(0, b0, b1), lse = a.lse_BNT.slice(0, b0, b1);
+    ops::attention_forward(attn, lse, a.q_BTNH.slice(0, b0, b1), a.k_BTMH.slice(0, b0, b1),
+                           a.v_BTMH.slice(0, b0, b1), attention);
+  };
+  const bool by_pieces = attention_by_pieces(ctx, d);
   Tensor xn1_TD;
   if (qkv_stacked(w, ctx)) {
     // one product for q, k and v; each a slice of its heads; rope on q's and k's heads at once
     const int64_t heads = d.N + 2 * d.M;
     const Tensor qkv_BTEH = like({d.B, d.T, heads, d.H}, x, "qkv");
     const Tensor qkv_TE = qkv_BTEH.view({d.BT, heads * d.H});
-    over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
-      Tensor out = qkv_TE.slice(0, first, end);
-      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E);
-    });
     a.q_BTNH = qkv_BTEH.slice(2, 0, d.N);
     a.k_BTMH = qkv_BTEH.slice(2, d.N, d.N + d.M);
     a.v_BTMH = qkv_BTEH.slice(2, d.N + d.M, heads);
-    Tensor qk_BTXH = qkv_BTEH.slice(2, 0, d.N + d.M);
-    ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    auto rope = [&](int64_t b0, int64_t b1) {
+      Tensor qk_BTXH = qkv_BTEH.slice(0, b0, b1).slice(2, 0, d.N + d.M);
+      ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    };
+    over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+      Tensor out = qkv_TE.slice(0, first, end);
+      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E);
+      if (by_pieces) attend(first / d.T, end / d.T, rope);
+    });
+    if (!by_pieces) rope(0, d.B);
   } else {
     a.q_BTNH = like({d.B, d.T, d.N, d.H}, x, "q");
     a.k_BTMH = like({d.B, d.T, d.M, d.H}, x, "k");
@@ -297,19 +368,22 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     const Tensor q_TQ = a.q_BTNH.view({d.BT, d.N * d.H});
     const Tensor k_TK = a.k_BTMH.view({d.BT, d.M * d.H});
     const Tensor v_TK = a.v_BTMH.view({d.BT, d.M * d.H});
+    auto rope = [&](int64_t b0, int64_t b1) {
+      Tensor q = a.q_BTNH.slice(0, b0, b1), k = a.k_BTMH.slice(0, b0, b1);
+      ops::rope_forward(q, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+      ops::rope_forward(k, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    };
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor q = q_TQ.slice(0, first, end), k = k_TK.slice(0, first, end), v = v_TK.slice(0, first, end);
       ops::linear_forward(q, in, w.wq_QD, w.bq_Q);
       ops::linear_forward(k, in, w.wk_KD, w.bk_K);
       ops::linear_forward(v, in, w.wv_KD, w.bv_K);
+      if (by_pieces) attend(first / d.T, end / d.T, rope);
     });
-    ops::rope_forward(a.q_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
-    ops::rope_forward(a.k_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    if (!by_pieces) rope(0, d.B);
   }
   a.xn1_BTD = xn1_TD.view({d.B, d.T, d.D});
 
-  a.attn_BTNH = like({d.B, d.T, d.N, d.H}, x, "attn");
-  a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
   if (ctx.kv_position_1.defined()) {
     Tensor keys_BCMH = ctx.kv_keys_BSMH, values_BCMH = ctx.kv_values_BSMH;
     ops::attention_forward_kv_cache(a.attn_BTNH, a.lse_BNT, keys_BCMH, values_BCMH, a.q_BTNH, a.k_BTMH, a.v_BTMH,
@@ -317,9 +391,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   } else if (ctx.kv_keys_BSMH.defined()) {
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {});
-  } else {
-    ops::AttentionOptions attention;
-    attention.documents = ctx.documents;
+  } else if (!by_pieces) {
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
   }
 
@@ -395,25 +467,26 @@ int64_t mlp_piece_rows(const BlockContext& ctx, int64_t rows) {
 }
 
 // y = x2 + down(h) piece by piece: each piece's gate, up and h are dropped once its rows of
-// y (with tensor parallelism: of the partial sums over all rows) are written, so the block
+// y (with tensor parallelism: of the partial sums, summed_product) are written, so the block
 // keeps none of them.
 void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
-  const int64_t rows = d.BT, C = mlp_piece_rows(ctx, rows);
-  const Tensor xn2_TD = a.xn2_BTD.view({rows, d.D}), x2_RD = a.x2_BTD.view({d.R, d.D});
+  const int64_t C = mlp_piece_rows(ctx, d.BT);
+  const Tensor xn2_TD = a.xn2_BTD.view({d.BT, d.D});
   a.y_BTD = like(residual_shape(d), a.x_BTD, "y");
   Tensor y_RD = a.y_BTD.view({d.R, d.D});
-  Tensor out_TD = ctx.tp == nullptr ? y_RD : Tensor::empty({rows, d.D}, y_RD.dtype(), y_RD.device(), "partial y");
-  for (int64_t r0 = 0; r0 < rows; r0 += C) {
-    const int64_t r1 = std::min(rows, r0 + C);
-    const MlpRows m = mlp_products(xn2_TD.slice(0, r0, r1), w, ctx, d.F, true);
-    Tensor out_piece = out_TD.slice(0, r0, r1);
-    if (ctx.tp == nullptr) {
-      ops::linear_forward_add(out_piece, m.h_RF, w.w_down_DF, x2_RD.slice(0, r0, r1));
-    } else {
-      ops::linear_forward(out_piece, m.h_RF, w.w_down_DF);
-    }
-  }
-  if (ctx.tp != nullptr) ops::add(y_RD, summed_rows(out_TD, ctx, d, "y"), x2_RD);
+  summed_product(y_RD, a.x2_BTD.view({d.R, d.D}), ctx, d,
+                 [&](Tensor& out, int64_t first, int64_t end, const Tensor& add) {
+                   for (int64_t r0 = first; r0 < end; r0 += C) {
+                     const int64_t r1 = std::min(end, r0 + C);
+                     const MlpRows m = mlp_products(xn2_TD.slice(0, r0, r1), w, ctx, d.F, true);
+                     Tensor out_piece = out.slice(0, r0 - first, r1 - first);
+                     if (add.defined()) {
+                       ops::linear_forward_add(out_piece, m.h_RF, w.w_down_DF, add.slice(0, r0 - first, r1 - first));
+                     } else {
+                       ops::linear_forward(out_piece, m.h_RF, w.w_down_DF);
+                     }
+                   }
+                 });
 }
 
 // Tensor parallelism's overlap inside the MLP's backward: how dh = dy · W_down is made (by
@@ -589,37 +662,54 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows:
-  // with tensor parallelism gathered while this rank's rows make their part of dattn).
+  // with tensor parallelism gathered while this rank's rows make their part of dattn, and by
+  // pieces while this rank's sequences' attention backward runs too).
   Tensor dattn_BTNH = like({B, T, N, H}, dy_BTD, "dattn");
   Tensor dattn_TQ = dattn_BTNH.view({BT, N * H});
-  Tensor dx2_TD;
-  if (sequence_split(ctx)) {
-    over_all_rows(dx2_TD, dx2_RD, ctx, d, "dx2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
-      Tensor out = dattn_TQ.slice(0, first, end);
-      ops::linear_backward(out, none, none, in, none, w.wo_DQ);
-    });
-    ops::linear_backward(none, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+  // dq, dk, dv: with stacked weights head slices of one tensor, so that one product makes the
+  // input gradient (and one the stacked weight gradient) instead of three
+  const bool stacked = qkv_stacked(w, ctx) && g.wqkv_ED.defined();
+  const int64_t heads = N + 2 * M;
+  Tensor dqkv_BTEH, dq_BTNH, dk_BTMH, dv_BTMH;
+  if (stacked) {
+    dqkv_BTEH = like({B, T, heads, H}, dy_BTD, "dqkv");
+    dq_BTNH = dqkv_BTEH.slice(2, 0, N);
+    dk_BTMH = dqkv_BTEH.slice(2, N, N + M);
+    dv_BTMH = dqkv_BTEH.slice(2, N + M, heads);
   } else {
-    dx2_TD = dx2_RD.view({BT, D});
-    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+    dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
+    dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
+    dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
   }
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
   attention.documents = ctx.documents;
+  // the attention backward of sequences [b0, b1)
+  auto attend_backward = [&](int64_t b0, int64_t b1) {
+    Tensor dq = dq_BTNH.slice(0, b0, b1), dk = dk_BTMH.slice(0, b0, b1), dv = dv_BTMH.slice(0, b0, b1);
+    ops::attention_backward(dq, dk, dv, dattn_BTNH.slice(0, b0, b1), a.q_BTNH.slice(0, b0, b1),
+                            a.k_BTMH.slice(0, b0, b1), a.v_BTMH.slice(0, b0, b1), a.attn_BTNH.slice(0, b0, b1),
+                            a.lse_BNT.slice(0, b0, b1), attention);
+  };
+  const bool by_pieces = attention_by_pieces(ctx, d);
+  if (sequence_split(ctx)) {
+    Tensor dx2_TD;
+    over_all_rows(dx2_TD, dx2_RD, ctx, d, "dx2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+      Tensor out = dattn_TQ.slice(0, first, end);
+      ops::linear_backward(out, none, none, in, none, w.wo_DQ);
+      if (by_pieces) attend_backward(first / T, end / T);
+    });
+    ops::linear_backward(none, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+  } else {
+    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+  }
+  if (!by_pieces) attend_backward(0, B);
+  dattn_BTNH = dattn_TQ = Tensor();
+  a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
   // allocated once the attention backward has freed its inputs (that moment is the peak)
   Tensor dxn1_TD, dxn1_RD;
   const Tensor xn1_TD = a.xn1_BTD.view({BT, D});
-  if (qkv_stacked(w, ctx) && g.wqkv_ED.defined()) {
-    // dq, dk, dv as head slices of one tensor: one product for the input gradient (and one
-    // for the stacked weight gradient) instead of three
-    const int64_t heads = N + 2 * M;
-    Tensor dqkv_BTEH = like({B, T, heads, H}, dy_BTD, "dqkv");
-    Tensor dq_BTNH = dqkv_BTEH.slice(2, 0, N), dk_BTMH = dqkv_BTEH.slice(2, N, N + M),
-           dv_BTMH = dqkv_BTEH.slice(2, N + M, heads);
-    ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
-                            a.lse_BNT, attention);
-    dattn_BTNH = dattn_TQ = Tensor();
-    a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
+  if (stacked) {
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
     ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
@@ -638,13 +728,6 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
       ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_TE, xn1_TD, w.wqkv_ED, dw);
     }
   } else {
-    Tensor dq_BTNH = like({B, T, N, H}, dy_BTD, "dq");
-    Tensor dk_BTMH = like({B, T, M, H}, dy_BTD, "dk");
-    Tensor dv_BTMH = like({B, T, M, H}, dy_BTD, "dv");
-    ops::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
-                            a.lse_BNT, attention);
-    dattn_BTNH = dattn_TQ = Tensor();
-    a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");

@@ -21,17 +21,26 @@ class TensorParallel {
   virtual void reduce_scatter(Tensor& out, const Tensor& in) = 0;
   // inout = the sum over ranks, in place (the same values on every rank).
   virtual void all_reduce(Tensor& inout) = 0;
+  // `send` to rank `to` while `recv` arrives from rank `from`, the pairs of a decomposed
+  // reduce-scatter (each rank's `to` names a rank whose `from` names it).
+  virtual void send_recv(const Tensor& send, int to, Tensor& recv, int from) = 0;
 
-  // all_gather and reduce_scatter started beside the compute stream: the compute stream's
-  // later work runs while they move, until finish() makes it wait for them (Megatron's
-  // overlap of a group's collectives with its products). One at a time; `out` and `in` are
+  // all_gather, reduce_scatter and send_recv started beside the compute stream: its later
+  // work runs while they move, until finish() makes it wait for them (Megatron's overlap of a
+  // group's collectives with its products). One at a time; `out` and `in` are
   // left alone (not written, not freed, `out` not read) until finish(). Where nothing runs
   // beside (the CPU) they complete before returning.
   virtual void start_all_gather(Tensor& out, const Tensor& in) { all_gather(out, in); }
   virtual void start_reduce_scatter(Tensor& out, const Tensor& in) { reduce_scatter(out, in); }
+  virtual void start_send_recv(const Tensor& send, int to, Tensor& recv, int from) { send_recv(send, to, recv, from); }
   virtual void finish() {}
   // SMs the products that run beside a started collective leave to it (ops::GemmSmReserve).
   virtual int overlap_sm_reserve() const { return 0; }
+  // Whether the block moves rows by pieces beside its work under sequence parallelism: a
+  // row-parallel product's reduce-scatter decomposed into exchanges beside the next rows'
+  // product, and attention run per sequence beside the gather of the other ranks' rows.
+  // False: one reduce-scatter after the whole product, attention once every row is here.
+  virtual bool by_pieces() const { return true; }
 };
 
 // Where the residual stream lives between a block's products (BlockContext::tp):

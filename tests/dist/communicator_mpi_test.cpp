@@ -47,6 +47,25 @@ TEST(MpiCommunicator, CollectivesGiveExactValues) {
   comm->barrier();
 }
 
+// Point to point, as a decomposed reduce-scatter pairs the ranks: at step s each rank sends
+// to r + s and receives from r - s; at s = 0 a rank is its own peer. Sizes and peers checked.
+TEST(MpiCommunicator, SendRecvPairsTheRanks) {
+  auto comm = make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const int64_t n = 29;
+  for (int s = 0; s < w; ++s) {
+    const int to = (r + s) % w, from = (r - s + w) % w;
+    Tensor send = Tensor::empty({n}, DType::kF32), recv = Tensor::zeros({n}, DType::kF32);
+    for (int64_t i = 0; i < n; ++i) send.data<float>()[i] = static_cast<float>(1000 * r + 100 * to + i);
+    comm->send_recv(send, to, recv, from);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(recv.data<float>()[i], static_cast<float>(1000 * from + 100 * r + i)) << "step " << s;
+  }
+  Tensor send = Tensor::empty({n}, DType::kF32), shorter = Tensor::empty({n - 1}, DType::kF32);
+  EXPECT_THROW(comm->send_recv(send, 0, shorter, 0), Error);
+  EXPECT_THROW(comm->send_recv(send, w, send, 0), Error);
+}
+
 // A 2-D mesh of the ranks: groups of `tp` consecutive ranks (color: rank / tp) and the ranks
 // sharing an index inside them (color: rank % tp), each its own communicator.
 TEST(MpiCommunicator, SplitMakesTheMeshGroups) {

@@ -104,6 +104,19 @@ class NcclWorld final : public Communicator {
     });
   }
 
+  void send_recv(const Tensor& send, int to, Tensor& recv, int from, Stream stream) override {
+    check_send_recv(send, to, recv, from, world_, "nccl send_recv");
+    on_device(send, "send_recv");
+    on_device(recv, "send_recv");
+    ordered(stream, [&](cudaStream_t s) {
+      const size_t n = static_cast<size_t>(send.numel());
+      ST_NCCL_CHECK(ncclGroupStart());
+      ST_NCCL_CHECK(ncclSend(send.raw_data(), n, nccl_type(send.dtype()), to, comm_, s));
+      ST_NCCL_CHECK(ncclRecv(recv.raw_data(), n, nccl_type(recv.dtype()), from, comm_, s));
+      ST_NCCL_CHECK(ncclGroupEnd());
+    });
+  }
+
   void barrier() override {
     Tensor one = Tensor::empty({1}, DType::kF32, Device::cpu(), "barrier");
     one.data<float>()[0] = 1;
