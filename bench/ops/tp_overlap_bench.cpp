@@ -12,6 +12,9 @@
 //                 32768 rows (f32 out), alone, serial and overlapped; then through a
 //                 communicator capped at k thread blocks (NCCL's maxCTAs) beside the product
 //                 leaving k SMs, as the engine runs them
+//   send_recv     the pair exchange of a decomposed reduce-scatter (64 MiB each way): NCCL's
+//                 send/recv and the copy engines' (dist::PeerExchange), alone and beside the
+//                 weight gradient leaving k SMs
 // Each variant is timed with events on the compute stream over 30 repetitions after 5 (the
 // median), every rank in step (each repetition's collective joins them); rank 0 prints. A
 // variant's time near max(parts) means the two ran side by side; near the sum, one after the
@@ -31,6 +34,7 @@
 #include "core/cuda/device.h"
 #include "core/cuda/stream.h"
 #include "dist/nccl_communicator.h"
+#include "dist/peer_exchange.h"
 #include "ops/linear.h"
 
 namespace {
@@ -160,7 +164,41 @@ int main(int argc, char** argv) try {
                        beside(capped_rs, wgrad);
                      })});
   }
+  // the pair exchange of a decomposed reduce-scatter or gather (64 MiB each way): NCCL's
+  // send/recv against the copy engines (dist::PeerExchange), alone and beside the weight
+  // gradient; each checked first against the gathered rows of the other rank
+  const int peer = 1 - comm->rank();
+  Tensor got = Tensor::empty({R, D}, DType::kBF16, dev, "rows received");
+  const Tensor theirs = all.slice(0, peer * R, peer * R + R);
+  auto nccl_pair = [&](Stream on) { comm->send_recv(mine, peer, got, peer, on); };
+  std::vector<std::pair<std::string, std::function<void(Stream)>>> exchanges = {{"send_recv, NCCL", nccl_pair}};
+  const std::unique_ptr<dist::PeerExchange> engines = dist::make_peer_exchange(comm.get());
+  if (engines) {
+    exchanges.push_back({"send_recv, copy engines", [&](Stream on) { engines->send_recv(mine, peer, got, peer, on); }});
+  } else if (comm->rank() == 0) {
+    std::printf("# no copy-engine exchange between these GPUs (dist::make_peer_exchange)\n");
+  }
+  double t_pair = 0;
+  for (auto& [name, exchange] : exchanges) {
+    ops::fill(got, 0.0);
+    exchange(Stream{});
+    ST_CHECK(bench::rel_err(got, theirs) == 0, "tp_overlap_bench: ", name, " delivered other rows");
+    ops::fill(got, 0.0);
+    beside(exchange, wgrad);  // started beside a product too
+    done.synchronize();
+    ST_CHECK(bench::rel_err(got, theirs) == 0, "tp_overlap_bench: ", name, " beside a product delivered other rows");
+    const double t = time_ms([&] { exchange(Stream{}); });
+    if (name == "send_recv, copy engines") t_pair = t;
+    lines.push_back({name + " alone", t});
+    for (int k : reserves)
+      lines.push_back({name + " beside wgrad(" + std::to_string(k) + ")", time_ms([&] {
+                         const ops::GemmSmReserve reserve(k);
+                         beside(exchange, wgrad);
+                       })});
+  }
   if (comm->rank() == 0) {
+    if (t_pair > 0)
+      std::printf("# copy engines: %.0f GB/s each way\n", static_cast<double>(R * D * 2) / t_pair / 1e6);
     std::printf("# %s x 2, tensor-parallel group of 2: rows %lld per rank, D %lld (ms, median of 30)\n",
                 cuda::device_name(gpu).c_str(), static_cast<long long>(R), static_cast<long long>(D));
     std::printf("| variant | ms |\n|---|---|\n");

@@ -5,6 +5,8 @@
 // makes one from a communicator (fsdp/tensor_parallel.h).
 #pragma once
 
+#include <string>
+
 #include "core/tensor.h"
 
 namespace shardtrain::model {
@@ -41,6 +43,9 @@ class TensorParallel {
   // product, and attention run per sequence beside the gather of the other ranks' rows.
   // False: one reduce-scatter after the whole product, attention once every row is here.
   virtual bool by_pieces() const { return true; }
+  // What moves the started collectives' bytes, for the log: "copy engines", or the
+  // communicator's name.
+  virtual std::string exchange_route() const { return "the caller"; }
 };
 
 // Where the residual stream lives between a block's products (BlockContext::tp):

@@ -357,8 +357,9 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
     for (const model::UnitLayout& u : layout_->units()) slots += u.shard_numel();
     const model::Mesh& m = mesh_->shape();
     std::string shape;
-    if (m.tensor_parallel > 1) shape = fmt::format(" as {} data-parallel x {} tensor-parallel", m.data_parallel,
-                                                   m.tensor_parallel);
+    if (m.tensor_parallel > 1)
+      shape = fmt::format(" as {} data-parallel x {} tensor-parallel (the group's rows moved by {})", m.data_parallel,
+                          m.tensor_parallel, tensor_parallel_->exchange_route());
     if (m.replicate > 1)
       shape += fmt::format("{} {} replicas of {} rank{} (gradients summed between replicas)",
                            shape.empty() ? " as" : ",", m.replicate, m.replica_ranks(),

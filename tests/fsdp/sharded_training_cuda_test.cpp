@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -258,7 +259,8 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
 // A tensor-parallel group of 2 GPUs (each holding half of every block's heads and FFN columns
 // and half of each batch's token rows) follows one GPU with the same batch; it exports a
 // Hugging Face folder of whole tensors and samples over the KV cache of its half of the heads.
-// So does the group with ZeRO-3 CPU offload and its checkpointed block inputs in host memory.
+// So does the group with ZeRO-3 CPU offload and its checkpointed block inputs in host memory,
+// its rows moved by NCCL's kernels instead of the copy engines.
 TEST(ShardedTrainingCuda, TensorParallelGroupFollowsOneGpu) {
   const int gpus = cuda::device_count();
   if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
@@ -279,12 +281,19 @@ TEST(ShardedTrainingCuda, TensorParallelGroupFollowsOneGpu) {
   args_offloaded.insert(args_offloaded.end(),
                         {"--parallel.tensor_parallel=2", "--parallel.offload=true", "--training.offload_activations=true",
                          "--training.offload_activations_blocks=64", "--training.activation_checkpointing=full"});
+  ::setenv("SHARDTRAIN_TP_COPY_ENGINES", "0", 1);  // this group's exchanges through NCCL's send/recv
   st = launch(2, args_offloaded, offloaded);
+  ::unsetenv("SHARDTRAIN_TP_COPY_ENGINES");
   ASSERT_EQ(st[0], 0) << read_file(offloaded / "rank0.log");
   ASSERT_EQ(st[1], 0) << read_file(offloaded / "rank1.log");
   EXPECT_NE(read_file(offloaded / "rank0.log").find("training.offload_activations:"), std::string::npos);
+  EXPECT_NE(read_file(offloaded / "rank0.log").find("tensor-parallel (the group's rows moved by nccl)"),
+            std::string::npos);
   const std::string log = read_file(two / "rank0.log");
-  EXPECT_NE(log.find("sharded over 2 ranks (nccl) as 1 data-parallel x 2 tensor-parallel"), std::string::npos)
+  // GPUs of one host: the group's exchanges beside its products go through the copy engines
+  EXPECT_NE(log.find("sharded over 2 ranks (nccl) as 1 data-parallel x 2 tensor-parallel (the group's rows moved by "
+                     "copy engines)"),
+            std::string::npos)
       << log;
   EXPECT_TRUE(fs::exists(two / "hf" / "model.safetensors")) << log;
 
