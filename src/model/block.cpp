@@ -199,10 +199,10 @@ void over_all_rows(Tensor& all_TD, const Tensor& rows_RD, const BlockContext& ct
 // into `out` [end - first, D], plus `add` (same rows) when it is defined. Without tensor
 // parallelism one product with x added in its epilogue; with replicated rows one product of
 // every row, all-reduced (and one reduce-scatter without TensorParallel::by_pieces). Under
-// sequence parallelism the reduce-scatter is decomposed: each
-// other rank's rows are made first and sent to it while the next rows' product runs (and the
-// other ranks' pieces of this rank's rows arrive), this rank's own rows last, x added in
-// their epilogue, then the pieces received are added.
+// sequence parallelism the reduce-scatter is decomposed: each other rank's rows are made
+// first and sent to it while the next rows' product runs (and the other ranks' pieces of this
+// rank's rows arrive), this rank's own rows last, x added in their epilogue, then the pieces
+// received are added.
 template <typename Partial>
 void summed_product(Tensor& out_RD, const Tensor& x_RD, const BlockContext& ctx, const Dims& d, Partial&& partial) {
   if (ctx.tp == nullptr) {

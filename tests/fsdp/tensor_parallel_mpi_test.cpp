@@ -101,8 +101,9 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
     ref.set_mlp_chunk_tokens(v.mlp_chunk);
     m.set_mlp_chunk_tokens(v.mlp_chunk);
 
-    // the same batch on every rank; some targets ignored
-    const int64_t B = 2, T = 12;
+    // the same batch on every rank; some targets ignored. 4 sequences: 2 ranks hold 2 whole
+    // sequences each (attention by pieces splits a rank's own), 4 ranks one, 3 ranks split them
+    const int64_t B = 4, T = 12;
     Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
     testing::fill_random_ints(ids, 11, 0, c.vocab_size);
     testing::fill_random_ints(targets, 12, 0, c.vocab_size);
