@@ -139,6 +139,13 @@ class TrainingData {
   // batch `index` comes from. Empty: one source, reported as the whole.
   virtual std::vector<std::string> eval_part_names() const { return {}; }
   virtual int64_t eval_part(int64_t /*index*/) const { return 0; }
+  // Data read in order, epoch after epoch (fine-tuning examples): fill_train's sequences are
+  // training sequence g of one stream, and fill_sequence(g) puts that sequence in row 0 of
+  // [1, T] tensors, so that a mix takes each such source's sequences in its own order.
+  virtual bool in_order() const { return false; }
+  virtual void fill_sequence(Tensor& /*ids_1T*/, Tensor& /*targets_1T*/, int64_t /*g*/) const {
+    ST_THROW("fill_sequence: this data is not read in order");
+  }
 };
 
 // Documents packed end to end, trained on in random windows, evaluated on consecutive ones.

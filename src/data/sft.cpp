@@ -410,6 +410,12 @@ void SftData::fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64
   for (int64_t b = 0; b < B; ++b) put_sequence(ids_BT, targets_BT, b, train_, train_sequence_at(first + b));
 }
 
+void SftData::fill_sequence(Tensor& ids_1T, Tensor& targets_1T, int64_t g) const {
+  ST_ASSERT(ids_1T.size(0) == 1 && ids_1T.size(1) == options_.seq_len && targets_1T.shape() == ids_1T.shape());
+  ST_CHECK(train_.count > 0, "this data was opened for evaluation only");
+  put_sequence(ids_1T, targets_1T, 0, train_, train_sequence_at(g));
+}
+
 int64_t SftData::eval_batches(int64_t B, int64_t T) const {
   ST_ASSERT(T == options_.seq_len);
   return val_.count / B;

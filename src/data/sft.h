@@ -133,6 +133,8 @@ class SftData final : public TrainingData {
   void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override;
   std::string summary() const override { return summary_; }
   std::string held_out_size() const override;
+  bool in_order() const override { return true; }
+  void fill_sequence(Tensor& ids_1T, Tensor& targets_1T, int64_t g) const override;
 
   const SftSequences& train_sequences() const { return train_; }
   const SftSequences& held_out_sequences() const { return val_; }

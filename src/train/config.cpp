@@ -178,10 +178,10 @@ const std::vector<KeyDef>& keys() {
           "fraction held out for evaluation: of the documents (text, jsonl) or examples (sft, chat) by a seeded "
           "hash, or the tail of a token file from the first document after that fraction", in_range(0.0, 0.5)),
       key("data.mix", &C::data, &DataSection::mix,
-          "documents mixed from several sources instead of data.source: `path=weight, path=weight, ...` (each a "
-          "text, JSONL, Parquet or token source, read as data.source would be; weights > 0, normalised); each "
-          "training sequence comes from one source, drawn by weight, and evaluation reports each source's "
-          "held-out loss"),
+          "documents or fine-tuning examples mixed from several sources instead of data.source: `path=weight, "
+          "path=weight, ...` (each read as data.source would be, in data.format; weights > 0, normalised); each "
+          "training sequence comes from one source, drawn by weight (examples: each source's next sequence in its "
+          "own order), and evaluation reports each source's held-out loss"),
       key("data.eval_source", &C::data, &DataSection::eval_source,
           "a separate held-out source (a validation split: the same kind of data as data.source, read with the "
           "same fields) that evaluation reads whole; data.source is then trained on whole and data.val_fraction "

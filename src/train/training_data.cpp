@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -205,7 +206,8 @@ std::string resolve_data_format(const DataSection& d) {
 
 bool resolve_document_mask(const DataSection& d) {
   if (d.document_mask != "auto") return d.document_mask == "on";
-  const std::string format = resolve_data_format(d);
+  // `auto` never finds examples: data.format names them, for data.source or every source of a mix
+  const std::string format = d.mix.empty() ? resolve_data_format(d) : d.format;
   return (format == "sft" || format == "chat") && d.packing;
 }
 
@@ -287,26 +289,36 @@ std::vector<MixEntry> parse_data_mix(const std::string& mix) {
 
 namespace {
 
-// Documents from several sources: each training sequence from one, drawn by weight from
-// (seed, step, micro-batch, sequence); held-out batches from each in turn.
+// Data from several sources: each training sequence from one, drawn by weight from (seed,
+// step, micro-batch, sequence); held-out batches from each in turn. A source read in order
+// (fine-tuning examples) gives its next sequence each time it is drawn: its k-th draw in the
+// global order of (step, micro-batch, sequence) reads its sequence k, so each such source goes
+// through its epochs whole, whatever the others' weights. `global_batch` sequences make one
+// micro-batch over all ranks, `micro_batches` of them a step.
 class MixedData final : public data::TrainingData {
  public:
-  MixedData(std::vector<MixEntry> entries, std::vector<std::unique_ptr<data::TrainingData>> parts, uint64_t seed)
-      : entries_(std::move(entries)), parts_(std::move(parts)), seed_(seed) {}
+  MixedData(std::vector<MixEntry> entries, std::vector<std::unique_ptr<data::TrainingData>> parts, uint64_t seed,
+            int64_t global_batch, int64_t micro_batches)
+      : entries_(std::move(entries)), parts_(std::move(parts)), seed_(seed), global_batch_(global_batch),
+        micro_batches_(micro_batches) {
+    for (const auto& p : parts_) any_in_order_ = any_in_order_ || p->in_order();
+  }
 
   void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
                   int64_t first_sequence) const override {
     const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
     Tensor ids = Tensor::empty({1, T}, DType::kI32, Device::cpu(), "mix row");
     Tensor targets = Tensor::empty({1, T}, DType::kI32, Device::cpu(), "mix row targets");
-    const uint64_t key = hash3(name_key("data mix"), static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+    std::vector<int64_t> taken;  // per source read in order: the sequence its next draw reads
+    if (any_in_order_) taken = taken_before(step, micro, first_sequence);
     for (int64_t b = 0; b < B; ++b) {
       const int64_t sequence = first_sequence + b;
-      const double u = uniform_at(seed_, key, static_cast<uint64_t>(sequence));
-      size_t s = 0;
-      for (double below = entries_[0].weight; s + 1 < entries_.size() && u >= below; below += entries_[++s].weight) {
+      const size_t s = source_at(step, micro, sequence);
+      if (parts_[s]->in_order()) {
+        parts_[s]->fill_sequence(ids, targets, taken[s]++);
+      } else {
+        parts_[s]->fill_train(ids, targets, step, micro, sequence);
       }
-      parts_[s]->fill_train(ids, targets, step, micro, sequence);
       std::copy_n(ids.data<int32_t>(), T, ids_BT.data<int32_t>() + b * T);
       std::copy_n(targets.data<int32_t>(), T, targets_BT.data<int32_t>() + b * T);
     }
@@ -343,9 +355,44 @@ class MixedData final : public data::TrainingData {
   int64_t eval_part(int64_t index) const override { return index % static_cast<int64_t>(parts_.size()); }
 
  private:
+  // The source of global sequence `sequence` of micro-batch `micro` of step `step`.
+  size_t source_at(int64_t step, int64_t micro, int64_t sequence) const {
+    const uint64_t key = hash3(name_key("data mix"), static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+    const double u = uniform_at(seed_, key, static_cast<uint64_t>(sequence));
+    size_t s = 0;
+    for (double below = entries_[0].weight; s + 1 < entries_.size() && u >= below; below += entries_[++s].weight) {
+    }
+    return s;
+  }
+
+  // Per source, the draws that went to it before global sequence `sequence` of (step, micro):
+  // every earlier micro-batch's global_batch draws, then this one's first `sequence`. The
+  // counts at each micro-batch's start are kept, so that a run's next call only adds its own.
+  std::vector<int64_t> taken_before(int64_t step, int64_t micro, int64_t sequence) const {
+    ST_CHECK(step >= 1 && micro >= 0 && micro < micro_batches_ && sequence >= 0 && sequence < global_batch_,
+             "data.mix: sequence ", sequence, " of micro-batch ", micro, " of step ", step, " is outside ",
+             micro_batches_, " micro-batches of ", global_batch_, " sequences");
+    const auto S = static_cast<int64_t>(parts_.size());
+    const int64_t block = (step - 1) * micro_batches_ + micro;
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (block_starts_.empty()) block_starts_.assign(static_cast<size_t>(S), 0);
+    for (int64_t j = static_cast<int64_t>(block_starts_.size()) / S - 1; j < block; ++j) {
+      std::vector<int64_t> next(block_starts_.end() - S, block_starts_.end());
+      for (int64_t q = 0; q < global_batch_; ++q) ++next[source_at(j / micro_batches_ + 1, j % micro_batches_, q)];
+      block_starts_.insert(block_starts_.end(), next.begin(), next.end());
+    }
+    std::vector<int64_t> counts(block_starts_.begin() + block * S, block_starts_.begin() + (block + 1) * S);
+    for (int64_t q = 0; q < sequence; ++q) ++counts[source_at(step, micro, q)];
+    return counts;
+  }
+
   std::vector<MixEntry> entries_;
   std::vector<std::unique_ptr<data::TrainingData>> parts_;
   uint64_t seed_;
+  int64_t global_batch_, micro_batches_;
+  bool any_in_order_ = false;
+  mutable std::mutex mutex_;
+  mutable std::vector<int64_t> block_starts_;  // per micro-batch in order, each source's draws before it
 };
 
 }  // namespace
@@ -354,8 +401,6 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
                                                        int64_t model_vocab, int64_t world, dist::Communicator* comm,
                                                        int local_rank) {
   if (!config.data.mix.empty()) {
-    ST_CHECK(config.data.format != "sft" && config.data.format != "chat", "`data.mix` mixes documents; `data.format` = ",
-             config.data.format, " reads fine-tuning examples, which it does not mix");
     ST_CHECK(config.data.eval_source.empty(), "`data.mix` evaluates each source on its own held-out split; "
              "`data.eval_source` does not apply beside it");
     std::vector<MixEntry> entries = parse_data_mix(config.data.mix);
@@ -368,7 +413,8 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
                                    [&] { return open_training_data(one, tokenizer, model_vocab, world, comm,
                                                                    local_rank); }));
     }
-    return std::make_unique<MixedData>(std::move(entries), std::move(parts), config.training.seed);
+    return std::make_unique<MixedData>(std::move(entries), std::move(parts), config.training.seed,
+                                       config.training.batch_size * world, config.training.grad_accum_steps);
   }
   if (config.data.eval_source.empty()) return open_source(config, tokenizer, model_vocab, world, comm, local_rank);
   // the training source whole, and the evaluation source whole as the held-out split

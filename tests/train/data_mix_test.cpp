@@ -1,7 +1,8 @@
 // data.mix: each training sequence comes from one source, drawn by weight from (seed, step,
 // micro-batch, sequence), so the shares follow the weights and a global batch split over ranks
-// reads the same rows; evaluation takes each source's held-out batches in turn and the trainer
-// reports each source's loss. Bad entries are named.
+// reads the same rows; fine-tuning examples come in each source's own order; evaluation takes
+// each source's held-out batches in turn and the trainer reports each source's loss. Bad
+// entries are named.
 #include <unistd.h>
 
 #include <cmath>
@@ -46,6 +47,22 @@ JobConfig job(const std::string& mix) {
   c.training.seq_len = 8;
   c.training.seed = 11;
   return c;
+}
+
+// Ranks of `rows` sequences each, filling step `step` micro-batch `micro` of `split`, read the
+// rows (and targets) that one fill of the whole global batch of `whole` gives.
+void expect_ranks_read_the_global_batch(const data::TrainingData& whole, const data::TrainingData& split,
+                                        int64_t global, int64_t rows, int64_t T, int64_t step, int64_t micro) {
+  Tensor ids = Tensor::empty({global, T}, DType::kI32), targets = Tensor::empty({global, T}, DType::kI32);
+  Tensor part = Tensor::empty({rows, T}, DType::kI32), part_targets = Tensor::empty({rows, T}, DType::kI32);
+  whole.fill_train(ids, targets, step, micro, 0);
+  for (int64_t first = global - rows; first >= 0; first -= rows) {  // the last rank first
+    split.fill_train(part, part_targets, step, micro, first);
+    for (int64_t i = 0; i < rows * T; ++i) {
+      ASSERT_EQ(part.data<int32_t>()[i], ids.data<int32_t>()[first * T + i]) << "sequences from " << first;
+      ASSERT_EQ(part_targets.data<int32_t>()[i], targets.data<int32_t>()[first * T + i]);
+    }
+  }
 }
 
 // The letter a row is made of (BOS and EOS aside).
@@ -96,15 +113,7 @@ TEST_F(DataMix, SharesFollowTheWeightsAndRanksReadTheSameRows) {
   EXPECT_EQ(count['?'], 0);
 
   // two ranks of 25 sequences each read the global batch's rows
-  Tensor half = Tensor::empty({25, T}, DType::kI32), half_targets = Tensor::empty({25, T}, DType::kI32);
-  data->fill_train(ids, targets, 7, 1, 0);
-  for (int64_t first : {0, 25}) {
-    data->fill_train(half, half_targets, 7, 1, first);
-    for (int64_t i = 0; i < 25 * T; ++i) {
-      ASSERT_EQ(half.data<int32_t>()[i], ids.data<int32_t>()[first * T + i]);
-      ASSERT_EQ(half_targets.data<int32_t>()[i], targets.data<int32_t>()[first * T + i]);
-    }
-  }
+  expect_ranks_read_the_global_batch(*data, *data, B, 25, T, 7, 1);
 }
 
 TEST_F(DataMix, EvaluationTakesEachSourceInTurn) {
@@ -164,8 +173,73 @@ TEST_F(DataMix, TheTrainerReportsEachSourcesLossAndTheErrorsNameTheSource) {
   EXPECT_TRUE(throws_with([&] { open_training_data(job((dir_ / "none.jsonl").string() + "=1"), t, 258, 1); },
                           "`data.mix` source `" + (dir_ / "none.jsonl").string() + "`"));
   JobConfig sft = job((dir_ / "a.tok").string() + "=1");
-  sft.data.format = "sft";
-  EXPECT_TRUE(throws_with([&] { open_training_data(sft, t, 258, 1); }, "`data.mix` mixes documents"));
+  sft.data.format = "sft";  // data.format applies to every source: a token file is no JSONL of examples
+  EXPECT_TRUE(throws_with([&] { open_training_data(sft, t, 258, 1); }, "`data.mix` source `" + (dir_ / "a.tok").string()));
+}
+
+// Fine-tuning examples are read in order, epoch after epoch: in a mix each source's k-th draw
+// (in the global order of steps, micro-batches and sequences) is its own training sequence k,
+// so every source goes through its epochs whole. Ranks still read the global batch's rows, and
+// a run that starts at a later step (a resume) reads what a run from step 1 reads there.
+TEST_F(DataMix, FineTuningExamplesComeEachInTheirOwnOrder) {
+  auto examples = [&](const std::string& name, char letter, int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i)
+      s += "{\"prompt\": \"" + std::string(1, letter) + std::to_string(i) + "\", \"response\": \"" +
+           std::string(static_cast<size_t>(3 + i % 5), letter) + "\"}\n";
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << s;
+    return path;
+  };
+  const std::string a = examples("a.jsonl", 'a', 40), b = examples("b.jsonl", 'b', 40);
+  JobConfig c = job(a + "=3, " + b + "=1");
+  c.data.format = "sft";
+  c.data.packing = false;  // one example a sequence
+  c.training.seq_len = 16;
+  c.training.batch_size = 10;
+  c.training.grad_accum_steps = 2;
+  data::ByteTokenizer t;
+  const auto mixed = open_training_data(c, t, t.vocab_size(), 1);
+  c.data.packing = true;  // packed examples attend only to themselves, whatever data.source says
+  EXPECT_TRUE(resolve_document_mask(c.data));
+  c.data.packing = false;
+  EXPECT_FALSE(resolve_document_mask(job(a + "=1").data));
+  std::map<char, std::unique_ptr<data::TrainingData>> alone;
+  for (const auto& [letter, path] : std::map<char, std::string>{{'a', a}, {'b', b}}) {
+    JobConfig one = c;
+    one.data.mix.clear();
+    one.data.source = path;
+    alone[letter] = open_training_data(one, t, t.vocab_size(), 1);
+    ASSERT_TRUE(alone[letter]->in_order());
+  }
+  const int64_t B = 10, T = 16;
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  Tensor want = Tensor::empty({1, T}, DType::kI32), want_targets = Tensor::empty({1, T}, DType::kI32);
+  std::map<char, int64_t> next;  // each source's sequence that its next draw must read
+  int64_t ignored = 0;
+  for (int64_t step = 1; step <= 20; ++step)
+    for (int64_t micro = 0; micro < 2; ++micro) {
+      mixed->fill_train(ids, targets, step, micro, 0);
+      for (int64_t r = 0; r < B; ++r) {
+        const char s = source_of(ids, r);
+        ASSERT_TRUE(s == 'a' || s == 'b') << "step " << step << " row " << r;
+        alone[s]->fill_sequence(want, want_targets, next[s]++);
+        for (int64_t k = 0; k < T; ++k) {
+          ASSERT_EQ(ids.data<int32_t>()[r * T + k], want.data<int32_t>()[k]) << s << " draw " << next[s] - 1;
+          ASSERT_EQ(targets.data<int32_t>()[r * T + k], want_targets.data<int32_t>()[k]);
+          ignored += targets.data<int32_t>()[r * T + k] == -100;
+        }
+      }
+    }
+  // 400 draws at 3:1 over 32 training examples each: several epochs of both
+  EXPECT_NEAR(next['a'] / 400.0, 0.75, 5 * std::sqrt(0.75 * 0.25 / 400));
+  EXPECT_GT(next['b'], 64);
+  EXPECT_GT(ignored, 0);  // prompts and padding do not count
+
+  // two ranks of 5 sequences read the global batch's rows, in a run that starts at step 15 (a
+  // resume) as in one that came from step 1
+  const auto resumed = open_training_data(c, t, t.vocab_size(), 1);
+  expect_ranks_read_the_global_batch(*mixed, *resumed, B, 5, T, 15, 1);
 }
 
 }  // namespace
