@@ -25,6 +25,12 @@ TEST_P(ElementwiseCuda, ElementwiseAndCast) {
     Tensor ref = Tensor::empty({n}, DType::kF32);
     cpu::add(ref, a.f32, b.f32);
     EXPECT_TRUE(matches(out, ref)) << "add n=" << n;
+    // in place, as the tensor-parallel pieces are summed: against the sums of what it read
+    Tensor first = Tensor::empty({n}, DType::kF32);
+    cpu::cast(first, to_host(out));
+    add(out, out, db);
+    cpu::add(ref, first, b.f32);
+    EXPECT_TRUE(matches(out, ref)) << "add in place n=" << n;
     scale(out, -0.37);
     cpu::scale(ref, -0.37);
     EXPECT_TRUE(matches(out, ref)) << "scale n=" << n;

@@ -30,6 +30,18 @@ __global__ void add_kernel(T* out, const T* a, const T* b, int64_t n) {
     out[i] = from_f32<T>(to_f32(a[i]) + to_f32(b[i]));
 }
 
+// add_kernel over 16-byte packs (8 bf16 values a load): the same sums, at the copy rate.
+template <typename T>
+__global__ void add_packs_kernel(Pack<T>* out, const Pack<T>* a, const Pack<T>* b, int64_t packs) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < packs; i += int64_t{gridDim.x} * blockDim.x) {
+    const Pack<T> x = a[i], y = b[i];
+    Pack<T> r;
+#pragma unroll
+    for (int k = 0; k < Pack<T>::kSize; ++k) r.v[k] = from_f32<T>(to_f32(x.v[k]) + to_f32(y.v[k]));
+    out[i] = r;
+  }
+}
+
 template <>
 __global__ void add_kernel<double>(double* out, const double* a, const double* b, int64_t n) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
@@ -46,6 +58,24 @@ template <>
 __global__ void scale_kernel<double>(double* x, int64_t n, float factor) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     x[i] *= static_cast<double>(factor);
+}
+
+// 8 values moved together: 16 bytes of bf16, 32 of f32 (two 16-byte loads or stores).
+template <typename T>
+struct alignas(8 * sizeof(T)) Eight {
+  T v[8];
+};
+
+// cast_kernel between f32, bf16 and f16 by groups of 8: the same values, at the copy rate.
+template <typename To, typename From>
+__global__ void cast_eights_kernel(Eight<To>* out, const Eight<From>* in, int64_t groups) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < groups; i += int64_t{gridDim.x} * blockDim.x) {
+    const Eight<From> x = in[i];
+    Eight<To> r;
+#pragma unroll
+    for (int k = 0; k < 8; ++k) r.v[k] = from_f32<To>(to_f32(x.v[k]));
+    out[i] = r;
+  }
 }
 
 template <typename To, typename From>
@@ -159,6 +189,15 @@ void add(Tensor& out, const Tensor& a, const Tensor& b, Stream s) {
   const int64_t n = out.numel();
   if (n == 0) return;
   dispatch_float(out.dtype(), "add", [&]<typename T>() {
+    if constexpr (!std::is_same_v<T, double>) {
+      if (packable({&out, &a, &b}, n, sizeof(T))) {
+        const int64_t packs = n / Pack<T>::kSize;
+        add_packs_kernel<T><<<grid_for(packs, kThreads), kThreads, 0, stream_of(s)>>>(
+            static_cast<Pack<T>*>(out.raw_data()), static_cast<const Pack<T>*>(a.raw_data()),
+            static_cast<const Pack<T>*>(b.raw_data()), packs);
+        return;
+      }
+    }
     add_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(out.raw_data()), static_cast<const T*>(a.raw_data()), static_cast<const T*>(b.raw_data()), n);
   });
@@ -184,6 +223,16 @@ void cast(Tensor& out, const Tensor& in, Stream s) {
   if (n == 0) return;
   dispatch_float(out.dtype(), "cast", [&]<typename To>() {
     dispatch_float(in.dtype(), "cast", [&]<typename From>() {
+      if constexpr (!std::is_same_v<To, double> && !std::is_same_v<From, double>) {
+        const auto aligned = [](const Tensor& t, size_t bytes) {
+          return reinterpret_cast<uintptr_t>(t.raw_data()) % bytes == 0;
+        };
+        if (n % 8 == 0 && aligned(out, sizeof(Eight<To>)) && aligned(in, sizeof(Eight<From>))) {
+          cast_eights_kernel<To, From><<<grid_for(n / 8, kThreads), kThreads, 0, stream_of(s)>>>(
+              static_cast<Eight<To>*>(out.raw_data()), static_cast<const Eight<From>*>(in.raw_data()), n / 8);
+          return;
+        }
+      }
       cast_kernel<To, From><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
           static_cast<To*>(out.raw_data()), static_cast<const From*>(in.raw_data()), n);
     });
