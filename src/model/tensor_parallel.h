@@ -45,7 +45,7 @@ class TensorParallel {
   virtual bool by_pieces() const { return true; }
   // What moves the started collectives' bytes, for the log: "copy engines", or the
   // communicator's name.
-  virtual std::string exchange_route() const { return "the caller"; }
+  virtual std::string exchange_route() const = 0;
 };
 
 // Where the residual stream lives between a block's products (BlockContext::tp):

@@ -357,7 +357,7 @@ class MixedData final : public data::TrainingData {
  private:
   // The source of global sequence `sequence` of micro-batch `micro` of step `step`.
   size_t source_at(int64_t step, int64_t micro, int64_t sequence) const {
-    const uint64_t key = hash3(name_key("data mix"), static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
+    const uint64_t key = hash3(mix_key_, static_cast<uint64_t>(step), static_cast<uint64_t>(micro));
     const double u = uniform_at(seed_, key, static_cast<uint64_t>(sequence));
     size_t s = 0;
     for (double below = entries_[0].weight; s + 1 < entries_.size() && u >= below; below += entries_[++s].weight) {
@@ -389,6 +389,7 @@ class MixedData final : public data::TrainingData {
   std::vector<MixEntry> entries_;
   std::vector<std::unique_ptr<data::TrainingData>> parts_;
   uint64_t seed_;
+  const uint64_t mix_key_ = name_key("data mix");  // the draws' stream, hashed once
   int64_t global_batch_, micro_batches_;
   bool any_in_order_ = false;
   mutable std::mutex mutex_;

@@ -70,6 +70,18 @@ class NcclWorld final : public Communicator {
 
   void all_gather(Tensor& out, const Tensor& in, Stream stream) override {
     check_all_gather(out, in, world_, "nccl all_gather");
+    if (out.device().is_cpu() && in.device().is_cpu()) {
+      // host bytes (set-up exchanges): through device memory, like staged()
+      const Stream own = comm_stream_.get();
+      Tensor d_in = Tensor::empty(in.shape(), in.dtype(), Device::cuda(device_), "nccl staging", own);
+      Tensor d_out = Tensor::empty(out.shape(), out.dtype(), Device::cuda(device_), "nccl staging", own);
+      ST_CUDA_CHECK(cudaMemcpyAsync(d_in.raw_data(), in.raw_data(), in.nbytes(), cudaMemcpyHostToDevice, raw(own)));
+      ST_NCCL_CHECK(ncclAllGather(d_in.raw_data(), d_out.raw_data(), static_cast<size_t>(in.numel()),
+                                  nccl_type(in.dtype()), comm_, raw(own)));
+      ST_CUDA_CHECK(cudaMemcpyAsync(out.raw_data(), d_out.raw_data(), out.nbytes(), cudaMemcpyDeviceToHost, raw(own)));
+      comm_stream_.synchronize();
+      return;
+    }
     on_device(out, "all_gather");
     on_device(in, "all_gather");
     ordered(stream, [&](cudaStream_t s) {

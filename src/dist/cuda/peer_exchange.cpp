@@ -1,4 +1,5 @@
-// The copy-engine exchange (dist/peer_exchange.h). Rank r's inbox is one cudaMalloc block:
+// The copy-engine exchange (dist/peer_exchange.h). Rank r's inbox is one allocation of the
+// caching allocator, exported by CUDA IPC as the cudaMalloc block it lies in plus its offset:
 // a slot of `capacity_` bytes per rank (slot p receives p's messages), then the signal words:
 //   arrived[p]   messages rank p has copied into slot p (rank p writes it),
 //   taken[p]     messages of rank r that p has copied out of its own inbox (rank p writes it),
@@ -35,24 +36,19 @@ struct StreamMemoryOperations {
 };
 const StreamMemoryOperations& driver() {
   static const StreamMemoryOperations ops = [] {
+    // the entry point `name` of driver API version `version`, or null
+    auto find = [](const char* name, unsigned version) -> void* {
+      void* f = nullptr;
+      cudaDriverEntryPointQueryResult found{};
+      const bool ok = cudaGetDriverEntryPointByVersion(name, &f, version, cudaEnableDefault, &found) == cudaSuccess &&
+                      found == cudaDriverEntryPointSuccess;
+      cudaGetLastError();
+      return ok ? f : nullptr;
+    };
     StreamMemoryOperations o;
-    cudaDriverEntryPointQueryResult found{};
-    void* f = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &f, 11070, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      o.wait = reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(f);
-    f = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuStreamWriteValue32", &f, 11070, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      o.write = reinterpret_cast<PFN_cuStreamWriteValue32_v11070>(f);
-    f = nullptr;
-    if (cudaGetDriverEntryPointByVersion("cuMemGetAddressRange", &f, 3020, cudaEnableDefault, &found) ==
-            cudaSuccess &&
-        found == cudaDriverEntryPointSuccess)
-      o.range = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(f);
-    cudaGetLastError();
+    o.wait = reinterpret_cast<PFN_cuStreamWaitValue32_v11070>(find("cuStreamWaitValue32", 11070));
+    o.write = reinterpret_cast<PFN_cuStreamWriteValue32_v11070>(find("cuStreamWriteValue32", 11070));
+    o.range = reinterpret_cast<PFN_cuMemGetAddressRange_v3020>(find("cuMemGetAddressRange", 3020));
     return o;
   }();
   return ops;
@@ -72,19 +68,13 @@ CUdeviceptr address(const void* p) { return static_cast<CUdeviceptr>(reinterpret
 
 constexpr size_t kSlotAlignment = size_t{2} << 20;
 
-// Every rank's `mine` (same size on all), through device memory (NCCL moves device tensors).
+// Every rank's `mine` (same size on all), in rank order.
 std::vector<std::string> all_gather_bytes(Communicator& comm, const std::string& mine) {
-  int device = 0;
-  ST_CUDA_CHECK(cudaGetDevice(&device));
   const int64_t n = static_cast<int64_t>(mine.size()), w = comm.world_size();
-  Tensor host = Tensor::empty({n}, DType::kU8, Device::cpu(), "peer exchange setup");
-  std::memcpy(host.raw_data(), mine.data(), mine.size());
-  Tensor in = Tensor::empty({n}, DType::kU8, Device::cuda(device), "peer exchange setup");
-  Tensor out = Tensor::empty({n * w}, DType::kU8, Device::cuda(device), "peer exchange setup");
-  copy(in, host);
-  comm.all_gather(out, in);
+  Tensor in = Tensor::empty({n}, DType::kU8, Device::cpu(), "peer exchange setup");
   Tensor all = Tensor::empty({n * w}, DType::kU8, Device::cpu(), "peer exchange setup");
-  copy(all, out);
+  std::memcpy(in.raw_data(), mine.data(), mine.size());
+  comm.all_gather(all, in);
   std::vector<std::string> parts;
   for (int64_t p = 0; p < w; ++p) parts.emplace_back(static_cast<const char*>(all.raw_data()) + p * n, n);
   return parts;
