@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
     if (command == "inspect") return cli::run_inspect(rest);
     if (command == "export") return cli::run_export(rest);
     if (command == "generate") return cli::run_generate(rest);
+    if (command == "cache") return cli::run_cache(rest);
     if (command == "help" || command == "-h" || command == "--help") {
       if (!rest.empty() && rest[0] == "config") {
         std::fputs(train::reference_table().c_str(), stdout);

@@ -1,8 +1,10 @@
 // Token caches: a source tokenized once into train.tok / val.tok (data/token_cache.h).
 #include "data/token_cache.h"
 
+#include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
@@ -11,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -167,6 +170,139 @@ nlohmann::ordered_json read_cache_info(const std::string& folder) {
     ST_THROW("token cache `", path, "`: unreadable (", e.what(), "); remove the folder `", folder,
              "` to rebuild it");
   }
+}
+
+void mark_token_cache_used(const std::string& folder) {
+  std::error_code ec;
+  fs::last_write_time(folder, fs::file_time_type::clock::now(), ec);  // a read-only folder: not recorded
+}
+
+const char* token_cache_state_name(TokenCacheEntry::State state) {
+  switch (state) {
+    case TokenCacheEntry::State::kCurrent: return "current";
+    case TokenCacheEntry::State::kStale: return "stale";
+    case TokenCacheEntry::State::kDamaged: return "damaged";
+    case TokenCacheEntry::State::kBuilding: return "building";
+    case TokenCacheEntry::State::kAbandoned: return "abandoned";
+    case TokenCacheEntry::State::kElsewhere: return "elsewhere";
+  }
+  return "?";
+}
+
+namespace {
+
+// The sizes of the files under `folder`; unreadable entries count nothing.
+uint64_t folder_bytes(const fs::path& folder) {
+  uint64_t total = 0;
+  std::error_code ec;
+  for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    std::error_code size_ec;
+    if (it->is_regular_file(size_ec)) {
+      const uint64_t n = it->file_size(size_ec);
+      if (!size_ec) total += n;
+    }
+  }
+  return total;
+}
+
+// Why a complete folder's source.json no longer describes its source ("" while it does), or
+// throws when source.json does not say what it was made from.
+std::string stale_reason(const nlohmann::ordered_json& info) {
+  const int version = info.at("cache_version").get<int>();
+  if (version != 1) return fmt::format("made as cache version {}; this shardtrain writes and reads version 1", version);
+  for (const auto& f : info.at("files")) {
+    const std::string path = f.at("path").get<std::string>();
+    std::error_code ec;
+    if (!fs::exists(path, ec)) return fmt::format("its source file `{}` is gone", path);
+    try {
+      const FileStamp now = stamp(path);
+      if (now.bytes != f.at("bytes").get<uint64_t>() || now.mtime_ns != f.at("mtime_ns").get<int64_t>())
+        return fmt::format("its source file `{}` changed after the build", path);
+    } catch (const Error&) {
+      return fmt::format("its source file `{}` cannot be read", path);
+    }
+  }
+  return {};
+}
+
+bool process_alive(long pid) {
+  if (pid <= 0 || pid != static_cast<pid_t>(pid)) return false;
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;  // EPERM: alive, another user's
+}
+
+}  // namespace
+
+std::vector<TokenCacheEntry> scan_token_cache_dir(const std::string& dir) {
+  std::vector<TokenCacheEntry> entries;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return entries;
+  static const std::regex complete_name(R"(.+-[0-9a-f]{16})");
+  static const std::regex temporary_name(R"((.+-[0-9a-f]{16})\.tmp-(.+)-([0-9]+))");
+  const auto now = fs::file_time_type::clock::now();
+  const std::string this_host = host_name();
+  fs::directory_iterator it(dir, ec);
+  ST_CHECK(!ec, "token cache directory `", dir, "`: cannot list it: ", ec.message());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    ST_CHECK(!ec, "token cache directory `", dir, "`: cannot list it: ", ec.message());
+    std::error_code entry_ec;
+    if (!it->is_directory(entry_ec) || it->is_symlink(entry_ec)) continue;
+    const std::string name = it->path().filename().string();
+    std::smatch m;
+    TokenCacheEntry e;
+    e.path = it->path().string();
+    if (std::regex_match(name, m, temporary_name)) {
+      const std::string host = m[2].str();
+      const long pid = std::strtol(m[3].str().c_str(), nullptr, 10);
+      if (host != this_host) {
+        e.state = TokenCacheEntry::State::kElsewhere;
+        e.detail = fmt::format("a build by process {} on the machine `{}`", pid, host);
+      } else if (process_alive(pid)) {
+        e.state = TokenCacheEntry::State::kBuilding;
+        e.detail = fmt::format("a build by process {} on this machine, still running", pid);
+      } else {
+        e.state = TokenCacheEntry::State::kAbandoned;
+        e.detail = fmt::format("a build by process {} on this machine, which is gone", pid);
+      }
+    } else if (std::regex_match(name, complete_name)) {
+      if (!token_cache_complete(e.path)) {
+        e.state = TokenCacheEntry::State::kDamaged;
+        e.detail = "no source.json";
+      } else {
+        try {
+          e.info = read_cache_info(e.path);
+          e.detail = stale_reason(e.info);
+          e.state = e.detail.empty() ? TokenCacheEntry::State::kCurrent : TokenCacheEntry::State::kStale;
+        } catch (const std::exception& error) {  // unparsable, or a field missing or of the wrong type
+          e.state = TokenCacheEntry::State::kDamaged;
+          e.detail = fmt::format("source.json does not say what the cache was made from ({})", error.what());
+          e.info = nullptr;
+        }
+      }
+    } else {
+      continue;  // not a cache's folder: left alone
+    }
+    e.bytes = folder_bytes(it->path());
+    const auto written = fs::last_write_time(it->path(), entry_ec);
+    e.idle_seconds = entry_ec ? 0 : std::chrono::duration<double>(now - written).count();
+    entries.push_back(std::move(e));
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const TokenCacheEntry& a, const TokenCacheEntry& b) { return a.path < b.path; });
+  return entries;
+}
+
+bool token_cache_prunable(const TokenCacheEntry& e, const TokenCachePrune& prune) {
+  using S = TokenCacheEntry::State;
+  switch (e.state) {
+    case S::kStale:
+    case S::kDamaged:
+    case S::kAbandoned: return true;
+    case S::kBuilding: return false;
+    case S::kCurrent:
+    case S::kElsewhere: return prune.all || (prune.unused_days >= 0 && e.idle_seconds >= prune.unused_days * 86400);
+  }
+  return false;
 }
 
 TokenCacheStats build_token_cache(const std::string& folder, const DocumentSource& documents,

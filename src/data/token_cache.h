@@ -70,6 +70,43 @@ bool build_cache_folder(const std::string& folder, const TokenCacheKey& key, con
 // source.json of a complete folder.
 nlohmann::ordered_json read_cache_info(const std::string& folder);
 
+// Marks a cache folder as read now (its modification time, which `shardtrain cache` reports as
+// its last use and `prune --unused-days` goes by). Best effort: a read-only folder stays as is.
+void mark_token_cache_used(const std::string& folder);
+
+// A folder of a token cache directory, as `shardtrain cache` lists and prunes them. Only
+// folders named as caches are (`<stem>-<16 hex digits>`, and `....tmp-<host>-<pid>` for a build
+// under way); anything else in the directory is left alone.
+struct TokenCacheEntry {
+  enum class State {
+    kCurrent,    // complete, and every source file it recorded is as it was
+    kStale,      // complete, but a source file it recorded changed or is gone: no launch reads it again
+    kDamaged,    // a cache's name without a readable source.json: no launch can read or rebuild it
+    kBuilding,   // a build's temporary folder whose process runs on this machine
+    kAbandoned,  // a build's temporary folder whose process (on this machine) is gone
+    kElsewhere,  // a build's temporary folder from another machine: running there or not, unknown here
+  };
+  std::string path;
+  State state = State::kCurrent;
+  std::string detail;           // what changed, which process builds it, why it is damaged
+  uint64_t bytes = 0;           // its files' sizes
+  double idle_seconds = 0;      // since its last use (complete folders) or last write (temporary ones)
+  nlohmann::ordered_json info;  // source.json (complete folders)
+};
+const char* token_cache_state_name(TokenCacheEntry::State state);
+
+// The cache folders in `dir`, by name; none when `dir` does not exist.
+std::vector<TokenCacheEntry> scan_token_cache_dir(const std::string& dir);
+
+// Which folders `shardtrain cache prune` removes: always the stale, damaged and abandoned ones;
+// with `unused_days` (>= 0) also current folders and other machines' temporary ones idle that
+// long; with `all` every one. Never a build still running on this machine.
+struct TokenCachePrune {
+  double unused_days = -1;
+  bool all = false;
+};
+bool token_cache_prunable(const TokenCacheEntry& entry, const TokenCachePrune& prune);
+
 struct TokenCacheStats {
   int64_t documents = 0;
   uint64_t text_bytes = 0;

@@ -113,6 +113,7 @@ std::unique_ptr<data::TrainingData> open_document_cache(const DataSection& d, co
                           s.documents, megabytes(s.text_bytes), static_cast<double>(s.text_bytes) / 1e6 / s.seconds,
                           s.built ? "" : " (another process finished it first; its copy is used)"));
   }, comm, local_rank);
+  data::mark_token_cache_used(folder);
   const nlohmann::ordered_json info = data::read_cache_info(folder);
   std::string summary;
   try {
@@ -158,6 +159,7 @@ std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const st
                           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(),
                           examples.size(), built ? "" : " (another process finished it first; its copy is used)"));
   }, comm, local_rank);
+  data::mark_token_cache_used(folder);
   return std::make_unique<data::SftData>(
       data::read_sft_examples_file(file, model_vocab), d.source, tokenizer, o,
       fmt::format("; token cache `{}`, {}", folder, reused ? "made by an earlier launch" : "made now"));

@@ -148,6 +148,64 @@ TEST(Cli, TokenizeAFolderFileByFile) {
   fs::remove_all(dir);
 }
 
+// `cache` lists a token cache a launch made, calls it stale once its source changes, and
+// prune removes it (after a dry run that removes nothing); a running build stays.
+TEST(Cli, CacheListsAndPrunesTheTokenCaches) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_cache_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string cache = (dir / "cache").string();
+  const Result none = run("cache --dir " + cache);
+  ASSERT_EQ(none.status, 0) << none.output;
+  EXPECT_NE(none.output.find("no token caches in " + cache), std::string::npos) << none.output;
+  {
+    std::ofstream out(dir / "corpus.txt");
+    for (int i = 0; i < 3000; ++i) out << "document " << i << " of the corpus\n\n";
+  }
+  const Result train = run("train --data.source=" + (dir / "corpus.txt").string() +
+                           " --data.token_cache=on --data.cache_dir=" + cache +
+                           " --training.steps=0 --eval.batches=1 --sample.tokens=0");
+  ASSERT_EQ(train.status, 0) << train.output;
+  fs::create_directories(dir / "cache" / ("corpus-0123456789abcdef.tmp-" + std::string("elsewhere.example") + "-42"));
+  const Result listed = run("cache list --dir " + cache);
+  ASSERT_EQ(listed.status, 0) << listed.output;
+  EXPECT_NE(listed.output.find("token caches in " + cache + ": 2 folders"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("current"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("used now"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("3000 documents"), std::string::npos) << listed.output;
+  EXPECT_NE(listed.output.find("on the machine `elsewhere.example`"), std::string::npos) << listed.output;
+  EXPECT_EQ(listed.output.find("cache prune` removes"), std::string::npos) << "nothing to prune yet";
+
+  std::ofstream(dir / "corpus.txt", std::ios::app) << "one more\n";
+  const Result stale = run("cache --dir " + cache);
+  EXPECT_NE(stale.output.find("stale"), std::string::npos) << stale.output;
+  EXPECT_NE(stale.output.find("corpus.txt` changed after the build"), std::string::npos) << stale.output;
+  EXPECT_NE(stale.output.find("`shardtrain cache prune` removes the 1 folder stale"), std::string::npos) << stale.output;
+  const Result dry = run("cache prune --dry-run --dir " + cache);
+  ASSERT_EQ(dry.status, 0) << dry.output;
+  EXPECT_NE(dry.output.find("would remove 1 of 2 folders"), std::string::npos) << dry.output;
+  EXPECT_EQ(run("cache --dir " + cache).output, stale.output);
+  const Result pruned = run("cache prune --dir " + cache);
+  ASSERT_EQ(pruned.status, 0) << pruned.output;
+  EXPECT_NE(pruned.output.find("removed 1 of 2 folders"), std::string::npos) << pruned.output;
+  const Result rest = run("cache --dir " + cache);
+  EXPECT_NE(rest.output.find(": 1 folder, "), std::string::npos) << rest.output;
+  EXPECT_EQ(rest.output.find("stale"), std::string::npos) << rest.output;
+  const Result all = run("cache prune --all --dir " + cache);
+  EXPECT_NE(all.output.find("removed 1 of 1 folder, "), std::string::npos) << all.output;
+  EXPECT_TRUE(fs::is_empty(cache));
+
+  const Result misplaced = run("cache --all --dir " + cache);
+  EXPECT_EQ(misplaced.status, 1);
+  EXPECT_NE(misplaced.output.find("go with `cache prune`"), std::string::npos) << misplaced.output;
+  const Result days = run("cache prune --unused-days soon --dir " + cache);
+  EXPECT_EQ(days.status, 1);
+  EXPECT_NE(days.output.find("--unused-days takes a number, found `soon`"), std::string::npos) << days.output;
+  EXPECT_EQ(run("cache purge").status, 1);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 
 namespace {

@@ -1,13 +1,17 @@
 // Token caches: documents read a block at a time equal the loaders' whole reads; a cache holds
 // the streams the in-memory path builds, so training reads the same batches from it; its folder
 // follows everything the streams depend on; builds that fail or race leave no partial folder.
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <set>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include "data/bpe_tokenizer.h"
@@ -16,6 +20,7 @@
 #include "data/dataset.h"
 #include "data/sft.h"
 #include "data/token_cache.h"
+#include "core/host.h"
 #include "core/random.h"
 #include "testing/compare.h"
 #include "testing/temp_folder.h"
@@ -427,6 +432,103 @@ TEST_F(TokenCache, ChatExamplesGiveTheSameBatchesAndFollowTheTemplate) {
             token_cache_folder("/c", TokenCacheKey{source, "chat", {}}, t));
   expect_same_batches(memory, cached, edited, edited.vocab_size());
   EXPECT_EQ(cache_entries().size(), 2u);
+}
+
+
+// `shardtrain cache`: each folder's state from its name and source.json; prune removes what no
+// launch can read again, and by choice what has not been used, never a running build nor
+// anything in the folder that is not a cache.
+TEST_F(TokenCache, TheDirectoryListsItsFoldersAndPrunesWhatNoLaunchReads) {
+  using State = TokenCacheEntry::State;
+  EXPECT_TRUE(scan_token_cache_dir((dir_ / "none").string()).empty());
+  ByteTokenizer t;
+  const std::string kept = write("kept.txt", paragraphs(200));
+  const std::string edited = write("edited.jsonl", jsonl(100));
+  const std::string gone = write("gone.jsonl", jsonl(100));
+  std::map<std::string, std::string> folder;  // source -> its cache folder
+  for (const std::string& source : {kept, edited, gone}) {
+    // through the trainer's opening, which marks the folder used
+    train::open_training_data(job(source, "on", cache_dir()), t, t.vocab_size(), 1);
+    const std::string format = source == kept ? "text" : "jsonl";
+    folder[source] = token_cache_folder(
+        cache_dir(), document_cache_key({source, parse_document_format(format), "text", 0.1, 5}), t);
+    ASSERT_TRUE(token_cache_complete(folder[source])) << folder[source];
+  }
+  write("edited.jsonl", jsonl(101));
+  fs::remove(gone);
+  const fs::path cache(cache_dir());
+  const std::string host = host_name();
+  pid_t dead = ::fork();  // a process that is gone: its pid, after it exited and was waited for
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string stem = "corpus-0123456789abcdef";
+  const fs::path running = cache / fmt::format("{}.tmp-{}-{}", stem, host, ::getpid());
+  const fs::path abandoned = cache / fmt::format("{}.tmp-{}-{}", stem, host, dead);
+  const fs::path elsewhere = cache / fmt::format("{}.tmp-{}-{}", stem, host + "-other", 7);
+  const fs::path no_info = cache / "damaged-00000000000000aa";
+  const fs::path bad_info = cache / "damaged-00000000000000bb";
+  for (const fs::path& p : {running, abandoned, elsewhere, no_info, bad_info, cache / "notes",
+                            cache / "x-0123456789abcdef.tmp-host-pid"})
+    fs::create_directories(p);
+  write("cache/damaged-00000000000000bb/source.json", "{\"source\": \"a.txt\"}");  // no files, no version
+  write("cache/readme.txt", "mine");
+  write("cache/corpus-0123456789abcdef.tmp-" + host + "-" + std::to_string(::getpid()) + "/train.tok",
+        std::string(1000, 'x'));
+
+  auto scan = [&] {
+    std::map<std::string, TokenCacheEntry> by_path;
+    for (TokenCacheEntry& e : scan_token_cache_dir(cache_dir())) by_path[e.path] = std::move(e);
+    return by_path;
+  };
+  std::map<std::string, TokenCacheEntry> entries = scan();
+  ASSERT_EQ(entries.size(), 8u);  // not notes/, readme.txt, nor a name whose process is not a number
+  auto state = [&](const std::string& path) { return entries.at(path).state; };
+  EXPECT_EQ(state(folder[kept]), State::kCurrent);
+  EXPECT_EQ(entries.at(folder[kept]).detail, "");
+  EXPECT_EQ(entries.at(folder[kept]).info.at("source"), kept);
+  EXPECT_EQ(entries.at(folder[kept]).bytes, fs::file_size(fs::path(folder[kept]) / "train.tok") +
+                                                fs::file_size(fs::path(folder[kept]) / "val.tok") +
+                                                fs::file_size(fs::path(folder[kept]) / "source.json"));
+  EXPECT_LT(entries.at(folder[kept]).idle_seconds, 60);
+  EXPECT_EQ(state(folder[edited]), State::kStale);
+  EXPECT_NE(entries.at(folder[edited]).detail.find("`" + edited + "` changed after the build"), std::string::npos)
+      << entries.at(folder[edited]).detail;
+  EXPECT_EQ(state(folder[gone]), State::kStale);
+  EXPECT_NE(entries.at(folder[gone]).detail.find("`" + gone + "` is gone"), std::string::npos);
+  EXPECT_EQ(state(running.string()), State::kBuilding);
+  EXPECT_EQ(entries.at(running.string()).bytes, 1000u);
+  EXPECT_EQ(state(abandoned.string()), State::kAbandoned);
+  EXPECT_EQ(state(elsewhere.string()), State::kElsewhere);
+  EXPECT_NE(entries.at(elsewhere.string()).detail.find("`" + host + "-other`"), std::string::npos);
+  EXPECT_EQ(state(no_info.string()), State::kDamaged);
+  EXPECT_EQ(state(bad_info.string()), State::kDamaged);
+  EXPECT_NE(entries.at(bad_info.string()).detail.find("does not say what the cache was made from"), std::string::npos);
+
+  auto prunable = [&](const TokenCachePrune& p) {
+    std::set<std::string> names;
+    for (const auto& [path, e] : entries)
+      if (token_cache_prunable(e, p)) names.insert(path);
+    return names;
+  };
+  const std::set<std::string> unreadable = {folder[edited], folder[gone], abandoned.string(), no_info.string(),
+                                            bad_info.string()};
+  EXPECT_EQ(prunable({}), unreadable);
+  // unused for ten days: the current folder and the other machine's build go with 7 days, not 30
+  for (const fs::path& p : {fs::path(folder[kept]), elsewhere})
+    fs::last_write_time(p, fs::file_time_type::clock::now() - std::chrono::hours(24 * 10));
+  entries = scan();
+  EXPECT_GT(entries.at(folder[kept]).idle_seconds, 9.9 * 86400);
+  EXPECT_EQ(prunable({30, false}), unreadable);
+  std::set<std::string> idle = unreadable;
+  idle.insert({folder[kept], elsewhere.string()});
+  EXPECT_EQ(prunable({7, false}), idle);
+  EXPECT_EQ(prunable({-1, true}), idle);  // all: everything but the build still running here
+  // a launch that reads the folder marks it used again
+  train::open_training_data(job(kept, "on", cache_dir()), t, t.vocab_size(), 1);
+  entries = scan();
+  EXPECT_LT(entries.at(folder[kept]).idle_seconds, 60);
+  EXPECT_EQ(prunable({7, false}).count(folder[kept]), 0u);
 }
 
 }  // namespace
