@@ -12,7 +12,9 @@
 
 #include <iostream>
 
+#include "core/allocator.h"
 #include "core/error.h"
+#include "core/gpu_monitor.h"
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
 #include "data/byte_tokenizer.h"
@@ -96,6 +98,12 @@ std::string usage() {
          "  plan [CONFIG.toml] [--ranks N] [--section.key=value ...]\n"
          "                                                   memory per rank and FLOPs of a job, without\n"
          "                                                   training (N: the launch's world size, else 1)\n"
+         "  bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--section.key=value ...]\n"
+         "                                                   the job's training step on random tokens (and with\n"
+         "                                                   model.hf random weights of its shape): N timed steps\n"
+         "                                                   (10) after W warm-up ones (3); tokens/s, MFU, the\n"
+         "                                                   phases, peak memory, the board; writes no files\n"
+         "                                                   but FILE\n"
          "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
          "                                                   file or Hugging Face folder; fields, types and the\n"
          "                                                   first row of a .parquet file\n"
@@ -533,6 +541,98 @@ int run_plan(const std::vector<std::string>& args) {
   }
   if (job.training.device == "auto")
     std::fputs("(training.device = auto: planned for GPUs; --training.device=cpu plans a CPU run)\n", stdout);
+  return 0;
+}
+
+int run_bench(const std::vector<std::string>& args) {
+  int64_t steps = 10, warmup = 3;
+  std::string json_path;
+  std::vector<std::string> rest;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), "bench: ", a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--steps") steps = integer_flag(a, value(), "bench");
+    else if (a == "--warmup") warmup = integer_flag(a, value(), "bench");
+    else if (a == "--json") json_path = value();
+    else rest.push_back(a);
+  }
+  ST_CHECK(steps >= 1, "bench: --steps must be at least 1, found ", steps);
+  ST_CHECK(warmup >= 1, "bench: --warmup must be at least 1 (the first step builds plans, caches and the CUDA "
+           "graph), found ", warmup);
+  const JobArgs j = parse_job_args(rest, "bench");
+  train::JobConfig c = train::load_config(j.config_file, j.overrides).config;
+  c.training.steps = warmup + steps;
+  log::info(fmt::format("bench: {}, random tokens and weights, {} warm-up and {} timed steps",
+                        j.config_file.empty() ? std::string("the built-in default job") : j.config_file, warmup,
+                        steps));
+  train::Trainer trainer(c, nullptr, train::BenchMode{warmup});
+  const train::TrainSummary s = trainer.run();
+  if (trainer.comm().rank() != 0) return 0;
+  const train::TimedSteps& t = s.timed;
+  const int world = trainer.comm().world_size();
+  const double n = static_cast<double>(t.steps);
+  const double ms = 1e3 / n;
+  const Device dev = trainer.device();
+  std::string out = fmt::format("\nbench: {} on {}{}\n", trainer.model().config().summary(),
+                                world > 1 ? fmt::format("{} ranks, ", world) : std::string(), dev.str());
+  out += fmt::format("  batch        {} tokens per step ({} x {} tokens x {} micro-batch{}{})\n", t.tokens_per_step,
+                     c.training.batch_size, c.training.seq_len, c.training.grad_accum_steps,
+                     c.training.grad_accum_steps == 1 ? "" : "es",
+                     world > 1 ? fmt::format(" x {} data-parallel rank{}", trainer.mesh().shape().data_parallel,
+                                             trainer.mesh().shape().data_parallel == 1 ? "" : "s")
+                               : std::string());
+  out += fmt::format("  throughput   {:.0f} tokens/s{}, {:.1f} ms per step (mean of {} steps after {} warm-up)\n",
+                     s.tokens_per_second,
+                     world > 1 ? fmt::format(" ({:.0f} per rank)", s.tokens_per_second / world) : std::string(),
+                     t.seconds * ms, t.steps, warmup);
+  if (t.peak_flops > 0)
+    out += fmt::format("  MFU          {:.1f} % of {:.0f} TFLOP/s dense bf16 per GPU ({:.2f} GFLOP per token: 6 x "
+                       "non-embedding parameters + 12 x layers x width x sequence)\n",
+                       100 * t.mfu, t.peak_flops / 1e12, t.flops_per_token / 1e9);
+  out += fmt::format("  step         data {:.1f} ms, forward {:.1f}, backward {:.1f}, optimizer {:.1f}{}\n",
+                     t.data_s * ms, t.forward_s * ms, t.backward_s * ms, t.optimizer_s * ms,
+                     world > 1 ? fmt::format(" (compute waiting on communication {:.1f} ms)", t.comm_wait_s * ms)
+                               : std::string());
+  if (dev.is_cuda())
+    out += fmt::format("  memory       peak {} of the GPU's {}{}\n", format_bytes(t.peak_device_bytes),
+                       format_bytes(t.device_total_bytes), world > 1 ? " (rank 0)" : "");
+  if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w))
+    out += fmt::format("  board        {}; {:.2f} mJ per token{}\n", format_activity(t.board),
+                       1e3 * t.board.mean_power_w / (s.tokens_per_second / world), world > 1 ? " (rank 0)" : "");
+  std::fputs(out.c_str(), stdout);
+  if (!json_path.empty()) {
+    nlohmann::ordered_json r;
+    r["model"] = trainer.model().config().summary();
+    r["device"] = dev.str();
+    r["ranks"] = world;
+    r["batch_size"] = c.training.batch_size;
+    r["seq_len"] = c.training.seq_len;
+    r["grad_accum_steps"] = c.training.grad_accum_steps;
+    r["tokens_per_step"] = t.tokens_per_step;
+    r["warmup_steps"] = warmup;
+    r["timed_steps"] = t.steps;
+    r["tokens_per_second"] = s.tokens_per_second;
+    r["step_s"] = t.seconds / n;
+    r["data_s"] = t.data_s / n;
+    r["forward_s"] = t.forward_s / n;
+    r["backward_s"] = t.backward_s / n;
+    r["optimizer_s"] = t.optimizer_s / n;
+    r["comm_wait_s"] = t.comm_wait_s / n;
+    r["mfu"] = t.mfu;
+    r["peak_device_bytes"] = t.peak_device_bytes;
+    if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w)) {
+      r["gpu_power_w"] = t.board.mean_power_w;
+      r["gpu_sm_mhz"] = t.board.mean_sm_mhz;
+      r["gpu_power_capped"] = t.board.power_capped;
+    }
+    std::ofstream f(json_path);
+    f << r.dump(2) << "\n";
+    f.close();
+    ST_CHECK(f.good(), "bench: cannot write `", json_path, "` (--json)");
+  }
   return 0;
 }
 

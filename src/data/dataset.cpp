@@ -250,6 +250,50 @@ void PackedStreamData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t ind
 
 std::string PackedStreamData::held_out_size() const { return std::to_string(val_->size()) + " tokens"; }
 
+RandomTokenData::RandomTokenData(int64_t vocab, uint64_t seed, int64_t eval_batches_count)
+    : vocab_(vocab), seed_(seed), eval_batches_(eval_batches_count) {
+  ST_CHECK(vocab > 0, "random tokens need a vocabulary of at least 1 token, found ", vocab);
+  ST_CHECK(eval_batches_count > 0, "random tokens: eval_batches_count must be positive");
+}
+
+void RandomTokenData::fill_rows(Tensor& ids_BT, Tensor& targets_BT, uint64_t stream, int64_t first_row) const {
+  ST_CHECK(ids_BT.ndim() == 2 && ids_BT.dtype() == DType::kI32 && ids_BT.device().is_cpu() &&
+               targets_BT.shape() == ids_BT.shape() && targets_BT.dtype() == DType::kI32,
+           "random tokens: expected host i32 ids and targets [B, T] of one shape, found ", ids_BT.str(), " and ",
+           targets_BT.str());
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+  int32_t* ids = ids_BT.data<int32_t>();
+  int32_t* targets = targets_BT.data<int32_t>();
+  const auto vocab = static_cast<uint64_t>(vocab_);
+  for (int64_t b = 0; b < B; ++b) {
+    const uint64_t key = hash3(seed_, stream, static_cast<uint64_t>(first_row + b));
+    for (int64_t t = 0; t < T; ++t) {
+      ids[b * T + t] = static_cast<int32_t>(hash3(seed_, key, static_cast<uint64_t>(t)) % vocab);
+      targets[b * T + t] = static_cast<int32_t>(hash3(seed_, key, static_cast<uint64_t>(t + 1)) % vocab);
+    }
+  }
+}
+
+void RandomTokenData::fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                                 int64_t first_sequence) const {
+  // a stream per (step, micro-batch); the held-out batches' streams are keyed apart (fill_eval)
+  fill_rows(ids_BT, targets_BT, hash3(seed_, static_cast<uint64_t>(step), static_cast<uint64_t>(micro)), first_sequence);
+}
+
+void RandomTokenData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const {
+  ST_CHECK(index >= 0 && index < eval_batches_, "evaluation batch ", index, " is past the ", eval_batches_,
+           " batches of random tokens");
+  fill_rows(ids_BT, targets_BT, hash3(seed_, ~uint64_t{0}, static_cast<uint64_t>(index)), 0);
+}
+
+std::string RandomTokenData::summary() const {
+  return fmt::format("random tokens, uniform over a vocabulary of {} (builtin:random; no corpus read)", vocab_);
+}
+
+std::string RandomTokenData::held_out_size() const {
+  return fmt::format("{} batches of random tokens", eval_batches_);
+}
+
 namespace {
 
 // `path` itself, or the token files of folder or pattern `path` in name order.

@@ -168,6 +168,28 @@ class PackedStreamData final : public TrainingData {
   std::string summary_;
 };
 
+// Random tokens, uniform over [0, vocab): no corpus at all (data.source = builtin:random, and
+// `shardtrain bench`). Each sequence of seq_len + 1 tokens is a pure function of the seed and
+// its place (step, micro-batch, sequence), like every other source, so ranks and resumed runs
+// draw the same rows; the held-out batches are eval_batches_count more of them.
+class RandomTokenData final : public TrainingData {
+ public:
+  RandomTokenData(int64_t vocab, uint64_t seed, int64_t eval_batches_count = 1024);
+  void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
+                  int64_t first_sequence) const override;
+  int64_t eval_batches(int64_t /*B*/, int64_t /*T*/) const override { return eval_batches_; }
+  void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override;
+  std::string summary() const override;
+  std::string held_out_size() const override;
+
+ private:
+  // row b: sequence first_row + b of `stream`, its tokens 0..T-1 as ids and 1..T as targets
+  void fill_rows(Tensor& ids_BT, Tensor& targets_BT, uint64_t stream, int64_t first_row) const;
+  int64_t vocab_;
+  uint64_t seed_;
+  int64_t eval_batches_;
+};
+
 // Token files written by `shardtrain tokenize` (`path` one file, or a folder whose token files
 // are read in name order as one stream), split for training: the held-out part is the last
 // val_fraction of the tokens, starting at the first document (BOS) at or after that point

@@ -142,7 +142,8 @@ const std::vector<KeyDef>& keys() {
           one_of({"auto", "bf16", "f32", "f64"})),
 
       key("data.source", &C::data, &DataSection::source,
-          "builtin:fortunes (Debian's fortunes package), a .txt, .jsonl or .parquet file (text and JSONL also "
+          "builtin:fortunes (Debian's fortunes package), builtin:random (random tokens, uniform over the model's "
+          "vocabulary: for speed and memory measurements), a .txt, .jsonl or .parquet file (text and JSONL also "
           "gzip- or zstd-compressed: .jsonl.gz, .json.zst, ...), a token file written by "
           "`shardtrain tokenize`, or a folder or file-name pattern (\"data/train-*.parquet\") of token files or "
           "Parquet files, read in name order as one source"),

@@ -164,7 +164,33 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   return c;
 }
 
-Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(config), comm_(comm) {
+namespace {
+
+// The job `shardtrain bench` runs instead of `config` (BenchMode).
+JobConfig bench_job(JobConfig c, const BenchMode& bench) {
+  ST_CHECK(bench.warmup_steps >= 1, "bench: at least one warm-up step (plans, caches, a graph's capture) comes "
+           "before the timed ones; found ", bench.warmup_steps);
+  c.data.source = "builtin:random";
+  c.data.format = "auto";
+  c.data.mix.clear();
+  c.data.eval_source.clear();
+  c.data.document_mask = "off";
+  c.checkpoint.interval_steps = 0;
+  c.checkpoint.resume.clear();
+  c.export_.folder.clear();
+  c.sample.tokens = 0;
+  c.eval.interval_steps = 0;
+  c.logging.metrics_file.clear();
+  c.logging.tensorboard_dir.clear();
+  c.logging.interval_steps = 1;  // and so the board is read at every step
+  c.schedule.warmup_steps = std::min(c.schedule.warmup_steps, c.training.steps);  // the rate does not depend on it
+  return c;
+}
+
+}  // namespace
+
+Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optional<BenchMode> bench)
+    : config_(bench ? bench_job(config, *bench) : config), bench_(bench), comm_(comm) {
   validate(config_);
   log::set_level(log::parse_level(config_.logging.level));
   if (comm_ == nullptr) {
@@ -209,17 +235,22 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
   ops::set_gemm_selection(config_.training.gemm_selection == "heuristic" ? ops::GemmSelection::kHeuristic
                                                                           : ops::GemmSelection::kTimed);
 
-  tokenizer_ = make_tokenizer(config_.data, config_.model.hf);
+  // a bench of a Hugging Face model reads only its config.json: its tokens are random and the
+  // tokenizer unused
+  const bool hf_shape_only = bench_ && !config_.model.hf.empty();
+  tokenizer_ = hf_shape_only ? std::make_unique<data::ByteTokenizer>() : make_tokenizer(config_.data, config_.model.hf);
   model::LlamaConfig mc;
   std::unique_ptr<io::HfWeights> hf_weights;
   if (!config_.model.hf.empty()) {
     mc = model::load_hf_config((std::filesystem::path(config_.model.hf) / "config.json").string());
-    ST_CHECK(tokenizer_->vocab_size() <= mc.vocab_size, "the tokenizer has ", tokenizer_->vocab_size(),
+    ST_CHECK(hf_shape_only || tokenizer_->vocab_size() <= mc.vocab_size, "the tokenizer has ", tokenizer_->vocab_size(),
              " tokens but `model.hf` = `", config_.model.hf, "` has a vocabulary of ", mc.vocab_size,
              "; use the model's own tokenizer (`data.tokenizer = \"auto\"`)");
     ST_CHECK(config_.training.seq_len <= mc.max_seq_len, "`training.seq_len` (", config_.training.seq_len,
              ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf`");
-    if (config_.parallel.hf_load == "ranges" || comm_->rank() == 0)  // rank0: the others never open it
+    if (bench_)
+      log::info(fmt::format("bench: the model's shape from `{}`, its weights random (not read)", config_.model.hf));
+    else if (config_.parallel.hf_load == "ranges" || comm_->rank() == 0)  // rank0: the others never open it
       hf_weights = std::make_unique<io::HfWeights>(config_.model.hf);
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
@@ -292,7 +323,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm) : config_(co
                                                             : std::string(), ": ", problem);
   }
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, *mesh_, so, device_);
-  if (!config_.model.hf.empty()) {
+  if (!config_.model.hf.empty() && !bench_) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything
     const io::HfWeights* w = hf_weights.get();
     const fsdp::ShardedUnitStore::ParamReader read = [&](const model::ParamSpec& p, int64_t first, Tensor& out) {
@@ -548,7 +579,7 @@ Trainer::Evaluation Trainer::evaluate() {
 TrainSummary Trainer::run() {
   const TrainingSection& tc = config_.training;
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum_steps;
-  std::filesystem::create_directories(config_.run.output_dir);
+  if (!bench_) std::filesystem::create_directories(config_.run.output_dir);  // a bench writes no files
   const std::filesystem::path out_dir(config_.run.output_dir);
   const bool rank0 = comm_->rank() == 0;
   JsonlSink jsonl(config_.logging.metrics_file.empty() || !rank0 ? std::string()
@@ -678,6 +709,10 @@ TrainSummary Trainer::run() {
   int64_t window_steps = 0;
   const double tokens_per_step = static_cast<double>(B * T * accum * dp);
   const int64_t first_step = start_step_;
+  // the steps the run's figures cover: all but the first (plans, caches, the graph's capture),
+  // or all but a bench's warm-up
+  const int64_t timed_from = first_step + (bench_ ? bench_->warmup_steps : 1);
+  TimedSteps& timed = summary.timed;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     // This rank draws sequences dp_rank*B .. dp_rank*B + B-1 of each micro-batch of the global
@@ -727,7 +762,8 @@ TrainSummary Trainer::run() {
     }
     const double lr = optim::learning_rate(sc, step);
     const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
-    const bool eval_now = (config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps;
+    const bool eval_now =
+        !bench_ && ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
     const int64_t every = config_.checkpoint.interval_steps;
     const bool checkpoint_now = every > 0 && (step % every == 0 || step == tc.steps);
     if (store_->offloaded()) {
@@ -751,7 +787,15 @@ TrainSummary Trainer::run() {
     window_comm_wait += t_comm_wait;
     window_offload_wait += t_offload_wait;
     ++window_steps;
-    if (step > first_step) steady_seconds += step_seconds;
+    if (step >= timed_from) {
+      steady_seconds += step_seconds;
+      ++timed.steps;
+      timed.data_s += t_data;
+      timed.forward_s += t_forward;
+      timed.backward_s += t_backward;
+      timed.optimizer_s += t_optim;
+      timed.comm_wait_s += t_comm_wait;
+    }
 
     StepRecord r;
     r.step = step;
@@ -765,7 +809,7 @@ TrainSummary Trainer::run() {
     const int64_t steps_run = step - first_step + 1;
     const double window_tps = tokens_per_step * static_cast<double>(window_steps) / window_seconds;
     const double seconds_per_step =
-        steps_run > 1 ? steady_seconds / static_cast<double>(steps_run - 1) : train_seconds;
+        timed.steps > 0 ? steady_seconds / static_cast<double>(timed.steps) : train_seconds / static_cast<double>(steps_run);
     const double eta = static_cast<double>(tc.steps - step) * seconds_per_step;
     write_metrics({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
@@ -777,12 +821,12 @@ TrainSummary Trainer::run() {
                    {"time_comm_wait_s", t_comm_wait}, {"time_offload_wait_s", t_offload_wait},
                    {"mfu", mfu(r.tokens_per_second)}});
     const bool log_now = step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps;
-    if (log_now || step == first_step) {
-      // the board is read at log lines only (NVML calls stay off the other steps), and after
-      // the first step, which the run's figures leave out
+    if (log_now || step + 1 == timed_from) {
+      // the board is read at log lines only (NVML calls stay off the other steps), and before
+      // the timed steps, which the run's figures cover
       const GpuActivity part = power.take();
       accumulate(window_power, part);
-      if (step > first_step) accumulate(run_power, part);
+      if (step >= timed_from) accumulate(run_power, part);
     }
     if (log_now) {
       progress.clear();
@@ -865,13 +909,24 @@ TrainSummary Trainer::run() {
   if (pending_checkpoint_) commit_pending_checkpoint();
   summary.seconds = seconds_since(start);
   const int64_t steps_done = tc.steps - first_step + 1;
-  summary.tokens_per_second = steps_done > 1 && steady_seconds > 0
-                                  ? tokens_per_step * static_cast<double>(steps_done - 1) / steady_seconds
+  summary.tokens_per_second = timed.steps > 0 && steady_seconds > 0
+                                  ? tokens_per_step * static_cast<double>(timed.steps) / steady_seconds
                               : train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_done) / train_seconds
                                                   : 0.0;
+  const std::string timed_part =
+      timed.steps == 0 ? std::string()
+      : bench_         ? fmt::format(" (after {} warm-up step{})", bench_->warmup_steps, bench_->warmup_steps == 1 ? "" : "s")
+                       : std::string(" (after the first step)");
+  timed.seconds = steady_seconds;
+  timed.tokens_per_step = tokens_per_step;
+  timed.mfu = mfu(summary.tokens_per_second);
+  timed.flops_per_token = flops_per_token;
+  timed.peak_flops = peak_flops;
+  timed.peak_device_bytes = device_.is_cpu() ? 0 : peak_device_bytes();
+  timed.device_total_bytes = gpu_memory_bytes();
+  timed.board = run_power;
   log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s{}, peak host memory {} in tensors ({} resident){}",
-                        steps_done, format_duration(summary.seconds), summary.tokens_per_second,
-                        steps_done > 1 ? " (after the first step)" : "",
+                        steps_done, format_duration(summary.seconds), summary.tokens_per_second, timed_part,
                         format_bytes(allocator_for(Device::cpu()).stats().peak_allocated_bytes),
                         format_bytes(peak_resident_bytes()),
                         device_.is_cpu() ? std::string()
@@ -879,10 +934,10 @@ TrainSummary Trainer::run() {
                                                        format_bytes(peak_device_bytes()),
                                                        100.0 * mfu(summary.tokens_per_second))));
   if (run_power.samples > 0 && std::isfinite(run_power.mean_power_w) && summary.tokens_per_second > 0)
-    log::info(fmt::format("GPU{}: {}; {:.2f} mJ per token (after the first step)",
-                          world > 1 ? fmt::format(" of rank {}", rank) : std::string(),
+    log::info(fmt::format("GPU{}: {}; {:.2f} mJ per token{}", world > 1 ? fmt::format(" of rank {}", rank) : std::string(),
                           format_activity(run_power),
-                          1e3 * run_power.mean_power_w / (summary.tokens_per_second / static_cast<double>(world))));
+                          1e3 * run_power.mean_power_w / (summary.tokens_per_second / static_cast<double>(world)),
+                          timed_part));
   if (!device_.is_cpu())
     if (const std::string peak = describe_peak_breakdown(allocator_for(device_)); !peak.empty())
       log::info("SHARDTRAIN_MEMORY_PEAK_REPORT=1: " + peak);
@@ -890,7 +945,7 @@ TrainSummary Trainer::run() {
     log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
               profile::report_and_reset());
-  if (tc.steps == 0) report_eval(0);
+  if (tc.steps == 0 && !bench_) report_eval(0);
   if (!config_.export_.folder.empty()) {
     ExportOptions eo;
     eo.folder = config_.export_.folder;

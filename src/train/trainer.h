@@ -7,10 +7,12 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "core/gpu_monitor.h"
 #include "data/dataset.h"
 #include "dist/communicator.h"
 #include "fsdp/sharded_store.h"
@@ -32,7 +34,31 @@ struct StepRecord {
   double tokens_per_second = 0;
 };
 
+// The steps a run's rate covers (all but the first; with BenchMode all but its warm-up): their
+// totals, for `shardtrain bench`'s report.
+struct TimedSteps {
+  int64_t steps = 0;
+  double seconds = 0;
+  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;  // the phases (as the step log splits them)
+  double comm_wait_s = 0;     // the compute stream waiting on gathers and reductions (several GPUs)
+  double tokens_per_step = 0;  // the global batch
+  double mfu = 0;              // 0: the device's peak is unknown (or the CPU)
+  double flops_per_token = 0;  // torchtitan's, as MFU counts them
+  double peak_flops = 0;       // the device's dense bf16 peak
+  int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
+  GpuActivity board;           // this rank's GPU over the timed steps (samples 0: no readings)
+};
+
+// What `shardtrain bench` changes in a job: no corpus (random tokens, data.source =
+// builtin:random), no weights read (model.hf gives the shape, the values are random), no
+// evaluation, checkpoint, resume, export, sample or metrics files, and the first
+// warmup_steps steps (plans, caches, a graph's capture) left out of the figures.
+struct BenchMode {
+  int64_t warmup_steps = 3;
+};
+
 struct TrainSummary {
+  TimedSteps timed;
   std::vector<StepRecord> steps;
   std::vector<std::pair<int64_t, double>> evals;  // (step, held-out loss)
   std::vector<std::pair<std::string, double>> last_eval_parts;  // the last evaluation's per-source losses (data.mix)
@@ -45,7 +71,8 @@ class Trainer {
  public:
   // Loads the data and builds the model and optimizer; nothing is trained yet. Without a
   // communicator, uses MPI when launched by mpirun/srun and a single rank otherwise.
-  explicit Trainer(const JobConfig& config, dist::Communicator* comm = nullptr);
+  explicit Trainer(const JobConfig& config, dist::Communicator* comm = nullptr,
+                   std::optional<BenchMode> bench = std::nullopt);
   ~Trainer();
 
   TrainSummary run();
@@ -86,6 +113,7 @@ class Trainer {
   PlanInput launch_plan_input() const;  // the memory plan's input for this run, auto choices left open
 
   JobConfig config_;
+  std::optional<BenchMode> bench_;
   Device device_;
   model::LlamaConfig model_config_;  // the model's shape, known before the model is built
   // The launch's automatic choices (logged), made once in the constructor, before the shards

@@ -168,8 +168,13 @@ std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const st
 }  // namespace
 
 std::string resolve_data_format(const DataSection& d) {
-  ST_CHECK(d.source.rfind("builtin:", 0) != 0 || d.source == "builtin:fortunes", "`data.source`: unknown built-in "
-           "corpus `", d.source, "`; the built-in one is builtin:fortunes");
+  ST_CHECK(d.source.rfind("builtin:", 0) != 0 || d.source == "builtin:fortunes" || d.source == "builtin:random",
+           "`data.source`: unknown built-in source `", d.source, "`; the built-in ones are builtin:fortunes (a "
+           "corpus) and builtin:random (random tokens)");
+  if (d.source == "builtin:random") {
+    ST_CHECK(d.format == "auto", "`data.format` = ", d.format, " does not apply to builtin:random, random tokens");
+    return "random";
+  }
   if (d.source.rfind("builtin:", 0) == 0) {
     ST_CHECK(d.format == "auto" || d.format == "text", "`data.format` = ", d.format, " does not apply to the built-in "
              "corpus `", d.source, "`, which is text");
@@ -442,6 +447,7 @@ std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const d
   const DataSection& d = config.data;
   const TrainingSection& t = config.training;
   const std::string format = resolve_data_format(d);
+  if (format == "random") return std::make_unique<data::RandomTokenData>(model_vocab, t.seed);
   if (format == "tokens") {
     return data::open_token_file_data(d.source, tokenizer, model_vocab, d.val_fraction, t.seq_len, t.seed);
   }

@@ -148,6 +148,58 @@ TEST(Cli, TokenizeAFolderFileByFile) {
   fs::remove_all(dir);
 }
 
+// `bench` runs the job's step on random tokens and reports it; it reads no corpus and, with
+// model.hf, only config.json (no weights, no tokenizer), and writes nothing: no metrics,
+// checkpoints or output folder, whatever the job asks for.
+TEST(Cli, BenchReportsTheStepAndWritesNothing) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_bench_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "hf");
+  fs::copy_file(shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope/config.json",
+                dir / "hf" / "config.json");
+  const std::string json = (dir / "bench.json").string();
+  const Result r = run("bench --steps 3 --warmup 2 --model.n_layers=2 --data.source=/nonexistent/corpus.jsonl "
+                       "--checkpoint.interval_steps=1 --export.folder=" + (dir / "export").string() +
+                       " --run.output_dir=" + (dir / "run").string() + " --json " + json);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("random tokens, uniform over a vocabulary of 258"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step     5/5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(after 2 warm-up steps)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("mean of 3 steps after 2 warm-up"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("  batch        1024 tokens per step (8 x 128 tokens x 1 micro-batch)"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("forward"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("eval "), std::string::npos) << "a bench evaluates nothing: " << r.output;
+  EXPECT_EQ(r.output.find("checkpoint "), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("--- sample ---"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run"));
+  EXPECT_FALSE(fs::exists(dir / "export"));
+  std::ifstream in(json);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string j = text.str();
+  EXPECT_NE(j.find("\"timed_steps\": 3"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"tokens_per_step\": 1024"), std::string::npos) << j;
+  EXPECT_NE(j.find("\"tokens_per_second\": "), std::string::npos) << j;
+
+  // a Hugging Face folder with only its config.json: the shape, random weights
+  const Result hf = run("bench --steps 1 --warmup 1 --training.seq_len=32 --model.hf=" + (dir / "hf").string());
+  ASSERT_EQ(hf.status, 0) << hf.output;
+  EXPECT_NE(hf.output.find("its weights random (not read)"), std::string::npos) << hf.output;
+  EXPECT_NE(hf.output.find("2 layers, dim 24, 4 heads / 1 kv heads (head dim 6), ffn 40, vocab 67"), std::string::npos)
+      << hf.output;
+  EXPECT_NE(run("train --training.steps=1 --training.seq_len=32 --model.hf=" + (dir / "hf").string()).status, 0)
+      << "training needs the folder's tokenizer and weights";
+
+  const Result none = run("bench --steps 0");
+  EXPECT_EQ(none.status, 1);
+  EXPECT_NE(none.output.find("--steps must be at least 1, found 0"), std::string::npos) << none.output;
+  EXPECT_NE(run("bench --warmup 0").output.find("--warmup must be at least 1"), std::string::npos);
+  EXPECT_NE(run("bench --steps x").output.find("--steps takes an integer, found `x`"), std::string::npos);
+  fs::remove_all(dir);
+}
+
 // `cache` lists a token cache a launch made, calls it stale once its source changes, and
 // prune removes it (after a dry run that removes nothing); a running build stays.
 TEST(Cli, CacheListsAndPrunesTheTokenCaches) {

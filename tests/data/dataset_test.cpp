@@ -1,6 +1,7 @@
 // Byte tokenizer, document loaders, the validation split and deterministic sampling.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -87,6 +88,53 @@ std::string temp_path(const std::string& name) {
 
 std::vector<int32_t> rows(const Tensor& t) {
   return std::vector<int32_t>(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+}
+
+// builtin:random: rows a pure function of (seed, step, micro-batch, sequence), split over ranks
+// like every source, targets the next token, every id of the vocabulary about equally often.
+TEST(RandomTokenData, RowsFollowTheirPlaceAndCoverTheVocabulary) {
+  const int64_t V = 50;
+  const RandomTokenData data(V, 11);
+  Tensor ids = Tensor::empty({4, 300}, DType::kI32), targets = Tensor::empty({4, 300}, DType::kI32);
+  data.fill_train(ids, targets, 3, 1, 0);
+  std::vector<int64_t> counts(V, 0);
+  for (int64_t i = 0; i < ids.numel(); ++i) {
+    const int32_t id = ids.data<int32_t>()[i], target = targets.data<int32_t>()[i];
+    ASSERT_GE(id, 0);
+    ASSERT_LT(id, V);
+    ASSERT_GE(target, 0);
+    ASSERT_LT(target, V);
+    ++counts[id];
+    if (i % 300 != 299) {
+      EXPECT_EQ(target, ids.data<int32_t>()[i + 1]) << i;
+    }
+  }
+  const double mean = 1200.0 / V, sigma = std::sqrt(mean * (1 - 1.0 / V));
+  for (int64_t v = 0; v < V; ++v) EXPECT_NEAR(counts[v], mean, 5 * sigma) << "id " << v;
+  // the same place gives the same rows; a second rank's half is the same sequences
+  Tensor again = Tensor::empty({4, 300}, DType::kI32), half = Tensor::empty({2, 300}, DType::kI32);
+  Tensor t2 = Tensor::empty({4, 300}, DType::kI32), th = Tensor::empty({2, 300}, DType::kI32);
+  RandomTokenData(V, 11).fill_train(again, t2, 3, 1, 0);
+  EXPECT_EQ(rows(again), rows(ids));
+  EXPECT_EQ(rows(t2), rows(targets));
+  data.fill_train(half, th, 3, 1, 2);
+  EXPECT_EQ(rows(half), std::vector<int32_t>(ids.data<int32_t>() + 600, ids.data<int32_t>() + 1200));
+  // another step, micro-batch or seed, and the held-out batches, are other rows
+  auto differs = [&](const Tensor& t) { return rows(t) != rows(ids); };
+  data.fill_train(again, t2, 4, 1, 0);
+  EXPECT_TRUE(differs(again));
+  data.fill_train(again, t2, 3, 0, 0);
+  EXPECT_TRUE(differs(again));
+  RandomTokenData(V, 12).fill_train(again, t2, 3, 1, 0);
+  EXPECT_TRUE(differs(again));
+  data.fill_eval(again, t2, 0);
+  EXPECT_TRUE(differs(again));
+  Tensor other = Tensor::empty({4, 300}, DType::kI32);
+  data.fill_eval(other, t2, 1);
+  EXPECT_NE(rows(other), rows(again));
+  EXPECT_GE(data.eval_batches(4, 300), 64);
+  EXPECT_TRUE(throws_with([&] { data.fill_eval(other, t2, data.eval_batches(4, 300)); }, "past the"));
+  EXPECT_TRUE(throws_with([] { RandomTokenData(0, 1); }, "vocabulary of at least 1 token"));
 }
 
 // Encoding on several threads and in blocks gives the one-thread streams, with the Llama 3
