@@ -649,7 +649,8 @@ int run_train(const std::vector<std::string>& args) {
   if (!s.sample.empty() && trainer.comm().rank() == 0) {  // every rank samples (collectively); one prints
     std::printf("\n--- sample ---\n%s\n--------------\n", s.sample.c_str());
   }
-  return 0;
+  // stopped by a signal (checkpoint.on_signal): saved but not finished, the shell's status for it
+  return s.stopped_by_signal != 0 ? 128 + s.stopped_by_signal : 0;
 }
 
 }  // namespace shardtrain::cli

@@ -380,6 +380,11 @@ const std::vector<KeyDef>& keys() {
           "copy the state to host memory and write the files on a thread while training goes on; the checkpoint "
           "becomes `latest` at the first step after it at which every rank has written its file (at the latest at "
           "the next save or the end, which wait for the writing)"),
+      key("checkpoint.on_signal", &C::checkpoint, &CheckpointSection::on_signal,
+          "on SIGTERM (a scheduler's preemption), SIGUSR1 (Slurm's --signal=USR1@SECONDS) or SIGINT (Ctrl-C) at any "
+          "rank, every rank finishes its step, a checkpoint is saved to the checkpoint folder (also with "
+          "checkpoint.interval_steps = 0) and the run exits with status 128 + the signal's number; a second Ctrl-C "
+          "stops at once. false: the signals end the process at once"),
 
       key("sample.prompt", &C::sample, &SampleSection::prompt, "text the final sample continues"),
       key("sample.tokens", &C::sample, &SampleSection::tokens,

@@ -128,6 +128,7 @@ struct CheckpointSection {
   std::string dir = "";        // "" = run.output_dir/checkpoints
   std::string resume = "";     // "", "auto" or a step directory
   bool async = false;          // write the files on a thread while training goes on
+  bool on_signal = true;       // SIGTERM / SIGUSR1 / SIGINT: finish the step, save, exit (train/stop_signals.h)
 };
 
 struct SampleSection {

@@ -1,6 +1,8 @@
 // The training loop and its reporting.
 #include "train/trainer.h"
 
+#include <csignal>
+
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -43,6 +45,7 @@
 #include "train/generate.h"
 #include "train/metrics.h"
 #include "train/plan.h"
+#include "train/stop_signals.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {
@@ -177,6 +180,7 @@ JobConfig bench_job(JobConfig c, const BenchMode& bench) {
   c.data.document_mask = "off";
   c.checkpoint.interval_steps = 0;
   c.checkpoint.resume.clear();
+  c.checkpoint.on_signal = false;  // a bench stops at once
   c.export_.folder.clear();
   c.sample.tokens = 0;
   c.eval.interval_steps = 0;
@@ -644,7 +648,8 @@ TrainSummary Trainer::run() {
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   // the batch is split over the data-parallel ranks; a tensor-parallel group shares its rows
   const int64_t dp = mesh_->shape().data_parallel, dp_rank = mesh_->dp_rank();
-  Tensor reduce_buf = Tensor::empty({2}, DType::kF64, Device::cpu(), "step totals");
+  // [0]: counted tokens, then the loss sum; [1..3]: ranks that received SIGTERM, SIGUSR1, SIGINT
+  Tensor reduce_buf = Tensor::zeros({4}, DType::kF64, Device::cpu(), "step totals");
 
   std::string decay;  // warmup-stable-decay: where the decay starts
   if (config_.schedule.decay_fraction < 1.0 && sc.type != optim::ScheduleType::kConstant) {
@@ -701,6 +706,11 @@ TrainSummary Trainer::run() {
     summary.last_eval_parts = std::move(evaluation.parts);
   };
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
+  // checkpoint.on_signal: SIGTERM, SIGUSR1 or SIGINT at any rank stops every rank after the
+  // same step, which then saves a checkpoint
+  std::optional<StopSignals> stop_signals;
+  if (config_.checkpoint.on_signal) stop_signals.emplace();
+  int64_t last_step = start_step_ - 1;
   const Clock::time_point start = Clock::now();
   double train_seconds = 0;
   // Rates in the log cover the steps since the previous log line; the first step (plans,
@@ -740,8 +750,13 @@ TrainSummary Trainer::run() {
       t_backward += model_->last_phase_times().backward_s;
     }
     reduce_buf.data<double>()[0] = loss_sum;  // of this rank's token rows
-    reduce_buf.data<double>()[1] = 0;
+    const int received = stop_signals ? stop_signals->received() : 0;
+    constexpr int kStopSignals[3] = {SIGTERM, SIGUSR1, SIGINT};  // the one the run names, first found
+    for (int k = 0; k < 3; ++k) reduce_buf.data<double>()[1 + k] = received == kStopSignals[k] ? 1.0 : 0.0;
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
+    int stop_now = 0;  // the signal every rank stops for (0: none)
+    for (int k = 2; k >= 0; --k)
+      if (reduce_buf.data<double>()[1 + k] > 0) stop_now = kStopSignals[k];
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
@@ -762,10 +777,10 @@ TrainSummary Trainer::run() {
     }
     const double lr = optim::learning_rate(sc, step);
     const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
-    const bool eval_now =
-        !bench_ && ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
+    const bool eval_now = !bench_ && !stop_now &&
+                          ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
     const int64_t every = config_.checkpoint.interval_steps;
-    const bool checkpoint_now = every > 0 && (step % every == 0 || step == tc.steps);
+    const bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stop_now;
     if (store_->offloaded()) {
       // on the host's cores beside the next step's forward, which takes each unit as it is
       // written; complete within this step where an evaluation, a checkpoint or the end follows
@@ -870,7 +885,7 @@ TrainSummary Trainer::run() {
       progress.clear();
       report_eval(step);
     }
-    if (checkpoint_now && config_.checkpoint.async) {
+    if (checkpoint_now && config_.checkpoint.async && !stop_now) {
       if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
       const Clock::time_point tc0 = Clock::now();
       pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
@@ -892,6 +907,7 @@ TrainSummary Trainer::run() {
       log::info(fmt::format("checkpoint  step {:>5}  {} copied to host memory in {:.1f} s; writing while training "
                             "goes on", step, format_bytes(c->bytes()), seconds_since(tc0)));
     } else if (checkpoint_now) {
+      if (pending_checkpoint_) commit_pending_checkpoint();  // an asynchronous one before (stopping)
       const Clock::time_point tc0 = Clock::now();
       const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
                                               optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep),
@@ -903,12 +919,25 @@ TrainSummary Trainer::run() {
       progress.clear();
       commit_pending_checkpoint();
     }
+    last_step = step;
+    if (stop_now) {
+      progress.clear();
+      summary.stopped_by_signal = stop_now;
+      const auto ranks = static_cast<int64_t>(reduce_buf.data<double>()[1] + reduce_buf.data<double>()[2] +
+                                              reduce_buf.data<double>()[3]);
+      log::info(fmt::format("stopped after step {} of {} by {}{} (checkpoint.on_signal); resume with "
+                            "--checkpoint.resume=auto",
+                            step, tc.steps, stop_signal_name(stop_now),
+                            world > 1 ? fmt::format(" at {} of the {} ranks", ranks, world) : std::string()));
+      break;
+    }
     progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
   }
+  stop_signals.reset();  // signals from here on (the evaluation, export, sample) end the process
   progress.clear();
   if (pending_checkpoint_) commit_pending_checkpoint();
   summary.seconds = seconds_since(start);
-  const int64_t steps_done = tc.steps - first_step + 1;
+  const int64_t steps_done = last_step - first_step + 1;
   summary.tokens_per_second = timed.steps > 0 && steady_seconds > 0
                                   ? tokens_per_step * static_cast<double>(timed.steps) / steady_seconds
                               : train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_done) / train_seconds
@@ -946,6 +975,7 @@ TrainSummary Trainer::run() {
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
               profile::report_and_reset());
   if (tc.steps == 0 && !bench_) report_eval(0);
+  if (summary.stopped_by_signal != 0) return summary;  // saved; the export and sample wait for the end
   if (!config_.export_.folder.empty()) {
     ExportOptions eo;
     eo.folder = config_.export_.folder;

@@ -1,4 +1,6 @@
 // The `shardtrain` command: exit codes and messages for bad input.
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <array>
@@ -9,6 +11,7 @@
 #include <cstdio>
 #include <string>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace {
@@ -145,6 +148,96 @@ TEST(Cli, TokenizeAFolderFileByFile) {
                        (dir / "out2").string());
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_NE(p.output.find("2 files, 3 documents"), std::string::npos) << p.output;
+  fs::remove_all(dir);
+}
+
+// A `shardtrain` process whose output is read line by line while it runs, to signal it.
+struct Running {
+  pid_t pid = -1;
+  FILE* out = nullptr;
+  std::string output;
+  // Reads until a line holds `text` (true) or the output ends (false).
+  bool read_until(const std::string& text) {
+    char line[4096];
+    while (std::fgets(line, sizeof line, out) != nullptr) {
+      output += line;
+      if (std::string(line).find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+  // Reads the rest and waits; the raw wait status.
+  int finish() {
+    char buf[4096];
+    while (size_t n = std::fread(buf, 1, sizeof buf, out)) output.append(buf, n);
+    std::fclose(out);
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    return status;
+  }
+};
+
+Running start(const std::string& args) {
+  int fds[2];
+  EXPECT_EQ(::pipe(fds), 0);
+  Running r;
+  r.pid = ::fork();
+  if (r.pid == 0) {
+    ::dup2(fds[1], 1);
+    ::dup2(fds[1], 2);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    const std::string cmd = "exec " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args;
+    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::close(fds[1]);
+  r.out = ::fdopen(fds[0], "r");
+  return r;
+}
+
+// checkpoint.on_signal: SIGTERM finishes the step, saves it and exits with 128 + 15; the run
+// resumes from that checkpoint. Off, the signal ends the process at once; a second Ctrl-C too.
+TEST(Cli, ASignalSavesTheStepAndTheRunResumes) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_signal_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string job = "train --training.steps=100000 --logging.interval_steps=1 --logging.progress=off "
+                          "--sample.tokens=0 --run.output_dir=" + dir.string();
+  Running term = start(job);
+  ASSERT_TRUE(term.read_until("step     3/100000")) << term.output;
+  ::kill(term.pid, SIGTERM);
+  const int status = term.finish();
+  ASSERT_TRUE(WIFEXITED(status)) << term.output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << term.output;
+  const size_t at = term.output.find("stopped after step ");
+  ASSERT_NE(at, std::string::npos) << term.output;
+  const int64_t step = std::stoll(term.output.substr(at + 19));
+  EXPECT_GE(step, 3);
+  EXPECT_NE(term.output.find("of 100000 by SIGTERM (checkpoint.on_signal)"), std::string::npos) << term.output;
+  EXPECT_TRUE(fs::is_directory(dir / "checkpoints" / fmt::format("step_{:08d}", step))) << term.output;
+  EXPECT_EQ(term.output.find("eval "), std::string::npos) << "no evaluation after a signal: " << term.output;
+  const Result resumed = run(job.substr(0, job.find(' ')) + " --training.steps=" + std::to_string(step + 2) +
+                             job.substr(job.find(" --logging")) + " --checkpoint.resume=auto");
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("(step {}, written by 1 rank)", step)), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("step {:>5}/{}", step + 2, step + 2)), std::string::npos) << resumed.output;
+
+  Running off = start(job + " --checkpoint.on_signal=false --run.output_dir=" + (dir / "off").string());
+  ASSERT_TRUE(off.read_until("step     2/100000")) << off.output;
+  ::kill(off.pid, SIGTERM);
+  const int off_status = off.finish();
+  EXPECT_TRUE(WIFSIGNALED(off_status) && WTERMSIG(off_status) == SIGTERM) << off.output;
+  EXPECT_FALSE(fs::exists(dir / "off" / "checkpoints")) << off.output;
+
+  Running twice = start(job + " --run.output_dir=" + (dir / "twice").string());
+  ASSERT_TRUE(twice.read_until("step     2/100000")) << twice.output;
+  ::kill(twice.pid, SIGINT);
+  // a moment for the first to be handled (two pending ones would be delivered as one), well
+  // within the step of ~170 ms at which the first would stop the run
+  ::usleep(20000);
+  ::kill(twice.pid, SIGINT);
+  const int twice_status = twice.finish();
+  EXPECT_TRUE(WIFSIGNALED(twice_status) && WTERMSIG(twice_status) == SIGINT) << twice.output;
   fs::remove_all(dir);
 }
 

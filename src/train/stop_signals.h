@@ -1,0 +1,26 @@
+// Stopping a run cleanly on a signal: SIGTERM (a scheduler's preemption, `kill`), SIGUSR1
+// (Slurm's `--signal=USR1@SECONDS` warning) and SIGINT (Ctrl-C) set a flag that the trainer
+// reads once a step; the ranks agree on it, finish the step, save a checkpoint and exit. A
+// second SIGINT ends the process at once, as if no handler were there.
+#pragma once
+
+namespace shardtrain::train {
+
+// Installs the handlers for its lifetime and restores the previous ones after; the flag
+// starts clear. One at a time per process.
+class StopSignals {
+ public:
+  StopSignals();
+  ~StopSignals();
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+  // The first signal received since construction, or 0.
+  int received() const;
+  // Whether a StopSignals exists now (the handlers are in place).
+  static bool installed();
+};
+
+// "SIGTERM", "SIGINT", "SIGUSR1", or "a signal".
+const char* stop_signal_name(int signal);
+
+}  // namespace shardtrain::train
