@@ -649,8 +649,10 @@ int run_train(const std::vector<std::string>& args) {
   if (!s.sample.empty() && trainer.comm().rank() == 0) {  // every rank samples (collectively); one prints
     std::printf("\n--- sample ---\n%s\n--------------\n", s.sample.c_str());
   }
-  // stopped by a signal (checkpoint.on_signal): saved but not finished, the shell's status for it
-  return s.stopped_by_signal != 0 ? 128 + s.stopped_by_signal : 0;
+  // stopped by a signal (checkpoint.on_signal): saved but not finished, the shell's status for it;
+  // by training.time_limit: sysexits' EX_TEMPFAIL (75), to be resumed
+  if (s.stopped_by_signal != 0) return 128 + s.stopped_by_signal;
+  return s.stopped_by_time_limit ? 75 : 0;
 }
 
 }  // namespace shardtrain::cli

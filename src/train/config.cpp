@@ -2,6 +2,7 @@
 #include "train/config.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
@@ -260,6 +261,13 @@ const std::vector<KeyDef>& keys() {
       key("training.cuda_graph", &C::training, &TrainingSection::cuda_graph,
           "on one GPU, capture a micro-batch's forward and backward into a CUDA graph after the first step and "
           "replay it (one launch instead of ~50 per block; several GPUs run eagerly)"),
+      key("training.time_limit", &C::training, &TrainingSection::time_limit,
+          "stop before this much time has passed since the process started (a job's wall-clock limit): once what "
+          "is left would not hold another step and a save (the mean step, and the last save's time or else one more "
+          "step), every rank stops after the step, a checkpoint is saved and the run exits with status 75 "
+          "(EX_TEMPFAIL: resume with --checkpoint.resume=auto); a duration such as 3h50m, 90m, 1.5h or 600s; "
+          "empty: none",
+          [](const std::string& k, const Value& v) { parse_duration_seconds(std::get<std::string>(v), k); }),
 
       key("optimizer.lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", positive()),
       key("optimizer.beta1", &C::optimizer, &OptimizerSection::beta1, "AdamW beta1", in_range(0.0, 0.999999)),
@@ -568,6 +576,32 @@ void validate(const JobConfig& c) {
                tp, ") must divide `model.n_heads` (", m.n_heads, "), `model.n_kv_heads` (", m.n_kv_heads,
                ") and `model.ffn_dim` (", m.ffn_dim, ")");
   }
+}
+
+double parse_duration_seconds(const std::string& text, const std::string& key) {
+  if (text.empty()) return 0;
+  double total = 0;
+  size_t pos = 0;
+  const std::string units = "hms";
+  size_t next_unit = 0;  // units come in the order h, m, s, each at most once
+  while (pos < text.size()) {
+    size_t used = 0;
+    double v = -1;
+    try {
+      v = std::stod(text.substr(pos), &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    const bool digits = used > 0 && (std::isdigit(static_cast<unsigned char>(text[pos])) || text[pos] == '.');
+    const size_t unit = digits && pos + used < text.size() ? units.find(text[pos + used], next_unit) : std::string::npos;
+    ST_CHECK(unit != std::string::npos && std::isfinite(v), "`", key, "` = \"", text, "\": expected a duration such as "
+             "3h50m, 90m, 1.5h, 600s or 2h5m30s (numbers with units h, m, s in that order)");
+    total += v * (unit == 0 ? 3600.0 : unit == 1 ? 60.0 : 1.0);
+    next_unit = unit + 1;
+    pos += used + 1;
+  }
+  ST_CHECK(total > 0, "`", key, "` = \"", text, "\" is no time at all; leave it empty for no limit");
+  return total;
 }
 
 std::string describe(const LoadedConfig& loaded) {

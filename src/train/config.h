@@ -64,6 +64,7 @@ struct TrainingSection {
   int64_t mlp_chunk_tokens = 0;   // 0: auto
   std::string gemm_selection = "heuristic";  // timed | heuristic (ops::GemmSelection)
   bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
+  std::string time_limit;  // "3h50m", "90m", ...: stop and save before it (empty: none)
   bool deterministic = false;  // GPU: bitwise-repeatable steps (model::StepOptions::deterministic)
   bool offload_activations = false;  // GPU: kept activations in host memory (model::StepOptions)
   int64_t offload_activations_blocks = 0;  // with offload_activations: only the first n blocks (0: auto)
@@ -170,6 +171,10 @@ LoadedConfig load_config(const std::string& toml_path, const std::vector<std::st
 
 // Cross-key checks (e.g. model.n_heads divides model.dim); throws naming both keys.
 void validate(const JobConfig& config);
+
+// training.time_limit in seconds: a duration such as "3h50m", "90m", "1.5h", "600s" or "2h5m30s"
+// (numbers with units h, m, s, in that order); 0 for an empty one. Errors name `key`.
+double parse_duration_seconds(const std::string& text, const std::string& key = "training.time_limit");
 
 // "key = value  # source: doc" lines for every key, in declaration order.
 std::string describe(const LoadedConfig& loaded);

@@ -169,6 +169,9 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
 
 namespace {
 
+// training.time_limit counts from here: the process's start, as a job's wall-clock limit does
+const Clock::time_point g_process_start = Clock::now();
+
 // The job `shardtrain bench` runs instead of `config` (BenchMode).
 JobConfig bench_job(JobConfig c, const BenchMode& bench) {
   ST_CHECK(bench.warmup_steps >= 1, "bench: at least one warm-up step (plans, caches, a graph's capture) comes "
@@ -181,6 +184,7 @@ JobConfig bench_job(JobConfig c, const BenchMode& bench) {
   c.checkpoint.interval_steps = 0;
   c.checkpoint.resume.clear();
   c.checkpoint.on_signal = false;  // a bench stops at once
+  c.training.time_limit.clear();
   c.export_.folder.clear();
   c.sample.tokens = 0;
   c.eval.interval_steps = 0;
@@ -648,8 +652,11 @@ TrainSummary Trainer::run() {
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   // the batch is split over the data-parallel ranks; a tensor-parallel group shares its rows
   const int64_t dp = mesh_->shape().data_parallel, dp_rank = mesh_->dp_rank();
-  // [0]: counted tokens, then the loss sum; [1..3]: ranks that received SIGTERM, SIGUSR1, SIGINT
-  Tensor reduce_buf = Tensor::zeros({4}, DType::kF64, Device::cpu(), "step totals");
+  // [0]: counted tokens, then the loss sum; [1..3]: ranks that received SIGTERM, SIGUSR1, SIGINT;
+  // [4]: ranks whose clock says training.time_limit leaves no room for another step and a save
+  Tensor reduce_buf = Tensor::zeros({5}, DType::kF64, Device::cpu(), "step totals");
+  const double time_limit = parse_duration_seconds(config_.training.time_limit);
+  double last_save_seconds = -1;  // the last checkpoint's save, for the time limit's margin
 
   std::string decay;  // warmup-stable-decay: where the decay starts
   if (config_.schedule.decay_fraction < 1.0 && sc.type != optim::ScheduleType::kConstant) {
@@ -753,10 +760,20 @@ TrainSummary Trainer::run() {
     const int received = stop_signals ? stop_signals->received() : 0;
     constexpr int kStopSignals[3] = {SIGTERM, SIGUSR1, SIGINT};  // the one the run names, first found
     for (int k = 0; k < 3; ++k) reduce_buf.data<double>()[1 + k] = received == kStopSignals[k] ? 1.0 : 0.0;
+    if (time_limit > 0) {
+      // this step so far, and the steps before (the first alone before there are more)
+      const double step_estimate = std::max(seconds_since(t0), timed.steps > 0 ? steady_seconds / static_cast<double>(timed.steps)
+                                                                                : train_seconds);
+      const double save_estimate = last_save_seconds >= 0 ? last_save_seconds : step_estimate;
+      reduce_buf.data<double>()[4] =
+          seconds_since(g_process_start) + step_estimate + save_estimate > time_limit ? 1.0 : 0.0;
+    }
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
     int stop_now = 0;  // the signal every rank stops for (0: none)
     for (int k = 2; k >= 0; --k)
       if (reduce_buf.data<double>()[1 + k] > 0) stop_now = kStopSignals[k];
+    const bool time_up = stop_now == 0 && reduce_buf.data<double>()[4] > 0 && step < tc.steps;
+    const bool stopping = stop_now != 0 || time_up;
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
@@ -777,10 +794,10 @@ TrainSummary Trainer::run() {
     }
     const double lr = optim::learning_rate(sc, step);
     const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
-    const bool eval_now = !bench_ && !stop_now &&
+    const bool eval_now = !bench_ && !stopping &&
                           ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
     const int64_t every = config_.checkpoint.interval_steps;
-    const bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stop_now;
+    const bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stopping;
     if (store_->offloaded()) {
       // on the host's cores beside the next step's forward, which takes each unit as it is
       // written; complete within this step where an evaluation, a checkpoint or the end follows
@@ -885,7 +902,7 @@ TrainSummary Trainer::run() {
       progress.clear();
       report_eval(step);
     }
-    if (checkpoint_now && config_.checkpoint.async && !stop_now) {
+    if (checkpoint_now && config_.checkpoint.async && !stopping) {
       if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
       const Clock::time_point tc0 = Clock::now();
       pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
@@ -912,23 +929,31 @@ TrainSummary Trainer::run() {
       const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
                                               optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep),
                                               &checkpoint_staging_);
+      last_save_seconds = seconds_since(tc0);
       progress.clear();
-      log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds_since(tc0)));
+      log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, last_save_seconds));
     }
     if (pending_checkpoint_ && step > checkpoint_step_ && all_ranks_wrote_checkpoint()) {
       progress.clear();
       commit_pending_checkpoint();
     }
     last_step = step;
-    if (stop_now) {
+    if (stopping) {
       progress.clear();
-      summary.stopped_by_signal = stop_now;
-      const auto ranks = static_cast<int64_t>(reduce_buf.data<double>()[1] + reduce_buf.data<double>()[2] +
-                                              reduce_buf.data<double>()[3]);
-      log::info(fmt::format("stopped after step {} of {} by {}{} (checkpoint.on_signal); resume with "
-                            "--checkpoint.resume=auto",
-                            step, tc.steps, stop_signal_name(stop_now),
-                            world > 1 ? fmt::format(" at {} of the {} ranks", ranks, world) : std::string()));
+      std::string why;
+      if (stop_now != 0) {
+        summary.stopped_by_signal = stop_now;
+        const auto ranks = static_cast<int64_t>(reduce_buf.data<double>()[1] + reduce_buf.data<double>()[2] +
+                                                reduce_buf.data<double>()[3]);
+        why = fmt::format("by {}{} (checkpoint.on_signal)", stop_signal_name(stop_now),
+                          world > 1 ? fmt::format(" at {} of the {} ranks", ranks, world) : std::string());
+      } else {
+        summary.stopped_by_time_limit = true;
+        why = fmt::format("at {} of training.time_limit = {}: another step and a save would not fit",
+                          format_duration(seconds_since(g_process_start)), config_.training.time_limit);
+      }
+      log::info(fmt::format("stopped after step {} of {} {}; resume with --checkpoint.resume=auto", step, tc.steps,
+                            why));
       break;
     }
     progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
@@ -975,7 +1000,7 @@ TrainSummary Trainer::run() {
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
               profile::report_and_reset());
   if (tc.steps == 0 && !bench_) report_eval(0);
-  if (summary.stopped_by_signal != 0) return summary;  // saved; the export and sample wait for the end
+  if (summary.stopped_by_signal != 0 || summary.stopped_by_time_limit) return summary;  // saved; the export and sample wait for the end
   if (!config_.export_.folder.empty()) {
     ExportOptions eo;
     eo.folder = config_.export_.folder;

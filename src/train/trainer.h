@@ -60,6 +60,7 @@ struct BenchMode {
 struct TrainSummary {
   TimedSteps timed;
   int stopped_by_signal = 0;  // checkpoint.on_signal: the signal the run stopped for (saved, not finished), or 0
+  bool stopped_by_time_limit = false;  // training.time_limit: stopped and saved before the last step
   std::vector<StepRecord> steps;
   std::vector<std::pair<int64_t, double>> evals;  // (step, held-out loss)
   std::vector<std::pair<std::string, double>> last_eval_parts;  // the last evaluation's per-source losses (data.mix)

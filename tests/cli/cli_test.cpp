@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -238,6 +239,28 @@ TEST(Cli, ASignalSavesTheStepAndTheRunResumes) {
   ::kill(twice.pid, SIGINT);
   const int twice_status = twice.finish();
   EXPECT_TRUE(WIFSIGNALED(twice_status) && WTERMSIG(twice_status) == SIGINT) << twice.output;
+  fs::remove_all(dir);
+}
+
+// training.time_limit: the run stops before the limit, saved, with status 75.
+TEST(Cli, ATimeLimitStopsBeforeItAndSaves) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_time_limit_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  const Result r = run("train --training.steps=100000 --training.time_limit=6s --logging.progress=off "
+                       "--sample.tokens=0 --run.output_dir=" + dir.string());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(r.status, 75) << r.output;
+  const size_t at = r.output.find("stopped after step ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const int64_t step = std::stoll(r.output.substr(at + 19));
+  EXPECT_NE(r.output.find("of training.time_limit = 6s: another step and a save would not fit"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::is_directory(dir / "checkpoints" / fmt::format("step_{:08d}", step))) << r.output;
+  // ended before the limit, but for the process's exit (a loaded machine's steps vary; 1 s of slack)
+  EXPECT_LT(seconds, 7.0) << r.output;
+  EXPECT_GT(seconds, 2.0) << "stopped long before the limit: " << r.output;
   fs::remove_all(dir);
 }
 

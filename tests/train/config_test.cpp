@@ -89,6 +89,21 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   EXPECT_NE(e.find("config `"), std::string::npos) << e;
 }
 
+TEST(Config, TimeLimitsAreDurations) {
+  EXPECT_EQ(parse_duration_seconds(""), 0);
+  EXPECT_EQ(parse_duration_seconds("3h50m"), 3 * 3600 + 50 * 60);
+  EXPECT_EQ(parse_duration_seconds("90m"), 5400);
+  EXPECT_EQ(parse_duration_seconds("1.5h"), 5400);
+  EXPECT_EQ(parse_duration_seconds("600s"), 600);
+  EXPECT_EQ(parse_duration_seconds("2h5m30s"), 7530);
+  EXPECT_EQ(parse_duration_seconds(".5m"), 30);
+  for (const char* bad : {"90", "3x", "-1m", "m", "1m2h", "1h1h", "1h 2m", "inf", "0s", "1.5"}) {
+    const std::string e = error_of("", {std::string("--training.time_limit=") + bad});
+    EXPECT_NE(e.find("`training.time_limit` = \"" + std::string(bad) + "\""), std::string::npos) << bad << ": " << e;
+  }
+  EXPECT_EQ(error_of("", {"--training.time_limit=23h59m"}), "");
+}
+
 }  // namespace
 }  // namespace shardtrain::train
 
