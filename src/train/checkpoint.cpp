@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -18,6 +19,7 @@
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/stream.h"
 #endif
+#include "core/allocator.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
@@ -156,6 +158,38 @@ class PieceIndex {
     }
     for (auto& [key, refs] : index_)
       std::sort(refs.begin(), refs.end(), [](const PieceRef& a, const PieceRef& b) { return a.first < b.first; });
+  }
+
+  // "" when the pieces of parameter `name`'s `kind` hold each of its `numel` elements exactly
+  // once, else the first element missing or held twice (every row of a strided piece is a run).
+  std::string coverage(const std::string& name, const std::string& kind, int64_t numel) const {
+    const auto it = index_.find({name, kind});
+    if (it == index_.end()) return "no pieces";
+    std::vector<std::pair<int64_t, int64_t>> runs;
+    for (const PieceRef& r : it->second)
+      for (int64_t i = 0; i < r.rows; ++i) runs.emplace_back(r.first + i * r.stride, r.end + i * r.stride);
+    std::sort(runs.begin(), runs.end());
+    int64_t next = 0;
+    for (const auto& [a, b] : runs) {
+      if (a > next) return fmt::format("elements [{}, {}) missing", next, a);
+      if (a < next) return fmt::format("element {} held twice", a);
+      next = b;
+    }
+    if (next < numel) return fmt::format("elements [{}, {}) missing", next, numel);
+    if (next > numel) return fmt::format("pieces run to element {}, past its {}", next, numel);
+    return "";
+  }
+  size_t pieces() const {
+    size_t n = 0;
+    for (const auto& [key, refs] : index_) n += refs.size();
+    return n;
+  }
+  // Pieces of parameters `known` does not name.
+  std::vector<std::string> unknown(const std::function<bool(const std::string&)>& known) const {
+    std::vector<std::string> out;
+    for (const auto& [key, refs] : index_)
+      if (!known(key.first)) out.push_back(key.first + "|" + key.second);
+    return out;
   }
 
   bool has_kind(const std::string& kind) const {
@@ -422,6 +456,62 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   }
   info.config = model::parse_hf_config(meta.at("config"), path);
   return info;
+}
+
+std::string checkpoint_report(const std::string& step_dir) {
+  const CheckpointInfo info = read_checkpoint_info(step_dir);
+  const json meta = read_json((fs::path(info.path) / "metadata.json").string());
+  const std::vector<std::string> files = meta.at("files").get<std::vector<std::string>>();
+  const PieceIndex index(info, files);
+  std::ostringstream r;
+  r << fmt::format("{}  (shardtrain checkpoint, format version {})\n", info.path, meta.value("version", 0));
+  r << fmt::format("  step {}, written by {} rank{}{}; optimizer state: {}\n", info.step, info.world_size,
+                   info.world_size == 1 ? "" : "s",
+                   meta.value("tensor_parallel", 1) > 1 ? fmt::format(" (tensor parallel {})", meta.value("tensor_parallel", 1))
+                                                        : std::string(),
+                   meta.value("has_optimizer_state", false)
+                       ? fmt::format("AdamW moments after {} steps", meta.value("optimizer_steps", int64_t{0}))
+                       : std::string("none"));
+  r << "  model: " << info.config.summary() << "\n";
+  r << "  tokenizer: " << (info.tokenizer_source.empty() ? std::string("built in (byte-level)") : info.tokenizer_source)
+    << "\n";
+  int64_t bytes = 0;
+  for (const std::string& f : files) {
+    const auto size = static_cast<int64_t>(fs::file_size(fs::path(info.path) / f));
+    bytes += size;
+    r << fmt::format("  {}  {}\n", f, format_bytes(size));
+  }
+  r << fmt::format("  {} pieces, {} in all\n", index.pieces(), format_bytes(bytes));
+  // every element of every parameter, once per kind the checkpoint holds
+  const model::ModelLayout layout = model::ModelLayout::llama(info.config, 1);
+  std::vector<const char*> kinds = {kMaster};
+  if (meta.value("has_optimizer_state", false)) kinds.insert(kinds.end(), {kExpAvg, kExpAvgSq});
+  int problems = 0;
+  int64_t params = 0, elements = 0;
+  std::map<std::string, bool> names;
+  for (const model::UnitLayout& u : layout.units())
+    for (const model::ParamSpec& p : u.params) {
+      ++params;
+      elements += p.full_numel();
+      names[p.name] = true;
+      for (const char* kind : kinds) {
+        const std::string problem = index.coverage(p.name, kind, p.full_numel());
+        if (problem.empty()) continue;
+        ++problems;
+        r << fmt::format("  {} of `{}` {}: {}\n", kind, p.name, p.full_shape.str(), problem);
+      }
+    }
+  for (const std::string& extra : index.unknown([&](const std::string& n) { return names.count(n) > 0; })) {
+    ++problems;
+    r << "  pieces of a parameter the model does not have: " << extra << "\n";
+  }
+  std::string what = "master weights";
+  if (kinds.size() > 1) what += ", AdamW m and v";
+  r << (problems == 0 ? fmt::format("  complete: {} of all {} parameters ({} elements), each element once\n", what,
+                                    params, elements)
+                      : fmt::format("  INCOMPLETE: {} problem{} (above); this checkpoint cannot be loaded\n", problems,
+                                    problems == 1 ? "" : "s"));
+  return r.str();
 }
 
 void load_checkpoint_params(const CheckpointInfo& info, const model::ModelLayout& layout,

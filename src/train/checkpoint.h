@@ -95,6 +95,11 @@ std::string save_checkpoint(const std::string& root, int64_t step, const model::
 std::string resolve_checkpoint(const std::string& spec, const std::string& root);
 CheckpointInfo read_checkpoint_info(const std::string& step_dir);
 
+// What `shardtrain inspect` says of a step directory: step, ranks, model, tokenizer, files, and
+// whether the pieces hold every element of every parameter once for each kind saved (an
+// incomplete checkpoint is named as such). Throws on unreadable metadata or files.
+std::string checkpoint_report(const std::string& step_dir);
+
 // Fills this rank's master shards (and the optimizer's state and step count, when given)
 // from the checkpoint's pieces. The store's layout must match the checkpoint's config.
 void load_checkpoint(const CheckpointInfo& info, fsdp::ShardedUnitStore& store, optim::AdamW* optimizer);

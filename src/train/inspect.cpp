@@ -1,6 +1,7 @@
 // The inspect report.
 #include "train/inspect.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 
@@ -11,6 +12,7 @@
 #include "io/parquet.h"
 #include "model/hf_config.h"
 #include "model/layout.h"
+#include "train/checkpoint.h"
 
 namespace shardtrain::train {
 
@@ -39,6 +41,19 @@ std::string parquet_report(const std::string& path) {
 std::string inspect_report(const std::string& path) {
   namespace fs = std::filesystem;
   if (io::is_parquet_file(path)) return parquet_report(path);
+  // a training checkpoint: a step directory, or the folder whose `latest` names one
+  if (fs::is_regular_file(fs::path(path) / "metadata.json")) return checkpoint_report(path);
+  if (fs::is_regular_file(fs::path(path) / "latest")) {
+    std::vector<std::string> steps;
+    for (const fs::directory_entry& e : fs::directory_iterator(path))
+      if (e.is_directory() && e.path().filename().string().rfind("step_", 0) == 0) steps.push_back(e.path().filename());
+    std::sort(steps.begin(), steps.end());
+    std::string list;
+    for (const std::string& s : steps) list += " " + s;
+    const std::string latest = resolve_checkpoint("auto", path);
+    return fmt::format("{}: checkpoints{}; `latest` is {}\n\n", path, list, fs::path(latest).filename().string()) +
+           checkpoint_report(latest);
+  }
   std::ostringstream r;
   const io::HfWeights w(path);
   int64_t total_bytes = 0, total_elements = 0;

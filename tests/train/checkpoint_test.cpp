@@ -3,6 +3,7 @@
 // writes exactly the trained weights. (Across rank counts: tests/fsdp, under mpirun.)
 #include "train/checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -13,6 +14,8 @@
 #include <nlohmann/json.hpp>
 
 #include "io/hf_folder.h"
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "testing/compare.h"
 #include "train/export.h"
 #include "train/trainer.h"
@@ -237,6 +240,58 @@ TEST(Checkpoint, DamageIsNamed) {
   EXPECT_NE(version.find("format version 7"), std::string::npos) << version;
 
   EXPECT_NE(error_of([&] { read_checkpoint_info(dir + "/nowhere"); }).find("not a directory"), std::string::npos);
+}
+
+// `shardtrain inspect` on a step directory: what it holds, and whether every element of every
+// parameter is there once; a piece removed or doubled is named.
+TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
+  const std::string dir = fresh_dir("report");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  Trainer(c).run();
+  const std::string step = dir + "/checkpoints/step_00000003";
+  const std::string report = checkpoint_report(step);
+  EXPECT_NE(report.find("step 3, written by 1 rank; optimizer state: AdamW moments after 3 steps"), std::string::npos)
+      << report;
+  EXPECT_NE(report.find("model: Llama: 2 layers, dim 40"), std::string::npos) << report;
+  EXPECT_NE(report.find("complete: master weights, AdamW m and v of all"), std::string::npos) << report;
+
+  // the rank file rewritten without one piece, then with a piece twice
+  const std::string file = step + "/rank_00000-of-00001.safetensors";
+  std::vector<std::pair<std::string, Tensor>> pieces;
+  {
+    const io::SafetensorsFile f(file);
+    for (const io::TensorInfo& t : f.tensors()) pieces.emplace_back(t.name, f.read_as(t.name, DType::kF32));
+  }
+  const auto at = std::find_if(pieces.begin(), pieces.end(), [](const auto& p) {
+    return p.first.rfind("model.layers.1.mlp.down_proj.weight|exp_avg|", 0) == 0;
+  });
+  ASSERT_NE(at, pieces.end());
+  std::vector<std::pair<std::string, Tensor>> fewer = pieces;
+  fewer.erase(fewer.begin() + (at - pieces.begin()));
+  io::write_safetensors(file, fewer, {});
+  const std::string none = checkpoint_report(step);
+  EXPECT_NE(none.find("exp_avg of `model.layers.1.mlp.down_proj.weight` [40, 52]: no pieces"), std::string::npos)
+      << none;
+  EXPECT_NE(none.find("INCOMPLETE: 1 problem"), std::string::npos) << none;
+  const std::string name = at->first;
+  const int64_t end = std::stoll(name.substr(name.rfind(':') + 1));
+  ASSERT_EQ(end, 40 * 52);
+  // its last 10 elements cut off
+  fewer.emplace_back("model.layers.1.mlp.down_proj.weight|exp_avg|0:" + std::to_string(end - 10),
+                     at->second.flat_range(0, end - 10));
+  io::write_safetensors(file, fewer, {});
+  const std::string missing = checkpoint_report(step);
+  EXPECT_NE(missing.find("exp_avg of `model.layers.1.mlp.down_proj.weight` [40, 52]: elements [2070, 2080) missing"),
+            std::string::npos) << missing;
+  std::vector<std::pair<std::string, Tensor>> more = pieces;
+  // the first elements again, under a name of their own
+  more.emplace_back("model.layers.1.mlp.down_proj.weight|exp_avg|0:" + std::to_string(end - 1),
+                    at->second.flat_range(0, end - 1));
+  io::write_safetensors(file, more, {});
+  const std::string doubled = checkpoint_report(step);
+  EXPECT_NE(doubled.find("exp_avg of `model.layers.1.mlp.down_proj.weight` [40, 52]: element 0 held twice"),
+            std::string::npos) << doubled;
 }
 
 TEST(Checkpoint, ExportWritesTheTrainedWeights) {
