@@ -2,11 +2,18 @@
 #include "core/profile.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
 
 namespace shardtrain::profile {
 namespace {
@@ -17,7 +24,34 @@ struct Total {
   Cost cost;
 };
 
+struct TraceEvent {
+  std::string name;
+  bool op = true;  // an op (timed, with its cost) or a region
+  double start_us = 0, duration_us = 0;
+  Cost cost;
+  int thread = 0;
+};
+
 std::mutex g_mutex;
+std::vector<TraceEvent> g_trace;  // under g_mutex
+size_t g_trace_dropped = 0;
+const auto g_epoch = std::chrono::steady_clock::now();
+std::atomic<int> g_next_thread{0};
+thread_local int t_thread = g_next_thread++;
+
+double micros(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::micro>(t - g_epoch).count();
+}
+
+void record(TraceEvent e) {
+  if (trace_path().empty()) return;
+  std::lock_guard<std::mutex> lock(g_mutex);
+  if (g_trace.size() >= kMaxTraceEvents) {
+    ++g_trace_dropped;
+    return;
+  }
+  g_trace.push_back(std::move(e));
+}
 double g_peak_flops = 0, g_peak_bytes_per_s = 0;
 thread_local int t_depth = 0;  // only the outermost timer of a thread records (no double counting)
 std::map<std::string, Total>& totals() {
@@ -27,12 +61,77 @@ std::map<std::string, Total>& totals() {
 
 }  // namespace
 
+const std::string& trace_path() {
+  static const std::string path = [] {
+    const char* v = std::getenv("SHARDTRAIN_PROFILE_TRACE");
+    return std::string(v == nullptr ? "" : v);
+  }();
+  return path;
+}
+
 bool enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SHARDTRAIN_PROFILE");
-    return v != nullptr && std::string(v) != "0" && std::string(v) != "";
+    return (v != nullptr && std::string(v) != "0" && std::string(v) != "") || !trace_path().empty();
   }();
   return on;
+}
+
+Region::Region(const char* name, int64_t index) : name_(name), index_(index), on_(!trace_path().empty()) {
+  if (on_) start_ = std::chrono::steady_clock::now();
+}
+
+Region::~Region() {
+  if (!on_) return;
+  const auto end = std::chrono::steady_clock::now();
+  TraceEvent e;
+  e.name = index_ >= 0 ? std::string(name_) + " " + std::to_string(index_) : std::string(name_);
+  e.op = false;
+  e.start_us = micros(start_);
+  e.duration_us = std::chrono::duration<double, std::micro>(end - start_).count();
+  e.thread = t_thread;
+  record(std::move(e));
+}
+
+std::string write_trace(const std::string& path, int rank) {
+  std::string file = path;
+  if (rank > 0) {
+    const size_t dot = file.rfind('.');
+    const size_t slash = file.rfind('/');
+    const std::string tag = ".rank" + std::to_string(rank);
+    if (dot != std::string::npos && (slash == std::string::npos || dot > slash)) file.insert(dot, tag);
+    else file += tag;
+  }
+  std::vector<TraceEvent> events;
+  size_t dropped = 0;
+  {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    events.swap(g_trace);
+    dropped = std::exchange(g_trace_dropped, 0);
+  }
+  nlohmann::json out;
+  nlohmann::json list = nlohmann::json::array();
+  list.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank}, {"args", {{"name", "rank " + std::to_string(rank)}}}});
+  for (const TraceEvent& e : events) {
+    nlohmann::json j = {{"name", e.name}, {"cat", e.op ? "op" : "region"}, {"ph", "X"},
+                        {"ts", e.start_us},  {"dur", e.duration_us},          {"pid", rank},
+                        {"tid", e.thread}};
+    if (e.op && e.duration_us > 0 && (e.cost.flops > 0 || e.cost.bytes > 0)) {
+      j["args"] = {{"TFLOP/s", 1e-6 * e.cost.flops / e.duration_us}, {"GB/s", 1e-3 * e.cost.bytes / e.duration_us},
+                   {"FLOPs", e.cost.flops}, {"bytes", e.cost.bytes}};
+    }
+    list.push_back(std::move(j));
+  }
+  out["traceEvents"] = std::move(list);
+  out["displayTimeUnit"] = "ms";
+  out["otherData"] = {{"writer", "shardtrain (SHARDTRAIN_PROFILE_TRACE)"},
+                      {"note", "every op synchronised before and after, so the ops run one at a time"},
+                      {"events_left_out", dropped}};
+  std::ofstream f(file);
+  f << out.dump() << "\n";
+  f.close();
+  ST_CHECK(f.good(), "SHARDTRAIN_PROFILE_TRACE: cannot write `", file, "`");
+  return file;
 }
 
 void set_roofline(double peak_flops, double peak_bytes_per_s) {
@@ -57,7 +156,17 @@ ScopedTimer::~ScopedTimer() {
   if (!on_) return;
   --t_depth;
   synchronize(device_);
-  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
+  const auto end = std::chrono::steady_clock::now();
+  const double s = std::chrono::duration<double>(end - start_).count();
+  if (!trace_path().empty()) {
+    TraceEvent e;
+    e.name = name_;
+    e.start_us = micros(start_);
+    e.duration_us = 1e6 * s;
+    e.cost = cost_;
+    e.thread = t_thread;
+    record(std::move(e));
+  }
   std::lock_guard<std::mutex> lock(g_mutex);
   Total& t = totals()[name_];
   ++t.calls;

@@ -52,6 +52,33 @@ class ScopedTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// A named stretch of work around ops (a step, its forward, a block), for the trace only: with
+// SHARDTRAIN_PROFILE_TRACE set it becomes a span enclosing the ops inside it; otherwise it does
+// nothing. `index` >= 0 is appended to the name ("block" 3: "block 3").
+class Region {
+ public:
+  explicit Region(const char* name, int64_t index = -1);
+  ~Region();
+  Region(const Region&) = delete;
+  Region& operator=(const Region&) = delete;
+
+ private:
+  const char* name_;
+  int64_t index_;
+  bool on_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+// SHARDTRAIN_PROFILE_TRACE=FILE (which also turns the per-op timer on): every timed op and
+// region goes into a timeline that write_trace() saves in the Chrome trace event format, which
+// Perfetto (ui.perfetto.dev) and chrome://tracing open. The path it names ("" when unset).
+const std::string& trace_path();
+// Writes the timeline recorded so far to `path` (rank > 0: `path` with ".rank<r>" before its
+// extension) as process `rank`, then clears it; the file's name. At most kMaxTraceEvents are
+// kept (the first ones); the file says how many were left out.
+constexpr size_t kMaxTraceEvents = 1000000;
+std::string write_trace(const std::string& path, int rank);
+
 // The totals so far as a table, sorted by time, then cleared: name, calls, ms, share, and
 // from the ops' costs the achieved TFLOP/s and GB/s and the roofline's share of the time
 // (max(FLOPs / peak, bytes / bandwidth) over the measured time: 100 % is the hardware limit).

@@ -4,6 +4,7 @@
 
 #include <chrono>
 
+#include "core/profile.h"
 #include "core/random.h"
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/stream.h"
@@ -262,7 +263,10 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
       ctx.kv_keys_BSMH = cache->keys(l);
       ctx.kv_values_BSMH = cache->values(l);
     }
-    block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
+    {
+      const profile::Region region("block forward", l);
+      block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
+    }
     store_->release_params(u, pass);
     x_BTD = a.y_BTD;
     if (pass == Pass::kEval)
@@ -395,7 +399,10 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ce.chunk_tokens = o.loss_chunk_tokens;
     ce.check_targets = false;  // checked on the host above
     ce.overwrite_dweight = o.overwrite_grads;  // the head's (tied: the table's) first gradient
-    ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
+    {
+      const profile::Region region("head and loss");
+      ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
+    }
     h_TD = Tensor();
     Tensor dx_TD = dx_BTD.view({R, D});
     Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
@@ -414,6 +421,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     BlockActivations& a = acts[static_cast<size_t>(l)];
     if (offload) offload->before_backward(l, acts);
     const Tensor params = store_->acquire_params(u, Pass::kBackward);
+    const profile::Region region("block backward", l);
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     if (o.checkpointing != ActivationCheckpointing::kNone) {
       const Tensor input = a.x_BTD;

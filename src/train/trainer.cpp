@@ -731,6 +731,7 @@ TrainSummary Trainer::run() {
   const int64_t timed_from = first_step + (bench_ ? bench_->warmup_steps : 1);
   TimedSteps& timed = summary.timed;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
+    std::optional<profile::Region> step_region(std::in_place, "step", step);  // the step's own work
     const Clock::time_point t0 = Clock::now();
     // This rank draws sequences dp_rank*B .. dp_rank*B + B-1 of each micro-batch of the global
     // batch (the ranks of a tensor-parallel group draw the same ones).
@@ -777,6 +778,7 @@ TrainSummary Trainer::run() {
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
+    std::optional<profile::Region> optimizer_region(std::in_place, "optimizer");
     // offloaded with one micro-batch, the GPU summed the squares as the gradients went down
     const std::optional<double> landed = store_->landed_grad_sum_squares();
     double norm = 0;
@@ -809,6 +811,8 @@ TrainSummary Trainer::run() {
       optimizer_->step(targets_of_step.params, cgrads, lr, clip, targets_of_step.compute_copies);  // writes the compute shards
     }
     synchronize(device_);  // step times are host-clock times of finished device work
+    optimizer_region.reset();
+    step_region.reset();
     const double t_optim = seconds_since(t2);
     const double step_seconds = seconds_since(t0);
     const double t_comm_wait = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
@@ -899,9 +903,12 @@ TrainSummary Trainer::run() {
                             "page-locked)", format_bytes(model_->activation_offload()->bytes_offloaded()),
                             format_bytes(model_->activation_offload()->host_bytes())));
     if (eval_now) {
+      const profile::Region region("evaluation");
       progress.clear();
       report_eval(step);
     }
+    std::optional<profile::Region> checkpoint_region;
+    if (checkpoint_now) checkpoint_region.emplace("checkpoint");
     if (checkpoint_now && config_.checkpoint.async && !stopping) {
       if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
       const Clock::time_point tc0 = Clock::now();
@@ -933,6 +940,7 @@ TrainSummary Trainer::run() {
       progress.clear();
       log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, last_save_seconds));
     }
+    checkpoint_region.reset();
     if (pending_checkpoint_ && step > checkpoint_step_ && all_ranks_wrote_checkpoint()) {
       progress.clear();
       commit_pending_checkpoint();
@@ -995,6 +1003,10 @@ TrainSummary Trainer::run() {
   if (!device_.is_cpu())
     if (const std::string peak = describe_peak_breakdown(allocator_for(device_)); !peak.empty())
       log::info("SHARDTRAIN_MEMORY_PEAK_REPORT=1: " + peak);
+  if (!profile::trace_path().empty())
+    log::info("SHARDTRAIN_PROFILE_TRACE: the run's ops and regions (step, block forward and backward, head and loss, "
+              "optimizer) in " + profile::write_trace(profile::trace_path(), comm_->rank()) +
+              " (open it in ui.perfetto.dev)");
   if (profile::enabled() && comm_->rank() == 0)
     log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <vector>
 #include <cstdio>
@@ -22,8 +23,9 @@ struct Result {
   std::string output;
 };
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args + " 2>&1";
+Result run(const std::string& args, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args +
+                          " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 4096> buf;
@@ -261,6 +263,50 @@ TEST(Cli, ATimeLimitStopsBeforeItAndSaves) {
   // ended before the limit, but for the process's exit (a loaded machine's steps vary; 1 s of slack)
   EXPECT_LT(seconds, 7.0) << r.output;
   EXPECT_GT(seconds, 2.0) << "stopped long before the limit: " << r.output;
+  fs::remove_all(dir);
+}
+
+// SHARDTRAIN_PROFILE_TRACE: a run's timeline, its ops inside the step, block, head and
+// optimizer regions around them.
+TEST(Cli, ATraceHoldsTheStepsBlocksAndOps) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_trace_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string trace = (dir / "trace.json").string();
+  fs::create_directories(dir);
+  const Result r = run("train --training.steps=2 --sample.tokens=0 --logging.progress=off --run.output_dir=" +
+                       dir.string() + " --eval.batches=1", "SHARDTRAIN_PROFILE_TRACE=" + trace);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("SHARDTRAIN_PROFILE_TRACE: the run's ops and regions"), std::string::npos) << r.output;
+  std::ifstream in(trace);
+  const nlohmann::json t = nlohmann::json::parse(in);
+  std::map<std::string, std::vector<nlohmann::json>> by_name;
+  for (const nlohmann::json& e : t.at("traceEvents"))
+    if (e.value("ph", "") == "X") by_name[e.at("name").get<std::string>()].push_back(e);
+  for (const char* region : {"step 1", "step 2", "block forward 0", "block forward 3", "block backward 3",
+                             "block backward 0", "head and loss", "optimizer", "evaluation"})
+    EXPECT_TRUE(by_name.count(region)) << region;
+  EXPECT_EQ(by_name["step 1"].size(), 1u);
+  EXPECT_EQ(by_name["block backward 2"].size(), 2u);  // one per step
+  auto inside_one = [&](const nlohmann::json& op, const std::string& region) {
+    for (const nlohmann::json& g : by_name[region])
+      if (op.at("ts").get<double>() >= g.at("ts").get<double>() &&
+          op.at("ts").get<double>() + op.at("dur").get<double>() <= g.at("ts").get<double>() + g.at("dur").get<double>())
+        return true;
+    return false;
+  };
+  ASSERT_EQ(by_name["linear_cross_entropy"].size(), 3u) << "2 steps and the evaluation";
+  EXPECT_TRUE(inside_one(by_name["linear_cross_entropy"][0], "head and loss"));
+  EXPECT_TRUE(inside_one(by_name["linear_cross_entropy"][0], "step 1"));
+  EXPECT_FALSE(inside_one(by_name["linear_cross_entropy"][2], "step 2")) << "the evaluation comes after the step";
+  EXPECT_TRUE(inside_one(by_name["linear_cross_entropy"][2], "evaluation"));
+  bool adamw = false;
+  for (const auto& [name, events] : by_name)
+    if (name.rfind("adamw", 0) == 0) {
+      adamw = true;
+      EXPECT_TRUE(inside_one(events[0], "optimizer")) << name;
+    }
+  EXPECT_TRUE(adamw);
   fs::remove_all(dir);
 }
 
