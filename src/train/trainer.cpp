@@ -957,8 +957,10 @@ TrainSummary Trainer::run() {
                           world > 1 ? fmt::format(" at {} of the {} ranks", ranks, world) : std::string());
       } else {
         summary.stopped_by_time_limit = true;
-        why = fmt::format("at {} of training.time_limit = {}: another step and a save would not fit",
-                          format_duration(seconds_since(g_process_start)), config_.training.time_limit);
+        const double elapsed = seconds_since(g_process_start);
+        why = fmt::format("{} into training.time_limit = {}: another step and a save would not fit",
+                          elapsed < 100 ? fmt::format("{:.1f} s", elapsed) : format_duration(elapsed),
+                          config_.training.time_limit);
       }
       log::info(fmt::format("stopped after step {} of {} {}; resume with --checkpoint.resume=auto", step, tc.steps,
                             why));
