@@ -103,14 +103,20 @@ struct DocumentReader::State {
 
 DocumentReader::DocumentReader(std::string source, DocumentFormat format, std::string field)
     : source_(std::move(source)), format_(format), field_(std::move(field)), state_(std::make_unique<State>()) {
-  if (format_ == DocumentFormat::kParquet) {
-    files_ = parquet_files(source_);
-  } else {
-    files_ = {source_};
-    state_->text = std::make_unique<io::InputFile>(source_);  // decompressed when it is a .gz or .zst file
-    std::error_code ec;
-    state_->file_bytes = std::filesystem::file_size(source_, ec);
-  }
+  files_ = document_files(source_, format_);
+  if (format_ != DocumentFormat::kParquet) open_text(0);
+}
+
+bool DocumentReader::open_text(size_t file) {
+  State& s = *state_;
+  s.file = file;
+  s.text.reset();
+  s.line_no = 0;
+  if (file >= files_.size()) return false;
+  s.text = std::make_unique<io::InputFile>(files_[file]);  // decompressed when it is a .gz or .zst file
+  std::error_code ec;
+  s.file_bytes = std::filesystem::file_size(files_[file], ec);
+  return true;
 }
 
 DocumentReader::~DocumentReader() = default;
@@ -138,10 +144,11 @@ bool DocumentReader::next_text(std::vector<std::string>& out, size_t max_bytes) 
     any = true;
   };
   while (bytes < max_bytes) {
-    if (!s.text || !s.text->read_line(s.line)) {
-      s.text.reset();
-      finish_document();
-      break;
+    if (!s.text) break;
+    if (!s.text->read_line(s.line)) {
+      finish_document();  // a document ends with its file
+      open_text(s.file + 1);
+      continue;
     }
     if (blank(s.line)) {
       finish_document();
@@ -159,28 +166,31 @@ bool DocumentReader::next_jsonl(std::vector<std::string>& out, size_t max_bytes)
   State& s = *state_;
   std::vector<std::string> lines;
   std::vector<int64_t> numbers;
+  std::vector<size_t> file_of;  // the index in files_ of each line's file
   size_t bytes = 0;
   while (bytes < max_bytes && s.text) {
     if (!s.text->read_line(s.line)) {
-      s.text.reset();
-      break;
+      open_text(s.file + 1);
+      continue;
     }
     ++s.line_no;
     if (blank(s.line)) continue;
     bytes += s.line.size();
     lines.push_back(std::move(s.line));
     numbers.push_back(s.line_no);
+    file_of.push_back(s.file);
   }
   if (lines.empty()) return false;
   std::vector<std::string> docs(lines.size());
   parallel_for_lowest_error(static_cast<int64_t>(lines.size()), 0, [&](int64_t i) {
     const auto k = static_cast<size_t>(i);
+    const std::string& file = files_[file_of[k]];
     nlohmann::json j = nlohmann::json::parse(lines[k], nullptr, false);
-    ST_CHECK(!j.is_discarded() && j.is_object(), "`", source_, "` line ", numbers[k], ": not a JSON object");
+    ST_CHECK(!j.is_discarded() && j.is_object(), "`", file, "` line ", numbers[k], ": not a JSON object");
     auto it = j.find(field_);
-    ST_CHECK(it != j.end(), "`", source_, "` line ", numbers[k], ": no field `", field_,
+    ST_CHECK(it != j.end(), "`", file, "` line ", numbers[k], ": no field `", field_,
              "` (set data.text_field to the field holding the text)");
-    ST_CHECK(it->is_string(), "`", source_, "` line ", numbers[k], ": field `", field_, "` is not a string");
+    ST_CHECK(it->is_string(), "`", file, "` line ", numbers[k], ": field `", field_, "` is not a string");
     docs[k] = std::move(it->get_ref<std::string&>());
   });
   for (std::string& d : docs) {
@@ -224,8 +234,12 @@ bool DocumentReader::next_parquet(std::vector<std::string>& out, size_t max_byte
 void DocumentReader::check_not_empty() const {
   if (documents_ > 0) return;
   switch (format_) {
-    case DocumentFormat::kText: ST_THROW("text file `", source_, "` holds no documents");
-    case DocumentFormat::kJsonl: ST_THROW("JSONL file `", source_, "` holds no documents");
+    case DocumentFormat::kText:
+    case DocumentFormat::kJsonl: {
+      const char* kind = format_ == DocumentFormat::kText ? "text" : "JSONL";
+      if (files_.size() > 1) ST_THROW("the ", files_.size(), " ", kind, " files of `", source_, "` hold no documents");
+      ST_THROW(kind, " file `", source_, "` holds no documents");
+    }
     case DocumentFormat::kParquet:
       ST_THROW("`", source_, "` holds no documents in Parquet field `", field_, "`");
   }
@@ -240,8 +254,11 @@ double DocumentReader::progress() const {
     return std::min(1.0, (static_cast<double>(s.file) + within) / static_cast<double>(files_.size()));
   }
   if (!s.text) return 1.0;
-  if (s.text->compression() != io::InputFile::Compression::kNone || s.file_bytes == 0) return -1;
-  return std::min(1.0, static_cast<double>(s.text->bytes_read()) / static_cast<double>(s.file_bytes));
+  const double files = static_cast<double>(files_.size());
+  if (s.text->compression() != io::InputFile::Compression::kNone || s.file_bytes == 0)
+    return files > 1 ? static_cast<double>(s.file) / files : -1;  // finished files only
+  const double within = static_cast<double>(s.text->bytes_read()) / static_cast<double>(s.file_bytes);
+  return std::min(1.0, (static_cast<double>(s.file) + within) / files);
 }
 
 namespace {
@@ -299,6 +316,27 @@ std::vector<std::string> parquet_files(const std::string& source) {
   for (const std::string& f : source_files(source))
     if (io::is_parquet_file(f)) files.push_back(f);
   ST_CHECK(!files.empty(), "`", source, "` holds no Parquet file");
+  return files;
+}
+
+bool is_jsonl_name(const std::string& path) {
+  const std::string ext = io::inner_extension(path);
+  return ext == ".jsonl" || ext == ".json";
+}
+
+bool is_text_name(const std::string& path) { return io::inner_extension(path) == ".txt"; }
+
+std::vector<std::string> document_files(const std::string& source, DocumentFormat format) {
+  if (format == DocumentFormat::kParquet) return parquet_files(source);
+  if (!std::filesystem::is_directory(source) && !is_source_pattern(source)) return {source};
+  // a pattern names its files; a folder's are taken by their extension (a dataset card, a
+  // license or a Parquet file beside them are not documents)
+  const bool pattern = is_source_pattern(source);
+  const bool jsonl = format == DocumentFormat::kJsonl;
+  std::vector<std::string> files;
+  for (const std::string& f : source_files(source))
+    if (pattern || (jsonl ? is_jsonl_name(f) : is_text_name(f))) files.push_back(f);
+  ST_CHECK(!files.empty(), "`", source, "` holds no ", jsonl ? ".jsonl or .json" : ".txt", " files (also .gz, .zst)");
   return files;
 }
 

@@ -34,8 +34,10 @@ DocumentFormat parse_document_format(const std::string& name);
 // and the line (JSONL) or the row group and column (Parquet).
 class DocumentReader {
  public:
-  // `field`: JSONL's field or Parquet's column (unused for text). Throws when a file cannot
-  // be opened; a Parquet source with no Parquet file is an error naming it.
+  // `source`: a file, or a folder or pattern of files (document_files), read one after another
+  // in name order; a text document ends with its file. `field`: JSONL's field or Parquet's
+  // column (unused for text). Throws when a file cannot be opened, and naming the source when
+  // it holds no file of the format.
   DocumentReader(std::string source, DocumentFormat format, std::string field);
   ~DocumentReader();
   DocumentReader(const DocumentReader&) = delete;
@@ -57,6 +59,7 @@ class DocumentReader {
   double progress() const;
 
  private:
+  bool open_text(size_t file);  // text and JSONL: starts files_[file] (false past the last)
   bool next_text(std::vector<std::string>& out, size_t max_bytes);
   bool next_jsonl(std::vector<std::string>& out, size_t max_bytes);
   bool next_parquet(std::vector<std::string>& out, size_t max_bytes);
@@ -86,6 +89,13 @@ bool is_source_pattern(const std::string& source);  // wildcards in the last com
 
 // The Parquet files among source_files(source); an error naming `source` when there are none.
 std::vector<std::string> parquet_files(const std::string& source);
+
+// The files a document source of `format` reads, in name order: a file itself; a pattern's
+// matches; a folder's files of the format (Parquet by their marks, JSONL by .jsonl or .json,
+// text by .txt, each also .gz or .zst). An error naming `source` when there are none.
+std::vector<std::string> document_files(const std::string& source, DocumentFormat format);
+bool is_jsonl_name(const std::string& path);  // .jsonl or .json, also compressed
+bool is_text_name(const std::string& path);   // .txt, also compressed
 
 // Parquet files (a file, a folder or a pattern: parquet_files): the document in string column
 // `field` of each row, files in name order and row groups in order; rows where it is null or

@@ -272,25 +272,31 @@ const BpeTokenizer* chat_tokenizer(const std::string& path, const Tokenizer& tok
 
 }  // namespace
 
-bool is_parquet_source(const std::string& path) {
-  return std::filesystem::is_directory(path) || is_source_pattern(path) || io::is_parquet_file(path);
+ExampleFiles example_files(const std::string& source) {
+  ExampleFiles f;
+  if (!std::filesystem::is_directory(source) && !is_source_pattern(source)) {
+    f.files = {source};
+    f.parquet = io::is_parquet_file(source);
+    return f;
+  }
+  const std::vector<std::string> all = source_files(source);
+  f.parquet = std::any_of(all.begin(), all.end(), [](const std::string& p) { return io::is_parquet_file(p); });
+  f.files = document_files(source, f.parquet ? DocumentFormat::kParquet : DocumentFormat::kJsonl);
+  return f;
 }
 
 std::vector<SftExample> read_sft_examples(const std::string& path, const Tokenizer& tokenizer,
                                           const SftOptions& o) {
   const BpeTokenizer* bpe = chat_tokenizer(path, tokenizer, o);
-  // Parquet: one file, or the Parquet files of a folder or pattern (their rows one after
-  // another, in name order); else one JSONL file
-  const bool parquet = is_parquet_source(path);
+  // one file, or the Parquet or JSONL files of a folder or pattern: their rows or lines one
+  // after another, in name order
+  const ExampleFiles source = example_files(path);
+  const bool parquet = source.parquet;
   std::vector<RawExample> raw;
-  if (parquet) {
-    for (const std::string& file : parquet_files(path)) {
-      std::vector<RawExample> part = read_parquet_examples(file, o);
-      for (RawExample& r : part) r.file = file;
-      raw.insert(raw.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
-    }
-  } else {
-    raw = read_jsonl_examples(path, o);
+  for (const std::string& file : source.files) {
+    std::vector<RawExample> part = parquet ? read_parquet_examples(file, o) : read_jsonl_examples(file, o);
+    for (RawExample& r : part) r.file = file;
+    raw.insert(raw.end(), std::make_move_iterator(part.begin()), std::make_move_iterator(part.end()));
   }
   ST_CHECK(!raw.empty(), "`", path, "` holds no examples");
 
@@ -299,7 +305,7 @@ std::vector<SftExample> read_sft_examples(const std::string& path, const Tokeniz
   parallel_for_lowest_error(n, 0, [&](int64_t i) {
     const RawExample& r = raw[static_cast<size_t>(i)];
     examples[static_cast<size_t>(i)] =
-        with_context([&] { return fmt::format("tokenizing `{}` {} {}", parquet ? r.file : path, parquet ? "row" : "line", r.line); }, [&] {
+        with_context([&] { return fmt::format("tokenizing `{}` {} {}", r.file, parquet ? "row" : "line", r.line); }, [&] {
           return o.format == SftFormat::kChat ? format_chat(*bpe, r.messages, o.train_on_prompt, r.tools)
                                               : format_prompt_response(tokenizer, r.prompt, r.response,
                                                                        o.train_on_prompt);

@@ -87,8 +87,14 @@ struct SftSequences {
 SftSequences pack_examples(std::span<const SftExample> examples, std::span<const int64_t> order, int64_t seq_len,
                            bool packing, int32_t pad_id);
 
-// Whether an SFT source is read as Parquet: a folder, a pattern, or a file with Parquet's marks.
-bool is_parquet_source(const std::string& path);
+// The files an example source reads, in name order: a file itself; a folder's or pattern's
+// Parquet files when it has any, else its JSONL files (a folder's .jsonl and .json files, also
+// compressed; a pattern's matches). An error naming the source when there are none.
+struct ExampleFiles {
+  std::vector<std::string> files;
+  bool parquet = false;  // Parquet rows, else JSONL lines
+};
+ExampleFiles example_files(const std::string& source);
 
 // Every example of `path` (as SftData reads it: JSONL lines or Parquet rows) tokenized, in file
 // order, on every core. Errors name the file and the line or row.

@@ -22,6 +22,7 @@
 #include "core/host.h"
 #include "core/random.h"
 #include "data/dataset.h"
+#include "data/sft.h"
 #include "data/tokenize_file.h"
 
 namespace shardtrain::data {
@@ -98,9 +99,8 @@ TokenCacheKey document_cache_key(const DocumentSource& d) {
 }
 
 std::vector<std::string> token_cache_source_files(const TokenCacheKey& key) {
-  const bool parquet = key.format == "parquet" || fs::is_directory(key.source) || is_source_pattern(key.source);
-  if (parquet) return parquet_files(key.source);
-  return {key.source};
+  if (key.format == "sft" || key.format == "chat") return example_files(key.source).files;
+  return document_files(key.source, parse_document_format(key.format));
 }
 
 uint64_t token_cache_source_bytes(const TokenCacheKey& key) {

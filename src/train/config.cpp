@@ -146,8 +146,8 @@ const std::vector<KeyDef>& keys() {
           "builtin:fortunes (Debian's fortunes package), builtin:random (random tokens, uniform over the model's "
           "vocabulary: for speed and memory measurements), a .txt, .jsonl or .parquet file (text and JSONL also "
           "gzip- or zstd-compressed: .jsonl.gz, .json.zst, ...), a token file written by "
-          "`shardtrain tokenize`, or a folder or file-name pattern (\"data/train-*.parquet\") of token files or "
-          "Parquet files, read in name order as one source"),
+          "`shardtrain tokenize`, or a folder or file-name pattern (\"data/train-*.parquet\") of token, Parquet, "
+          "JSONL or text files, read in name order as one source"),
       key("data.format", &C::data, &DataSection::format,
           "auto (a token file by its header, a Parquet file by its PAR1 marks, else jsonl for .jsonl / .json, else "
           "text), text (blank-line separated documents), jsonl (a text field per line), parquet (a text column, a "

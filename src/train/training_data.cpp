@@ -190,11 +190,24 @@ std::string resolve_data_format(const DataSection& d) {
       return "tokens";
     }
     const bool parquet = std::any_of(files.begin(), files.end(), [](const std::string& f) { return io::is_parquet_file(f); });
-    ST_CHECK(parquet, "`data.source` = `", d.source, "` names ", files.size(), " files, none of them a token file ("
-             "written by `shardtrain tokenize`) or a Parquet file");
-    ST_CHECK(d.format == "auto" || d.format == "parquet" || d.format == "sft" || d.format == "chat", "`data.source` = `",
-             d.source, "` names Parquet files, which read as `data.format` = parquet, sft or chat, not ", d.format);
-    return d.format == "auto" ? "parquet" : d.format;
+    if (parquet) {
+      ST_CHECK(d.format == "auto" || d.format == "parquet" || d.format == "sft" || d.format == "chat",
+               "`data.source` = `", d.source, "` names Parquet files, which read as `data.format` = parquet, sft or "
+               "chat, not ", d.format);
+      return d.format == "auto" ? "parquet" : d.format;
+    }
+    // JSONL or text files, read one after another (data::document_files)
+    const bool jsonl = std::any_of(files.begin(), files.end(), [](const std::string& f) { return data::is_jsonl_name(f); });
+    const bool text = std::any_of(files.begin(), files.end(), [](const std::string& f) { return data::is_text_name(f); });
+    ST_CHECK(jsonl || text || (data::is_source_pattern(d.source) && d.format != "auto"), "`data.source` = `", d.source,
+             "` names ", files.size(), " files, none of them a token file (written by `shardtrain tokenize`), a "
+             "Parquet file, JSONL (.jsonl, .json) or text (.txt; each also .gz or .zst)");
+    if (d.format != "auto") {
+      ST_CHECK(d.format != "parquet" && d.format != "tokens", "`data.format` = ", d.format, ", but `", d.source,
+               "` names no ", d.format == "parquet" ? "Parquet" : "token", " files");
+      return d.format;
+    }
+    return jsonl ? "jsonl" : "text";
   }
   ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file or folder `", d.source, "`");
   if (io::is_parquet_file(d.source)) {

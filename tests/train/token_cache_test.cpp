@@ -435,6 +435,95 @@ TEST_F(TokenCache, ChatExamplesGiveTheSameBatchesAndFollowTheTemplate) {
 }
 
 
+// A folder or pattern of JSONL or text files reads as the files one after another, in name
+// order (compressed ones too): the documents, the split and the batches of the concatenated
+// file, in memory and from a token cache, which follows each file; errors name the file.
+TEST_F(TokenCache, FoldersAndPatternsOfJsonlAndTextFilesReadAsTheirConcatenation) {
+  fs::create_directories(dir_ / "shards");
+  const std::string a = jsonl(900), b = jsonl(1400);
+  write("shards/part-1.jsonl", a);
+  write("plain.jsonl", b);
+  ASSERT_EQ(std::system(("gzip -c " + (dir_ / "plain.jsonl").string() + " > " + (dir_ / "shards/part-0.jsonl.gz").string())
+                            .c_str()),
+            0);
+  write("shards/README.md", "# a dataset card\n");
+  write("shards/notes.txt", "not a document of a JSONL folder\n");
+  const std::string folder = (dir_ / "shards").string();
+  const std::string concatenated = write("ba.jsonl", b + a);  // part-0 (b) before part-1 (a)
+
+  std::vector<std::string> whole = load_jsonl_documents(concatenated, "text");
+  EXPECT_EQ(load_jsonl_documents(folder, "text"), whole);
+  DocumentReader reader(folder, DocumentFormat::kJsonl, "text");
+  EXPECT_EQ(reader.files().size(), 2u);
+  EXPECT_EQ(drain_in_blocks(reader, 3000), whole);  // blocks that cross from one file to the next
+  EXPECT_EQ(load_jsonl_documents(folder + "/part-*", "text"), whole);
+
+  train::DataSection d;
+  d.source = folder;
+  EXPECT_EQ(train::resolve_data_format(d), "jsonl");
+  d.source = folder + "/part-*";
+  EXPECT_EQ(train::resolve_data_format(d), "jsonl");
+  d.source = folder + "/*.md";
+  EXPECT_TRUE(throws_with([&] { train::resolve_data_format(d); }, "none of them a token file"));
+
+  ByteTokenizer t;
+  expect_same_batches(job(concatenated, "off", cache_dir()), job(folder, "off", cache_dir()), t, t.vocab_size());
+  expect_same_batches(job(concatenated, "off", cache_dir()), job(folder, "on", cache_dir()), t, t.vocab_size());
+  const TokenCacheKey key = document_cache_key({folder, DocumentFormat::kJsonl, "text", 0.1, 5});
+  EXPECT_EQ(token_cache_source_files(key).size(), 2u);
+  const std::string before = token_cache_folder(cache_dir(), key, t);
+  write("shards/part-1.jsonl", a + "{\"text\": \"one more\"}\n");  // a file of the folder edited: a new cache
+  EXPECT_NE(token_cache_folder(cache_dir(), key, t), before);
+
+  // an error names the file and its own line
+  write("shards/part-2.jsonl", "{\"text\": \"fine\"}\n{\"text\": 7}\n");
+  EXPECT_TRUE(throws_with([&] { load_jsonl_documents(folder, "text"); }, "part-2.jsonl` line 2: field `text` is not a string"));
+
+  // text files: a document ends with its file
+  fs::create_directories(dir_ / "books");
+  write("books/a.txt", "first book, one\n\nfirst book, two");
+  write("books/b.txt", "second book");
+  write("books/c.txt", "\n\n");
+  EXPECT_EQ(load_text_documents((dir_ / "books").string()),
+            (std::vector<std::string>{"first book, one", "first book, two", "second book"}));
+  d.source = (dir_ / "books").string();
+  EXPECT_EQ(train::resolve_data_format(d), "text");
+  fs::create_directories(dir_ / "empty");
+  write("empty/x.txt", "\n");
+  write("empty/y.txt", "  \n");
+  EXPECT_TRUE(throws_with([&] { load_text_documents((dir_ / "empty").string()); },
+                          "the 2 text files of `" + (dir_ / "empty").string() + "` hold no documents"));
+  EXPECT_TRUE(throws_with([&] { load_text_documents((dir_ / "shards").string() + "/nothing-*"); }, "matches no file"));
+}
+
+// Fine-tuning examples from a folder of JSONL files: the examples of the concatenated file.
+TEST_F(TokenCache, AFolderOfExampleFilesReadsAsTheirConcatenation) {
+  std::string first, second;
+  for (int i = 0; i < 600; ++i)
+    (i < 250 ? first : second) += "{\"prompt\": \"question " + std::to_string(i) + "?\", \"response\": \"answer " +
+                                  std::string(static_cast<size_t>(i % 30), 'y') + "\"}\n";
+  fs::create_directories(dir_ / "sft");
+  write("sft/train-00000.jsonl", first);
+  write("sft/train-00001.jsonl", second);
+  write("sft/README.md", "# card\n");
+  const std::string concatenated = write("all.jsonl", first + second);
+  ByteTokenizer t;
+  train::JobConfig whole = job(concatenated, "off", cache_dir());
+  whole.data.format = "sft";
+  whole.training.seq_len = 64;
+  train::JobConfig folder = whole;
+  folder.data.source = (dir_ / "sft").string();
+  expect_same_batches(whole, folder, t, t.vocab_size());
+  folder.data.token_cache = "on";
+  expect_same_batches(whole, folder, t, t.vocab_size());
+  EXPECT_EQ(example_files(folder.data.source).files.size(), 2u);
+  EXPECT_FALSE(example_files(folder.data.source).parquet);
+  write("sft/train-00002.jsonl", "{\"prompt\": \"q\"}\n");
+  SftOptions o;
+  o.seq_len = 64;
+  EXPECT_TRUE(throws_with([&] { read_sft_examples(folder.data.source, t, o); }, "train-00002.jsonl` line 1"));
+}
+
 // `shardtrain cache`: each folder's state from its name and source.json; prune removes what no
 // launch can read again, and by choice what has not been used, never a running build nor
 // anything in the folder that is not a cache.
