@@ -600,8 +600,9 @@ int run_bench(const std::vector<std::string>& args) {
                      world > 1 ? fmt::format(" (compute waiting on communication {:.1f} ms)", t.comm_wait_s * ms)
                                : std::string());
   if (dev.is_cuda())
-    out += fmt::format("  memory       peak {} of the GPU's {}{}\n", format_bytes(t.peak_device_bytes),
-                       format_bytes(t.device_total_bytes), world > 1 ? " (rank 0)" : "");
+    out += fmt::format("  memory       peak {} of the GPU's {}{} (`shardtrain plan`: {})\n",
+                       format_bytes(t.peak_device_bytes), format_bytes(t.device_total_bytes),
+                       world > 1 ? " (rank 0)" : "", format_bytes(t.planned_peak_bytes));
   if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w))
     out += fmt::format("  board        {}; {:.2f} mJ per token{}\n", format_activity(t.board),
                        1e3 * t.board.mean_power_w / (s.tokens_per_second / world), world > 1 ? " (rank 0)" : "");
@@ -626,6 +627,7 @@ int run_bench(const std::vector<std::string>& args) {
     r["comm_wait_s"] = t.comm_wait_s / n;
     r["mfu"] = t.mfu;
     r["peak_device_bytes"] = t.peak_device_bytes;
+    r["planned_peak_bytes"] = t.planned_peak_bytes;
     if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w)) {
       r["gpu_power_w"] = t.board.mean_power_w;
       r["gpu_sm_mhz"] = t.board.mean_sm_mhz;

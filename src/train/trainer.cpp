@@ -988,6 +988,12 @@ TrainSummary Trainer::run() {
   timed.peak_flops = peak_flops;
   timed.peak_device_bytes = device_.is_cpu() ? 0 : peak_device_bytes();
   timed.device_total_bytes = gpu_memory_bytes();
+  if (device_.is_cuda()) {  // the plan at the launch's choices
+    PlanInput in = with_offloaded_blocks(launch_plan_input(), offload_blocks_);
+    in.checkpointing = checkpointing_;
+    in.compute_shards = compute_shards_;
+    timed.planned_peak_bytes = plan_memory(in).peak;
+  }
   timed.board = run_power;
   log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s{}, peak host memory {} in tensors ({} resident){}",
                         steps_done, format_duration(summary.seconds), summary.tokens_per_second, timed_part,

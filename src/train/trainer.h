@@ -46,6 +46,7 @@ struct TimedSteps {
   double flops_per_token = 0;  // torchtitan's, as MFU counts them
   double peak_flops = 0;       // the device's dense bf16 peak
   int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
+  int64_t planned_peak_bytes = 0;  // what `shardtrain plan` says of the run's GPU peak (0 on the CPU)
   GpuActivity board;           // this rank's GPU over the timed steps (samples 0: no readings)
 };
 
