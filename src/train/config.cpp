@@ -297,6 +297,9 @@ const std::vector<KeyDef>& keys() {
           "global held-out batches per evaluation (each training.batch_size sequences per data-parallel rank), "
           "from the split's start; 0: all of them (the whole held-out split or data.eval_source)",
           non_negative()),
+      key("eval.at_start", &C::eval, &EvalSection::at_start,
+          "also evaluate before the first step (logged as step 0, or as the step a resumed run starts after): "
+          "the held-out loss the run starts from, such as a pretrained model's before fine-tuning"),
 
       key("logging.interval_steps", &C::logging, &LoggingSection::interval_steps,
           "write a log line every this many steps", positive()),

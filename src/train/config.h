@@ -89,6 +89,7 @@ struct ScheduleSection {
 struct EvalSection {
   int64_t interval_steps = 100;
   int64_t batches = 8;
+  bool at_start = false;  // also before the first step
 };
 
 struct LoggingSection {

@@ -712,6 +712,10 @@ TrainSummary Trainer::run() {
     write_metrics(record);
     summary.last_eval_parts = std::move(evaluation.parts);
   };
+  if (config_.eval.at_start && !bench_ && tc.steps > 0) {
+    const profile::Region region("evaluation");
+    report_eval(start_step_ - 1);  // the loss the run starts from
+  }
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   // checkpoint.on_signal: SIGTERM, SIGUSR1 or SIGINT at any rank stops every rank after the
   // same step, which then saves a checkpoint

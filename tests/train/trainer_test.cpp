@@ -60,6 +60,26 @@ TEST(Trainer, DefaultJobShortenedLearns) {
   EXPECT_EQ(lines, 61);  // 60 steps + 1 evaluation
 }
 
+// eval.at_start: the held-out loss before the first step, logged as step 0, is the model's
+// before training (a fresh model's, evaluated alone) and above the loss at the end.
+TEST(Trainer, EvaluatesBeforeTheFirstStep) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_trainer_at_start_" + std::to_string(::getpid()))).string();
+  JobConfig c = short_default_job(out);
+  c.training.steps = 30;
+  c.sample.tokens = 0;
+  const double untrained = Trainer(c).evaluate().loss;
+  c.eval.at_start = true;
+  const TrainSummary s = Trainer(c).run();
+  ASSERT_EQ(s.evals.size(), 2u);
+  EXPECT_EQ(s.evals.front().first, 0);
+  EXPECT_EQ(s.evals.front().second, untrained);
+  EXPECT_NEAR(untrained, std::log(258.0), 0.3);
+  EXPECT_EQ(s.evals.back().first, 30);
+  EXPECT_LT(s.evals.back().second, untrained - 1.0);
+  std::filesystem::remove_all(out);
+}
+
 TEST(Trainer, RunsAreReproducible) {
   const std::string out = (std::filesystem::temp_directory_path() / ("shardtrain_trainer_repro_" + std::to_string(::getpid()))).string();
   JobConfig c = short_default_job(out);
