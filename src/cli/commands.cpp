@@ -22,6 +22,9 @@
 #include "data/token_cache.h"
 #include "data/tokenize_file.h"
 #include "dist/bootstrap.h"
+#ifdef SHARDTRAIN_WITH_MPI
+#include "dist/mpi_communicator.h"
+#endif
 #include "core/log.h"
 #include "core/profile.h"
 #include "train/config.h"
@@ -98,12 +101,13 @@ std::string usage() {
          "  plan [CONFIG.toml] [--ranks N] [--section.key=value ...]\n"
          "                                                   memory per rank and FLOPs of a job, without\n"
          "                                                   training (N: the launch's world size, else 1)\n"
-         "  bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--section.key=value ...]\n"
-         "                                                   the job's training step on random tokens (and with\n"
+         "  bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--sweep KEY=V1,V2,...]\n"
+         "        [--section.key=value ...]                 the job's training step on random tokens (and with\n"
          "                                                   model.hf random weights of its shape): N timed steps\n"
          "                                                   (10) after W warm-up ones (3); tokens/s, MFU, the\n"
          "                                                   phases, peak memory, the board; writes no files\n"
-         "                                                   but FILE\n"
+         "                                                   but FILE; --sweep (repeatable): every combination of\n"
+         "                                                   the values in turn, one table (one process only)\n"
          "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
          "                                                   file or Hugging Face folder; fields, types and the\n"
          "                                                   first row of a .parquet file; a checkpoint's step,\n"
@@ -547,49 +551,53 @@ int run_plan(const std::vector<std::string>& args) {
   return 0;
 }
 
-int run_bench(const std::vector<std::string>& args) {
-  int64_t steps = 10, warmup = 3;
-  std::string json_path;
-  std::vector<std::string> rest;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& a = args[i];
-    auto value = [&]() -> const std::string& {
-      ST_CHECK(i + 1 < args.size(), "bench: ", a, " needs a value");
-      return args[++i];
-    };
-    if (a == "--steps") steps = integer_flag(a, value(), "bench");
-    else if (a == "--warmup") warmup = integer_flag(a, value(), "bench");
-    else if (a == "--json") json_path = value();
-    else rest.push_back(a);
-  }
-  ST_CHECK(steps >= 1, "bench: --steps must be at least 1, found ", steps);
-  ST_CHECK(warmup >= 1, "bench: --warmup must be at least 1 (the first step builds plans, caches and the CUDA "
-           "graph), found ", warmup);
-  const JobArgs j = parse_job_args(rest, "bench");
-  train::JobConfig c = train::load_config(j.config_file, j.overrides).config;
-  c.training.steps = warmup + steps;
-  log::info(fmt::format("bench: {}, random tokens and weights, {} warm-up and {} timed steps",
-                        j.config_file.empty() ? std::string("the built-in default job") : j.config_file, warmup,
-                        steps));
+namespace {
+
+// One bench run's figures, for the report, the sweep's table and --json.
+struct BenchRow {
+  std::string settings;  // the sweep's key=value pairs ("" without a sweep)
+  std::string error;     // the run failed (out of memory, a bad setting): its message
+  std::string model, device;
+  int rank = 0, world = 1, data_parallel = 1;
+  int64_t batch_size = 0, seq_len = 0, accum = 0;
+  double tokens_per_second = 0;
+  train::TimedSteps t;
+};
+
+BenchRow run_one_bench(const train::JobConfig& c, int64_t warmup, const std::string& settings) {
+  BenchRow row;
+  row.settings = settings;
+  row.batch_size = c.training.batch_size;
+  row.seq_len = c.training.seq_len;
+  row.accum = c.training.grad_accum_steps;
   train::Trainer trainer(c, nullptr, train::BenchMode{warmup});
+  if (trainer.device().is_cuda()) allocator_for(trainer.device()).reset_peak();  // this run's peak alone
   const train::TrainSummary s = trainer.run();
-  if (trainer.comm().rank() != 0) return 0;
-  const train::TimedSteps& t = s.timed;
-  const int world = trainer.comm().world_size();
+  row.model = trainer.model().config().summary();
+  row.device = trainer.device().str();
+  row.rank = trainer.comm().rank();
+  row.world = trainer.comm().world_size();
+  row.data_parallel = trainer.mesh().shape().data_parallel;
+  row.tokens_per_second = s.tokens_per_second;
+  row.t = s.timed;
+  return row;
+}
+
+std::string bench_report(const BenchRow& r, int64_t warmup) {
+  const train::TimedSteps& t = r.t;
+  const int world = r.world;
   const double n = static_cast<double>(t.steps);
   const double ms = 1e3 / n;
-  const Device dev = trainer.device();
-  std::string out = fmt::format("\nbench: {} on {}{}\n", trainer.model().config().summary(),
-                                world > 1 ? fmt::format("{} ranks, ", world) : std::string(), dev.str());
+  std::string out = fmt::format("\nbench: {} on {}{}\n", r.model, world > 1 ? fmt::format("{} ranks, ", world) : std::string(),
+                                r.device);
+  if (!r.settings.empty()) out += fmt::format("  settings     {}\n", r.settings);
   out += fmt::format("  batch        {} tokens per step ({} x {} tokens x {} micro-batch{}{})\n", t.tokens_per_step,
-                     c.training.batch_size, c.training.seq_len, c.training.grad_accum_steps,
-                     c.training.grad_accum_steps == 1 ? "" : "es",
-                     world > 1 ? fmt::format(" x {} data-parallel rank{}", trainer.mesh().shape().data_parallel,
-                                             trainer.mesh().shape().data_parallel == 1 ? "" : "s")
+                     r.batch_size, r.seq_len, r.accum, r.accum == 1 ? "" : "es",
+                     world > 1 ? fmt::format(" x {} data-parallel rank{}", r.data_parallel, r.data_parallel == 1 ? "" : "s")
                                : std::string());
   out += fmt::format("  throughput   {:.0f} tokens/s{}, {:.1f} ms per step (mean of {} steps after {} warm-up)\n",
-                     s.tokens_per_second,
-                     world > 1 ? fmt::format(" ({:.0f} per rank)", s.tokens_per_second / world) : std::string(),
+                     r.tokens_per_second,
+                     world > 1 ? fmt::format(" ({:.0f} per rank)", r.tokens_per_second / world) : std::string(),
                      t.seconds * ms, t.steps, warmup);
   if (t.peak_flops > 0)
     out += fmt::format("  MFU          {:.1f} % of {:.0f} TFLOP/s dense bf16 per GPU ({:.2f} GFLOP per token: 6 x "
@@ -599,45 +607,169 @@ int run_bench(const std::vector<std::string>& args) {
                      t.data_s * ms, t.forward_s * ms, t.backward_s * ms, t.optimizer_s * ms,
                      world > 1 ? fmt::format(" (compute waiting on communication {:.1f} ms)", t.comm_wait_s * ms)
                                : std::string());
-  if (dev.is_cuda())
+  if (r.device.rfind("cuda", 0) == 0)
     out += fmt::format("  memory       peak {} of the GPU's {}{} (`shardtrain plan`: {})\n",
                        format_bytes(t.peak_device_bytes), format_bytes(t.device_total_bytes),
                        world > 1 ? " (rank 0)" : "", format_bytes(t.planned_peak_bytes));
   if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w))
     out += fmt::format("  board        {}; {:.2f} mJ per token{}\n", format_activity(t.board),
-                       1e3 * t.board.mean_power_w / (s.tokens_per_second / world), world > 1 ? " (rank 0)" : "");
-  std::fputs(out.c_str(), stdout);
-  if (!json_path.empty()) {
-    nlohmann::ordered_json r;
-    r["model"] = trainer.model().config().summary();
-    r["device"] = dev.str();
-    r["ranks"] = world;
-    r["batch_size"] = c.training.batch_size;
-    r["seq_len"] = c.training.seq_len;
-    r["grad_accum_steps"] = c.training.grad_accum_steps;
-    r["tokens_per_step"] = t.tokens_per_step;
-    r["warmup_steps"] = warmup;
-    r["timed_steps"] = t.steps;
-    r["tokens_per_second"] = s.tokens_per_second;
-    r["step_s"] = t.seconds / n;
-    r["data_s"] = t.data_s / n;
-    r["forward_s"] = t.forward_s / n;
-    r["backward_s"] = t.backward_s / n;
-    r["optimizer_s"] = t.optimizer_s / n;
-    r["comm_wait_s"] = t.comm_wait_s / n;
-    r["mfu"] = t.mfu;
-    r["peak_device_bytes"] = t.peak_device_bytes;
-    r["planned_peak_bytes"] = t.planned_peak_bytes;
-    if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w)) {
-      r["gpu_power_w"] = t.board.mean_power_w;
-      r["gpu_sm_mhz"] = t.board.mean_sm_mhz;
-      r["gpu_power_capped"] = t.board.power_capped;
+                       1e3 * t.board.mean_power_w / (r.tokens_per_second / world), world > 1 ? " (rank 0)" : "");
+  return out;
+}
+
+nlohmann::ordered_json bench_json(const BenchRow& r, int64_t warmup) {
+  nlohmann::ordered_json j;
+  if (!r.settings.empty()) j["settings"] = r.settings;
+  if (!r.error.empty()) {
+    j["error"] = r.error;
+    return j;
+  }
+  const train::TimedSteps& t = r.t;
+  const double n = static_cast<double>(t.steps);
+  j["model"] = r.model;
+  j["device"] = r.device;
+  j["ranks"] = r.world;
+  j["batch_size"] = r.batch_size;
+  j["seq_len"] = r.seq_len;
+  j["grad_accum_steps"] = r.accum;
+  j["tokens_per_step"] = t.tokens_per_step;
+  j["warmup_steps"] = warmup;
+  j["timed_steps"] = t.steps;
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["step_s"] = t.seconds / n;
+  j["data_s"] = t.data_s / n;
+  j["forward_s"] = t.forward_s / n;
+  j["backward_s"] = t.backward_s / n;
+  j["optimizer_s"] = t.optimizer_s / n;
+  j["comm_wait_s"] = t.comm_wait_s / n;
+  j["mfu"] = t.mfu;
+  j["peak_device_bytes"] = t.peak_device_bytes;
+  j["planned_peak_bytes"] = t.planned_peak_bytes;
+  if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w)) {
+    j["gpu_power_w"] = t.board.mean_power_w;
+    j["gpu_sm_mhz"] = t.board.mean_sm_mhz;
+    j["gpu_power_capped"] = t.board.power_capped;
+  }
+  return j;
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+  int64_t steps = 10, warmup = 3;
+  std::string json_path;
+  std::vector<std::string> rest;
+  // --sweep key=v1,v2: each setting in turn (several --sweep: every combination)
+  std::vector<std::pair<std::string, std::vector<std::string>>> sweeps;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), "bench: ", a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--steps") steps = integer_flag(a, value(), "bench");
+    else if (a == "--warmup") warmup = integer_flag(a, value(), "bench");
+    else if (a == "--json") json_path = value();
+    else if (a == "--sweep") {
+      const std::string& v = value();
+      const size_t eq = v.find('=');
+      ST_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < v.size(), "bench: --sweep takes section.key=v1,v2,...; "
+               "found `", v, "`");
+      std::vector<std::string> values;
+      for (size_t p = eq + 1; p <= v.size();) {
+        const size_t comma = std::min(v.find(',', p), v.size());
+        ST_CHECK(comma > p, "bench: --sweep `", v, "` has an empty value");
+        values.push_back(v.substr(p, comma - p));
+        p = comma + 1;
+      }
+      sweeps.emplace_back(v.substr(0, eq), std::move(values));
+    } else {
+      rest.push_back(a);
     }
+  }
+  ST_CHECK(steps >= 1, "bench: --steps must be at least 1, found ", steps);
+  ST_CHECK(warmup >= 1, "bench: --warmup must be at least 1 (the first step builds plans, caches and the CUDA "
+           "graph), found ", warmup);
+  const JobArgs j = parse_job_args(rest, "bench");
+  log::info(fmt::format("bench: {}, random tokens and weights, {} warm-up and {} timed steps",
+                        j.config_file.empty() ? std::string("the built-in default job") : j.config_file, warmup,
+                        steps));
+  auto job_with = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> overrides = j.overrides;
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    train::JobConfig c = train::load_config(j.config_file, overrides).config;
+    c.training.steps = warmup + steps;
+    return c;
+  };
+  auto write_json = [&](const nlohmann::ordered_json& value) {
+    if (json_path.empty()) return;
     std::ofstream f(json_path);
-    f << r.dump(2) << "\n";
+    f << value.dump(2) << "\n";
     f.close();
     ST_CHECK(f.good(), "bench: cannot write `", json_path, "` (--json)");
+  };
+  if (sweeps.empty()) {
+    const BenchRow row = run_one_bench(job_with({}), warmup, "");
+    if (row.rank != 0) return 0;  // rank 0 reports
+    std::fputs(bench_report(row, warmup).c_str(), stdout);
+    write_json(bench_json(row, warmup));
+    return 0;
   }
+  const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
+#ifdef SHARDTRAIN_WITH_MPI
+  const bool several = (env && env->world_size > 1) || dist::launched_by_mpi();
+#else
+  const bool several = env && env->world_size > 1;
+#endif
+  ST_CHECK(!several, "bench: --sweep runs its settings one after another in one process; launch one bench per "
+           "setting on several ranks");
+  // every combination, the last --sweep varying fastest; each setting checked before any runs
+  std::vector<std::vector<std::string>> combos = {{}};
+  for (const auto& [key, values] : sweeps) {
+    std::vector<std::vector<std::string>> next;
+    for (const std::vector<std::string>& c : combos)
+      for (const std::string& v : values) {
+        std::vector<std::string> more = c;
+        more.push_back("--" + key + "=" + v);
+        next.push_back(std::move(more));
+      }
+    combos = std::move(next);
+  }
+  for (const std::vector<std::string>& c : combos) (void)job_with(c);
+  std::vector<BenchRow> rows;
+  for (size_t k = 0; k < combos.size(); ++k) {
+    std::string settings;
+    for (const std::string& o : combos[k]) settings += (settings.empty() ? "" : " ") + o.substr(2);
+    log::info(fmt::format("bench [{}/{}]: {}", k + 1, combos.size(), settings));
+    try {
+      rows.push_back(run_one_bench(job_with(combos[k]), warmup, settings));
+      std::fputs(bench_report(rows.back(), warmup).c_str(), stdout);
+    } catch (const std::exception& e) {  // out of memory, say: noted, and the next setting runs
+      BenchRow failed;
+      failed.settings = settings;
+      failed.error = e.what();
+      log::warn(fmt::format("bench [{}/{}]: {} failed: {}", k + 1, combos.size(), settings, failed.error));
+      rows.push_back(std::move(failed));
+    }
+  }
+  std::string table = "\n| settings | tokens/s | MFU | ms per step | fwd / bwd / optimizer ms | peak | plan |\n"
+                      "|---|---|---|---|---|---|---|\n";
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (const BenchRow& r : rows) {
+    all.push_back(bench_json(r, warmup));
+    if (!r.error.empty()) {
+      table += fmt::format("| {} | failed: {} | | | | | |\n", r.settings, r.error.substr(0, r.error.find('\n')));
+      continue;
+    }
+    const double ms = 1e3 / static_cast<double>(r.t.steps);
+    const bool gpu = r.device.rfind("cuda", 0) == 0;
+    table += fmt::format("| {} | {:.0f} | {} | {:.1f} | {:.1f} / {:.1f} / {:.1f} | {} | {} |\n", r.settings,
+                         r.tokens_per_second, r.t.peak_flops > 0 ? fmt::format("{:.1f} %", 100 * r.t.mfu) : "",
+                         r.t.seconds * ms, r.t.forward_s * ms, r.t.backward_s * ms, r.t.optimizer_s * ms,
+                         gpu ? format_bytes(r.t.peak_device_bytes) : "", gpu ? format_bytes(r.t.planned_peak_bytes) : "");
+  }
+  std::fputs(table.c_str(), stdout);
+  write_json(all);
   return 0;
 }
 

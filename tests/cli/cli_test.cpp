@@ -354,6 +354,33 @@ TEST(Cli, BenchReportsTheStepAndWritesNothing) {
   EXPECT_NE(run("train --training.steps=1 --training.seq_len=32 --model.hf=" + (dir / "hf").string()).status, 0)
       << "training needs the folder's tokenizer and weights";
 
+  // a sweep: every combination in turn, one that fails noted and the rest run, one table
+  const std::string sweep_json = (dir / "sweep.json").string();
+  const Result sweep = run("bench --steps 1 --warmup 1 --model.n_layers=1 --sweep training.batch_size=2,4 "
+                           "--sweep training.offload_activations=false,true --json " + sweep_json);
+  ASSERT_EQ(sweep.status, 0) << sweep.output;
+  EXPECT_NE(sweep.output.find("bench [4/4]: training.batch_size=4 training.offload_activations=true"),
+            std::string::npos) << sweep.output;
+  EXPECT_NE(sweep.output.find("| settings | tokens/s | MFU | ms per step |"), std::string::npos) << sweep.output;
+  EXPECT_NE(sweep.output.find("| training.batch_size=2 training.offload_activations=false | "), std::string::npos)
+      << sweep.output;
+  EXPECT_NE(sweep.output.find("| training.batch_size=4 training.offload_activations=true | failed: "),
+            std::string::npos) << sweep.output;
+  {
+    std::ifstream sin(sweep_json);
+    const nlohmann::json rows = nlohmann::json::parse(sin);
+    ASSERT_EQ(rows.size(), 4u);
+    EXPECT_EQ(rows[0].at("settings"), "training.batch_size=2 training.offload_activations=false");
+    EXPECT_EQ(rows[0].at("tokens_per_step"), 256.0);
+    EXPECT_EQ(rows[2].at("tokens_per_step"), 512.0);
+    EXPECT_NE(rows[1].at("error").get<std::string>().find("training.offload_activations"), std::string::npos);
+    EXPECT_FALSE(rows[2].contains("error"));
+  }
+  const Result bad_sweep = run("bench --steps 1 --sweep model.widht=1,2");
+  EXPECT_EQ(bad_sweep.status, 1);
+  EXPECT_NE(bad_sweep.output.find("unknown config key `model.widht`"), std::string::npos) << bad_sweep.output;
+  EXPECT_EQ(bad_sweep.output.find("bench [1/2]"), std::string::npos) << "settings are checked before any run";
+
   const Result none = run("bench --steps 0");
   EXPECT_EQ(none.status, 1);
   EXPECT_NE(none.output.find("--steps must be at least 1, found 0"), std::string::npos) << none.output;
