@@ -7,14 +7,22 @@
 #include <fstream>
 #include <iterator>
 #include <optional>
+#include <thread>
 
 #include <fmt/format.h>
 
 #include <iostream>
 
 #include "core/allocator.h"
+#include "core/build_info.h"
+#include "core/host.h"
 #include "core/error.h"
 #include "core/gpu_monitor.h"
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
+#include "dist/nccl_communicator.h"
+#include "ops/library_versions.h"
+#endif
 #include "data/bpe_tokenizer.h"
 #include "data/corpus.h"
 #include "data/byte_tokenizer.h"
@@ -149,6 +157,8 @@ std::string usage() {
          "                                                   and builds whose process is gone; --unused-days N:\n"
          "                                                   also those unused for N days; --all: every one but\n"
          "                                                   a build still running here; --dry-run: name them\n"
+         "  version                                          the commit this binary was built from, its backends,\n"
+         "                                                   the GPU libraries it loads, the GPUs and the host\n"
          "  help                                             this text; `shardtrain help config` lists keys\n"
          "\n"
          "PATH is a tokenizer.json (or its folder), or `byte` for the byte-level tokenizer.\n";
@@ -770,6 +780,31 @@ int run_bench(const std::vector<std::string>& args) {
   }
   std::fputs(table.c_str(), stdout);
   write_json(all);
+  return 0;
+}
+
+int run_version(const std::vector<std::string>& args) {
+  ST_CHECK(args.empty(), "version: unexpected argument `", args.empty() ? "" : args.front(), "`");
+  std::string out = fmt::format("shardtrain {}\n", build_commit());
+  std::string build = build_options();
+#ifdef SHARDTRAIN_WITH_MPI
+  build += ", MPI";
+#endif
+#ifdef SHARDTRAIN_WITH_CUDA
+  build += ", " + dist::nccl_version();
+#endif
+  out += "  build: " + build + "\n";
+#ifdef SHARDTRAIN_WITH_CUDA
+  out += "  GPU libraries: " + ops::cuda::library_versions() + "\n";
+  const int gpus = cuda::device_count();
+  if (gpus == 0) out += "  GPUs: none visible\n";
+  for (int g = 0; g < gpus; ++g)
+    out += fmt::format("  GPU {}: {}, {}, {:.0f} TFLOP/s dense bf16\n", g, cuda::device_name(g),
+                       format_bytes(cuda::total_memory_bytes(g)), cuda::dense_bf16_peak_flops(g) / 1e12);
+#endif
+  out += fmt::format("  host: {}, {} cores, {} of memory\n", host_name(), std::thread::hardware_concurrency(),
+                     format_bytes(train::host_memory_bytes()));
+  std::fputs(out.c_str(), stdout);
   return 0;
 }
 

@@ -16,6 +16,7 @@ int run_export(const std::vector<std::string>& args);
 int run_generate(const std::vector<std::string>& args);
 int run_cache(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
+int run_version(const std::vector<std::string>& args);
 std::string usage();
 
 }  // namespace shardtrain::cli

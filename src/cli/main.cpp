@@ -22,6 +22,7 @@ int main(int argc, char** argv) {
     if (command == "generate") return cli::run_generate(rest);
     if (command == "cache") return cli::run_cache(rest);
     if (command == "bench") return cli::run_bench(rest);
+    if (command == "version" || command == "--version") return cli::run_version(rest);
     if (command == "help" || command == "-h" || command == "--help") {
       if (!rest.empty() && rest[0] == "config") {
         std::fputs(train::reference_table().c_str(), stdout);

@@ -18,4 +18,7 @@ namespace shardtrain::dist {
 // the NCCL communicator. `gpu_index` receives the GPU chosen.
 std::unique_ptr<Communicator> make_nccl_world(double timeout_s, int* gpu_index);
 
+// "NCCL 2.28.9" as the loaded library reports it, or "no NCCL (one GPU at most)" in a build without it.
+std::string nccl_version();
+
 }  // namespace shardtrain::dist

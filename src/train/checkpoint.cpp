@@ -20,6 +20,7 @@
 #include "core/cuda/stream.h"
 #endif
 #include "core/allocator.h"
+#include "core/build_info.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
@@ -333,6 +334,7 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
   meta["tokenizer_source"] = tokenizer_source;
   meta["optimizer_steps"] = optimizer != nullptr ? optimizer->steps_taken() : 0;
   meta["has_optimizer_state"] = optimizer != nullptr;
+  meta["written_by"] = std::string("shardtrain ") + build_commit();
   json files = json::array();
   for (int r = 0; r < c->world_; ++r) files.push_back(rank_file_name(r, c->world_));
   meta["files"] = files;
@@ -472,6 +474,7 @@ std::string checkpoint_report(const std::string& step_dir) {
                    meta.value("has_optimizer_state", false)
                        ? fmt::format("AdamW moments after {} steps", meta.value("optimizer_steps", int64_t{0}))
                        : std::string("none"));
+  if (meta.contains("written_by")) r << "  written by " << meta.value("written_by", std::string()) << "\n";
   r << "  model: " << info.config.summary() << "\n";
   r << "  tokenizer: " << (info.tokenizer_source.empty() ? std::string("built in (byte-level)") : info.tokenizer_source)
     << "\n";

@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include "core/allocator.h"
+#include "core/build_info.h"
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/device.h"
 #endif
@@ -201,6 +202,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     : config_(bench ? bench_job(config, *bench) : config), bench_(bench), comm_(comm) {
   validate(config_);
   log::set_level(log::parse_level(config_.logging.level));
+  log::info(fmt::format("shardtrain {} ({})", build_commit(), build_options()));
   if (comm_ == nullptr) {
     // Several GPUs talk through NCCL (bootstrapped by MPI or a torchrun-style environment);
     // CPU ranks through MPI.

@@ -16,6 +16,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "testing/shared_data.h"
+
 namespace {
 
 struct Result {
@@ -51,6 +53,32 @@ TEST(Cli, MissingConfigFileFails) {
   const Result r = run("train /nonexistent/job.toml");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("/nonexistent/job.toml"), std::string::npos) << r.output;
+}
+
+// `version`: the commit the binary was built from, the same one the git checkout is at (or
+// "unknown" outside one), its backends and the host; --version is the same.
+TEST(Cli, VersionNamesTheCommitAndTheBuild) {
+  const Result v = run("version");
+  ASSERT_EQ(v.status, 0) << v.output;
+  ASSERT_EQ(v.output.rfind("shardtrain ", 0), 0u) << v.output;
+  const std::string commit = v.output.substr(11, v.output.find('\n') - 11);
+  const Result head = [] {
+    const std::string cmd = "git -C " + shardtrain::testing::source_dir() + " rev-parse --short=12 HEAD 2>/dev/null";
+    FILE* p = popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 256> buf;
+    while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
+    return Result{pclose(p), out};
+  }();
+  if (head.status == 0 && !head.output.empty())
+    EXPECT_EQ(commit.substr(0, 12), head.output.substr(0, 12)) << "built from another commit than the checkout's?";
+  else
+    EXPECT_EQ(commit.rfind("unknown", 0), 0u) << commit;
+  EXPECT_NE(v.output.find("\n  build: "), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find("\n  host: "), std::string::npos) << v.output;
+  EXPECT_NE(v.output.find(" cores, "), std::string::npos) << v.output;
+  EXPECT_EQ(run("--version").output, v.output);
+  EXPECT_EQ(run("version extra").status, 1);
 }
 
 TEST(Cli, UnknownCommandAndHelp) {

@@ -232,6 +232,13 @@ Bootstrapped bootstrap(double timeout_s) {
 
 }  // namespace
 
+std::string nccl_version() {
+  int v = 0;
+  ST_NCCL_CHECK(ncclGetVersion(&v));
+  // NCCL_VERSION_CODE since 2.9: major * 10000 + minor * 100 + patch
+  return "NCCL " + std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." + std::to_string(v % 100);
+}
+
 std::unique_ptr<Communicator> make_nccl_world(double timeout_s, int* gpu_index) {
   const int gpus = cuda::device_count();
   ST_CHECK(gpus > 0, "NCCL communicator: no CUDA device is visible");
@@ -244,6 +251,8 @@ std::unique_ptr<Communicator> make_nccl_world(double timeout_s, int* gpu_index) 
 }
 
 #else
+
+std::string nccl_version() { return "no NCCL (one GPU at most)"; }
 
 std::unique_ptr<Communicator> make_nccl_world(double, int*) {
   ST_THROW("this build has no NCCL (libnccl was not found when it was configured); several GPUs need it");
