@@ -474,7 +474,7 @@ std::string checkpoint_report(const std::string& step_dir) {
                    meta.value("has_optimizer_state", false)
                        ? fmt::format("AdamW moments after {} steps", meta.value("optimizer_steps", int64_t{0}))
                        : std::string("none"));
-  if (meta.contains("written_by")) r << "  written by " << meta.value("written_by", std::string()) << "\n";
+  if (meta.contains("written_by")) r << "  saved by " << meta.value("written_by", std::string()) << "\n";
   r << "  model: " << info.config.summary() << "\n";
   r << "  tokenizer: " << (info.tokenizer_source.empty() ? std::string("built in (byte-level)") : info.tokenizer_source)
     << "\n";

@@ -255,7 +255,7 @@ TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
   EXPECT_NE(report.find("step 3, written by 1 rank; optimizer state: AdamW moments after 3 steps"), std::string::npos)
       << report;
   EXPECT_NE(report.find("model: Llama: 2 layers, dim 40"), std::string::npos) << report;
-  EXPECT_NE(report.find("written by shardtrain " + std::string(build_commit())), std::string::npos) << report;
+  EXPECT_NE(report.find("saved by shardtrain " + std::string(build_commit())), std::string::npos) << report;
   EXPECT_NE(report.find("complete: master weights, AdamW m and v of all"), std::string::npos) << report;
 
   // the rank file rewritten without one piece, then with a piece twice
