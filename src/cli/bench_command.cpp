@@ -1,0 +1,248 @@
+// `shardtrain bench`: a job's training step timed on random tokens, once or over a sweep of
+// settings (train::BenchMode does the run; this file parses, reports and tabulates).
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <optional>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/allocator.h"
+#include "core/error.h"
+#include "core/gpu_monitor.h"
+#include "core/log.h"
+#include "dist/bootstrap.h"
+#ifdef SHARDTRAIN_WITH_MPI
+#include "dist/mpi_communicator.h"
+#endif
+#include "train/config.h"
+#include "train/trainer.h"
+
+namespace shardtrain::cli {
+
+namespace {
+
+// One bench run's figures, for the report, the sweep's table and --json.
+struct BenchRow {
+  std::string settings;  // the sweep's key=value pairs ("" without a sweep)
+  std::string error;     // the run failed (out of memory, a bad setting): its message
+  std::string model, device;
+  int rank = 0, world = 1, data_parallel = 1;
+  int64_t batch_size = 0, seq_len = 0, accum = 0;
+  double tokens_per_second = 0;
+  train::TimedSteps t;
+};
+
+BenchRow run_one_bench(const train::JobConfig& c, int64_t warmup, const std::string& settings) {
+  BenchRow row;
+  row.settings = settings;
+  row.batch_size = c.training.batch_size;
+  row.seq_len = c.training.seq_len;
+  row.accum = c.training.grad_accum_steps;
+  train::Trainer trainer(c, nullptr, train::BenchMode{warmup});
+  if (trainer.device().is_cuda()) allocator_for(trainer.device()).reset_peak();  // this run's peak alone
+  const train::TrainSummary s = trainer.run();
+  row.model = trainer.model().config().summary();
+  row.device = trainer.device().str();
+  row.rank = trainer.comm().rank();
+  row.world = trainer.comm().world_size();
+  row.data_parallel = trainer.mesh().shape().data_parallel;
+  row.tokens_per_second = s.tokens_per_second;
+  row.t = s.timed;
+  return row;
+}
+
+std::string bench_report(const BenchRow& r, int64_t warmup) {
+  const train::TimedSteps& t = r.t;
+  const int world = r.world;
+  const double n = static_cast<double>(t.steps);
+  const double ms = 1e3 / n;
+  std::string out = fmt::format("\nbench: {} on {}{}\n", r.model, world > 1 ? fmt::format("{} ranks, ", world) : std::string(),
+                                r.device);
+  if (!r.settings.empty()) out += fmt::format("  settings     {}\n", r.settings);
+  out += fmt::format("  batch        {} tokens per step ({} x {} tokens x {} micro-batch{}{})\n", t.tokens_per_step,
+                     r.batch_size, r.seq_len, r.accum, r.accum == 1 ? "" : "es",
+                     world > 1 ? fmt::format(" x {} data-parallel rank{}", r.data_parallel, r.data_parallel == 1 ? "" : "s")
+                               : std::string());
+  out += fmt::format("  throughput   {:.0f} tokens/s{}, {:.1f} ms per step (mean of {} steps after {} warm-up)\n",
+                     r.tokens_per_second,
+                     world > 1 ? fmt::format(" ({:.0f} per rank)", r.tokens_per_second / world) : std::string(),
+                     t.seconds * ms, t.steps, warmup);
+  if (t.peak_flops > 0)
+    out += fmt::format("  MFU          {:.1f} % of {:.0f} TFLOP/s dense bf16 per GPU ({:.2f} GFLOP per token: 6 x "
+                       "non-embedding parameters + 12 x layers x width x sequence)\n",
+                       100 * t.mfu, t.peak_flops / 1e12, t.flops_per_token / 1e9);
+  out += fmt::format("  step         data {:.1f} ms, forward {:.1f}, backward {:.1f}, optimizer {:.1f}{}\n",
+                     t.data_s * ms, t.forward_s * ms, t.backward_s * ms, t.optimizer_s * ms,
+                     world > 1 ? fmt::format(" (compute waiting on communication {:.1f} ms)", t.comm_wait_s * ms)
+                               : std::string());
+  if (r.device.rfind("cuda", 0) == 0)
+    out += fmt::format("  memory       peak {} of the GPU's {}{} (`shardtrain plan`: {})\n",
+                       format_bytes(t.peak_device_bytes), format_bytes(t.device_total_bytes),
+                       world > 1 ? " (rank 0)" : "", format_bytes(t.planned_peak_bytes));
+  if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w))
+    out += fmt::format("  board        {}; {:.2f} mJ per token{}\n", format_activity(t.board),
+                       1e3 * t.board.mean_power_w / (r.tokens_per_second / world), world > 1 ? " (rank 0)" : "");
+  return out;
+}
+
+nlohmann::ordered_json bench_json(const BenchRow& r, int64_t warmup) {
+  nlohmann::ordered_json j;
+  if (!r.settings.empty()) j["settings"] = r.settings;
+  if (!r.error.empty()) {
+    j["error"] = r.error;
+    return j;
+  }
+  const train::TimedSteps& t = r.t;
+  const double n = static_cast<double>(t.steps);
+  j["model"] = r.model;
+  j["device"] = r.device;
+  j["ranks"] = r.world;
+  j["batch_size"] = r.batch_size;
+  j["seq_len"] = r.seq_len;
+  j["grad_accum_steps"] = r.accum;
+  j["tokens_per_step"] = t.tokens_per_step;
+  j["warmup_steps"] = warmup;
+  j["timed_steps"] = t.steps;
+  j["tokens_per_second"] = r.tokens_per_second;
+  j["step_s"] = t.seconds / n;
+  j["data_s"] = t.data_s / n;
+  j["forward_s"] = t.forward_s / n;
+  j["backward_s"] = t.backward_s / n;
+  j["optimizer_s"] = t.optimizer_s / n;
+  j["comm_wait_s"] = t.comm_wait_s / n;
+  j["mfu"] = t.mfu;
+  j["peak_device_bytes"] = t.peak_device_bytes;
+  j["planned_peak_bytes"] = t.planned_peak_bytes;
+  if (t.board.samples > 0 && std::isfinite(t.board.mean_power_w)) {
+    j["gpu_power_w"] = t.board.mean_power_w;
+    j["gpu_sm_mhz"] = t.board.mean_sm_mhz;
+    j["gpu_power_capped"] = t.board.power_capped;
+  }
+  return j;
+}
+
+}  // namespace
+
+int run_bench(const std::vector<std::string>& args) {
+  int64_t steps = 10, warmup = 3;
+  std::string json_path;
+  std::vector<std::string> rest;
+  // --sweep key=v1,v2: each setting in turn (several --sweep: every combination)
+  std::vector<std::pair<std::string, std::vector<std::string>>> sweeps;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), "bench: ", a, " needs a value");
+      return args[++i];
+    };
+    if (a == "--steps") steps = integer_flag(a, value(), "bench");
+    else if (a == "--warmup") warmup = integer_flag(a, value(), "bench");
+    else if (a == "--json") json_path = value();
+    else if (a == "--sweep") {
+      const std::string& v = value();
+      const size_t eq = v.find('=');
+      ST_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < v.size(), "bench: --sweep takes section.key=v1,v2,...; "
+               "found `", v, "`");
+      std::vector<std::string> values;
+      for (size_t p = eq + 1; p <= v.size();) {
+        const size_t comma = std::min(v.find(',', p), v.size());
+        ST_CHECK(comma > p, "bench: --sweep `", v, "` has an empty value");
+        values.push_back(v.substr(p, comma - p));
+        p = comma + 1;
+      }
+      sweeps.emplace_back(v.substr(0, eq), std::move(values));
+    } else {
+      rest.push_back(a);
+    }
+  }
+  ST_CHECK(steps >= 1, "bench: --steps must be at least 1, found ", steps);
+  ST_CHECK(warmup >= 1, "bench: --warmup must be at least 1 (the first step builds plans, caches and the CUDA "
+           "graph), found ", warmup);
+  const JobArgs j = parse_job_args(rest, "bench");
+  log::info(fmt::format("bench: {}, random tokens and weights, {} warm-up and {} timed steps",
+                        j.config_file.empty() ? std::string("the built-in default job") : j.config_file, warmup,
+                        steps));
+  auto job_with = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> overrides = j.overrides;
+    overrides.insert(overrides.end(), extra.begin(), extra.end());
+    train::JobConfig c = train::load_config(j.config_file, overrides).config;
+    c.training.steps = warmup + steps;
+    return c;
+  };
+  auto write_json = [&](const nlohmann::ordered_json& value) {
+    if (json_path.empty()) return;
+    std::ofstream f(json_path);
+    f << value.dump(2) << "\n";
+    f.close();
+    ST_CHECK(f.good(), "bench: cannot write `", json_path, "` (--json)");
+  };
+  if (sweeps.empty()) {
+    const BenchRow row = run_one_bench(job_with({}), warmup, "");
+    if (row.rank != 0) return 0;  // rank 0 reports
+    std::fputs(bench_report(row, warmup).c_str(), stdout);
+    write_json(bench_json(row, warmup));
+    return 0;
+  }
+  const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
+#ifdef SHARDTRAIN_WITH_MPI
+  const bool several = (env && env->world_size > 1) || dist::launched_by_mpi();
+#else
+  const bool several = env && env->world_size > 1;
+#endif
+  ST_CHECK(!several, "bench: --sweep runs its settings one after another in one process; launch one bench per "
+           "setting on several ranks");
+  // every combination, the last --sweep varying fastest; each setting checked before any runs
+  std::vector<std::vector<std::string>> combos = {{}};
+  for (const auto& [key, values] : sweeps) {
+    std::vector<std::vector<std::string>> next;
+    for (const std::vector<std::string>& c : combos)
+      for (const std::string& v : values) {
+        std::vector<std::string> more = c;
+        more.push_back("--" + key + "=" + v);
+        next.push_back(std::move(more));
+      }
+    combos = std::move(next);
+  }
+  for (const std::vector<std::string>& c : combos) (void)job_with(c);
+  std::vector<BenchRow> rows;
+  for (size_t k = 0; k < combos.size(); ++k) {
+    std::string settings;
+    for (const std::string& o : combos[k]) settings += (settings.empty() ? "" : " ") + o.substr(2);
+    log::info(fmt::format("bench [{}/{}]: {}", k + 1, combos.size(), settings));
+    try {
+      rows.push_back(run_one_bench(job_with(combos[k]), warmup, settings));
+      std::fputs(bench_report(rows.back(), warmup).c_str(), stdout);
+    } catch (const std::exception& e) {  // out of memory, say: noted, and the next setting runs
+      BenchRow failed;
+      failed.settings = settings;
+      failed.error = e.what();
+      log::warn(fmt::format("bench [{}/{}]: {} failed: {}", k + 1, combos.size(), settings, failed.error));
+      rows.push_back(std::move(failed));
+    }
+  }
+  std::string table = "\n| settings | tokens/s | MFU | ms per step | fwd / bwd / optimizer ms | peak | plan |\n"
+                      "|---|---|---|---|---|---|---|\n";
+  nlohmann::ordered_json all = nlohmann::ordered_json::array();
+  for (const BenchRow& r : rows) {
+    all.push_back(bench_json(r, warmup));
+    if (!r.error.empty()) {
+      table += fmt::format("| {} | failed: {} | | | | | |\n", r.settings, r.error.substr(0, r.error.find('\n')));
+      continue;
+    }
+    const double ms = 1e3 / static_cast<double>(r.t.steps);
+    const bool gpu = r.device.rfind("cuda", 0) == 0;
+    table += fmt::format("| {} | {:.0f} | {} | {:.1f} | {:.1f} / {:.1f} / {:.1f} | {} | {} |\n", r.settings,
+                         r.tokens_per_second, r.t.peak_flops > 0 ? fmt::format("{:.1f} %", 100 * r.t.mfu) : "",
+                         r.t.seconds * ms, r.t.forward_s * ms, r.t.backward_s * ms, r.t.optimizer_s * ms,
+                         gpu ? format_bytes(r.t.peak_device_bytes) : "", gpu ? format_bytes(r.t.planned_peak_bytes) : "");
+  }
+  std::fputs(table.c_str(), stdout);
+  write_json(all);
+  return 0;
+}
+
+}  // namespace shardtrain::cli
