@@ -1,0 +1,120 @@
+// The Trainer's launch-time choices, apart from the loop: where checkpoints go, the loss and
+// MLP chunk sizes, and the automatic settings (activation checkpointing, compute shards,
+// offloaded blocks) that the memory plan (train/plan.h) decides against the GPU's memory.
+#include <filesystem>
+
+#include <fmt/format.h>
+
+#include "core/allocator.h"
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
+#endif
+#include "core/log.h"
+#include "train/plan.h"
+#include "train/trainer.h"
+
+namespace shardtrain::train {
+
+std::string Trainer::checkpoint_root() const {
+  return config_.checkpoint.dir.empty() ? (std::filesystem::path(config_.run.output_dir) / "checkpoints").string()
+                                        : config_.checkpoint.dir;
+}
+
+int64_t Trainer::loss_chunk_tokens() const {
+  if (config_.training.loss_chunk_tokens > 0) return config_.training.loss_chunk_tokens;
+  return auto_loss_chunk_tokens(!device_.is_cpu(), model_config_.vocab_size);
+}
+
+int64_t Trainer::mlp_chunk_tokens() const {
+  if (config_.training.mlp_chunk_tokens > 0) return config_.training.mlp_chunk_tokens;
+  return auto_mlp_chunk_tokens(!device_.is_cpu(), model_config_.ffn_dim,
+                               config_.training.batch_size * config_.training.seq_len);
+}
+
+int64_t Trainer::gpu_memory_bytes() const {
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device_.is_cuda()) return cuda::total_memory_bytes(device_.index);
+#endif
+  return 0;
+}
+
+PlanInput Trainer::launch_plan_input() const {
+  PlanInput in = plan_input(config_, model_config_, comm_->world_size());
+  in.loss_chunk_tokens = loss_chunk_tokens();
+  in.mlp_chunk_tokens = mlp_chunk_tokens();
+  return in;
+}
+
+model::ActivationCheckpointing Trainer::checkpointing() const {
+  const std::string& name = config_.training.activation_checkpointing;
+  if (name != "auto") return model::parse_checkpointing(name, "training.activation_checkpointing");
+  if (!device_.is_cuda()) {
+    log::info("training.activation_checkpointing = auto: none (on the CPU)");
+    return model::ActivationCheckpointing::kNone;
+  }
+  const int64_t device_bytes = gpu_memory_bytes();
+  const CheckpointingChoice c = choose_checkpointing(launch_plan_input(), device_bytes);
+  const std::string line =
+      fmt::format("training.activation_checkpointing = auto: {} (planned peak {} per rank on a {} GPU)",
+                  model::checkpointing_name(c.checkpointing), format_bytes(c.plan.peak), format_bytes(device_bytes));
+  if (c.fits) {
+    log::info(line);
+  } else {
+    log::warn(line + "; even full checkpointing is planned above the GPU's memory less 2 GiB and 3 %: expect an "
+                     "out-of-memory error, or lower training.batch_size or training.seq_len, or add ranks");
+  }
+  return c.checkpointing;
+}
+
+bool Trainer::compute_shards(model::ActivationCheckpointing checkpointing) const {
+  const std::string& v = config_.parallel.compute_shards;
+  if (!device_.is_cuda()) return false;  // the CPU computes in the master dtype: nothing to copy
+  // fully offloaded, the host's bf16 copies are what travels up; with the gradients on the GPU
+  // they are kept only when asked for (the host then holds master, m and v alone)
+  if (config_.parallel.offload) return config_.parallel.offload_gradients || v == "on";
+  if (v != "auto") return v == "on";
+  if (mesh_->shape().replica_ranks() > 1) {  // DDP (replicas of one GPU) uses them in place, as one GPU does
+    log::info("parallel.compute_shards = auto: off with several GPUs sharding the model (`on` keeps bf16 copies of "
+              "the shards there)");
+    return false;
+  }
+  const int64_t device_bytes = gpu_memory_bytes();
+  PlanInput in = launch_plan_input();
+  in.checkpointing = checkpointing;
+  const bool on = choose_compute_shards(in, device_bytes);
+  in.compute_shards = true;
+  log::info(fmt::format("parallel.compute_shards = auto: {} (with them the planned peak is {} on a {} GPU)",
+                        on ? "on" : "off", format_bytes(plan_memory(in).peak), format_bytes(device_bytes)));
+  return on;
+}
+
+int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const {
+  const int64_t asked = config_.training.offload_activations_blocks;
+  if (asked > 0) return asked;
+  PlanInput in = launch_plan_input();
+  in.checkpointing = checkpointing;
+  in.compute_shards = compute_shards;
+  const int64_t device_bytes = gpu_memory_bytes();
+  const OffloadBlocksChoice c = choose_offload_blocks(in, device_bytes);
+  const std::string line = fmt::format(
+      "training.offload_activations_blocks = auto: {} of {} blocks (planned peak {} per rank on a {} GPU{})",
+      c.blocks, model_config_.n_layers, format_bytes(c.plan.peak), format_bytes(device_bytes),
+      c.blocks > 0 ? fmt::format(", {} of activations in host memory", format_bytes(c.plan.host_activations))
+                   : std::string(": everything fits, the activations stay on the GPU"));
+  if (c.fits) {
+    log::info(line);
+  } else {
+    log::warn(line + "; even then the plan is above the GPU's memory less 2 GiB and 3 %: expect an out-of-memory "
+                     "error, or lower training.batch_size or training.seq_len, or add ranks");
+  }
+  return c.blocks;
+}
+
+std::string Trainer::tokenizer_source() const {
+  if (!config_.model.hf.empty()) return config_.model.hf;
+  const std::string& t = config_.data.tokenizer;
+  if (t == "auto" || t == "byte") return "";
+  return std::filesystem::is_directory(t) ? t : std::filesystem::path(t).parent_path().string();
+}
+
+}  // namespace shardtrain::train
