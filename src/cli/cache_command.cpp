@@ -7,19 +7,13 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "core/allocator.h"
 #include "core/error.h"
 #include "data/token_cache.h"
 
 namespace shardtrain::cli {
 
 namespace {
-
-std::string decimal_bytes(uint64_t bytes) {
-  const double b = static_cast<double>(bytes);
-  if (b >= 1e9) return fmt::format("{:.2f} GB", b / 1e9);
-  if (b >= 1e6) return fmt::format("{:.2f} MB", b / 1e6);
-  return fmt::format("{:.1f} kB", b / 1e3);
-}
 
 std::string folders(size_t n) { return fmt::format("{} folder{}", n, n == 1 ? "" : "s"); }
 
@@ -74,18 +68,18 @@ int run_cache(const std::vector<std::string>& args) {
     std::printf("no token caches in %s\n", dir.c_str());
     return 0;
   }
-  uint64_t total = 0;
+  int64_t total = 0;
   for (const data::TokenCacheEntry& e : entries) total += e.bytes;
   if (action == "list") {
     std::printf("token caches in %s: %s, %s\n", dir.c_str(), folders(entries.size()).c_str(),
-                decimal_bytes(total).c_str());
+                format_bytes(total).c_str());
     size_t prunable = 0;
-    uint64_t prunable_bytes = 0;
+    int64_t prunable_bytes = 0;
     for (const data::TokenCacheEntry& e : entries) {
       const std::string name = std::filesystem::path(e.path).filename().string();
       const bool complete = !e.info.is_null();
       const std::string when = fmt::format("{} {}", complete ? "used" : "written", idle_text(e.idle_seconds));
-      std::printf("  %-9s %10s  %-19s %s\n", data::token_cache_state_name(e.state), decimal_bytes(e.bytes).c_str(),
+      std::printf("  %-9s %10s  %-19s %s\n", data::token_cache_state_name(e.state), format_bytes(e.bytes).c_str(),
                   when.c_str(), name.c_str());
       const std::string contents = cache_contents(e.info);
       if (!contents.empty()) std::printf("%46s%s\n", "", contents.c_str());
@@ -97,11 +91,11 @@ int run_cache(const std::vector<std::string>& args) {
     }
     if (prunable > 0)
       std::printf("`shardtrain cache prune` removes the %s stale, damaged or abandoned: %s\n",
-                  folders(prunable).c_str(), decimal_bytes(prunable_bytes).c_str());
+                  folders(prunable).c_str(), format_bytes(prunable_bytes).c_str());
     return 0;
   }
   size_t removed = 0, failed = 0;
-  uint64_t freed = 0;
+  int64_t freed = 0;
   for (const data::TokenCacheEntry& e : entries) {
     if (!data::token_cache_prunable(e, prune)) continue;
     std::error_code ec;
@@ -112,12 +106,12 @@ int run_cache(const std::vector<std::string>& args) {
       continue;
     }
     std::printf("%s %s (%s, %s)\n", dry_run ? "would remove" : "removed", e.path.c_str(),
-                data::token_cache_state_name(e.state), decimal_bytes(e.bytes).c_str());
+                data::token_cache_state_name(e.state), format_bytes(e.bytes).c_str());
     ++removed;
     freed += e.bytes;
   }
   std::printf("%s %zu of %s, %s, in %s\n", dry_run ? "would remove" : "removed", removed,
-              folders(entries.size()).c_str(), decimal_bytes(freed).c_str(), dir.c_str());
+              folders(entries.size()).c_str(), format_bytes(freed).c_str(), dir.c_str());
   ST_CHECK(failed == 0, "cache: ", failed, " folder(s) could not be removed (see above)");
   return 0;
 }

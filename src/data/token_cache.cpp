@@ -192,15 +192,15 @@ const char* token_cache_state_name(TokenCacheEntry::State state) {
 namespace {
 
 // The sizes of the files under `folder`; unreadable entries count nothing.
-uint64_t folder_bytes(const fs::path& folder) {
-  uint64_t total = 0;
+int64_t folder_bytes(const fs::path& folder) {
+  int64_t total = 0;
   std::error_code ec;
   for (auto it = fs::recursive_directory_iterator(folder, fs::directory_options::skip_permission_denied, ec);
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     std::error_code size_ec;
     if (it->is_regular_file(size_ec)) {
-      const uint64_t n = it->file_size(size_ec);
-      if (!size_ec) total += n;
+      const uintmax_t n = it->file_size(size_ec);
+      if (!size_ec) total += static_cast<int64_t>(n);
     }
   }
   return total;

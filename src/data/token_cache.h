@@ -89,7 +89,7 @@ struct TokenCacheEntry {
   std::string path;
   State state = State::kCurrent;
   std::string detail;           // what changed, which process builds it, why it is damaged
-  uint64_t bytes = 0;           // its files' sizes
+  int64_t bytes = 0;            // its files' sizes
   double idle_seconds = 0;      // since its last use (complete folders) or last write (temporary ones)
   nlohmann::ordered_json info;  // source.json (complete folders)
 };
