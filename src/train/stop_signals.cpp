@@ -11,7 +11,6 @@ namespace {
 
 std::atomic<int> g_received{0};
 std::atomic<bool> g_installed{false};
-constexpr int kSignals[] = {SIGTERM, SIGINT, SIGUSR1};
 struct sigaction g_previous[3];
 static_assert(std::atomic<int>::is_always_lock_free);
 
@@ -33,11 +32,11 @@ StopSignals::StopSignals() {
   action.sa_handler = on_stop_signal;
   sigemptyset(&action.sa_mask);
   action.sa_flags = SA_RESTART;  // reads and waits go on; the step loop looks at the flag
-  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &action, &g_previous[i]);
+  for (int i = 0; i < 3; ++i) sigaction(kStopSignals[i], &action, &g_previous[i]);
 }
 
 StopSignals::~StopSignals() {
-  for (int i = 0; i < 3; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
+  for (int i = 0; i < 3; ++i) sigaction(kStopSignals[i], &g_previous[i], nullptr);
   g_installed = false;
 }
 

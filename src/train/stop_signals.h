@@ -4,7 +4,12 @@
 // second SIGINT ends the process at once, as if no handler were there.
 #pragma once
 
+#include <csignal>
+
 namespace shardtrain::train {
+
+// The signals handled. Where ranks received different ones, the run names the first listed.
+inline constexpr int kStopSignals[3] = {SIGTERM, SIGUSR1, SIGINT};
 
 // Installs the handlers for its lifetime and restores the previous ones after; the flag
 // starts clear. One at a time per process.

@@ -1,8 +1,6 @@
 // The training loop and its reporting.
 #include "train/trainer.h"
 
-#include <csignal>
-
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -319,9 +317,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   compute_shards_ = compute_shards(checkpointing_);
   if (config_.training.offload_activations) offload_blocks_ = offload_activation_blocks(checkpointing_, compute_shards_);
   if (device_.is_cuda() && (config_.parallel.offload || offload_blocks_ > 0)) {
-    PlanInput in = with_offloaded_blocks(launch_plan_input(), offload_blocks_);
-    in.checkpointing = checkpointing_;
-    in.compute_shards = compute_shards_;
+    const PlanInput in = chosen_plan_input();
     int64_t local_ranks = 1;  // ranks sharing this machine's memory (torchrun's, Open MPI's count)
     for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
       if (const char* v = std::getenv(name); v != nullptr && std::atoll(v) > 0) {
@@ -626,7 +622,7 @@ TrainSummary Trainer::run() {
   double train_seconds = 0;
   // Rates in the log cover the steps since the previous log line; the first step (plans,
   // caches, warm-up) is timed alone, and the ETA and the final rate leave it out.
-  double window_seconds = 0, window_comm_wait = 0, window_offload_wait = 0, steady_seconds = 0;
+  double window_seconds = 0, window_comm_wait = 0, window_offload_wait = 0;
   int64_t window_steps = 0;
   const double tokens_per_step = static_cast<double>(B * T * accum * dp);
   const int64_t first_step = start_step_;
@@ -663,11 +659,10 @@ TrainSummary Trainer::run() {
     }
     reduce_buf.data<double>()[0] = loss_sum;  // of this rank's token rows
     const int received = stop_signals ? stop_signals->received() : 0;
-    constexpr int kStopSignals[3] = {SIGTERM, SIGUSR1, SIGINT};  // the one the run names, first found
     for (int k = 0; k < 3; ++k) reduce_buf.data<double>()[1 + k] = received == kStopSignals[k] ? 1.0 : 0.0;
     if (time_limit > 0) {
       // this step so far, and the steps before (the first alone before there are more)
-      const double step_estimate = std::max(seconds_since(t0), timed.steps > 0 ? steady_seconds / static_cast<double>(timed.steps)
+      const double step_estimate = std::max(seconds_since(t0), timed.steps > 0 ? timed.seconds / static_cast<double>(timed.steps)
                                                                                 : train_seconds);
       const double save_estimate = last_save_seconds >= 0 ? last_save_seconds : step_estimate;
       reduce_buf.data<double>()[4] =
@@ -728,7 +723,7 @@ TrainSummary Trainer::run() {
     window_offload_wait += t_offload_wait;
     ++window_steps;
     if (step >= timed_from) {
-      steady_seconds += step_seconds;
+      timed.seconds += step_seconds;
       ++timed.steps;
       timed.data_s += t_data;
       timed.forward_s += t_forward;
@@ -749,7 +744,7 @@ TrainSummary Trainer::run() {
     const int64_t steps_run = step - first_step + 1;
     const double window_tps = tokens_per_step * static_cast<double>(window_steps) / window_seconds;
     const double seconds_per_step =
-        timed.steps > 0 ? steady_seconds / static_cast<double>(timed.steps) : train_seconds / static_cast<double>(steps_run);
+        timed.steps > 0 ? timed.seconds / static_cast<double>(timed.steps) : train_seconds / static_cast<double>(steps_run);
     const double eta = static_cast<double>(tc.steps - step) * seconds_per_step;
     write_metrics({{"step", step}, {"loss", r.loss}, {"lr", lr}, {"grad_norm", norm},
                    {"tokens_per_second", r.tokens_per_second}, {"elapsed_s", seconds_since(start)},
@@ -877,15 +872,14 @@ TrainSummary Trainer::run() {
   if (pending_checkpoint_) commit_pending_checkpoint();
   summary.seconds = seconds_since(start);
   const int64_t steps_done = last_step - first_step + 1;
-  summary.tokens_per_second = timed.steps > 0 && steady_seconds > 0
-                                  ? tokens_per_step * static_cast<double>(timed.steps) / steady_seconds
+  summary.tokens_per_second = timed.steps > 0 && timed.seconds > 0
+                                  ? tokens_per_step * static_cast<double>(timed.steps) / timed.seconds
                               : train_seconds > 0 ? tokens_per_step * static_cast<double>(steps_done) / train_seconds
                                                   : 0.0;
   const std::string timed_part =
       timed.steps == 0 ? std::string()
       : bench_         ? fmt::format(" (after {} warm-up step{})", bench_->warmup_steps, bench_->warmup_steps == 1 ? "" : "s")
                        : std::string(" (after the first step)");
-  timed.seconds = steady_seconds;
   timed.tokens_per_step = tokens_per_step;
   timed.mfu = mfu(summary.tokens_per_second);
   timed.flops_per_token = flops_per_token;
@@ -893,10 +887,7 @@ TrainSummary Trainer::run() {
   timed.peak_device_bytes = device_.is_cpu() ? 0 : peak_device_bytes();
   timed.device_total_bytes = gpu_memory_bytes();
   if (device_.is_cuda()) {  // the plan at the launch's choices
-    PlanInput in = with_offloaded_blocks(launch_plan_input(), offload_blocks_);
-    in.checkpointing = checkpointing_;
-    in.compute_shards = compute_shards_;
-    timed.planned_peak_bytes = plan_memory(in).peak;
+    timed.planned_peak_bytes = plan_memory(chosen_plan_input()).peak;
   }
   timed.board = run_power;
   log::info(fmt::format("done: {} steps in {}, {:.0f} tokens/s{}, peak host memory {} in tensors ({} resident){}",

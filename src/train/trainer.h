@@ -38,7 +38,7 @@ struct StepRecord {
 // totals, for `shardtrain bench`'s report.
 struct TimedSteps {
   int64_t steps = 0;
-  double seconds = 0;
+  double seconds = 0;  // their total
   double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;  // the phases (as the step log splits them)
   double comm_wait_s = 0;     // the compute stream waiting on gathers and reductions (several GPUs)
   double tokens_per_step = 0;  // the global batch
@@ -114,6 +114,7 @@ class Trainer {
   int64_t offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const;
   int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
   PlanInput launch_plan_input() const;  // the memory plan's input for this run, auto choices left open
+  PlanInput chosen_plan_input() const;  // the same with the launch's choices made (after they are)
 
   JobConfig config_;
   std::optional<BenchMode> bench_;

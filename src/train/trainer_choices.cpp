@@ -45,6 +45,13 @@ PlanInput Trainer::launch_plan_input() const {
   return in;
 }
 
+PlanInput Trainer::chosen_plan_input() const {
+  PlanInput in = with_offloaded_blocks(launch_plan_input(), offload_blocks_);
+  in.checkpointing = checkpointing_;
+  in.compute_shards = compute_shards_;
+  return in;
+}
+
 model::ActivationCheckpointing Trainer::checkpointing() const {
   const std::string& name = config_.training.activation_checkpointing;
   if (name != "auto") return model::parse_checkpointing(name, "training.activation_checkpointing");
