@@ -39,12 +39,11 @@ const auto g_epoch = std::chrono::steady_clock::now();
 std::atomic<int> g_next_thread{0};
 thread_local int t_thread = g_next_thread++;
 
-double micros(std::chrono::steady_clock::time_point t) {
-  return std::chrono::duration<double, std::micro>(t - g_epoch).count();
-}
-
-void record(TraceEvent e) {
-  if (trace_path().empty()) return;
+// An op (with its cost) or a region that ran from `start` to `end`, into the trace.
+void record(std::string name, bool op, std::chrono::steady_clock::time_point start,
+            std::chrono::steady_clock::time_point end, Cost cost = {}) {
+  using us = std::chrono::duration<double, std::micro>;
+  TraceEvent e{std::move(name), op, us(start - g_epoch).count(), us(end - start).count(), cost, t_thread};
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_trace.size() >= kMaxTraceEvents) {
     ++g_trace_dropped;
@@ -83,14 +82,8 @@ Region::Region(const char* name, int64_t index) : name_(name), index_(index), on
 
 Region::~Region() {
   if (!on_) return;
-  const auto end = std::chrono::steady_clock::now();
-  TraceEvent e;
-  e.name = index_ >= 0 ? std::string(name_) + " " + std::to_string(index_) : std::string(name_);
-  e.op = false;
-  e.start_us = micros(start_);
-  e.duration_us = std::chrono::duration<double, std::micro>(end - start_).count();
-  e.thread = t_thread;
-  record(std::move(e));
+  record(index_ >= 0 ? std::string(name_) + " " + std::to_string(index_) : std::string(name_), false, start_,
+         std::chrono::steady_clock::now());
 }
 
 std::string write_trace(const std::string& path, int rank) {
@@ -158,15 +151,7 @@ ScopedTimer::~ScopedTimer() {
   synchronize(device_);
   const auto end = std::chrono::steady_clock::now();
   const double s = std::chrono::duration<double>(end - start_).count();
-  if (!trace_path().empty()) {
-    TraceEvent e;
-    e.name = name_;
-    e.start_us = micros(start_);
-    e.duration_us = 1e6 * s;
-    e.cost = cost_;
-    e.thread = t_thread;
-    record(std::move(e));
-  }
+  if (!trace_path().empty()) record(name_, true, start_, end, cost_);
   std::lock_guard<std::mutex> lock(g_mutex);
   Total& t = totals()[name_];
   ++t.calls;
