@@ -176,9 +176,7 @@ int run_tokenize(const std::vector<std::string>& args) {
   // each into OUTPUT/<its name>.tok
   std::vector<std::string> inputs;
   for (const std::string& f : data::source_files(files[0])) {
-    const std::string ext = io::inner_extension(f);
-    if (data::is_source_pattern(files[0]) || io::is_parquet_file(f) || ext == ".jsonl" || ext == ".json" ||
-        ext == ".txt")
+    if (data::is_source_pattern(files[0]) || io::is_parquet_file(f) || data::is_jsonl_name(f) || data::is_text_name(f))
       inputs.push_back(f);
   }
   ST_CHECK(!inputs.empty(), "tokenize: `", files[0], "` holds no .parquet, .jsonl, .json or .txt files");

@@ -107,16 +107,15 @@ DocumentReader::DocumentReader(std::string source, DocumentFormat format, std::s
   if (format_ != DocumentFormat::kParquet) open_text(0);
 }
 
-bool DocumentReader::open_text(size_t file) {
+void DocumentReader::open_text(size_t file) {
   State& s = *state_;
   s.file = file;
   s.text.reset();
   s.line_no = 0;
-  if (file >= files_.size()) return false;
+  if (file >= files_.size()) return;
   s.text = std::make_unique<io::InputFile>(files_[file]);  // decompressed when it is a .gz or .zst file
   std::error_code ec;
   s.file_bytes = std::filesystem::file_size(files_[file], ec);
-  return true;
 }
 
 DocumentReader::~DocumentReader() = default;

@@ -59,7 +59,7 @@ class DocumentReader {
   double progress() const;
 
  private:
-  bool open_text(size_t file);  // text and JSONL: starts files_[file] (false past the last)
+  void open_text(size_t file);  // text and JSONL: starts files_[file] (none past the last)
   bool next_text(std::vector<std::string>& out, size_t max_bytes);
   bool next_jsonl(std::vector<std::string>& out, size_t max_bytes);
   bool next_parquet(std::vector<std::string>& out, size_t max_bytes);
