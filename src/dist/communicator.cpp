@@ -1,7 +1,54 @@
-// The single-rank communicator and the shape checks every implementation uses.
+// The single-rank communicator, the shape checks every implementation uses, and the record
+// of collectives issued.
 #include "dist/communicator.h"
 
+#include <chrono>
+#include <mutex>
+
+#include "core/allocator.h"
+
 namespace shardtrain::dist {
+namespace {
+
+struct Activity {
+  std::mutex mutex;
+  uint64_t issued = 0;
+  const char* op = nullptr;  // string literals
+  const char* backend = nullptr;
+  int64_t bytes = 0;
+  int ranks = 0;
+  std::chrono::steady_clock::time_point at;
+};
+
+Activity& activity() {
+  static Activity a;
+  return a;
+}
+
+}  // namespace
+
+void note_collective(const char* op, int64_t bytes, int ranks, const char* backend) {
+  Activity& a = activity();
+  const auto now = std::chrono::steady_clock::now();
+  const std::lock_guard lock(a.mutex);
+  ++a.issued;
+  a.op = op;
+  a.backend = backend;
+  a.bytes = bytes;
+  a.ranks = ranks;
+  a.at = now;
+}
+
+CollectiveActivity collective_activity() {
+  Activity& a = activity();
+  const std::lock_guard lock(a.mutex);
+  CollectiveActivity c;
+  c.issued = a.issued;
+  if (a.op == nullptr) return c;
+  c.last = detail::concat(a.op, " of ", format_bytes(a.bytes), " over ", a.ranks, " ranks (", a.backend, ")");
+  c.seconds_ago = std::chrono::duration<double>(std::chrono::steady_clock::now() - a.at).count();
+  return c;
+}
 
 void check_all_gather(const Tensor& out, const Tensor& in, int world, const char* who) {
   check_contiguous(out, who, "out");

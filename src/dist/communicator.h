@@ -3,6 +3,7 @@
 // Every rank calls the same collectives in the same order with the same shapes.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -37,7 +38,21 @@ class Communicator {
   // thread blocks (and so the SMs) its collectives take on a GPU (NCCL's maxCTAs), for
   // collectives that run beside products planned for the other SMs; elsewhere ignored.
   virtual std::unique_ptr<Communicator> split(int color, int key, int max_ctas = 0) = 0;
+  // An error the communicator found outside any call (NCCL's asynchronous errors: a peer or
+  // the network gone), or empty. Safe from another thread while this one's calls run.
+  virtual std::string async_error() const { return {}; }
 };
+
+// The collectives this process has issued, so that a rank that waits too long can say what
+// it waits in (train/watchdog.h). The communicators of several ranks note each call as it
+// is issued; a GPU's collectives may still be queued behind it.
+struct CollectiveActivity {
+  uint64_t issued = 0;      // since the process started
+  std::string last;         // "all_reduce of 40 bytes over 2 ranks (nccl)"; empty before the first
+  double seconds_ago = 0;   // since the last was issued
+};
+void note_collective(const char* op, int64_t bytes, int ranks, const char* backend);
+CollectiveActivity collective_activity();
 
 // The trivial communicator of a 1-rank run.
 std::unique_ptr<Communicator> make_single_rank();

@@ -95,6 +95,7 @@ class MpiWorld final : public Communicator {
     const int bytes = checked_count(in.nbytes(), "all_gather");
     const char* slot = static_cast<const char*>(out.raw_data()) + static_cast<size_t>(rank_) * in.nbytes();
     const void* send = in.raw_data() == slot ? MPI_IN_PLACE : in.raw_data();
+    note_collective("all_gather", static_cast<int64_t>(out.nbytes()), world_, "mpi");
     ST_MPI_CHECK(MPI_Allgather(send, bytes, MPI_BYTE, out.raw_data(), bytes, MPI_BYTE, comm_));
   }
 
@@ -102,6 +103,7 @@ class MpiWorld final : public Communicator {
     check_reduce_scatter(out, in, world_, "mpi reduce_scatter");
     host_only(out, "reduce_scatter");
     const int n = checked_count(static_cast<size_t>(out.numel()), "reduce_scatter");
+    note_collective("reduce_scatter", static_cast<int64_t>(in.nbytes()), world_, "mpi");
     ST_MPI_CHECK(MPI_Reduce_scatter_block(in.raw_data(), out.raw_data(), n, mpi_type(in.dtype(), "reduce_scatter"),
                                           MPI_SUM, comm_));
     if (op == ReduceOp::kAvg) divide(out, world_);
@@ -111,6 +113,7 @@ class MpiWorld final : public Communicator {
     check_contiguous(inout, "mpi all_reduce", "inout");
     host_only(inout, "all_reduce");
     const int n = checked_count(static_cast<size_t>(inout.numel()), "all_reduce");
+    note_collective("all_reduce", static_cast<int64_t>(inout.nbytes()), world_, "mpi");
     ST_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, inout.raw_data(), n, mpi_type(inout.dtype(), "all_reduce"), MPI_SUM,
                                comm_));
     if (op == ReduceOp::kAvg) divide(inout, world_);
@@ -121,6 +124,7 @@ class MpiWorld final : public Communicator {
     host_only(inout, "broadcast");
     ST_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " out of range for ", world_, " ranks");
     const int bytes = checked_count(inout.nbytes(), "broadcast");
+    note_collective("broadcast", static_cast<int64_t>(inout.nbytes()), world_, "mpi");
     ST_MPI_CHECK(MPI_Bcast(inout.raw_data(), bytes, MPI_BYTE, root, comm_));
   }
 
@@ -129,14 +133,19 @@ class MpiWorld final : public Communicator {
     host_only(send, "send_recv");
     host_only(recv, "send_recv");
     const int bytes = checked_count(send.nbytes(), "send_recv");
+    note_collective("send_recv", static_cast<int64_t>(send.nbytes()), world_, "mpi");
     ST_MPI_CHECK(MPI_Sendrecv(send.raw_data(), bytes, MPI_BYTE, to, kSendRecvTag, recv.raw_data(), bytes, MPI_BYTE,
                               from, kSendRecvTag, comm_, MPI_STATUS_IGNORE));
   }
 
-  void barrier() override { ST_MPI_CHECK(MPI_Barrier(comm_)); }
+  void barrier() override {
+    note_collective("barrier", 0, world_, "mpi");
+    ST_MPI_CHECK(MPI_Barrier(comm_));
+  }
 
   std::unique_ptr<Communicator> split(int color, int key, int /*max_ctas: no thread blocks here*/) override {
     ST_CHECK(color >= 0, "mpi split: color must be >= 0, found ", color);
+    note_collective("split", 0, world_, "mpi");
     MPI_Comm part = MPI_COMM_NULL;
     ST_MPI_CHECK(MPI_Comm_split(comm_, color, key, &part));
     MPI_Comm_set_errhandler(part, MPI_ERRORS_RETURN);

@@ -369,6 +369,13 @@ const std::vector<KeyDef>& keys() {
           one_of({"ranges", "rank0"})),
       key("parallel.init_timeout_s", &C::parallel, &ParallelSection::init_timeout_s,
           "seconds a rank waits for the others to start (torchrun-style launches) before failing", positive()),
+      key("parallel.timeout_s", &C::parallel, &ParallelSection::timeout_s,
+          "with several ranks, end the run (exit status 124) when a training step or an evaluation batch is still "
+          "running after this many seconds (the first step: this plus parallel.init_timeout_s), naming the step and "
+          "the last collective the rank issued; a rank that failed, hung or was stopped otherwise leaves the others "
+          "waiting in a collective forever. An error a communicator reports on its own (NCCL: a peer or the network "
+          "gone) ends the run at once (status 1). Checkpoint saves and the export are not timed; 0: no limit",
+          non_negative()),
 
       key("export.folder", &C::export_, &ExportSection::folder,
           "write a Hugging Face folder here at the end of training (config.json, safetensors, tokenizer); "

@@ -112,6 +112,7 @@ struct ParallelSection {
   std::string reduce_dtype = "f32";
   std::string hf_load = "ranges";
   double init_timeout_s = 300;
+  double timeout_s = 600;  // a step or evaluation batch of several ranks; 0: none
 };
 
 struct ExportSection {

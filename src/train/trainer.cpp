@@ -45,6 +45,7 @@
 #include "train/metrics.h"
 #include "train/plan.h"
 #include "train/stop_signals.h"
+#include "train/watchdog.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {
@@ -434,6 +435,20 @@ Trainer::~Trainer() {
   }
 }
 
+std::unique_ptr<Watchdog> Trainer::make_watchdog() const {
+  // every communicator of the mesh, once each, for errors NCCL finds on its own
+  std::vector<const dist::Communicator*> comms;
+  for (const dist::Communicator* c : std::initializer_list<const dist::Communicator*>{comm_, &mesh_->world(), &mesh_->tensor_parallel(), &mesh_->data_parallel(),
+                                      &mesh_->replica(), &mesh_->block_shards(),
+                                      static_cast<const dist::Communicator*>(mesh_->across_replicas())})
+    if (c != nullptr && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
+  return std::make_unique<Watchdog>([comms] {
+    for (const dist::Communicator* c : comms)
+      if (std::string error = c->async_error(); !error.empty()) return error;
+    return std::string();
+  });
+}
+
 Tensor Trainer::positions_of(const Tensor& ids_BT) const {
   return document_mask_ ? ops::document_positions(ids_BT, tokenizer_->bos_id()) : Tensor();
 }
@@ -455,7 +470,11 @@ Trainer::Evaluation Trainer::evaluate() {
                                 "eval totals");
   double* sums = totals.data<double>();
   const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
-  for (int64_t i = 0; i < wanted && (i + 1) * W <= available; ++i) {
+  const int64_t batches = std::min(wanted, available / W);
+  for (int64_t i = 0; i < batches; ++i) {
+    if (watchdog_)
+      watchdog_->watch(fmt::format("evaluation batch {} of {}", i + 1, batches), config_.parallel.timeout_s,
+                       fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s));
     const int64_t index = i * W + mesh_->dp_rank();
     data_->fill_eval(ids, targets, index);
     const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
@@ -608,6 +627,12 @@ TrainSummary Trainer::run() {
     write_metrics(record);
     summary.last_eval_parts = std::move(evaluation.parts);
   };
+  // parallel.timeout_s: a step or evaluation batch of several ranks that outlives its limit ends the run
+  if (world > 1 && config_.parallel.timeout_s > 0) watchdog_ = make_watchdog();
+  struct Unwatch {
+    std::unique_ptr<Watchdog>& watchdog;
+    ~Unwatch() { watchdog.reset(); }
+  } unwatch{watchdog_};
   if (config_.eval.at_start && !bench_ && tc.steps > 0) {
     const profile::Region region("evaluation");
     report_eval(start_step_ - 1);  // the loss the run starts from
@@ -632,6 +657,14 @@ TrainSummary Trainer::run() {
   TimedSteps& timed = summary.timed;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
     std::optional<profile::Region> step_region(std::in_place, "step", step);  // the step's own work
+    if (watchdog_) {
+      // the first step of a launch also plans, times GEMM algorithms and fills caches
+      const double limit = config_.parallel.timeout_s + (step == first_step ? config_.parallel.init_timeout_s : 0.0);
+      watchdog_->watch(fmt::format("step {}", step), limit,
+                       step == first_step ? fmt::format("parallel.timeout_s + parallel.init_timeout_s = {:g} s for the "
+                                                        "first step", limit)
+                                          : fmt::format("parallel.timeout_s = {:g}", limit));
+    }
     const Clock::time_point t0 = Clock::now();
     // This rank draws sequences dp_rank*B .. dp_rank*B + B-1 of each micro-batch of the global
     // batch (the ranks of a tensor-parallel group draw the same ones).
@@ -806,6 +839,7 @@ TrainSummary Trainer::run() {
       progress.clear();
       report_eval(step);
     }
+    if (watchdog_) watchdog_->idle();  // saves are not timed
     std::optional<profile::Region> checkpoint_region;
     if (checkpoint_now) checkpoint_region.emplace("checkpoint");
     if (checkpoint_now && config_.checkpoint.async && !stopping) {
@@ -868,6 +902,7 @@ TrainSummary Trainer::run() {
     progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
   }
   stop_signals.reset();  // signals from here on (the evaluation, export, sample) end the process
+  watchdog_.reset();     // nor are the export and the sample
   progress.clear();
   if (pending_checkpoint_) commit_pending_checkpoint();
   summary.seconds = seconds_since(start);

@@ -26,6 +26,8 @@
 
 namespace shardtrain::train {
 
+class Watchdog;  // train/watchdog.h
+
 struct StepRecord {
   int64_t step = 0;
   double loss = 0;       // mean over the step's counted tokens
@@ -147,6 +149,10 @@ class Trainer {
   int64_t checkpoint_step_ = 0;
   bool all_ranks_wrote_checkpoint();  // collective
   void commit_pending_checkpoint();   // collective: waits for this rank's writing
+  // parallel.timeout_s: with several ranks, during run(), a thread that ends the process when a
+  // step or an evaluation batch outlives its limit (declared last: it polls the communicators)
+  std::unique_ptr<Watchdog> watchdog_;
+  std::unique_ptr<Watchdog> make_watchdog() const;
 };
 
 // The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or

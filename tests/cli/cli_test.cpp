@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <array>
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <vector>
 #include <cstdio>
 #include <string>
@@ -207,7 +209,8 @@ struct Running {
   }
 };
 
-Running start(const std::string& args) {
+// Runs `command` through the shell, its output read by the Running.
+Running start_command(const std::string& command) {
   int fds[2];
   EXPECT_EQ(::pipe(fds), 0);
   Running r;
@@ -217,13 +220,16 @@ Running start(const std::string& args) {
     ::dup2(fds[1], 2);
     ::close(fds[0]);
     ::close(fds[1]);
-    const std::string cmd = "exec " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args;
-    ::execl("/bin/sh", "sh", "-c", cmd.c_str(), static_cast<char*>(nullptr));
+    ::execl("/bin/sh", "sh", "-c", ("exec " + command).c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }
   ::close(fds[1]);
   r.out = ::fdopen(fds[0], "r");
   return r;
+}
+
+Running start(const std::string& args) {
+  return start_command(std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args);
 }
 
 // checkpoint.on_signal: SIGTERM finishes the step, saves it and exits with 128 + 15; the run
@@ -269,6 +275,66 @@ TEST(Cli, ASignalSavesTheStepAndTheRunResumes) {
   ::kill(twice.pid, SIGINT);
   const int twice_status = twice.finish();
   EXPECT_TRUE(WIFSIGNALED(twice_status) && WTERMSIG(twice_status) == SIGINT) << twice.output;
+  fs::remove_all(dir);
+}
+
+// The processes whose parent is `parent` and whose name is `name`.
+std::vector<pid_t> children(pid_t parent, const std::string& name) {
+  std::vector<pid_t> found;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    std::ifstream in(entry.path() / "stat");
+    std::string stat;
+    if (!std::getline(in, stat)) continue;
+    // pid (comm) state ppid ...
+    const size_t open = stat.find('('), close = stat.rfind(')');
+    if (open == std::string::npos || close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state = 0;
+    pid_t ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == parent && stat.substr(open + 1, close - open - 1) == name) found.push_back(std::stoi(stat));
+  }
+  return found;
+}
+
+// parallel.timeout_s: a rank that stops (SIGSTOP, as a hung one) leaves the other waiting in
+// a collective; its watchdog ends the run after the limit, naming the step, the limit and the
+// collectives it issued, and mpirun ends the rest.
+TEST(Cli, AHungRankEndsTheRunAfterParallelTimeout) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_watchdog_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Running r = start_command(
+      "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+      "mpirun -np 2 --oversubscribe " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain train --training.steps=100000 "
+      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 --parallel.timeout_s=3 --run.output_dir=" +
+      dir.string());
+  ASSERT_TRUE(r.read_until("step     3/100000")) << r.output;
+  const std::vector<pid_t> ranks = children(r.pid, "shardtrain");
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks, children of mpirun";
+  const auto stopped_at = std::chrono::steady_clock::now();
+  ::kill(ranks[1], SIGSTOP);
+  std::atomic<bool> done{false};
+  std::jthread guard([&] {  // the watchdog failing must fail the test, not hang it
+    for (int i = 0; i < 600 && !done; ++i) ::usleep(100000);
+    if (done) return;
+    for (pid_t p : ranks) ::kill(p, SIGKILL);
+  });
+  const int status = r.finish();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
+  done = true;
+  for (pid_t p : ranks) ::kill(p, SIGKILL);  // gone already, unless the test failed
+  ASSERT_TRUE(WIFEXITED(status)) << r.output;
+  EXPECT_NE(WEXITSTATUS(status), 0) << r.output;
+  EXPECT_GE(seconds, 3.0) << r.output;
+  EXPECT_LT(seconds, 50.0) << "not ended by the watchdog: " << r.output;
+  EXPECT_NE(r.output.find("] error: watchdog: step "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" s (parallel.timeout_s = 3): another rank has probably failed, hung or been stopped"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("(collectives issued by this rank: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Ending the run with exit status 124"), std::string::npos) << r.output;
   fs::remove_all(dir);
 }
 

@@ -67,10 +67,17 @@ class NcclWorld final : public Communicator {
   int rank() const override { return rank_; }
   int world_size() const override { return world_; }
   std::string name() const override { return "nccl"; }
+  std::string async_error() const override {
+    ncclResult_t state = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess) return {};
+    if (state == ncclSuccess || state == ncclInProgress) return {};
+    return detail::concat("NCCL: ", ncclGetErrorString(state), " (", ncclGetLastError(comm_), ")");
+  }
 
   void all_gather(Tensor& out, const Tensor& in, Stream stream) override {
     check_all_gather(out, in, world_, "nccl all_gather");
     if (out.device().is_cpu() && in.device().is_cpu()) {
+      note_collective("all_gather", static_cast<int64_t>(out.nbytes()), world_, "nccl");
       // host bytes (set-up exchanges): through device memory, like staged()
       const Stream own = comm_stream_.get();
       Tensor d_in = Tensor::empty(in.shape(), in.dtype(), Device::cuda(device_), "nccl staging", own);
@@ -84,6 +91,7 @@ class NcclWorld final : public Communicator {
     }
     on_device(out, "all_gather");
     on_device(in, "all_gather");
+    note_collective("all_gather", static_cast<int64_t>(out.nbytes()), world_, "nccl");
     ordered(stream, [&](cudaStream_t s) {
       ST_NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), static_cast<size_t>(in.numel()),
                                   nccl_type(in.dtype()), comm_, s));
@@ -94,6 +102,7 @@ class NcclWorld final : public Communicator {
     check_reduce_scatter(out, in, world_, "nccl reduce_scatter");
     on_device(out, "reduce_scatter");
     on_device(in, "reduce_scatter");
+    note_collective("reduce_scatter", static_cast<int64_t>(in.nbytes()), world_, "nccl");
     ordered(stream, [&](cudaStream_t s) {
       ST_NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), static_cast<size_t>(out.numel()),
                                       nccl_type(in.dtype()), nccl_op(op), comm_, s));
@@ -102,6 +111,7 @@ class NcclWorld final : public Communicator {
 
   void all_reduce(Tensor& inout, ReduceOp op, Stream stream) override {
     check_contiguous(inout, "nccl all_reduce", "inout");
+    note_collective("all_reduce", static_cast<int64_t>(inout.nbytes()), world_, "nccl");
     staged(inout, stream, [&](void* p, cudaStream_t s) {
       ST_NCCL_CHECK(ncclAllReduce(p, p, static_cast<size_t>(inout.numel()), nccl_type(inout.dtype()), nccl_op(op),
                                   comm_, s));
@@ -111,6 +121,7 @@ class NcclWorld final : public Communicator {
   void broadcast(Tensor& inout, int root, Stream stream) override {
     check_contiguous(inout, "nccl broadcast", "inout");
     ST_CHECK(root >= 0 && root < world_, "broadcast: root ", root, " out of range for ", world_, " ranks");
+    note_collective("broadcast", static_cast<int64_t>(inout.nbytes()), world_, "nccl");
     staged(inout, stream, [&](void* p, cudaStream_t s) {
       ST_NCCL_CHECK(ncclBroadcast(p, p, static_cast<size_t>(inout.numel()), nccl_type(inout.dtype()), root, comm_, s));
     });
@@ -120,6 +131,7 @@ class NcclWorld final : public Communicator {
     check_send_recv(send, to, recv, from, world_, "nccl send_recv");
     on_device(send, "send_recv");
     on_device(recv, "send_recv");
+    note_collective("send_recv", static_cast<int64_t>(send.nbytes()), world_, "nccl");
     ordered(stream, [&](cudaStream_t s) {
       const size_t n = static_cast<size_t>(send.numel());
       ST_NCCL_CHECK(ncclGroupStart());
@@ -137,6 +149,7 @@ class NcclWorld final : public Communicator {
 
   std::unique_ptr<Communicator> split(int color, int key, int max_ctas) override {
     ST_CHECK(color >= 0, "nccl split: color must be >= 0, found ", color);
+    note_collective("split", 0, world_, "nccl");
     ST_CHECK(max_ctas >= 0, "nccl split: max_ctas must be >= 0, found ", max_ctas);
     ncclComm_t part = nullptr;
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

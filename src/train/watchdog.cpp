@@ -1,0 +1,96 @@
+// The watchdog's thread: wakes every poll interval, checks the watched work's deadline and the
+// communicators' errors, and fires once.
+#include "train/watchdog.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/log.h"
+#include "dist/communicator.h"
+
+namespace shardtrain::train {
+
+Watchdog::Watchdog(PollError poll_error, Fire fire, double poll_s)
+    : poll_error_(std::move(poll_error)), fire_(std::move(fire)), poll_(poll_s) {
+  if (!fire_)
+    fire_ = [](const std::string& message, int exit_status) {
+      log::error(message);
+      std::fflush(stdout);
+      std::fflush(stderr);
+      std::_Exit(exit_status);  // the main thread waits in a collective that will not return
+    };
+  thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
+}
+
+Watchdog::~Watchdog() {
+  thread_.request_stop();
+  wake_.notify_all();
+}
+
+void Watchdog::watch(std::string what, double limit_s, std::string setting) {
+  const uint64_t issued = dist::collective_activity().issued;
+  const std::lock_guard lock(mutex_);
+  what_ = std::move(what);
+  setting_ = std::move(setting);
+  limit_s_ = limit_s;
+  since_ = std::chrono::steady_clock::now();
+  issued_before_ = issued;
+}
+
+void Watchdog::idle() {
+  const std::lock_guard lock(mutex_);
+  what_.clear();
+}
+
+bool Watchdog::fired() const {
+  const std::lock_guard lock(mutex_);
+  return fired_;
+}
+
+std::string Watchdog::timeout_message(double elapsed) const {
+  const dist::CollectiveActivity a = dist::collective_activity();
+  const uint64_t issued = a.issued - issued_before_;
+  const std::string last = issued == 0 ? std::string("none since it began")
+                                        : fmt::format("{} since it began; the last: {}, issued {:.1f} s ago", issued,
+                                                      a.last, a.seconds_ago);
+  return fmt::format(
+      "watchdog: {} has not finished after {:.1f} s ({}): another rank has probably failed, hung or been stopped, "
+      "and this one waits for it in a collective (collectives issued by this rank: {}). Ending the run with exit "
+      "status {}; resume from the last checkpoint with --checkpoint.resume=auto",
+      what_, elapsed, setting_, last, kTimeoutExit);
+}
+
+void Watchdog::loop(std::stop_token stop) {
+  std::unique_lock lock(mutex_);
+  while (!stop.stop_requested() && !fired_) {
+    wake_.wait_for(lock, stop, poll_, [] { return false; });
+    if (stop.stop_requested()) return;
+    lock.unlock();
+    const std::string error = poll_error_ ? poll_error_() : std::string();
+    lock.lock();
+    std::string message;
+    int status = 0;
+    if (!error.empty()) {
+      message = fmt::format("watchdog: a communicator reports an error{}: {}. Ending the run with exit status {}",
+                            what_.empty() ? std::string() : " during " + what_, error, kErrorExit);
+      status = kErrorExit;
+    } else if (!what_.empty()) {
+      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+      if (elapsed >= limit_s_) {
+        message = timeout_message(elapsed);
+        status = kTimeoutExit;
+      }
+    }
+    if (message.empty()) continue;
+    fired_ = true;
+    what_.clear();
+    lock.unlock();
+    fire_(message, status);
+    return;
+  }
+}
+
+}  // namespace shardtrain::train

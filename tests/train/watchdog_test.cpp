@@ -1,0 +1,118 @@
+// The watchdog: fires once when watched work outlives its limit or a communicator reports an
+// error, naming the work, the limit and the collectives issued; never while idle or in time.
+#include "train/watchdog.h"
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "dist/communicator.h"
+
+namespace shardtrain::train {
+namespace {
+
+using namespace std::chrono_literals;
+
+// What the watchdog fired with, recorded instead of ending the process.
+struct Fired {
+  std::mutex mutex;
+  int count = 0;
+  std::string message;
+  int status = -1;
+  Watchdog::Fire fire() {
+    return [this](const std::string& m, int s) {
+      const std::lock_guard lock(mutex);
+      ++count;
+      message = m;
+      status = s;
+    };
+  }
+  int times() {
+    const std::lock_guard lock(mutex);
+    return count;
+  }
+};
+
+bool wait_for(Watchdog& w, std::chrono::milliseconds most) {
+  const auto end = std::chrono::steady_clock::now() + most;
+  while (!w.fired() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(5ms);
+  return w.fired();
+}
+
+TEST(Watchdog, WorkPastItsLimitFiresOnceNamingItAndTheCollectives) {
+  Fired f;
+  Watchdog w({}, f.fire(), 0.01);
+  dist::note_collective("all_reduce", 40, 2, "mpi");  // before the step: not counted
+  const auto t0 = std::chrono::steady_clock::now();
+  w.watch("step 7", 0.2, "parallel.timeout_s = 0.2");
+  dist::note_collective("all_gather", 2048, 2, "mpi");
+  dist::note_collective("reduce_scatter", 3 << 20, 4, "nccl");
+  ASSERT_TRUE(wait_for(w, 10s));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, 200ms) << "fired before the limit";
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(f.times(), 1);
+  EXPECT_EQ(f.status, Watchdog::kTimeoutExit);
+  EXPECT_NE(f.message.find("watchdog: step 7 has not finished after 0."), std::string::npos) << f.message;
+  EXPECT_NE(f.message.find(" s (parallel.timeout_s = 0.2): another rank has probably failed"), std::string::npos)
+      << f.message;
+  EXPECT_NE(f.message.find("(collectives issued by this rank: 2 since it began; the last: reduce_scatter of 3.00 MiB "
+                           "over 4 ranks (nccl), issued 0."),
+            std::string::npos)
+      << f.message;
+  EXPECT_NE(f.message.find("exit status 124"), std::string::npos) << f.message;
+}
+
+TEST(Watchdog, WorkThatEndsInTimeOrIsReplacedNeverFires) {
+  Fired f;
+  Watchdog w({}, f.fire(), 0.01);
+  for (int step = 1; step <= 10; ++step) {
+    w.watch("step " + std::to_string(step), 1.0, "limit");  // each restarts the clock
+    std::this_thread::sleep_for(50ms);
+  }
+  w.idle();
+  std::this_thread::sleep_for(1200ms);  // idle past the limit
+  EXPECT_EQ(f.times(), 0) << f.message;
+  w.watch("evaluation batch 1 of 2", 0.1, "limit");
+  ASSERT_TRUE(wait_for(w, 10s));
+  EXPECT_NE(f.message.find("evaluation batch 1 of 2 has not finished"), std::string::npos) << f.message;
+  EXPECT_NE(f.message.find("none since it began"), std::string::npos) << f.message;
+}
+
+TEST(Watchdog, ACommunicatorsErrorFiresAtOnceEvenWhenIdle) {
+  Fired f;
+  std::atomic<bool> broken{false};
+  Watchdog w([&] { return broken ? std::string("NCCL: remote process exited") : std::string(); }, f.fire(), 0.01);
+  w.watch("step 3", 1000, "limit");
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(f.times(), 0);
+  broken = true;
+  ASSERT_TRUE(wait_for(w, 10s));
+  EXPECT_EQ(f.status, Watchdog::kErrorExit);
+  EXPECT_NE(f.message.find("a communicator reports an error during step 3: NCCL: remote process exited"),
+            std::string::npos)
+      << f.message;
+
+  Fired g;
+  Watchdog idle([] { return std::string("NCCL: unhandled system error"); }, g.fire(), 0.01);
+  ASSERT_TRUE(wait_for(idle, 10s));
+  EXPECT_NE(g.message.find("a communicator reports an error: NCCL: unhandled system error"), std::string::npos)
+      << g.message;
+}
+
+TEST(Watchdog, DestroyedPromptlyWhileWatching) {
+  Fired f;
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    Watchdog w({}, f.fire(), 60);  // a poll interval far beyond the test: the destructor must not wait it out
+    w.watch("step 1", 1000, "limit");
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  EXPECT_EQ(f.times(), 0);
+}
+
+}  // namespace
+}  // namespace shardtrain::train
