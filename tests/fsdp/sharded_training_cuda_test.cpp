@@ -2,7 +2,8 @@
 // one GPU with the same global batch: `shardtrain train` is started as 2 ranks with a
 // torchrun-style environment and as 1 rank, and their loss curves are compared step by step
 // (bf16 compute: the two differ only in GEMM shapes and reduction order); so does a 2-rank run
-// with ZeRO-3 CPU offload and activation offload. Skips with fewer than 2 GPUs.
+// with ZeRO-3 CPU offload and activation offload; a stopped or killed rank ends the other
+// through its watchdog (parallel.timeout_s). Skips with fewer than 2 GPUs.
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -14,6 +15,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -116,9 +118,9 @@ std::vector<int> wait_all(const std::vector<pid_t>& pids) {
   return status;
 }
 
-// Starts `ranks` processes of `shardtrain train args...` (rank r on GPU r) and waits for all.
-// Returns each one's exit status; output goes to <out>/rank<r>.log.
-std::vector<int> launch(int ranks, const std::vector<std::string>& args, const fs::path& out) {
+// Starts `ranks` processes of `shardtrain train args...` (rank r on GPU r); output goes to
+// <out>/rank<r>.log.
+std::vector<pid_t> start_ranks(int ranks, const std::vector<std::string>& args, const fs::path& out) {
   const int port = free_port();
   std::vector<pid_t> pids;
   for (int r = 0; r < ranks; ++r) {
@@ -134,7 +136,12 @@ std::vector<int> launch(int ranks, const std::vector<std::string>& args, const f
     argv.insert(argv.end(), args.begin(), args.end());
     pids.push_back(spawn(argv, env, out / ("rank" + std::to_string(r) + ".log")));
   }
-  return wait_all(pids);
+  return pids;
+}
+
+// start_ranks, then waits for all: each one's exit status.
+std::vector<int> launch(int ranks, const std::vector<std::string>& args, const fs::path& out) {
+  return wait_all(start_ranks(ranks, args, out));
 }
 
 std::string read_file(const fs::path& p) {
@@ -364,6 +371,48 @@ TEST(ShardedTrainingCuda, MpirunLaunchEqualsTorchrunStyleLaunch) {
   ASSERT_EQ(b.loss.size(), 30u);
   for (size_t i = 0; i < a.loss.size(); ++i)
     EXPECT_NEAR(b.loss[i], a.loss[i], 1e-5 * a.loss[i]) << "step " << i + 1;
+}
+
+// parallel.timeout_s over NCCL: rank 1 stopped (SIGSTOP, as a hung rank) or killed mid-run
+// leaves rank 0 waiting on the GPU for a collective; its watchdog ends it (124 after the
+// limit, or 1 at once where NCCL reports the peer gone), naming the step.
+TEST(ShardedTrainingCuda, AStoppedOrKilledRankEndsTheOtherThroughTheWatchdog) {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const std::string corpus = write_corpus();
+  for (const int signal : {SIGSTOP, SIGKILL}) {
+    const fs::path out = scratch() / (signal == SIGSTOP ? "watchdog_stop" : "watchdog_kill");
+    fs::create_directories(out);
+    std::vector<std::string> args = job(corpus, 4, out);
+    args.insert(args.end(), {"--training.steps=100000", "--logging.interval_steps=1", "--parallel.timeout_s=5"});
+    const std::vector<pid_t> pids = start_ranks(2, args, out);
+    const auto begun = std::chrono::steady_clock::now();
+    while (read_file(out / "rank0.log").find("step     3/100000") == std::string::npos &&
+           std::chrono::steady_clock::now() - begun < std::chrono::minutes(3))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_NE(read_file(out / "rank0.log").find("step     3/100000"), std::string::npos) << read_file(out / "rank0.log");
+    const auto signalled = std::chrono::steady_clock::now();
+    ::kill(pids[1], signal);
+    const std::vector<int> status = wait_all({pids[0]});
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - signalled).count();
+    ::kill(pids[1], SIGKILL);
+    wait_all({pids[1]});
+    const std::string log = read_file(out / "rank0.log");
+    std::printf("rank 1 %s: rank 0 ended after %.1f s with status %d\n", signal == SIGSTOP ? "stopped" : "killed",
+                seconds, status[0]);
+    EXPECT_LT(seconds, 60.0) << log;
+    EXPECT_NE(log.find("[rank 0] error: watchdog: "), std::string::npos) << log;
+    if (status[0] == 124) {
+      EXPECT_GE(seconds, 5.0) << log;
+      EXPECT_NE(log.find(" has not finished after "), std::string::npos) << log;
+      EXPECT_NE(log.find("(parallel.timeout_s = 5)"), std::string::npos) << log;
+      EXPECT_NE(log.find(" ranks (nccl), issued "), std::string::npos) << log;
+    } else {
+      EXPECT_EQ(signal, SIGKILL) << "a stopped rank raises no error: only the limit ends the other\n" << log;
+      EXPECT_EQ(status[0], 1) << log;
+      EXPECT_NE(log.find("a communicator reports an error"), std::string::npos) << log;
+    }
+  }
 }
 
 }  // namespace
