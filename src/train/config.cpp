@@ -400,7 +400,8 @@ const std::vector<KeyDef>& keys() {
           "the next save or the end, which wait for the writing)"),
       key("checkpoint.on_signal", &C::checkpoint, &CheckpointSection::on_signal,
           "on SIGTERM (a scheduler's preemption), SIGUSR1 (Slurm's --signal=USR1@SECONDS) or SIGINT (Ctrl-C) at any "
-          "rank, every rank finishes its step, a checkpoint is saved to the checkpoint folder (also with "
+          "rank, every rank finishes its step (an evaluation stops before its next batch), a checkpoint is saved to "
+          "the checkpoint folder (also with "
           "checkpoint.interval_steps = 0) and the run exits with status 128 + the signal's number; a second Ctrl-C "
           "stops at once. false: the signals end the process at once"),
 

@@ -44,6 +44,16 @@ int StopSignals::received() const { return g_received.load(); }
 
 bool StopSignals::installed() { return g_installed.load(); }
 
+void write_stop_flags(double* flags, int received) {
+  for (int k = 0; k < 3; ++k) flags[k] = received == kStopSignals[k] ? 1.0 : 0.0;
+}
+
+int agreed_stop_signal(const double* summed_flags) {
+  for (int k = 0; k < 3; ++k)
+    if (summed_flags[k] > 0) return kStopSignals[k];
+  return 0;
+}
+
 const char* stop_signal_name(int signal) {
   switch (signal) {
     case SIGTERM: return "SIGTERM";

@@ -25,6 +25,12 @@ class StopSignals {
   static bool installed();
 };
 
+// The ranks' agreement on a stop, through a sum over the ranks of 3 flags per rank: each rank
+// writes its flags (1 at k where it received kStopSignals[k], the others 0), the flags are
+// summed, and every rank stops for the first signal listed that some rank received (0: none).
+void write_stop_flags(double* flags, int received);
+int agreed_stop_signal(const double* summed_flags);
+
 // "SIGTERM", "SIGINT", "SIGUSR1", or "a signal".
 const char* stop_signal_name(int signal);
 

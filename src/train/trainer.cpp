@@ -453,7 +453,7 @@ Tensor Trainer::positions_of(const Tensor& ids_BT) const {
   return document_mask_ ? ops::document_positions(ids_BT, tokenizer_->bos_id()) : Tensor();
 }
 
-Trainer::Evaluation Trainer::evaluate() {
+Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
   const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
   Tensor ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval ids");
   Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
@@ -471,7 +471,21 @@ Trainer::Evaluation Trainer::evaluate() {
   double* sums = totals.data<double>();
   const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
   const int64_t batches = std::min(wanted, available / W);
+  Tensor stop_flags = Tensor::zeros({3}, DType::kF64, Device::cpu(), "stop flags");
   for (int64_t i = 0; i < batches; ++i) {
+    if (stop != nullptr) {  // a long evaluation must not hold a preempted run past its grace period
+      write_stop_flags(stop_flags.data<double>(), stop->received());
+      comm_->all_reduce(stop_flags, dist::ReduceOp::kSum);
+      if (const int signal = agreed_stop_signal(stop_flags.data<double>()); signal != 0) {
+        Evaluation stopped;
+        stopped.stopped_by_signal = signal;
+        const double* f = stop_flags.data<double>();
+        stopped.stop_ranks = static_cast<int64_t>(f[0] + f[1] + f[2]);
+        stopped.batches_done = i;
+        stopped.batches = batches;
+        return stopped;
+      }
+    }
     if (watchdog_)
       watchdog_->watch(fmt::format("evaluation batch {} of {}", i + 1, batches), config_.parallel.timeout_s,
                        fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s));
@@ -496,6 +510,7 @@ Trainer::Evaluation Trainer::evaluate() {
            ") gave no counted token in one batch of `training.batch_size` x `training.seq_len` + 1; raise "
            "`data.val_fraction`");
   result.loss = loss / static_cast<double>(tokens);
+  result.batches_done = result.batches = batches;
   return result;
 }
 
@@ -612,8 +627,9 @@ TrainSummary Trainer::run() {
   auto peak_device_bytes = [&] { return allocator_for(device_).stats().peak_allocated_bytes; };
   TrainSummary summary;
   // An evaluation: the log line, the metrics (a mix's sources' losses as eval_loss/<name>), the summary.
-  const auto report_eval = [&](int64_t step) {
-    Evaluation evaluation = evaluate();
+  const auto report_eval = [&](int64_t step, const StopSignals* stop) {
+    Evaluation evaluation = evaluate(stop);
+    if (evaluation.stopped_by_signal != 0) return evaluation;
     const double e = evaluation.loss;
     summary.evals.emplace_back(step, e);
     nlohmann::json record = {{"step", step}, {"eval_loss", e}};
@@ -626,6 +642,7 @@ TrainSummary Trainer::run() {
     log::info(fmt::format("eval  step {:>5}  held-out loss {:.4f}  perplexity {:.2f}{}", step, e, std::exp(e), parts));
     write_metrics(record);
     summary.last_eval_parts = std::move(evaluation.parts);
+    return evaluation;
   };
   // parallel.timeout_s: a step or evaluation batch of several ranks that outlives its limit ends the run
   if (world > 1 && config_.parallel.timeout_s > 0) watchdog_ = make_watchdog();
@@ -635,7 +652,7 @@ TrainSummary Trainer::run() {
   } unwatch{watchdog_};
   if (config_.eval.at_start && !bench_ && tc.steps > 0) {
     const profile::Region region("evaluation");
-    report_eval(start_step_ - 1);  // the loss the run starts from
+    report_eval(start_step_ - 1, nullptr);  // the loss the run starts from
   }
   Progress progress(comm_->rank() == 0 ? config_.logging.progress : "off", tc.steps);
   // checkpoint.on_signal: SIGTERM, SIGUSR1 or SIGINT at any rank stops every rank after the
@@ -691,8 +708,7 @@ TrainSummary Trainer::run() {
       t_backward += model_->last_phase_times().backward_s;
     }
     reduce_buf.data<double>()[0] = loss_sum;  // of this rank's token rows
-    const int received = stop_signals ? stop_signals->received() : 0;
-    for (int k = 0; k < 3; ++k) reduce_buf.data<double>()[1 + k] = received == kStopSignals[k] ? 1.0 : 0.0;
+    write_stop_flags(reduce_buf.data<double>() + 1, stop_signals ? stop_signals->received() : 0);
     if (time_limit > 0) {
       // this step so far, and the steps before (the first alone before there are more)
       const double step_estimate = std::max(seconds_since(t0), timed.steps > 0 ? timed.seconds / static_cast<double>(timed.steps)
@@ -702,11 +718,11 @@ TrainSummary Trainer::run() {
           seconds_since(g_process_start) + step_estimate + save_estimate > time_limit ? 1.0 : 0.0;
     }
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
-    int stop_now = 0;  // the signal every rank stops for (0: none)
-    for (int k = 2; k >= 0; --k)
-      if (reduce_buf.data<double>()[1 + k] > 0) stop_now = kStopSignals[k];
+    int stop_now = agreed_stop_signal(reduce_buf.data<double>() + 1);  // the signal every rank stops for (0: none)
+    int64_t stop_ranks = static_cast<int64_t>(reduce_buf.data<double>()[1] + reduce_buf.data<double>()[2] +
+                                              reduce_buf.data<double>()[3]);  // the ranks that received one
     const bool time_up = stop_now == 0 && reduce_buf.data<double>()[4] > 0 && step < tc.steps;
-    const bool stopping = stop_now != 0 || time_up;
+    bool stopping = stop_now != 0 || time_up;
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
@@ -731,7 +747,7 @@ TrainSummary Trainer::run() {
     const bool eval_now = !bench_ && !stopping &&
                           ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
     const int64_t every = config_.checkpoint.interval_steps;
-    const bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stopping;
+    bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stopping;
     if (store_->offloaded()) {
       // on the host's cores beside the next step's forward, which takes each unit as it is
       // written; complete within this step where an evaluation, a checkpoint or the end follows
@@ -837,7 +853,13 @@ TrainSummary Trainer::run() {
     if (eval_now) {
       const profile::Region region("evaluation");
       progress.clear();
-      report_eval(step);
+      if (const Evaluation e = report_eval(step, stop_signals ? &*stop_signals : nullptr); e.stopped_by_signal != 0) {
+        stop_now = e.stopped_by_signal;
+        stop_ranks = e.stop_ranks;
+        stopping = checkpoint_now = true;
+        log::info(fmt::format("evaluation after step {} stopped before batch {} of {} by {}", step,
+                              e.batches_done + 1, e.batches, stop_signal_name(stop_now)));
+      }
     }
     if (watchdog_) watchdog_->idle();  // saves are not timed
     std::optional<profile::Region> checkpoint_region;
@@ -884,10 +906,8 @@ TrainSummary Trainer::run() {
       std::string why;
       if (stop_now != 0) {
         summary.stopped_by_signal = stop_now;
-        const auto ranks = static_cast<int64_t>(reduce_buf.data<double>()[1] + reduce_buf.data<double>()[2] +
-                                                reduce_buf.data<double>()[3]);
         why = fmt::format("by {}{} (checkpoint.on_signal)", stop_signal_name(stop_now),
-                          world > 1 ? fmt::format(" at {} of the {} ranks", ranks, world) : std::string());
+                          world > 1 ? fmt::format(" at {} of the {} ranks", stop_ranks, world) : std::string());
       } else {
         summary.stopped_by_time_limit = true;
         const double elapsed = seconds_since(g_process_start);
@@ -949,7 +969,7 @@ TrainSummary Trainer::run() {
     log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
               "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
               profile::report_and_reset());
-  if (tc.steps == 0 && !bench_) report_eval(0);
+  if (tc.steps == 0 && !bench_) report_eval(0, nullptr);
   if (summary.stopped_by_signal != 0 || summary.stopped_by_time_limit) return summary;  // saved; the export and sample wait for the end
   if (!config_.export_.folder.empty()) {
     ExportOptions eo;

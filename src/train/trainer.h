@@ -26,7 +26,8 @@
 
 namespace shardtrain::train {
 
-class Watchdog;  // train/watchdog.h
+class StopSignals;  // train/stop_signals.h
+class Watchdog;     // train/watchdog.h
 
 struct StepRecord {
   int64_t step = 0;
@@ -93,12 +94,16 @@ class Trainer {
   // The folder of step_* checkpoints (checkpoint.dir, or run.output_dir/checkpoints).
   std::string checkpoint_root() const;
   // Mean held-out loss over eval.batches batches (or fewer if the split is small), and for a
-  // mix (data.mix) each source's, by name.
+  // mix (data.mix) each source's, by name. With `stop` (checkpoint.on_signal), the ranks agree
+  // before each batch whether one of them received a stop signal, and all stop there.
   struct Evaluation {
     double loss = 0;
     std::vector<std::pair<std::string, double>> parts;
+    int stopped_by_signal = 0;  // the signal the evaluation stopped for (no loss then), or 0
+    int64_t stop_ranks = 0;     // the ranks that received one
+    int64_t batches_done = 0, batches = 0;
   };
-  Evaluation evaluate();
+  Evaluation evaluate(const StopSignals* stop = nullptr);
   // The documents' positions in a batch's rows with data.document_mask; undefined without.
   Tensor positions_of(const Tensor& ids_BT) const;
 

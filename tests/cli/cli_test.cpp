@@ -278,6 +278,29 @@ TEST(Cli, ASignalSavesTheStepAndTheRunResumes) {
   fs::remove_all(dir);
 }
 
+// A signal during an evaluation stops it at the next batch (a long one must not outlast a
+// scheduler's grace period): the step is saved and no held-out loss is reported for it.
+TEST(Cli, ASignalDuringAnEvaluationStopsItAndSavesTheStep) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_eval_signal_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  // every held-out batch (a few seconds) after every second step
+  Running r = start("train --training.steps=100000 --logging.interval_steps=1 --logging.progress=off "
+                    "--sample.tokens=0 --eval.interval_steps=2 --eval.batches=0 --run.output_dir=" + dir.string());
+  ASSERT_TRUE(r.read_until("step     2/100000")) << r.output;
+  ::kill(r.pid, SIGTERM);
+  const int status = r.finish();
+  ASSERT_TRUE(WIFEXITED(status)) << r.output;
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM) << r.output;
+  EXPECT_NE(r.output.find("evaluation after step 2 stopped before batch "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" by SIGTERM\n"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped after step 2 of 100000 by SIGTERM (checkpoint.on_signal)"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("eval  step"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::is_directory(dir / "checkpoints" / "step_00000002")) << r.output;
+  fs::remove_all(dir);
+}
+
 // The processes whose parent is `parent` and whose name is `name`.
 std::vector<pid_t> children(pid_t parent, const std::string& name) {
   std::vector<pid_t> found;

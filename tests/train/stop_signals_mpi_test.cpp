@@ -5,6 +5,9 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
 #include <thread>
 
 #include <fmt/format.h>
@@ -87,6 +90,42 @@ TEST(StopSignalsRanks, ASignalAtTheLastRankStopsEveryRankAfterOneStepAndSavesIt)
   EXPECT_EQ(r.stopped_by_signal, 0);
   ASSERT_EQ(r.steps.size(), 2u);
   EXPECT_EQ(r.steps.front().step, last + 1);
+  comm->barrier();
+  if (comm->rank() == 0) fs::remove_all(dir);
+}
+
+// A signal at one rank during an evaluation: every rank stops it before the same batch, saves
+// the step it follows and reports no held-out loss for it.
+TEST(StopSignalsRanks, ASignalDuringAnEvaluationStopsItAtEveryRank) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  const fs::path dir = shared_folder(*comm);
+  train::JobConfig c = job(dir, 1000000);
+  c.eval.interval_steps = 2;
+  c.eval.batches = 0;              // the whole held-out split: many batches
+  c.data.val_fraction = 0.3;
+  c.logging.metrics_file = "metrics.jsonl";
+  train::TrainSummary s;
+  {
+    train::Trainer trainer(c, comm.get());
+    std::jthread signaller;
+    if (comm->rank() == w - 1)  // once step 2's metrics are written, its evaluation follows
+      signaller = std::jthread([file = dir / "metrics.jsonl"] {
+        for (;;) {
+          std::ifstream in(file);
+          std::string all((std::istreambuf_iterator<char>(in)), {});
+          if (all.find("\"step\":2,\"time_") != std::string::npos) break;
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        ::kill(::getpid(), SIGUSR1);
+      });
+    s = trainer.run();
+  }
+  EXPECT_EQ(s.stopped_by_signal, SIGUSR1);
+  ASSERT_FALSE(s.steps.empty());
+  EXPECT_EQ(s.steps.back().step, 2);
+  EXPECT_TRUE(s.evals.empty()) << "no held-out loss for a stopped evaluation";
+  EXPECT_TRUE(fs::is_directory(dir / "checkpoints" / "step_00000002"));
   comm->barrier();
   if (comm->rank() == 0) fs::remove_all(dir);
 }
