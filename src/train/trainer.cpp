@@ -407,23 +407,6 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   }
 }
 
-bool Trainer::all_ranks_wrote_checkpoint() {
-  Tensor done = Tensor::empty({1}, DType::kI64, Device::cpu(), "checkpoint written");
-  done.data<int64_t>()[0] = checkpoint_written_ ? 1 : 0;
-  comm_->all_reduce(done, dist::ReduceOp::kSum);
-  return done.data<int64_t>()[0] == comm_->world_size();
-}
-
-void Trainer::commit_pending_checkpoint() {
-  const Clock::time_point t0 = Clock::now();
-  if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
-  const double waited = seconds_since(t0);
-  const std::unique_ptr<PendingCheckpoint> c = std::move(pending_checkpoint_);
-  const std::string dir = c->commit(*comm_, std::exchange(checkpoint_error_, nullptr));
-  log::info(fmt::format("checkpoint  step {:>5}  {} is `latest`{}", c->step(), dir,
-                        waited >= 0.05 ? fmt::format(" (waited {:.1f} s for the writing)", waited) : std::string()));
-}
-
 Trainer::~Trainer() {
   // an offloaded host update still in flight (a run left by an error) uses the optimizer,
   // which goes before the store
@@ -451,67 +434,6 @@ std::unique_ptr<Watchdog> Trainer::make_watchdog() const {
 
 Tensor Trainer::positions_of(const Tensor& ids_BT) const {
   return document_mask_ ? ops::document_positions(ids_BT, tokenizer_->bos_id()) : Tensor();
-}
-
-Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
-  const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
-  Tensor ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval ids");
-  Tensor targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "eval targets");
-  model::StepOptions so;
-  so.loss_chunk_tokens = loss_chunk_tokens();
-  // Global eval batch i is W x B sequences over the W data-parallel ranks; rank r evaluates
-  // its part i*W + r (a tensor-parallel group the same part, split by rows). Every rank runs
-  // the same number of forwards, since units are gathered collectively.
-  const int64_t W = mesh_->shape().data_parallel;
-  const int64_t available = data_->eval_batches(B, T);
-  // totals [loss, tokens] of the whole, then of each source of a mix
-  const std::vector<std::string> parts = data_->eval_part_names();
-  Tensor totals = Tensor::zeros({2 * (1 + static_cast<int64_t>(parts.size()))}, DType::kF64, Device::cpu(),
-                                "eval totals");
-  double* sums = totals.data<double>();
-  const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
-  const int64_t batches = std::min(wanted, available / W);
-  Tensor stop_flags = Tensor::zeros({3}, DType::kF64, Device::cpu(), "stop flags");
-  for (int64_t i = 0; i < batches; ++i) {
-    if (stop != nullptr) {  // a long evaluation must not hold a preempted run past its grace period
-      write_stop_flags(stop_flags.data<double>(), stop->received());
-      comm_->all_reduce(stop_flags, dist::ReduceOp::kSum);
-      if (const int signal = agreed_stop_signal(stop_flags.data<double>()); signal != 0) {
-        Evaluation stopped;
-        stopped.stopped_by_signal = signal;
-        const double* f = stop_flags.data<double>();
-        stopped.stop_ranks = static_cast<int64_t>(f[0] + f[1] + f[2]);
-        stopped.batches_done = i;
-        stopped.batches = batches;
-        return stopped;
-      }
-    }
-    if (watchdog_)
-      watchdog_->watch(fmt::format("evaluation batch {} of {}", i + 1, batches), config_.parallel.timeout_s,
-                       fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s));
-    const int64_t index = i * W + mesh_->dp_rank();
-    data_->fill_eval(ids, targets, index);
-    const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
-    sums[0] += r.loss_sum;
-    sums[1] += static_cast<double>(r.tokens);
-    if (!parts.empty()) {
-      const int64_t p = 1 + data_->eval_part(index);
-      sums[2 * p] += r.loss_sum;
-      sums[2 * p + 1] += static_cast<double>(r.tokens);
-    }
-  }
-  comm_->all_reduce(totals, dist::ReduceOp::kSum);
-  const double loss = sums[0];
-  const auto tokens = static_cast<int64_t>(sums[1]);
-  Evaluation result;
-  for (size_t p = 0; p < parts.size(); ++p)
-    if (sums[2 * (p + 1) + 1] > 0) result.parts.emplace_back(parts[p], sums[2 * (p + 1)] / sums[2 * (p + 1) + 1]);
-  ST_CHECK(tokens > 0, "evaluation: the held-out split (", data_->held_out_size(),
-           ") gave no counted token in one batch of `training.batch_size` x `training.seq_len` + 1; raise "
-           "`data.val_fraction`");
-  result.loss = loss / static_cast<double>(tokens);
-  result.batches_done = result.batches = batches;
-  return result;
 }
 
 TrainSummary Trainer::run() {
@@ -864,36 +786,11 @@ TrainSummary Trainer::run() {
     if (watchdog_) watchdog_->idle();  // saves are not timed
     std::optional<profile::Region> checkpoint_region;
     if (checkpoint_now) checkpoint_region.emplace("checkpoint");
-    if (checkpoint_now && config_.checkpoint.async && !stopping) {
-      if (pending_checkpoint_) commit_pending_checkpoint();  // the previous one first
-      const Clock::time_point tc0 = Clock::now();
-      pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
-                                             optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep),
-                                             &checkpoint_staging_);
-      checkpoint_step_ = step;
-      checkpoint_error_ = nullptr;
-      checkpoint_written_ = false;
-      PendingCheckpoint* c = pending_checkpoint_.get();
-      checkpoint_writer_ = std::jthread([this, c] {
-        try {
-          c->write();
-        } catch (...) {
-          checkpoint_error_ = std::current_exception();
-        }
-        checkpoint_written_ = true;
-      });
+    if (checkpoint_now) {
+      const SavedStep saved = save_step(step, config_.checkpoint.async && !stopping);
+      if (saved.seconds >= 0) last_save_seconds = saved.seconds;
       progress.clear();
-      log::info(fmt::format("checkpoint  step {:>5}  {} copied to host memory in {:.1f} s; writing while training "
-                            "goes on", step, format_bytes(c->bytes()), seconds_since(tc0)));
-    } else if (checkpoint_now) {
-      if (pending_checkpoint_) commit_pending_checkpoint();  // an asynchronous one before (stopping)
-      const Clock::time_point tc0 = Clock::now();
-      const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
-                                              optimizer_.get(), *comm_, static_cast<int>(config_.checkpoint.keep),
-                                              &checkpoint_staging_);
-      last_save_seconds = seconds_since(tc0);
-      progress.clear();
-      log::info(fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, last_save_seconds));
+      log::info(saved.message);
     }
     checkpoint_region.reset();
     if (pending_checkpoint_ && step > checkpoint_step_ && all_ranks_wrote_checkpoint()) {

@@ -154,6 +154,14 @@ class Trainer {
   int64_t checkpoint_step_ = 0;
   bool all_ranks_wrote_checkpoint();  // collective
   void commit_pending_checkpoint();   // collective: waits for this rank's writing
+  // Saves `step`'s checkpoint (an asynchronous one before is committed first): now, or with
+  // `async` copied to host memory and written by checkpoint_writer_. The log line, and the
+  // save's seconds (-1 when asynchronous).
+  struct SavedStep {
+    std::string message;
+    double seconds = -1;
+  };
+  SavedStep save_step(int64_t step, bool async);
   // parallel.timeout_s: with several ranks, during run(), a thread that ends the process when a
   // step or an evaluation batch outlives its limit (declared last: it polls the communicators)
   std::unique_ptr<Watchdog> watchdog_;

@@ -1,0 +1,70 @@
+// The trainer's checkpoints: a step saved now or copied to host memory and written on a
+// thread while training goes on (checkpoint.async), and the ranks' agreement on when such a
+// checkpoint is complete everywhere and becomes `latest`.
+#include <chrono>
+#include <exception>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "core/allocator.h"
+#include "core/log.h"
+#include "train/checkpoint.h"
+#include "train/trainer.h"
+
+namespace shardtrain::train {
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
+
+Trainer::SavedStep Trainer::save_step(int64_t step, bool async) {
+  if (pending_checkpoint_) commit_pending_checkpoint();  // an earlier asynchronous one first
+  const auto t0 = std::chrono::steady_clock::now();
+  const int keep = static_cast<int>(config_.checkpoint.keep);
+  if (!async) {
+    const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
+                                            optimizer_.get(), *comm_, keep, &checkpoint_staging_);
+    const double seconds = seconds_since(t0);
+    return {fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds), seconds};
+  }
+  pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
+                                         optimizer_.get(), *comm_, keep, &checkpoint_staging_);
+  checkpoint_step_ = step;
+  checkpoint_error_ = nullptr;
+  checkpoint_written_ = false;
+  PendingCheckpoint* c = pending_checkpoint_.get();
+  checkpoint_writer_ = std::jthread([this, c] {
+    try {
+      c->write();
+    } catch (...) {
+      checkpoint_error_ = std::current_exception();
+    }
+    checkpoint_written_ = true;
+  });
+  return {fmt::format("checkpoint  step {:>5}  {} copied to host memory in {:.1f} s; writing while training goes on",
+                      step, format_bytes(c->bytes()), seconds_since(t0)),
+          -1.0};
+}
+
+bool Trainer::all_ranks_wrote_checkpoint() {
+  Tensor done = Tensor::empty({1}, DType::kI64, Device::cpu(), "checkpoint written");
+  done.data<int64_t>()[0] = checkpoint_written_ ? 1 : 0;
+  comm_->all_reduce(done, dist::ReduceOp::kSum);
+  return done.data<int64_t>()[0] == comm_->world_size();
+}
+
+void Trainer::commit_pending_checkpoint() {
+  const auto t0 = std::chrono::steady_clock::now();
+  if (checkpoint_writer_.joinable()) checkpoint_writer_.join();
+  const double waited = seconds_since(t0);
+  const std::unique_ptr<PendingCheckpoint> c = std::move(pending_checkpoint_);
+  const std::string dir = c->commit(*comm_, std::exchange(checkpoint_error_, nullptr));
+  log::info(fmt::format("checkpoint  step {:>5}  {} is `latest`{}", c->step(), dir,
+                        waited >= 0.05 ? fmt::format(" (waited {:.1f} s for the writing)", waited) : std::string()));
+}
+
+}  // namespace shardtrain::train
