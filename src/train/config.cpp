@@ -370,9 +370,10 @@ const std::vector<KeyDef>& keys() {
       key("parallel.init_timeout_s", &C::parallel, &ParallelSection::init_timeout_s,
           "seconds a rank waits for the others to start (torchrun-style launches) before failing", positive()),
       key("parallel.timeout_s", &C::parallel, &ParallelSection::timeout_s,
-          "with several ranks, end the run (exit status 124) when a training step or an evaluation batch is still "
-          "running after this many seconds (the first step: this plus parallel.init_timeout_s), naming the step and "
-          "the last collective the rank issued; a rank that failed, hung or was stopped otherwise leaves the others "
+          "with several ranks, end the run (exit status 124) when a training step or an evaluation batch makes no "
+          "progress for this many seconds: no collective issued by the rank since it began or since the last one "
+          "(sharded work issues them block by block; the first step gets parallel.init_timeout_s more), naming the "
+          "step and the last collective; a rank that failed, hung or was stopped otherwise leaves the others "
           "waiting in a collective forever. An error a communicator reports on its own (NCCL: a peer or the network "
           "gone) ends the run at once (status 1). Checkpoint saves and the export are not timed; 0: no limit",
           non_negative()),

@@ -1,7 +1,8 @@
-// The watchdog's thread: wakes every poll interval, checks the watched work's deadline and the
-// communicators' errors, and fires once.
+// The watchdog's thread: wakes every poll interval, checks how long the watched work has gone
+// without progress and the communicators' errors, and fires once.
 #include "train/watchdog.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -50,17 +51,17 @@ bool Watchdog::fired() const {
   return fired_;
 }
 
-std::string Watchdog::timeout_message(double elapsed) const {
-  const dist::CollectiveActivity a = dist::collective_activity();
+std::string Watchdog::timeout_message(const dist::CollectiveActivity& a, double idle) const {
   const uint64_t issued = a.issued - issued_before_;
-  const std::string last = issued == 0 ? std::string("none since it began")
-                                        : fmt::format("{} since it began; the last: {}, issued {:.1f} s ago", issued,
-                                                      a.last, a.seconds_ago);
-  return fmt::format(
-      "watchdog: {} has not finished after {:.1f} s ({}): another rank has probably failed, hung or been stopped, "
-      "and this one waits for it in a collective (collectives issued by this rank: {}). Ending the run with exit "
-      "status {}; resume from the last checkpoint with --checkpoint.resume=auto",
-      what_, elapsed, setting_, last, kTimeoutExit);
+  const std::string where =
+      issued == 0 ? std::string("this rank issued no collective in it: it may be stuck itself, or wait for another "
+                                "rank, which has probably failed, hung or been stopped")
+                  : fmt::format("this rank issued {} collective{} in it, the last ({}) {:.1f} s ago, and waits for "
+                                "another rank, which has probably failed, hung or been stopped",
+                                issued, issued == 1 ? "" : "s", a.last, a.seconds_ago);
+  return fmt::format("watchdog: {} has made no progress for {:.1f} s ({}): {}. Ending the run with exit status {}; "
+                     "resume from the last checkpoint with --checkpoint.resume=auto",
+                     what_, idle, setting_, where, kTimeoutExit);
 }
 
 void Watchdog::loop(std::stop_token stop) {
@@ -78,9 +79,12 @@ void Watchdog::loop(std::stop_token stop) {
                             what_.empty() ? std::string() : " during " + what_, error, kErrorExit);
       status = kErrorExit;
     } else if (!what_.empty()) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
-      if (elapsed >= limit_s_) {
-        message = timeout_message(elapsed);
+      // progress: the work began, or this rank issued a collective since
+      const dist::CollectiveActivity a = dist::collective_activity();
+      const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
+      const double quiet = a.issued > issued_before_ ? std::min(idle, a.seconds_ago) : idle;
+      if (quiet >= limit_s_) {
+        message = timeout_message(a, quiet);
         status = kTimeoutExit;
       }
     }

@@ -1,10 +1,11 @@
 // A hang detector for runs of several ranks. When one rank fails, hangs or is stopped, the
 // others wait for it in their next collective, forever: neither NCCL nor MPI has a deadline of
 // its own. The watchdog, a thread of each rank, ends the process when the work it watches (a
-// training step, an evaluation batch) is still running at that work's limit, or at once when
-// a communicator reports an error of its own, with a message naming the work, the limit and
-// the last collective this rank issued. The launcher (torchrun, mpirun, srun) then ends the
-// other ranks.
+// training step, an evaluation batch) makes no progress for that work's limit (progress: the
+// work began, or this rank issued a collective, which sharded work does block by block, so a
+// long step of many blocks is not taken for a hang), or at once when a communicator reports
+// an error of its own, with a message naming the work, the limit and the last collective this
+// rank issued. The launcher (torchrun, mpirun, srun) then ends the other ranks.
 #pragma once
 
 #include <chrono>
@@ -14,6 +15,10 @@
 #include <mutex>
 #include <string>
 #include <thread>
+
+namespace shardtrain::dist {
+struct CollectiveActivity;
+}
 
 namespace shardtrain::train {
 
@@ -33,9 +38,9 @@ class Watchdog {
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 
-  // Starts the clock on `what` ("step 12"), replacing what was watched: the watchdog fires when
-  // `what` is still watched `limit_s` seconds from now. `setting` names the limit in the
-  // message ("parallel.timeout_s = 600").
+  // Starts watching `what` ("step 12"), replacing what was watched: the watchdog fires when,
+  // still watched, it has gone `limit_s` seconds since it began and since the last collective
+  // this process issued in it. `setting` names the limit in the message ("parallel.timeout_s = 600").
   void watch(std::string what, double limit_s, std::string setting);
   // Watches nothing (a checkpoint being saved, an export): only communicator errors fire.
   void idle();
@@ -44,7 +49,7 @@ class Watchdog {
 
  private:
   void loop(std::stop_token stop);
-  std::string timeout_message(double elapsed) const;  // with mutex_ held
+  std::string timeout_message(const dist::CollectiveActivity& activity, double idle) const;  // with mutex_ held
 
   PollError poll_error_;
   Fire fire_;

@@ -350,13 +350,11 @@ TEST(Cli, AHungRankEndsTheRunAfterParallelTimeout) {
   for (pid_t p : ranks) ::kill(p, SIGKILL);  // gone already, unless the test failed
   ASSERT_TRUE(WIFEXITED(status)) << r.output;
   EXPECT_NE(WEXITSTATUS(status), 0) << r.output;
-  EXPECT_GE(seconds, 3.0) << r.output;
+  EXPECT_GE(seconds, 2.0) << r.output;  // the limit counts from the rank's last collective, within a step before
   EXPECT_LT(seconds, 50.0) << "not ended by the watchdog: " << r.output;
   EXPECT_NE(r.output.find("] error: watchdog: step "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(" s (parallel.timeout_s = 3): another rank has probably failed, hung or been stopped"),
-            std::string::npos)
-      << r.output;
-  EXPECT_NE(r.output.find("(collectives issued by this rank: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" s (parallel.timeout_s = 3): this rank issued "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("which has probably failed, hung or been stopped"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Ending the run with exit status 124"), std::string::npos) << r.output;
   fs::remove_all(dir);
 }
