@@ -1,6 +1,7 @@
 // Token file writer and reader, and the parallel corpus tokenizer. Input is read in blocks of
-// whole lines; each block's documents are encoded in parallel into per-document vectors and
-// written in input order, so output is identical for any thread count.
+// whole lines (or Parquet row groups), the next one on a thread of its own while each block's
+// documents are encoded in parallel into per-document vectors and written in input order, so
+// output is identical for any thread count.
 #include "data/tokenize_file.h"
 
 #include <fcntl.h>
@@ -16,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <limits>
 #include <utility>
 
@@ -361,19 +363,30 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
   TokenizeFileStats stats;
 
   if (parquet) {
-    // a row group at a time: its texts, encoded in parallel, written in row order
+    // a row group at a time: its texts, encoded in parallel, written in row order; the next
+    // group is read (decompressed) on a thread of its own meanwhile
     const io::ParquetFile& file = *parquet;
-    std::vector<std::string> values;
-    std::vector<uint8_t> present;
+    struct Group {
+      std::vector<std::string> values;
+      std::vector<uint8_t> present;
+    };
+    auto read_group = [&](int g) {
+      Group out;
+      file.read_strings(g, options.jsonl_field, out.values, out.present);
+      return out;
+    };
     std::vector<std::string_view> rows;
     uint64_t next_row = 1;
     auto last_report = std::chrono::steady_clock::now();
+    Group group = file.num_row_groups() > 0 ? read_group(0) : Group();
     for (int g = 0; g < file.num_row_groups(); ++g) {
-      file.read_strings(g, options.jsonl_field, values, present);
-      rows.assign(values.size(), std::string_view());
-      for (size_t i = 0; i < values.size(); ++i) {
-        if (present[i]) rows[i] = values[i];
-        stats.input_bytes += values[i].size();
+      std::future<Group> next;
+      if (g + 1 < file.num_row_groups())
+        next = std::async(options.read_ahead ? std::launch::async : std::launch::deferred, read_group, g + 1);
+      rows.assign(group.values.size(), std::string_view());
+      for (size_t i = 0; i < group.values.size(); ++i) {
+        if (group.present[i]) rows[i] = group.values[i];
+        stats.input_bytes += group.values[i].size();
       }
       tokenize_block(tokenizer, rows, next_row, options, threads, input_path, writer, stats);
       next_row += rows.size();
@@ -383,6 +396,7 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
                               file.num_row_groups(), input_path, stats.documents, writer.header().token_count));
         last_report = now;
       }
+      if (next.valid()) group = next.get();
     }
   } else if (options.format == TextFormat::kWholeFile) {
     const std::string text = in->read_all();
@@ -393,42 +407,59 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
       stats.documents = 1;
     }
   } else {
-    std::string buffer;  // whole lines of the current block, plus a partial last line
-    uint64_t next_line = 1;
-    bool eof = false;
-    std::vector<std::string_view> lines;
-    while (!eof || !buffer.empty()) {
-      // Read block_bytes more (repeatedly, while the buffer holds no line end) and cut the
-      // block after the last '\n'; at the end of the file the block is all that is left.
-      // What follows the cut has no '\n', so the search only ever finds new ones.
+    // Blocks of whole lines. Each holds the previous block's unfinished last line, then
+    // block_bytes more (read again while it holds no line end), cut after its last '\n'; at
+    // the end of the file a block is all that is left. The next block is read (decompressed)
+    // on a thread of its own while this one's documents are encoded.
+    struct LineBlock {
+      std::string text;
+      size_t end = 0;  // the whole lines: [0, end)
+      size_t bytes_read = 0;
+      bool eof = false;
+    };
+    auto read_block = [&](std::string carry) {
+      LineBlock b;
+      b.text = std::move(carry);
+      // what was carried has no '\n', so the search only ever finds new ones
       size_t last_newline = std::string::npos;
-      while (!eof && last_newline == std::string::npos) {
-        const size_t old = buffer.size();
-        buffer.resize(old + options.block_bytes);
+      while (!b.eof && last_newline == std::string::npos) {
+        const size_t old = b.text.size();
+        b.text.resize(old + options.block_bytes);
         size_t got = 0;  // a decompressing read may return less than asked: fill the block
         while (got < options.block_bytes) {
-          const size_t k = in->read(buffer.data() + old + got, options.block_bytes - got);
+          const size_t k = in->read(b.text.data() + old + got, options.block_bytes - got);
           if (k == 0) {
-            eof = true;
+            b.eof = true;
             break;
           }
           got += k;
         }
-        buffer.resize(old + got);
-        stats.input_bytes += got;
-        last_newline = buffer.rfind('\n');
+        b.text.resize(old + got);
+        b.bytes_read += got;
+        last_newline = b.text.rfind('\n');
       }
-      const size_t block_end = eof ? buffer.size() : last_newline + 1;
+      b.end = b.eof ? b.text.size() : last_newline + 1;
+      return b;
+    };
+    uint64_t next_line = 1;
+    std::vector<std::string_view> lines;
+    for (LineBlock block = read_block({});;) {
+      stats.input_bytes += block.bytes_read;
+      std::future<LineBlock> next;
+      if (!block.eof)
+        next = std::async(options.read_ahead ? std::launch::async : std::launch::deferred, read_block,
+                          block.text.substr(block.end));
       lines.clear();
-      for (size_t pos = 0; pos < block_end;) {
-        size_t end = buffer.find('\n', pos);
-        if (end == std::string::npos || end > block_end) end = block_end;
-        lines.emplace_back(buffer.data() + pos, end - pos);
+      for (size_t pos = 0; pos < block.end;) {
+        size_t end = block.text.find('\n', pos);
+        if (end == std::string::npos || end > block.end) end = block.end;
+        lines.emplace_back(block.text.data() + pos, end - pos);
         pos = end + 1;
       }
       tokenize_block(tokenizer, lines, next_line, options, threads, input_path, writer, stats);
       next_line += lines.size();
-      buffer.erase(0, block_end);
+      if (!next.valid()) break;
+      block = next.get();
     }
   }
   writer.finish();

@@ -113,6 +113,9 @@ struct TokenizeFileOptions {
   std::string jsonl_field = "text";       // kJsonl's field, kParquet's column
   int num_threads = 0;                    // 0: OpenMP's default (omp_get_max_threads)
   size_t block_bytes = size_t{16} << 20;  // input read and tokenized per parallel step
+  // read (decompress, decode) the next block or row group on a thread of its own while this
+  // one is encoded; false reads between blocks (the same output either way)
+  bool read_ahead = true;
 };
 
 struct TokenizeFileStats {
