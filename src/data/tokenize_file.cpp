@@ -96,20 +96,27 @@ TokenFileWriter::~TokenFileWriter() {
 
 void TokenFileWriter::write_ids(std::span<const int32_t> ids) {
   ST_CHECK(file_ != nullptr, "token file `", path_, "`: append after finish()");
-  buffer_.resize(ids.size() * header_.token_bytes);
+  const size_t at = buffer_.size(), width = header_.token_bytes;
+  buffer_.resize(at + ids.size() * width);
+  unsigned char* out = buffer_.data() + at;
   for (size_t i = 0; i < ids.size(); ++i) {
     const int32_t id = ids[i];
     ST_CHECK(id >= 0 && id < header_.vocab_size, "token file `", path_, "`: id ", id,
              " outside [0, vocab size ", header_.vocab_size, ")");
-    if (header_.token_bytes == 2) {
-      put(buffer_.data(), 2 * i, static_cast<uint16_t>(id));
+    if (width == 2) {
+      put(out, 2 * i, static_cast<uint16_t>(id));
     } else {
-      put(buffer_.data(), 4 * i, static_cast<uint32_t>(id));
+      put(out, 4 * i, static_cast<uint32_t>(id));
     }
   }
-  ST_CHECK(std::fwrite(buffer_.data(), 1, buffer_.size(), file_) == buffer_.size(), "writing `",
-           tmp_path_, "`: ", errno_text());
   header_.token_count += ids.size();
+  if (buffer_.size() >= kFlushBytes) flush();
+}
+
+void TokenFileWriter::flush() {
+  ST_CHECK(std::fwrite(buffer_.data(), 1, buffer_.size(), file_) == buffer_.size(), "writing `", tmp_path_, "`: ",
+           errno_text());
+  buffer_.clear();
 }
 
 void TokenFileWriter::append_document(std::span<const int32_t> ids) {
@@ -121,6 +128,7 @@ void TokenFileWriter::append_document(std::span<const int32_t> ids) {
 
 void TokenFileWriter::finish() {
   ST_CHECK(file_ != nullptr, "token file `", path_, "`: finish() called twice");
+  flush();
   const auto bytes = encode_header(header_);
   const bool ok = std::fseek(file_, 0, SEEK_SET) == 0 &&
                   std::fwrite(bytes.data(), 1, bytes.size(), file_) == bytes.size() &&

@@ -62,7 +62,11 @@ class TokenFileWriter {
   const TokenFileHeader& header() const { return header_; }
 
  private:
+  // The ids' bytes go to buffer_, written out once it holds kFlushBytes (one write per many
+  // documents: a write per document's ids made writing the serial part of a parallel tokenize).
   void write_ids(std::span<const int32_t> ids);
+  void flush();
+  static constexpr size_t kFlushBytes = size_t{1} << 20;
 
   std::string path_;
   std::string tmp_path_;
