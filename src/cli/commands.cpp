@@ -85,14 +85,16 @@ std::string usage() {
          "                                                   in the chat template (tool calls and results too)\n"
          "  tokenize --tokenizer PATH --print-ids            ids of each standard-input line, one line each\n"
          "  tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|parquet|whole] [--field NAME]\n"
-         "           [--threads N]                           text, JSONL (.gz, .zst too) or Parquet -> token file\n"
-         "                                                   (BOS, ids, EOS per document)\n"
+         "           [--threads N] [--files N]               text, JSONL (.gz, .zst too) or Parquet -> token\n"
+         "                                                   file (BOS, ids, EOS per document)\n"
          "                                                   for `train --data.source=OUTPUT`; the format:\n"
          "                                                   parquet for a Parquet INPUT, jsonl for .jsonl or\n"
          "                                                   .json (also .gz, .zst), else lines. INPUT may be a\n"
          "                                                   folder or a pattern ('data/*.parquet'): each file\n"
          "                                                   becomes OUTPUT/<its name>.tok (--skip-existing:\n"
-         "                                                   keeps those already made with this tokenizer)\n"
+         "                                                   keeps those already made with this tokenizer;\n"
+         "                                                   --files N: N files at once, each with its share\n"
+         "                                                   of --threads; default one per 8 threads)\n"
          "  cache [list|prune] [--dir DIR] [--unused-days N] [--all] [--dry-run]\n"
          "                                                   the token caches (data.token_cache) in DIR, by\n"
          "                                                   default $XDG_CACHE_HOME/shardtrain/tokens, else\n"
@@ -112,7 +114,7 @@ std::string usage() {
 int run_tokenize(const std::vector<std::string>& args) {
   std::string tokenizer_path, format, field = "text";
   bool print_ids = false, skip_existing = false;
-  int threads = 0;
+  int threads = 0, files_at_once = 0;
   std::vector<std::string> files;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& a = args[i];
@@ -126,6 +128,7 @@ int run_tokenize(const std::vector<std::string>& args) {
     else if (a == "--format") format = value();
     else if (a == "--field") field = value();
     else if (a == "--threads") threads = std::stoi(value());
+    else if (a == "--files") files_at_once = std::stoi(value());
     else if (a.rfind("--", 0) == 0) ST_THROW("tokenize: unknown option `", a, "`");
     else files.push_back(a);
   }
@@ -180,36 +183,15 @@ int run_tokenize(const std::vector<std::string>& args) {
       inputs.push_back(f);
   }
   ST_CHECK(!inputs.empty(), "tokenize: `", files[0], "` holds no .parquet, .jsonl, .json or .txt files");
-  std::filesystem::create_directories(files[1]);
-  uint64_t documents = 0, tokens = 0;
-  const auto start = std::chrono::steady_clock::now();
-  size_t skipped = 0;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const std::string out = (std::filesystem::path(files[1]) / data::token_file_name(inputs[i])).string();
-    const std::string tag = fmt::format("[{}/{}] ", i + 1, inputs.size());
-    // a token file is complete once it has its name (written under another, then renamed);
-    // one made with this tokenizer is kept
-    if (skip_existing && data::is_token_file(out)) {
-      const data::TokenFile done(out);
-      const data::TokenFileHeader& h = done.header();
-      if (h.vocab_size == tok->vocab_size() && h.eos_id == tok->eos_id() && h.bos_id == tok->bos_id()) {
-        log::info(fmt::format("tokenize: {}`{}` exists ({} documents, {} tokens): skipped (--skip-existing)", tag, out,
-                              h.document_count, h.token_count));
-        documents += h.document_count;
-        tokens += h.token_count;
-        ++skipped;
-        continue;
-      }
-    }
-    const data::TokenizeFileStats st = one(inputs[i], out, tag);
-    documents += st.documents;
-    tokens += st.tokens;
-  }
+  data::TokenizeFilesOptions many;
+  many.file = o;
+  many.format = given;
+  many.files_at_once = files_at_once;
+  many.skip_existing = skip_existing;
+  const data::TokenizeFilesStats st = data::tokenize_files(*tok, inputs, files[1], many);
   log::info(fmt::format("tokenize: {} files{}, {} documents, {} tokens in {:.1f} s -> {} (train with --data.source={})",
-                        inputs.size(), skipped > 0 ? fmt::format(" ({} already there)", skipped) : std::string(),
-                        documents, tokens,
-                        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), files[1],
-                        files[1]));
+                        st.files, st.skipped > 0 ? fmt::format(" ({} already there)", st.skipped) : std::string(),
+                        st.documents, st.tokens, st.seconds, files[1], files[1]));
   return 0;
 }
 

@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -148,5 +149,27 @@ std::string source_name(const std::string& source);
 TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& input_path,
                                 const std::string& output_path,
                                 const TokenizeFileOptions& options = {});
+
+struct TokenizeFilesOptions {
+  TokenizeFileOptions file;          // its num_threads: all the files' threads together (0: every core)
+  std::optional<TextFormat> format;  // none: each file's own (detect_text_format), logged
+  // Files tokenized at once, each with num_threads / files_at_once threads: one thread each
+  // decompresses and writes, so several files together scale further than one (0: one per 8
+  // threads, at most the number of files)
+  int files_at_once = 0;
+  bool skip_existing = false;  // keep an output token file made with this tokenizer already
+};
+
+struct TokenizeFilesStats {
+  uint64_t files = 0, skipped = 0, documents = 0, tokens = 0;
+  double seconds = 0;
+};
+
+// Tokenizes each of `inputs` into out_dir/<token_file_name(input)>.tok, logging each file as it
+// ends. Each token file is what tokenize_file writes, whatever files_at_once. On an error the
+// files under way finish (they and those before stay complete), no other starts, and the error
+// of the first input that failed is thrown.
+TokenizeFilesStats tokenize_files(const Tokenizer& tokenizer, const std::vector<std::string>& inputs,
+                                  const std::string& out_dir, const TokenizeFilesOptions& options);
 
 }  // namespace shardtrain::data

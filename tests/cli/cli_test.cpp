@@ -169,6 +169,14 @@ TEST(Cli, TokenizeAFolderFileByFile) {
     EXPECT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << name;
   }
+  // several files at once (each with its share of the threads): the same token files
+  const Result at_once = run("tokenize --tokenizer byte --files 3 --threads 3 " + (dir / "in").string() + " " +
+                             (dir / "out3").string());
+  ASSERT_EQ(at_once.status, 0) << at_once.output;
+  EXPECT_NE(at_once.output.find("tokenize: 3 files at once, 1 thread each"), std::string::npos) << at_once.output;
+  EXPECT_NE(at_once.output.find("3 files, 5 documents"), std::string::npos) << at_once.output;
+  for (const char* name : {"train-00000.tok", "train-00001.tok", "notes.tok"})
+    EXPECT_TRUE(file_bytes((dir / "out" / name).string()) == file_bytes((dir / "out3" / name).string())) << name;
   // again with --skip-existing: the finished files are kept, a missing one is made
   fs::remove(dir / "out" / "notes.tok");
   const Result again = run("tokenize --tokenizer byte --skip-existing " + (dir / "in").string() + " " +

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -237,6 +239,50 @@ TEST_F(TokenFileTest, Llama3ThreadsAndBlocksGiveIdenticalFiles) {
       "%.1f MB/s (4 threads)\n",
       static_cast<unsigned long long>(s1.documents), static_cast<unsigned long long>(s1.tokens),
       s1.bytes_per_second() / 1e6, s4.bytes_per_second() / 1e6);
+}
+
+// Several files at once: each token file as tokenize_file alone writes it; a bad file's error
+// is thrown naming it, the files before it stay complete and no temporary file is left.
+TEST_F(TokenFileTest, ManyFilesAtOnceEqualOneByOneAndStopAtTheFirstError) {
+  const ByteTokenizer t;
+  std::vector<std::string> inputs;
+  for (int i = 0; i < 6; ++i) {
+    std::string rows;
+    for (int k = 0; k <= i * 50; ++k) rows += "{\"text\": \"file " + std::to_string(i) + " row " + std::to_string(k) + "\"}\n";
+    inputs.push_back(write("part-" + std::to_string(i) + ".jsonl", rows));
+  }
+  TokenizeFilesOptions one;
+  one.files_at_once = 1;
+  one.file.block_bytes = 500;  // many blocks each
+  const TokenizeFilesStats s1 = tokenize_files(t, inputs, path("one"), one);
+  TokenizeFilesOptions three = one;
+  three.files_at_once = 3;
+  three.file.num_threads = 3;
+  const TokenizeFilesStats s3 = tokenize_files(t, inputs, path("three"), three);
+  EXPECT_EQ(s1.files, 6u);
+  EXPECT_EQ(s1.documents, s3.documents);
+  EXPECT_EQ(s1.tokens, s3.tokens);
+  for (int i = 0; i < 6; ++i) {
+    const std::string name = "part-" + std::to_string(i) + ".tok";
+    const std::string alone = path("alone.tok");
+    TokenizeFileOptions o;
+    o.format = TextFormat::kJsonl;
+    (void)tokenize_file(t, inputs[static_cast<size_t>(i)], alone, o);
+    EXPECT_EQ(read_bytes(path("one/" + name)), read_bytes(alone)) << name;
+    EXPECT_EQ(read_bytes(path("three/" + name)), read_bytes(alone)) << name;
+  }
+
+  inputs[3] = write("part-3.jsonl", "{\"text\": \"fine\"}\n{\"body\": \"no text field\"}\n");
+  try {
+    (void)tokenize_files(t, inputs, path("bad"), three);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("part-3.jsonl` line 2: no field `text`"), std::string::npos) << e.what();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_TRUE(is_token_file(path("bad/part-" + std::to_string(i) + ".tok"))) << i;
+  EXPECT_FALSE(fs::exists(path("bad/part-3.tok")));
+  for (const auto& entry : fs::directory_iterator(path("bad")))
+    EXPECT_NE(entry.path().extension(), ".tmp") << entry.path();
 }
 
 TEST_F(TokenFileTest, InvalidUtf8NamesTheLine) {
