@@ -536,7 +536,7 @@ std::vector<SftExample> read_sft_examples_file(const std::string& path, int64_t 
     SftExample& e = examples[i];
     e.lost_turns = get<uint32_t>(bytes, lost_at + 4 * i);
     e.ids.resize(next - previous);
-    std::memcpy(e.ids.data(), bytes.data() + ids_at + 4 * previous, 4 * (next - previous));
+    if (next > previous) std::memcpy(e.ids.data(), bytes.data() + ids_at + 4 * previous, 4 * (next - previous));
     e.counted.assign(bytes.begin() + static_cast<std::ptrdiff_t>(counted_at + previous),
                      bytes.begin() + static_cast<std::ptrdiff_t>(counted_at + next));
     for (size_t k = 0; k < e.ids.size(); ++k) {

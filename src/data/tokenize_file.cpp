@@ -114,6 +114,7 @@ void TokenFileWriter::write_ids(std::span<const int32_t> ids) {
 }
 
 void TokenFileWriter::flush() {
+  if (buffer_.empty()) return;
   ST_CHECK(std::fwrite(buffer_.data(), 1, buffer_.size(), file_) == buffer_.size(), "writing `", tmp_path_, "`: ",
            errno_text());
   buffer_.clear();

@@ -113,7 +113,7 @@ void ShardedWriter::add(const std::string& name, const Tensor& tensor) {
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
   if (!pending_.empty() && pending_bytes_ + bytes > max_shard_bytes_) flush();
   Tensor copy = Tensor::empty(tensor.shape(), tensor.dtype(), Device::cpu(), "export buffer");
-  std::memcpy(copy.raw_data(), tensor.raw_data(), tensor.nbytes());
+  if (bytes > 0) std::memcpy(copy.raw_data(), tensor.raw_data(), tensor.nbytes());
   pending_.emplace_back(name, copy);
   pending_bytes_ += bytes;
   total_bytes_ += bytes;

@@ -52,7 +52,9 @@ TEST(SafetensorsWriter, RoundTripsEveryDtypeAndAligns) {
   for (const auto& [name, t] : ts) {
     const Tensor back = f.read_as(name, t.dtype());
     ASSERT_EQ(back.shape(), t.shape()) << name;
-    EXPECT_EQ(std::memcmp(back.raw_data(), t.raw_data(), t.nbytes()), 0) << name;
+    if (t.nbytes() > 0) {  // an empty tensor has no bytes to compare
+      EXPECT_EQ(std::memcmp(back.raw_data(), t.raw_data(), t.nbytes()), 0) << name;
+    }
   }
   EXPECT_FALSE(std::filesystem::exists(path + ".tmp." + std::to_string(::getpid())));
 }
@@ -71,7 +73,9 @@ TEST(SafetensorsWriter, ShardedFolderWithIndex) {
   for (const auto& [name, t] : ts) {
     Tensor back = Tensor::empty(t.shape(), t.dtype());
     hf.read_range(name, 0, back);
-    EXPECT_EQ(std::memcmp(back.raw_data(), t.raw_data(), t.nbytes()), 0) << name;
+    if (t.nbytes() > 0) {
+      EXPECT_EQ(std::memcmp(back.raw_data(), t.raw_data(), t.nbytes()), 0) << name;
+    }
   }
   const std::string single = temp_path("single");
   std::filesystem::remove_all(single);

@@ -155,7 +155,9 @@ TEST(Attention, KvCacheStepWritesTheRowsAndAttendsOverThem) {
     const Tensor rows = contiguous(cache_k.slice(1, 0, p + T)), rest = contiguous(cache_v.slice(1, p + T, C)),
                  old_rest = contiguous(before_v.slice(1, p + T, C));
     EXPECT_EQ(std::memcmp(rows.raw_data(), keys.raw_data(), rows.nbytes()), 0) << "rows 0 .. p + T of the keys";
-    EXPECT_EQ(std::memcmp(rest.raw_data(), old_rest.raw_data(), rest.nbytes()), 0) << "values past p + T";
+    if (rest.nbytes() > 0) {  // none past the cache's end
+      EXPECT_EQ(std::memcmp(rest.raw_data(), old_rest.raw_data(), rest.nbytes()), 0) << "values past p + T";
+    }
   }
   Tensor q = Tensor::zeros({1, 2, 2, 8}, DType::kF32), k = Tensor::zeros({1, 2, 1, 8}, DType::kF32);
   Tensor cache = Tensor::zeros({1, 5, 1, 8}, DType::kF32), cache_v = Tensor::zeros({1, 5, 1, 8}, DType::kF32);
