@@ -420,10 +420,11 @@ Trainer::~Trainer() {
 
 std::unique_ptr<Watchdog> Trainer::make_watchdog() const {
   // every communicator of the mesh, once each, for errors NCCL finds on its own
+  const std::initializer_list<const dist::Communicator*> all = {
+      comm_, &mesh_->world(), &mesh_->tensor_parallel(), &mesh_->data_parallel(), &mesh_->replica(),
+      &mesh_->block_shards(), mesh_->across_replicas()};
   std::vector<const dist::Communicator*> comms;
-  for (const dist::Communicator* c : std::initializer_list<const dist::Communicator*>{comm_, &mesh_->world(), &mesh_->tensor_parallel(), &mesh_->data_parallel(),
-                                      &mesh_->replica(), &mesh_->block_shards(),
-                                      static_cast<const dist::Communicator*>(mesh_->across_replicas())})
+  for (const dist::Communicator* c : all)
     if (c != nullptr && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
   return std::make_unique<Watchdog>([comms] {
     for (const dist::Communicator* c : comms)
@@ -566,7 +567,7 @@ TrainSummary Trainer::run() {
     summary.last_eval_parts = std::move(evaluation.parts);
     return evaluation;
   };
-  // parallel.timeout_s: a step or evaluation batch of several ranks that outlives its limit ends the run
+  // parallel.timeout_s: a step or evaluation batch of several ranks without progress for that long ends the run
   if (world > 1 && config_.parallel.timeout_s > 0) watchdog_ = make_watchdog();
   struct Unwatch {
     std::unique_ptr<Watchdog>& watchdog;

@@ -163,7 +163,8 @@ class Trainer {
   };
   SavedStep save_step(int64_t step, bool async);
   // parallel.timeout_s: with several ranks, during run(), a thread that ends the process when a
-  // step or an evaluation batch outlives its limit (declared last: it polls the communicators)
+  // step or an evaluation batch goes without progress past its limit (declared last: it polls
+  // the communicators)
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Watchdog> make_watchdog() const;
 };
