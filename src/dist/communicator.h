@@ -44,8 +44,10 @@ class Communicator {
 };
 
 // The collectives this process has issued, so that a rank that waits too long can say what
-// it waits in (train/watchdog.h). The communicators of several ranks note each call as it
-// is issued; a GPU's collectives may still be queued behind it.
+// it waits in (train/watchdog.h). The MPI and NCCL communicators note each call as it is
+// issued, also those of one-rank groups: they are the progress a step of data parallelism
+// without sharding shows before its last micro-batch. A GPU's collectives may still be queued
+// behind the call.
 struct CollectiveActivity {
   uint64_t issued = 0;      // since the process started
   std::string last;         // "all_reduce of 40 bytes over 2 ranks (nccl)"; empty before the first
