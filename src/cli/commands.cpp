@@ -127,8 +127,8 @@ int run_tokenize(const std::vector<std::string>& args) {
     else if (a == "--skip-existing") skip_existing = true;
     else if (a == "--format") format = value();
     else if (a == "--field") field = value();
-    else if (a == "--threads") threads = std::stoi(value());
-    else if (a == "--files") files_at_once = std::stoi(value());
+    else if (a == "--threads") threads = static_cast<int>(integer_flag(a, value(), "tokenize"));
+    else if (a == "--files") files_at_once = static_cast<int>(integer_flag(a, value(), "tokenize"));
     else if (a.rfind("--", 0) == 0) ST_THROW("tokenize: unknown option `", a, "`");
     else files.push_back(a);
   }
@@ -161,18 +161,8 @@ int run_tokenize(const std::vector<std::string>& args) {
   else if (format == "jsonl") given = data::TextFormat::kJsonl;
   else if (format == "whole") given = data::TextFormat::kWholeFile;
   else ST_CHECK(format.empty(), "tokenize: --format must be lines, jsonl, parquet or whole; found `", format, "`");
-  const char* names[] = {"lines", "whole", "jsonl", "parquet"};  // TextFormat's order
-  auto one = [&](const std::string& in, const std::string& out, const std::string& tag) {
-    o.format = given ? *given : data::detect_text_format(in);
-    if (!given) log::info(fmt::format("tokenize: {}reading `{}` as {} (--format)", tag, in, names[static_cast<int>(o.format)]));
-    const data::TokenizeFileStats st = data::tokenize_file(*tok, in, out, o);
-    log::info(fmt::format("tokenize: {}{} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}", tag,
-                          st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
-                          st.bytes_per_second() / 1e6, out));
-    return st;
-  };
   if (!std::filesystem::is_directory(files[0]) && !data::is_source_pattern(files[0])) {
-    one(files[0], files[1], "");
+    data::tokenize_file_logged(*tok, files[0], files[1], o, given);
     return 0;
   }
   // a folder's data files (others, such as a dataset card, skipped) or a pattern's matches,

@@ -150,6 +150,12 @@ TokenizeFileStats tokenize_file(const Tokenizer& tokenizer, const std::string& i
                                 const std::string& output_path,
                                 const TokenizeFileOptions& options = {});
 
+// tokenize_file in `format`, or with none the file's own (detect_text_format, then logged),
+// logging the result; `tag` ("[3/8] ") begins each line logged.
+TokenizeFileStats tokenize_file_logged(const Tokenizer& tokenizer, const std::string& input_path,
+                                       const std::string& output_path, TokenizeFileOptions options,
+                                       std::optional<TextFormat> format, const std::string& tag = "");
+
 struct TokenizeFilesOptions {
   TokenizeFileOptions file;          // its num_threads: all the files' threads together (0: every core)
   std::optional<TextFormat> format;  // none: each file's own (detect_text_format), logged

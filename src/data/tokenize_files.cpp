@@ -1,5 +1,5 @@
-// Many files into token files, several at a time (data/tokenize_file.h): a pool of workers
-// takes the inputs in order; each tokenizes its file with its share of the threads.
+// Token files made with a log of each (data/tokenize_file.h): one file, or many several at a
+// time, a pool of workers taking the inputs in order, each with its share of the threads.
 #include <omp.h>
 
 #include <algorithm>
@@ -19,6 +19,21 @@
 
 namespace shardtrain::data {
 
+TokenizeFileStats tokenize_file_logged(const Tokenizer& tokenizer, const std::string& input_path,
+                                       const std::string& output_path, TokenizeFileOptions options,
+                                       std::optional<TextFormat> format, const std::string& tag) {
+  static const char* const kFormatNames[] = {"lines", "whole", "jsonl", "parquet"};  // TextFormat's order
+  options.format = format ? *format : detect_text_format(input_path);
+  if (!format)
+    log::info(fmt::format("tokenize: {}reading `{}` as {} (--format)", tag, input_path,
+                          kFormatNames[static_cast<int>(options.format)]));
+  const TokenizeFileStats st = tokenize_file(tokenizer, input_path, output_path, options);
+  log::info(fmt::format("tokenize: {}{} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}", tag,
+                        st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
+                        st.bytes_per_second() / 1e6, output_path));
+  return st;
+}
+
 TokenizeFilesStats tokenize_files(const Tokenizer& tokenizer, const std::vector<std::string>& inputs,
                                   const std::string& out_dir, const TokenizeFilesOptions& options) {
   ST_CHECK(options.files_at_once >= 0, "tokenize: files at once must be >= 0 (0: auto), found ",
@@ -33,7 +48,6 @@ TokenizeFilesStats tokenize_files(const Tokenizer& tokenizer, const std::vector<
   if (workers > 1)
     log::info(fmt::format("tokenize: {} files at once, {} thread{} each", workers, per_file.num_threads,
                           per_file.num_threads == 1 ? "" : "s"));
-  const char* format_names[] = {"lines", "whole", "jsonl", "parquet"};  // TextFormat's order
 
   std::mutex mutex;  // guards stats and the first error
   TokenizeFilesStats stats;
@@ -66,15 +80,7 @@ TokenizeFilesStats tokenize_files(const Tokenizer& tokenizer, const std::vector<
             continue;
           }
         }
-        TokenizeFileOptions o = per_file;
-        o.format = options.format ? *options.format : detect_text_format(in);
-        if (!options.format)
-          log::info(fmt::format("tokenize: {}reading `{}` as {} (--format)", tag, in,
-                                format_names[static_cast<int>(o.format)]));
-        const TokenizeFileStats st = tokenize_file(tokenizer, in, out, o);
-        log::info(fmt::format("tokenize: {}{} documents, {} tokens from {:.1f} MB in {:.2f} s ({:.1f} MB/s) -> {}", tag,
-                              st.documents, st.tokens, static_cast<double>(st.input_bytes) / 1e6, st.seconds,
-                              st.bytes_per_second() / 1e6, out));
+        const TokenizeFileStats st = tokenize_file_logged(tokenizer, in, out, per_file, options.format, tag);
         const std::lock_guard lock(mutex);
         stats.documents += st.documents;
         stats.tokens += st.tokens;
