@@ -23,27 +23,32 @@ JobArgs parse_job_args(const std::vector<std::string>& args, const char* command
   return j;
 }
 
-int64_t integer_flag(const std::string& flag, const std::string& text, const char* command) {
+namespace {
+
+// parse(text, &used) over all of `text`, else an error naming the flag, what it takes and the text.
+template <typename T, typename Parse>
+T parsed_flag(const std::string& flag, const std::string& text, const char* command, const char* takes, Parse parse) {
   size_t used = 0;
-  int64_t v = 0;
+  T v{};
   try {
-    v = std::stoll(text, &used);
+    v = parse(text, &used);
   } catch (const std::exception&) {
     used = 0;
   }
-  ST_CHECK(!text.empty() && used == text.size(), command, ": ", flag, " takes an integer, found `", text, "`");
+  ST_CHECK(!text.empty() && used == text.size(), command, ": ", flag, " takes ", takes, ", found `", text, "`");
   return v;
 }
+
+}  // namespace
+
+int64_t integer_flag(const std::string& flag, const std::string& text, const char* command) {
+  return parsed_flag<int64_t>(flag, text, command, "an integer",
+                              [](const std::string& t, size_t* used) { return std::stoll(t, used); });
+}
+
 double number_flag(const std::string& flag, const std::string& text, const char* command) {
-  size_t used = 0;
-  double v = 0;
-  try {
-    v = std::stod(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  ST_CHECK(!text.empty() && used == text.size(), command, ": ", flag, " takes a number, found `", text, "`");
-  return v;
+  return parsed_flag<double>(flag, text, command, "a number",
+                             [](const std::string& t, size_t* used) { return std::stod(t, used); });
 }
 
 }  // namespace shardtrain::cli

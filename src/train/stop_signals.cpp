@@ -48,10 +48,13 @@ void write_stop_flags(double* flags, int received) {
   for (int k = 0; k < 3; ++k) flags[k] = received == kStopSignals[k] ? 1.0 : 0.0;
 }
 
-int agreed_stop_signal(const double* summed_flags) {
-  for (int k = 0; k < 3; ++k)
-    if (summed_flags[k] > 0) return kStopSignals[k];
-  return 0;
+StopAgreement agreed_stop(const double* summed_flags) {
+  StopAgreement a;
+  for (int k = 2; k >= 0; --k) {
+    if (summed_flags[k] > 0) a.signal = kStopSignals[k];
+    a.ranks += static_cast<int64_t>(summed_flags[k]);
+  }
+  return a;
 }
 
 const char* stop_signal_name(int signal) {

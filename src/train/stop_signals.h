@@ -5,6 +5,7 @@
 #pragma once
 
 #include <csignal>
+#include <cstdint>
 
 namespace shardtrain::train {
 
@@ -27,9 +28,13 @@ class StopSignals {
 
 // The ranks' agreement on a stop, through a sum over the ranks of 3 flags per rank: each rank
 // writes its flags (1 at k where it received kStopSignals[k], the others 0), the flags are
-// summed, and every rank stops for the first signal listed that some rank received (0: none).
+// summed, and every rank stops for the first signal listed that some rank received.
 void write_stop_flags(double* flags, int received);
-int agreed_stop_signal(const double* summed_flags);
+struct StopAgreement {
+  int signal = 0;      // 0: none
+  int64_t ranks = 0;   // the ranks that received one
+};
+StopAgreement agreed_stop(const double* summed_flags);
 
 // "SIGTERM", "SIGINT", "SIGUSR1", or "a signal".
 const char* stop_signal_name(int signal);

@@ -552,7 +552,7 @@ TrainSummary Trainer::run() {
   // An evaluation: the log line, the metrics (a mix's sources' losses as eval_loss/<name>), the summary.
   const auto report_eval = [&](int64_t step, const StopSignals* stop) {
     Evaluation evaluation = evaluate(stop);
-    if (evaluation.stopped_by_signal != 0) return evaluation;
+    if (evaluation.stop.signal != 0) return evaluation;
     const double e = evaluation.loss;
     summary.evals.emplace_back(step, e);
     nlohmann::json record = {{"step", step}, {"eval_loss", e}};
@@ -641,11 +641,9 @@ TrainSummary Trainer::run() {
           seconds_since(g_process_start) + step_estimate + save_estimate > time_limit ? 1.0 : 0.0;
     }
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
-    int stop_now = agreed_stop_signal(reduce_buf.data<double>() + 1);  // the signal every rank stops for (0: none)
-    int64_t stop_ranks = static_cast<int64_t>(reduce_buf.data<double>()[1] + reduce_buf.data<double>()[2] +
-                                              reduce_buf.data<double>()[3]);  // the ranks that received one
-    const bool time_up = stop_now == 0 && reduce_buf.data<double>()[4] > 0 && step < tc.steps;
-    bool stopping = stop_now != 0 || time_up;
+    StopAgreement stop = agreed_stop(reduce_buf.data<double>() + 1);  // the signal every rank stops for
+    const bool time_up = stop.signal == 0 && reduce_buf.data<double>()[4] > 0 && step < tc.steps;
+    bool stopping = stop.signal != 0 || time_up;
     loss_sum = reduce_buf.data<double>()[0];
     const double t_fwd_bwd = seconds_since(t1);
     const Clock::time_point t2 = Clock::now();
@@ -776,12 +774,11 @@ TrainSummary Trainer::run() {
     if (eval_now) {
       const profile::Region region("evaluation");
       progress.clear();
-      if (const Evaluation e = report_eval(step, stop_signals ? &*stop_signals : nullptr); e.stopped_by_signal != 0) {
-        stop_now = e.stopped_by_signal;
-        stop_ranks = e.stop_ranks;
+      if (const Evaluation e = report_eval(step, stop_signals ? &*stop_signals : nullptr); e.stop.signal != 0) {
+        stop = e.stop;
         stopping = checkpoint_now = true;
         log::info(fmt::format("evaluation after step {} stopped before batch {} of {} by {}", step,
-                              e.batches_done + 1, e.batches, stop_signal_name(stop_now)));
+                              e.batches_done + 1, e.batches, stop_signal_name(stop.signal)));
       }
     }
     if (watchdog_) watchdog_->idle();  // saves are not timed
@@ -802,10 +799,10 @@ TrainSummary Trainer::run() {
     if (stopping) {
       progress.clear();
       std::string why;
-      if (stop_now != 0) {
-        summary.stopped_by_signal = stop_now;
-        why = fmt::format("by {}{} (checkpoint.on_signal)", stop_signal_name(stop_now),
-                          world > 1 ? fmt::format(" at {} of the {} ranks", stop_ranks, world) : std::string());
+      if (stop.signal != 0) {
+        summary.stopped_by_signal = stop.signal;
+        why = fmt::format("by {}{} (checkpoint.on_signal)", stop_signal_name(stop.signal),
+                          world > 1 ? fmt::format(" at {} of the {} ranks", stop.ranks, world) : std::string());
       } else {
         summary.stopped_by_time_limit = true;
         const double elapsed = seconds_since(g_process_start);

@@ -22,11 +22,11 @@
 #include "optim/adamw.h"
 #include "train/checkpoint.h"
 #include "train/plan.h"
+#include "train/stop_signals.h"
 #include "train/config.h"
 
 namespace shardtrain::train {
 
-class StopSignals;  // train/stop_signals.h
 class Watchdog;     // train/watchdog.h
 
 struct StepRecord {
@@ -99,8 +99,7 @@ class Trainer {
   struct Evaluation {
     double loss = 0;
     std::vector<std::pair<std::string, double>> parts;
-    int stopped_by_signal = 0;  // the signal the evaluation stopped for (no loss then), or 0
-    int64_t stop_ranks = 0;     // the ranks that received one
+    StopAgreement stop;  // the signal the evaluation stopped for (no loss then; 0: none) and its ranks
     int64_t batches_done = 0, batches = 0;
   };
   Evaluation evaluate(const StopSignals* stop = nullptr);

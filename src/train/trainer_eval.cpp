@@ -30,16 +30,14 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
   double* sums = totals.data<double>();
   const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
   const int64_t batches = std::min(wanted, available / W);
-  Tensor stop_flags = Tensor::zeros({3}, DType::kF64, Device::cpu(), "stop flags");
+  Tensor stop_flags = stop != nullptr ? Tensor::empty({3}, DType::kF64, Device::cpu(), "stop flags") : Tensor();
   for (int64_t i = 0; i < batches; ++i) {
     if (stop != nullptr) {  // a long evaluation must not hold a preempted run past its grace period
       write_stop_flags(stop_flags.data<double>(), stop->received());
       comm_->all_reduce(stop_flags, dist::ReduceOp::kSum);
-      if (const int signal = agreed_stop_signal(stop_flags.data<double>()); signal != 0) {
+      if (const StopAgreement agreed = agreed_stop(stop_flags.data<double>()); agreed.signal != 0) {
         Evaluation stopped;
-        stopped.stopped_by_signal = signal;
-        const double* f = stop_flags.data<double>();
-        stopped.stop_ranks = static_cast<int64_t>(f[0] + f[1] + f[2]);
+        stopped.stop = agreed;
         stopped.batches_done = i;
         stopped.batches = batches;
         return stopped;

@@ -26,11 +26,6 @@ Watchdog::Watchdog(PollError poll_error, Fire fire, double poll_s)
   thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
 }
 
-Watchdog::~Watchdog() {
-  thread_.request_stop();
-  wake_.notify_all();
-}
-
 void Watchdog::watch(std::string what, double limit_s, std::string setting) {
   const uint64_t issued = dist::collective_activity().issued;
   const std::lock_guard lock(mutex_);

@@ -34,7 +34,7 @@ class Watchdog {
   static constexpr int kErrorExit = 1;
 
   explicit Watchdog(PollError poll_error, Fire fire = {}, double poll_s = 0.5);
-  ~Watchdog();
+  ~Watchdog() = default;  // thread_, destroyed first, asks its loop to stop (waking it) and joins it
   Watchdog(const Watchdog&) = delete;
   Watchdog& operator=(const Watchdog&) = delete;
 

@@ -76,8 +76,8 @@ class NcclWorld final : public Communicator {
 
   void all_gather(Tensor& out, const Tensor& in, Stream stream) override {
     check_all_gather(out, in, world_, "nccl all_gather");
+    note_collective("all_gather", static_cast<int64_t>(out.nbytes()), world_, "nccl");
     if (out.device().is_cpu() && in.device().is_cpu()) {
-      note_collective("all_gather", static_cast<int64_t>(out.nbytes()), world_, "nccl");
       // host bytes (set-up exchanges): through device memory, like staged()
       const Stream own = comm_stream_.get();
       Tensor d_in = Tensor::empty(in.shape(), in.dtype(), Device::cuda(device_), "nccl staging", own);
@@ -91,7 +91,6 @@ class NcclWorld final : public Communicator {
     }
     on_device(out, "all_gather");
     on_device(in, "all_gather");
-    note_collective("all_gather", static_cast<int64_t>(out.nbytes()), world_, "nccl");
     ordered(stream, [&](cudaStream_t s) {
       ST_NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), static_cast<size_t>(in.numel()),
                                   nccl_type(in.dtype()), comm_, s));
