@@ -1,5 +1,5 @@
-// The published model shapes the tests check figures against (Llama 3.2 1B and Llama 3.1
-// 8B), and the small GQA shape the GPU engine tests train.
+// The published model shapes the tests check figures against (Llama 3.2 1B, Llama 3.1 8B and
+// 405B, Llama 2 70B), and the small GQA shape the GPU engine tests train.
 #pragma once
 
 #include "model/config.h"
@@ -27,6 +27,27 @@ inline model::LlamaConfig llama_8b() {
   c.n_layers = 32;
   c.ffn_dim = 14336;
   c.tie_embeddings = false;
+  return c;
+}
+
+// 80 layers, width 8192, 64/8 heads, FFN 28672, vocabulary 32000, untied head.
+inline model::LlamaConfig llama2_70b() {
+  model::LlamaConfig c = llama_8b();
+  c.vocab_size = 32000;
+  c.dim = 8192;
+  c.n_layers = 80;
+  c.n_heads = 64;
+  c.ffn_dim = 28672;
+  return c;
+}
+
+// 126 layers, width 16384, 128/8 heads, FFN 53248, vocabulary 128256, untied head.
+inline model::LlamaConfig llama31_405b() {
+  model::LlamaConfig c = llama_8b();
+  c.dim = 16384;
+  c.n_layers = 126;
+  c.n_heads = 128;
+  c.ffn_dim = 53248;
   return c;
 }
 

@@ -10,8 +10,13 @@
 
 #include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <regex>
+#include <sstream>
 
 #include "model/layout.h"
+#include "testing/shared_data.h"
+#include "train/config.h"
 
 namespace shardtrain::train {
 namespace {
@@ -456,6 +461,42 @@ TEST(Plan, ActivationOffloadKeepsTwoBlocksOnTheGpu) {
   }());
   in.gpu = false;
   EXPECT_EQ(plan_memory(in).host_activations, 0) << "the CPU has nothing to offload";
+}
+
+// The multi-node jobs in configs/ cannot be run here (no lent machine has 16 or 64 GPUs), so
+// their first lines say what `shardtrain plan` gives them: "(planned: X GiB per GPU, Y GiB of
+// host memory per rank". Those figures must stay what the plan gives (with the published
+// model shapes), and the GPU's share must fit an 80 GB GPU (79.18 GiB to the allocator, as on
+// the H100s measured) with the reserve the trainer keeps for the CUDA context and workspaces.
+TEST(Plan, ShippedMultiNodeJobsFitAndSayWhatThePlanGives) {
+  struct Job {
+    const char* file;
+    model::LlamaConfig model;
+    int ranks;
+  };
+  const Job jobs[] = {{"llama2-70b-finetune-16gpus.toml", testing::llama2_70b(), 16},
+                      {"llama3.1-405b-64gpus.toml", testing::llama31_405b(), 64}};
+  const double gib = double{1u << 30};
+  for (const Job& j : jobs) {
+    const std::string path = testing::source_dir() + "/configs/" + j.file;
+    std::ifstream f(path);
+    ASSERT_TRUE(f) << path;
+    std::stringstream text;
+    text << f.rdbuf();
+    std::smatch said;
+    const std::string header = text.str();
+    ASSERT_TRUE(std::regex_search(header, said,
+                                  std::regex(R"(planned: ([0-9.]+) GiB per GPU, ([0-9.]+) GiB of host memory per rank)")))
+        << path << " does not say its plan";
+    const JobConfig job = load_config(path, {}).config;
+    const MemoryPlan p = plan_memory(plan_input(job, j.model, j.ranks));
+    const double gpu = static_cast<double>(p.peak) / gib;
+    const double host = static_cast<double>(p.host + p.host_activations + p.host_checkpoint) / gib;
+    std::printf("%-34s on %d ranks: %6.2f GiB per GPU, %6.2f GiB of host memory per rank\n", j.file, j.ranks, gpu, host);
+    EXPECT_NEAR(gpu, std::stod(said[1]), 0.051) << path << " says " << said[1] << " GiB per GPU";
+    EXPECT_NEAR(host, std::stod(said[2]), 0.051) << path << " says " << said[2] << " GiB of host memory per rank";
+    EXPECT_LE(p.peak + checkpointing_reserve(p.peak), static_cast<int64_t>(79.18 * gib)) << path;
+  }
 }
 
 }  // namespace
