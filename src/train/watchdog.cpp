@@ -84,10 +84,11 @@ void Watchdog::loop(std::stop_token stop) {
       }
     }
     if (message.empty()) continue;
-    fired_ = true;
     what_.clear();
     lock.unlock();
     fire_(message, status);
+    lock.lock();
+    fired_ = true;  // once fire_ has returned: what it recorded is there for whoever sees this
     return;
   }
 }

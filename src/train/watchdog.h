@@ -44,7 +44,7 @@ class Watchdog {
   void watch(std::string what, double limit_s, std::string setting);
   // Watches nothing (a checkpoint being saved, an export): only communicator errors fire.
   void idle();
-  // Whether it has fired (with a Fire that returns).
+  // Whether it has fired and its Fire has returned (with a Fire that returns).
   bool fired() const;
 
  private:
