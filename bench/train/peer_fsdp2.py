@@ -25,7 +25,8 @@ driver's NVML is there, it also reports the board's mean power, SM clock, power-
 and energy per token over the timed steps, as train_bench does.
 
   python3 bench/train/peer_fsdp2.py [--batch 4] [--seq 4096] [--steps 10] [--warmup 3]
-                                    [--compile] [--ac none|full] [--shape 1b|8b] [--cpu-offload]
+                                    [--compile] [--ac none|full] [--shape 1b|8b|405b] [--layers N]
+                                    [--cpu-offload]
                                     [--offload-activations]
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --shape 8b --batch 1 ...
   torchrun --nproc-per-node 2 bench/train/peer_fsdp2.py --tp 2 --batch 8 ...
@@ -203,8 +204,9 @@ def main():
                    help="FSDP2 CPUOffloadPolicy: shards and AdamW state in host memory, AdamW on the CPU")
     p.add_argument("--offload-activations", action="store_true",
                    help="with --ac full: checkpointed block inputs in pinned host memory (save_on_cpu)")
-    p.add_argument("--shape", choices=["1b", "8b", "tiny"], default="1b",
-                   help="Llama 3.2 1B (tied) or Llama 3.1 8B (untied) dimensions; tiny for --device cpu checks")
+    p.add_argument("--shape", choices=["1b", "8b", "405b", "tiny"], default="1b",
+                   help="Llama 3.2 1B (tied), Llama 3.1 8B or 405B (untied) dimensions (405b: with --layers, "
+                        "built on the meta device and initialised shard by shard); tiny for --device cpu checks")
     p.add_argument("--tp", type=int, default=1, help="GPUs per tensor-parallel group (torchtitan's 2-D plan)")
     p.add_argument("--replicate", type=int, default=1,
                    help="HSDP: fully_shard on a (replicate, shard) mesh of this many replicas (torchtitan's "
@@ -226,7 +228,9 @@ def main():
     cuda = a.device == "cuda"
     if cuda:
         torch.cuda.set_device(local)
-        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", local))
+        # CPU offload keeps the gradients in host memory, where the grad norm's reduction needs gloo
+        backend = "cpu:gloo,cuda:nccl" if a.cpu_offload else "nccl"
+        dist.init_process_group(backend, rank=rank, world_size=world, device_id=torch.device("cuda", local))
     else:
         dist.init_process_group("gloo", rank=rank, world_size=world)
     dev = torch.device("cuda", local) if cuda else torch.device("cpu")
@@ -235,6 +239,8 @@ def main():
                 num_key_value_heads=8, tie_word_embeddings=True) if a.shape == "1b" else \
         dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
              num_key_value_heads=8, tie_word_embeddings=False) if a.shape == "8b" else \
+        dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126, num_attention_heads=128,
+             num_key_value_heads=8, tie_word_embeddings=False) if a.shape == "405b" else \
         dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=4, tie_word_embeddings=True)
     if a.layers:
@@ -242,7 +248,10 @@ def main():
     cfg = transformers.LlamaConfig(vocab_size=128256 if a.shape != "tiny" else 1024, max_position_embeddings=a.seq,
                                    rope_theta=500000.0, rms_norm_eps=1e-5, **dims)
     cfg._attn_implementation = "sdpa"
-    with dev:
+    # the 405B's width does not fit a GPU (or a host) whole: built on the meta device, sharded,
+    # then made and initialised shard by shard, as torchtitan does
+    meta = a.shape == "405b"
+    with torch.device("meta") if meta else dev:
         model = transformers.LlamaForCausalLM(cfg)
     dp_mesh = None
     if a.tp > 1:
@@ -265,6 +274,17 @@ def main():
         fully_shard(layer, mesh=dp_mesh, mp_policy=mp, reshard_after_forward=i < len(model.model.layers) - 1,
                     offload_policy=offload)
     fully_shard(model, mesh=dp_mesh, mp_policy=mp, offload_policy=offload)
+    if meta:
+        model.to_empty(device="cpu" if a.cpu_offload else dev)
+        with torch.no_grad():
+            for pname, param in model.named_parameters():
+                local = param.to_local() if hasattr(param, "to_local") else param
+                if pname.endswith("norm.weight"):
+                    local.fill_(1.0)
+                else:
+                    local.normal_(0.0, cfg.initializer_range)
+        # rope's frequencies are a buffer that to_empty left uninitialised: made anew on the GPU
+        model.model.rotary_emb = type(model.model.rotary_emb)(config=cfg, device=dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=cuda)
 
     n_params = sum(p.numel() for p in model.parameters())  # DTensor numel: the whole parameter
@@ -305,8 +325,10 @@ def main():
         value = loss.item()
         assert math.isfinite(value), f"loss {value} at step {step}"
         if step == 1:
-            # random logits start near ln V + spread^2/2: up to ~1 above ln V for the 8B shape
-            assert -0.5 < value - math.log(cfg.vocab_size) < 1.5, f"first loss {value} not near ln V"
+            # random logits start near ln V + spread^2/2, the spread 0.02 x sqrt(width): up to ~1
+            # above ln V for the 8B shape, ~3.4 for the 405B's
+            spread2 = cfg.initializer_range ** 2 * cfg.hidden_size
+            assert -0.5 < value - math.log(cfg.vocab_size) < 1.0 + spread2 / 2, f"first loss {value} not near ln V"
         if step > a.warmup:
             timed += dt
         if step == a.warmup:
