@@ -231,6 +231,17 @@ std::optional<LaunchEnv> launch_from_env() {
   return e;
 }
 
+int local_ranks_from_env() {
+  for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE"})
+    if (auto v = env(name)) return env_int(name, *v, 1, 1 << 20);
+  if (auto v = env("SLURM_TASKS_PER_NODE")) {
+    // counts per node, run-length coded: "8(x2),4"; this node's is not named, the first stands for all
+    const std::string first = v->substr(0, v->find_first_of("(,"));
+    return env_int("SLURM_TASKS_PER_NODE", first, 1, 1 << 20);
+  }
+  return 0;
+}
+
 std::string share_from_rank0(const LaunchEnv& env_, const std::string& payload, double timeout_s) {
   ST_CHECK(payload.size() <= kMaxPayload, "bootstrap: payload of ", payload.size(), " bytes is too large");
   if (env_.world_size == 1) return payload;

@@ -26,6 +26,12 @@ struct LaunchEnv {
 // by that store, so the exchange uses MASTER_PORT + 1.
 std::optional<LaunchEnv> launch_from_env();
 
+// How many ranks of this launch run on this machine, as the launcher says: torchrun's
+// LOCAL_WORLD_SIZE, OpenMPI's OMPI_COMM_WORLD_LOCAL_SIZE, MPICH's MPI_LOCALNRANKS, Slurm's
+// SLURM_NTASKS_PER_NODE or the first count of SLURM_TASKS_PER_NODE ("8(x2)", "4,2"); 0 when
+// none is set. A value that is not a positive count throws, naming the variable.
+int local_ranks_from_env();
+
 // Rank 0 listens on master_port and sends `payload` to each of the other ranks; they connect
 // to master_addr:master_port (retrying until the deadline) and receive it. Returns the
 // payload on every rank. Rank 0 returns once all world_size - 1 ranks have received it.

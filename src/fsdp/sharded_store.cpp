@@ -1,6 +1,8 @@
 // The sharded store: synchronous on the CPU, overlapped on a GPU (see the header).
 #include "fsdp/sharded_store.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -87,7 +89,11 @@ void ShardedUnitStore::run_host_update(std::function<void(const UnitDone& done)>
 #else
   const bool fetch = false;
 #endif
-  h.worker = std::thread([this, &h, fetch, update = std::move(update)] {
+  // OpenMP's thread count belongs to each thread: a new one starts from the process default
+  // (OMP_NUM_THREADS, which torchrun sets to 1), not from what this thread was given
+  const int threads = omp_get_max_threads();
+  h.worker = std::thread([this, &h, fetch, threads, update = std::move(update)] {
+    omp_set_num_threads(threads);
     try {
 #ifdef SHARDTRAIN_WITH_CUDA
       if (fetch) {

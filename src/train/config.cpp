@@ -235,7 +235,9 @@ const std::vector<KeyDef>& keys() {
           "LOCAL_RANK modulo the visible GPUs)",
           one_of({"auto", "cpu", "cuda"})),
       key("training.threads", &C::training, &TrainingSection::threads,
-          "CPU threads for the kernels; 0 uses every core", non_negative()),
+          "host threads per rank (data, the host AdamW of parallel.offload, CPU kernels); 0: on GPUs, this machine's CPUs "
+          "shared among its ranks (those the launcher bound the rank to, if it did; torchrun's OMP_NUM_THREADS = 1 is not "
+          "followed), on the CPU OpenMP's default (OMP_NUM_THREADS, else every core)", non_negative()),
       key("training.loss_chunk_tokens", &C::training, &TrainingSection::loss_chunk_tokens,
           "tokens per chunk of the fused head + cross-entropy (bounds logits memory); 0: auto (256 on the CPU; on "
           "a GPU as many as keep a chunk's bf16 logits within 2 GiB, at most 8192)",

@@ -21,6 +21,7 @@
 #include "core/cuda/device.h"
 #endif
 #include "core/gpu_monitor.h"
+#include "core/host.h"
 #include "core/log.h"
 #include "core/profile.h"
 #include "data/bpe_tokenizer.h"
@@ -240,7 +241,22 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     mesh_ = std::make_unique<fsdp::DeviceMesh>(comm_, model::Mesh{world / tp, tp, replicate});
   }
   const int dp_size = mesh_->shape().data_parallel;
-  if (config_.training.threads > 0) omp_set_num_threads(static_cast<int>(config_.training.threads));
+  // Host threads (data, the host AdamW of parallel.offload, CPU kernels): training.threads, or
+  // on GPUs this machine's CPUs shared among its ranks. torchrun sets OMP_NUM_THREADS = 1 for
+  // each rank, which would leave a 405B's host AdamW one core per GPU; on the CPU, OpenMP's
+  // default (OMP_NUM_THREADS, else every core) as the MPI launch in README suggests.
+  if (config_.training.threads > 0) {
+    omp_set_num_threads(static_cast<int>(config_.training.threads));
+  } else {
+#ifdef SHARDTRAIN_WITH_CUDA
+    const int gpus = config_.training.device == "cpu" ? 0 : cuda::device_count();
+    if (comm_->name() == "nccl" || gpus > 0) {
+      int local = dist::local_ranks_from_env();
+      if (local == 0) local = std::min(comm_->world_size(), std::max(1, gpus));  // one rank per GPU
+      omp_set_num_threads(host_threads_per_rank(affinity_cpus(), machine_cpus(), local));
+    }
+#endif
+  }
   ops::set_gemm_selection(config_.training.gemm_selection == "heuristic" ? ops::GemmSelection::kHeuristic
                                                                           : ops::GemmSelection::kTimed);
 

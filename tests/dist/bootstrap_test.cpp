@@ -53,7 +53,9 @@ class EnvGuard {
  private:
   static constexpr const char* kVars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT",
                                           "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID",
-                                          "TORCHELASTIC_USE_AGENT_STORE"};
+                                          "TORCHELASTIC_USE_AGENT_STORE", "LOCAL_WORLD_SIZE",
+                                          "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "SLURM_NTASKS_PER_NODE",
+                                          "SLURM_TASKS_PER_NODE"};
 };
 
 TEST(LaunchEnv, ReadsTorchrunAndSlurmVariables) {
@@ -85,6 +87,31 @@ TEST(LaunchEnv, ReadsTorchrunAndSlurmVariables) {
   EXPECT_EQ(e->launcher, "slurm");
   EXPECT_EQ(e->rank, 1);
   EXPECT_EQ(e->local_rank, 1);
+}
+
+TEST(LaunchEnv, RanksOnThisMachineFromEachLauncher) {
+  EnvGuard guard;
+  EXPECT_EQ(local_ranks_from_env(), 0) << "no launcher says";
+  setenv("SLURM_TASKS_PER_NODE", "8(x2),4", 1);
+  EXPECT_EQ(local_ranks_from_env(), 8);
+  setenv("SLURM_TASKS_PER_NODE", "3", 1);
+  EXPECT_EQ(local_ranks_from_env(), 3);
+  setenv("SLURM_NTASKS_PER_NODE", "4", 1);
+  EXPECT_EQ(local_ranks_from_env(), 4);
+  setenv("MPI_LOCALNRANKS", "5", 1);
+  EXPECT_EQ(local_ranks_from_env(), 5);
+  setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "6", 1);
+  EXPECT_EQ(local_ranks_from_env(), 6);
+  setenv("LOCAL_WORLD_SIZE", "7", 1);
+  EXPECT_EQ(local_ranks_from_env(), 7) << "torchrun's first";
+  setenv("LOCAL_WORLD_SIZE", "0", 1);
+  EXPECT_NE(error_of([] { local_ranks_from_env(); }).find("LOCAL_WORLD_SIZE = `0`"), std::string::npos);
+  unsetenv("LOCAL_WORLD_SIZE");
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  unsetenv("MPI_LOCALNRANKS");
+  unsetenv("SLURM_NTASKS_PER_NODE");
+  setenv("SLURM_TASKS_PER_NODE", "(x2)", 1);
+  EXPECT_NE(error_of([] { local_ranks_from_env(); }).find("SLURM_TASKS_PER_NODE = ``"), std::string::npos);
 }
 
 TEST(LaunchEnv, BadValuesNameTheVariable) {

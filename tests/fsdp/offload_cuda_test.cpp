@@ -11,6 +11,8 @@
 // micro-batches the second gradient lands in a host buffer and is added there. The GPU
 // engine's own gradients, written over the last step's as the trainer does, equal a
 // zero-filled and accumulated engine's bit for bit at every step. Skips without a device.
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -212,6 +214,22 @@ TEST(OffloadCuda, OverlappedHostUpdateIsTheSameUpdate) {
         << "unit " << u;
   }
   EXPECT_EQ(overlapped.opt->steps_taken(), 4);
+}
+
+// The host update runs on a thread of its own, whose OpenMP thread count would be the process
+// default (OMP_NUM_THREADS: 1 under torchrun) rather than the rank's (training.threads or its
+// share of the machine): it takes the count of the thread that starts it.
+TEST(OffloadCuda, HostUpdateRunsOnTheStartingThreadsThreadCount) {
+  ST_REQUIRE_CUDA();
+  Engine e(small_config(), true);
+  const int before = omp_get_max_threads();
+  const int wanted = before == 3 ? 5 : 3;  // not the process default
+  omp_set_num_threads(wanted);
+  int seen = 0;
+  e.store->run_host_update([&seen](const ShardedUnitStore::UnitDone&) { seen = omp_get_max_threads(); });
+  e.store->wait_for_host_update();
+  omp_set_num_threads(before);
+  EXPECT_EQ(seen, wanted);
 }
 
 // Offloaded with the gradient shards left on the GPU (ShardingOptions::offload_grads off, no
