@@ -54,6 +54,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Where a launch's time goes, logged once it is ready: a large model's page-locked memory
+// and weights take minutes, which a user should see named rather than wonder about.
+// Phases under 0.05 s go unnamed, and a launch under a second is only timed.
+class LaunchPhases {
+ public:
+  void done(const char* phase) {
+    const Clock::time_point now = Clock::now();
+    const double seconds = std::chrono::duration<double>(now - last_).count();
+    if (seconds >= 0.05) text_ += fmt::format("{}{} {:.1f} s", text_.empty() ? "" : ", ", phase, seconds);
+    last_ = now;
+  }
+  std::string summary() const {
+    const double total = std::chrono::duration<double>(last_ - start_).count();
+    return total < 1 || text_.empty() ? fmt::format("ready in {:.1f} s", total)
+                                      : fmt::format("ready in {:.1f} s: {}", total, text_);
+  }
+
+ private:
+  Clock::time_point start_ = Clock::now(), last_ = start_;
+  std::string text_;
+};
+
 double seconds_since(Clock::time_point t) {
   return std::chrono::duration<double>(Clock::now() - t).count();
 }
@@ -203,6 +225,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   validate(config_);
   log::set_level(log::parse_level(config_.logging.level));
   log::info(fmt::format("shardtrain {} ({})", build_commit(), build_options()));
+  LaunchPhases phases;
   if (comm_ == nullptr) {
     // Several GPUs talk through NCCL (bootstrapped by MPI or a torchrun-style environment);
     // CPU ranks through MPI.
@@ -232,6 +255,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     comm_ = owned_comm_.get();
   }
   if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
+  phases.done("communicator");
   {
     const int world = comm_->world_size(), tp = static_cast<int>(config_.parallel.tensor_parallel);
     const int replicate = static_cast<int>(config_.parallel.replicate);
@@ -282,6 +306,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   }
   data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size, comm_, local_rank());
   log::info("data: " + data_->summary());
+  phases.done("data");
   document_mask_ = resolve_document_mask(config_.data);
   ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,
            "`data.document_mask` finds documents by their BOS token, and the tokenizer (`data.tokenizer` = ",
@@ -335,17 +360,13 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   if (config_.training.offload_activations) offload_blocks_ = offload_activation_blocks(checkpointing_, compute_shards_);
   if (device_.is_cuda() && (config_.parallel.offload || offload_blocks_ > 0)) {
     const PlanInput in = chosen_plan_input();
-    int64_t local_ranks = 1;  // ranks sharing this machine's memory (torchrun's, Open MPI's count)
-    for (const char* name : {"LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"})
-      if (const char* v = std::getenv(name); v != nullptr && std::atoll(v) > 0) {
-        local_ranks = std::atoll(v);
-        break;
-      }
+    const int64_t local_ranks = std::max(1, dist::local_ranks_from_env());  // ranks sharing this machine's memory
     const std::string problem = host_memory_problem(in, plan_memory(in), host_memory_bytes() / local_ranks);
     ST_CHECK(problem.empty(), "host memory", local_ranks > 1 ? fmt::format(" ({} ranks on this machine)", local_ranks)
                                                             : std::string(), ": ", problem);
   }
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, *mesh_, so, device_);
+  phases.done(store_->offloaded() ? "shards (page-locked host memory)" : "shards");
   if (!config_.model.hf.empty() && !bench_) {
     // each rank reads only the element ranges of its own shards, or rank 0 reads everything
     const io::HfWeights* w = hf_weights.get();
@@ -367,6 +388,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   } else {
     store_->init_random(config_.training.seed, mc.init_std);
   }
+  phases.done(!config_.model.hf.empty() && !bench_ ? "weights read" : "weights initialised");
   model_ = std::make_unique<model::Llama>(mc, *layout_, store_.get(), dtype, device_);
   if (mesh_->shape().tensor_parallel > 1) {
     tensor_parallel_ = fsdp::make_tensor_parallel(&mesh_->tensor_parallel());
@@ -390,6 +412,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
                           omp_get_max_threads()));
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
+  phases.done("model and optimizer");
   if (!config_.checkpoint.resume.empty()) {
     const std::string dir = resolve_checkpoint(config_.checkpoint.resume, checkpoint_root());
     if (dir.empty()) {
@@ -404,6 +427,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
       start_step_ = info.step + 1;
       log::info(fmt::format("resumed from {} (step {}, written by {} rank{})", dir, info.step, info.world_size,
                             info.world_size == 1 ? "" : "s"));
+      phases.done("checkpoint read");
     }
   }
   if (comm_->world_size() > 1) {
@@ -421,6 +445,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     log::info(fmt::format("sharded over {} ranks ({}){}: {} parameter slots per rank, of {} in the model",
                           comm_->world_size(), comm_->name(), shape, slots, model_config_.num_parameters()));
   }
+  log::info(phases.summary());
 }
 
 Trainer::~Trainer() {

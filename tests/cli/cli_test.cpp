@@ -450,6 +450,7 @@ TEST(Cli, BenchReportsTheStepAndWritesNothing) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("random tokens, uniform over a vocabulary of 258"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step     5/5"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("\nready in "), std::string::npos) << "the launch's time: " << r.output;
   EXPECT_NE(r.output.find("(after 2 warm-up steps)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("mean of 3 steps after 2 warm-up"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("  batch        1024 tokens per step (8 x 128 tokens x 1 micro-batch)"), std::string::npos)
