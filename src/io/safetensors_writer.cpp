@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -27,14 +29,18 @@ const char* file_dtype(DType t) {
   return "?";
 }
 
+std::atomic<uint64_t> g_bytes_written{0};
+
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  constexpr size_t kPiece = size_t{64} << 20;  // a piece at a time, so that progress shows during a large tensor
   const char* p = static_cast<const char*>(data);
   while (n > 0) {
-    const ssize_t w = ::write(fd, p, n);
+    const ssize_t w = ::write(fd, p, std::min(n, kPiece));
     if (w < 0 && errno == EINTR) continue;
     ST_CHECK(w > 0, "writing `", path, "` failed: ", std::strerror(errno));
     p += w;
     n -= static_cast<size_t>(w);
+    g_bytes_written.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
   }
 }
 
@@ -68,6 +74,8 @@ void atomic_write(const std::string& path, WriteBody&& body) {
 }
 
 }  // namespace
+
+uint64_t bytes_written() { return g_bytes_written.load(std::memory_order_relaxed); }
 
 void write_file_atomic(const std::string& path, const std::string& contents) {
   atomic_write(path, [&](int fd, const std::string& tmp) { write_all(fd, contents.data(), contents.size(), tmp); });

@@ -376,8 +376,9 @@ const std::vector<KeyDef>& keys() {
           "progress for this many seconds: no collective issued by the rank since it began or since the last one "
           "(sharded work issues them block by block; the first step gets parallel.init_timeout_s more), naming the "
           "step and the last collective; a rank that failed, hung or was stopped otherwise leaves the others "
-          "waiting in a collective forever. An error a communicator reports on its own (NCCL: a peer or the network "
-          "gone) ends the run at once (status 1). Checkpoint saves and the export are not timed; 0: no limit",
+          "waiting in a collective forever. Checkpoint saves, their commits and the export are watched too, bytes "
+          "written to files also counting as progress. An error a communicator reports on its own (NCCL: a peer or "
+          "the network gone) ends the run at once (status 1). 0: no limit",
           non_negative()),
 
       key("export.folder", &C::export_, &ExportSection::folder,

@@ -459,6 +459,11 @@ Trainer::~Trainer() {
   }
 }
 
+void Trainer::watch_io(std::string what) {
+  watchdog_->watch(std::move(what), config_.parallel.timeout_s,
+                   fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s), true);
+}
+
 std::unique_ptr<Watchdog> Trainer::make_watchdog() const {
   // every communicator of the mesh, once each, for errors NCCL finds on its own
   const std::initializer_list<const dist::Communicator*> all = {
@@ -822,7 +827,17 @@ TrainSummary Trainer::run() {
                               e.batches_done + 1, e.batches, stop_signal_name(stop.signal)));
       }
     }
-    if (watchdog_) watchdog_->idle();  // saves are not timed
+    if (watchdog_) {
+      // a save, and the check of one being written while training goes on, are watched too,
+      // with bytes written to files as progress: a rank stuck writing, or gone, would leave the
+      // others in the save's collectives
+      if (checkpoint_now)
+        watch_io(fmt::format("the checkpoint of step {}", step));
+      else if (pending_checkpoint_)
+        watch_io(fmt::format("the check that the checkpoint of step {} is written", checkpoint_step_));
+      else
+        watchdog_->idle();
+    }
     std::optional<profile::Region> checkpoint_region;
     if (checkpoint_now) checkpoint_region.emplace("checkpoint");
     if (checkpoint_now) {
@@ -858,9 +873,12 @@ TrainSummary Trainer::run() {
     progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
   }
   stop_signals.reset();  // signals from here on (the evaluation, export, sample) end the process
-  watchdog_.reset();     // nor are the export and the sample
   progress.clear();
-  if (pending_checkpoint_) commit_pending_checkpoint();
+  if (pending_checkpoint_) {
+    if (watchdog_) watch_io(fmt::format("the commit of the checkpoint of step {}", checkpoint_step_));
+    commit_pending_checkpoint();
+  }
+  if (watchdog_) watchdog_->idle();
   summary.seconds = seconds_since(start);
   const int64_t steps_done = last_step - first_step + 1;
   summary.tokens_per_second = timed.steps > 0 && timed.seconds > 0
@@ -913,9 +931,11 @@ TrainSummary Trainer::run() {
     eo.dtype = parse_dtype(config_.export_.dtype, "export.dtype");
     eo.max_shard_bytes = config_.export_.max_shard_mb * 1000 * 1000;
     eo.tokenizer_source = tokenizer_source();
+    if (watchdog_) watch_io(fmt::format("the export to {}", eo.folder));
     export_hf(*store_, model_->config(), *comm_, eo, &mesh_->tensor_parallel());
     log::info(fmt::format("exported a Hugging Face folder to {} ({})", eo.folder, config_.export_.dtype));
   }
+  watchdog_.reset();  // the sample is not timed
   if (config_.sample.tokens > 0) {
     SampleOptions o;
     // a graph of the decode step would capture the group's collectives: not with tensor parallelism

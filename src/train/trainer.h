@@ -162,10 +162,11 @@ class Trainer {
   };
   SavedStep save_step(int64_t step, bool async);
   // parallel.timeout_s: with several ranks, during run(), a thread that ends the process when a
-  // step or an evaluation batch goes without progress past its limit (declared last: it polls
-  // the communicators)
+  // step, an evaluation batch, a checkpoint's save or the export goes without progress past its
+  // limit (declared last: it polls the communicators)
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Watchdog> make_watchdog() const;
+  void watch_io(std::string what);  // watchdog_ on `what`, with bytes written to files as progress too
 };
 
 // The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or

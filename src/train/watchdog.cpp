@@ -11,6 +11,7 @@
 
 #include "core/log.h"
 #include "dist/communicator.h"
+#include "io/safetensors_writer.h"
 
 namespace shardtrain::train {
 
@@ -26,14 +27,17 @@ Watchdog::Watchdog(PollError poll_error, Fire fire, double poll_s)
   thread_ = std::jthread([this](std::stop_token stop) { loop(stop); });
 }
 
-void Watchdog::watch(std::string what, double limit_s, std::string setting) {
-  const uint64_t issued = dist::collective_activity().issued;
+void Watchdog::watch(std::string what, double limit_s, std::string setting, bool writes) {
+  const uint64_t issued = dist::collective_activity().issued, written = io::bytes_written();
   const std::lock_guard lock(mutex_);
   what_ = std::move(what);
   setting_ = std::move(setting);
   limit_s_ = limit_s;
   since_ = std::chrono::steady_clock::now();
   issued_before_ = issued;
+  writes_ = writes;
+  written_before_ = written_seen_ = written;
+  written_at_ = since_;
 }
 
 void Watchdog::idle() {
@@ -54,9 +58,11 @@ std::string Watchdog::timeout_message(const dist::CollectiveActivity& a, double 
                   : fmt::format("this rank issued {} collective{} in it, the last ({}) {:.1f} s ago, and waits for "
                                 "another rank, which has probably failed, hung or been stopped",
                                 issued, issued == 1 ? "" : "s", a.last, a.seconds_ago);
-  return fmt::format("watchdog: {} has made no progress for {:.1f} s ({}): {}. Ending the run with exit status {}; "
+  const std::string wrote =
+      writes_ ? fmt::format(" It wrote {} bytes to files in it.", written_seen_ - written_before_) : std::string();
+  return fmt::format("watchdog: {} has made no progress for {:.1f} s ({}): {}.{} Ending the run with exit status {}; "
                      "resume from the last checkpoint with --checkpoint.resume=auto",
-                     what_, idle, setting_, where, kTimeoutExit);
+                     what_, idle, setting_, where, wrote, kTimeoutExit);
 }
 
 void Watchdog::loop(std::stop_token stop) {
@@ -74,10 +80,16 @@ void Watchdog::loop(std::stop_token stop) {
                             what_.empty() ? std::string() : " during " + what_, error, kErrorExit);
       status = kErrorExit;
     } else if (!what_.empty()) {
-      // progress: the work began, or this rank issued a collective since
+      // progress: the work began, or this rank issued a collective since (or wrote to a file)
       const dist::CollectiveActivity a = dist::collective_activity();
-      const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
-      const double quiet = a.issued > issued_before_ ? std::min(idle, a.seconds_ago) : idle;
+      const auto now = std::chrono::steady_clock::now();
+      if (const uint64_t written = io::bytes_written(); writes_ && written != written_seen_) {
+        written_seen_ = written;
+        written_at_ = now;
+      }
+      const double idle = std::chrono::duration<double>(now - since_).count();
+      double quiet = a.issued > issued_before_ ? std::min(idle, a.seconds_ago) : idle;
+      if (writes_) quiet = std::min(quiet, std::chrono::duration<double>(now - written_at_).count());
       if (quiet >= limit_s_) {
         message = timeout_message(a, quiet);
         status = kTimeoutExit;

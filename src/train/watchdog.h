@@ -1,9 +1,10 @@
 // A hang detector for runs of several ranks. When one rank fails, hangs or is stopped, the
 // others wait for it in their next collective, forever: neither NCCL nor MPI has a deadline of
 // its own. The watchdog, a thread of each rank, ends the process when the work it watches (a
-// training step, an evaluation batch) makes no progress for that work's limit (progress: the
-// work began, or this rank issued a collective, which sharded work does block by block, so a
-// long step of many blocks is not taken for a hang), or at once when a communicator reports
+// training step, an evaluation batch, a checkpoint's save, the export) makes no progress for
+// that work's limit (progress: the work began, or this rank issued a collective, which sharded
+// work does block by block, so a long step of many blocks is not taken for a hang; for saves
+// also bytes written to files), or at once when a communicator reports
 // an error of its own, with a message naming the work, the limit and the last collective this
 // rank issued. The launcher (torchrun, mpirun, srun) then ends the other ranks.
 #pragma once
@@ -40,9 +41,10 @@ class Watchdog {
 
   // Starts watching `what` ("step 12"), replacing what was watched: the watchdog fires when,
   // still watched, it has gone `limit_s` seconds since it began and since the last collective
-  // this process issued in it. `setting` names the limit in the message ("parallel.timeout_s = 600").
-  void watch(std::string what, double limit_s, std::string setting);
-  // Watches nothing (a checkpoint being saved, an export): only communicator errors fire.
+  // this process issued in it (and, with `writes`, since it last saw io::bytes_written() grow).
+  // `setting` names the limit in the message ("parallel.timeout_s = 600").
+  void watch(std::string what, double limit_s, std::string setting, bool writes = false);
+  // Watches nothing (the sample at the end): only communicator errors fire.
   void idle();
   // Whether it has fired and its Fire has returned (with a Fire that returns).
   bool fired() const;
@@ -60,6 +62,9 @@ class Watchdog {
   double limit_s_ = 0;
   std::chrono::steady_clock::time_point since_;
   uint64_t issued_before_ = 0;  // collectives issued before `what` began
+  bool writes_ = false;         // bytes written count as progress
+  uint64_t written_before_ = 0, written_seen_ = 0;  // io::bytes_written() when `what` began, at the last poll
+  std::chrono::steady_clock::time_point written_at_;  // when the loop last saw it grow
   bool fired_ = false;
   std::jthread thread_;  // last: starts once the rest is built
 };

@@ -1,5 +1,6 @@
 // The `shardtrain` command: exit codes and messages for bad input.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -364,6 +365,48 @@ TEST(Cli, AHungRankEndsTheRunAfterParallelTimeout) {
   EXPECT_NE(r.output.find(" s (parallel.timeout_s = 3): this rank issued "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("which has probably failed, hung or been stopped"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("Ending the run with exit status 124"), std::string::npos) << r.output;
+  fs::remove_all(dir);
+}
+
+// A save is watched too: rank 0 stuck in its checkpoint's commit (opening `latest`'s temporary
+// file, made a FIFO that nobody reads) leaves rank 1 in the commit's last barrier; the watchdog
+// ends the run after parallel.timeout_s, naming the checkpoint, and `latest` is never written.
+TEST(Cli, ARankStuckInASaveEndsTheRunAfterParallelTimeout) {
+  if (std::system("command -v mpirun > /dev/null 2>&1") != 0) GTEST_SKIP() << "no mpirun on this machine";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_save_watchdog_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  Running r = start_command(
+      "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+      "mpirun -np 2 --oversubscribe " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain train --training.steps=100000 "
+      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 --parallel.timeout_s=2 "
+      "--checkpoint.interval_steps=20 --checkpoint.async=false --run.output_dir=" + dir.string());
+  ASSERT_TRUE(r.read_until("step     1/100000")) << r.output;
+  const std::vector<pid_t> ranks = children(r.pid, "shardtrain");
+  ASSERT_EQ(ranks.size(), 2u) << "the ranks, children of mpirun";
+  fs::create_directories(dir / "checkpoints");
+  for (pid_t p : ranks)  // rank 0 writes `latest`, through a temporary file named by its pid
+    ASSERT_EQ(::mkfifo((dir / "checkpoints" / ("latest.tmp." + std::to_string(p))).c_str(), 0644), 0);
+  std::atomic<bool> done{false};
+  std::jthread guard([&] {  // the watchdog failing must fail the test, not hang it
+    for (int i = 0; i < 600 && !done; ++i) ::usleep(100000);
+    if (done) return;
+    for (pid_t p : ranks) ::kill(p, SIGKILL);
+  });
+  ASSERT_TRUE(r.read_until("watchdog: the checkpoint of step 20 has made no progress for ")) << r.output;
+  const auto fired_at = std::chrono::steady_clock::now();
+  const int status = r.finish();
+  done = true;
+  for (pid_t p : ranks) ::kill(p, SIGKILL);  // gone already, unless the test failed
+  ASSERT_TRUE(WIFEXITED(status)) << r.output;
+  EXPECT_NE(WEXITSTATUS(status), 0) << r.output;
+  EXPECT_LT(std::chrono::steady_clock::now() - fired_at, std::chrono::seconds(50)) << r.output;
+  EXPECT_NE(r.output.find("step    20/100000"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("step    21/100000"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" s (parallel.timeout_s = 2): this rank issued "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Ending the run with exit status 124"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::is_regular_file(dir / "checkpoints" / "latest")) << "the stuck commit never named the step";
+
   fs::remove_all(dir);
 }
 

@@ -3,8 +3,11 @@
 // collectives issued; never while idle, in time, or while collectives keep coming.
 #include "train/watchdog.h"
 
+#include <unistd.h>
+
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -12,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "dist/communicator.h"
+#include "io/safetensors_writer.h"
 
 namespace shardtrain::train {
 namespace {
@@ -83,6 +87,35 @@ TEST(Watchdog, CollectivesIssuedKeepALongStepAlive) {
   ASSERT_TRUE(wait_for(w, 10s));
   EXPECT_GE(std::chrono::steady_clock::now() - last, 500ms);
   EXPECT_NE(f.message.find("this rank issued 20 collectives in it"), std::string::npos) << f.message;
+}
+
+// A save writes for a long time between its collectives: watched with `writes`, bytes written
+// to files are progress; without, the same writing is not.
+TEST(Watchdog, WritesKeepAWatchedSaveAliveOnlyWhenTheyCount) {
+  const std::string file = (std::filesystem::temp_directory_path() /
+                            ("shardtrain_watchdog_writes_" + std::to_string(::getpid()))).string();
+  const std::string piece(1 << 16, 'x');
+  for (const bool writes : {true, false}) {
+    Fired f;
+    Watchdog w({}, f.fire(), 0.01);
+    w.watch("the checkpoint of step 4", 0.5, "limit", writes);
+    for (int i = 0; i < 20 && f.times() == 0; ++i) {  // 1 s of writing, twice the limit
+      std::this_thread::sleep_for(50ms);
+      io::write_file_atomic(file, piece);
+    }
+    if (!writes) {
+      EXPECT_EQ(f.times(), 1) << "writes do not count unless asked";
+      continue;
+    }
+    EXPECT_EQ(f.times(), 0) << f.message;
+    const auto last = std::chrono::steady_clock::now();
+    ASSERT_TRUE(wait_for(w, 10s));
+    EXPECT_GE(std::chrono::steady_clock::now() - last, 450ms) << "the limit counts from the last write";
+    EXPECT_NE(f.message.find("watchdog: the checkpoint of step 4 has made no progress"), std::string::npos)
+        << f.message;
+    EXPECT_NE(f.message.find(" It wrote 1310720 bytes to files in it."), std::string::npos) << f.message;
+  }
+  std::filesystem::remove(file);
 }
 
 TEST(Watchdog, WorkThatEndsInTimeOrIsReplacedNeverFires) {
