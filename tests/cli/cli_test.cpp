@@ -329,6 +329,37 @@ std::vector<pid_t> children(pid_t parent, const std::string& name) {
   return found;
 }
 
+// `shardtrain train` on 2 MPI ranks of this machine, a line per step, for 100,000 steps.
+Running start_two_ranks(const std::string& args) {
+  return start_command(
+      "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
+      "mpirun -np 2 --oversubscribe " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain train --training.steps=100000 "
+      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 " + args);
+}
+
+// Kills `pids` after `seconds` unless disarmed first: a watchdog that fails to end a run must
+// fail the test, not hang it. disarm() also kills them, gone already unless the test failed.
+class KillAfter {
+ public:
+  KillAfter(std::vector<pid_t> pids, int seconds)
+      : pids_(std::move(pids)), thread_([this, seconds] {
+          for (int i = 0; i < 10 * seconds && !done_; ++i) ::usleep(100000);
+          if (!done_) kill_all();
+        }) {}
+  void disarm() {
+    done_ = true;
+    kill_all();
+  }
+
+ private:
+  void kill_all() {
+    for (pid_t p : pids_) ::kill(p, SIGKILL);
+  }
+  std::vector<pid_t> pids_;
+  std::atomic<bool> done_{false};
+  std::jthread thread_;  // last: starts once the rest is built
+};
+
 // parallel.timeout_s: a rank that stops (SIGSTOP, as a hung one) leaves the other waiting in
 // a collective; its watchdog ends the run after the limit, naming the step, the limit and the
 // collectives it issued, and mpirun ends the rest.
@@ -337,26 +368,16 @@ TEST(Cli, AHungRankEndsTheRunAfterParallelTimeout) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_watchdog_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  Running r = start_command(
-      "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-      "mpirun -np 2 --oversubscribe " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain train --training.steps=100000 "
-      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 --parallel.timeout_s=3 --run.output_dir=" +
-      dir.string());
+  Running r = start_two_ranks("--parallel.timeout_s=3 --run.output_dir=" + dir.string());
   ASSERT_TRUE(r.read_until("step     3/100000")) << r.output;
   const std::vector<pid_t> ranks = children(r.pid, "shardtrain");
   ASSERT_EQ(ranks.size(), 2u) << "the ranks, children of mpirun";
   const auto stopped_at = std::chrono::steady_clock::now();
   ::kill(ranks[1], SIGSTOP);
-  std::atomic<bool> done{false};
-  std::jthread guard([&] {  // the watchdog failing must fail the test, not hang it
-    for (int i = 0; i < 600 && !done; ++i) ::usleep(100000);
-    if (done) return;
-    for (pid_t p : ranks) ::kill(p, SIGKILL);
-  });
+  KillAfter guard(ranks, 60);
   const int status = r.finish();
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - stopped_at).count();
-  done = true;
-  for (pid_t p : ranks) ::kill(p, SIGKILL);  // gone already, unless the test failed
+  guard.disarm();
   ASSERT_TRUE(WIFEXITED(status)) << r.output;
   EXPECT_NE(WEXITSTATUS(status), 0) << r.output;
   EXPECT_GE(seconds, 2.0) << r.output;  // the limit counts from the rank's last collective, within a step before
@@ -376,28 +397,19 @@ TEST(Cli, ARankStuckInASaveEndsTheRunAfterParallelTimeout) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_save_watchdog_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  Running r = start_command(
-      "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-      "mpirun -np 2 --oversubscribe " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain train --training.steps=100000 "
-      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 --parallel.timeout_s=2 "
-      "--checkpoint.interval_steps=20 --checkpoint.async=false --run.output_dir=" + dir.string());
+  Running r = start_two_ranks("--parallel.timeout_s=2 --checkpoint.interval_steps=20 --checkpoint.async=false "
+                              "--run.output_dir=" + dir.string());
   ASSERT_TRUE(r.read_until("step     1/100000")) << r.output;
   const std::vector<pid_t> ranks = children(r.pid, "shardtrain");
   ASSERT_EQ(ranks.size(), 2u) << "the ranks, children of mpirun";
   fs::create_directories(dir / "checkpoints");
   for (pid_t p : ranks)  // rank 0 writes `latest`, through a temporary file named by its pid
     ASSERT_EQ(::mkfifo((dir / "checkpoints" / ("latest.tmp." + std::to_string(p))).c_str(), 0644), 0);
-  std::atomic<bool> done{false};
-  std::jthread guard([&] {  // the watchdog failing must fail the test, not hang it
-    for (int i = 0; i < 600 && !done; ++i) ::usleep(100000);
-    if (done) return;
-    for (pid_t p : ranks) ::kill(p, SIGKILL);
-  });
+  KillAfter guard(ranks, 60);
   ASSERT_TRUE(r.read_until("watchdog: the checkpoint of step 20 has made no progress for ")) << r.output;
   const auto fired_at = std::chrono::steady_clock::now();
   const int status = r.finish();
-  done = true;
-  for (pid_t p : ranks) ::kill(p, SIGKILL);  // gone already, unless the test failed
+  guard.disarm();
   ASSERT_TRUE(WIFEXITED(status)) << r.output;
   EXPECT_NE(WEXITSTATUS(status), 0) << r.output;
   EXPECT_LT(std::chrono::steady_clock::now() - fired_at, std::chrono::seconds(50)) << r.output;
