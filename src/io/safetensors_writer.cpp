@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -30,6 +31,7 @@ const char* file_dtype(DType t) {
 }
 
 std::atomic<uint64_t> g_bytes_written{0};
+std::atomic<int64_t> g_last_write_ns{std::chrono::steady_clock::now().time_since_epoch().count()};
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   constexpr size_t kPiece = size_t{64} << 20;  // a piece at a time, so that progress shows during a large tensor
@@ -40,7 +42,8 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     ST_CHECK(w > 0, "writing `", path, "` failed: ", std::strerror(errno));
     p += w;
     n -= static_cast<size_t>(w);
-    g_bytes_written.fetch_add(static_cast<uint64_t>(w), std::memory_order_relaxed);
+    g_last_write_ns.store(std::chrono::steady_clock::now().time_since_epoch().count(), std::memory_order_relaxed);
+    g_bytes_written.fetch_add(static_cast<uint64_t>(w), std::memory_order_release);
   }
 }
 
@@ -75,7 +78,14 @@ void atomic_write(const std::string& path, WriteBody&& body) {
 
 }  // namespace
 
-uint64_t bytes_written() { return g_bytes_written.load(std::memory_order_relaxed); }
+WriteActivity write_activity() {
+  WriteActivity a;
+  a.bytes = g_bytes_written.load(std::memory_order_acquire);
+  const auto last = std::chrono::steady_clock::time_point(
+      std::chrono::steady_clock::duration(g_last_write_ns.load(std::memory_order_relaxed)));
+  a.seconds_ago = std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count();
+  return a;
+}
 
 void write_file_atomic(const std::string& path, const std::string& contents) {
   atomic_write(path, [&](int fd, const std::string& tmp) { write_all(fd, contents.data(), contents.size(), tmp); });

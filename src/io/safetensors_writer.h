@@ -14,9 +14,14 @@
 namespace shardtrain::io {
 
 // Bytes this process has written through these writers (safetensors files, HF folders,
-// write_file_atomic) since it started, counted as the writes go (64 MiB at a time): progress a
-// hang detector can see during a long save (train/watchdog.h).
-uint64_t bytes_written();
+// write_file_atomic) since it started, counted as the writes go (64 MiB at a time), and how
+// long ago the last write returned: progress a hang detector can see during a long save
+// (train/watchdog.h).
+struct WriteActivity {
+  uint64_t bytes = 0;
+  double seconds_ago = 0;  // since the last write (since the process started, before the first)
+};
+WriteActivity write_activity();
 
 // Writes `tensors` (host, contiguous; f32, f64, bf16, f16, i32, i64 or u8, stored as is)
 // in the given order, with `metadata` plus {"format": "pt"}; data starts 8-byte aligned.

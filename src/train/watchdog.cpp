@@ -28,7 +28,7 @@ Watchdog::Watchdog(PollError poll_error, Fire fire, double poll_s)
 }
 
 void Watchdog::watch(std::string what, double limit_s, std::string setting, bool writes) {
-  const uint64_t issued = dist::collective_activity().issued, written = io::bytes_written();
+  const uint64_t issued = dist::collective_activity().issued, written = io::write_activity().bytes;
   const std::lock_guard lock(mutex_);
   what_ = std::move(what);
   setting_ = std::move(setting);
@@ -36,8 +36,7 @@ void Watchdog::watch(std::string what, double limit_s, std::string setting, bool
   since_ = std::chrono::steady_clock::now();
   issued_before_ = issued;
   writes_ = writes;
-  written_before_ = written_seen_ = written;
-  written_at_ = since_;
+  written_before_ = written;
 }
 
 void Watchdog::idle() {
@@ -50,19 +49,31 @@ bool Watchdog::fired() const {
   return fired_;
 }
 
-std::string Watchdog::timeout_message(const dist::CollectiveActivity& a, double idle) const {
-  const uint64_t issued = a.issued - issued_before_;
-  const std::string where =
-      issued == 0 ? std::string("this rank issued no collective in it: it may be stuck itself, or wait for another "
-                                "rank, which has probably failed, hung or been stopped")
-                  : fmt::format("this rank issued {} collective{} in it, the last ({}) {:.1f} s ago, and waits for "
-                                "another rank, which has probably failed, hung or been stopped",
-                                issued, issued == 1 ? "" : "s", a.last, a.seconds_ago);
-  const std::string wrote =
-      writes_ ? fmt::format(" It wrote {} bytes to files in it.", written_seen_ - written_before_) : std::string();
-  return fmt::format("watchdog: {} has made no progress for {:.1f} s ({}): {}.{} Ending the run with exit status {}; "
+std::string Watchdog::timeout_message(const dist::CollectiveActivity& a, const io::WriteActivity& w,
+                                      double idle) const {
+  const uint64_t issued = a.issued - issued_before_, written = w.bytes - written_before_;
+  const std::string collectives =
+      issued == 0 ? std::string("this rank issued no collective in it")
+                  : fmt::format("this rank issued {} collective{} in it, the last ({}) {:.1f} s ago", issued,
+                                issued == 1 ? "" : "s", a.last, a.seconds_ago);
+  const double wrote_ago = w.seconds_ago;
+  std::string where;
+  if (writes_ && written > 0 && (issued == 0 || wrote_ago < a.seconds_ago))
+    // its last progress was a write: likelier stuck in its filesystem than waiting for the others
+    where = fmt::format("{}, and wrote {} bytes to files, the last {:.1f} s ago, since when it may be stuck in its "
+                        "filesystem itself, or wait for another rank, which has then probably failed, hung or been "
+                        "stopped",
+                        collectives, written, wrote_ago);
+  else if (issued == 0)
+    where = collectives + ": it may be stuck itself, or wait for another rank, which has probably failed, hung or been "
+                          "stopped";
+  else
+    where = collectives + ", and waits for another rank, which has probably failed, hung or been stopped";
+  if (writes_ && written > 0 && where.find("wrote") == std::string::npos)
+    where += fmt::format(" (it wrote {} bytes to files in it)", written);
+  return fmt::format("watchdog: {} has made no progress for {:.1f} s ({}): {}. Ending the run with exit status {}; "
                      "resume from the last checkpoint with --checkpoint.resume=auto",
-                     what_, idle, setting_, where, wrote, kTimeoutExit);
+                     what_, idle, setting_, where, kTimeoutExit);
 }
 
 void Watchdog::loop(std::stop_token stop) {
@@ -82,16 +93,12 @@ void Watchdog::loop(std::stop_token stop) {
     } else if (!what_.empty()) {
       // progress: the work began, or this rank issued a collective since (or wrote to a file)
       const dist::CollectiveActivity a = dist::collective_activity();
-      const auto now = std::chrono::steady_clock::now();
-      if (const uint64_t written = io::bytes_written(); writes_ && written != written_seen_) {
-        written_seen_ = written;
-        written_at_ = now;
-      }
-      const double idle = std::chrono::duration<double>(now - since_).count();
+      const io::WriteActivity w = io::write_activity();
+      const double idle = std::chrono::duration<double>(std::chrono::steady_clock::now() - since_).count();
       double quiet = a.issued > issued_before_ ? std::min(idle, a.seconds_ago) : idle;
-      if (writes_) quiet = std::min(quiet, std::chrono::duration<double>(now - written_at_).count());
+      if (writes_ && w.bytes > written_before_) quiet = std::min(quiet, w.seconds_ago);
       if (quiet >= limit_s_) {
-        message = timeout_message(a, quiet);
+        message = timeout_message(a, w, quiet);
         status = kTimeoutExit;
       }
     }

@@ -20,6 +20,9 @@
 namespace shardtrain::dist {
 struct CollectiveActivity;
 }
+namespace shardtrain::io {
+struct WriteActivity;
+}
 
 namespace shardtrain::train {
 
@@ -41,7 +44,7 @@ class Watchdog {
 
   // Starts watching `what` ("step 12"), replacing what was watched: the watchdog fires when,
   // still watched, it has gone `limit_s` seconds since it began and since the last collective
-  // this process issued in it (and, with `writes`, since it last saw io::bytes_written() grow).
+  // this process issued in it (and, with `writes`, since its last write to a file, io::write_activity()).
   // `setting` names the limit in the message ("parallel.timeout_s = 600").
   void watch(std::string what, double limit_s, std::string setting, bool writes = false);
   // Watches nothing (the sample at the end): only communicator errors fire.
@@ -51,7 +54,8 @@ class Watchdog {
 
  private:
   void loop(std::stop_token stop);
-  std::string timeout_message(const dist::CollectiveActivity& activity, double idle) const;  // with mutex_ held
+  std::string timeout_message(const dist::CollectiveActivity& activity, const io::WriteActivity& writes,
+                              double idle) const;  // with mutex_ held
 
   PollError poll_error_;
   Fire fire_;
@@ -62,9 +66,8 @@ class Watchdog {
   double limit_s_ = 0;
   std::chrono::steady_clock::time_point since_;
   uint64_t issued_before_ = 0;  // collectives issued before `what` began
-  bool writes_ = false;         // bytes written count as progress
-  uint64_t written_before_ = 0, written_seen_ = 0;  // io::bytes_written() when `what` began, at the last poll
-  std::chrono::steady_clock::time_point written_at_;  // when the loop last saw it grow
+  bool writes_ = false;            // bytes written count as progress
+  uint64_t written_before_ = 0;    // io::write_activity().bytes when `what` began
   bool fired_ = false;
   std::jthread thread_;  // last: starts once the rest is built
 };

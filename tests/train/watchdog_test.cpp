@@ -113,8 +113,26 @@ TEST(Watchdog, WritesKeepAWatchedSaveAliveOnlyWhenTheyCount) {
     EXPECT_GE(std::chrono::steady_clock::now() - last, 450ms) << "the limit counts from the last write";
     EXPECT_NE(f.message.find("watchdog: the checkpoint of step 4 has made no progress"), std::string::npos)
         << f.message;
-    EXPECT_NE(f.message.find(" It wrote 1310720 bytes to files in it."), std::string::npos) << f.message;
+    EXPECT_NE(f.message.find("this rank issued no collective in it, and wrote 1310720 bytes to files, the last 0."),
+              std::string::npos)
+        << f.message;
+    EXPECT_NE(f.message.find(" s ago, since when it may be stuck in its filesystem itself, or wait for another rank"),
+              std::string::npos)
+        << f.message;
   }
+  // a collective after the last write: this rank waits for the others
+  Fired f;
+  Watchdog w({}, f.fire(), 0.01);
+  w.watch("the checkpoint of step 8", 0.3, "limit", true);
+  io::write_file_atomic(file, piece);
+  std::this_thread::sleep_for(50ms);
+  dist::note_collective("barrier", 0, 2, "mpi");
+  ASSERT_TRUE(wait_for(w, 10s));
+  EXPECT_NE(f.message.find("(barrier of 0 B over 2 ranks (mpi)) 0."), std::string::npos) << f.message;
+  EXPECT_NE(f.message.find(" s ago, and waits for another rank, which has probably failed, hung or been stopped (it "
+                           "wrote 65536 bytes to files in it)."),
+            std::string::npos)
+      << f.message;
   std::filesystem::remove(file);
 }
 
