@@ -29,6 +29,24 @@ TEST(Elementwise, AddScaleFillF32AndF64) {
   }
 }
 
+// Large fills run on several threads, each a contiguous share (the boundaries at n * t / threads):
+// every element, the last of each share included, gets the value, and nothing past the end.
+TEST(Elementwise, LargeFillsReachEveryElement) {
+  const int64_t n = (int64_t{5} << 20) + 3;  // 5 shares of the threshold and a remainder
+  Tensor f = Tensor::empty({n + 1}, DType::kF32), i = Tensor::empty({n + 1}, DType::kI64);
+  f.data<float>()[n] = -1.0f;
+  i.data<int64_t>()[n] = -1;
+  Tensor fv = f.slice(0, 0, n), iv = i.slice(0, 0, n);
+  cpu::fill(fv, 0.5);
+  cpu::fill(iv, 7.0);
+  for (int64_t k = 0; k < n; ++k) {
+    ASSERT_EQ(f.data<float>()[k], 0.5f) << "index " << k;
+    ASSERT_EQ(i.data<int64_t>()[k], 7) << "index " << k;
+  }
+  EXPECT_EQ(f.data<float>()[n], -1.0f) << "past the end";
+  EXPECT_EQ(i.data<int64_t>()[n], -1) << "past the end";
+}
+
 TEST(Elementwise, CastRoundsToNearestEven) {
   Tensor f = Tensor::empty({4}, DType::kF32);
   float* p = f.data<float>();

@@ -1,6 +1,8 @@
 // CPU elementwise ops: fill, add, scale, cast (round to nearest even), sum of squares (f64).
 #include "ops/elementwise.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -34,17 +36,27 @@ void store(void* p, DType t, int64_t i, double v) {
   }
 }
 
+// v into p[0, n) by every thread, each a contiguous share: a large fresh tensor's first touch
+// (AdamW's state in host memory, tens of GiB for a 405B-wide rank) faults its pages in parallel.
+template <typename T>
+void fill_parallel(T* p, int64_t n, T v) {
+  constexpr int64_t kPerThread = int64_t{1} << 20;
+  const int64_t threads = std::clamp<int64_t>(n / kPerThread, 1, omp_get_max_threads());
+#pragma omp parallel for schedule(static) num_threads(static_cast<int>(threads)) if (threads > 1)
+  for (int64_t t = 0; t < threads; ++t) std::fill(p + n * t / threads, p + n * (t + 1) / threads, v);
+}
+
 }  // namespace
 
 void fill(Tensor& x, double value) {
   check_arg(x, "fill", "x");
   const int64_t n = x.numel();
   switch (x.dtype()) {
-    case DType::kI32: std::fill_n(x.data<int32_t>(), n, static_cast<int32_t>(value)); return;
-    case DType::kI64: std::fill_n(x.data<int64_t>(), n, static_cast<int64_t>(value)); return;
-    case DType::kU8: std::fill_n(x.data<uint8_t>(), n, static_cast<uint8_t>(value)); return;
-    case DType::kF32: std::fill_n(x.data<float>(), n, static_cast<float>(value)); return;
-    case DType::kF64: std::fill_n(x.data<double>(), n, value); return;
+    case DType::kI32: fill_parallel(x.data<int32_t>(), n, static_cast<int32_t>(value)); return;
+    case DType::kI64: fill_parallel(x.data<int64_t>(), n, static_cast<int64_t>(value)); return;
+    case DType::kU8: fill_parallel(x.data<uint8_t>(), n, static_cast<uint8_t>(value)); return;
+    case DType::kF32: fill_parallel(x.data<float>(), n, static_cast<float>(value)); return;
+    case DType::kF64: fill_parallel(x.data<double>(), n, value); return;
     default:
       for (int64_t i = 0; i < n; ++i) store(x.raw_data(), x.dtype(), i, value);
   }
