@@ -1,7 +1,17 @@
 // CUDA streams and events behind the CUDA-free header core/cuda/stream.h.
 #include "core/cuda/stream.h"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <thread>
+#include <vector>
+
 #include "core/allocator.h"
+#include "core/host.h"
 #include "core/cuda/cuda_check.h"
 #include "core/error.h"
 
@@ -43,17 +53,36 @@ void Event::record_timing(Stream stream) {
 
 PinnedBuffer::PinnedBuffer(size_t bytes, const char* what) : bytes_(bytes) {
   if (bytes == 0) return;
-  const cudaError_t e = cudaHostAlloc(&data_, bytes, cudaHostAllocDefault);
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  mapped_ = (bytes + page - 1) / page * page;
+  void* p = ::mmap(nullptr, mapped_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  ST_CHECK(p != MAP_FAILED, "could not map ", format_bytes(static_cast<int64_t>(bytes)), " of host memory for ", what,
+           ": ", std::strerror(errno));
+  // every page faulted in by one of several threads, each a contiguous share
+  const size_t pages = mapped_ / page;
+  const size_t threads = std::clamp<size_t>(std::min<size_t>(static_cast<size_t>(affinity_cpus()), 16), 1,
+                                            std::max<size_t>(1, pages / 4096));  // 16 MiB a thread at least
+  {
+    std::vector<std::jthread> touching;
+    for (size_t t = 0; t < threads; ++t)
+      touching.emplace_back([p, page, first = pages * t / threads, last = pages * (t + 1) / threads] {
+        for (size_t i = first; i < last; ++i) static_cast<volatile char*>(p)[i * page] = 0;
+      });
+  }
+  const cudaError_t e = cudaHostRegister(p, mapped_, cudaHostRegisterDefault);
   if (e != cudaSuccess) {
     cudaGetLastError();  // clear it
-    data_ = nullptr;
+    ::munmap(p, mapped_);
     ST_THROW("could not page-lock ", format_bytes(static_cast<int64_t>(bytes)), " of host memory for ", what, ": ",
              cudaGetErrorString(e), " (the host's free memory or the locked-memory limit, `ulimit -l`)");
   }
+  data_ = p;
 }
 
 PinnedBuffer::~PinnedBuffer() {
-  if (data_ != nullptr) cudaFreeHost(data_);
+  if (data_ == nullptr) return;
+  cudaHostUnregister(data_);
+  ::munmap(data_, mapped_);
 }
 
 BlockingStream::BlockingStream() {

@@ -89,9 +89,12 @@ class Graph {
   void* exec_ = nullptr;
 };
 
-// Page-locked host memory (cudaHostAlloc), freed with the object: copies between it and a
-// GPU run asynchronously on a stream at the bus's full rate (the offloaded shards of
-// fsdp/sharded_store.h live here). Allocation failures name `what` and the size.
+// Page-locked host memory, freed with the object: copies between it and a GPU run
+// asynchronously on a stream at the bus's full rate (the offloaded shards of
+// fsdp/sharded_store.h live here). Its pages are first touched by several threads, then
+// registered with the driver (cudaHostRegister): locking pages the process never touched
+// faults each one in a single thread of the driver, which made a 405B-wide rank's 49 GiB take
+// ~56 s. Allocation failures name `what` and the size.
 class PinnedBuffer {
  public:
   PinnedBuffer(size_t bytes, const char* what);
@@ -104,6 +107,7 @@ class PinnedBuffer {
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
+  size_t mapped_ = 0;  // bytes_ rounded up to whole pages
 };
 
 }  // namespace shardtrain::cuda
