@@ -51,7 +51,7 @@ std::string usage() {
          "                                                   default job on Debian's fortunes corpus)\n"
          "  print-config [CONFIG.toml] [--section.key=value ...]\n"
          "                                                   show every key's effective value and source\n"
-         "  plan [CONFIG.toml] [--ranks N] [--section.key=value ...]\n"
+         "  plan [CONFIG.toml] [--ranks N] [--ranks-per-machine M] [--section.key=value ...]\n"
          "                                                   memory per rank and FLOPs of a job, without\n"
          "                                                   training (N: the launch's world size, else 1)\n"
          "  bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--sweep KEY=V1,V2,...]\n"
@@ -323,15 +323,14 @@ int run_print_config(const std::vector<std::string>& args) {
 
 int run_plan(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
-  int ranks = 0;
+  int ranks = 0, per_machine = 0;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--ranks") {
-      ST_CHECK(i + 1 < args.size(), "plan: --ranks needs a number");
-      const std::string& v = args[++i];
-      ST_CHECK(!v.empty() && v.find_first_not_of("0123456789") == std::string::npos && v.size() < 9,
-               "plan: --ranks takes a positive integer, found `", v, "`");
-      ranks = std::stoi(v);
-      ST_CHECK(ranks >= 1, "plan: --ranks must be at least 1, found ", ranks);
+    if (args[i] == "--ranks" || args[i] == "--ranks-per-machine") {
+      ST_CHECK(i + 1 < args.size(), "plan: ", args[i], " needs a number");
+      const int64_t v = integer_flag(args[i], args[i + 1], "plan");
+      ST_CHECK(v >= 1 && v <= (1 << 20), "plan: ", args[i], " must be in [1, 1048576], found ", v);
+      (args[i] == "--ranks" ? ranks : per_machine) = static_cast<int>(v);
+      ++i;
     } else {
       rest.push_back(args[i]);
     }
@@ -343,12 +342,20 @@ int run_plan(const std::vector<std::string>& args) {
     const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
     ranks = env ? env->world_size : 1;
   }
+  if (per_machine == 0) per_machine = std::min(ranks, std::max(1, dist::local_ranks_from_env()));  // as launched
+  ST_CHECK(per_machine <= ranks, "plan: --ranks-per-machine (", per_machine, ") exceeds the ", ranks, " ranks");
   train::PlanInput in = train::plan_input(job, train::planned_model(job), ranks);
   if (job.training.activation_checkpointing == "auto" && in.gpu) {
     std::fputs(train::describe_auto_checkpointing(in).c_str(), stdout);  // decided at launch, by the GPU
     return 0;
   }
-  std::fputs(train::describe_plan(in, train::plan_memory(in)).c_str(), stdout);
+  const train::MemoryPlan plan = train::plan_memory(in);
+  std::fputs(train::describe_plan(in, plan).c_str(), stdout);
+  if (const int64_t host = plan.host + plan.host_activations + plan.host_checkpoint; host > 0 && per_machine > 1)
+    std::fputs(fmt::format("host memory per machine of {} ranks: {} (this machine has {})\n", per_machine,
+                           format_bytes(host * per_machine), format_bytes(train::host_memory_bytes()))
+                   .c_str(),
+               stdout);
   if (in.offload_activations && in.gpu && job.training.offload_activations_blocks == 0)
     std::fputs(train::describe_auto_offload_blocks(in).c_str(), stdout);
   if (job.parallel.compute_shards == "auto" && in.gpu && ranks == 1 && !in.offload) {

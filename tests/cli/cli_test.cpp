@@ -658,7 +658,16 @@ TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
   EXPECT_NE(r.output.find("estimated peak"), std::string::npos) << r.output;
   const Result bad = run("plan --ranks 0");
   EXPECT_EQ(bad.status, 1);
-  EXPECT_NE(bad.output.find("--ranks must be at least 1"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("plan: --ranks must be in [1, 1048576], found 0"), std::string::npos) << bad.output;
+  // with the state in host memory, the host memory of a machine's ranks adds up
+  const Result off = run("plan --model.hf=" + hf + " --training.seq_len=16 --training.device=cuda "
+                         "--parallel.offload=true --ranks 4 --ranks-per-machine 2");
+  EXPECT_EQ(off.status, 0) << off.output;
+  EXPECT_NE(off.output.find("host memory per machine of 2 ranks: "), std::string::npos) << off.output;
+  const Result too_many = run("plan --ranks 2 --ranks-per-machine 4");
+  EXPECT_EQ(too_many.status, 1);
+  EXPECT_NE(too_many.output.find("plan: --ranks-per-machine (4) exceeds the 2 ranks"), std::string::npos)
+      << too_many.output;
 }
 
 #include <unistd.h>
