@@ -51,26 +51,24 @@ bool Watchdog::fired() const {
 
 std::string Watchdog::timeout_message(const dist::CollectiveActivity& a, const io::WriteActivity& w,
                                       double idle) const {
-  const uint64_t issued = a.issued - issued_before_, written = w.bytes - written_before_;
+  const uint64_t issued = a.issued - issued_before_, written = writes_ ? w.bytes - written_before_ : 0;
   const std::string collectives =
       issued == 0 ? std::string("this rank issued no collective in it")
                   : fmt::format("this rank issued {} collective{} in it, the last ({}) {:.1f} s ago", issued,
                                 issued == 1 ? "" : "s", a.last, a.seconds_ago);
-  const double wrote_ago = w.seconds_ago;
   std::string where;
-  if (writes_ && written > 0 && (issued == 0 || wrote_ago < a.seconds_ago))
+  if (written > 0 && (issued == 0 || w.seconds_ago < a.seconds_ago))
     // its last progress was a write: likelier stuck in its filesystem than waiting for the others
     where = fmt::format("{}, and wrote {} bytes to files, the last {:.1f} s ago, since when it may be stuck in its "
                         "filesystem itself, or wait for another rank, which has then probably failed, hung or been "
                         "stopped",
-                        collectives, written, wrote_ago);
+                        collectives, written, w.seconds_ago);
   else if (issued == 0)
     where = collectives + ": it may be stuck itself, or wait for another rank, which has probably failed, hung or been "
                           "stopped";
   else
-    where = collectives + ", and waits for another rank, which has probably failed, hung or been stopped";
-  if (writes_ && written > 0 && where.find("wrote") == std::string::npos)
-    where += fmt::format(" (it wrote {} bytes to files in it)", written);
+    where = collectives + ", and waits for another rank, which has probably failed, hung or been stopped" +
+            (written > 0 ? fmt::format(" (it wrote {} bytes to files in it)", written) : std::string());
   return fmt::format("watchdog: {} has made no progress for {:.1f} s ({}): {}. Ending the run with exit status {}; "
                      "resume from the last checkpoint with --checkpoint.resume=auto",
                      what_, idle, setting_, where, kTimeoutExit);
