@@ -22,19 +22,12 @@
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
 #include "data/tokenize_file.h"
+#include "io/input_file.h"
 
 namespace {
 
 namespace fs = std::filesystem;
 using namespace shardtrain;
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open `", path, "`");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
 
 // The corpus's non-empty lines as {"text": line} rows, repeated until `bytes`.
 void write_jsonl(const std::string& corpus, const fs::path& out, size_t bytes) {
@@ -64,7 +57,7 @@ int main(int argc, char** argv) {
   const fs::path dir = fs::temp_directory_path() / ("tokenize_file_bench_" + std::to_string(::getpid()));
   fs::create_directories(dir);
   const fs::path jsonl = dir / "corpus.jsonl";
-  write_jsonl(read_file(argv[2]), jsonl, megabytes << 20);
+  write_jsonl(io::InputFile(argv[2]).read_all(), jsonl, megabytes << 20);
   const std::string gzip = "gzip -1 -k -c " + jsonl.string() + " > " + (dir / "corpus.jsonl.gz").string();
   ST_CHECK(std::system(gzip.c_str()) == 0, "`", gzip, "` failed");
   std::printf("%zu MB of JSONL rows from %s, %d threads, the best of %d rounds\n\n", megabytes, argv[2],
@@ -81,7 +74,7 @@ int main(int argc, char** argv) {
         const fs::path out = dir / (std::string(ahead ? "ahead" : "between") + ".tok");
         const data::TokenizeFileStats st = data::tokenize_file(tokenizer, (dir / name).string(), out.string(), o);
         best[ahead] = std::max(best[ahead], st.bytes_per_second() / 1e6);
-        if (round == 0) written[ahead] = read_file(out.string());
+        if (round == 0) written[ahead] = io::InputFile(out.string()).read_all();
       }
     ST_CHECK(written[0] == written[1], name, ": the two settings wrote different token files");
     std::printf("| %s | %.1f MB/s | %.1f MB/s | %.2fx |\n", name, best[0], best[1], best[1] / best[0]);

@@ -17,6 +17,7 @@
 #include "core/error.h"
 #include "data/bpe_tokenizer.h"
 #include "data/tokenize_file.h"
+#include "io/input_file.h"
 
 namespace {
 
@@ -28,14 +29,6 @@ std::string shared_data_dir() {
   return (std::filesystem::path(__FILE__).parent_path() / "../../../shared/data")
       .lexically_normal()
       .string();
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  ST_CHECK(in.good(), "cannot open `", path, "`");
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // The golden cases beside the default tokenizer, when present; throws on any difference.
@@ -100,7 +93,7 @@ int main(int argc, char** argv) {
     if (argc <= 2) validate(tokenizer, shared + "/tokenizer_tests/llama3_golden_edge.jsonl");
     if (argc <= 2) validate(tokenizer, shared + "/tokenizer_tests/llama3_golden_web.jsonl");
 
-    const std::string text = read_file(corpus);
+    const std::string text = shardtrain::io::InputFile(corpus).read_all();
     std::vector<std::string_view> lines;
     for (size_t pos = 0; pos < text.size();) {
       size_t end = text.find('\n', pos);
