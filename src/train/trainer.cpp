@@ -460,6 +460,7 @@ Trainer::~Trainer() {
 }
 
 void Trainer::watch_io(std::string what) {
+  if (!watchdog_) return;
   watchdog_->watch(std::move(what), config_.parallel.timeout_s,
                    fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s), true);
 }
@@ -827,17 +828,15 @@ TrainSummary Trainer::run() {
                               e.batches_done + 1, e.batches, stop_signal_name(stop.signal)));
       }
     }
-    if (watchdog_) {
-      // a save, and the check of one being written while training goes on, are watched too,
-      // with bytes written to files as progress: a rank stuck writing, or gone, would leave the
-      // others in the save's collectives
-      if (checkpoint_now)
-        watch_io(fmt::format("the checkpoint of step {}", step));
-      else if (pending_checkpoint_)
-        watch_io(fmt::format("the check that the checkpoint of step {} is written", checkpoint_step_));
-      else
-        watchdog_->idle();
-    }
+    // a save, and the check of one being written while training goes on, are watched too,
+    // with bytes written to files as progress: a rank stuck writing, or gone, would leave the
+    // others in the save's collectives
+    if (checkpoint_now)
+      watch_io(fmt::format("the checkpoint of step {}", step));
+    else if (pending_checkpoint_)
+      watch_io(fmt::format("the check that the checkpoint of step {} is written", checkpoint_step_));
+    else if (watchdog_)
+      watchdog_->idle();
     std::optional<profile::Region> checkpoint_region;
     if (checkpoint_now) checkpoint_region.emplace("checkpoint");
     if (checkpoint_now) {
@@ -875,7 +874,7 @@ TrainSummary Trainer::run() {
   stop_signals.reset();  // signals from here on (the evaluation, export, sample) end the process
   progress.clear();
   if (pending_checkpoint_) {
-    if (watchdog_) watch_io(fmt::format("the commit of the checkpoint of step {}", checkpoint_step_));
+    watch_io(fmt::format("the commit of the checkpoint of step {}", checkpoint_step_));
     commit_pending_checkpoint();
   }
   if (watchdog_) watchdog_->idle();
@@ -931,7 +930,7 @@ TrainSummary Trainer::run() {
     eo.dtype = parse_dtype(config_.export_.dtype, "export.dtype");
     eo.max_shard_bytes = config_.export_.max_shard_mb * 1000 * 1000;
     eo.tokenizer_source = tokenizer_source();
-    if (watchdog_) watch_io(fmt::format("the export to {}", eo.folder));
+    watch_io(fmt::format("the export to {}", eo.folder));
     export_hf(*store_, model_->config(), *comm_, eo, &mesh_->tensor_parallel());
     log::info(fmt::format("exported a Hugging Face folder to {} ({})", eo.folder, config_.export_.dtype));
   }

@@ -166,7 +166,7 @@ class Trainer {
   // limit (declared last: it polls the communicators)
   std::unique_ptr<Watchdog> watchdog_;
   std::unique_ptr<Watchdog> make_watchdog() const;
-  void watch_io(std::string what);  // watchdog_ on `what`, with bytes written to files as progress too
+  void watch_io(std::string what);  // watchdog_ (if any) on `what`, with bytes written to files as progress too
 };
 
 // The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or
