@@ -23,7 +23,6 @@ using model::Pass;
 
 #ifdef SHARDTRAIN_WITH_CUDA
 struct ShardedUnitStore::Overlap {
-  static constexpr size_t kMaxReductionsInFlight = 2;
   cuda::OwnedStream gather_stream, reduce_stream;
   // Offloaded with the gradients on the GPU: the host update's copies down, after the
   // backward's last write (grads_final), into the staging buffer u % 2 (grad_down[u % 2]).
@@ -188,6 +187,8 @@ void ShardedUnitStore::init(dist::Communicator* shards, dist::Communicator* bloc
   const Device device = device_;
   ST_CHECK(layout.world_size() == comm_->world_size(), "sharded store: layout padded for ", layout.world_size(),
            " ranks but the communicator has ", comm_->world_size());
+  ST_CHECK(options.reductions_in_flight >= 0, "sharded store: reductions_in_flight must be 0 or more, found ",
+           options.reductions_in_flight);
   unsharded_ = true;
   unsynced_.assign(layout.units().size(), false);
   for (size_t u = 0; u < layout.units().size(); ++u) {
@@ -494,7 +495,8 @@ void ShardedUnitStore::reduce(size_t u) {
     ov.reduced[u].record(stream);
     ov.in_flight.push_back({u, st.full_grads});
     while (!ov.in_flight.empty() &&
-           (ov.in_flight.size() > Overlap::kMaxReductionsInFlight || ov.reduced[ov.in_flight.front().unit].done())) {
+           (ov.in_flight.size() > static_cast<size_t>(options_.reductions_in_flight) ||
+            ov.reduced[ov.in_flight.front().unit].done())) {
       // the compute stream must not reuse the buffer before the reduction has read it
       if (!ov.reduced[ov.in_flight.front().unit].done()) ov.compute_waits_for(ov.reduced[ov.in_flight.front().unit]);
       ov.in_flight.pop_front();

@@ -56,6 +56,12 @@ struct ShardingOptions {
   // The host update (run_host_update) copies each unit's gradient shard down into one of two
   // page-locked buffers just before it updates that unit.
   bool offload_grads = true;
+  // GPUs: how many units' full gradients may still be in their reduce-scatter while the
+  // backward goes on with the next unit (each holds a whole unit's gradient in grad_dtype).
+  // The compute stream waits for the oldest reduction when one more would be in flight:
+  // 1 is a double buffer (one reducing, one being written), 2 rides out one slow reduction,
+  // 0 waits for every reduction before the next unit's backward (no overlap, least memory).
+  int reductions_in_flight = 2;
 };
 
 class ShardedUnitStore final : public model::UnitStore {

@@ -161,7 +161,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
     kept += tokens * per_token_full_recomputed - mlp_inner_recomputed;
   // (under tensor parallelism dy is gathered to every row, dx stays a rank's rows)
   const int64_t temporaries = piece > 0 ? tokens * cb * 3 * D + piece * cb * 4 * F : tokens * cb * (F + 2 * D);
-  const int64_t block_grads = grads_aliased ? 0 : 3 * 4 * block_numel;
+  // the block being written and those still reducing (the CPU reduces each at once)
+  const int64_t grads_alive = in.gpu ? 1 + in.reductions_in_flight : 1;
+  const int64_t block_grads = grads_aliased ? 0 : grads_alive * 4 * block_numel;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
   p.in_backward = kept + temporaries + block_grads + blocks;
   // The block backward's other peak, at the attention backward (selective and full
@@ -383,6 +385,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.compute_shards = job.parallel.compute_shards == "on";
   in.offload = job.parallel.offload;
   in.offload_grads = job.parallel.offload_gradients;
+  in.reductions_in_flight = static_cast<int>(job.parallel.reductions_in_flight);
   in.offload_activations = job.training.offload_activations;
   in.offload_activation_blocks = job.training.offload_activations_blocks;
   in.checkpoints = job.checkpoint.interval_steps > 0;

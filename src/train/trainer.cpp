@@ -337,6 +337,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     so.reduce_dtype = DType::kBF16;
   }
   so.reshard_after_forward = config_.parallel.reshard_after_forward;
+  so.reductions_in_flight = static_cast<int>(config_.parallel.reductions_in_flight);
   so.keep_last_block_gathered = config_.parallel.keep_last_block_gathered;
   if (config_.parallel.offload) {
     ST_CHECK(device_.is_cuda(), "`parallel.offload` = true moves each rank's shards and AdamW state from its GPU to "

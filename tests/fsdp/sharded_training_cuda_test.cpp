@@ -263,6 +263,48 @@ TEST(ShardedTrainingCuda, TwoGpusFollowOneGpu) {
   EXPECT_LT(a.loss.back(), a.loss.front() - 1.0) << "the run should learn";
 }
 
+// parallel.reductions_in_flight changes only when the backward waits for a reduce-scatter, not
+// what is computed: with the deterministic attention backward, runs that wait for every
+// reduction (0), double-buffer (1) and keep two in flight (the default) give the same losses
+// and gradient norms bit for bit, and waiting for each reduction never needs more memory.
+TEST(ShardedTrainingCuda, ReductionsInFlightChangeNoBit) {
+  const int gpus = cuda::device_count();
+  if (gpus < 2) GTEST_SKIP() << "needs 2 GPUs, found " << gpus;
+  const std::string corpus = write_corpus();
+  std::vector<Curve> curves;
+  std::vector<double> peaks;
+  for (const char* n : {"2", "1", "0"}) {
+    const fs::path out = scratch() / (std::string("in_flight_") + n);
+    fs::create_directories(out);
+    std::vector<std::string> args = job(corpus, 4, out);
+    args.insert(args.end(), {"--training.deterministic=true", "--training.activation_checkpointing=full",
+                             "--training.steps=12", std::string("--parallel.reductions_in_flight=") + n});
+    const std::vector<int> st = launch(2, args, out);
+    ASSERT_EQ(st[0], 0) << read_file(out / "rank0.log");
+    ASSERT_EQ(st[1], 0) << read_file(out / "rank1.log");
+    curves.push_back(read_metrics(out / "metrics.jsonl"));
+    double peak = 0;
+    std::ifstream f(out / "metrics.jsonl");
+    for (std::string line; std::getline(f, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("peak_device_bytes")) peak = std::max(peak, j["peak_device_bytes"].get<double>());
+    }
+    peaks.push_back(peak);
+  }
+  std::printf("peak device bytes with 2, 1, 0 reductions in flight: %.0f, %.0f, %.0f\n", peaks[0], peaks[1], peaks[2]);
+  ASSERT_EQ(curves[0].loss.size(), 12u);
+  for (size_t k = 1; k < curves.size(); ++k) {
+    ASSERT_EQ(curves[k].loss.size(), curves[0].loss.size());
+    for (size_t i = 0; i < curves[0].loss.size(); ++i) {
+      EXPECT_EQ(curves[k].loss[i], curves[0].loss[i]) << "run " << k << " step " << i + 1;
+      EXPECT_EQ(curves[k].grad_norm[i], curves[0].grad_norm[i]) << "run " << k << " step " << i + 1;
+    }
+  }
+  EXPECT_GT(peaks[2], 0);
+  EXPECT_LE(peaks[2], peaks[0]);
+  EXPECT_LE(peaks[1], peaks[0]);
+}
+
 // A tensor-parallel group of 2 GPUs (each holding half of every block's heads and FFN columns
 // and half of each batch's token rows) follows one GPU with the same batch; it exports a
 // Hugging Face folder of whole tensors and samples over the KV cache of its half of the heads.

@@ -317,6 +317,39 @@ TEST(Plan, OffloadWithTheGradientsOnTheGpu) {
   EXPECT_EQ(plan_memory(in).compute_shards, 2 * kept.shard_elements);
 }
 
+// parallel.reductions_in_flight: each block gradient still reducing beside the backward holds a
+// whole block's f32 gradient on the GPU; the CPU reduces each at once. The 405B's width at 64
+// ranks, where a block's gradient is 12 GiB.
+TEST(Plan, EachReductionInFlightHoldsOneBlockGradient) {
+  PlanInput in;
+  in.model = testing::llama31_405b();
+  in.world_size = 64;
+  in.micro_batch = 1;
+  in.seq_len = 4096;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  in.offload = true;
+  const model::ModelLayout layout = model::ModelLayout::llama(in.model, in.world_size);
+  int64_t block = 0;
+  for (const model::UnitLayout& u : layout.units())
+    if (u.name.rfind("layers.", 0) == 0) block = std::max(block, u.numel);
+  ASSERT_GT(block, int64_t{3000000000});  // 3.19e9 parameters a block
+  std::vector<MemoryPlan> plans;
+  for (int n : {0, 1, 2, 3}) {
+    in.reductions_in_flight = n;
+    plans.push_back(plan_memory(in));
+  }
+  for (int n = 1; n <= 3; ++n) {
+    EXPECT_EQ(plans[n].in_backward - plans[n - 1].in_backward, 4 * block) << n;
+    EXPECT_EQ(plans[n].peak - plans[n - 1].peak, 4 * block) << n << ": the block backward is the peak";
+  }
+  in.gpu = false;  // the CPU's reductions are synchronous: the knob changes nothing
+  in.offload = false;
+  in.reductions_in_flight = 0;
+  const MemoryPlan cpu0 = plan_memory(in);
+  in.reductions_in_flight = 3;
+  EXPECT_EQ(plan_memory(in).peak, cpu0.peak);
+}
+
 // The trainer refuses a plan whose host memory exceeds the machine's, naming what takes it and
 // the keys that lower it: the 8B on one GPU against a 125 GiB host.
 TEST(Plan, HostMemoryProblemNamesTheKeysThatHelp) {
