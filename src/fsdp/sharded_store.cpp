@@ -147,6 +147,8 @@ void ShardedUnitStore::wait_for_host_update() const {
   }
 }
 
+bool ShardedUnitStore::host_update_in_flight() const { return host_update_ && host_update_->worker.joinable(); }
+
 void ShardedUnitStore::wait_for_unit_update(size_t u) const {
   if (!host_update_) return;
   HostUpdate& h = *host_update_;

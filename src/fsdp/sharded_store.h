@@ -152,6 +152,8 @@ class ShardedUnitStore final : public model::UnitStore {
   using UnitDone = std::function<void(size_t unit)>;
   void run_host_update(std::function<void(const UnitDone& done)> update);
   void wait_for_host_update() const;
+  // An update started by run_host_update that wait_for_host_update has not yet waited for.
+  bool host_update_in_flight() const;
 
   // This rank's slice [shard_numel] of unit u: master weights and accumulated gradient.
   // Taking the master shards for writing marks the compute shards (if any) out of date: they

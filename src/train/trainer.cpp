@@ -550,6 +550,17 @@ TrainSummary Trainer::run() {
   }
   const fsdp::ShardedUnitStore::OptimizerTargets targets_of_step = store_->optimizer_targets();
   const std::vector<const Tensor*>& cgrads = targets_of_step.grads;
+  // An offloaded step's host update reads these targets on its own thread beside the next
+  // step: however this function ends, the update is over before they go.
+  struct HostUpdateFinisher {
+    const fsdp::ShardedUnitStore& store;
+    ~HostUpdateFinisher() {
+      try {
+        store.wait_for_host_update();
+      } catch (...) {  // only when leaving by another error; the normal end waits below and rethrows
+      }
+    }
+  } finish_host_update{*store_};
   const int64_t world = comm_->world_size(), rank = comm_->rank();
   // the batch is split over the data-parallel ranks; a tensor-parallel group shares its rows
   const int64_t dp = mesh_->shape().data_parallel, dp_rank = mesh_->dp_rank();
@@ -873,6 +884,7 @@ TrainSummary Trainer::run() {
     progress.update(step, r.loss, tokens_per_step / seconds_per_step, eta);
   }
   stop_signals.reset();  // signals from here on (the evaluation, export, sample) end the process
+  store_->wait_for_host_update();  // the last step's, where nothing after it waited (a bench run)
   progress.clear();
   if (pending_checkpoint_) {
     watch_io(fmt::format("the commit of the checkpoint of step {}", checkpoint_step_));

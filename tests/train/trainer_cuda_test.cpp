@@ -187,6 +187,24 @@ TEST(TrainerCuda, OffloadFollowsTheResidentRunAndResumes) {
   expect_resume_repeats_the_run(job(corpus, "cuda", "--parallel.offload=true"), "shardtrain_cuda_offload_ckpt");
 }
 
+// A bench run evaluates nothing at its end, so nothing in its last step waited for that step's
+// host update: run() must, since the update reads the run's own state (it did not, and the
+// update could outlive that state: `shardtrain bench` with parallel.offload crashed on its way
+// out, now and then). Both placements of the gradient shards.
+TEST(TrainerCuda, OffloadedBenchRunReturnsWithItsHostUpdateDone) {
+  ST_REQUIRE_CUDA();
+  const std::string corpus = write_corpus();
+  for (const char* grads_on_host : {"true", "false"}) {
+    JobConfig c = job(corpus, "cuda", "--parallel.offload=true");
+    c.parallel.offload_gradients = std::string(grads_on_host) == "true";
+    c.training.steps = 3;
+    Trainer t(c, nullptr, BenchMode{1});
+    const TrainSummary s = t.run();
+    ASSERT_EQ(s.steps.size(), 3u) << grads_on_host;
+    EXPECT_FALSE(t.store().host_update_in_flight()) << "parallel.offload_gradients = " << grads_on_host;
+  }
+}
+
 // parallel.offload with parallel.offload_gradients = false (the gradient shards on the GPU, the
 // host holding master weights and AdamW state only): through the trainer, the fully offloaded
 // run's losses bit for bit (the same arithmetic: tests/fsdp/offload_cuda_test.cpp) with the
