@@ -59,9 +59,10 @@ struct ShardingOptions {
   // GPUs: how many units' full gradients may still be in their reduce-scatter while the
   // backward goes on with the next unit (each holds a whole unit's gradient in grad_dtype).
   // The compute stream waits for the oldest reduction when one more would be in flight:
-  // 1 is a double buffer (one reducing, one being written), 2 rides out one slow reduction,
-  // 0 waits for every reduction before the next unit's backward (no overlap, least memory).
-  int reductions_in_flight = 2;
+  // 1 is a double buffer (one reducing while the next is written), 2 rides out one reduction
+  // slower than a unit's backward, 0 waits for every reduction before the next unit's backward
+  // (no overlap, least memory).
+  int reductions_in_flight = 1;
 };
 
 class ShardedUnitStore final : public model::UnitStore {

@@ -110,7 +110,7 @@ struct ParallelSection {
   bool offload = false;
   bool offload_gradients = true;  // with offload: false keeps the gradient shards on the GPU
   std::string reduce_dtype = "f32";
-  int64_t reductions_in_flight = 2;  // GPUs: units' full gradients still reducing beside the backward
+  int64_t reductions_in_flight = 1;  // GPUs: units' full gradients still reducing beside the backward
   std::string hf_load = "ranges";
   double init_timeout_s = 300;
   double timeout_s = 600;  // a step or evaluation batch of several ranks; 0: none

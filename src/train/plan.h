@@ -29,7 +29,7 @@ struct PlanInput {
   bool compute_shards = false;        // parallel.compute_shards in effect (GPU: bf16 copies of the shards)
   bool offload = false;               // parallel.offload (GPU): the shards and AdamW state in host memory
   bool offload_grads = true;          // parallel.offload_gradients: with offload, the gradient shards too
-  int reductions_in_flight = 2;       // parallel.reductions_in_flight: block gradients still reducing
+  int reductions_in_flight = 1;       // parallel.reductions_in_flight: block gradients still reducing
   bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
   int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
   bool checkpoints = false;           // checkpoint.interval_steps > 0
