@@ -160,6 +160,11 @@ ScopedTimer::~ScopedTimer() {
   t.cost.bytes += cost_.bytes;
 }
 
+void reset_totals() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  totals().clear();
+}
+
 std::string report_and_reset() {
   std::lock_guard<std::mutex> lock(g_mutex);
   std::vector<std::pair<std::string, Total>> rows(totals().begin(), totals().end());

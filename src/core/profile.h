@@ -83,5 +83,9 @@ std::string write_trace(const std::string& path, int rank);
 // from the ops' costs the achieved TFLOP/s and GB/s and the roofline's share of the time
 // (max(FLOPs / peak, bytes / bandwidth) over the measured time: 100 % is the hardware limit).
 std::string report_and_reset();
+// Clears the totals without a report: the trainer drops what the untimed first steps (plans,
+// GEMM algorithm timing, warm-up) spent, so the table covers the steps its figures cover. The
+// trace keeps every event.
+void reset_totals();
 
 }  // namespace shardtrain::profile

@@ -655,6 +655,7 @@ TrainSummary Trainer::run() {
   const int64_t timed_from = first_step + (bench_ ? bench_->warmup_steps : 1);
   TimedSteps& timed = summary.timed;
   for (int64_t step = first_step; step <= tc.steps; ++step) {
+    if (step == timed_from && profile::enabled()) profile::reset_totals();  // the per-op table covers the timed steps
     std::optional<profile::Region> step_region(std::in_place, "step", step);  // the step's own work
     if (watchdog_) {
       // the first step of a launch also plans, times GEMM algorithms and fills caches
@@ -932,8 +933,10 @@ TrainSummary Trainer::run() {
               "optimizer) in " + profile::write_trace(profile::trace_path(), comm_->rank()) +
               " (open it in ui.perfetto.dev)");
   if (profile::enabled() && comm_->rank() == 0)
-    log::info("per-op time over the run (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
-              "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n" +
+    log::info(fmt::format("per-op time {} (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
+                          "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n",
+                          timed.steps > 0 ? fmt::format("from step {} on, as the run's figures", timed_from)
+                                          : std::string("over the run")) +
               profile::report_and_reset());
   if (tc.steps == 0 && !bench_) report_eval(0, nullptr);
   if (summary.stopped_by_signal != 0 || summary.stopped_by_time_limit) return summary;  // saved; the export and sample wait for the end

@@ -66,6 +66,20 @@ TEST(Profile, ReportsRatesAndTheRooflineShareFromTheStatedCost) {
 // SHARDTRAIN_PROFILE_TRACE: each timed op and region becomes a complete event of the Chrome
 // trace format, ops inside the regions around them, with their rates; a rank's file is named
 // apart; nested timers that the totals leave out are left out of the trace too.
+// reset_totals() drops what was timed so far (the trainer's untimed first steps): the next
+// report holds only what came after it.
+TEST(Profile, ResetTotalsLeavesOnlyWhatComesAfter) {
+  ::setenv("SHARDTRAIN_PROFILE", "1", 1);
+  ASSERT_TRUE(enabled());
+  report_and_reset();
+  { ScopedTimer before("op_before_reset", Device::cpu(), {1e6, 1e6}); }
+  reset_totals();
+  { ScopedTimer after("op_after_reset", Device::cpu(), {1e6, 1e6}); }
+  const std::string report = report_and_reset();
+  EXPECT_EQ(report.find("op_before_reset"), std::string::npos) << report;
+  EXPECT_NE(report.find("| op_after_reset | 1 |"), std::string::npos) << report;
+}
+
 TEST(Profile, TheTraceHoldsOpsInsideTheirRegions) {
   ASSERT_TRUE(g_trace_set);
   ASSERT_EQ(trace_path(), trace_file());
