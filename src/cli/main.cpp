@@ -4,11 +4,13 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "core/crash_report.h"
 #include "core/error.h"
 #include "train/config.h"
 
 int main(int argc, char** argv) {
   using namespace shardtrain;
+  crash_report::install("shardtrain");
   const std::vector<std::string> all(argv + 1, argv + argc);
   const std::string command = all.empty() ? "help" : all[0];
   const std::vector<std::string> rest(all.begin() + (all.empty() ? 0 : 1), all.end());

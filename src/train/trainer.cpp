@@ -17,6 +17,7 @@
 
 #include "core/allocator.h"
 #include "core/build_info.h"
+#include "core/crash_report.h"
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/device.h"
 #endif
@@ -254,7 +255,10 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     }
     comm_ = owned_comm_.get();
   }
-  if (comm_->world_size() > 1) log::set_rank(comm_->rank(), false);
+  if (comm_->world_size() > 1) {
+    log::set_rank(comm_->rank(), false);
+    crash_report::set_rank(comm_->rank());
+  }
   phases.done("communicator");
   {
     const int world = comm_->world_size(), tp = static_cast<int>(config_.parallel.tensor_parallel);

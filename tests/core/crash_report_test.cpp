@@ -1,0 +1,62 @@
+// The fatal-signal report: a fault in a process that installed it prints the signal, the
+// address, the rank, the build and a stack of named frames on stderr, and the process still
+// dies of the signal itself (the exit status and core files stay what they were).
+#include "core/crash_report.h"
+
+#include <signal.h>
+
+#include <string>
+#include <string_view>
+
+#include <gtest/gtest.h>
+
+#include "core/build_info.h"
+
+namespace shardtrain::crash_report {
+namespace {
+
+// Not inlined into the death test's statement, so that the stack shows a frame of this file.
+[[gnu::noinline]] void write_through(volatile int* p) { *p = 7; }
+
+// `text` matched literally by a death test's extended regular expression.
+std::string literally(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) out += '\\';
+    out += c;
+  }
+  return out;
+}
+
+TEST(CrashReportDeathTest, AFaultIsReportedAndTheProcessStillDiesOfIt) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer reports faults itself; the report is not installed under it";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  const std::string expected = std::string("crash_report_test: fatal signal SIGSEGV \\(invalid memory access\\) at ") +
+                               "address 0x0 on rank 3 \\(process [0-9]+, build " + literally(build_commit()) +
+                               "\\).*Stack.*\\[0x[0-9a-f]+\\]";
+  EXPECT_EXIT(
+      {
+        install("crash_report_test");
+        set_rank(3);
+        write_through(nullptr);
+      },
+      testing::KilledBySignal(SIGSEGV), expected);
+}
+
+TEST(CrashReportDeathTest, AnAbortIsReportedWithoutAnAddress) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "not installed under AddressSanitizer";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        install("crash_report_test");
+        ::raise(SIGABRT);
+      },
+      testing::KilledBySignal(SIGABRT), "crash_report_test: fatal signal SIGABRT \\(aborted\\) \\(process");
+}
+
+}  // namespace
+}  // namespace shardtrain::crash_report
