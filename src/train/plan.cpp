@@ -164,6 +164,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // the block being written and those still reducing (the CPU reduces each at once)
   const int64_t grads_alive = in.gpu ? 1 + in.reductions_in_flight : 1;
   const int64_t block_grads = grads_aliased ? 0 : grads_alive * 4 * block_numel;
+  p.block_grads = block_grads;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
   p.in_backward = kept + temporaries + block_grads + blocks;
   // The block backward's other peak, at the attention backward (selective and full
@@ -249,6 +250,10 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   if (p.unit_grads_at_loss > 0) s += row("  head gradient before its reduce-scatter", p.unit_grads_at_loss);
   s += row("  logit chunk (logits, then their gradient)", p.loss_chunk);
   s += row("inside a block's backward (all but the shards)", p.in_backward);
+  if (p.block_grads > 0)
+    s += row(in.gpu ? fmt::format("  of it f32 block gradients, 1 + {} reducing", in.reductions_in_flight)
+                    : std::string("  of it the block's f32 gradient"),
+             p.block_grads);
   s += row(p.host > 0 ? "estimated GPU peak" : "estimated peak", p.peak);
   s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,
                    p.flops_per_token * static_cast<double>(p.tokens_per_micro_batch));

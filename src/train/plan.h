@@ -68,6 +68,9 @@ struct MemoryPlan {
   int64_t loss_chunk = 0;            // one chunk's logits (overwritten by their gradient)
   int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state (the larger of two)
   int64_t in_attention_backward = 0; // at the attention backward (selective and full checkpointing)
+  // Of in_backward: whole f32 block gradients on the GPU, the one being written and those still
+  // in their reduce-scatter (parallel.reductions_in_flight; none where the backward writes the shards).
+  int64_t block_grads = 0;
   int64_t peak = 0;
   int64_t loss_chunk_tokens = 0;
   // Token rows per MLP piece in the block's backward (selective and full checkpointing);

@@ -338,6 +338,10 @@ TEST(Plan, EachReductionInFlightHoldsOneBlockGradient) {
     in.reductions_in_flight = n;
     plans.push_back(plan_memory(in));
   }
+  for (int n = 0; n <= 3; ++n) EXPECT_EQ(plans[n].block_grads, (1 + n) * 4 * block) << n;
+  in.reductions_in_flight = 1;
+  EXPECT_NE(describe_plan(in, plans[1]).find("of it f32 block gradients, 1 + 1 reducing"), std::string::npos)
+      << describe_plan(in, plans[1]);
   for (int n = 1; n <= 3; ++n) {
     EXPECT_EQ(plans[n].in_backward - plans[n - 1].in_backward, 4 * block) << n;
     EXPECT_EQ(plans[n].peak - plans[n - 1].peak, 4 * block) << n << ": the block backward is the peak";
