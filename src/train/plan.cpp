@@ -337,9 +337,10 @@ OffloadBlocksChoice choose_offload_blocks(PlanInput in, int64_t device_bytes) {
 std::string describe_auto_offload_blocks(const PlanInput& in) {
   std::string s = "training.offload_activations_blocks = auto: at launch, the fewest blocks whose offload fits the "
                   "GPU with 2 GiB and 3 % to spare:\n";
-  for (const int64_t gib : {24, 40, 80, 94, 141}) {
-    const OffloadBlocksChoice c = choose_offload_blocks(in, gib << 30);
-    s += fmt::format("  a {:>3} GiB GPU: ", gib);
+  // an 80 GB H100 as CUDA reports it, 79.18 GiB, where the trainer decides
+  for (const double gib : {24.0, 40.0, 79.18, 94.0, 141.0}) {
+    const OffloadBlocksChoice c = choose_offload_blocks(in, static_cast<int64_t>(gib * (1 << 30)));
+    s += gib == 79.18 ? std::string("  an 80 GB H100 (79.18 GiB): ") : fmt::format("  a {:>3.0f} GiB GPU: ", gib);
     if (!c.fits)
       s += fmt::format("does not fit even with {} blocks offloaded (peak {})\n", c.blocks, format_bytes(c.plan.peak));
     else if (c.blocks == 0)

@@ -424,7 +424,8 @@ TEST(Plan, AutoOffloadBlocksTakeTheFewestThatFit) {
   EXPECT_FALSE(small.fits);
   EXPECT_EQ(small.blocks, 30);
   const std::string text = describe_auto_offload_blocks(in);
-  EXPECT_NE(text.find("a  80 GiB GPU: " + std::to_string(c.blocks) + " of 32 blocks"), std::string::npos) << text;
+  EXPECT_NE(text.find("an 80 GB H100 (79.18 GiB): " + std::to_string(c.blocks) + " of 32 blocks"), std::string::npos)
+      << text;
   EXPECT_NE(text.find("a 141 GiB GPU: none"), std::string::npos) << text;
   EXPECT_NE(text.find("a  24 GiB GPU: does not fit"), std::string::npos) << text;
 }
@@ -533,6 +534,30 @@ TEST(Plan, ShippedMultiNodeJobsFitAndSayWhatThePlanGives) {
     EXPECT_NEAR(gpu, std::stod(said[1]), 0.051) << path << " says " << said[1] << " GiB per GPU";
     EXPECT_NEAR(host, std::stod(said[2]), 0.051) << path << " says " << said[2] << " GiB of host memory per rank";
     EXPECT_LE(p.peak + checkpointing_reserve(p.peak), static_cast<int64_t>(79.18 * gib)) << path;
+    if (std::string(j.file) != "llama3.1-405b-64gpus.toml") continue;
+    // the 405B job's other settings, as its header gives them: smaller hosts, and 8192-token
+    // sequences
+    ASSERT_TRUE(std::regex_search(header, said, std::regex(R"(offload_activations = true then sends ([0-9]+) of the )"
+                                                           R"(126\n# blocks' activations to the host to fit the GPU )"
+                                                           R"(\(planned: ([0-9.]+) GiB per GPU, ([0-9.]+) GiB per rank)")))
+        << path << " does not give its smaller-host plan";
+    JobConfig small_host = job;
+    small_host.parallel.offload_gradients = false;
+    small_host.training.offload_activations = true;
+    const OffloadBlocksChoice c =
+        choose_offload_blocks(plan_input(small_host, j.model, j.ranks), static_cast<int64_t>(79.18 * gib));
+    EXPECT_TRUE(c.fits);
+    EXPECT_EQ(c.blocks, std::stoll(said[1])) << path << " says " << said[1] << " blocks";
+    EXPECT_NEAR(static_cast<double>(c.plan.peak) / gib, std::stod(said[2]), 0.051) << path;
+    EXPECT_NEAR(static_cast<double>(c.plan.host + c.plan.host_activations) / gib, std::stod(said[3]), 0.051) << path;
+    ASSERT_TRUE(std::regex_search(header, said, std::regex(R"(Sequences of 8192 tokens fit as they are \(planned: )"
+                                                           R"(([0-9.]+) GiB per GPU\))")))
+        << path << " does not give its 8192-token plan";
+    JobConfig long_seq = job;
+    long_seq.training.seq_len = 8192;
+    const MemoryPlan q = plan_memory(plan_input(long_seq, j.model, j.ranks));
+    EXPECT_NEAR(static_cast<double>(q.peak) / gib, std::stod(said[1]), 0.051) << path;
+    EXPECT_LE(q.peak + checkpointing_reserve(q.peak), static_cast<int64_t>(79.18 * gib)) << path;
   }
 }
 
