@@ -92,11 +92,18 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
   if (!g_reporting.exchange(true)) {
     Line head;
     head.add("\n").add(g_program).add(": fatal signal ").add(signal_name(sig));
-    if (sig != SIGABRT && info != nullptr) head.add(" at address ").add_hex(reinterpret_cast<uintptr_t>(info->si_addr));
+    // si_code <= 0: sent by kill, raise or abort (si_pid the sender), not a fault (si_addr)
+    const bool sent = info != nullptr && info->si_code <= 0;
+    const bool sent_by_another = sent && info->si_pid != ::getpid();
+    if (sent_by_another) head.add(" sent by process ").add_int(info->si_pid);
+    if (!sent && info != nullptr) head.add(" at address ").add_hex(reinterpret_cast<uintptr_t>(info->si_addr));
     const int rank = g_rank.load();
     if (rank >= 0) head.add(" on rank ").add_int(rank);
     head.add(" (process ").add_int(::getpid()).add(", build ").add(g_commit).add(")\n");
-    head.add("This is a bug in ").add(g_program).add(" or in a library it called; please report it with this text.\n");
+    if (sent_by_another)
+      head.add("Another process ended this one; where it stood:\n");
+    else
+      head.add("This is a bug in ").add(g_program).add(" or in a library it called; please report it with this text.\n");
     head.add("Stack, innermost first (c++filt reads the names; addr2line -f -C -e BINARY OFFSET names a frame shown as binary(+OFFSET)):\n");
     head.write_to(STDERR_FILENO);
     void* frames[kMaxFrames];

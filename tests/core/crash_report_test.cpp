@@ -4,6 +4,7 @@
 #include "core/crash_report.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <string>
 #include <string_view>
@@ -56,6 +57,28 @@ TEST(CrashReportDeathTest, AnAbortIsReportedWithoutAnAddress) {
         ::raise(SIGABRT);
       },
       testing::KilledBySignal(SIGABRT), "crash_report_test: fatal signal SIGABRT \\(aborted\\) \\(process");
+}
+
+// A fatal signal another process sends is no fault here: the report names the sender, and no
+// address.
+TEST(CrashReportDeathTest, ASignalSentByAnotherProcessNamesTheSender) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "not installed under AddressSanitizer";
+#endif
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        install("crash_report_test");
+        const pid_t target = ::getpid();
+        if (::fork() == 0) {
+          ::kill(target, SIGSEGV);
+          ::_exit(0);
+        }
+        for (;;) ::pause();
+      },
+      testing::KilledBySignal(SIGSEGV),
+      "crash_report_test: fatal signal SIGSEGV \\(invalid memory access\\) sent by process [0-9]+ \\(process "
+      "[0-9]+, build [^)]*\\)\nAnother process ended this one");
 }
 
 }  // namespace
