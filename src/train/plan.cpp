@@ -354,6 +354,20 @@ std::string describe_auto_offload_blocks(const PlanInput& in) {
   return s;
 }
 
+std::string gpu_memory_advice(const PlanInput& in) {
+  std::string s = "lower training.batch_size or training.seq_len, or add ranks";
+  if (in.gpu && in.reductions_in_flight > 0) {
+    PlanInput waiting = in;
+    waiting.reductions_in_flight = 0;
+    const int64_t saved = plan_memory(in).peak - plan_memory(waiting).peak;
+    if (saved > 0)
+      s += fmt::format(", or set parallel.reductions_in_flight = 0 ({} less; the backward then waits for each "
+                       "block's reduce-scatter)",
+                       format_bytes(saved));
+  }
+  return s;
+}
+
 std::string describe_auto_checkpointing(PlanInput in) {
   std::string s = fmt::format("model: {}\nmicro-batch per rank: {} x {} tokens on {} GPU rank(s)\n", in.model.summary(),
                               in.micro_batch, in.seq_len, in.world_size);

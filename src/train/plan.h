@@ -133,6 +133,11 @@ int64_t host_memory_bytes();
 // that lower it; empty otherwise.
 std::string host_memory_problem(const PlanInput& in, const MemoryPlan& plan, int64_t host_bytes);
 
+// What lowers the planned GPU peak of `in`, for a warning that it does not fit: the batch, the
+// sequence, more ranks, and, where waiting for each block's reduce-scatter would lower the peak
+// itself, parallel.reductions_in_flight = 0 with the bytes it saves.
+std::string gpu_memory_advice(const PlanInput& in);
+
 // For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.
 std::string describe_auto_checkpointing(PlanInput in);
 

@@ -67,8 +67,10 @@ model::ActivationCheckpointing Trainer::checkpointing() const {
   if (c.fits) {
     log::info(line);
   } else {
+    PlanInput full = launch_plan_input();
+    full.checkpointing = c.checkpointing;
     log::warn(line + "; even full checkpointing is planned above the GPU's memory less 2 GiB and 3 %: expect an "
-                     "out-of-memory error, or lower training.batch_size or training.seq_len, or add ranks");
+                     "out-of-memory error, or " + gpu_memory_advice(full));
   }
   return c.checkpointing;
 }
@@ -112,7 +114,7 @@ int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkp
     log::info(line);
   } else {
     log::warn(line + "; even then the plan is above the GPU's memory less 2 GiB and 3 %: expect an out-of-memory "
-                     "error, or lower training.batch_size or training.seq_len, or add ranks");
+                     "error, or " + gpu_memory_advice(with_offloaded_blocks(in, c.blocks)));
   }
   return c.blocks;
 }

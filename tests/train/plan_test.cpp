@@ -346,6 +346,20 @@ TEST(Plan, EachReductionInFlightHoldsOneBlockGradient) {
     EXPECT_EQ(plans[n].in_backward - plans[n - 1].in_backward, 4 * block) << n;
     EXPECT_EQ(plans[n].peak - plans[n - 1].peak, 4 * block) << n << ": the block backward is the peak";
   }
+  // a plan that does not fit names the knob with what it saves, where the block backward is the peak
+  in.reductions_in_flight = 2;
+  const std::string advice = gpu_memory_advice(in);
+  EXPECT_NE(advice.find("parallel.reductions_in_flight = 0 (" + format_bytes(plans[2].peak - plans[0].peak) + " less"),
+            std::string::npos)
+      << advice;
+  in.reductions_in_flight = 0;
+  EXPECT_EQ(gpu_memory_advice(in).find("reductions_in_flight"), std::string::npos) << "already 0";
+  PlanInput one_gpu = in;  // one GPU, resident: the backward writes the shards, nothing reduces
+  one_gpu.world_size = 1;
+  one_gpu.offload = false;
+  one_gpu.model = llama_1b();
+  one_gpu.reductions_in_flight = 2;
+  EXPECT_EQ(gpu_memory_advice(one_gpu).find("reductions_in_flight"), std::string::npos);
   in.gpu = false;  // the CPU's reductions are synchronous: the knob changes nothing
   in.offload = false;
   in.reductions_in_flight = 0;
