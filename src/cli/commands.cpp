@@ -351,6 +351,16 @@ int run_plan(const std::vector<std::string>& args) {
   }
   const train::MemoryPlan plan = train::plan_memory(in);
   std::fputs(train::describe_plan(in, plan).c_str(), stdout);
+  if (in.gpu) {
+    // the trainer's own margin for its automatic choices; an 80 GB H100 as CUDA counts it
+    const int64_t needs = plan.peak + train::checkpointing_reserve(plan.peak);
+    const int64_t h100 = static_cast<int64_t>(79.18 * (1 << 30));
+    std::fputs(fmt::format("needs a GPU of at least {} (the peak, 2 GiB and 3 % to spare){}\n", format_bytes(needs),
+                           needs > h100 ? "; more than an 80 GB H100 holds (79.18 GiB): " + train::gpu_memory_advice(in)
+                                        : std::string())
+                   .c_str(),
+               stdout);
+  }
   if (const int64_t host = plan.host + plan.host_activations + plan.host_checkpoint; host > 0 && per_machine > 1)
     std::fputs(fmt::format("host memory per machine of {} ranks: {} (this machine has {})\n", per_machine,
                            format_bytes(host * per_machine), format_bytes(train::host_memory_bytes()))

@@ -356,14 +356,29 @@ std::string describe_auto_offload_blocks(const PlanInput& in) {
 
 std::string gpu_memory_advice(const PlanInput& in) {
   std::string s = "lower training.batch_size or training.seq_len, or add ranks";
-  if (in.gpu && in.reductions_in_flight > 0) {
+  if (!in.gpu) return s;
+  const int64_t peak = plan_memory(in).peak;
+  // each key on its own, with what it takes off the peak (listed where it lowers it)
+  auto offer = [&](PlanInput changed, const std::string& what) {
+    const int64_t saved = peak - plan_memory(changed).peak;
+    if (saved > 0) s += fmt::format(", or {} ({} less)", what, format_bytes(saved));
+  };
+  if (in.checkpointing != model::ActivationCheckpointing::kFull) {
+    PlanInput full = in;
+    full.checkpointing = model::ActivationCheckpointing::kFull;
+    offer(full, "training.activation_checkpointing = \"full\"");
+  }
+  if (!in.offload_activations)
+    offer(with_offloaded_blocks(in, in.model.n_layers), "training.offload_activations = true");
+  if (!in.offload) {
+    PlanInput off = in;
+    off.offload = true;
+    offer(off, "parallel.offload = true");
+  }
+  if (in.reductions_in_flight > 0) {
     PlanInput waiting = in;
     waiting.reductions_in_flight = 0;
-    const int64_t saved = plan_memory(in).peak - plan_memory(waiting).peak;
-    if (saved > 0)
-      s += fmt::format(", or set parallel.reductions_in_flight = 0 ({} less; the backward then waits for each "
-                       "block's reduce-scatter)",
-                       format_bytes(saved));
+    offer(waiting, "parallel.reductions_in_flight = 0, the backward then waiting for each block's reduce-scatter");
   }
   return s;
 }

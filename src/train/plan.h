@@ -134,8 +134,9 @@ int64_t host_memory_bytes();
 std::string host_memory_problem(const PlanInput& in, const MemoryPlan& plan, int64_t host_bytes);
 
 // What lowers the planned GPU peak of `in`, for a warning that it does not fit: the batch, the
-// sequence, more ranks, and, where waiting for each block's reduce-scatter would lower the peak
-// itself, parallel.reductions_in_flight = 0 with the bytes it saves.
+// sequence, more ranks, then each of full checkpointing, activation offload, ZeRO-3 offload and
+// parallel.reductions_in_flight = 0 not already in `in` that lowers the peak, with the bytes it
+// takes off.
 std::string gpu_memory_advice(const PlanInput& in);
 
 // For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.

@@ -664,6 +664,18 @@ TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
                          "--parallel.offload=true --ranks 4 --ranks-per-machine 2");
   EXPECT_EQ(off.status, 0) << off.output;
   EXPECT_NE(off.output.find("host memory per machine of 2 ranks: "), std::string::npos) << off.output;
+  EXPECT_NE(off.output.find("needs a GPU of at least "), std::string::npos) << off.output;
+  EXPECT_EQ(off.output.find("more than an 80 GB H100 holds"), std::string::npos) << off.output;
+  // a job beyond one H100 says so and what lowers it: the 8B shape without checkpointing on 2 ranks
+  const Result big = run("plan --training.device=cuda --model.dim=4096 --model.n_layers=32 --model.n_heads=32 "
+                         "--model.n_kv_heads=8 --model.ffn_dim=14336 --model.vocab_size=128256 "
+                         "--model.tie_embeddings=false --model.max_seq_len=4096 --training.seq_len=4096 "
+                         "--training.batch_size=4 --ranks 2");
+  EXPECT_EQ(big.status, 0) << big.output;
+  EXPECT_NE(big.output.find("; more than an 80 GB H100 holds (79.18 GiB): lower training.batch_size or "
+                            "training.seq_len, or add ranks, or training.activation_checkpointing = \"full\" ("),
+            std::string::npos)
+      << big.output;
   const Result too_many = run("plan --ranks 2 --ranks-per-machine 4");
   EXPECT_EQ(too_many.status, 1);
   EXPECT_NE(too_many.output.find("plan: --ranks-per-machine (4) exceeds the 2 ranks"), std::string::npos)

@@ -349,9 +349,13 @@ TEST(Plan, EachReductionInFlightHoldsOneBlockGradient) {
   // a plan that does not fit names the knob with what it saves, where the block backward is the peak
   in.reductions_in_flight = 2;
   const std::string advice = gpu_memory_advice(in);
-  EXPECT_NE(advice.find("parallel.reductions_in_flight = 0 (" + format_bytes(plans[2].peak - plans[0].peak) + " less"),
+  EXPECT_NE(advice.find("parallel.reductions_in_flight = 0, the backward then waiting for each block's reduce-scatter (" +
+                        format_bytes(plans[2].peak - plans[0].peak) + " less)"),
             std::string::npos)
       << advice;
+  EXPECT_EQ(advice.find("activation_checkpointing"), std::string::npos) << "full already: " << advice;
+  EXPECT_EQ(advice.find("parallel.offload = true"), std::string::npos) << "offloaded already: " << advice;
+  EXPECT_NE(advice.find("training.offload_activations = true ("), std::string::npos) << advice;
   in.reductions_in_flight = 0;
   EXPECT_EQ(gpu_memory_advice(in).find("reductions_in_flight"), std::string::npos) << "already 0";
   PlanInput one_gpu = in;  // one GPU, resident: the backward writes the shards, nothing reduces
@@ -360,6 +364,16 @@ TEST(Plan, EachReductionInFlightHoldsOneBlockGradient) {
   one_gpu.model = llama_1b();
   one_gpu.reductions_in_flight = 2;
   EXPECT_EQ(gpu_memory_advice(one_gpu).find("reductions_in_flight"), std::string::npos);
+  one_gpu.checkpointing = model::ActivationCheckpointing::kNone;  // each key that helps, with its saving
+  const MemoryPlan none = plan_memory(one_gpu);
+  PlanInput full_ac = one_gpu;
+  full_ac.checkpointing = model::ActivationCheckpointing::kFull;
+  const std::string one_gpu_advice = gpu_memory_advice(one_gpu);
+  EXPECT_NE(one_gpu_advice.find("training.activation_checkpointing = \"full\" (" +
+                                format_bytes(none.peak - plan_memory(full_ac).peak) + " less)"),
+            std::string::npos)
+      << one_gpu_advice;
+  EXPECT_NE(one_gpu_advice.find("parallel.offload = true ("), std::string::npos) << one_gpu_advice;
   in.gpu = false;  // the CPU's reductions are synchronous: the knob changes nothing
   in.offload = false;
   in.reductions_in_flight = 0;
