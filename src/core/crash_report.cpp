@@ -104,7 +104,8 @@ void on_fatal_signal(int sig, siginfo_t* info, void*) {
       head.add("Another process ended this one; where it stood:\n");
     else
       head.add("This is a bug in ").add(g_program).add(" or in a library it called; please report it with this text.\n");
-    head.add("Stack, innermost first (c++filt reads the names; addr2line -f -C -e BINARY OFFSET names a frame shown as binary(+OFFSET)):\n");
+    head.add("Stack, innermost first (c++filt reads the names; addr2line -f -C -e BINARY OFFSET names a frame ")
+        .add("shown as binary(+OFFSET)):\n");
     head.write_to(STDERR_FILENO);
     void* frames[kMaxFrames];
     const int n = ::backtrace(frames, kMaxFrames);

@@ -453,16 +453,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   log::info(phases.summary());
 }
 
-Trainer::~Trainer() {
-  // an offloaded host update still in flight (a run left by an error) uses the optimizer,
-  // which goes before the store
-  if (store_) {
-    try {
-      store_->wait_for_host_update();
-    } catch (...) {  // a destructor must not throw; a run that left one in flight ended with its own error
-    }
-  }
-}
+Trainer::~Trainer() = default;  // run() leaves no host update in flight, however it ends
 
 void Trainer::watch_io(std::string what) {
   if (!watchdog_) return;

@@ -29,11 +29,18 @@ std::string literally(const std::string& text) {
   return out;
 }
 
-TEST(CrashReportDeathTest, AFaultIsReportedAndTheProcessStillDiesOfIt) {
+// Each death test forks a process that installs the report and then dies.
+class CrashReportDeathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
 #if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer reports faults itself; the report is not installed under it";
+    GTEST_SKIP() << "AddressSanitizer reports faults itself; the report is not installed under it";
 #endif
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+  }
+};
+
+TEST_F(CrashReportDeathTest, AFaultIsReportedAndTheProcessStillDiesOfIt) {
   const std::string expected = std::string("crash_report_test: fatal signal SIGSEGV \\(invalid memory access\\) at ") +
                                "address 0x0 on rank 3 \\(process [0-9]+, build " + literally(build_commit()) +
                                "\\).*Stack.*\\[0x[0-9a-f]+\\]";
@@ -46,11 +53,7 @@ TEST(CrashReportDeathTest, AFaultIsReportedAndTheProcessStillDiesOfIt) {
       testing::KilledBySignal(SIGSEGV), expected);
 }
 
-TEST(CrashReportDeathTest, AnAbortIsReportedWithoutAnAddress) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "not installed under AddressSanitizer";
-#endif
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
+TEST_F(CrashReportDeathTest, AnAbortIsReportedWithoutAnAddress) {
   EXPECT_EXIT(
       {
         install("crash_report_test");
@@ -61,11 +64,7 @@ TEST(CrashReportDeathTest, AnAbortIsReportedWithoutAnAddress) {
 
 // A fatal signal another process sends is no fault here: the report names the sender, and no
 // address.
-TEST(CrashReportDeathTest, ASignalSentByAnotherProcessNamesTheSender) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "not installed under AddressSanitizer";
-#endif
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
+TEST_F(CrashReportDeathTest, ASignalSentByAnotherProcessNamesTheSender) {
   EXPECT_EXIT(
       {
         install("crash_report_test");

@@ -63,9 +63,6 @@ TEST(Profile, ReportsRatesAndTheRooflineShareFromTheStatedCost) {
   EXPECT_EQ(report_and_reset().find("op_a"), std::string::npos);
 }
 
-// SHARDTRAIN_PROFILE_TRACE: each timed op and region becomes a complete event of the Chrome
-// trace format, ops inside the regions around them, with their rates; a rank's file is named
-// apart; nested timers that the totals leave out are left out of the trace too.
 // reset_totals() drops what was timed so far (the trainer's untimed first steps): the next
 // report holds only what came after it.
 TEST(Profile, ResetTotalsLeavesOnlyWhatComesAfter) {
@@ -80,6 +77,9 @@ TEST(Profile, ResetTotalsLeavesOnlyWhatComesAfter) {
   EXPECT_NE(report.find("| op_after_reset | 1 |"), std::string::npos) << report;
 }
 
+// SHARDTRAIN_PROFILE_TRACE: each timed op and region becomes a complete event of the Chrome
+// trace format, ops inside the regions around them, with their rates; a rank's file is named
+// apart; nested timers that the totals leave out are left out of the trace too.
 TEST(Profile, TheTraceHoldsOpsInsideTheirRegions) {
   ASSERT_TRUE(g_trace_set);
   ASSERT_EQ(trace_path(), trace_file());

@@ -60,8 +60,8 @@ PinnedBuffer::PinnedBuffer(size_t bytes, const char* what) : bytes_(bytes) {
            ": ", std::strerror(errno));
   // every page faulted in by one of several threads, each a contiguous share
   const size_t pages = mapped_ / page;
-  const size_t threads = std::clamp<size_t>(std::min<size_t>(static_cast<size_t>(affinity_cpus()), 16), 1,
-                                            std::max<size_t>(1, pages / 4096));  // 16 MiB a thread at least
+  const size_t threads = std::max<size_t>(  // up to 16, each touching 16 MiB at least
+      1, std::min<size_t>({static_cast<size_t>(affinity_cpus()), 16, pages / 4096}));
   {
     std::vector<std::jthread> touching;
     for (size_t t = 0; t < threads; ++t)
