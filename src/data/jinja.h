@@ -140,8 +140,10 @@ class Template {
 };
 
 // Python's str() of a value (what {{ value }} prints), and json.dumps as transformers' tojson
-// filter calls it (ensure_ascii off; `indent` < 0: none).
+// filter calls it (ensure_ascii off; `indent` < 0: none). to_json throws "tojson: the JSON
+// would pass N bytes" before its text grows beyond `max_bytes` (an indent repeats at every
+// level of every item, so a small value can ask for gigabytes).
 std::string to_python_string(const Value& v);
-std::string to_json(const Value& v, int indent);
+std::string to_json(const Value& v, int indent, size_t max_bytes = size_t{1} << 24);
 
 }  // namespace shardtrain::data::jinja

@@ -526,8 +526,13 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
   }
   if (name == "tojson") {
     const Value indent = c.arg(0, "indent");
+    // json.dumps: a negative indent inserts newlines only, as 0 does
+    const bool by_int = indent.kind() == Value::Kind::kInt;
+    if (by_int && indent.as_int() > 1000)
+      fail(line, "tojson() indent must be at most 1000, found " + std::to_string(indent.as_int()));
     try {
-      return Value::string(to_json(v, indent.kind() == Value::Kind::kInt ? static_cast<int>(indent.as_int()) : -1));
+      return Value::string(to_json(v, by_int ? static_cast<int>(std::max<int64_t>(indent.as_int(), 0)) : -1,
+                                   static_cast<size_t>(kMaxRepeat)));
     } catch (const Error& e) {
       fail(line, e.what());
     }

@@ -272,12 +272,21 @@ void json_string(std::string& out, const std::string& s) {
   out += '"';
 }
 
-void json_value(std::string& out, const Value& v, int indent, int level) {
+// Throws where `out` would pass `max_bytes` by `more` bytes (before they are allocated).
+void check_json_size(const std::string& out, size_t more, size_t max_bytes) {
+  if (out.size() + more > max_bytes)
+    ST_THROW("tojson: the JSON would pass ", max_bytes, " bytes");
+}
+
+void json_value(std::string& out, const Value& v, int indent, int level, size_t max_bytes) {
   const auto newline = [&](int at) {
     if (indent < 0) return;
+    const size_t pad = static_cast<size_t>(indent) * static_cast<size_t>(at);
+    check_json_size(out, 1 + pad, max_bytes);
     out += '\n';
-    out.append(static_cast<size_t>(indent * at), ' ');
+    out.append(pad, ' ');
   };
+  check_json_size(out, 0, max_bytes);
   const char* item_sep = indent < 0 ? ", " : ",";
   switch (v.kind()) {
     case Value::Kind::kNone: out += "null"; return;
@@ -288,7 +297,11 @@ void json_value(std::string& out, const Value& v, int indent, int level) {
       out += std::isnan(f) ? "NaN" : std::isinf(f) ? (f < 0 ? "-Infinity" : "Infinity") : float_repr(f);
       return;
     }
-    case Value::Kind::kString: json_string(out, v.str()); return;
+    case Value::Kind::kString:
+      check_json_size(out, v.str().size() + 2, max_bytes);  // quotes; escapes only add
+      json_string(out, v.str());
+      check_json_size(out, 0, max_bytes);
+      return;
     case Value::Kind::kList: {
       if (v.items().empty()) {
         out += "[]";
@@ -298,7 +311,7 @@ void json_value(std::string& out, const Value& v, int indent, int level) {
       for (size_t i = 0; i < v.items().size(); ++i) {
         if (i > 0) out += item_sep;
         newline(level + 1);
-        json_value(out, v.items()[i], indent, level + 1);
+        json_value(out, v.items()[i], indent, level + 1, max_bytes);
       }
       newline(level);
       out += ']';
@@ -317,7 +330,7 @@ void json_value(std::string& out, const Value& v, int indent, int level) {
         newline(level + 1);
         json_string(out, k);
         out += ": ";
-        json_value(out, e, indent, level + 1);
+        json_value(out, e, indent, level + 1, max_bytes);
       }
       newline(level);
       out += '}';
@@ -359,9 +372,10 @@ std::string to_python_string(const Value& v) {
   return "";
 }
 
-std::string to_json(const Value& v, int indent) {
+std::string to_json(const Value& v, int indent, size_t max_bytes) {
   std::string out;
-  json_value(out, v, indent, 0);
+  json_value(out, v, indent, 0, max_bytes);
+  check_json_size(out, 0, max_bytes);
   return out;
 }
 

@@ -147,6 +147,13 @@ TEST(Jinja, BoundsWhatATemplateMayMakeItDo) {
                                                 .render(ctx, 25); },
                           "`r3` line 1: the output would pass 25 bytes"));
   EXPECT_EQ(Template("{% for i in range(3) %}{{ 'y' * 10 }}{% endfor %}", "r4").render(ctx, 30).text.size(), 30u);
+  // tojson's indent repeats at every level of every item: a fuzzer's indent of 834,502,048
+  // asked for 3.3 GB at once; the indent is bounded, and so is the JSON it makes
+  EXPECT_TRUE(throws_with([&] { (void)Template("{{ [1] | tojson(indent=834502048) }}", "j1").render(ctx); },
+                          "`j1` line 1: tojson() indent must be at most 1000, found 834502048"));
+  EXPECT_TRUE(throws_with([&] { (void)Template("{{ range(100000) | list | tojson(indent=1000) }}", "j2").render(ctx); },
+                          "`j2` line 1: tojson: the JSON would pass 16777216 bytes"));
+  EXPECT_EQ(Template("{{ [1, [2]] | tojson(indent=-3) }}", "j3").render(ctx).text, "[\n1,\n[\n2\n]\n]");
   EXPECT_TRUE(throws_with([&] { (void)Template("{% for i in range(1001) %}{% for j in range(1000) %}{% endfor %}"
                                                "{% endfor %}", "l1").render(ctx); },
                           "loops ran more than 1000000 iterations"));
@@ -162,6 +169,9 @@ TEST(Jinja, JsonAndPythonPrinting) {
   const Value v = Value::from_json(nlohmann::json::parse(R"({"a": [1, 2.5, "x\n", null, true], "b": {}})"));
   EXPECT_EQ(to_json(v, -1), "{\"a\": [1, 2.5, \"x\\n\", null, true], \"b\": {}}");
   EXPECT_EQ(to_json(v, 2), "{\n  \"a\": [\n    1,\n    2.5,\n    \"x\\n\",\n    null,\n    true\n  ],\n  \"b\": {}\n}");
+  EXPECT_TRUE(throws_with([&] { (void)to_json(v, 2, 40); }, "tojson: the JSON would pass 40 bytes"));
+  EXPECT_EQ(to_json(v, -1, 43).size(), 43u);  // exactly the limit
+  EXPECT_TRUE(throws_with([&] { (void)to_json(v, -1, 42); }, "tojson: the JSON would pass 42 bytes"));
   EXPECT_EQ(to_python_string(v), "{'a': [1, 2.5, 'x\\n', None, True], 'b': {}}");
   for (const auto& [x, want] : std::vector<std::pair<double, const char*>>{
            {1.0, "1.0"}, {0.1, "0.1"}, {1e16, "1e+16"}, {1e15, "1000000000000000.0"}, {1e-5, "1e-05"},
