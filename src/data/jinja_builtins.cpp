@@ -33,7 +33,13 @@ Value substring(const Value& v, size_t begin, size_t end) {
   return Value::string(v.str().substr(begin, end - begin), std::move(segments));
 }
 
+void check_string(size_t now, size_t more) {
+  if (more > kMaxString - std::min(now, kMaxString))
+    throw StringLimit("a string would pass " + std::to_string(kMaxString) + " bytes");
+}
+
 void StringBuilder::append(const Value& piece) {
+  check_string(text_.size(), piece.str().size());
   for (const Segment& s : piece.segments())
     segments_.push_back({s.begin + text_.size(), s.end + text_.size(), s.tag});
   text_ += piece.str();
@@ -532,7 +538,7 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
       fail(line, "tojson() indent must be at most 1000, found " + std::to_string(indent.as_int()));
     try {
       return Value::string(to_json(v, by_int ? static_cast<int>(std::max<int64_t>(indent.as_int(), 0)) : -1,
-                                   static_cast<size_t>(kMaxRepeat)));
+                                   kMaxString));
     } catch (const Error& e) {
       fail(line, e.what());
     }
@@ -572,19 +578,25 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
       const std::vector<size_t> cp = code_points(s);
       for (size_t i = 0; i + 1 < cp.size(); ++i) {
         if (left != 0) {
+          check_string(out.size(), with.str().size());
           out += with.str();
           --left;
         }
         out += s.substr(cp[i], cp[i + 1] - cp[i]);
       }
-      if (left != 0) out += with.str();
+      if (left != 0) {
+        check_string(out.size(), with.str().size());
+        out += with.str();
+      }
       return Value::string(out);
     }
     for (size_t at = s.find(old.str()); at != std::string::npos && left != 0; at = s.find(old.str(), from)) {
+      check_string(out.size(), at - from + with.str().size());
       out += s.substr(from, at - from) + with.str();
       from = at + old.str().size();
       --left;
     }
+    check_string(out.size(), s.size() - from);
     return Value::string(out + s.substr(from));
   }
   if (name == "default" || name == "d") {
@@ -728,7 +740,11 @@ Value Operations::filter(const std::string& name, const Value& v, Call& c, int l
     while (line_start <= s.size()) {
       size_t nl = s.find('\n', line_start);
       const std::string text = s.substr(line_start, nl == std::string::npos ? std::string::npos : nl - line_start);
-      if ((!first_line || first) && (blank || !text.empty())) out += pad;
+      if ((!first_line || first) && (blank || !text.empty())) {
+        check_string(out.size(), pad.size());
+        out += pad;
+      }
+      check_string(out.size(), text.size() + 1);
       out += text;
       if (nl == std::string::npos) break;
       out += '\n';

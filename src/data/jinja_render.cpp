@@ -260,7 +260,12 @@ class Renderer final : public Operations {
   // value, so this bounds the bytes a template may make the renderer build, with loops that
   // grow a string or copy a long one again and again.
   Value eval(const Expr& e) {
-    Value v = evaluate(e);
+    Value v;
+    try {
+      v = evaluate(e);
+    } catch (const StringLimit& limit) {
+      fail(e.line, limit.what());
+    }
     if (v.is_string()) built_ += v.str().size();
     else if (v.kind() == Value::Kind::kList) built_ += sizeof(Value) * v.items().size();
     if (built_ > kMaxBuilt) fail(e.line, "expressions built more than " + std::to_string(kMaxBuilt) + " bytes");

@@ -154,6 +154,17 @@ TEST(Jinja, BoundsWhatATemplateMayMakeItDo) {
   EXPECT_TRUE(throws_with([&] { (void)Template("{{ range(100000) | list | tojson(indent=1000) }}", "j2").render(ctx); },
                           "`j2` line 1: tojson: the JSON would pass 16777216 bytes"));
   EXPECT_EQ(Template("{{ [1, [2]] | tojson(indent=-3) }}", "j3").render(ctx).text, "[\n1,\n[\n2\n]\n]");
+  // so is any one string a filter or `~` makes (16 MiB, what the output may hold)
+  for (const auto& [source, name] : std::vector<std::pair<const char*, const char*>>{
+           {"{{ ([1] * 1000) | join('x' * 100000) }}", "s1"},
+           {"{{ ('\\n' * 100000) | indent('x' * 1000, blank=true) }}", "s2"},
+           {"{{ ('a' * 100000) | replace('a', 'b' * 1000) }}", "s3"},
+           {"{{ ('a' * 100000) | replace('', 'b' * 1000) }}", "s4"},
+           {"{% set s = 'x' * 10000000 %}{{ s ~ s }}", "s5"}})
+    EXPECT_TRUE(throws_with([&] { (void)Template(source, name).render(ctx); },
+                            std::string("`") + name + "` line 1: a string would pass 16777216 bytes"))
+        << source;
+  EXPECT_EQ(Template("{{ ('a' * 1000) | replace('a', 'bc') | length }}", "s6").render(ctx).text, "2000");
   EXPECT_TRUE(throws_with([&] { (void)Template("{% for i in range(1001) %}{% for j in range(1000) %}{% endfor %}"
                                                "{% endfor %}", "l1").render(ctx); },
                           "loops ran more than 1000000 iterations"));
