@@ -139,11 +139,15 @@ class Template {
   std::unique_ptr<Impl> impl_;
 };
 
+// The most bytes one string a render makes may hold (a filter's result, `~`, tojson's JSON):
+// what its output may hold by default.
+inline constexpr size_t kMaxString = Template::kMaxOutput;
+
 // Python's str() of a value (what {{ value }} prints), and json.dumps as transformers' tojson
 // filter calls it (ensure_ascii off; `indent` < 0: none). to_json throws "tojson: the JSON
 // would pass N bytes" before its text grows beyond `max_bytes` (an indent repeats at every
 // level of every item, so a small value can ask for gigabytes).
 std::string to_python_string(const Value& v);
-std::string to_json(const Value& v, int indent, size_t max_bytes = size_t{1} << 24);
+std::string to_json(const Value& v, int indent, size_t max_bytes = kMaxString);
 
 }  // namespace shardtrain::data::jinja

@@ -73,13 +73,11 @@ Body parse_template(std::string_view source, const std::string& name);
 std::vector<size_t> code_points(const std::string& s);  // each code point's byte offset, then the size
 Value substring(const Value& v, size_t begin, size_t end);  // bytes [begin, end)
 Value concat(const Value& a, const Value& b);
-// The most bytes one string an expression makes may hold (what the render's output may
-// hold by default): a filter that multiplies its input (indent's pad on every line, join's
-// separator between every item, replace's new text at every match, tojson's indent at every
-// level) could otherwise ask for terabytes at once. check_string throws StringLimit where a
-// string of `now` bytes growing by `more` would pass it; the renderer reports it at the
-// expression's line.
-constexpr size_t kMaxString = size_t{1} << 24;
+// kMaxString (jinja.h) bounds every string an expression makes: a filter that multiplies its
+// input (indent's pad on every line, join's separator between every item, replace's new text
+// at every match) could otherwise ask for terabytes at once. check_string throws StringLimit
+// where a string of `now` bytes growing by `more` would pass it; the renderer reports it at
+// the expression's line.
 struct StringLimit : Error {
   using Error::Error;
 };
