@@ -1,4 +1,4 @@
-// Element types as a runtime property of a tensor, and exact bf16/f16 <-> f32 conversions
+// Element types as a runtime property of a tensor, and exact bf16/f16/fp8 <-> f32 conversions
 // (round to nearest even, NaN preserved) on the host; device code uses CUDA intrinsics.
 #pragma once
 
@@ -9,7 +9,9 @@
 
 namespace shardtrain {
 
-enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64, kU8 };
+// kF8E4M3 and kF8E5M2 are OCP FP8 (e4m3fn: no infinities, one NaN code; e5m2: IEEE-like),
+// storage for the operands of FP8 products (ops/fp8.h), not for arithmetic of their own.
+enum class DType : uint8_t { kF32, kF64, kBF16, kF16, kI32, kI64, kU8, kF8E4M3, kF8E5M2 };
 
 constexpr size_t dtype_size(DType t) {
   switch (t) {
@@ -23,6 +25,8 @@ constexpr size_t dtype_size(DType t) {
     case DType::kF16:
       return 2;
     case DType::kU8:
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
       return 1;
   }
   return 0;
@@ -77,5 +81,15 @@ inline BFloat16 float_to_bf16(float f) {
 
 float f16_to_float(Float16 h);
 Float16 float_to_f16(float f);
+
+constexpr bool is_fp8(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
+// The largest finite value of an FP8 format: 448 (e4m3), 57344 (e5m2).
+constexpr float fp8_max(DType t) { return t == DType::kF8E4M3 ? 448.0f : 57344.0f; }
+// f32 -> FP8 code, round to nearest even, saturating: a magnitude above the format's largest
+// finite value (infinity included) becomes that value with the sign kept; NaN becomes 0x7f.
+// These are the rules of CUDA's cvt.rn.satfinite, which the device kernels use.
+uint8_t float_to_fp8(float f, DType format);
+// FP8 code -> f32, exact (NaN codes give NaN; e5m2's infinities give infinities).
+float fp8_to_float(uint8_t code, DType format);
 
 }  // namespace shardtrain

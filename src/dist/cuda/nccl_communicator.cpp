@@ -43,6 +43,8 @@ ncclDataType_t nccl_type(DType t) {
     case DType::kI32: return ncclInt32;
     case DType::kI64: return ncclInt64;
     case DType::kU8: return ncclUint8;
+    case DType::kF8E4M3: return ncclFloat8e4m3;
+    case DType::kF8E5M2: return ncclFloat8e5m2;
   }
   ST_THROW("nccl: unsupported dtype ", dtype_name(t));
 }
