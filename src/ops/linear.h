@@ -1,4 +1,5 @@
-// Linear layer y = x W^T (+ b) with weights in the HF/PyTorch layout [out, in] (O, I).
+// Linear layer y = x W^T (+ b) with weights in the HF/PyTorch layout [out, in] (O, I), in the
+// input dtype or, with an FP8 recipe (LinearFp8), as FP8 products of quantised operands.
 // The CPU version calls BLAS (f32 sgemm, f64 dgemm).
 #pragma once
 
@@ -6,8 +7,20 @@
 #include "core/tensor.h"
 #include "ops/dispatch.h"
 #include "ops/elementwise.h"
+#include "ops/fp8.h"
 
 namespace shardtrain::ops {
+
+// FP8 products (training.fp8): with a recipe, each product quantises its operands (ops/fp8.h)
+// and multiplies the codes with f32 accumulation; x and the weight in e4m3, the output's
+// gradient dy in `gradient_format`. Outputs, the bias and its gradient keep their dtypes.
+// The weight gradient reduces over tokens, so x and dy enter it transposed (x^T, dy^T
+// quantised with their own groups), and dx takes the weight transposed.
+struct LinearFp8 {
+  Fp8Recipe recipe = Fp8Recipe::kOff;
+  DType gradient_format = DType::kF8E5M2;
+  bool on() const { return recipe != Fp8Recipe::kOff; }
+};
 
 struct LinearBackwardOptions {
   // Exception to the house rule, for branches that meet (q/k/v, gate/up share an input):
@@ -17,6 +30,7 @@ struct LinearBackwardOptions {
   // gradient a micro-batch writes into a buffer whose old contents are not wanted, so that
   // buffer needs no zero-fill beforehand and the GEMM reads no old values.
   bool overwrite_dweight = false;
+  LinearFp8 fp8 = {};  // FP8 products for dx and dweight (the bias gradient stays in dy's dtype)
 };
 
 // How the CUDA linear picks the cuBLASLt algorithm for a GEMM shape it meets for the first
@@ -53,13 +67,30 @@ class GemmSmReserve {
 };
 int gemm_sm_reserve();  // this thread's reserve now
 
+// out_NM = b_NK · a_MK^T of two FP8 operands with the same padded K (their scales applied,
+// f32 accumulation), + bias_M on every row when defined; then + c_NM when defined (c may not
+// alias out), or += the old out with `accumulate`. out is bf16, f16 or f32 (f32 or f64 on the
+// CPU), the bias and c of out's dtype. The CPU twin multiplies the dequantised operands in f64
+// (the oracle); with a narrow out, the product is rounded to out's dtype before the bias or c
+// is added. CUDA: cuBLASLt's FP8 GEMM with the operands' scale modes (Hopper); with 1x128 scales
+// a needs a multiple of 4 rows (b with fewer is padded into a copy, its output through a
+// temporary).
+struct Fp8ProductOptions {
+  bool accumulate = false;
+  bool fast_accumulation = false;  // CUDA: cuBLASLt's FP8 fast accumulation (no periodic f32 promotion)
+};
+
 namespace cpu {
+void fp8_product(Tensor& out_NM, const Fp8Operand& a_MK, const Fp8Operand& b_NK, const Tensor& bias_M,
+                 const Tensor& c_NM, const Fp8ProductOptions& options);
 void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O);
 void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                      const Tensor& x_TI, const Tensor& weight_OI, const LinearBackwardOptions& options);
 }  // namespace cpu
 
 namespace cuda {
+void fp8_product(Tensor& out_NM, const Fp8Operand& a_MK, const Fp8Operand& b_NK, const Tensor& bias_M,
+                 const Tensor& c_NM, const Fp8ProductOptions& options, Stream stream);
 void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O, Stream stream);
 void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& residual_TO,
                         Stream stream);
@@ -68,6 +99,30 @@ void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const T
 // How many GEMM problems (shape, layout, selection) have a cached algorithm, over every device.
 size_t cached_gemm_algorithms();
 }  // namespace cuda
+
+inline void fp8_product(Tensor& out_NM, const Fp8Operand& a_MK, const Fp8Operand& b_NK, const Tensor& bias_M,
+                        const Tensor& c_NM, const Fp8ProductOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
+  const double flops = 2.0 * static_cast<double>(a_MK.rows()) * static_cast<double>(b_NK.rows()) *
+                       static_cast<double>(a_MK.padded_cols());
+  profile::ScopedTimer profile_timer(
+      "fp8_product", out_NM.device(),
+      {flops, static_cast<double>(a_MK.data_RP.nbytes() + b_NK.data_RP.nbytes()) +
+                  (options.accumulate || c_NM.defined() ? 2.0 : 1.0) * static_cast<double>(out_NM.nbytes())});
+  if (out_NM.device().is_cpu()) return cpu::fp8_product(out_NM, a_MK, b_NK, bias_M, c_NM, options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::fp8_product(out_NM, a_MK, b_NK, bias_M, c_NM, options, stream);
+#else
+  no_kernel("fp8_product", out_NM);
+#endif
+}
+
+// The linear's FP8 forms (linear.cpp): quantise the operands per the recipe, then fp8_product.
+// y = x W^T + bias (+ residual when defined); the contracts of linear_forward(_add).
+void linear_forward_fp8(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O,
+                        const Tensor& residual_TO, const LinearFp8& fp8, Stream stream);
+// linear_backward's contract with options.fp8 on.
+void linear_backward_fp8(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO, const Tensor& x_TI,
+                         const Tensor& weight_OI, const LinearBackwardOptions& options, Stream stream);
 
 // FLOPs of one product y_TO = x_TI · weight^T: 2·T·I·O.
 inline double linear_flops(const Tensor& y_TO, const Tensor& x_TI) {
@@ -102,8 +157,11 @@ inline profile::Cost linear_backward_cost(const Tensor& dx_TI, const Tensor& dwe
 // f32, bf16 or f16, y of that dtype or f32 (bias matching y), f32 accumulation through
 // cuBLASLt (no TF32); with a bf16/f16 y the bias is added to the product rounded to y's
 // dtype. No aliasing.
+// With fp8 on: FP8 products (LinearFp8), the same contract, on the CPU too (its twin).
 inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI,
-                           const Tensor& bias_O = Tensor(), [[maybe_unused]] Stream stream = {}) {
+                           const Tensor& bias_O = Tensor(), const LinearFp8& fp8 = {},
+                           [[maybe_unused]] Stream stream = {}) {
+  if (fp8.on()) return linear_forward_fp8(y_TO, x_TI, weight_OI, bias_O, Tensor(), fp8, stream);
   profile::ScopedTimer profile_timer(
       "linear_forward", y_TO.device(),
       {linear_flops(y_TO, x_TI), profile::bytes_of({&y_TO, &x_TI, &weight_OI, &bias_O})});
@@ -120,7 +178,8 @@ inline void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weigh
 // CUDA: the residual enters the GEMM as its C input; y, x, weight and residual share one
 // dtype (for bf16 the product is rounded to bf16 before the add, as two ops would).
 inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& residual_TO,
-                               [[maybe_unused]] Stream stream = {}) {
+                               const LinearFp8& fp8 = {}, [[maybe_unused]] Stream stream = {}) {
+  if (fp8.on()) return linear_forward_fp8(y_TO, x_TI, weight_OI, Tensor(), residual_TO, fp8, stream);
   profile::ScopedTimer profile_timer(
       "linear_forward_add", y_TO.device(),
       {linear_flops(y_TO, x_TI), profile::bytes_of({&y_TO, &x_TI, &weight_OI, &residual_TO})});
@@ -146,6 +205,7 @@ inline void linear_forward_add(Tensor& y_TO, const Tensor& x_TI, const Tensor& w
 inline void linear_backward(Tensor& dx_TI, Tensor& dweight_OI, Tensor& dbias_O, const Tensor& dy_TO,
                             const Tensor& x_TI, const Tensor& weight_OI,
                             const LinearBackwardOptions& options = {}, [[maybe_unused]] Stream stream = {}) {
+  if (options.fp8.on()) return linear_backward_fp8(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options, stream);
   profile::ScopedTimer profile_timer("linear_backward", weight_OI.device(),
                                      linear_backward_cost(dx_TI, dweight_OI, dbias_O, dy_TO, x_TI, weight_OI, options));
   if (weight_OI.device().is_cpu())

@@ -2,6 +2,7 @@
 #include <cblas.h>
 
 #include <algorithm>
+#include <vector>
 
 #include "ops/cpu/common.h"
 #include "ops/linear.h"
@@ -46,7 +47,54 @@ void check_weight(const Tensor& x_TI, const Tensor& weight_OI, const char* op, i
   ST_CHECK(T < INT32_MAX && I < INT32_MAX && O < INT32_MAX, op, ": dimensions exceed BLAS's 32-bit sizes");
 }
 
+// The values an FP8 operand holds, [rows, padded cols] in f64 (exact: codes times powers of two).
+std::vector<double> dequantized(const Fp8Operand& q) {
+  Tensor values = Tensor::empty({q.rows(), q.cols}, DType::kF32);
+  fp8_dequantize(values, q);
+  const int64_t R = q.rows(), C = q.cols, P = q.padded_cols();
+  std::vector<double> out(static_cast<size_t>(R * P), 0.0);
+  for (int64_t r = 0; r < R; ++r)
+    for (int64_t c = 0; c < C; ++c) out[static_cast<size_t>(r * P + c)] = values.data<float>()[r * C + c];
+  return out;
+}
+
 }  // namespace
+
+void fp8_product(Tensor& out_NM, const Fp8Operand& a_MK, const Fp8Operand& b_NK, const Tensor& bias_M,
+                 const Tensor& c_NM, const Fp8ProductOptions& options) {
+  const char* op = "fp8_product";
+  const int64_t M = a_MK.rows(), N = b_NK.rows(), K = a_MK.padded_cols();
+  ST_CHECK(a_MK.data_RP.device().is_cpu() && b_NK.data_RP.device().is_cpu(), op, ": operands must be on the CPU");
+  ST_CHECK(a_MK.cols == b_NK.cols && b_NK.padded_cols() == K, op, ": the operands' columns differ: ", a_MK.cols,
+           " and ", b_NK.cols);
+  check_arg(out_NM, op, "out_NM");
+  check_cpu_float(out_NM, op, "out_NM");
+  check_shape(out_NM, {N, M}, op, "out_NM");
+  if (bias_M.defined()) check_arg(bias_M, op, "bias_M", out_NM.dtype(), {M});
+  if (c_NM.defined()) check_arg(c_NM, op, "c_NM", out_NM.dtype(), {N, M});
+  std::vector<double> product(static_cast<size_t>(N * M), 0.0);
+  if (N > 0 && M > 0 && K > 0) {
+    const std::vector<double> a = dequantized(a_MK), b = dequantized(b_NK);
+    gemm(false, true, N, M, K, 1.0, b.data(), K, a.data(), K, 0.0, product.data(), M);
+  }
+  dispatch_real(out_NM, op, "out_NM", [&]<typename F>() {
+    F* out = out_NM.data<F>();
+    const F* bias = bias_M.defined() ? bias_M.data<F>() : nullptr;
+    const F* c = c_NM.defined() ? c_NM.data<F>() : nullptr;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t m = 0; m < M; ++m) {
+        const int64_t i = n * M + m;
+        F v = static_cast<F>(product[static_cast<size_t>(i)]);  // the product rounded to out's dtype first
+        if (bias) v = static_cast<F>(v + bias[m]);
+        if (c) {
+          v = static_cast<F>(v + c[i]);
+        } else if (options.accumulate) {
+          v = static_cast<F>(out[i] + v);
+        }
+        out[i] = v;
+      }
+  });
+}
 
 void linear_forward(Tensor& y_TO, const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O) {
   const char* op = "linear_forward";
