@@ -248,9 +248,9 @@ void residual_product(Tensor& out, const Tensor& in_TK, const Tensor& weight_DK,
                  [&](Tensor& o, int64_t first, int64_t end, const Tensor& add) {
                    const Tensor rows = in_TK.slice(0, first, end);
                    if (add.defined()) {
-                     ops::linear_forward_add(o, rows, weight_DK, add);
+                     ops::linear_forward_add(o, rows, weight_DK, add, ctx.fp8);
                    } else {
-                     ops::linear_forward(o, rows, weight_DK);
+                     ops::linear_forward(o, rows, weight_DK, Tensor(), ctx.fp8);
                    }
                  });
 }
@@ -357,7 +357,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     };
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor out = qkv_TE.slice(0, first, end);
-      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E);
+      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E, ctx.fp8);
       if (by_pieces) attend(first / d.T, end / d.T, rope);
     });
     if (!by_pieces) rope(0, d.B);
@@ -375,9 +375,9 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     };
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor q = q_TQ.slice(0, first, end), k = k_TK.slice(0, first, end), v = v_TK.slice(0, first, end);
-      ops::linear_forward(q, in, w.wq_QD, w.bq_Q);
-      ops::linear_forward(k, in, w.wk_KD, w.bk_K);
-      ops::linear_forward(v, in, w.wv_KD, w.bv_K);
+      ops::linear_forward(q, in, w.wq_QD, w.bq_Q, ctx.fp8);
+      ops::linear_forward(k, in, w.wk_KD, w.bk_K, ctx.fp8);
+      ops::linear_forward(v, in, w.wv_KD, w.bv_K, ctx.fp8);
       if (by_pieces) attend(first / d.T, end / d.T, rope);
     });
     if (!by_pieces) rope(0, d.B);
@@ -420,21 +420,22 @@ MlpRows mlp_tensors(int64_t R, const Tensor& like_RD, const BlockWeights& w, con
 }
 
 // gate and up of rows [first, end) of `m` from those rows of the MLP norm's output.
-void gate_up_products(const MlpRows& m, const Tensor& xn2_rows, int64_t first, int64_t end, const BlockWeights& w) {
+void gate_up_products(const MlpRows& m, const Tensor& xn2_rows, int64_t first, int64_t end, const BlockWeights& w,
+                      const ops::LinearFp8& fp8) {
   if (m.gate_up_R2F.defined()) {
     Tensor out = m.gate_up_R2F.slice(0, first, end);
-    ops::linear_forward(out, xn2_rows, w.w_gate_up_2FD);
+    ops::linear_forward(out, xn2_rows, w.w_gate_up_2FD, Tensor(), fp8);
     return;
   }
   Tensor gate = m.gate_RF.slice(0, first, end), up = m.up_RF.slice(0, first, end);
-  ops::linear_forward(gate, xn2_rows, w.w_gate_FD);
-  ops::linear_forward(up, xn2_rows, w.w_up_FD);
+  ops::linear_forward(gate, xn2_rows, w.w_gate_FD, Tensor(), fp8);
+  ops::linear_forward(up, xn2_rows, w.w_up_FD, Tensor(), fp8);
 }
 
 MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx, int64_t F, bool with_h) {
   const int64_t R = xn2_RD.size(0);
   MlpRows m = mlp_tensors(R, xn2_RD, w, ctx, F, with_h);
-  gate_up_products(m, xn2_RD, 0, R, w);
+  gate_up_products(m, xn2_RD, 0, R, w, ctx.fp8);
   if (with_h) ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
   return m;
 }
@@ -446,7 +447,7 @@ void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w,
   MlpRows m = mlp_tensors(d.BT, xn2_RD, w, ctx, d.F, true);
   Tensor xn2_TD;
   over_all_rows(xn2_TD, xn2_RD, ctx, d, "xn2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
-    gate_up_products(m, in, first, end, w);
+    gate_up_products(m, in, first, end, w, ctx.fp8);
   });
   a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
   ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
@@ -481,9 +482,9 @@ void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const Bloc
                      const MlpRows m = mlp_products(xn2_TD.slice(0, r0, r1), w, ctx, d.F, true);
                      Tensor out_piece = out.slice(0, r0 - first, r1 - first);
                      if (add.defined()) {
-                       ops::linear_forward_add(out_piece, m.h_RF, w.w_down_DF, add.slice(0, r0 - first, r1 - first));
+                       ops::linear_forward_add(out_piece, m.h_RF, w.w_down_DF, add.slice(0, r0 - first, r1 - first), ctx.fp8);
                      } else {
-                       ops::linear_forward(out_piece, m.h_RF, w.w_down_DF);
+                       ops::linear_forward(out_piece, m.h_RF, w.w_down_DF, Tensor(), ctx.fp8);
                      }
                    }
                  });
@@ -509,6 +510,7 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
                        const MlpBackwardHooks& hooks = {}) {
   const int64_t R = gate_RF.size(0), F = gate_RF.size(1), D = xn2_RD.size(1);
   Tensor none;
+  const ops::LinearBackwardOptions input_only{.fp8 = dw.fp8};  // the products' FP8 recipe, if any
   // y = x2 + down(h): dy flows to x2 unchanged and through down_proj. gate and up are read
   // for the last time by the SwiGLU backward, so their gradients overwrite them. h feeds the
   // down projection's weight gradient, which therefore comes after.
@@ -516,7 +518,7 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
   if (hooks.down_input_gradient) {
     hooks.down_input_gradient(dh_RF);
   } else {
-    ops::linear_backward(dh_RF, none, none, dy_RD, none, w.w_down_DF);
+    ops::linear_backward(dh_RF, none, none, dy_RD, none, w.w_down_DF, input_only);
   }
   const bool stacked = gate_up_R2F.defined() && g.w_gate_up_2FD.defined();
   const bool recompute_h = !h_RF.defined();
@@ -537,13 +539,13 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
     return;
   }
   // the input gradient first, then the hook, then the weight gradients beside it
-  const ops::LinearBackwardOptions accumulate{.accumulate_dx = true};
+  const ops::LinearBackwardOptions accumulate{.accumulate_dx = true, .fp8 = dw.fp8};
   if (stacked) {
-    ops::linear_backward(dxn2_RD, none, none, gate_up_R2F, none, w.w_gate_up_2FD);
+    ops::linear_backward(dxn2_RD, none, none, gate_up_R2F, none, w.w_gate_up_2FD, input_only);
     hooks.after_input_gradient();
     ops::linear_backward(none, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD, dw);
   } else {
-    ops::linear_backward(dxn2_RD, none, none, gate_RF, none, w.w_gate_FD);
+    ops::linear_backward(dxn2_RD, none, none, gate_RF, none, w.w_gate_FD, input_only);
     ops::linear_backward(dxn2_RD, none, none, up_RF, none, w.w_up_FD, accumulate);
     hooks.after_input_gradient();
     ops::linear_backward(none, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, dw);
@@ -594,8 +596,9 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const Tensor dy_RD = dy_BTD.view({R, D});
   Tensor none;
   // each parameter receives one gradient here: the first write replaces when asked to
-  const ops::LinearBackwardOptions dw{.overwrite_dweight = overwrite_grads};
-  const ops::LinearBackwardOptions dw_dx{.accumulate_dx = true, .overwrite_dweight = overwrite_grads};
+  const ops::LinearBackwardOptions dw{.overwrite_dweight = overwrite_grads, .fp8 = ctx.fp8};
+  const ops::LinearBackwardOptions dw_dx{.accumulate_dx = true, .overwrite_dweight = overwrite_grads, .fp8 = ctx.fp8};
+  const ops::LinearBackwardOptions input_only{.fp8 = ctx.fp8};  // a call for dx alone
 
   // The MLP's products see every row: dy gathered over the group (tensor parallelism), while
   // this rank's rows make their part of dh; the reduce-scatter of dxn2's partial sums runs
@@ -619,7 +622,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
       hooks.down_input_gradient = [&](Tensor& dh_TF) {
         over_all_rows(dy_TD, dy_RD, ctx, d, "dy (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
           Tensor out = dh_TF.slice(0, first, end);
-          ops::linear_backward(out, none, none, in, none, w.w_down_DF);
+          ops::linear_backward(out, none, none, in, none, w.w_down_DF, input_only);
         });
       };
       hooks.after_input_gradient = [&] {
@@ -643,8 +646,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     for (int64_t r0 = 0; r0 < BT; r0 += C) {
       const int64_t r1 = std::min(BT, r0 + C);
       const bool first = overwrite_grads && r0 == 0;
-      const ops::LinearBackwardOptions piece_dw{.overwrite_dweight = first};
-      const ops::LinearBackwardOptions piece_dw_dx{.accumulate_dx = true, .overwrite_dweight = first};
+      const ops::LinearBackwardOptions piece_dw{.overwrite_dweight = first, .fp8 = ctx.fp8};
+      const ops::LinearBackwardOptions piece_dw_dx{.accumulate_dx = true, .overwrite_dweight = first, .fp8 = ctx.fp8};
       const Tensor xn2_piece = xn2_TD.slice(0, r0, r1);
       MlpRows m = mlp_products(xn2_piece, w, ctx, F, false);
       Tensor dxn2_piece = dxn2_TD.slice(0, r0, r1);
@@ -696,7 +699,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     Tensor dx2_TD;
     over_all_rows(dx2_TD, dx2_RD, ctx, d, "dx2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor out = dattn_TQ.slice(0, first, end);
-      ops::linear_backward(out, none, none, in, none, w.wo_DQ);
+      ops::linear_backward(out, none, none, in, none, w.wo_DQ, input_only);
       if (by_pieces) attend_backward(first / T, end / T);
     });
     ops::linear_backward(none, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
@@ -716,7 +719,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     const Tensor dqkv_TE = dqkv_BTEH.view({BT, heads * H});
     if (sequence_split(ctx)) {
       // the input gradient, its reduce-scatter beside the weight gradient
-      ops::linear_backward(dxn1_TD, none, none, dqkv_TE, none, w.wqkv_ED);
+      ops::linear_backward(dxn1_TD, none, none, dqkv_TE, none, w.wqkv_ED, input_only);
       dxn1_RD = like({R, D}, dy_BTD, "dxn1");
       ctx.tp->start_reduce_scatter(dxn1_RD, dxn1_TD);
       {
@@ -735,8 +738,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
                  dv_TK = dv_BTMH.view({BT, M * H});
     if (sequence_split(ctx)) {
       // the input gradients, their reduce-scatter beside the weight gradients
-      const ops::LinearBackwardOptions accumulate{.accumulate_dx = true};
-      ops::linear_backward(dxn1_TD, none, none, dq_TQ, none, w.wq_QD);
+      const ops::LinearBackwardOptions accumulate{.accumulate_dx = true, .fp8 = ctx.fp8};
+      ops::linear_backward(dxn1_TD, none, none, dq_TQ, none, w.wq_QD, input_only);
       ops::linear_backward(dxn1_TD, none, none, dk_TK, none, w.wk_KD, accumulate);
       ops::linear_backward(dxn1_TD, none, none, dv_TK, none, w.wv_KD, accumulate);
       dxn1_RD = like({R, D}, dy_BTD, "dxn1");

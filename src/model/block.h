@@ -11,6 +11,7 @@
 #include "model/layout.h"
 #include "model/tensor_parallel.h"
 #include "ops/attention.h"
+#include "ops/linear.h"
 
 namespace shardtrain::model {
 
@@ -125,6 +126,9 @@ struct BlockContext {
   // [rank·R, (rank + 1)·R) of the B·T rows (B, T row-major), R = B·T / size.
   TensorParallel* tp = nullptr;
   ResidualSplit residual = ResidualSplit::kSequence;
+  // FP8 products for every linear of the block (q/k/v, o, gate/up, down), forward and both
+  // backward products (training.fp8); off: products in the activations' dtype.
+  ops::LinearFp8 fp8;
   // Token rows of the residual stream on this rank (R).
   int64_t residual_rows() const;
 };

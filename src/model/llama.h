@@ -133,6 +133,10 @@ class Llama {
   // One product per projection instead of the stacked q|k|v and gate|up ones
   // (BlockContext): for comparison (train_bench --separate-projections).
   void set_separate_projections(bool separate) { separate_projections_ = separate; }
+  // FP8 products for the blocks' linears (BlockContext::fp8) in training and evaluation; the
+  // decoding steps over a KV cache keep the activations' dtype.
+  void set_fp8(const ops::LinearFp8& fp8) { fp8_ = fp8; }
+  const ops::LinearFp8& fp8() const { return fp8_; }
   // Tensor parallelism (not owned; null: none): the store's block units are this rank's parts
   // (ModelLayout with a tensor-parallel mesh), and every rank of `tp`'s group runs the same
   // calls with the same batches. Training and evaluate() split the batch's B·T token rows
@@ -217,6 +221,7 @@ class Llama {
   TensorParallel* tp_ = nullptr;
   Tensor cos_TK_, sin_TK_;
   bool separate_projections_ = false;
+  ops::LinearFp8 fp8_;
   int64_t mlp_chunk_tokens_ = 0;
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward

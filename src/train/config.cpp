@@ -255,6 +255,20 @@ const std::vector<KeyDef>& keys() {
           "call: 3 rounds of ~20 ms each, about half a second per shape; +0.3-0.5 % tokens/s on the 1B shape on an "
           "H100; the pick, and with it the last bits of the results, can differ between runs)",
           one_of({"timed", "heuristic"})),
+      key("training.fp8", &C::training, &TrainingSection::fp8,
+          "FP8 matrix products for every linear of each block (q/k/v, o, gate/up, down; forward, input and weight "
+          "gradients), with f32 accumulation; the embedding, the head and loss, the norms and attention stay in the "
+          "compute dtype, and master weights, optimizer state, gradients and checkpoints are unchanged: off; "
+          "tensorwise (one scale per tensor from its current amax); rowwise (one scale per row of each product's "
+          "operands); blockwise (1x128 groups for activations and gradients, 128x128 blocks for weights, as "
+          "DeepSeek-V3). Needs a Hopper GPU (compute capability 9.0); on the CPU the products are emulated exactly "
+          "(for tests, no faster). See README's FP8 section for which recipe to use",
+          one_of({"off", "tensorwise", "rowwise", "blockwise"})),
+      key("training.fp8_gradients", &C::training, &TrainingSection::fp8_gradients,
+          "with training.fp8: the format of the output gradients in the backward's products: e5m2 (more range), "
+          "e4m3 (more precision), or auto (e5m2 for tensorwise, whose one scale spans the whole tensor; e4m3 for "
+          "rowwise and blockwise); activations and weights are always e4m3",
+          one_of({"auto", "e4m3", "e5m2"})),
       key("training.deterministic", &C::training, &TrainingSection::deterministic,
           "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "
           "of its default, which does not promise the same bits from run to run (on the 1B shape at batch 8 on an "

@@ -167,6 +167,13 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.block_grads = block_grads;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
   p.in_backward = kept + temporaries + block_grads + blocks;
+  if (in.fp8 && in.gpu) {
+    // at the gate|up product's backward dh is gone and the FP8 copies of its output gradient
+    // (rows for dx, columns for the weight gradient) and of xn2's columns exist, one byte each
+    const int64_t rows = piece > 0 ? piece : tokens;
+    p.fp8_operands = rows * (4 * F + D);
+    p.in_backward = std::max(p.in_backward, kept + temporaries - rows * cb * F + p.fp8_operands + block_grads + blocks);
+  }
   // The block backward's other peak, at the attention backward (selective and full
   // checkpointing, where the MLP's tensors are gone by then): what the blocks keep, this
   // block's recomputed attention input half (full: xn1, q|k|v, the output and its statistics;
@@ -250,6 +257,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   if (p.unit_grads_at_loss > 0) s += row("  head gradient before its reduce-scatter", p.unit_grads_at_loss);
   s += row("  logit chunk (logits, then their gradient)", p.loss_chunk);
   s += row("inside a block's backward (all but the shards)", p.in_backward);
+  if (p.fp8_operands > 0) s += row("  of it FP8 operands (training.fp8, at the gate|up backward)", p.fp8_operands);
   if (p.block_grads > 0)
     s += row(in.gpu ? fmt::format("  of it f32 block gradients, 1 + {} reducing", in.reductions_in_flight)
                     : std::string("  of it the block's f32 gradient"),
@@ -423,6 +431,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.reductions_in_flight = static_cast<int>(job.parallel.reductions_in_flight);
   in.offload_activations = job.training.offload_activations;
   in.offload_activation_blocks = job.training.offload_activations_blocks;
+  in.fp8 = job.training.fp8 != "off";
   in.checkpoints = job.checkpoint.interval_steps > 0;
   in.async_checkpoints = job.checkpoint.async;
   return in;

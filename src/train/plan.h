@@ -32,6 +32,7 @@ struct PlanInput {
   int reductions_in_flight = 1;       // parallel.reductions_in_flight: block gradients still reducing
   bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
   int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
+  bool fp8 = false;                   // training.fp8 on: the blocks' products quantise their operands
   bool checkpoints = false;           // checkpoint.interval_steps > 0
   bool async_checkpoints = false;     // checkpoint.async
 };
@@ -71,6 +72,9 @@ struct MemoryPlan {
   // Of in_backward: whole f32 block gradients on the GPU, the one being written and those still
   // in their reduce-scatter (parallel.reductions_in_flight; none where the backward writes the shards).
   int64_t block_grads = 0;
+  // training.fp8: the FP8 operands alive at the backward's largest product, the MLP's gate|up
+  // (its output gradient's rows and columns, and xn2's columns: 4 F + D bytes a token row)
+  int64_t fp8_operands = 0;
   int64_t peak = 0;
   int64_t loss_chunk_tokens = 0;
   // Token rows per MLP piece in the block's backward (selective and full checkpointing);

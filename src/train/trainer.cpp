@@ -360,6 +360,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   // small for what they put there fails here, naming the keys that help, not inside the driver
   // or the kernel's out-of-memory killer.
   model_config_ = mc;
+  fp8_ = fp8_choice();
   checkpointing_ = checkpointing();
   compute_shards_ = compute_shards(checkpointing_);
   if (config_.training.offload_activations) offload_blocks_ = offload_activation_blocks(checkpointing_, compute_shards_);
@@ -400,6 +401,11 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     model_->set_tensor_parallel(tensor_parallel_.get());
   }
   model_->set_mlp_chunk_tokens(mlp_chunk_tokens());
+  model_->set_fp8(fp8_);
+  if (fp8_.on())
+    log::info(fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}",
+                          ops::fp8_recipe_name(fp8_.recipe), fp8_.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2",
+                          device_.is_cpu() ? "; emulated on the CPU, exact but no faster" : ""));
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
   oc.beta2 = config_.optimizer.beta2;
@@ -901,6 +907,10 @@ TrainSummary Trainer::run() {
   timed.mfu = mfu(summary.tokens_per_second);
   timed.flops_per_token = flops_per_token;
   timed.peak_flops = peak_flops;
+  timed.fp8 = std::string(ops::fp8_recipe_name(fp8_.recipe));
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device_.is_cuda() && fp8_.on()) timed.fp8_peak_flops = cuda::dense_fp8_peak_flops(device_.index);
+#endif
   timed.peak_device_bytes = device_.is_cpu() ? 0 : peak_device_bytes();
   timed.device_total_bytes = gpu_memory_bytes();
   if (device_.is_cuda()) {  // the plan at the launch's choices

@@ -48,6 +48,8 @@ struct TimedSteps {
   double mfu = 0;              // 0: the device's peak is unknown (or the CPU)
   double flops_per_token = 0;  // torchtitan's, as MFU counts them
   double peak_flops = 0;       // the device's dense bf16 peak
+  std::string fp8;             // training.fp8's recipe ("off": bf16 products)
+  double fp8_peak_flops = 0;   // with an FP8 recipe: the device's dense FP8 peak (0: unknown)
   int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
   int64_t planned_peak_bytes = 0;  // what `shardtrain plan` says of the run's GPU peak (0 on the CPU)
   GpuActivity board;           // this rank's GPU over the timed steps (samples 0: no readings)
@@ -110,6 +112,8 @@ class Trainer {
   std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
   int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
   int64_t mlp_chunk_tokens() const;      // training.mlp_chunk_tokens, or its automatic value (0: at once)
+  // training.fp8 with its gradient format, after checking the device and model_config_'s widths.
+  ops::LinearFp8 fp8_choice() const;
   // training.activation_checkpointing, with "auto" decided by the plan and the GPU's memory.
   model::ActivationCheckpointing checkpointing() const;
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and
@@ -126,6 +130,7 @@ class Trainer {
   std::optional<BenchMode> bench_;
   Device device_;
   model::LlamaConfig model_config_;  // the model's shape, known before the model is built
+  ops::LinearFp8 fp8_;               // training.fp8 and training.fp8_gradients, checked against the shape
   // The launch's automatic choices (logged), made once in the constructor, before the shards
   // and any page-locked memory exist.
   model::ActivationCheckpointing checkpointing_ = model::ActivationCheckpointing::kNone;

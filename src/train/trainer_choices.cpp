@@ -31,6 +31,36 @@ int64_t Trainer::mlp_chunk_tokens() const {
                                config_.training.batch_size * config_.training.seq_len);
 }
 
+ops::LinearFp8 Trainer::fp8_choice() const {
+  ops::LinearFp8 fp8;
+  fp8.recipe = ops::parse_fp8_recipe(config_.training.fp8, "training.fp8");
+  if (!fp8.on()) return fp8;
+  const std::string& g = config_.training.fp8_gradients;
+  fp8.gradient_format = g == "e4m3" || (g == "auto" && fp8.recipe != ops::Fp8Recipe::kTensorwise) ? DType::kF8E4M3
+                                                                                                   : DType::kF8E5M2;
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (device_.is_cuda()) {
+    const int cc = cuda::compute_capability(device_.index);
+    ST_CHECK(cc / 10 == 9, "`training.fp8` = \"", config_.training.fp8, "\" needs a Hopper GPU (compute capability "
+             "9.0: H100, H200), whose cuBLASLt scales FP8 products per tensor, row and block; ",
+             cuda::device_name(device_.index), " has ", cc / 10, ".", cc % 10, ". Set `training.fp8` = \"off\"");
+  }
+#endif
+  // every product's operands are rows of 16-byte multiples: the widths the block's linears
+  // multiply over (and produce) on each rank of a tensor-parallel group
+  const model::LlamaConfig& m = model_config_;
+  const int64_t tp = config_.parallel.tensor_parallel;
+  const std::pair<const char*, int64_t> widths[] = {
+      {"model.dim", m.dim},
+      {"model.ffn_dim / parallel.tensor_parallel", m.ffn_dim / tp},
+      {"model.n_heads x head dim / parallel.tensor_parallel", m.n_heads * m.head_dim() / tp},
+      {"model.n_kv_heads x head dim / parallel.tensor_parallel", m.n_kv_heads * m.head_dim() / tp}};
+  for (const auto& [name, width] : widths)
+    ST_CHECK(width % 16 == 0, "`training.fp8` = \"", config_.training.fp8, "\" multiplies FP8 rows of 16-byte "
+             "multiples, but ", name, " = ", width, " is not a multiple of 16; set `training.fp8` = \"off\"");
+  return fp8;
+}
+
 int64_t Trainer::gpu_memory_bytes() const {
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device_.is_cuda()) return cuda::total_memory_bytes(device_.index);

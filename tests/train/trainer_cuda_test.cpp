@@ -145,6 +145,34 @@ TEST(TrainerCuda, FollowsTheCpuLossCurve) {
   EXPECT_LT(g.steps.back().loss, g.steps.front().loss - 2.0);  // and it learns
 }
 
+// training.fp8 on one GPU (CUDA graph replays): each recipe's curve against the bf16 run from
+// the same init and batches. FP8 products keep 4 significant bits of each operand (e4m3; 3 with
+// e5m2 gradients) against bf16's 8, so the curves agree while the models are close and then part
+// by far more than bf16 rounding moves them: on this toy grammar, learned in 50 steps, the late
+// losses of the recipes were -4 % to +14 % of bf16's (H100, 2026-11-27), and the CPU twin's
+// exact emulation shows such gaps too (tensorwise +5 % at step 50 on a CPU run of the same
+// grammar), so the late check only catches a recipe that stops learning. The products' own
+// correctness is the op tests' (ops/fp8_cuda_test.cpp); the evidence that a recipe trains like
+// bf16 is the long curve on real text (bench/train/fp8_curves.py, BENCHMARKS.md).
+TEST(TrainerCuda, Fp8RecipesFollowTheBf16Curve) {
+  ST_REQUIRE_CUDA();
+  const std::string corpus = write_corpus();
+  const TrainSummary bf16 = Trainer(job(corpus, "cuda")).run();
+  ASSERT_EQ(bf16.steps.size(), 50u);
+  for (const char* recipe : {"tensorwise", "rowwise", "blockwise"}) {
+    const TrainSummary s = Trainer(job(corpus, "cuda", std::string("--training.fp8=") + recipe)).run();
+    ASSERT_EQ(s.steps.size(), 50u) << recipe;
+    for (size_t i = 0; i < 50; i += 7)
+      std::printf("%s step %2zu  fp8 %.4f  bf16 %.4f (%+.2f%%)\n", recipe, i + 1, s.steps[i].loss, bf16.steps[i].loss,
+                  100 * (s.steps[i].loss / bf16.steps[i].loss - 1));
+    std::printf("%s: mean gap over steps 31-50 %.4f (signed %+.4f)\n", recipe, mean_relative_gap(s, bf16, 30, 50),
+                mean_signed_gap(s, bf16, 30, 50));
+    for (size_t i = 0; i < 10; ++i)  // measured: within 0.1 % over these steps
+      EXPECT_NEAR(s.steps[i].loss, bf16.steps[i].loss, 1e-2 * bf16.steps[i].loss) << recipe << ", step " << i + 1;
+    EXPECT_LT(s.steps.back().loss, s.steps.front().loss - 2.0) << recipe << " learns";
+    EXPECT_LT(s.steps.back().loss, 1.3 * bf16.steps.back().loss) << recipe << " ends near bf16";
+  }
+}
 
 // A run of `job` with a checkpoint at step 6 of 12, then a run resumed from it: the resumed
 // steps' losses equal the straight run's bit for bit (the job takes the deterministic

@@ -11,6 +11,7 @@
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
 #include "data/tokenize_file.h"
+#include "testing/compare.h"
 #include "testing/shared_data.h"
 #include "train/trainer.h"
 #include "train/training_data.h"
@@ -90,6 +91,52 @@ TEST(Trainer, RunsAreReproducible) {
   const TrainSummary a = Trainer(c).run();
   const TrainSummary b = Trainer(c).run();
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_EQ(a.steps[i].loss, b.steps[i].loss) << "step " << i + 1;
+}
+
+// training.fp8 on the CPU: every block linear goes through the FP8 twin (ops/fp8.h), exact
+// emulation of the GPU's codes. Each recipe starts where f32 starts (an untrained model's
+// near-uniform predictions barely move when its products keep 4 significant bits), learns, and
+// stays near the f32 run; a resumed run repeats the straight one bit for bit; and widths that
+// FP8 rows cannot take are refused before training.
+TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_trainer_fp8_" + std::to_string(::getpid()))).string();
+  JobConfig c = short_default_job(out);
+  c.training.steps = 40;
+  c.sample.tokens = 0;
+  const TrainSummary f32 = Trainer(c).run();
+  auto last10 = [](const TrainSummary& s) {
+    double m = 0;
+    for (size_t i = s.steps.size() - 10; i < s.steps.size(); ++i) m += s.steps[i].loss / 10;
+    return m;
+  };
+  for (const char* recipe : {"tensorwise", "rowwise", "blockwise"}) {
+    c.training.fp8 = recipe;
+    const TrainSummary s = Trainer(c).run();
+    ASSERT_EQ(s.steps.size(), 40u) << recipe;
+    std::printf("%s: first loss %.4f (f32 %.4f), last-10 mean %.4f (f32 %.4f)\n", recipe, s.steps[0].loss,
+                f32.steps[0].loss, last10(s), last10(f32));
+    EXPECT_NEAR(s.steps[0].loss, f32.steps[0].loss, 2e-3 * f32.steps[0].loss) << recipe;
+    EXPECT_LT(last10(s), s.steps[0].loss - 1.5) << recipe << " learns";
+    EXPECT_LT(std::abs(last10(s) / last10(f32) - 1), 0.05) << recipe << " stays near f32";
+  }
+  // resume: a checkpoint at step 3 of 6 continues as the straight run did
+  c.training.fp8 = "blockwise";
+  c.training.steps = 6;
+  c.checkpoint.interval_steps = 3;
+  c.checkpoint.dir = out + "/checkpoints";
+  const TrainSummary straight = Trainer(c).run();
+  JobConfig resumed_job = c;
+  resumed_job.checkpoint.resume = c.checkpoint.dir + "/step_00000003";
+  resumed_job.checkpoint.interval_steps = 0;
+  const TrainSummary resumed = Trainer(resumed_job).run();
+  ASSERT_EQ(resumed.steps.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(resumed.steps[i].loss, straight.steps[3 + i].loss) << "resumed step " << i + 4;
+  // a width that is not a multiple of 16 is named before any step
+  c.model.ffn_dim = 200;
+  c.checkpoint.interval_steps = 0;
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "model.ffn_dim / parallel.tensor_parallel = 200"));
+  std::filesystem::remove_all(out);
 }
 
 // Evaluation runs at least at the end: a held-out split smaller than one batch is refused

@@ -222,6 +222,16 @@ double dense_bf16_peak_flops(int index) {
   return 0;
 }
 
+int compute_capability(int index) {
+  cudaDeviceProp prop{};
+  ST_CUDA_CHECK(cudaGetDeviceProperties(&prop, index));
+  return prop.major * 10 + prop.minor;
+}
+
+double dense_fp8_peak_flops(int index) {
+  return compute_capability(index) >= 89 ? 2 * dense_bf16_peak_flops(index) : 0.0;
+}
+
 void init_device(int index) {
   const int n = device_count();
   ST_CHECK(index >= 0 && index < n, "CUDA device ", index, " requested but ", n, " device(s) are visible");

@@ -32,6 +32,11 @@ double dense_bf16_flops_per_clock(int index);
 // Peak memory bandwidth in bytes/s from the memory clock and bus width the driver reports
 // (double data rate): 3.35e12 for an H100 SXM.
 double memory_bandwidth(int index);
+// The device's compute capability as major * 10 + minor (90 for an H100 or H200).
+int compute_capability(int index);
+// Dense FP8 tensor-core peak in FLOP/s: twice the bf16 peak on Hopper (1,979e12 on an H100 SXM
+// and an H200); 0 where dense_bf16_peak_flops is 0 or the device has no FP8 tensor cores.
+double dense_fp8_peak_flops(int index);
 // The device's memory in bytes, as the driver reports it.
 int64_t total_memory_bytes(int index);
 // The device's PCI bus id ("0000:00:06.0"): how NVML and nvidia-smi name it (core/gpu_monitor.h).
