@@ -99,6 +99,12 @@ ST_FP8_HOST_DEVICE inline float fp8_quantize_factor(float amax, float fmax) {
 struct Fp8QuantizeOptions {
   Fp8Scaling scaling = Fp8Scaling::kTensor;
   DType format = DType::kF8E4M3;  // f8e4m3 or f8e5m2
+  // kTensor only (ignored otherwise): x's amax, one i32 on x's device holding the u32 bits of
+  // max |x| (integer order is float order for magnitudes, NaN above all). With amax_ready it
+  // is x's amax already (made by the op that made x, or by an earlier quantisation of x), and
+  // no pass computes it; without, the pass writes it there for later ones.
+  Tensor amax = {};
+  bool amax_ready = false;
 };
 
 // Quantises x_RC (f32, bf16 or f16; rows may be a pitch apart) into q_RC, the operand whose

@@ -125,6 +125,26 @@ TEST(Fp8Cuda, QuantizeRowsAPitchApartAndNonFinite) {
   for (Fp8Scaling s : kScalings) expect_twin(poisoned, DType::kF32, s, DType::kF8E4M3, "non-finite");
 }
 
+// Tensor scaling with an amax slot on the device: written by a pass not told it is ready, then
+// read by one that is (no pass of its own): the twin's operands either way.
+TEST(Fp8Cuda, TensorAmaxWrittenThenReused) {
+  ST_REQUIRE_CUDA();
+  const Tensor x = to_dtype(to_dtype(graded(300, 500, 15), DType::kBF16), DType::kF32);
+  const Tensor xd = to_device(to_dtype(x, DType::kBF16));
+  Fp8Operand ref, ref_t;
+  cpu::fp8_quantize(&ref, &ref_t, x, {Fp8Scaling::kTensor, DType::kF8E5M2});
+  Tensor slot = Tensor::empty({1}, DType::kI32, Device::cuda(0));
+  fill(slot, 0.0);
+  Fp8QuantizeOptions o{Fp8Scaling::kTensor, DType::kF8E5M2};
+  o.amax = slot;
+  Fp8Operand q, qt;
+  cuda::fp8_quantize(&q, nullptr, xd, o, {});
+  EXPECT_TRUE(same_operand(on_host(q), ref)) << "writing the slot";
+  o.amax_ready = true;
+  cuda::fp8_quantize(nullptr, &qt, xd, o, {});
+  EXPECT_TRUE(same_operand(on_host(qt), ref_t)) << "reading the slot";
+}
+
 double max_abs(const Tensor& t) {
   const Tensor d = testing::to_f64(t);
   double m = 0;

@@ -204,6 +204,36 @@ TEST(Fp8, QuantizeReadsRowsAPitchApartAndLowPrecisionInputs) {
   EXPECT_EQ(std::memcmp(from_bf16.data_RP.raw_data(), from_f32.data_RP.raw_data(), from_f32.data_RP.nbytes()), 0);
 }
 
+// Tensor scaling with an amax slot: a pass not told the amax is ready writes it there; one
+// told it is ready reads it and gives the same operand as finding it itself.
+TEST(Fp8, TensorAmaxWrittenThenReused) {
+  const Tensor x = graded(60, 90, 14);
+  Fp8Operand found, first, reused;
+  cpu::fp8_quantize(&found, nullptr, x, {Fp8Scaling::kTensor, DType::kF8E4M3});
+  Tensor slot = Tensor::zeros({1}, DType::kI32);
+  Fp8QuantizeOptions o{Fp8Scaling::kTensor, DType::kF8E4M3};
+  o.amax = slot;
+  cpu::fp8_quantize(&first, nullptr, x, o);
+  float written;
+  std::memcpy(&written, slot.raw_data(), sizeof written);
+  float largest = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) largest = std::max(largest, std::fabs(x.data<float>()[i]));
+  EXPECT_EQ(written, largest);
+  o.amax_ready = true;
+  cpu::fp8_quantize(nullptr, &reused, x, o);
+  Fp8Operand found_t;
+  cpu::fp8_quantize(nullptr, &found_t, x, {Fp8Scaling::kTensor, DType::kF8E4M3});
+  EXPECT_EQ(std::memcmp(first.data_RP.raw_data(), found.data_RP.raw_data(), found.data_RP.nbytes()), 0);
+  EXPECT_EQ(std::memcmp(reused.data_RP.raw_data(), found_t.data_RP.raw_data(), found_t.data_RP.nbytes()), 0);
+  EXPECT_EQ(reused.scale.data<float>()[0], found.scale.data<float>()[0]);
+  // a ready slot is believed: twice the amax halves the factor
+  const float twice = 2 * largest;
+  std::memcpy(slot.raw_data(), &twice, sizeof twice);
+  Fp8Operand halved;
+  cpu::fp8_quantize(&halved, nullptr, x, o);
+  EXPECT_EQ(halved.scale.data<float>()[0], 2 * found.scale.data<float>()[0]);
+}
+
 TEST(Fp8, NonFiniteInputsPoisonTheirGroup) {
   Tensor x = graded(4, 256, 9);
   x.data<float>()[1 * 256 + 3] = INFINITY;

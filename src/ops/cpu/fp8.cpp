@@ -82,9 +82,10 @@ float bits_value(uint32_t bits) {
   return v;
 }
 
-// One operand of R rows and C columns whose values `at(r, c)` gives, quantised.
+// One operand of R rows and C columns whose values `at(r, c)` gives, quantised; with `tensor_amax`
+// (kTensor) the tensor's amax bits given instead of found.
 void quantize_operand(Fp8Operand& q, int64_t R, int64_t C, const std::function<float(int64_t, int64_t)>& at,
-                      const Fp8QuantizeOptions& o) {
+                      const Fp8QuantizeOptions& o, const uint32_t* tensor_amax) {
   const int64_t P = fp8_padded(C, o.scaling);
   q.scaling = o.scaling;
   q.cols = C;
@@ -115,11 +116,15 @@ void quantize_operand(Fp8Operand& q, int64_t R, int64_t C, const std::function<f
     }
   }
   std::vector<uint32_t> amax(static_cast<size_t>(groups), 0);
-  for (int64_t r = 0; r < R; ++r)
-    for (int64_t c = 0; c < C; ++c) {
-      uint32_t& m = amax[static_cast<size_t>(group(r, c))];
-      m = std::max(m, magnitude_bits(at(r, c)));
-    }
+  if (tensor_amax != nullptr) {
+    amax[0] = *tensor_amax;
+  } else {
+    for (int64_t r = 0; r < R; ++r)
+      for (int64_t c = 0; c < C; ++c) {
+        uint32_t& m = amax[static_cast<size_t>(group(r, c))];
+        m = std::max(m, magnitude_bits(at(r, c)));
+      }
+  }
   const float fmax = fp8_max(o.format);
   std::vector<float> factor(static_cast<size_t>(groups));
   float* scale = q.scale.data<float>();
@@ -150,11 +155,32 @@ void fp8_quantize(Fp8Operand* q_RC, Fp8Operand* qt_CR, const Tensor& x_RC, const
   const char* base = static_cast<const char*>(x_RC.raw_data());
   const DType t = x_RC.dtype();
   const int64_t R = l.rows, C = l.cols, pitch = l.pitch;
+  // tensor scaling: x's amax, given or found once (x^T shares it: the same values)
+  uint32_t tensor_amax = 0;
+  const bool tensor = options.scaling == Fp8Scaling::kTensor;
+  if (tensor) {
+    uint32_t* given = nullptr;
+    if (options.amax.defined()) {
+      ST_CHECK(options.amax.device().is_cpu() && options.amax.dtype() == DType::kI32 && options.amax.numel() == 1, op,
+               ": the amax must be one i32 on the CPU, found ", options.amax.str());
+      given = static_cast<uint32_t*>(options.amax.raw_data());
+    }
+    if (given != nullptr && options.amax_ready) {
+      tensor_amax = *given;
+    } else {
+      for (int64_t r = 0; r < R; ++r)
+        for (int64_t c = 0; c < C; ++c) tensor_amax = std::max(tensor_amax, magnitude_bits(element(base, t, r * pitch + c)));
+      if (given != nullptr) *given = tensor_amax;
+    }
+  }
+  const uint32_t* known = tensor ? &tensor_amax : nullptr;
   if (q_RC)
-    quantize_operand(*q_RC, R, C, [&](int64_t r, int64_t c) { return element(base, t, r * pitch + c); }, options);
+    quantize_operand(*q_RC, R, C, [&](int64_t r, int64_t c) { return element(base, t, r * pitch + c); }, options,
+                     known);
   if (qt_CR) {
-    // x^T: its rows are x's columns; with tensor scaling it shares q's amax (the same values)
-    quantize_operand(*qt_CR, C, R, [&](int64_t r, int64_t c) { return element(base, t, c * pitch + r); }, options);
+    // x^T: its rows are x's columns
+    quantize_operand(*qt_CR, C, R, [&](int64_t r, int64_t c) { return element(base, t, c * pitch + r); }, options,
+                     known);
   }
 }
 

@@ -17,8 +17,6 @@ constexpr int kTile = 128;         // rows and columns of x per tile
 constexpr int kTileThreads = 256;  // 16 groups of 8 rows x 16 chunks of 8 columns
 constexpr int kWarps = kTileThreads / 32;
 
-__device__ __forceinline__ uint32_t magnitude_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
-
 __device__ __forceinline__ uint32_t warp_max(uint32_t v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
@@ -168,8 +166,28 @@ __global__ void __launch_bounds__(kTileThreads) quantize_tile_kernel(const T* __
   const int64_t rb = blockIdx.y, cb = blockIdx.x, r0 = rb * kTile, c0 = cb * kTile;
   const int64_t col = c0 + 8 * cc, row0 = r0 + 8 * g;
   float v[8][8];
+  if constexpr (sizeof(T) <= 4) {
+    if (a.vec && r0 + kTile <= a.R && c0 + kTile <= a.C) {
+      // a tile inside x: every 16-byte load issued before any is used
+      constexpr int kPacks = 8 / Pack<T>::kSize;
+      Pack<T> raw[8][kPacks];
 #pragma unroll
-  for (int k = 0; k < 8; ++k) load8(v[k], x, row0 + k, col, a.R, a.C, a.pitch, a.vec);
+      for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int p = 0; p < kPacks; ++p)
+          raw[k][p] = *reinterpret_cast<const Pack<T>*>(x + (row0 + k) * a.pitch + col + p * Pack<T>::kSize);
+#pragma unroll
+      for (int k = 0; k < 8; ++k)
+#pragma unroll
+        for (int e = 0; e < 8; ++e) v[k][e] = to_f32(raw[k][e / Pack<T>::kSize].v[e % Pack<T>::kSize]);
+    } else {
+#pragma unroll
+      for (int k = 0; k < 8; ++k) load8(v[k], x, row0 + k, col, a.R, a.C, a.pitch, a.vec);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < 8; ++k) load8(v[k], x, row0 + k, col, a.R, a.C, a.pitch, a.vec);
+  }
 
   float q_factor[8], qt_factor[8];
   if (a.scaling == Fp8Scaling::kTensor) {
@@ -330,11 +348,19 @@ void fp8_quantize(Fp8Operand* q_RC, Fp8Operand* qt_CR, const Tensor& x_RC, const
     a.vec = sizeof(T) <= 4 && (l.pitch * sizeof(T)) % 16 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0;
     const bool packed = a.vec && C % kSize == 0;  // amax_all_kernel: whole packs per row
     if (o.scaling == Fp8Scaling::kTensor) {
-      amax_rows = Tensor::empty({1}, DType::kI32, dev, "FP8 amax", s);
-      ST_CUDA_CHECK(cudaMemsetAsync(amax_rows.raw_data(), 0, sizeof(uint32_t), stream));
-      amax_all_kernel<T><<<grid_for(R * C / (packed ? kSize : 1), 256), 256, 0, stream>>>(
-          static_cast<uint32_t*>(amax_rows.raw_data()), x, R, C, l.pitch, packed);
-      ST_CUDA_CHECK_LAUNCH();
+      if (o.amax.defined()) {
+        ST_CHECK(o.amax.device() == dev && o.amax.dtype() == DType::kI32 && o.amax.numel() == 1, op,
+                 ": the amax must be one i32 on ", dev.str(), ", found ", o.amax.str());
+        amax_rows = o.amax;
+      } else {
+        amax_rows = Tensor::empty({1}, DType::kI32, dev, "FP8 amax", s);
+      }
+      if (!(o.amax.defined() && o.amax_ready)) {
+        ST_CUDA_CHECK(cudaMemsetAsync(amax_rows.raw_data(), 0, sizeof(uint32_t), stream));
+        amax_all_kernel<T><<<grid_for(R * C / (packed ? kSize : 1), 256), 256, 0, stream>>>(
+            static_cast<uint32_t*>(amax_rows.raw_data()), x, R, C, l.pitch, packed);
+        ST_CUDA_CHECK_LAUNCH();
+      }
     } else if (o.scaling == Fp8Scaling::kRow) {
       if (q_RC) {
         amax_rows = Tensor::empty({R}, DType::kI32, dev, "FP8 row amax", s);
