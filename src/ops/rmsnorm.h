@@ -11,6 +11,10 @@ namespace shardtrain::ops {
 
 struct RmsNormOptions {
   double eps = 1e-5;
+  // When defined (i32 [1] on y's device, read as u32): the largest |y| written, as the bits of
+  // its f32 value (ops/fp8.h's amax), is max-ed into it (it must start at a lower bound, such as
+  // 0): a tensorwise FP8 product of y then needs no pass of its own for it.
+  Tensor amax_y_1 = {};
 };
 
 struct RmsNormBackwardOptions {

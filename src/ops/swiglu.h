@@ -8,26 +8,30 @@
 namespace shardtrain::ops {
 
 namespace cpu {
-void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF);
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1 = {});
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                     const Tensor& up_TF);
+                     const Tensor& up_TF, const Tensor& amax_grads_1 = {});
 }  // namespace cpu
 
 namespace cuda {
-void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream stream);
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1, Stream stream);
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                     const Tensor& up_TF, Stream stream);
+                     const Tensor& up_TF, const Tensor& amax_grads_1, Stream stream);
 }  // namespace cuda
 
 // h_TF = silu(gate_TF) * up_TF (overwrites). One dtype (f32/f64 on the CPU). No aliasing.
+// amax_h_1, when defined (i32 [1] on h's device, read as u32): the largest |h| written, as the
+// bits of its f32 value (ops/fp8.h's amax), is max-ed into it (accumulates: it must start at a
+// lower bound, such as 0): a tensorwise FP8 product of h then needs no pass of its own for it.
 // Every [T, F] argument here and below may have its rows a pitch apart (gate and up as the
 // halves of one stacked [T, 2F] product); on CUDA strided rows must be 16-byte aligned.
-inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
+inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1 = {},
+                           [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("swiglu_forward", h_TF.device(),
                                      {0, profile::bytes_of({&h_TF, &gate_TF, &up_TF})});
-  if (h_TF.device().is_cpu()) return cpu::swiglu_forward(h_TF, gate_TF, up_TF);
+  if (h_TF.device().is_cpu()) return cpu::swiglu_forward(h_TF, gate_TF, up_TF, amax_h_1);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::swiglu_forward(h_TF, gate_TF, up_TF, stream);
+  return cuda::swiglu_forward(h_TF, gate_TF, up_TF, amax_h_1, stream);
 #else
   no_kernel("swiglu_forward", h_TF);
 #endif
@@ -37,13 +41,17 @@ inline void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up
 // overwritten with the forward's h = silu(gate) * up, bitwise what swiglu_forward writes:
 // checkpointing that drops h recomputes it here, in the pass that reads gate and up anyway.
 // dgate/dup may alias gate/up respectively (each element is read before it is written).
+// amax_grads_1, when defined: the largest |dgate| and |dup| written, as swiglu_forward's amax_h_1
+// (the gate|up product's output gradient, quantised next).
 inline void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF,
-                            const Tensor& gate_TF, const Tensor& up_TF, [[maybe_unused]] Stream stream = {}) {
+                            const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_grads_1 = {},
+                            [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("swiglu_backward", dgate_TF.device(),
                                      {0, profile::bytes_of({&dgate_TF, &dup_TF, &h_TF, &dh_TF, &gate_TF, &up_TF})});
-  if (dh_TF.device().is_cpu()) return cpu::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF);
+  if (dh_TF.device().is_cpu())
+    return cpu::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF, amax_grads_1);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF, stream);
+  return cuda::swiglu_backward(dgate_TF, dup_TF, h_TF, dh_TF, gate_TF, up_TF, amax_grads_1, stream);
 #else
   no_kernel("swiglu_backward", dh_TF);
 #endif

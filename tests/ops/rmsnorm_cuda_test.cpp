@@ -2,6 +2,9 @@
 // CPU twin, on random data in f32 and bf16, odd and aligned shapes. Skips without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstring>
+
 #include <cmath>
 
 #include "ops/elementwise.h"
@@ -30,6 +33,21 @@ TEST_P(RmsNormCuda, RmsNorm) {
     cpu::rmsnorm_forward(y_ref, rstd_ref, x.f32, w.f32, {1e-5});
     EXPECT_TRUE(matches(y, y_ref)) << "forward T=" << T << " D=" << D;
     EXPECT_TRUE(all_close(to_host(rstd), rstd_ref, testing::kCudaF32VsCpu)) << "rstd";
+    {
+      // the FP8 amax output: the largest |y| of what the kernel wrote, as u32 bits
+      Tensor y2 = Tensor::empty({T, D}, dt, Device::cuda(0)), slot = Tensor::empty({1}, DType::kI32, Device::cuda(0));
+      fill(slot, 0.0);
+      rmsnorm_forward(y2, rstd, to_device(x.host), to_device(w.host), {.eps = 1e-5, .amax_y_1 = slot});
+      const Tensor yh = to_dtype(to_host(y2), DType::kF32), sh = to_host(slot);
+      uint32_t largest = 0, got;
+      for (int64_t i = 0; i < yh.numel(); ++i) {
+        uint32_t b;
+        std::memcpy(&b, &yh.data<float>()[i], sizeof b);
+        largest = std::max(largest, b & 0x7fffffffu);
+      }
+      std::memcpy(&got, sh.raw_data(), sizeof got);
+      EXPECT_EQ(got, largest) << "amax T=" << T << " D=" << D;
+    }
 
     Input dw0 = random_input({D}, dt, 14);
     Tensor dx = Tensor::empty({T, D}, dt, Device::cuda(0)), dw = to_device(dw0.host);

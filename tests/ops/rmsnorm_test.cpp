@@ -1,6 +1,8 @@
 // CPU RMSNorm: forward against a direct f64 computation in f32 and f64, backward against
 // finite differences, and the overwrite (dx) / accumulate (dweight) contract.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ops/op_testing.h"
 #include "ops/rmsnorm.h"
@@ -19,6 +21,19 @@ Tensor direct(const Tensor& x, const Tensor& w, double eps) {
     for (int64_t i = 0; i < D; ++i) y.data<double>()[t * D + i] = w64.data<double>()[i] * x64.data<double>()[t * D + i] * r;
   }
   return y;
+}
+
+// The FP8 amax output: the largest |y| written, max-ed into the slot as u32 bits.
+TEST(RmsNorm, AmaxOfWhatItWrites) {
+  const Tensor x = testing::to_dtype(random_f64({37, 67}, 3, 0.3, 2.0), DType::kF32);
+  const Tensor w = testing::to_dtype(random_f64({67}, 4, 1.0, 0.3), DType::kF32);
+  Tensor y = Tensor::empty({37, 67}, DType::kF32), rstd = Tensor::empty({37}, DType::kF32);
+  Tensor slot = Tensor::zeros({1}, DType::kI32);
+  cpu::rmsnorm_forward(y, rstd, x, w, {.eps = 1e-5, .amax_y_1 = slot});
+  float largest = 0, got;
+  for (int64_t i = 0; i < y.numel(); ++i) largest = std::max(largest, std::fabs(y.data<float>()[i]));
+  std::memcpy(&got, slot.raw_data(), sizeof got);
+  EXPECT_EQ(got, largest);
 }
 
 TEST(RmsNorm, ForwardMatchesDirect) {

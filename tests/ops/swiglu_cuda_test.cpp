@@ -2,8 +2,11 @@
 // odd and aligned shapes, with and without the backward's recompute of h, in place. Skips without a device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
+#include "ops/elementwise.h"
 #include "ops/swiglu.h"
 #include "testing/cuda_ops.h"
 
@@ -69,6 +72,46 @@ TEST_P(SwiGluCuda, HalvesOfAStackedTensor) {
     EXPECT_TRUE(matches(contiguous(dg), dg_ref)) << "dgate T=" << T;
     EXPECT_TRUE(matches(contiguous(du), du_ref)) << "dup T=" << T;
     EXPECT_TRUE(all_close(to_host(h2), to_host(h), kExact)) << "recomputed h T=" << T;
+  }
+}
+
+// The FP8 amax outputs on the device: the largest magnitude of the values the kernel wrote
+// (read back), for the element kernels and the row kernels (halves of a stacked tensor).
+TEST_P(SwiGluCuda, AmaxOfWhatItWrites) {
+  const DType dt = GetParam();
+  auto largest_bits = [](std::initializer_list<const Tensor*> device) {
+    uint32_t m = 0;
+    for (const Tensor* d : device) {
+      const Tensor h = to_dtype(to_host(*d), DType::kF32);
+      for (int64_t i = 0; i < h.numel(); ++i) {
+        uint32_t b;
+        std::memcpy(&b, &h.data<float>()[i], sizeof b);
+        m = std::max(m, b & 0x7fffffffu);
+      }
+    }
+    return m;
+  };
+  auto slot_bits = [](const Tensor& slot) {
+    const Tensor h = to_host(slot);
+    uint32_t b;
+    std::memcpy(&b, h.raw_data(), sizeof b);
+    return b;
+  };
+  // an odd width (separate tensors, the element kernels) and the halves of a stacked tensor
+  for (auto [T, F] : {std::pair<int64_t, int64_t>{37, 67}, {1000, 1024}}) {
+    const bool stacked = F % 8 == 0;
+    const Input gu = random_input({T, 2 * F}, dt, 61, 0.2, 2.0), dh = random_input({T, F}, dt, 62);
+    Tensor dgu = to_device(gu.host);
+    Tensor gate = stacked ? dgu.slice(1, 0, F) : contiguous(dgu.slice(1, 0, F));
+    Tensor up = stacked ? dgu.slice(1, F, 2 * F) : contiguous(dgu.slice(1, F, 2 * F));
+    Tensor h = Tensor::empty({T, F}, dt, Device::cuda(0)), slot = Tensor::empty({1}, DType::kI32, Device::cuda(0));
+    fill(slot, 0.0);
+    swiglu_forward(h, gate, up, slot);
+    EXPECT_EQ(slot_bits(slot), largest_bits({&h})) << "h, T=" << T;
+    Tensor grads = Tensor::empty({1}, DType::kI32, Device::cuda(0)), no_h;
+    fill(grads, 0.0);
+    swiglu_backward(gate, up, no_h, to_device(dh.host), gate, up, grads);
+    EXPECT_EQ(slot_bits(grads), stacked ? largest_bits({&dgu}) : largest_bits({&gate, &up})) << "dgate|dup, T=" << T;
   }
 }
 

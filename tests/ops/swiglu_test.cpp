@@ -1,5 +1,7 @@
 // CPU SwiGLU: forward against silu(g) * u in f64, backward against finite differences.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ops/op_testing.h"
 #include "ops/swiglu.h"
@@ -73,6 +75,44 @@ TEST(SwiGlu, HalvesOfAStackedTensor) {
   EXPECT_TRUE(testing::all_close(contiguous(dg), dg_ref, testing::kExact));
   EXPECT_TRUE(testing::all_close(contiguous(du), du_ref, testing::kExact));
   EXPECT_TRUE(testing::all_close(h_again, h_ref, testing::kExact));
+}
+
+// The FP8 amax outputs: the largest |h| (forward) and the largest |dgate|, |dup| (backward) of
+// the values written, max-ed into the slot (u32 bits of the f32 magnitude), which keeps a larger
+// value already there; a NaN wins.
+TEST(SwiGlu, AmaxOfWhatItWrites) {
+  const int64_t T = 23, F = 37;
+  const Tensor g64 = random_f64({T, F}, 51, 0.2, 2.0), u64 = random_f64({T, F}, 52), dh64 = random_f64({T, F}, 53);
+  const Tensor g = testing::to_dtype(g64, DType::kF32), u = testing::to_dtype(u64, DType::kF32),
+               dh = testing::to_dtype(dh64, DType::kF32);
+  auto largest = [](std::initializer_list<const Tensor*> ts) {
+    float m = 0;
+    for (const Tensor* t : ts)
+      for (int64_t i = 0; i < t->numel(); ++i) m = std::max(m, std::fabs(t->data<float>()[i]));
+    return m;
+  };
+  auto slot_value = [](const Tensor& slot) {
+    float v;
+    std::memcpy(&v, slot.raw_data(), sizeof v);
+    return v;
+  };
+  Tensor h = Tensor::empty({T, F}, DType::kF32), slot = Tensor::zeros({1}, DType::kI32);
+  cpu::swiglu_forward(h, g, u, slot);
+  EXPECT_EQ(slot_value(slot), largest({&h}));
+  Tensor dg = Tensor::empty({T, F}, DType::kF32), du = Tensor::empty({T, F}, DType::kF32), no_h;
+  Tensor grads = Tensor::zeros({1}, DType::kI32);
+  cpu::swiglu_backward(dg, du, no_h, dh, g, u, grads);
+  EXPECT_EQ(slot_value(grads), largest({&dg, &du}));
+  // a larger value already in the slot stays
+  const float big = 1e6f;
+  std::memcpy(slot.raw_data(), &big, sizeof big);
+  cpu::swiglu_forward(h, g, u, slot);
+  EXPECT_EQ(slot_value(slot), big);
+  Tensor poisoned = testing::to_dtype(g64, DType::kF32);
+  poisoned.data<float>()[5] = NAN;
+  Tensor nan_slot = Tensor::zeros({1}, DType::kI32);
+  cpu::swiglu_forward(h, poisoned, u, nan_slot);
+  EXPECT_TRUE(std::isnan(slot_value(nan_slot)));
 }
 
 }  // namespace

@@ -2,7 +2,9 @@
 #include "ops/cpu/common.h"
 #include "ops/rmsnorm.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 namespace shardtrain::ops::cpu {
 
@@ -28,6 +30,19 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
       const F r = static_cast<F>(1.0 / std::sqrt(ss / static_cast<double>(D) + options.eps));
       rstd[t] = r;
       for (int64_t i = 0; i < D; ++i) y[t * D + i] = w[i] * (x[t * D + i] * r);
+    }
+    if (options.amax_y_1.defined()) {
+      // the largest |y| (as f32) as u32 bits, max-ed into the slot (ops/fp8.h's amax)
+      const Tensor& a = options.amax_y_1;
+      ST_CHECK(a.device().is_cpu() && a.dtype() == DType::kI32 && a.numel() == 1, op,
+               ": the amax must be one i32 on the CPU, found ", a.str());
+      uint32_t* slot = static_cast<uint32_t*>(a.raw_data());
+      for (int64_t i = 0; i < T * D; ++i) {
+        const float v = static_cast<float>(y[i]);
+        uint32_t bits;
+        std::memcpy(&bits, &v, sizeof bits);
+        *slot = std::max(*slot, bits & 0x7fffffffu);
+      }
     }
   });
 }

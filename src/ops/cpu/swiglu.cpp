@@ -1,5 +1,7 @@
 // CPU SwiGLU: h = silu(gate) * up, computed in the data dtype with a double sigmoid.
+#include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "ops/cpu/common.h"
 #include "ops/swiglu.h"
@@ -22,9 +24,32 @@ int64_t pitch_of(const Tensor& t, const char* op, const char* arg, const Tensor&
   return l.pitch;
 }
 
+// Max-es `bits` (a largest |v| as u32 bits, as ops/fp8.h) into amax_1.
+void max_into(const Tensor& amax_1, uint32_t bits) {
+  if (!amax_1.defined()) return;
+  ST_CHECK(amax_1.device().is_cpu() && amax_1.dtype() == DType::kI32 && amax_1.numel() == 1, "swiglu: the amax "
+           "must be one i32 on the CPU, found ", amax_1.str());
+  uint32_t* slot = static_cast<uint32_t*>(amax_1.raw_data());
+  *slot = std::max(*slot, bits);
+}
+
+// The largest |v| of rows x cols values a pitch apart (as f32), as u32 bits (NaN above all).
+template <typename F_>
+uint32_t largest(const F_* v, int64_t rows, int64_t cols, int64_t pitch) {
+  uint32_t m = 0;
+  for (int64_t t = 0; t < rows; ++t)
+    for (int64_t f = 0; f < cols; ++f) {
+      const float x = static_cast<float>(v[t * pitch + f]);
+      uint32_t bits;
+      std::memcpy(&bits, &x, sizeof bits);
+      m = std::max(m, bits & 0x7fffffffu);
+    }
+  return m;
+}
+
 }  // namespace
 
-void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF) {
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1) {
   const char* op = "swiglu_forward";
   const int64_t pg = pitch_of(gate_TF, op, "gate_TF", gate_TF), pu = pitch_of(up_TF, op, "up_TF", gate_TF),
                 ph = pitch_of(h_TF, op, "h_TF", gate_TF);
@@ -36,12 +61,13 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF) {
 #pragma omp parallel for if (T * F > 65536)
     for (int64_t t = 0; t < T; ++t)
       for (int64_t f = 0; f < F; ++f) h[t * ph + f] = static_cast<F_>(silu_times(g[t * pg + f], u[t * pu + f]));
+    if (amax_h_1.defined()) max_into(amax_h_1, largest(h, T, F, ph));
   });
 }
 
 // d silu(g) / dg = s (1 + g (1 - s)) with s = sigmoid(g).
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                     const Tensor& up_TF) {
+                     const Tensor& up_TF, const Tensor& amax_grads_1) {
   const char* op = "swiglu_backward";
   const int64_t pg = pitch_of(gate_TF, op, "gate_TF", gate_TF), pu = pitch_of(up_TF, op, "up_TF", gate_TF),
                 pdh = pitch_of(dh_TF, op, "dh_TF", gate_TF), pdg = pitch_of(dgate_TF, op, "dgate_TF", gate_TF),
@@ -64,6 +90,8 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
         dg[t * pdg + f] = static_cast<F_>(d * ui * s * (1.0 + gi * (1.0 - s)));
         du[t * pdu + f] = static_cast<F_>(d * gi * s);
       }
+    if (amax_grads_1.defined())
+      max_into(amax_grads_1, std::max(largest(dg, T, F, pdg), largest(du, T, F, pdu)));
   });
 }
 

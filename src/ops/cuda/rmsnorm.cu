@@ -14,11 +14,20 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
+// A warp's largest magnitude max-ed into *amax (FP8's amax, ops/fp8.h): one atomic a warp, skipped
+// where the value in L2 is already as large. Every lane of the warp calls it.
+__device__ __forceinline__ void warp_amax(uint32_t* amax, uint32_t m) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
+  if (threadIdx.x % 32 == 0 && m > __ldcg(amax)) atomicMax(amax, m);
+}
+
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D, float eps) {
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D, float eps,
+                                       uint32_t* amax) {
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  if (row >= rows) return;
+  if (row >= rows) return;  // a whole warp: a row is a warp's
   const T* xr = x + row * D;
   float ss = 0;
   for (int64_t i = lane; i < D; i += 32) {
@@ -30,14 +39,19 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
   if (lane == 0) rstd[row] = r;
   T* yr = y + row * D;
   // as HF: normalise in f32, round to the storage dtype, then scale by the weight
-  for (int64_t i = lane; i < D; i += 32) yr[i] = from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(to_f32(xr[i]) * r)));
+  uint32_t m = 0;
+  for (int64_t i = lane; i < D; i += 32) {
+    yr[i] = from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(to_f32(xr[i]) * r)));
+    m = max(m, magnitude_bits(to_f32(yr[i])));
+  }
+  if (amax != nullptr) warp_amax(amax, m);
 }
 
 // The same over 16-byte packs: lane l holds packs l, l + 32, ... of its row in registers
 // (kPacks per lane at most), so x is read from memory once.
 template <typename T, int kPacks>
 __global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D,
-                                              float eps) {
+                                              float eps, uint32_t* amax) {
   constexpr int K = Pack<T>::kSize;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -63,6 +77,7 @@ __global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, con
   if (lane == 0) rstd[row] = r;
   const Pack<T>* wp = reinterpret_cast<const Pack<T>*>(w);
   Pack<T>* yr = reinterpret_cast<Pack<T>*>(y + row * D);
+  uint32_t m = 0;
 #pragma unroll
   for (int j = 0; j < kPacks; ++j) {
     const int64_t p = lane + 32 * j;
@@ -70,11 +85,14 @@ __global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, con
       const Pack<T> wv = wp[p];
       Pack<T> out;
 #pragma unroll
-      for (int k = 0; k < K; ++k)  // as above: normalise, round, then scale
+      for (int k = 0; k < K; ++k) {  // as above: normalise, round, then scale
         out.v[k] = from_f32<T>(to_f32(wv.v[k]) * to_f32(from_f32<T>(to_f32(xv[j].v[k]) * r)));
+        m = max(m, magnitude_bits(to_f32(out.v[k])));
+      }
       yr[p] = out;
     }
   }
+  if (amax != nullptr) warp_amax(amax, m);
 }
 
 // dx = r (g - xhat mean(g xhat)), g = dy w; partial_dw[block, :] = sum over the block's rows of dy xhat.
@@ -279,6 +297,13 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
   check_dtype(y_TD, x_TD.dtype(), "rmsnorm_forward", "y_TD");
   const int64_t rows = x_TD.size(0), D = x_TD.size(1);
   if (rows == 0) return;
+  uint32_t* amax = nullptr;
+  if (options.amax_y_1.defined()) {
+    const Tensor& a = options.amax_y_1;
+    ST_CHECK(a.device() == y_TD.device() && a.dtype() == DType::kI32 && a.numel() == 1, "rmsnorm_forward: the amax "
+             "must be one i32 on ", y_TD.device().str(), ", found ", a.str());
+    amax = static_cast<uint32_t*>(a.raw_data());
+  }
   const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
   dispatch_float(x_TD.dtype(), "rmsnorm_forward", [&]<typename T>() {
     const int64_t lane_packs = (D / Pack<T>::kSize + 31) / 32;
@@ -286,7 +311,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
       auto launch = [&]<int kPacks>() {
         rmsnorm_forward_packed_kernel<T, kPacks><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
             static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
-            static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps));
+            static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps), amax);
       };
       if (lane_packs <= 2) launch.template operator()<2>();
       else if (lane_packs <= 4) launch.template operator()<4>();
@@ -297,7 +322,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
     }
     rmsnorm_forward_kernel<T><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
         static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
-        static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps));
+        static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps), amax);
   });
   ST_CUDA_CHECK_LAUNCH();
 }

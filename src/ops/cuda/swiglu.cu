@@ -14,22 +14,29 @@ constexpr int kThreads = 256;
 __device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
 
 template <typename T>
-__global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t n) {
+__global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t n, uint32_t* amax) {
+  uint32_t m = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     h[i] = from_f32<T>(silu_times(to_f32(gate[i]), to_f32(up[i])));
+    m = max(m, magnitude_bits(to_f32(h[i])));
   }
+  if (amax != nullptr) block_amax(amax, m);
 }
 
 // d/dg [g s(g)] = s(g) (1 + g (1 - s(g))); dup = dh silu(g); h (when not null) recomputed.
 template <typename T>
-__global__ void swiglu_backward_kernel(T* dgate, T* dup, T* h, const T* dh, const T* gate, const T* up, int64_t n) {
+__global__ void swiglu_backward_kernel(T* dgate, T* dup, T* h, const T* dh, const T* gate, const T* up, int64_t n,
+                                       uint32_t* amax) {
+  uint32_t m = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dh[i]);
     const float sig = 1.0f / (1.0f + __expf(-g));
     if (h) h[i] = from_f32<T>(silu_times(g, u));
     dgate[i] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
     dup[i] = from_f32<T>(d * g * sig);
+    m = max(m, max(magnitude_bits(to_f32(dgate[i])), magnitude_bits(to_f32(dup[i]))));
   }
+  if (amax != nullptr) block_amax(amax, m);
 }
 
 // h = silu(g) * u for one pack.
@@ -41,11 +48,20 @@ __device__ __forceinline__ Pack<T> silu_times_pack(const Pack<T>& g, const Pack<
   return out;
 }
 
+// The largest |v| of a pack's values (as magnitude_bits).
+template <typename T>
+__device__ __forceinline__ uint32_t pack_max(const Pack<T>& p) {
+  uint32_t m = 0;
+#pragma unroll
+  for (int k = 0; k < Pack<T>::kSize; ++k) m = max(m, magnitude_bits(to_f32(p.v[k])));
+  return m;
+}
+
 // One pack of the backward: dgate, dup and (kWithH) h from dh, gate and up. No __restrict__:
 // dgate and dup may alias gate and up (every pack is loaded before its results are stored).
 template <typename T, bool kWithH>
-__device__ __forceinline__ void swiglu_backward_pack(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, int64_t i,
-                                                     const Pack<T>& gp, const Pack<T>& upk, const Pack<T>& dp) {
+__device__ __forceinline__ uint32_t swiglu_backward_pack(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, int64_t i,
+                                                         const Pack<T>& gp, const Pack<T>& upk, const Pack<T>& dp) {
   Pack<T> dg, du, hp;
 #pragma unroll
   for (int k = 0; k < Pack<T>::kSize; ++k) {
@@ -58,6 +74,7 @@ __device__ __forceinline__ void swiglu_backward_pack(Pack<T>* dgate, Pack<T>* du
   dgate[i] = dg;
   dup[i] = du;
   if constexpr (kWithH) h[i] = hp;
+  return max(pack_max(dg), pack_max(du));  // what an amax of the gradients needs
 }
 
 // [rows, cols] tensors with rows `pitch` packs apart (cols / 8 for a contiguous bf16 tensor;
@@ -70,38 +87,52 @@ struct Pitches {
 
 template <typename T>
 __global__ void swiglu_forward_rows(Pack<T>* __restrict__ h, const Pack<T>* __restrict__ gate,
-                                    const Pack<T>* __restrict__ up, int64_t rows, int64_t row_packs, Pitches p) {
+                                    const Pack<T>* __restrict__ up, int64_t rows, int64_t row_packs, Pitches p,
+                                    uint32_t* amax) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= row_packs) return;
-  int64_t r = blockIdx.y;
-  for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
-    const int64_t r1 = r + gridDim.y;
-    const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], g1 = gate[r1 * p.gate + c],
-                  u1 = up[r1 * p.up + c];
-    h[r * p.h + c] = silu_times_pack(g0, u0);
-    h[r1 * p.h + c] = silu_times_pack(g1, u1);
+  uint32_t m = 0;
+  if (c < row_packs) {
+    int64_t r = blockIdx.y;
+    for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
+      const int64_t r1 = r + gridDim.y;
+      const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], g1 = gate[r1 * p.gate + c],
+                    u1 = up[r1 * p.up + c];
+      const Pack<T> h0 = silu_times_pack(g0, u0), h1 = silu_times_pack(g1, u1);
+      h[r * p.h + c] = h0;
+      h[r1 * p.h + c] = h1;
+      if (amax != nullptr) m = max(m, max(pack_max(h0), pack_max(h1)));
+    }
+    if (r < rows) {
+      const Pack<T> h0 = silu_times_pack(gate[r * p.gate + c], up[r * p.up + c]);
+      h[r * p.h + c] = h0;
+      if (amax != nullptr) m = max(m, pack_max(h0));
+    }
   }
-  if (r < rows) h[r * p.h + c] = silu_times_pack(gate[r * p.gate + c], up[r * p.up + c]);
+  if (amax != nullptr) block_amax(amax, m);
 }
 
 template <typename T, bool kWithH>
 __global__ void swiglu_backward_rows(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, const Pack<T>* dh, const Pack<T>* gate,
-                                     const Pack<T>* up, int64_t rows, int64_t row_packs, Pitches p) {
+                                     const Pack<T>* up, int64_t rows, int64_t row_packs, Pitches p, uint32_t* amax) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
-  if (c >= row_packs) return;
+  uint32_t m = 0;
   // swiglu_backward_pack writes pack i of dgate, dup and h: point them at row r's start
   auto one = [&](int64_t r, const Pack<T>& g, const Pack<T>& u, const Pack<T>& d) {
-    swiglu_backward_pack<T, kWithH>(dgate + r * p.dgate, dup + r * p.dup, kWithH ? h + r * p.h : h, c, g, u, d);
+    m = max(m, swiglu_backward_pack<T, kWithH>(dgate + r * p.dgate, dup + r * p.dup, kWithH ? h + r * p.h : h, c, g,
+                                               u, d));
   };
-  int64_t r = blockIdx.y;
-  for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
-    const int64_t r1 = r + gridDim.y;
-    const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], d0 = dh[r * p.dh + c];
-    const Pack<T> g1 = gate[r1 * p.gate + c], u1 = up[r1 * p.up + c], d1 = dh[r1 * p.dh + c];
-    one(r, g0, u0, d0);
-    one(r1, g1, u1, d1);
+  if (c < row_packs) {
+    int64_t r = blockIdx.y;
+    for (; r + gridDim.y < rows; r += 2 * int64_t{gridDim.y}) {
+      const int64_t r1 = r + gridDim.y;
+      const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], d0 = dh[r * p.dh + c];
+      const Pack<T> g1 = gate[r1 * p.gate + c], u1 = up[r1 * p.up + c], d1 = dh[r1 * p.dh + c];
+      one(r, g0, u0, d0);
+      one(r1, g1, u1, d1);
+    }
+    if (r < rows) one(r, gate[r * p.gate + c], up[r * p.up + c], dh[r * p.dh + c]);
   }
-  if (r < rows) one(r, gate[r * p.gate + c], up[r * p.up + c], dh[r * p.dh + c]);
+  if (amax != nullptr) block_amax(amax, m);
 }
 
 // Half as many y blocks as rows, so each thread takes two rows at once.
@@ -140,9 +171,18 @@ bool pitches_in_packs(const std::vector<RowLayout>& l, const std::vector<const T
   return true;
 }
 
+// The amax slot's pointer (u32 bits), after checking it: one i32 on h's device; null when undefined.
+uint32_t* amax_slot(const Tensor& amax_1, const Tensor& ref, const char* op) {
+  if (!amax_1.defined()) return nullptr;
+  ST_CHECK(amax_1.device() == ref.device() && amax_1.dtype() == DType::kI32 && amax_1.numel() == 1, op,
+           ": the amax must be one i32 on ", ref.device().str(), ", found ", amax_1.str());
+  return static_cast<uint32_t*>(amax_1.raw_data());
+}
+
 }  // namespace
 
-void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, Stream s) {
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1, Stream s) {
+  uint32_t* amax = amax_slot(amax_h_1, h_TF, "swiglu_forward");
   std::vector<RowLayout> l;
   const bool contiguous = check_all({&h_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_forward", &l);
   const int64_t n = h_TF.numel();
@@ -155,19 +195,21 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, St
       const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
       swiglu_forward_rows<T><<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
           static_cast<Pack<T>*>(h_TF.raw_data()), static_cast<const Pack<T>*>(gate_TF.raw_data()),
-          static_cast<const Pack<T>*>(up_TF.raw_data()), rows, row_packs, Pitches{pp[0], pp[1], pp[2], 0, 0, 0});
+          static_cast<const Pack<T>*>(up_TF.raw_data()), rows, row_packs, Pitches{pp[0], pp[1], pp[2], 0, 0, 0},
+          amax);
       return;
     }
     ST_CHECK(contiguous, "swiglu_forward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
     swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(h_TF.raw_data()), static_cast<const T*>(gate_TF.raw_data()),
-        static_cast<const T*>(up_TF.raw_data()), n);
+        static_cast<const T*>(up_TF.raw_data()), n, amax);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
 
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                     const Tensor& up_TF, Stream s) {
+                     const Tensor& up_TF, const Tensor& amax_grads_1, Stream s) {
+  uint32_t* amax = amax_slot(amax_grads_1, dh_TF, "swiglu_backward");
   std::vector<RowLayout> l;
   bool contiguous = check_all({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_backward", &l);
   const bool with_h = h_TF.defined();
@@ -186,14 +228,14 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
           static_cast<Pack<T>*>(dgate_TF.raw_data()), static_cast<Pack<T>*>(dup_TF.raw_data()),
           static_cast<Pack<T>*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const Pack<T>*>(dh_TF.raw_data()),
           static_cast<const Pack<T>*>(gate_TF.raw_data()), static_cast<const Pack<T>*>(up_TF.raw_data()), rows,
-          row_packs, p);
+          row_packs, p, amax);
       return;
     }
     ST_CHECK(contiguous, "swiglu_backward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
     swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(dgate_TF.raw_data()), static_cast<T*>(dup_TF.raw_data()),
         static_cast<T*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const T*>(dh_TF.raw_data()),
-        static_cast<const T*>(gate_TF.raw_data()), static_cast<const T*>(up_TF.raw_data()), n);
+        static_cast<const T*>(gate_TF.raw_data()), static_cast<const T*>(up_TF.raw_data()), n, amax);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
