@@ -241,18 +241,30 @@ void summed_product(Tensor& out_RD, const Tensor& x_RD, const BlockContext& ctx,
 
 // out = x + o(in) for the residual stream (summed_product).
 void residual_product(Tensor& out, const Tensor& in_TK, const Tensor& weight_DK, const Tensor& x, const Dims& d,
-                      const BlockContext& ctx, const char* name) {
+                      const BlockContext& ctx, const ops::LinearFp8& fp8, const char* name) {
   out = Tensor::empty(residual_shape(d), x.dtype(), x.device(), name);
   Tensor out_RD = out.view({d.R, d.D});
   summed_product(out_RD, x.view({d.R, d.D}), ctx, d,
                  [&](Tensor& o, int64_t first, int64_t end, const Tensor& add) {
                    const Tensor rows = in_TK.slice(0, first, end);
                    if (add.defined()) {
-                     ops::linear_forward_add(o, rows, weight_DK, add, ctx.fp8);
+                     ops::linear_forward_add(o, rows, weight_DK, add, fp8);
                    } else {
-                     ops::linear_forward(o, rows, weight_DK, Tensor(), ctx.fp8);
+                     ops::linear_forward(o, rows, weight_DK, Tensor(), fp8);
                    }
                  });
+}
+
+// ctx.fp8 with x's amax slot (and dy's) from `a` (BlockActivations::fp8_amax_S); plain ctx.fp8
+// where the block keeps no slots.
+ops::LinearFp8 with_amax(const ops::LinearFp8& fp8, const BlockActivations& a, BlockActivations::Fp8Amax x,
+                         int dy = -1) {
+  ops::LinearFp8 f = fp8;
+  if (!a.fp8_amax_S.defined()) return f;
+  f.x_amax = a.fp8_amax(x);
+  f.x_amax_ready = a.fp8_amax_ready[x];
+  if (dy >= 0) f.dy_amax = a.fp8_amax(static_cast<BlockActivations::Fp8Amax>(dy));
+  return f;
 }
 
 // Whether q, k and v (gate and up) come from one product: their weights stacked, and not
@@ -266,12 +278,14 @@ bool gate_up_stacked(const BlockWeights& w, const BlockContext& ctx) {
 
 // xn = norm(x) over the residual stream's rows [R, D], with its f32 1/rms. The products that
 // take it need all rows: over_all_rows or all_rows.
+// With `amax_1` defined (an FP8 amax slot, BlockActivations::fp8_amax_S) the norm also writes the
+// output's amax there.
 Tensor norm(Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps, const char* name,
-            const char* rstd_name) {
+            const char* rstd_name, const Tensor& amax_1 = {}) {
   Tensor xn_RD = like({d.R, d.D}, x_BTD, name);
   rstd_BT = Tensor::empty(d.R == d.BT ? Shape{d.B, d.T} : Shape{d.R}, d.stats, d.dev, rstd_name);
   Tensor rstd_R = rstd_BT.view({d.R});
-  ops::rmsnorm_forward(xn_RD, rstd_R, x_BTD.view({d.R, d.D}), weight_D, {eps});
+  ops::rmsnorm_forward(xn_RD, rstd_R, x_BTD.view({d.R, d.D}), weight_D, {.eps = eps, .amax_y_1 = amax_1});
   return xn_RD;
 }
 
@@ -357,7 +371,8 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     };
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor out = qkv_TE.slice(0, first, end);
-      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E, ctx.fp8);
+      ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E, with_amax(ctx.fp8, a, BlockActivations::kXn1));
+      a.fp8_amax_ready[BlockActivations::kXn1] = a.fp8_amax_S.defined();
       if (by_pieces) attend(first / d.T, end / d.T, rope);
     });
     if (!by_pieces) rope(0, d.B);
@@ -375,9 +390,10 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     };
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor q = q_TQ.slice(0, first, end), k = k_TK.slice(0, first, end), v = v_TK.slice(0, first, end);
-      ops::linear_forward(q, in, w.wq_QD, w.bq_Q, ctx.fp8);
-      ops::linear_forward(k, in, w.wk_KD, w.bk_K, ctx.fp8);
-      ops::linear_forward(v, in, w.wv_KD, w.bv_K, ctx.fp8);
+      ops::linear_forward(q, in, w.wq_QD, w.bq_Q, with_amax(ctx.fp8, a, BlockActivations::kXn1));
+      a.fp8_amax_ready[BlockActivations::kXn1] = a.fp8_amax_S.defined();
+      ops::linear_forward(k, in, w.wk_KD, w.bk_K, with_amax(ctx.fp8, a, BlockActivations::kXn1));
+      ops::linear_forward(v, in, w.wv_KD, w.bv_K, with_amax(ctx.fp8, a, BlockActivations::kXn1));
       if (by_pieces) attend(first / d.T, end / d.T, rope);
     });
     if (!by_pieces) rope(0, d.B);
@@ -395,7 +411,9 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
   }
 
-  residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx, "x2");
+  residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx,
+                   with_amax(ctx.fp8, a, BlockActivations::kAttn), "x2");
+  a.fp8_amax_ready[BlockActivations::kAttn] = a.fp8_amax_S.defined();
 }
 
 // The MLP's inner tensors for R token rows: gate and up (the halves of one stacked product
@@ -447,10 +465,12 @@ void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w,
   MlpRows m = mlp_tensors(d.BT, xn2_RD, w, ctx, d.F, true);
   Tensor xn2_TD;
   over_all_rows(xn2_TD, xn2_RD, ctx, d, "xn2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
-    gate_up_products(m, in, first, end, w, ctx.fp8);
+    gate_up_products(m, in, first, end, w, with_amax(ctx.fp8, a, BlockActivations::kXn2));
+    a.fp8_amax_ready[BlockActivations::kXn2] = a.fp8_amax_S.defined();
   });
   a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
-  ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
+  ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF, a.fp8_amax(BlockActivations::kH));
+  a.fp8_amax_ready[BlockActivations::kH] = a.fp8_amax_S.defined();
   a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
   if (m.gate_up_R2F.defined()) {
     a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
@@ -504,13 +524,26 @@ struct MlpBackwardHooks {
 // when undefined, is recomputed by the SwiGLU backward for the down projection's weight
 // gradient. Weight gradients per `dw` (and `dw_dx` for the second product into dxn2). With
 // hooks.down_input_gradient, dy_RD is read only after that hook ran (it may fill it).
+// The amax slots the MLP's backward uses (BlockActivations::fp8_amax_S; undefined without): h's
+// and xn2's, ready from the forward, and the gate|up gradients', which the SwiGLU backward fills.
+struct MlpAmax {
+  Tensor h, xn2, grads;
+};
+
 void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, const Tensor& xn2_RD, Tensor gate_up_R2F,
                        Tensor gate_RF, Tensor up_RF, Tensor h_RF, const BlockWeights& w,
                        const ops::LinearBackwardOptions& dw, const ops::LinearBackwardOptions& dw_dx,
-                       const MlpBackwardHooks& hooks = {}) {
+                       const MlpBackwardHooks& hooks = {}, const MlpAmax& amax = {}) {
   const int64_t R = gate_RF.size(0), F = gate_RF.size(1), D = xn2_RD.size(1);
   Tensor none;
   const ops::LinearBackwardOptions input_only{.fp8 = dw.fp8};  // the products' FP8 recipe, if any
+  // the options with x's and dy's amax slots (ready) set
+  auto with = [](ops::LinearBackwardOptions o, const Tensor& x_amax, const Tensor& dy_amax) {
+    o.fp8.x_amax = x_amax;
+    o.fp8.x_amax_ready = x_amax.defined();
+    o.fp8.dy_amax = dy_amax;
+    return o;
+  };
   // y = x2 + down(h): dy flows to x2 unchanged and through down_proj. gate and up are read
   // for the last time by the SwiGLU backward, so their gradients overwrite them. h feeds the
   // down projection's weight gradient, which therefore comes after.
@@ -524,17 +557,20 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
   const bool recompute_h = !h_RF.defined();
   if (recompute_h) h_RF = like({R, F}, gate_RF, "h (recomputed)");
   Tensor h_out_RF = recompute_h ? h_RF : Tensor();
-  ops::swiglu_backward(gate_RF, up_RF, h_out_RF, dh_RF, gate_RF, up_RF);
+  // the amax of the stacked gradients is the gate|up product's dy's (apart, each has its own)
+  const Tensor grads_amax = stacked ? amax.grads : Tensor();
+  ops::swiglu_backward(gate_RF, up_RF, h_out_RF, dh_RF, gate_RF, up_RF, grads_amax);
   dh_RF = Tensor();
-  ops::linear_backward(none, g.w_down_DF, none, dy_RD, h_RF, w.w_down_DF, dw);
+  ops::linear_backward(none, g.w_down_DF, none, dy_RD, h_RF, w.w_down_DF, with(dw, amax.h, Tensor()));
   h_RF = h_out_RF = Tensor();
   if (!dxn2_RD.defined()) dxn2_RD = like({R, D}, xn2_RD, "dxn2");
   if (!hooks.after_input_gradient) {
     if (stacked) {
-      ops::linear_backward(dxn2_RD, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD, dw);
+      ops::linear_backward(dxn2_RD, g.w_gate_up_2FD, none, gate_up_R2F, xn2_RD, w.w_gate_up_2FD,
+                           with(dw, amax.xn2, grads_amax));
     } else {
-      ops::linear_backward(dxn2_RD, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, dw);
-      ops::linear_backward(dxn2_RD, g.w_up_FD, none, up_RF, xn2_RD, w.w_up_FD, dw_dx);
+      ops::linear_backward(dxn2_RD, g.w_gate_FD, none, gate_RF, xn2_RD, w.w_gate_FD, with(dw, amax.xn2, Tensor()));
+      ops::linear_backward(dxn2_RD, g.w_up_FD, none, up_RF, xn2_RD, w.w_up_FD, with(dw_dx, amax.xn2, Tensor()));
     }
     return;
   }
@@ -561,7 +597,15 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   const Dims d = dims_of(ctx, x_BTD);
   ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
-  const Tensor xn1_RD = norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1");
+  if (ctx.fp8.recipe == ops::Fp8Recipe::kTensorwise && ctx.tp == nullptr && ctx.mlp_chunk_tokens == 0 &&
+      !a.fp8_amax_S.defined()) {
+    a.fp8_amax_S = Tensor::empty({BlockActivations::kFp8Amaxes}, DType::kI32, d.dev, "FP8 amaxes");
+    ops::fill(a.fp8_amax_S, 0.0);
+    a.fp8_amax_ready = {};
+  }
+  const Tensor xn1_RD =
+      norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
+  a.fp8_amax_ready[BlockActivations::kXn1] = a.fp8_amax_S.defined();
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
@@ -569,7 +613,9 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   } else {
     attention_half(a, xn1_RD, w, ctx, d);
   }
-  const Tensor xn2_RD = norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2");
+  const Tensor xn2_RD =
+      norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2", a.fp8_amax(BlockActivations::kXn2));
+  a.fp8_amax_ready[BlockActivations::kXn2] = a.fp8_amax_S.defined();
   if (part == BlockPart::kNorms || ctx.mlp_chunk_tokens > 0)
     a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
   if (part == BlockPart::kNorms) {
@@ -585,7 +631,8 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   mlp_inner(a, xn2_RD, w, ctx, d);
   if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
 
-  residual_product(a.y_BTD, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD, d, ctx, "y");
+  residual_product(a.y_BTD, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD, d, ctx,
+                   with_amax(ctx.fp8, a, BlockActivations::kH), "y");
 }
 
 void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, BlockActivations& a, const BlockWeights& w,
@@ -633,8 +680,10 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     } else {
       dy_TD = dy_RD.view({BT, D});
     }
+    const MlpAmax mlp_amax{a.fp8_amax(BlockActivations::kH), a.fp8_amax(BlockActivations::kXn2),
+                           a.fp8_amax(BlockActivations::kGateUpGrads)};
     mlp_backward_rows(dxn2_TD, g, dy_TD, xn2_TD, std::move(gate_up), std::move(gate), std::move(up), std::move(h), w,
-                      dw, dw_dx, hooks);
+                      dw, dw_dx, hooks, mlp_amax);
     reserve.reset();
     if (sequence_split(ctx)) ctx.tp->finish();
   } else {
@@ -704,7 +753,9 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     });
     ops::linear_backward(none, g.wo_DQ, none, dx2_TD, a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
   } else {
-    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, dw);
+    ops::LinearBackwardOptions o_dw = dw;
+    o_dw.fp8 = with_amax(ctx.fp8, a, BlockActivations::kAttn);
+    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, o_dw);
   }
   if (!by_pieces) attend_backward(0, B);
   dattn_BTNH = dattn_TQ = Tensor();
@@ -728,7 +779,9 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
       }
       ctx.tp->finish();
     } else {
-      ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_TE, xn1_TD, w.wqkv_ED, dw);
+      ops::LinearBackwardOptions qkv_dw = dw;
+      qkv_dw.fp8 = with_amax(ctx.fp8, a, BlockActivations::kXn1);
+      ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_TE, xn1_TD, w.wqkv_ED, qkv_dw);
     }
   } else {
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
@@ -752,9 +805,11 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
       }
       ctx.tp->finish();
     } else {
-      ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_TQ, xn1_TD, w.wq_QD, dw);
-      ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_TK, xn1_TD, w.wk_KD, dw_dx);
-      ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_TK, xn1_TD, w.wv_KD, dw_dx);
+      ops::LinearBackwardOptions q_dw = dw, kv_dw = dw_dx;
+      q_dw.fp8 = kv_dw.fp8 = with_amax(ctx.fp8, a, BlockActivations::kXn1);
+      ops::linear_backward(dxn1_TD, g.wq_QD, g.bq_Q, dq_TQ, xn1_TD, w.wq_QD, q_dw);
+      ops::linear_backward(dxn1_TD, g.wk_KD, g.bk_K, dk_TK, xn1_TD, w.wk_KD, kv_dw);
+      ops::linear_backward(dxn1_TD, g.wv_KD, g.bv_K, dv_TK, xn1_TD, w.wv_KD, kv_dw);
     }
   }
   if (!dxn1_RD.defined()) dxn1_RD = summed_rows(dxn1_TD, ctx, d, "dxn1");

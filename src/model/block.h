@@ -4,6 +4,7 @@
 //   y  = x2 + down_proj(silu(gate_proj(norm2(x2))) * up_proj(norm2(x2)))
 #pragma once
 
+#include <array>
 #include <vector>
 
 #include "core/tensor.h"
@@ -63,6 +64,14 @@ struct BlockActivations {
   Tensor gate_BTF, up_BTF, h_BTF;  // h = silu(gate) * up
   Tensor gate_up_BT2F;             // when stacked: one product, gate and up its halves (views)
   Tensor y_BTD;                 // block output
+  // training.fp8 = tensorwise on a block whose products see all their rows at once (no tensor
+  // parallelism): the amax of each product's input and of the gate|up product's output
+  // gradient (u32 bits, ops/fp8.h), made by the op that makes the tensor (SwiGLU) or by the
+  // forward's quantisation, and reused by the backward's instead of a pass of its own.
+  enum Fp8Amax { kXn1, kAttn, kXn2, kH, kGateUpGrads, kFp8Amaxes };
+  Tensor fp8_amax_S;                               // [kFp8Amaxes] i32 on the block's device
+  std::array<bool, kFp8Amaxes> fp8_amax_ready{};  // which hold their tensor's amax already
+  Tensor fp8_amax(Fp8Amax which) const { return fp8_amax_S.defined() ? fp8_amax_S.slice(0, which, which + 1) : Tensor(); }
 
   // After the block's forward: drops what `checkpointing` recomputes (and y, the next
   // block's input, kept there): pointwise: xn1, xn2, their rstd and h; selective: also gate

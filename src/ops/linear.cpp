@@ -5,8 +5,18 @@
 namespace shardtrain::ops {
 namespace {
 
+// The role's scaling and format, with the amax the call knows of (tensorwise x and dy).
 Fp8QuantizeOptions quantize_options(const LinearFp8& fp8, Fp8Role role) {
-  return {fp8_scaling(fp8.recipe, role), role == Fp8Role::kGradient ? fp8.gradient_format : DType::kF8E4M3};
+  Fp8QuantizeOptions o{fp8_scaling(fp8.recipe, role), role == Fp8Role::kGradient ? fp8.gradient_format : DType::kF8E4M3};
+  if (o.scaling == Fp8Scaling::kTensor && role == Fp8Role::kActivation) {
+    o.amax = fp8.x_amax;
+    o.amax_ready = fp8.x_amax_ready;
+  }
+  if (o.scaling == Fp8Scaling::kTensor && role == Fp8Role::kGradient && fp8.dy_amax.defined()) {
+    o.amax = fp8.dy_amax;
+    o.amax_ready = true;
+  }
+  return o;
 }
 
 void check_formats(const LinearFp8& fp8, const char* op) {

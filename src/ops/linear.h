@@ -19,6 +19,11 @@ namespace shardtrain::ops {
 struct LinearFp8 {
   Fp8Recipe recipe = Fp8Recipe::kOff;
   DType gradient_format = DType::kF8E5M2;
+  // Tensorwise only (Fp8QuantizeOptions::amax): x's amax slot, read when x_amax_ready and
+  // written by the forward's pass otherwise (the backward's x^T then reuses it); dy's, read.
+  Tensor x_amax = {};
+  bool x_amax_ready = false;
+  Tensor dy_amax = {};
   bool on() const { return recipe != Fp8Recipe::kOff; }
 };
 
