@@ -94,6 +94,44 @@ TEST(ShardedTraining, MatchesOneRank) {
   std::filesystem::remove(corpus);
 }
 
+// FP8 products under FSDP: blockwise scales (1x128 groups of a row, 128x128 weight blocks, and
+// for the weight gradients 1x128 groups of tokens, which never straddle two sequences when
+// sequences are 128 tokens long) group the same values on one rank and on N, so N ranks compute
+// what one rank does, up to the order of f32 sums. Unlike bf16 or f32, that order can then move
+// a value across an FP8 rounding midpoint, changing its code by one step (up to 2^-3 of it in
+// e4m3), so after the first update the curves may part by more than the order of sums alone:
+// at 4 ranks the gradient norm moved by 3e-6 at step 4 and 2.6e-5 at step 5 (2 and 3 ranks: at
+// most 2e-8). The first step's loss and gradient norm must agree to f32 rounding (1e-5), later
+// steps to 1e-4 (loss) and 1e-3 (gradient norm). (Tensorwise and rowwise scales of a rank's
+// activations see only its own sequences: those recipes part from one rank by FP8 rounding.)
+TEST(ShardedTraining, Fp8BlockwiseMatchesOneRank) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const std::string corpus = corpus_file(r);
+  auto fp8_job = [&](int64_t batch_size) {
+    train::JobConfig c = job(corpus, batch_size);
+    c.model.dim = 64;
+    c.model.ffn_dim = 96;
+    c.model.max_seq_len = 128;
+    c.training.seq_len = 128;
+    c.training.steps = 5;
+    c.training.fp8 = "blockwise";
+    return c;
+  };
+  auto single = dist::make_single_rank();
+  const train::TrainSummary a = train::Trainer(fp8_job(w), single.get()).run();
+  const train::TrainSummary b = train::Trainer(fp8_job(1), comm.get()).run();
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    const double loss_tol = i == 0 ? 1e-5 : 1e-4, norm_tol = i == 0 ? 1e-5 : 1e-3;
+    EXPECT_NEAR(b.steps[i].loss, a.steps[i].loss, loss_tol * a.steps[i].loss) << "step " << i + 1 << " of " << w;
+    EXPECT_NEAR(b.steps[i].grad_norm, a.steps[i].grad_norm, norm_tol * a.steps[i].grad_norm)
+        << "step " << i + 1 << " of " << w;
+  }
+  EXPECT_LT(a.steps.back().loss, a.steps.front().loss - 0.2);
+  std::filesystem::remove(corpus);
+}
+
 // Compute shards (parallel.compute_shards) change where the compute copies come from, not
 // their values. With f64 master weights and f32 compute on the CPU (the GPU's f32/bf16 pair,
 // one level up), three steps with AdamW writing the copies equal three steps casting the

@@ -139,6 +139,30 @@ TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
   std::filesystem::remove_all(out);
 }
 
+// FP8 under every activation checkpointing policy: the recomputed products quantise the same
+// values with the same scales (a recomputed tensor's amax is its forward's), so the gradients,
+// and with them the losses, are bitwise those of keeping everything, as without FP8.
+TEST(Trainer, Fp8GradientsAreTheSameUnderEveryCheckpointingPolicy) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_trainer_fp8_ac_" + std::to_string(::getpid()))).string();
+  JobConfig c = short_default_job(out);
+  c.training.steps = 4;
+  c.sample.tokens = 0;
+  for (const char* recipe : {"tensorwise", "blockwise"}) {
+    c.training.fp8 = recipe;
+    c.training.activation_checkpointing = "none";
+    const TrainSummary kept = Trainer(c).run();
+    for (const char* policy : {"pointwise", "selective", "full"}) {
+      c.training.activation_checkpointing = policy;
+      const TrainSummary s = Trainer(c).run();
+      ASSERT_EQ(s.steps.size(), kept.steps.size());
+      for (size_t i = 0; i < s.steps.size(); ++i)
+        EXPECT_EQ(s.steps[i].loss, kept.steps[i].loss) << recipe << ", " << policy << ", step " << i + 1;
+    }
+  }
+  std::filesystem::remove_all(out);
+}
+
 // Evaluation runs at least at the end: a held-out split smaller than one batch is refused
 // before training, not after it (when the last checkpoint would not be written yet).
 TEST(Trainer, HeldOutSplitTooSmallForOneBatchIsAnErrorBeforeTraining) {
