@@ -12,7 +12,7 @@
 // 4M outputs, against the f64 CPU twin (linear and SwiGLU), then all are timed sustained
 // with it (2 s of load, three interleaved rounds of ~100 ms, the median). Not used by the
 // engine: at the 1B shape it is within a few per cent of the cuBLASLt path either way
-// (BENCHMARKS.md, sessions 11 and 12).
+// (BENCHMARKS.md, commits 740caee and 37d8b1d).
 //   mlp_fused_bench [tokens = 32768] [dim = 2048] [ffn = 8192] [--once: each path once, for ncu]
 #include <cuda.h>
 #include <cudaTypedefs.h>

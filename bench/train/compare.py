@@ -224,7 +224,7 @@ def build_plan(row: Row, preset: Preset, opts: argparse.Namespace) -> Plan:
         args += ["--replicate", str(row.replicate)]
     env, prepend = {}, {}
     if preset.multi_gpu and "NCCL_NVLS_ENABLE" not in os.environ:
-        env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the lent machines
+        env["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast stays off on the GPU machines
     if row.ours:
         bench = display_path(opts.train_bench)
         lib = opts.train_bench.parent.parent / "lib"

@@ -1,5 +1,5 @@
 // The memory plan against peaks the engine reached on GPUs (the allocator's peak bytes,
-// recorded in BENCHMARKS.md, 2026-11-23 sessions 5 to 7: bf16 logits, 8192-token loss chunks;
+// recorded in BENCHMARKS.md, 2026-11-23, commits 8eaba86 to 9e9c814: bf16 logits, 8192-token loss chunks;
 // full recompute without the block's output product, selective and pointwise checkpointing,
 // the MLP gradients written over gate and up), and the plan's bookkeeping on the CPU.
 #include "train/plan.h"
@@ -38,18 +38,18 @@ TEST(Plan, MatchesThePeaksMeasuredOnGpus) {
   using enum model::ActivationCheckpointing;
   const Measured runs[] = {
       {"1B, H100, bs 4", llama_1b(), 1, 4, kNone, 39.9},   {"1B, H100, bs 8", llama_1b(), 1, 8, kNone, 58.7},
-      // session 7: gate's and up's gradients overwrite them in the backward (full, selective: -1 GiB)
+      // commit 9e9c814: gate's and up's gradients overwrite them in the backward (full, selective: -1 GiB)
       {"1B, H100, bs 8, full AC", llama_1b(), 1, 8, kFull, 23.9},
       {"1B, H100, bs 8, selective AC", llama_1b(), 1, 8, kSelective, 30.7},
       {"1B, H100, bs 4, pointwise AC", llama_1b(), 1, 4, kPointwise, 33.9},
       {"1B, H100, bs 8, pointwise AC", llama_1b(), 1, 8, kPointwise, 46.7},
       {"8B, 2 H200, bs 1", llama_8b(), 2, 1, kNone, 81.6}, {"8B, 2 H200, bs 2", llama_8b(), 2, 2, kNone, 99.7},
       {"8B, 2 H200, bs 3", llama_8b(), 2, 3, kNone, 116.9},
-      // full AC's in-backward peak, re-measured after session 7's in-place MLP gradients on the
+      // full AC's in-backward peak, re-measured after commit 9e9c814's in-place MLP gradients on the
       // one kind of machine lent then (the 2-H200 figure, 72.2 GiB at bs 4, predates them)
       {"8B, 1 H200, bs 2, full AC", llama_8b(), 1, 2, kFull, 125.5},
       {"8B, 1 H200, bs 4, full AC", llama_8b(), 1, 4, kFull, 127.8},
-      // session 8: the largest unchecked batch, and bf16 compute shards used in place
+      // commit 558c319: the largest unchecked batch, and bf16 compute shards used in place
       {"1B, H100, bs 10", llama_1b(), 1, 10, kNone, 68.1},
       {"1B, H100, bs 4, shards", llama_1b(), 1, 4, kNone, 41.6, true},
       {"1B, H100, bs 8, shards", llama_1b(), 1, 8, kNone, 60.4, true},
@@ -435,7 +435,7 @@ TEST(Plan, AutoOffloadBlocksTakeTheFewestThatFit) {
   EXPECT_EQ(c.plan.host_activations, c.blocks * (int64_t{1} << 30));
   std::printf("8B x 131,072 on an 80 GB H100: %lld blocks, peak %.2f GiB\n", static_cast<long long>(c.blocks),
               static_cast<double>(c.plan.peak) / (1u << 30));
-  // measured on the H100 (session 19, allocator peaks): the trainer's auto choice, 2 blocks,
+  // measured on the H100 (commit d6a5e3b, allocator peaks): the trainer's auto choice, 2 blocks,
   // 74.89 GiB; train_bench with 12 blocks offloaded, 64.89 GiB
   auto gib = [](int64_t bytes) { return static_cast<double>(bytes) / (1u << 30); };
   EXPECT_EQ(c.blocks, 2);
