@@ -255,15 +255,14 @@ void residual_product(Tensor& out, const Tensor& in_TK, const Tensor& weight_DK,
                  });
 }
 
-// ctx.fp8 with x's amax slot (and dy's) from `a` (BlockActivations::fp8_amax_S); plain ctx.fp8
-// where the block keeps no slots.
+// ctx.fp8 with x's amax slot from `a` (BlockActivations::fp8_amax_S), which the op that made x
+// has filled (the norms, SwiGLU) unless `ready` is false (the attention output, whose first
+// product's pass fills it); plain ctx.fp8 where the block keeps no slots.
 ops::LinearFp8 with_amax(const ops::LinearFp8& fp8, const BlockActivations& a, BlockActivations::Fp8Amax x,
-                         int dy = -1) {
+                         bool ready = true) {
   ops::LinearFp8 f = fp8;
-  if (!a.fp8_amax_S.defined()) return f;
   f.x_amax = a.fp8_amax(x);
-  f.x_amax_ready = a.fp8_amax_ready[x];
-  if (dy >= 0) f.dy_amax = a.fp8_amax(static_cast<BlockActivations::Fp8Amax>(dy));
+  f.x_amax_ready = ready && f.x_amax.defined();
   return f;
 }
 
@@ -277,9 +276,8 @@ bool gate_up_stacked(const BlockWeights& w, const BlockContext& ctx) {
 }
 
 // xn = norm(x) over the residual stream's rows [R, D], with its f32 1/rms. The products that
-// take it need all rows: over_all_rows or all_rows.
-// With `amax_1` defined (an FP8 amax slot, BlockActivations::fp8_amax_S) the norm also writes the
-// output's amax there.
+// take it need all rows: over_all_rows or all_rows. With `amax_1` defined (an FP8 amax slot,
+// BlockActivations::fp8_amax_S) the norm also writes the output's amax there.
 Tensor norm(Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps, const char* name,
             const char* rstd_name, const Tensor& amax_1 = {}) {
   Tensor xn_RD = like({d.R, d.D}, x_BTD, name);
@@ -372,7 +370,6 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor out = qkv_TE.slice(0, first, end);
       ops::linear_forward(out, in, w.wqkv_ED, w.bqkv_E, with_amax(ctx.fp8, a, BlockActivations::kXn1));
-      a.fp8_amax_ready[BlockActivations::kXn1] = a.fp8_amax_S.defined();
       if (by_pieces) attend(first / d.T, end / d.T, rope);
     });
     if (!by_pieces) rope(0, d.B);
@@ -391,7 +388,6 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     over_all_rows(xn1_TD, xn1_RD, ctx, d, "xn1 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor q = q_TQ.slice(0, first, end), k = k_TK.slice(0, first, end), v = v_TK.slice(0, first, end);
       ops::linear_forward(q, in, w.wq_QD, w.bq_Q, with_amax(ctx.fp8, a, BlockActivations::kXn1));
-      a.fp8_amax_ready[BlockActivations::kXn1] = a.fp8_amax_S.defined();
       ops::linear_forward(k, in, w.wk_KD, w.bk_K, with_amax(ctx.fp8, a, BlockActivations::kXn1));
       ops::linear_forward(v, in, w.wv_KD, w.bv_K, with_amax(ctx.fp8, a, BlockActivations::kXn1));
       if (by_pieces) attend(first / d.T, end / d.T, rope);
@@ -412,8 +408,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   }
 
   residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx,
-                   with_amax(ctx.fp8, a, BlockActivations::kAttn), "x2");
-  a.fp8_amax_ready[BlockActivations::kAttn] = a.fp8_amax_S.defined();
+                   with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
 }
 
 // The MLP's inner tensors for R token rows: gate and up (the halves of one stacked product
@@ -466,11 +461,9 @@ void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w,
   Tensor xn2_TD;
   over_all_rows(xn2_TD, xn2_RD, ctx, d, "xn2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
     gate_up_products(m, in, first, end, w, with_amax(ctx.fp8, a, BlockActivations::kXn2));
-    a.fp8_amax_ready[BlockActivations::kXn2] = a.fp8_amax_S.defined();
   });
   a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
   ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF, a.fp8_amax(BlockActivations::kH));
-  a.fp8_amax_ready[BlockActivations::kH] = a.fp8_amax_S.defined();
   a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
   if (m.gate_up_R2F.defined()) {
     a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
@@ -601,11 +594,9 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
       !a.fp8_amax_S.defined()) {
     a.fp8_amax_S = Tensor::empty({BlockActivations::kFp8Amaxes}, DType::kI32, d.dev, "FP8 amaxes");
     ops::fill(a.fp8_amax_S, 0.0);
-    a.fp8_amax_ready = {};
   }
   const Tensor xn1_RD =
       norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
-  a.fp8_amax_ready[BlockActivations::kXn1] = a.fp8_amax_S.defined();
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
@@ -615,7 +606,6 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   }
   const Tensor xn2_RD =
       norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2", a.fp8_amax(BlockActivations::kXn2));
-  a.fp8_amax_ready[BlockActivations::kXn2] = a.fp8_amax_S.defined();
   if (part == BlockPart::kNorms || ctx.mlp_chunk_tokens > 0)
     a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
   if (part == BlockPart::kNorms) {

@@ -4,7 +4,6 @@
 //   y  = x2 + down_proj(silu(gate_proj(norm2(x2))) * up_proj(norm2(x2)))
 #pragma once
 
-#include <array>
 #include <vector>
 
 #include "core/tensor.h"
@@ -66,11 +65,11 @@ struct BlockActivations {
   Tensor y_BTD;                 // block output
   // training.fp8 = tensorwise on a block whose products see all their rows at once (no tensor
   // parallelism): the amax of each product's input and of the gate|up product's output
-  // gradient (u32 bits, ops/fp8.h), made by the op that makes the tensor (SwiGLU) or by the
-  // forward's quantisation, and reused by the backward's instead of a pass of its own.
+  // gradient (u32 bits, ops/fp8.h), made by the op that makes the tensor (the norms, SwiGLU) or,
+  // for the attention output, by its forward product's quantisation, and read by every later
+  // quantisation of it instead of a pass of its own. Recomputation writes the same values again.
   enum Fp8Amax { kXn1, kAttn, kXn2, kH, kGateUpGrads, kFp8Amaxes };
-  Tensor fp8_amax_S;                               // [kFp8Amaxes] i32 on the block's device
-  std::array<bool, kFp8Amaxes> fp8_amax_ready{};  // which hold their tensor's amax already
+  Tensor fp8_amax_S;  // [kFp8Amaxes] i32 on the block's device
   Tensor fp8_amax(Fp8Amax which) const { return fp8_amax_S.defined() ? fp8_amax_S.slice(0, which, which + 1) : Tensor(); }
 
   // After the block's forward: drops what `checkpointing` recomputes (and y, the next

@@ -59,19 +59,29 @@ void check_cuda_tensor(const Tensor& t, const char* op, const char* arg);
 // infinity), so integer max and atomicMax find the largest magnitude and keep a NaN.
 __device__ __forceinline__ uint32_t magnitude_bits(float v) { return __float_as_uint(v) & 0x7fffffffu; }
 
-// Max-es the block's largest `m` into *amax: one atomic per block, skipped where the value in L2
-// is already as large (a stale read only costs an atomic). Every thread of the block calls it.
-__device__ __forceinline__ void block_amax(uint32_t* amax, uint32_t m) {
-  __shared__ uint32_t warp_max[32];
+// The largest `m` of the warp's 32 lanes, in every lane.
+__device__ __forceinline__ uint32_t warp_max(uint32_t m) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (threadIdx.x % 32 == 0) warp_max[threadIdx.x / 32] = m;
+  return m;
+}
+
+// Max-es `m` into *amax, skipped where the value in L2 is already as large (a stale read only
+// costs an atomic).
+__device__ __forceinline__ void atomic_amax(uint32_t* amax, uint32_t m) {
+  if (m > __ldcg(amax)) atomicMax(amax, m);
+}
+
+// Max-es the block's largest `m` into *amax: one atomic per block. Every thread of the block
+// calls it.
+__device__ __forceinline__ void block_amax(uint32_t* amax, uint32_t m) {
+  __shared__ uint32_t warp_maxima[32];
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0) warp_maxima[threadIdx.x / 32] = m;
   __syncthreads();
   if (threadIdx.x < 32) {
-    m = threadIdx.x < (blockDim.x + 31) / 32 ? warp_max[threadIdx.x] : 0u;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-    if (threadIdx.x == 0 && m > __ldcg(amax)) atomicMax(amax, m);
+    m = warp_max(threadIdx.x < (blockDim.x + 31) / 32 ? warp_maxima[threadIdx.x] : 0u);
+    if (threadIdx.x == 0) atomic_amax(amax, m);
   }
 }
 

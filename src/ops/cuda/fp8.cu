@@ -17,13 +17,7 @@ constexpr int kTile = 128;         // rows and columns of x per tile
 constexpr int kTileThreads = 256;  // 16 groups of 8 rows x 16 chunks of 8 columns
 constexpr int kWarps = kTileThreads / 32;
 
-__device__ __forceinline__ uint32_t warp_max(uint32_t v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-
-// amax[0] = max |x| over every element (bits), by block maxima and one atomic per block. With
+// amax[0] = max |x| over every element (bits), one atomic per block (block_amax). With
 // `packed` (C and pitch multiples of a 16-byte pack, x aligned) a thread reads a pack at a time.
 template <typename T>
 __global__ void amax_all_kernel(uint32_t* amax, const T* x, int64_t R, int64_t C, int64_t pitch, bool packed) {
@@ -41,15 +35,7 @@ __global__ void amax_all_kernel(uint32_t* amax, const T* x, int64_t R, int64_t C
   } else {
     for (int64_t i = start; i < R * C; i += step) m = max(m, magnitude_bits(to_f32(x[i / C * pitch + i % C])));
   }
-  m = warp_max(m);
-  __shared__ uint32_t partial[32];
-  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = m;
-  __syncthreads();
-  if (threadIdx.x < 32) {
-    m = threadIdx.x < blockDim.x / 32 ? partial[threadIdx.x] : 0;
-    m = warp_max(m);
-    if (threadIdx.x == 0) atomicMax(amax, m);
-  }
+  block_amax(amax, m);
 }
 
 // Loads x's 8 values [row, col, col + 8) as f32, zero past R or C. `vec`: rows 16-byte aligned

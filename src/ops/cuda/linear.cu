@@ -339,9 +339,10 @@ Fp8Operand rows_padded(const Fp8Operand& q, int64_t rows, Stream s) {
   p.scaling = q.scaling;
   p.cols = q.cols;
   p.data_RP = Tensor::empty({rows, P}, q.data_RP.dtype(), dev, "FP8 operand (rows padded)", s);
-  ST_CUDA_CHECK(cudaMemsetAsync(p.data_RP.raw_data(), 0, p.data_RP.nbytes(), stream));
   ST_CUDA_CHECK(cudaMemcpyAsync(p.data_RP.raw_data(), q.data_RP.raw_data(), q.data_RP.nbytes(),
                                 cudaMemcpyDeviceToDevice, stream));
+  ST_CUDA_CHECK(cudaMemsetAsync(static_cast<uint8_t*>(p.data_RP.raw_data()) + q.data_RP.nbytes(), 0,
+                                p.data_RP.nbytes() - q.data_RP.nbytes(), stream));
   p.scale = Tensor::empty({groups, rows}, DType::kF32, dev, "FP8 scales (rows padded)", s);
   fill(p.scale, 1.0, s);
   ST_CUDA_CHECK(cudaMemcpy2DAsync(p.scale.raw_data(), rows * sizeof(float), q.scale.raw_data(), R * sizeof(float),

@@ -14,12 +14,11 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// A warp's largest magnitude max-ed into *amax (FP8's amax, ops/fp8.h): one atomic a warp, skipped
-// where the value in L2 is already as large. Every lane of the warp calls it.
+// A warp's largest magnitude max-ed into *amax (FP8's amax, ops/fp8.h): one atomic a warp (a
+// row's warp may end early, so no block-wide step). Every lane of the warp calls it.
 __device__ __forceinline__ void warp_amax(uint32_t* amax, uint32_t m) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) m = max(m, __shfl_xor_sync(0xffffffffu, m, o));
-  if (threadIdx.x % 32 == 0 && m > __ldcg(amax)) atomicMax(amax, m);
+  m = warp_max(m);
+  if (threadIdx.x % 32 == 0) atomic_amax(amax, m);
 }
 
 template <typename T>
