@@ -4,10 +4,15 @@ text, trained once per `training.fp8` setting, then one plot and a table of held
 
   fp8_curves.py data --out FILE TEXT...    # real text as blank-line separated documents (below)
   fp8_curves.py run  --shardtrain BIN --data FILE --out DIR [--steps 2000] [--recipes off,tensorwise,...]
-  fp8_curves.py plot --out DIR [--png FILE] [--markdown FILE]
+                     [--tokenizer FOLDER] [--batch 8]
+  fp8_curves.py plot --out DIR [--png FILE] [--markdown FILE] [--title TEXT]
+
+A recipe is a `training.fp8` value, or one with `+head` (`tensorwise+head`): the head's products in
+FP8 too (`training.fp8_head`). `--tokenizer` trains on a tokenizer's tokens instead of bytes (a
+folder with tokenizer.json, e.g. Llama 3's: the head then has its 128,256 rows).
 
 `run` trains each recipe in turn with `shardtrain train` (each run's metrics in DIR/<recipe>.jsonl,
-its log in DIR/<recipe>.log); `plot` reads them, draws the training loss (smoothed) and the held-out
+its log in DIR/<recipe>.log, `+` written `-`); `plot` reads them, draws the training loss (smoothed) and the held-out
 loss of every recipe in one PNG, and prints each recipe's last held-out loss with its gap to bf16's.
 A recipe passes when its last held-out loss is within 0.5 % of bf16's.
 """
@@ -24,8 +29,7 @@ import time
 JOB = [
     "--model.dim=2048", "--model.n_layers=4", "--model.n_heads=32", "--model.n_kv_heads=8",
     "--model.ffn_dim=8192", "--model.max_seq_len=512", "--model.rope_theta=500000",
-    "--data.tokenizer=byte", "--data.val_fraction=0.02",
-    "--training.seq_len=512", "--training.batch_size=8", "--training.seed=1234",
+    "--data.val_fraction=0.02", "--training.seq_len=512", "--training.seed=1234",
     "--optimizer.lr=6e-4", "--optimizer.weight_decay=0.1", "--schedule.type=cosine",
     "--schedule.warmup_steps=100", "--schedule.min_lr_ratio=0.1",
     "--eval.interval_steps=100", "--eval.batches=16", "--eval.at_start=true",
@@ -33,7 +37,13 @@ JOB = [
     "--checkpoint.interval_steps=0", "--export.folder=",
 ]
 RECIPES = ["off", "tensorwise", "rowwise", "blockwise"]
+ORDER = RECIPES + [r + "+head" for r in RECIPES[1:]]  # the plot's order
 PASS_GAP = 0.005  # a recipe passes within 0.5 % of bf16's last held-out loss
+
+
+def stem(recipe):
+    """A recipe's file names: `tensorwise+head` -> `tensorwise-head`."""
+    return recipe.replace("+", "-")
 
 
 def data(a):
@@ -72,16 +82,19 @@ def data(a):
 def run(a):
     os.makedirs(a.out, exist_ok=True)
     for recipe in a.recipes.split(","):
-        metrics = os.path.join(a.out, f"{recipe}.jsonl")
+        metrics = os.path.join(a.out, f"{stem(recipe)}.jsonl")
+        fp8, head = recipe.split("+")[0], recipe.endswith("+head")
         cmd = [a.shardtrain, "train", *JOB, f"--data.source={a.data}", f"--training.steps={a.steps}",
-               f"--training.fp8={recipe}", f"--logging.metrics_file={metrics}",
-               f"--run.output_dir={os.path.join(a.out, 'run-' + recipe)}", *a.extra]
+               f"--data.tokenizer={a.tokenizer}", f"--training.batch_size={a.batch}",
+               f"--training.fp8={fp8}", f"--training.fp8_head={'true' if head else 'false'}",
+               f"--logging.metrics_file={metrics}",
+               f"--run.output_dir={os.path.join(a.out, 'run-' + stem(recipe))}", *a.extra]
         t0 = time.time()
-        with open(os.path.join(a.out, f"{recipe}.log"), "w") as log:
+        with open(os.path.join(a.out, f"{stem(recipe)}.log"), "w") as log:
             status = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT)
         print(f"{recipe}: exit {status} after {time.time() - t0:.0f} s", flush=True)
         if status != 0:
-            sys.exit(f"fp8_curves: the {recipe} run failed; see {a.out}/{recipe}.log")
+            sys.exit(f"fp8_curves: the {recipe} run failed; see {a.out}/{stem(recipe)}.log")
 
 
 def read(path):
@@ -108,8 +121,8 @@ def smooth(values, window):
 
 def plot(a):
     curves = {}
-    for recipe in RECIPES:
-        path = os.path.join(a.out, f"{recipe}.jsonl")
+    for recipe in ORDER:
+        path = os.path.join(a.out, f"{stem(recipe)}.jsonl")
         if os.path.exists(path):
             curves[recipe] = read(path)
     if "off" not in curves:
@@ -133,7 +146,7 @@ def plot(a):
         fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
         ref_steps = dict(curves["off"][0])
         for recipe, (steps, evals) in curves.items():
-            name = "bf16" if recipe == "off" else f"FP8 {recipe}"
+            name = "bf16" if recipe == "off" else f"FP8 {recipe.replace('+head', ' + head')}"
             # the training loss against bf16's at the same step, both averaged over 50 steps
             common = [(s, l, ref_steps[s]) for s, l in steps if s in ref_steps]
             ours, theirs = smooth([l for _, l, _ in common], 50), smooth([r for _, _, r in common], 50)
@@ -144,7 +157,7 @@ def plot(a):
         left.set_ylabel("difference (%)")
         left.set_ylim(-3, 3)
         right.set_title("held-out loss")
-        right.set_ylabel("loss (nats per byte)")
+        right.set_ylabel(a.ylabel)
         for ax in (left, right):
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
@@ -152,8 +165,7 @@ def plot(a):
         lo = min(l for _, ev in curves.values() for _, l in ev[len(ev) // 2:])
         hi = max(l for _, ev in curves.values() for _, l in ev[len(ev) // 4:])
         right.set_ylim(lo - 0.02 * (hi - lo) - 0.01, hi + 0.05 * (hi - lo))
-        fig.suptitle("shardtrain, FP8 recipes against bf16: the 1B shape's width (dim 2048, FFN 8192), 4 blocks, "
-                     "bytes of real text, the same init and batches")
+        fig.suptitle(a.title)
         fig.tight_layout()
         fig.savefig(a.png, dpi=110)
         print(f"wrote {a.png}")
@@ -171,11 +183,16 @@ def main():
     r.add_argument("--out", required=True)
     r.add_argument("--steps", type=int, default=2000)
     r.add_argument("--recipes", default=",".join(RECIPES))
+    r.add_argument("--tokenizer", default="byte", help="byte, or a folder with tokenizer.json")
+    r.add_argument("--batch", type=int, default=8, help="sequences of 512 tokens a step")
     r.add_argument("extra", nargs="*", help="more --key=value overrides (after --), e.g. a smaller model for a smoke run")
     p = sub.add_parser("plot")
     p.add_argument("--out", required=True)
     p.add_argument("--png")
     p.add_argument("--markdown")
+    p.add_argument("--title", default="shardtrain, FP8 recipes against bf16: the 1B shape's width (dim 2048, FFN "
+                   "8192), 4 blocks, bytes of real text, the same init and batches")
+    p.add_argument("--ylabel", default="loss (nats per byte)")
     a = ap.parse_args()
     {"data": data, "run": run, "plot": plot}[a.cmd](a)
 

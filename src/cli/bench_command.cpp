@@ -76,9 +76,9 @@ std::string bench_report(const BenchRow& r, int64_t warmup) {
                        "non-embedding parameters + 12 x layers x width x sequence)\n",
                        100 * t.mfu, t.peak_flops / 1e12, t.flops_per_token / 1e9);
   if (t.fp8_peak_flops > 0)
-    out += fmt::format("  FP8          training.fp8 = {}: the blocks' linears in FP8; MFU {:.1f} % of {:.0f} TFLOP/s "
+    out += fmt::format("  FP8          training.fp8 = {}: the blocks' linears{} in FP8; MFU {:.1f} % of {:.0f} TFLOP/s "
                        "dense FP8 per GPU (an FP8 FLOP counted as a bf16 one)\n",
-                       t.fp8, 100 * t.mfu * t.peak_flops / t.fp8_peak_flops, t.fp8_peak_flops / 1e12);
+                       t.fp8, t.fp8_head ? " and the head" : "", 100 * t.mfu * t.peak_flops / t.fp8_peak_flops, t.fp8_peak_flops / 1e12);
   out += fmt::format("  step         data {:.1f} ms, forward {:.1f}, backward {:.1f}, optimizer {:.1f}{}\n",
                      t.data_s * ms, t.forward_s * ms, t.backward_s * ms, t.optimizer_s * ms,
                      world > 1 ? fmt::format(" (compute waiting on communication {:.1f} ms)", t.comm_wait_s * ms)

@@ -401,6 +401,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ce.chunk_tokens = o.loss_chunk_tokens;
     ce.check_targets = false;  // checked on the host above
     ce.overwrite_dweight = o.overwrite_grads;  // the head's (tied: the table's) first gradient
+    ce.fp8 = head_fp8_;
     {
       const profile::Region region("head and loss");
       ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
@@ -481,6 +482,7 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   ce.chunk_tokens = o.loss_chunk_tokens;
   ce.compute_grad = false;
   ce.check_targets = false;  // checked on the host above
+  ce.fp8 = head_fp8_;
   ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head),
                             targets.view({B * T}).slice(0, row0, row0 + R), ce);
   release_head(Pass::kEval);

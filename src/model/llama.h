@@ -133,10 +133,15 @@ class Llama {
   // One product per projection instead of the stacked q|k|v and gate|up ones
   // (BlockContext): for comparison (train_bench --separate-projections).
   void set_separate_projections(bool separate) { separate_projections_ = separate; }
-  // FP8 products for the blocks' linears (BlockContext::fp8) in training and evaluation; the
-  // decoding steps over a KV cache keep the activations' dtype.
-  void set_fp8(const ops::LinearFp8& fp8) { fp8_ = fp8; }
+  // FP8 products for the blocks' linears (BlockContext::fp8) in training and evaluation, and
+  // with `head` on for the head's (CrossEntropyOptions::fp8; its recipe and gradient format,
+  // no amax slots); the decoding steps over a KV cache keep the activations' dtype.
+  void set_fp8(const ops::LinearFp8& fp8, const ops::LinearFp8& head = {}) {
+    fp8_ = fp8;
+    head_fp8_ = {.recipe = head.recipe, .gradient_format = head.gradient_format};
+  }
   const ops::LinearFp8& fp8() const { return fp8_; }
+  bool fp8_head() const { return head_fp8_.on(); }
   // Tensor parallelism (not owned; null: none): the store's block units are this rank's parts
   // (ModelLayout with a tensor-parallel mesh), and every rank of `tp`'s group runs the same
   // calls with the same batches. Training and evaluate() split the batch's B·T token rows
@@ -222,6 +227,7 @@ class Llama {
   Tensor cos_TK_, sin_TK_;
   bool separate_projections_ = false;
   ops::LinearFp8 fp8_;
+  ops::LinearFp8 head_fp8_;
   int64_t mlp_chunk_tokens_ = 0;
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward

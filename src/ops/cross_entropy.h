@@ -7,6 +7,7 @@
 #include "core/profile.h"
 #include "core/tensor.h"
 #include "ops/dispatch.h"
+#include "ops/linear.h"
 
 namespace shardtrain::ops {
 
@@ -27,6 +28,11 @@ struct CrossEntropyOptions {
   // dweight_VD overwritten instead of accumulated: the first gradient a micro-batch writes
   // into a buffer whose old contents are not wanted (no zero-fill needed before).
   bool overwrite_dweight = false;
+  // With a recipe (training.fp8_head): the head's three products (the logits, dh and dW) are
+  // FP8 products of quantised operands (ops/linear.h's LinearFp8: h and the weight in e4m3, the
+  // logits' gradient in fp8.gradient_format), each chunk quantised on its own (the amax slots
+  // are not used). The softmax and loss math is unchanged.
+  LinearFp8 fp8 = {};
 };
 
 namespace cpu {

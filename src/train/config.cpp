@@ -269,6 +269,13 @@ const std::vector<KeyDef>& keys() {
           "e4m3 (more precision), or auto (e5m2 for tensorwise, whose one scale spans the whole tensor; e4m3 for "
           "rowwise and blockwise); activations and weights are always e4m3",
           one_of({"auto", "e4m3", "e5m2"})),
+      key("training.fp8_head", &C::training, &TrainingSection::fp8_head,
+          "with training.fp8: the output head's three products (the logits, the final norm's gradient and the "
+          "head's weight gradient) in FP8 too, with the recipe's scales; the softmax and the loss stay f32. The "
+          "logits' gradient is e5m2 unless blockwise (with training.fp8_gradients = auto; a chosen format applies "
+          "here too): one of its rows spans the whole vocabulary, from the target's -1 down to probabilities below "
+          "e4m3's range under one scale. Off by default: the head is the product most sensitive to precision (see "
+          "README's FP8 section for the loss curves and the speed)"),
       key("training.deterministic", &C::training, &TrainingSection::deterministic,
           "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "
           "of its default, which does not promise the same bits from run to run (on the 1B shape at batch 8 on an "

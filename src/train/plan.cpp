@@ -139,6 +139,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   p.loss_chunk_tokens = in.loss_chunk_tokens > 0 ? in.loss_chunk_tokens : auto_loss_chunk_tokens(in.gpu, V);
   const int64_t chunk = std::min(p.loss_chunk_tokens, rows);  // a rank's loss covers its rows
   p.loss_chunk = chunk * V * cb;  // logits in the compute dtype, overwritten by their gradient
+  if (in.fp8 && in.fp8_head && in.gpu) p.loss_chunk_fp8 = chunk * (2 * V + D) + V * D;
 
   // Inside a block's backward, at its SwiGLU backward: the activations still kept (with
   // checkpointing, what the blocks keep plus the one block's recomputed part, h included),
@@ -190,7 +191,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
     p.in_backward = std::max(p.in_backward, p.in_attention_backward);
   }
 
-  const int64_t at_loss = p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk;
+  const int64_t at_loss =
+      p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk + p.loss_chunk_fp8;
   const int64_t shards = offload ? (p.grad_shards_on_gpu ? p.grad_shards : 0)
                                  : p.master + p.optimizer + p.grad_shards + p.compute_shards;
   p.peak = shards + std::max(at_loss, p.in_backward);
@@ -256,6 +258,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
            p.gathered_at_loss);
   if (p.unit_grads_at_loss > 0) s += row("  head gradient before its reduce-scatter", p.unit_grads_at_loss);
   s += row("  logit chunk (logits, then their gradient)", p.loss_chunk);
+  if (p.loss_chunk_fp8 > 0) s += row("  the head's FP8 operands (training.fp8_head)", p.loss_chunk_fp8);
   s += row("inside a block's backward (all but the shards)", p.in_backward);
   if (p.fp8_operands > 0) s += row("  of it FP8 operands (training.fp8, at the gate|up backward)", p.fp8_operands);
   if (p.block_grads > 0)
@@ -432,6 +435,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.offload_activations = job.training.offload_activations;
   in.offload_activation_blocks = job.training.offload_activations_blocks;
   in.fp8 = job.training.fp8 != "off";
+  in.fp8_head = job.training.fp8_head;
   in.checkpoints = job.checkpoint.interval_steps > 0;
   in.async_checkpoints = job.checkpoint.async;
   return in;

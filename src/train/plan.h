@@ -33,6 +33,7 @@ struct PlanInput {
   bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
   int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
   bool fp8 = false;                   // training.fp8 on: the blocks' products quantise their operands
+  bool fp8_head = false;              // training.fp8_head: the head's products too
   bool checkpoints = false;           // checkpoint.interval_steps > 0
   bool async_checkpoints = false;     // checkpoint.async
 };
@@ -67,6 +68,9 @@ struct MemoryPlan {
   // (none where the shards are in host memory already and saves are synchronous).
   int64_t host_checkpoint = 0;
   int64_t loss_chunk = 0;            // one chunk's logits (overwritten by their gradient)
+  // training.fp8_head: the FP8 operands of a chunk's backward (the logits' gradient as rows
+  // and as columns, the weight's columns, the chunk's h^T): 2 V + D bytes a chunk row, V x D
+  int64_t loss_chunk_fp8 = 0;
   int64_t in_backward = 0;           // the block-backward moment, beyond the sharded state (the larger of two)
   int64_t in_attention_backward = 0; // at the attention backward (selective and full checkpointing)
   // Of in_backward: whole f32 block gradients on the GPU, the one being written and those still

@@ -401,10 +401,13 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     model_->set_tensor_parallel(tensor_parallel_.get());
   }
   model_->set_mlp_chunk_tokens(mlp_chunk_tokens());
-  model_->set_fp8(fp8_);
+  model_->set_fp8(fp8_, fp8_head_choice());
   if (fp8_.on())
-    log::info(fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}",
+    log::info(fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}{}",
                           ops::fp8_recipe_name(fp8_.recipe), fp8_.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2",
+                          !model_->fp8_head() ? ""
+                          : fp8_head_choice().gradient_format == DType::kF8E4M3 ? ", and the head (its gradient e4m3)"
+                                                                                : ", and the head (its gradient e5m2)",
                           device_.is_cpu() ? "; emulated on the CPU, exact but no faster" : ""));
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
@@ -908,6 +911,7 @@ TrainSummary Trainer::run() {
   timed.flops_per_token = flops_per_token;
   timed.peak_flops = peak_flops;
   timed.fp8 = std::string(ops::fp8_recipe_name(fp8_.recipe));
+  timed.fp8_head = model_->fp8_head();
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device_.is_cuda() && fp8_.on()) timed.fp8_peak_flops = cuda::dense_fp8_peak_flops(device_.index);
 #endif

@@ -49,6 +49,7 @@ struct TimedSteps {
   double flops_per_token = 0;  // torchtitan's, as MFU counts them
   double peak_flops = 0;       // the device's dense bf16 peak
   std::string fp8;             // training.fp8's recipe ("off": bf16 products)
+  bool fp8_head = false;       // training.fp8_head in effect: the head's products in FP8 too
   double fp8_peak_flops = 0;   // with an FP8 recipe: the device's dense FP8 peak (0: unknown)
   int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
   int64_t planned_peak_bytes = 0;  // what `shardtrain plan` says of the run's GPU peak (0 on the CPU)
@@ -114,6 +115,10 @@ class Trainer {
   int64_t mlp_chunk_tokens() const;      // training.mlp_chunk_tokens, or its automatic value (0: at once)
   // training.fp8 with its gradient format, after checking the device and model_config_'s widths.
   ops::LinearFp8 fp8_choice() const;
+  // training.fp8_head: the head's recipe (fp8_'s) and its logits' gradient format: the chosen
+  // one, or with auto e5m2 unless blockwise (a row of that gradient spans the vocabulary, from
+  // the target's -1 to probabilities far below e4m3's range under one scale); off otherwise.
+  ops::LinearFp8 fp8_head_choice() const;
   // training.activation_checkpointing, with "auto" decided by the plan and the GPU's memory.
   model::ActivationCheckpointing checkpointing() const;
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and

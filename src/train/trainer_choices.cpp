@@ -34,6 +34,9 @@ int64_t Trainer::mlp_chunk_tokens() const {
 ops::LinearFp8 Trainer::fp8_choice() const {
   ops::LinearFp8 fp8;
   fp8.recipe = ops::parse_fp8_recipe(config_.training.fp8, "training.fp8");
+  ST_CHECK(fp8.on() || !config_.training.fp8_head, "`training.fp8_head` = true puts the head's products in FP8 "
+           "with training.fp8's recipe, but `training.fp8` is \"off\"; choose a recipe or set `training.fp8_head` = "
+           "false");
   if (!fp8.on()) return fp8;
   const std::string& g = config_.training.fp8_gradients;
   fp8.gradient_format = g == "e4m3" || (g == "auto" && fp8.recipe != ops::Fp8Recipe::kTensorwise) ? DType::kF8E4M3
@@ -55,10 +58,22 @@ ops::LinearFp8 Trainer::fp8_choice() const {
       {"model.ffn_dim / parallel.tensor_parallel", m.ffn_dim / tp},
       {"model.n_heads x head dim / parallel.tensor_parallel", m.n_heads * m.head_dim() / tp},
       {"model.n_kv_heads x head dim / parallel.tensor_parallel", m.n_kv_heads * m.head_dim() / tp}};
+  if (config_.training.fp8_head)  // the head multiplies over the vocabulary too (the logits' gradient times the weight)
+    ST_CHECK(m.vocab_size % 16 == 0, "`training.fp8_head` = true multiplies FP8 rows of 16-byte multiples, but "
+             "model.vocab_size = ", m.vocab_size, " is not a multiple of 16; set `model.vocab_size` to a multiple of 16 (rows past the tokenizer's are "
+             "never a target) or `training.fp8_head` = false");
   for (const auto& [name, width] : widths)
     ST_CHECK(width % 16 == 0, "`training.fp8` = \"", config_.training.fp8, "\" multiplies FP8 rows of 16-byte "
              "multiples, but ", name, " = ", width, " is not a multiple of 16; set `training.fp8` = \"off\"");
   return fp8;
+}
+
+ops::LinearFp8 Trainer::fp8_head_choice() const {
+  if (!config_.training.fp8_head || !fp8_.on()) return {};
+  ops::LinearFp8 head{.recipe = fp8_.recipe, .gradient_format = fp8_.gradient_format};
+  if (config_.training.fp8_gradients == "auto")
+    head.gradient_format = fp8_.recipe == ops::Fp8Recipe::kBlockwise ? DType::kF8E4M3 : DType::kF8E5M2;
+  return head;
 }
 
 int64_t Trainer::gpu_memory_bytes() const {

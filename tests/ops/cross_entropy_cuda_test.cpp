@@ -1,8 +1,10 @@
 // CUDA fused linear + cross-entropy against the CPU twin: loss, dh (overwrite), dW
-// (accumulate), ignored targets, chunking, f32 and bf16. Skips without a device.
+// (accumulate), ignored targets, chunking, f32 and bf16; the FP8 head against the twin's.
+// Skips without a device.
 #include <algorithm>
 #include <cmath>
 #include <sstream>
+#include <string>
 
 #include <gtest/gtest.h>
 
@@ -110,6 +112,55 @@ TEST(CrossEntropyCudaTargets, BadTargetIsAnErrorWhenCheckedAndNaNOtherwise) {
   o.check_targets = false;
   linear_cross_entropy(loss, dh, dw, h, w, to_device(targets), o);
   EXPECT_TRUE(std::isnan(to_host(loss).data<float>()[0]));
+}
+
+// The FP8 head (training.fp8_head) on the device against the CPU twin's FP8 head on the same
+// bf16 values. The device's logits and their gradient are bf16 (the twin's f32), so a few of
+// the gradient's codes land one FP8 step apart (2^-3 of a value in e4m3, 2^-2 in e5m2, for the
+// ~2^-5 of values within bf16's rounding of a code boundary); those and the products' 14-bit
+// accumulation bound dh and dW by 2^-5 of their largest element. A wrong operand, transpose or
+// scale would be off by the whole magnitude.
+TEST(CrossEntropyCudaFp8, Fp8HeadMatchesTheTwin) {
+  ST_REQUIRE_CUDA();
+  const int64_t T = 515, D = 256, V = 8000, chunk = 192;  // three chunks, the last one short
+  const Tensor h = testing::rounded_f32({T, D}, DType::kBF16, 11, 0.05, 1.0);
+  const Tensor w = testing::rounded_f32({V, D}, DType::kBF16, 12, 0.0, 0.05);
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 13, 0, V);
+  for (int64_t t = 0; t < T; t += 11) targets.data<int32_t>()[t] = -100;
+  for (Fp8Recipe recipe : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise, Fp8Recipe::kBlockwise}) {
+    for (DType gf : {DType::kF8E4M3, DType::kF8E5M2}) {
+      const std::string name = std::string(fp8_recipe_name(recipe)) + " dy " + std::string(dtype_name(gf));
+      CrossEntropyOptions o;
+      o.grad_scale = 1.0 / 468.0;
+      o.chunk_tokens = chunk;
+      o.overwrite_dweight = true;
+      o.fp8 = {.recipe = recipe, .gradient_format = gf};
+      try {
+        Tensor loss = Tensor::empty({1}, DType::kF32, Device::cuda(0));
+        fill(loss, 0.0);
+        Tensor dh = Tensor::empty({T, D}, DType::kBF16, Device::cuda(0));
+        Tensor dw = Tensor::empty({V, D}, DType::kF32, Device::cuda(0));
+        linear_cross_entropy(loss, dh, dw, to_device(to_dtype(h, DType::kBF16)), to_device(to_dtype(w, DType::kBF16)),
+                             to_device(targets), o);
+        Tensor loss_ref = Tensor::zeros({1}, DType::kF64);
+        Tensor dh_ref = Tensor::empty({T, D}, DType::kF32), dw_ref = Tensor::empty({V, D}, DType::kF32);
+        cpu::linear_cross_entropy(loss_ref, dh_ref, dw_ref, h, w, targets, o);
+        auto bound = [](const Tensor& ref) {
+          double m = 0;
+          for (int64_t i = 0; i < ref.numel(); ++i) m = std::max(m, static_cast<double>(std::fabs(ref.data<float>()[i])));
+          return testing::Tolerance{0x1p-5, 0x1p-5, 0x1p-5 * m};
+        };
+        // the loss: bf16 logits (2^-8) and the products' accumulation, summed over ~470 rows
+        const double l = to_host(loss).data<float>()[0], lr = loss_ref.data<double>()[0];
+        EXPECT_NEAR(l, lr, 2e-3 * std::fabs(lr)) << name << " loss";
+        EXPECT_TRUE(all_close(to_dtype(to_host(dh), DType::kF32), dh_ref, bound(dh_ref))) << name << " dh";
+        EXPECT_TRUE(all_close(to_host(dw), dw_ref, bound(dw_ref))) << name << " dweight";
+      } catch (const std::exception& e) {  // one refused case must not hide the others
+        ADD_FAILURE() << name << ": " << e.what();
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda,

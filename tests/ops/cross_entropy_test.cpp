@@ -1,6 +1,8 @@
 // CPU fused linear + cross-entropy: loss against full logits in f64, gradients against
-// finite differences, chunk sizes, ignored targets, and the overwrite/accumulate contract.
+// finite differences, chunk sizes, ignored targets, and the overwrite/accumulate contract;
+// with FP8 products (training.fp8_head), the twin's FP8 linears around the same softmax.
 #include <cmath>
+#include <string>
 
 #include "ops/cross_entropy.h"
 #include "ops/op_testing.h"
@@ -99,6 +101,78 @@ TEST(CrossEntropy, LossOnlyLeavesGradientsAndBadTargetsAreNamed) {
   EXPECT_TRUE(testing::all_close(dh, dh0, testing::kExact));
   targets.data<int32_t>()[1] = 5;
   EXPECT_TRUE(throws_with([&] { cpu::linear_cross_entropy(loss, dh, dw, h, w, targets, o); }, "target 5 at position 1"));
+}
+
+// The FP8 head is, chunk by chunk, the FP8 twin's linear forward (the logits), the softmax
+// and loss in f64, then the twin's FP8 linear backward of grad_scale (softmax - onehot): the
+// same composition written out here gives the same bits. FP8 changes the results (the option
+// is applied), by little (the products are near the exact ones).
+TEST(CrossEntropy, Fp8HeadIsTheTwinsFp8ProductsAroundTheSoftmax) {
+  const int64_t T = 40, D = 48, V = 80, C = 16;  // three chunks, the last one short
+  const Tensor h = testing::to_dtype(random_f64({T, D}, 51, 0.0, 1.0), DType::kF32);
+  const Tensor w = testing::to_dtype(random_f64({V, D}, 52, 0.0, 0.2), DType::kF32);
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 53, 0, V);
+  targets.data<int32_t>()[5] = -100;
+  const double grad_scale = 1.0 / 39.0;
+  for (Fp8Recipe recipe : {Fp8Recipe::kTensorwise, Fp8Recipe::kRowwise, Fp8Recipe::kBlockwise}) {
+    for (DType gf : {DType::kF8E4M3, DType::kF8E5M2}) {
+      const std::string name = std::string(fp8_recipe_name(recipe)) + " dy " + std::string(dtype_name(gf));
+      CrossEntropyOptions o;
+      o.grad_scale = grad_scale;
+      o.chunk_tokens = C;
+      o.overwrite_dweight = true;
+      o.fp8 = {.recipe = recipe, .gradient_format = gf};
+      Tensor loss = Tensor::zeros({1}, DType::kF64), dh = Tensor::empty({T, D}, DType::kF32),
+             dw = Tensor::empty({V, D}, DType::kF32);
+      cpu::linear_cross_entropy(loss, dh, dw, h, w, targets, o);
+
+      double loss_ref = 0;
+      Tensor dh_ref = Tensor::empty({T, D}, DType::kF32), dw_ref = Tensor::empty({V, D}, DType::kF32);
+      for (int64_t t0 = 0; t0 < T; t0 += C) {
+        const int64_t rows = std::min(C, T - t0);
+        const Tensor hc = h.slice(0, t0, t0 + rows);
+        Tensor z = Tensor::empty({rows, V}, DType::kF32);
+        linear_forward(z, hc, w, Tensor(), o.fp8);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* zr = z.data<float>() + r * V;
+          const int32_t y = targets.data<int32_t>()[t0 + r];
+          if (y == -100) {
+            std::fill_n(zr, V, 0.0f);
+            continue;
+          }
+          double mx = -INFINITY, sum = 0;
+          for (int64_t c = 0; c < V; ++c) mx = std::max(mx, static_cast<double>(zr[c]));
+          for (int64_t c = 0; c < V; ++c) sum += std::exp(zr[c] - mx);
+          const double lse = mx + std::log(sum);
+          loss_ref += lse - zr[y];
+          for (int64_t c = 0; c < V; ++c) zr[c] = static_cast<float>(grad_scale * std::exp(zr[c] - lse));
+          zr[y] -= static_cast<float>(grad_scale);
+        }
+        Tensor dhc = dh_ref.slice(0, t0, t0 + rows), none;
+        linear_backward(dhc, dw_ref, none, z, hc, w, {.overwrite_dweight = t0 == 0, .fp8 = o.fp8});
+      }
+      EXPECT_NEAR(loss.data<double>()[0], loss_ref, 1e-12 * std::fabs(loss_ref)) << name;
+      EXPECT_TRUE(testing::all_close(dh, dh_ref, testing::kExact)) << name << " dh";
+      EXPECT_TRUE(testing::all_close(dw, dw_ref, testing::kExact)) << name << " dweight";
+
+      // against the exact head: close, not equal
+      Tensor loss_exact = Tensor::zeros({1}, DType::kF64), dh_exact = Tensor::empty({T, D}, DType::kF32),
+             dw_exact = Tensor::empty({V, D}, DType::kF32);
+      CrossEntropyOptions exact = o;
+      exact.fp8 = {};
+      cpu::linear_cross_entropy(loss_exact, dh_exact, dw_exact, h, w, targets, exact);
+      EXPECT_NE(loss.data<double>()[0], loss_exact.data<double>()[0]) << name;
+      EXPECT_NEAR(loss.data<double>()[0], loss_exact.data<double>()[0], 0.02 * loss_exact.data<double>()[0]) << name;
+      double err = 0, mag = 0;
+      for (int64_t i = 0; i < T * D; ++i) {
+        err = std::max(err, static_cast<double>(std::fabs(dh.data<float>()[i] - dh_exact.data<float>()[i])));
+        mag = std::max(mag, static_cast<double>(std::fabs(dh_exact.data<float>()[i])));
+      }
+      EXPECT_GT(err, 0.0) << name;
+      EXPECT_LT(err, (gf == DType::kF8E5M2 ? 0.25 : 0.125) * mag) << name << " dh against the exact head";
+    }
+  }
 }
 
 }  // namespace

@@ -76,6 +76,32 @@ TEST(Plan, MatchesThePeaksMeasuredOnGpus) {
   }
 }
 
+// FP8 products (2026-11-27, the 1B shape at batch 8 on an H100, FP8 tensorwise): the blocks'
+// FP8 copies stay below the bf16 peak at the loss (60.43 GiB, as without FP8); the head's add
+// its chunk's FP8 operands there (62.63 GiB measured).
+TEST(Plan, Fp8HeadOperandsAreCountedAtTheLoss) {
+  PlanInput in;
+  in.model = llama_1b();
+  in.gpu = true;
+  in.micro_batch = 8;
+  in.seq_len = 4096;
+  in.compute_shards = true;  // what one GPU takes by default
+  in.fp8 = true;
+  const MemoryPlan blocks = plan_memory(in);
+  in.fp8_head = true;
+  const MemoryPlan head = plan_memory(in);
+  const int64_t V = in.model.vocab_size, D = in.model.dim, chunk = head.loss_chunk_tokens;
+  EXPECT_EQ(blocks.loss_chunk_fp8, 0);
+  EXPECT_EQ(head.loss_chunk_fp8, chunk * (2 * V + D) + V * D);
+  EXPECT_EQ(head.peak - blocks.peak, head.loss_chunk_fp8);  // the peak is at the loss
+  for (auto [plan, measured] : {std::pair{blocks, 60.43}, std::pair{head, 62.63}}) {
+    const double gib = static_cast<double>(plan.peak) / (1u << 30);
+    EXPECT_NEAR(gib, measured, 0.03 * measured);
+  }
+  in.fp8 = false;  // the head's FP8 needs the blocks' recipe
+  EXPECT_EQ(plan_memory(in).loss_chunk_fp8, 0);
+}
+
 TEST(Plan, ShardedStateScalesWithRanks) {
   PlanInput in;
   in.model = llama_8b();

@@ -104,14 +104,17 @@ TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
   JobConfig c = short_default_job(out);
   c.training.steps = 40;
   c.sample.tokens = 0;
+  c.model.vocab_size = 272;  // the byte tokenizer's 258 rows padded to 16 (the FP8 head multiplies over them)
   const TrainSummary f32 = Trainer(c).run();
   auto last10 = [](const TrainSummary& s) {
     double m = 0;
     for (size_t i = s.steps.size() - 10; i < s.steps.size(); ++i) m += s.steps[i].loss / 10;
     return m;
   };
-  for (const char* recipe : {"tensorwise", "rowwise", "blockwise"}) {
-    c.training.fp8 = recipe;
+  for (const char* recipe : {"tensorwise", "rowwise", "blockwise", "tensorwise+head"}) {
+    const std::string name = recipe;
+    c.training.fp8 = name.substr(0, name.find('+'));
+    c.training.fp8_head = name.ends_with("+head");  // the head's products too
     const TrainSummary s = Trainer(c).run();
     ASSERT_EQ(s.steps.size(), 40u) << recipe;
     std::printf("%s: first loss %.4f (f32 %.4f), last-10 mean %.4f (f32 %.4f)\n", recipe, s.steps[0].loss,
@@ -122,6 +125,7 @@ TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
   }
   // resume: a checkpoint at step 3 of 6 continues as the straight run did
   c.training.fp8 = "blockwise";
+  c.training.fp8_head = true;
   c.training.steps = 6;
   c.checkpoint.interval_steps = 3;
   c.checkpoint.dir = out + "/checkpoints";
@@ -136,6 +140,12 @@ TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
   c.model.ffn_dim = 200;
   c.checkpoint.interval_steps = 0;
   EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "model.ffn_dim / parallel.tensor_parallel = 200"));
+  // the head's FP8 products need a recipe, and a vocabulary of 16-byte rows
+  c.model.ffn_dim = 256;
+  c.model.vocab_size = 260;
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "model.vocab_size = 260 is not a multiple of 16"));
+  c.training.fp8 = "off";
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "but `training.fp8` is \"off\""));
   std::filesystem::remove_all(out);
 }
 

@@ -1,6 +1,7 @@
 // CPU fused output projection + cross-entropy over chunks of tokens: only [chunk x V]
 // logits exist at once; they are turned into the gradient in place and consumed by two
-// GEMMs (dh = G W, dW += G^T h).
+// GEMMs (dh = G W, dW += G^T h). With options.fp8 the three products are the FP8 twin's
+// (ops/linear.h), the oracle of the CUDA head's.
 #include <cblas.h>
 
 #include <algorithm>
@@ -60,7 +61,12 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
     double loss = 0;
     for (int64_t t0 = 0; t0 < T; t0 += C) {
       const int64_t rows = std::min(C, T - t0);
-      gemm(CblasNoTrans, CblasTrans, rows, V, D, h + t0 * D, D, w, D, F(0), logits.data(), V);
+      Tensor z = Tensor::from_blob(logits.data(), {rows, V}, h_TD.dtype());
+      const Tensor h_chunk = h_TD.slice(0, t0, t0 + rows);
+      if (o.fp8.on())
+        linear_forward_fp8(z, h_chunk, weight_VD, Tensor(), Tensor(), o.fp8, Stream{});
+      else
+        gemm(CblasNoTrans, CblasTrans, rows, V, D, h + t0 * D, D, w, D, F(0), logits.data(), V);
       double chunk_loss = 0;
 #pragma omp parallel for reduction(+ : chunk_loss) if (rows * V > 65536)
       for (int64_t r = 0; r < rows; ++r) {
@@ -82,7 +88,13 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
         }
       }
       loss += chunk_loss;
-      if (o.compute_grad) {
+      if (o.compute_grad && o.fp8.on()) {
+        Tensor dh = dh_TD.slice(0, t0, t0 + rows), none;
+        LinearBackwardOptions lo;
+        lo.overwrite_dweight = o.overwrite_dweight && t0 == 0;
+        lo.fp8 = o.fp8;
+        linear_backward_fp8(dh, dweight_VD, none, z, h_chunk, weight_VD, lo, Stream{});
+      } else if (o.compute_grad) {
         gemm(CblasNoTrans, CblasNoTrans, rows, D, V, logits.data(), V, w, D, F(0), dh_TD.data<F>() + t0 * D, D);
         const bool overwrite = o.overwrite_dweight && t0 == 0;  // the first chunk replaces, the rest add
         gemm(CblasTrans, CblasNoTrans, V, D, rows, logits.data(), V, h + t0 * D, D, F(overwrite ? 0 : 1),

@@ -3,7 +3,8 @@
 // LlamaForCausalLM's lm_head produces them before its f32 loss); one block per row computes
 // the log-sum-exp in f32 (one pass, online rescaling) and the row's loss, and overwrites the
 // logits in place with grad_scale * (softmax - onehot); two GEMMs then give dh (overwrite)
-// and dW (accumulate, or overwrite in the first chunk). A block is 1024 threads and one runs
+// and dW (accumulate, or overwrite in the first chunk). With options.fp8 the three products
+// are the linear's FP8 forms (each chunk's operands quantised, then multiplied in FP8). A block is 1024 threads and one runs
 // per SM, so the rows in flight (132 x 256 KiB for V = 128,256 in bf16 on an H100) stay in
 // L2 for the second read.
 // Row losses land in a per-token buffer summed in a fixed order: deterministic. Nothing is
@@ -191,7 +192,11 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
   for (int64_t t0 = 0; t0 < T; t0 += C) {
     const int64_t rows = std::min(C, T - t0);
     Tensor z = chunk.slice(0, 0, rows);
-    linear_forward(z, h_TD.slice(0, t0, t0 + rows), weight_VD, none, s);
+    const Tensor h = h_TD.slice(0, t0, t0 + rows);
+    if (o.fp8.on())
+      linear_forward_fp8(z, h, weight_VD, none, none, o.fp8, s);
+    else
+      linear_forward(z, h, weight_VD, none, s);
     dispatch_float(h_TD.dtype(), op, [&]<typename G>() {
       const bool packed = packable({&chunk}, V, sizeof(G));
       auto kernel = packed ? softmax_grad_kernel<G, true> : softmax_grad_kernel<G, false>;
@@ -207,7 +212,11 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
       // chunk overwrites dW when asked to)
       LinearBackwardOptions lo;
       lo.overwrite_dweight = o.overwrite_dweight && t0 == 0;
-      cuda::linear_backward(dh, dweight_VD, none, z, h_TD.slice(0, t0, t0 + rows), weight_VD, lo, s);
+      lo.fp8 = o.fp8;
+      if (o.fp8.on())
+        linear_backward_fp8(dh, dweight_VD, none, z, h, weight_VD, lo, s);
+      else
+        cuda::linear_backward(dh, dweight_VD, none, z, h, weight_VD, lo, s);
     }
   }
   sum_losses_kernel<<<1, kSumThreads, 0, stream_of(s)>>>(loss_sum_1.data<float>(), row_loss.data<float>(), T);
