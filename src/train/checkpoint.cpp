@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -437,26 +438,75 @@ std::string resolve_checkpoint(const std::string& spec, const std::string& root)
   return (fs::path(root) / name).string();
 }
 
+// The metadata's fields, each checked for type and range and against the directory's name and
+// files, before anything is read: a field out of range would otherwise surface as negative
+// steps, a learning rate below zero or a save over the checkpoint it came from.
 CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   const std::string path = (fs::path(step_dir) / "metadata.json").string();
   ST_CHECK(fs::is_directory(step_dir), "checkpoint `", step_dir, "` is not a directory");
   const json meta = read_json(path);
   ST_CHECK(meta.is_object() && meta.value("format", "") == kFormat, "`", path, "` is not a shardtrain checkpoint");
-  const int version = meta.value("version", 0);
+  constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+  auto field = [&](const char* key) -> const json& {
+    ST_CHECK(meta.contains(key), "`", path, "`: field `", key, "` is missing");
+    return meta.at(key);
+  };
+  // an integer field in [lo, hi]
+  auto integer = [&](const char* key, int64_t lo, int64_t hi, const std::string& expected) -> int64_t {
+    const json& v = field(key);
+    ST_CHECK(v.is_number_integer(), "`", path, "`: field `", key, "` must be ", expected, ", found ", v.dump());
+    const int64_t x = v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(kMaxInt)
+                          ? kMaxInt
+                          : v.get<int64_t>();
+    ST_CHECK(x >= lo && x <= hi, "`", path, "`: field `", key, "` must be ", expected, ", found ", v.dump());
+    return x;
+  };
+  const int64_t version = integer("version", 0, kMaxInt, "a format version");
   ST_CHECK(version == kVersion || version == kStridedVersion, "`", path, "`: checkpoint format version ", version,
            ", this build reads versions ", kVersion, " and ", kStridedVersion);
   CheckpointInfo info;
   info.path = step_dir;
-  try {
-    info.step = meta.at("step").get<int64_t>();
-    info.world_size = meta.at("world_size").get<int>();
-    info.tokenizer_source = meta.value("tokenizer_source", "");
-    ST_CHECK(meta.at("files").size() == static_cast<size_t>(info.world_size), "`", path, "`: ",
-             meta.at("files").size(), " rank files listed for world size ", info.world_size);
-  } catch (const json::exception& e) {
-    ST_THROW("`", path, "`: ", e.what());
+  info.step = integer("step", 0, kMaxInt, "an integer >= 0 (the optimizer steps completed)");
+  const fs::path normal = fs::path(step_dir).lexically_normal();
+  const std::string dir_name = (normal.has_filename() ? normal : normal.parent_path()).filename().string();
+  if (dir_name.rfind("step_", 0) == 0 && dir_name.size() > 5 &&
+      dir_name.find_first_not_of("0123456789", 5) == std::string::npos)
+    ST_CHECK(dir_name == step_dir_name(info.step), "`", path, "`: field `step` = ", info.step,
+             " disagrees with the directory's name `", dir_name, "` (expected `", step_dir_name(info.step), "`)");
+  info.world_size = static_cast<int>(integer("world_size", 1, 1 << 20, "an integer >= 1 (the ranks that wrote it)"));
+  if (meta.contains("tensor_parallel")) {
+    const int64_t tp = integer("tensor_parallel", 1, info.world_size, fmt::format("an integer in [1, world_size = {}]",
+                                                                                  info.world_size));
+    ST_CHECK(info.world_size % tp == 0, "`", path, "`: field `tensor_parallel` = ", tp,
+             " does not divide field `world_size` = ", info.world_size);
   }
-  info.config = model::parse_hf_config(meta.at("config"), path);
+  const json& has_state = field("has_optimizer_state");
+  ST_CHECK(has_state.is_boolean(), "`", path, "`: field `has_optimizer_state` must be true or false, found ",
+           has_state.dump());
+  const int64_t optimizer_steps = integer("optimizer_steps", 0, info.step,
+                                          fmt::format("an integer in [0, step = {}]", info.step));
+  ST_CHECK(has_state.get<bool>() || optimizer_steps == 0, "`", path, "`: field `optimizer_steps` = ", optimizer_steps,
+           " with `has_optimizer_state` = false; expected 0");
+  const json& tokenizer = meta.contains("tokenizer_source") ? meta.at("tokenizer_source") : json("");
+  ST_CHECK(tokenizer.is_string(), "`", path, "`: field `tokenizer_source` must be a string (a folder, or \"\" for the "
+           "built-in tokenizer), found ", tokenizer.dump());
+  info.tokenizer_source = tokenizer.get<std::string>();
+  if (meta.contains("written_by"))
+    ST_CHECK(meta.at("written_by").is_string(), "`", path, "`: field `written_by` must be a string, found ",
+             meta.at("written_by").dump());
+  const json& files = field("files");
+  ST_CHECK(files.is_array() && files.size() == static_cast<size_t>(info.world_size), "`", path,
+           "`: field `files` must list one rank file for each of the ", info.world_size,
+           " ranks (field `world_size`), found ", files.is_array() ? std::to_string(files.size()) + " entries" : files.dump());
+  for (int r = 0; r < info.world_size; ++r) {
+    const std::string expected = rank_file_name(r, info.world_size);
+    ST_CHECK(files[r].is_string() && files[r].get<std::string>() == expected, "`", path, "`: field `files`[", r,
+             "] must be \"", expected, "\", found ", files[r].dump());
+    const fs::path file = fs::path(step_dir) / expected;
+    ST_CHECK(fs::is_regular_file(file), "checkpoint `", step_dir, "`: rank file `", expected,
+             "` listed in metadata.json is missing", fs::exists(file) ? " (not a regular file)" : "");
+  }
+  info.config = model::parse_hf_config(field("config"), path + " field `config`");
   return info;
 }
 

@@ -243,6 +243,68 @@ TEST(Checkpoint, DamageIsNamed) {
   EXPECT_NE(error_of([&] { read_checkpoint_info(dir + "/nowhere"); }).find("not a directory"), std::string::npos);
 }
 
+// Every field of metadata.json is checked for type, range and agreement with the directory
+// and its files before anything loads; the error names the file, the field, what was expected
+// and what was found. A negative step in particular must not start a run at a negative step.
+TEST(Checkpoint, MetadataFieldsAreCheckedBeforeLoading) {
+  const std::string dir = fresh_dir("metadata");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  Trainer(c).run();
+  const std::string step = dir + "/checkpoints/step_00000003";
+  const std::string path = step + "/metadata.json";
+  nlohmann::json good;
+  std::ifstream(path) >> good;
+  const std::string rank_file = step + "/rank_00000-of-00001.safetensors";
+  const auto rank_file_time = fs::last_write_time(rank_file);
+  struct Case {
+    const char* what;
+    std::function<void(nlohmann::json&)> edit;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"negative step", [](nlohmann::json& j) { j["step"] = -3; },
+       "field `step` must be an integer >= 0 (the optimizer steps completed), found -3"},
+      {"step as text", [](nlohmann::json& j) { j["step"] = "3"; }, "field `step` must be an integer >= 0"},
+      {"step not the directory's", [](nlohmann::json& j) { j["step"] = 4; },
+       "field `step` = 4 disagrees with the directory's name `step_00000003` (expected `step_00000004`)"},
+      {"no step", [](nlohmann::json& j) { j.erase("step"); }, "field `step` is missing"},
+      {"zero ranks", [](nlohmann::json& j) { j["world_size"] = 0; },
+       "field `world_size` must be an integer >= 1 (the ranks that wrote it), found 0"},
+      {"two ranks, one file", [](nlohmann::json& j) { j["world_size"] = 2; },
+       "field `files` must list one rank file for each of the 2 ranks (field `world_size`), found 1 entries"},
+      {"a foreign file", [](nlohmann::json& j) { j["files"][0] = "../elsewhere.safetensors"; },
+       "field `files`[0] must be \"rank_00000-of-00001.safetensors\", found \"../elsewhere.safetensors\""},
+      {"tensor parallel past the ranks", [](nlohmann::json& j) { j["tensor_parallel"] = 2; },
+       "field `tensor_parallel` must be an integer in [1, world_size = 1], found 2"},
+      {"optimizer ahead of the step", [](nlohmann::json& j) { j["optimizer_steps"] = 9; },
+       "field `optimizer_steps` must be an integer in [0, step = 3], found 9"},
+      {"optimizer flag as text", [](nlohmann::json& j) { j["has_optimizer_state"] = "yes"; },
+       "field `has_optimizer_state` must be true or false, found \"yes\""},
+      {"tokenizer as a number", [](nlohmann::json& j) { j["tokenizer_source"] = 7; },
+       "field `tokenizer_source` must be a string"},
+      {"negative model size", [](nlohmann::json& j) { j["config"]["hidden_size"] = -40; }, "field `config`"},
+  };
+  JobConfig r = job(dir);
+  r.checkpoint.resume = step;
+  r.training.steps = 6;
+  for (const Case& k : cases) {
+    nlohmann::json j = good;
+    k.edit(j);
+    std::ofstream(path) << j.dump(2);
+    const std::string e = error_of([&] { read_checkpoint_info(step); });
+    EXPECT_NE(e.find(path), std::string::npos) << k.what << ": " << e;
+    EXPECT_NE(e.find(k.expected), std::string::npos) << k.what << ": " << e;
+    // the trainer stops before a step runs or a file is written
+    const std::string t = error_of([&] { Trainer(r).run(); });
+    EXPECT_NE(t.find(k.expected), std::string::npos) << k.what << ": " << t;
+  }
+  EXPECT_TRUE(fs::last_write_time(rank_file) == rank_file_time) << "the checkpoint read from was rewritten";
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step_00000006"));
+  std::ofstream(path) << good.dump(2);
+  EXPECT_EQ(read_checkpoint_info(step).step, 3);
+}
+
 // `shardtrain inspect` on a step directory: what it holds, and whether every element of every
 // parameter is there once; a piece removed or doubled is named.
 TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
