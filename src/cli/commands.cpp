@@ -310,8 +310,14 @@ int run_generate(const std::vector<std::string>& args) {
 int run_inspect(const std::vector<std::string>& args) {
   ST_CHECK(args.size() == 1,
            "inspect: expected one PATH (a .safetensors file, a Hugging Face folder or a .parquet file)");
-  std::fputs(train::inspect_report(args[0]).c_str(), stdout);
-  return 0;
+  const train::InspectReport r = train::inspect_report(args[0]);
+  std::fputs(r.text.c_str(), stdout);
+  if (r.problems == 0) return 0;
+  // a script checking a checkpoint or a folder before a run must see the failure
+  std::fflush(stdout);
+  std::fprintf(stderr, "error: `%s`: %d problem%s (named above); it cannot be loaded as it is\n", args[0].c_str(),
+               r.problems, r.problems == 1 ? "" : "s");
+  return 1;
 }
 
 int run_print_config(const std::vector<std::string>& args) {

@@ -510,7 +510,7 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir) {
   return info;
 }
 
-std::string checkpoint_report(const std::string& step_dir) {
+CheckpointReport checkpoint_report(const std::string& step_dir) {
   const CheckpointInfo info = read_checkpoint_info(step_dir);
   const json meta = read_json((fs::path(info.path) / "metadata.json").string());
   const std::vector<std::string> files = meta.at("files").get<std::vector<std::string>>();
@@ -564,7 +564,7 @@ std::string checkpoint_report(const std::string& step_dir) {
                                     params, elements)
                       : fmt::format("  INCOMPLETE: {} problem{} (above); this checkpoint cannot be loaded\n", problems,
                                     problems == 1 ? "" : "s"));
-  return r.str();
+  return {r.str(), problems};
 }
 
 void load_checkpoint_params(const CheckpointInfo& info, const model::ModelLayout& layout,

@@ -97,8 +97,13 @@ CheckpointInfo read_checkpoint_info(const std::string& step_dir);
 
 // What `shardtrain inspect` says of a step directory: step, ranks, model, tokenizer, files, and
 // whether the pieces hold every element of every parameter once for each kind saved (an
-// incomplete checkpoint is named as such). Throws on unreadable metadata or files.
-std::string checkpoint_report(const std::string& step_dir);
+// incomplete checkpoint is named as such), with the number of problems named (0: it loads).
+// Throws on unreadable metadata or files.
+struct CheckpointReport {
+  std::string text;
+  int problems = 0;
+};
+CheckpointReport checkpoint_report(const std::string& step_dir);
 
 // Fills this rank's master shards (and the optimizer's state and step count, when given)
 // from the checkpoint's pieces. The store's layout must match the checkpoint's config.

@@ -38,11 +38,14 @@ std::string parquet_report(const std::string& path) {
 
 }  // namespace
 
-std::string inspect_report(const std::string& path) {
+InspectReport inspect_report(const std::string& path) {
   namespace fs = std::filesystem;
-  if (io::is_parquet_file(path)) return parquet_report(path);
+  if (io::is_parquet_file(path)) return {parquet_report(path), 0};
   // a training checkpoint: a step directory, or the folder whose `latest` names one
-  if (fs::is_regular_file(fs::path(path) / "metadata.json")) return checkpoint_report(path);
+  if (fs::is_regular_file(fs::path(path) / "metadata.json")) {
+    const CheckpointReport c = checkpoint_report(path);
+    return {c.text, c.problems};
+  }
   if (fs::is_regular_file(fs::path(path) / "latest")) {
     std::vector<std::string> steps;
     for (const fs::directory_entry& e : fs::directory_iterator(path))
@@ -51,12 +54,15 @@ std::string inspect_report(const std::string& path) {
     std::string list;
     for (const std::string& s : steps) list += " " + s;
     const std::string latest = resolve_checkpoint("auto", path);
-    return fmt::format("{}: checkpoints{}; `latest` is {}\n\n", path, list, fs::path(latest).filename().string()) +
-           checkpoint_report(latest);
+    const CheckpointReport c = checkpoint_report(latest);
+    return {fmt::format("{}: checkpoints{}; `latest` is {}\n\n", path, list, fs::path(latest).filename().string()) +
+                c.text,
+            c.problems};
   }
   std::ostringstream r;
   const io::HfWeights w(path);
   int64_t total_bytes = 0, total_elements = 0;
+  int missing = 0;
   for (const auto& f : w.files()) {
     r << fmt::format("{}  ({} tensors, {})\n", f->path(), f->tensors().size(),
                      format_bytes(static_cast<int64_t>(fs::file_size(f->path()))));
@@ -80,7 +86,6 @@ std::string inspect_report(const std::string& path) {
                      c.max_seq_len, c.norm_eps);
     // every tensor the model needs is present with the right shape
     const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
-    int missing = 0;
     for (const model::UnitLayout& u : layout.units())
       for (const model::ParamSpec& p : u.params) {
         const io::TensorInfo* t = w.find(p.name);
@@ -96,7 +101,7 @@ std::string inspect_report(const std::string& path) {
     r << (missing == 0 ? "  every parameter present with the expected shape\n"
                        : fmt::format("  {} parameters missing or misshapen\n", missing));
   }
-  return r.str();
+  return {r.str(), missing};
 }
 
 }  // namespace shardtrain::train

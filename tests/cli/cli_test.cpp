@@ -19,6 +19,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "io/safetensors.h"
+#include "io/safetensors_writer.h"
 #include "testing/shared_data.h"
 
 namespace {
@@ -640,6 +642,56 @@ TEST(Cli, InspectListsTensorsAndChecksTheShape) {
   const Result bad = run("inspect /nonexistent/folder");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("/nonexistent/folder"), std::string::npos) << bad.output;
+}
+
+// `inspect` exits non-zero when what it reports cannot be loaded (a script checks a folder or
+// a checkpoint with it before a run): a Hugging Face folder missing tensors, a checkpoint
+// missing pieces; 0 for healthy ones.
+TEST(Cli, InspectFailsWhenTensorsOrPiecesAreMissing) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_inspect_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "hf");
+  const fs::path reference = fs::path(shardtrain::testing::source_dir()) / "tests/model/hf_reference/gqa4_llama3_rope";
+  fs::copy_file(reference / "model.safetensors", dir / "hf" / "model.safetensors");
+  {
+    std::ifstream in(reference / "config.json");
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t at = text.find("\"num_hidden_layers\": 2");
+    ASSERT_NE(at, std::string::npos);
+    text.replace(at, 22, "\"num_hidden_layers\": 3");  // the file holds 2 layers
+    std::ofstream(dir / "hf" / "config.json") << text;
+  }
+  const Result hf = run("inspect " + (dir / "hf").string());
+  EXPECT_EQ(hf.status, 1) << hf.output;
+  EXPECT_NE(hf.output.find("missing: model.layers.2.self_attn.q_proj.weight"), std::string::npos) << hf.output;
+  EXPECT_NE(hf.output.find("problems (named above); it cannot be loaded as it is"), std::string::npos) << hf.output;
+
+  const Result trained = run("train --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 "
+                             "--model.ffn_dim=52 --model.max_seq_len=32 --training.seq_len=16 "
+                             "--training.batch_size=2 --training.steps=1 --training.device=cpu "
+                             "--eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
+                             "--checkpoint.interval_steps=1 --run.output_dir=" + (dir / "run").string());
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const fs::path step = dir / "run" / "checkpoints" / "step_00000001";
+  const Result healthy = run("inspect " + (dir / "run" / "checkpoints").string());
+  EXPECT_EQ(healthy.status, 0) << healthy.output;
+  EXPECT_NE(healthy.output.find("complete: master weights"), std::string::npos) << healthy.output;
+  // the rank file rewritten without its first piece
+  const std::string file = (step / "rank_00000-of-00001.safetensors").string();
+  std::vector<std::pair<std::string, shardtrain::Tensor>> pieces;
+  {
+    const shardtrain::io::SafetensorsFile f(file);
+    for (const shardtrain::io::TensorInfo& t : f.tensors())
+      pieces.emplace_back(t.name, f.read_as(t.name, shardtrain::DType::kF32));
+  }
+  pieces.erase(pieces.begin());
+  shardtrain::io::write_safetensors(file, pieces, {});
+  const Result incomplete = run("inspect " + step.string());
+  EXPECT_EQ(incomplete.status, 1) << incomplete.output;
+  EXPECT_NE(incomplete.output.find("INCOMPLETE: 1 problem"), std::string::npos) << incomplete.output;
+  EXPECT_NE(incomplete.output.find("1 problem (named above)"), std::string::npos) << incomplete.output;
+  fs::remove_all(dir);
 }
 
 TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {

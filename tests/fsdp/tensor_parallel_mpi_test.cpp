@@ -315,7 +315,7 @@ TEST(TensorParallel, CheckpointsAndExportCrossMeshes) {
   const train::CheckpointInfo info = train::read_checkpoint_info(root + "/tp/step_00000006");
   EXPECT_EQ(info.world_size, w);
   // `shardtrain inspect` finds every element once among the strided pieces
-  const std::string report = train::checkpoint_report(root + "/tp/step_00000006");
+  const std::string report = train::checkpoint_report(root + "/tp/step_00000006").text;
   EXPECT_NE(report.find("complete: master weights, AdamW m and v of all"), std::string::npos) << report;
   EXPECT_NE(report.find(fmt::format("written by {} rank", w)), std::string::npos) << report;
   const testing::OneRankCopy one_rank = testing::load_on_one_rank(info);

@@ -313,7 +313,8 @@ TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
   c.training.steps = 3;
   Trainer(c).run();
   const std::string step = dir + "/checkpoints/step_00000003";
-  const std::string report = checkpoint_report(step);
+  EXPECT_EQ(checkpoint_report(step).problems, 0);
+  const std::string report = checkpoint_report(step).text;
   EXPECT_NE(report.find("step 3, written by 1 rank; optimizer state: AdamW moments after 3 steps"), std::string::npos)
       << report;
   EXPECT_NE(report.find("model: Llama: 2 layers, dim 40"), std::string::npos) << report;
@@ -334,7 +335,8 @@ TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
   std::vector<std::pair<std::string, Tensor>> fewer = pieces;
   fewer.erase(fewer.begin() + (at - pieces.begin()));
   io::write_safetensors(file, fewer, {});
-  const std::string none = checkpoint_report(step);
+  EXPECT_EQ(checkpoint_report(step).problems, 1);
+  const std::string none = checkpoint_report(step).text;
   EXPECT_NE(none.find("exp_avg of `model.layers.1.mlp.down_proj.weight` [40, 52]: no pieces"), std::string::npos)
       << none;
   EXPECT_NE(none.find("INCOMPLETE: 1 problem"), std::string::npos) << none;
@@ -345,7 +347,7 @@ TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
   fewer.emplace_back("model.layers.1.mlp.down_proj.weight|exp_avg|0:" + std::to_string(end - 10),
                      at->second.flat_range(0, end - 10));
   io::write_safetensors(file, fewer, {});
-  const std::string missing = checkpoint_report(step);
+  const std::string missing = checkpoint_report(step).text;
   EXPECT_NE(missing.find("exp_avg of `model.layers.1.mlp.down_proj.weight` [40, 52]: elements [2070, 2080) missing"),
             std::string::npos) << missing;
   std::vector<std::pair<std::string, Tensor>> more = pieces;
@@ -353,7 +355,7 @@ TEST(Checkpoint, TheReportFindsMissingAndDoubledElements) {
   more.emplace_back("model.layers.1.mlp.down_proj.weight|exp_avg|0:" + std::to_string(end - 1),
                     at->second.flat_range(0, end - 1));
   io::write_safetensors(file, more, {});
-  const std::string doubled = checkpoint_report(step);
+  const std::string doubled = checkpoint_report(step).text;
   EXPECT_NE(doubled.find("exp_avg of `model.layers.1.mlp.down_proj.weight` [40, 52]: element 0 held twice"),
             std::string::npos) << doubled;
 }
