@@ -308,6 +308,27 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
   }
+  // checkpoint.resume, read before the data and the model: a run whose checkpoint has done all
+  // its steps (a requeue after the end) builds nothing more and ends with success
+  std::optional<CheckpointInfo> resume_from;
+  if (!config_.checkpoint.resume.empty()) {
+    const std::string dir = resolve_checkpoint(config_.checkpoint.resume, checkpoint_root());
+    if (dir.empty()) {
+      log::info(fmt::format("checkpoint.resume = auto: no checkpoint under {}; starting fresh", checkpoint_root()));
+    } else {
+      resume_from = read_checkpoint_info(dir);
+      ST_CHECK(model::to_hf_config(resume_from->config, "float32") == model::to_hf_config(mc, "float32"),
+               "checkpoint `", dir, "` holds a different model (", resume_from->config.summary(), ") than this job (",
+               mc.summary(), ")");
+      if (resume_from->step >= config_.training.steps) {
+        complete_at_step_ = resume_from->step;
+        log::info(fmt::format("the run is already complete at step {}: checkpoint `{}` has done all `training.steps` "
+                              "= {}; nothing to train",
+                              resume_from->step, dir, config_.training.steps));
+        return;
+      }
+    }
+  }
   data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size, comm_, local_rank());
   log::info("data: " + data_->summary());
   phases.done("data");
@@ -427,22 +448,13 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
   phases.done("model and optimizer");
-  if (!config_.checkpoint.resume.empty()) {
-    const std::string dir = resolve_checkpoint(config_.checkpoint.resume, checkpoint_root());
-    if (dir.empty()) {
-      log::info(fmt::format("checkpoint.resume = auto: no checkpoint under {}; starting fresh", checkpoint_root()));
-    } else {
-      const CheckpointInfo info = read_checkpoint_info(dir);
-      ST_CHECK(model::to_hf_config(info.config, "float32") == model::to_hf_config(mc, "float32"), "checkpoint `", dir,
-               "` holds a different model (", info.config.summary(), ") than this job (", mc.summary(), ")");
-      ST_CHECK(info.step < config_.training.steps, "checkpoint `", dir, "` is at step ", info.step,
-               ", not before `training.steps` = ", config_.training.steps, "; nothing left to train");
-      load_checkpoint(info, *store_, optimizer_.get());
-      start_step_ = info.step + 1;
-      log::info(fmt::format("resumed from {} (step {}, written by {} rank{})", dir, info.step, info.world_size,
-                            info.world_size == 1 ? "" : "s"));
-      phases.done("checkpoint read");
-    }
+  if (resume_from) {
+    const CheckpointInfo& info = *resume_from;
+    load_checkpoint(info, *store_, optimizer_.get());
+    start_step_ = info.step + 1;
+    log::info(fmt::format("resumed from {} (step {}, written by {} rank{})", info.path, info.step, info.world_size,
+                          info.world_size == 1 ? "" : "s"));
+    phases.done("checkpoint read");
   }
   if (comm_->world_size() > 1) {
     int64_t slots = 0;
@@ -490,6 +502,11 @@ Tensor Trainer::positions_of(const Tensor& ids_BT) const {
 }
 
 TrainSummary Trainer::run() {
+  if (complete_at_step_ >= 0) {  // said when constructed
+    TrainSummary done;
+    done.already_complete_at = complete_at_step_;
+    return done;
+  }
   const TrainingSection& tc = config_.training;
   const int64_t B = tc.batch_size, T = tc.seq_len, accum = tc.grad_accum_steps;
   if (!bench_) std::filesystem::create_directories(config_.run.output_dir);  // a bench writes no files

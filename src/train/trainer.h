@@ -74,6 +74,9 @@ struct TrainSummary {
   double seconds = 0;
   double tokens_per_second = 0;  // over the whole run, evaluation excluded
   std::string sample;
+  // checkpoint.resume found every step of training.steps done already: that checkpoint's step
+  // (nothing was trained, evaluated or exported); -1 otherwise
+  int64_t already_complete_at = -1;
 };
 
 class Trainer {
@@ -142,6 +145,7 @@ class Trainer {
   bool compute_shards_ = false;
   int64_t offload_blocks_ = 0;  // training.offload_activations: the blocks offloaded (0: none)
   int64_t start_step_ = 1;  // > 1 after resuming
+  int64_t complete_at_step_ = -1;  // the resumed checkpoint's step when it finished the run (nothing built then)
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
   std::unique_ptr<fsdp::DeviceMesh> mesh_;

@@ -694,6 +694,30 @@ TEST(Cli, InspectFailsWhenTensorsOrPiecesAreMissing) {
   fs::remove_all(dir);
 }
 
+// A requeued job whose run has finished: resuming trains nothing, says so in one line and
+// exits 0 (a requeue loop must not see a failure).
+TEST(Cli, ResumingAFinishedRunSucceedsAndSaysSo) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_finished_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string job = "train --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 "
+                          "--model.ffn_dim=52 --model.max_seq_len=32 --training.seq_len=16 --training.batch_size=2 "
+                          "--training.steps=2 --training.device=cpu --eval.batches=1 --sample.tokens=0 "
+                          "--logging.progress=off --checkpoint.interval_steps=1 --checkpoint.resume=auto "
+                          "--run.output_dir=" + dir.string();
+  const Result first = run(job);
+  ASSERT_EQ(first.status, 0) << first.output;
+  const Result again = run(job);
+  EXPECT_EQ(again.status, 0) << again.output;
+  EXPECT_NE(again.output.find("the run is already complete at step 2: checkpoint `" +
+                              (dir / "checkpoints" / "step_00000002").string() +
+                              "` has done all `training.steps` = 2; nothing to train"),
+            std::string::npos)
+      << again.output;
+  EXPECT_EQ(again.output.find("step     "), std::string::npos) << "no step trained: " << again.output;
+  fs::remove_all(dir);
+}
+
 TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {
   const Result r = run("train --model.hf=" + shardtrain::testing::source_dir() + "/tests/model/hf_reference/mha_tied");
   EXPECT_EQ(r.status, 1);

@@ -199,6 +199,21 @@ TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
   ASSERT_TRUE(fs::is_directory(c.run.output_dir + "/tb"));
   EXPECT_EQ(std::distance(fs::directory_iterator(c.run.output_dir + "/tb"), fs::directory_iterator()), 1);
 
+  // every step done already: nothing trained, nothing written, no error
+  {
+    const auto latest_time = fs::last_write_time(dir + "/checkpoints/latest");
+    JobConfig done = c;
+    done.logging.tensorboard_dir.clear();
+    Trainer finished(done);
+    const TrainSummary f = finished.run();
+    EXPECT_EQ(f.already_complete_at, 5);
+    EXPECT_TRUE(f.steps.empty());
+    EXPECT_TRUE(f.evals.empty());
+    EXPECT_TRUE(fs::last_write_time(dir + "/checkpoints/latest") == latest_time);
+    done.training.steps = 4;  // fewer steps than the checkpoint's: complete too
+    EXPECT_EQ(Trainer(done).run().already_complete_at, 5);
+  }
+
   // nothing to resume from: a fresh start, said in the log
   JobConfig fresh = job(fresh_dir("auto_empty"));
   fresh.checkpoint.resume = "auto";
