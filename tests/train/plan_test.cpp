@@ -555,7 +555,7 @@ TEST(Plan, ActivationOffloadKeepsTwoBlocksOnTheGpu) {
   EXPECT_EQ(plan_memory(in).host_activations, 0) << "the CPU has nothing to offload";
 }
 
-// The multi-node jobs in configs/ cannot be run here (no lent machine has 16 or 64 GPUs), so
+// The multi-node jobs in configs/ cannot be run here (no machine at hand has 16 or 64 GPUs), so
 // their first lines say what `shardtrain plan` gives them: "(planned: X GiB per GPU, Y GiB of
 // host memory per rank". Those figures must stay what the plan gives (with the published
 // model shapes), and the GPU's share must fit an 80 GB GPU (79.18 GiB to the allocator, as on
