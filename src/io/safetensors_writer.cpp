@@ -128,6 +128,12 @@ ShardedWriter::ShardedWriter(std::string folder, int64_t max_shard_bytes)
   std::filesystem::create_directories(folder_);
 }
 
+ShardedWriter::~ShardedWriter() {
+  if (finished_) return;
+  std::error_code ec;
+  for (const std::string& f : temp_files_) std::filesystem::remove(f, ec);
+}
+
 void ShardedWriter::add(const std::string& name, const Tensor& tensor) {
   ST_CHECK(!finished_, "ShardedWriter: add after finish");
   const int64_t bytes = static_cast<int64_t>(tensor.nbytes());

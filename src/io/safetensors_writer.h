@@ -34,6 +34,10 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
 class ShardedWriter {
  public:
   ShardedWriter(std::string folder, int64_t max_shard_bytes);
+  // Unfinished (an error on the way), removes the shards it wrote.
+  ~ShardedWriter();
+  ShardedWriter(const ShardedWriter&) = delete;
+  ShardedWriter& operator=(const ShardedWriter&) = delete;
   // Buffers `tensor` (copied) and writes a shard when the limit would be exceeded.
   void add(const std::string& name, const Tensor& tensor);
   // Writes the last shard, renames every shard to its final name and writes the index.

@@ -379,6 +379,12 @@ std::string PendingCheckpoint::commit(dist::Communicator& comm, std::exception_p
   const fs::path final_dir = fs::path(root_) / step_dir_name(step_);
   const fs::path tmp_dir = fs::path(root_) / fmt::format(".{}.tmp", step_dir_name(step_));
   if (ok.data<int64_t>()[0] != world_) {
+    // every rank is done writing (the sum above): the files that were written go, not to be
+    // left for a step that may never be saved again
+    if (rank_ == 0) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);
+    }
     std::string mine;
     if (write_error) {
       try {
@@ -392,10 +398,16 @@ std::string PendingCheckpoint::commit(dist::Communicator& comm, std::exception_p
              "checkpoint", mine);
   }
   if (rank_ == 0) {
-    io::write_file_atomic((tmp_dir / "metadata.json").string(), metadata_);
-    fsync_path(tmp_dir);
-    fs::remove_all(final_dir);  // a re-save of the same step replaces it
-    fs::rename(tmp_dir, final_dir);
+    try {
+      io::write_file_atomic((tmp_dir / "metadata.json").string(), metadata_);
+      fsync_path(tmp_dir);
+      fs::remove_all(final_dir);  // a re-save of the same step replaces it
+      fs::rename(tmp_dir, final_dir);
+    } catch (...) {
+      std::error_code ec;
+      fs::remove_all(tmp_dir, ec);  // a partial checkpoint is not left behind
+      throw;
+    }
     fsync_path(root_);
     io::write_file_atomic((fs::path(root_) / "latest").string(), step_dir_name(step_) + "\n");
     if (keep_ > 0) {

@@ -43,6 +43,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
+#include "train/run_paths.h"
 #include "train/generate.h"
 #include "train/metrics.h"
 #include "train/plan.h"
@@ -260,6 +261,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     crash_report::set_rank(comm_->rank());
   }
   phases.done("communicator");
+  if (!bench_) prepare_output_folders();  // a bench writes no files
   {
     const int world = comm_->world_size(), tp = static_cast<int>(config_.parallel.tensor_parallel);
     const int replicate = static_cast<int>(config_.parallel.replicate);
@@ -472,6 +474,48 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
                           comm_->world_size(), comm_->name(), shape, slots, model_config_.num_parameters()));
   }
   log::info(phases.summary());
+}
+
+void Trainer::prepare_output_folders() {
+  const int rank = comm_->rank();
+  const std::filesystem::path out_dir(config_.run.output_dir);
+  // a save happens at checkpoint.interval_steps, or when a signal or the time limit stops the run
+  const bool saves = config_.checkpoint.interval_steps > 0 || config_.checkpoint.on_signal ||
+                     !config_.training.time_limit.empty();
+  const std::string checkpoint_key = config_.checkpoint.dir.empty() ? "run.output_dir" : "checkpoint.dir";
+  std::string error;
+  try {
+    check_writable_folder(config_.run.output_dir, "run.output_dir", rank);
+    if (saves) check_writable_folder(checkpoint_root(), checkpoint_key, rank);  // every rank writes its file there
+    if (rank == 0) {
+      if (!config_.logging.metrics_file.empty())
+        check_writable_folder((out_dir / config_.logging.metrics_file).parent_path().string(), "logging.metrics_file",
+                              rank);
+      if (!config_.logging.tensorboard_dir.empty())
+        check_writable_folder((out_dir / config_.logging.tensorboard_dir).string(), "logging.tensorboard_dir", rank);
+      if (!config_.export_.folder.empty()) check_writable_folder(config_.export_.folder, "export.folder", rank);
+      // no save of this run has started: whatever temporaries are there were left by others
+      for (const auto& [folder, checkpoints] :
+           {std::pair<std::string, bool>(checkpoint_root(), true), {config_.export_.folder, false}}) {
+        if (folder.empty()) continue;
+        const std::vector<std::string> removed = remove_interrupted_writes(folder, checkpoints);
+        std::string names;
+        for (const std::string& n : removed) names += (names.empty() ? "" : ", ") + n;
+        if (!removed.empty())
+          log::info(fmt::format("removed what interrupted {} left in {}: {}", checkpoints ? "saves" : "exports",
+                                folder, names));
+      }
+    }
+  } catch (const Error& e) {
+    error = e.what();
+  }
+  // the ranks agree, so that none waits in a collective for one that stopped here
+  Tensor failed = Tensor::empty({1}, DType::kI64, Device::cpu(), "folder checks failed");
+  failed.data<int64_t>()[0] = error.empty() ? 0 : 1;
+  comm_->all_reduce(failed, dist::ReduceOp::kSum);
+  ST_CHECK(error.empty(), error, "; every folder the run writes is checked before the first step");
+  ST_CHECK(failed.data<int64_t>()[0] == 0, failed.data<int64_t>()[0], " rank(s) found a folder the run writes not "
+           "writable (their error names it)");
 }
 
 Trainer::~Trainer() = default;  // run() leaves no host update in flight, however it ends

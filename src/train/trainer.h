@@ -114,6 +114,12 @@ class Trainer {
 
  private:
   std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
+  // Creates every folder the run writes (run.output_dir, the checkpoint folder, the metrics
+  // file's and TensorBoard's, export.folder) and probes each for writing, on the ranks that
+  // write there, so that an unwritable one fails at launch naming its key; then rank 0 removes
+  // what interrupted saves and exports left in the checkpoint and export folders (logged).
+  // Collective; before any save of this run.
+  void prepare_output_folders();
   int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
   int64_t mlp_chunk_tokens() const;      // training.mlp_chunk_tokens, or its automatic value (0: at once)
   // training.fp8 with its gradient format, after checking the device and model_config_'s widths.

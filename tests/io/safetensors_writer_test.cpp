@@ -86,6 +86,19 @@ TEST(SafetensorsWriter, ShardedFolderWithIndex) {
   EXPECT_FALSE(std::filesystem::exists(single + "/model.safetensors.index.json"));
 }
 
+// An export that fails on the way (the writer gone before finish) leaves no shard behind.
+TEST(SafetensorsWriter, AnUnfinishedFolderRemovesItsShards) {
+  const std::string dir = temp_path("unfinished");
+  std::filesystem::remove_all(dir);
+  {
+    ShardedWriter w(dir, 1000);
+    for (const auto& [name, t] : sample_tensors()) w.add(name, t);  // the first shard is written
+    EXPECT_TRUE(std::filesystem::exists(dir + "/shard-0.partial.safetensors"));
+  }
+  EXPECT_TRUE(std::filesystem::is_empty(dir));
+  std::filesystem::remove_all(dir);
+}
+
 TEST(SafetensorsWriter, PypiSafetensorsLoadsOurFiles) {
   if (std::system("python3 -c 'import safetensors.numpy, numpy' > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3 cannot import safetensors and numpy (pip install safetensors numpy)";

@@ -164,6 +164,79 @@ TEST(Checkpoint, AFailedWriteIsNotCommitted) {
   EXPECT_NE(e.find("(this rank: "), std::string::npos) << e << ": the rank's own error is named";
   EXPECT_EQ(resolve_checkpoint("auto", root), root + "/step_00000003");
   EXPECT_FALSE(fs::exists(root + "/step_00000004"));
+
+  // this rank's file written, then the save failing (as another rank's disk full would): the
+  // written file goes with the temporary directory
+  p = begin_checkpoint(root, 5, t.model().config(), "", t.store(), &t.optimizer(), comm, 0);
+  p->write();
+  ASSERT_TRUE(fs::exists(root + "/.step_00000005.tmp/rank_00000-of-00001.safetensors"));
+  const std::string full = error_of([&] { p->commit(comm, std::make_exception_ptr(Error("No space left on device"))); });
+  EXPECT_NE(full.find("No space left on device"), std::string::npos) << full;
+  EXPECT_FALSE(fs::exists(root + "/.step_00000005.tmp")) << "a failed save removes its partial files";
+  EXPECT_EQ(resolve_checkpoint("auto", root), root + "/step_00000003");
+}
+
+// What killed saves and exports left (a step's temporary directory, `latest` or a shard under a
+// temporary name, an export's partial shard) is removed by the next run that uses the folders,
+// before any save of its own; everything else stays.
+TEST(Checkpoint, TheNextRunRemovesWhatInterruptedSavesLeft) {
+  const std::string dir = fresh_dir("leftovers");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  Trainer(c).run();
+  const std::string root = dir + "/checkpoints", out = dir + "/hf";
+  fs::create_directories(root + "/.step_00000009.tmp");
+  std::ofstream(root + "/.step_00000009.tmp/rank_00000-of-00001.safetensors") << "partial";
+  std::ofstream(root + "/latest.tmp.4242") << "step_00000009\n";
+  fs::create_directories(out);
+  std::ofstream(out + "/shard-0.partial.safetensors") << "partial";
+  std::ofstream(out + "/shard-1.partial.safetensors.tmp.4242") << "partial";
+  std::ofstream(out + "/config.json.tmp.77") << "{";
+  std::ofstream(out + "/notes.tmp") << "the user's";
+  std::ofstream(root + "/README") << "the user's";
+  JobConfig r = c;
+  r.checkpoint.resume = "auto";
+  r.training.steps = 4;
+  r.export_.folder = out;
+  Trainer t(r);  // removed at launch, before the first step
+  for (const std::string& gone : {root + "/.step_00000009.tmp", root + "/latest.tmp.4242",
+                                 out + "/shard-0.partial.safetensors", out + "/shard-1.partial.safetensors.tmp.4242",
+                                 out + "/config.json.tmp.77"})
+    EXPECT_FALSE(fs::exists(gone)) << gone;
+  for (const std::string& kept : {root + "/step_00000003", root + "/latest", out + "/notes.tmp", root + "/README"})
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+  ASSERT_EQ(t.run().steps.size(), 1u);
+  EXPECT_TRUE(fs::exists(out + "/config.json"));
+}
+
+// Every folder the run writes is created and probed at launch: one that cannot be written
+// fails before the first step, naming its key, not at the first save or the export after the
+// whole run. (A path under a regular file cannot be created, even by root.)
+TEST(Checkpoint, AnUnwritableFolderFailsAtLaunchNamingItsKey) {
+  const std::string dir = fresh_dir("unwritable");
+  const std::string file = dir + "/a_file";
+  std::ofstream(file) << "not a folder";
+  const std::string bad = file + "/sub";
+  const std::vector<std::pair<std::string, std::function<void(JobConfig&)>>> cases = {
+      {"checkpoint.dir", [&](JobConfig& c) { c.checkpoint.dir = bad; }},
+      {"export.folder", [&](JobConfig& c) { c.export_.folder = bad; }},
+      {"run.output_dir", [&](JobConfig& c) { c.run.output_dir = bad; }},
+      {"logging.tensorboard_dir", [&](JobConfig& c) { c.logging.tensorboard_dir = bad; }},
+      {"logging.metrics_file", [&](JobConfig& c) { c.logging.metrics_file = bad + "/metrics.jsonl"; }},
+  };
+  for (const auto& [key, edit] : cases) {
+    JobConfig c = job(dir);
+    edit(c);
+    const std::string e = error_of([&] { Trainer t(c); });
+    EXPECT_NE(e.find("`" + key + "` = \"" + bad + "\" is not writable: the folder cannot be created"),
+              std::string::npos) << key << ": " << e;
+  }
+  // the probe leaves nothing behind in a folder that is writable
+  JobConfig c = job(dir);
+  c.export_.folder = dir + "/export";
+  Trainer t(c);
+  EXPECT_TRUE(fs::is_directory(dir + "/export"));
+  EXPECT_TRUE(fs::is_empty(dir + "/export"));
 }
 
 TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
