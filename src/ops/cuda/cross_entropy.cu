@@ -4,9 +4,9 @@
 // the log-sum-exp in f32 (one pass, online rescaling) and the row's loss, and overwrites the
 // logits in place with grad_scale * (softmax - onehot); two GEMMs then give dh (overwrite)
 // and dW (accumulate, or overwrite in the first chunk). With options.fp8 the three products
-// are the linear's FP8 forms (each chunk's operands quantised, then multiplied in FP8). A block is 1024 threads and one runs
-// per SM, so the rows in flight (132 x 256 KiB for V = 128,256 in bf16 on an H100) stay in
-// L2 for the second read.
+// are the linear's FP8 forms (each chunk's operands quantised, then multiplied in FP8). A
+// block is 1024 threads and one runs per SM, so the rows in flight (132 x 256 KiB for
+// V = 128,256 in bf16 on an H100) stay in L2 for the second read.
 // Row losses land in a per-token buffer summed in a fixed order: deterministic. Nothing is
 // read back to the host: targets outside [0, V) (not the ignore index) make the loss NaN
 // unless options.check_targets asks for a host-side error first.
