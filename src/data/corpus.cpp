@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "data/parallel.h"
+#include "data/utf8.h"
 #include "io/input_file.h"
 #include "io/parquet.h"
 
@@ -185,6 +186,10 @@ bool DocumentReader::next_jsonl(std::vector<std::string>& out, size_t max_bytes)
     const auto k = static_cast<size_t>(i);
     const std::string& file = files_[file_of[k]];
     nlohmann::json j = nlohmann::json::parse(lines[k], nullptr, false);
+    if (j.is_discarded()) {
+      const std::string bad_utf8 = utf8_problem(lines[k]);
+      ST_CHECK(bad_utf8.empty(), "`", file, "` line ", numbers[k], ": ", bad_utf8);
+    }
     ST_CHECK(!j.is_discarded() && j.is_object(), "`", file, "` line ", numbers[k], ": not a JSON object");
     auto it = j.find(field_);
     ST_CHECK(it != j.end(), "`", file, "` line ", numbers[k], ": no field `", field_,

@@ -20,6 +20,7 @@
 #include "core/random.h"
 #include "data/corpus.h"
 #include "data/parallel.h"
+#include "data/utf8.h"
 #include "io/input_file.h"
 #include "io/parquet.h"
 
@@ -63,6 +64,8 @@ Json parse_object(const std::string& text, const std::string& where) {
   try {
     j = Json::parse(text);
   } catch (const nlohmann::json::exception& e) {
+    const std::string bad_utf8 = utf8_problem(text);
+    ST_CHECK(bad_utf8.empty(), where, ": ", bad_utf8);
     ST_THROW(where, ": malformed JSON: ", e.what());
   }
   ST_CHECK(j.is_object(), where, ": expected a JSON object, found ", j.type_name());

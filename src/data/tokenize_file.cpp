@@ -28,6 +28,7 @@
 #include "core/log.h"
 #include "data/corpus.h"
 #include "data/parallel.h"
+#include "data/utf8.h"
 #include "io/input_file.h"
 #include "io/parquet.h"
 
@@ -279,6 +280,8 @@ std::string_view document_text(std::string_view line, const TokenizeFileOptions&
   try {
     j = nlohmann::json::parse(line);
   } catch (const nlohmann::json::exception& e) {
+    const std::string bad_utf8 = utf8_problem(line);
+    ST_CHECK(bad_utf8.empty(), "`", path, "` line ", line_number, ": ", bad_utf8);
     ST_THROW("`", path, "` line ", line_number, ": malformed JSON: ", e.what());
   }
   ST_CHECK(j.is_object(), "`", path, "` line ", line_number, ": expected a JSON object");

@@ -167,9 +167,12 @@ std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const st
 
 }  // namespace
 
-std::string resolve_data_format(const DataSection& d) {
+std::string resolve_data_format(const DataSection& d, const std::string& key) {
+  // "`data.source` = `x`", or "`data.mix` entry `x`"
+  const std::string what = key == "data.mix" ? fmt::format("`data.mix` entry `{}`", d.source)
+                                             : fmt::format("`{}` = `{}`", key, d.source);
   ST_CHECK(d.source.rfind("builtin:", 0) != 0 || d.source == "builtin:fortunes" || d.source == "builtin:random",
-           "`data.source`: unknown built-in source `", d.source, "`; the built-in ones are builtin:fortunes (a "
+           what, ": unknown built-in source; the built-in ones are builtin:fortunes (a "
            "corpus) and builtin:random (random tokens)");
   if (d.source == "builtin:random") {
     ST_CHECK(d.format == "auto", "`data.format` = ", d.format, " does not apply to builtin:random, random tokens");
@@ -185,22 +188,22 @@ std::string resolve_data_format(const DataSection& d) {
     const std::vector<std::string> files = data::source_files(d.source);
     const bool tokens = std::any_of(files.begin(), files.end(), [](const std::string& f) { return data::is_token_file(f); });
     if (tokens) {
-      ST_CHECK(d.format == "auto" || d.format == "tokens", "`data.source` = `", d.source, "` names token files, which "
+      ST_CHECK(d.format == "auto" || d.format == "tokens", what, " names token files, which "
                "are read as such, not as `data.format` = ", d.format);
       return "tokens";
     }
     const bool parquet = std::any_of(files.begin(), files.end(), [](const std::string& f) { return io::is_parquet_file(f); });
     if (parquet) {
       ST_CHECK(d.format == "auto" || d.format == "parquet" || d.format == "sft" || d.format == "chat",
-               "`data.source` = `", d.source, "` names Parquet files, which read as `data.format` = parquet, sft or "
+               what, " names Parquet files, which read as `data.format` = parquet, sft or "
                "chat, not ", d.format);
       return d.format == "auto" ? "parquet" : d.format;
     }
     // JSONL or text files, read one after another (data::document_files)
     const bool jsonl = std::any_of(files.begin(), files.end(), [](const std::string& f) { return data::is_jsonl_name(f); });
     const bool text = std::any_of(files.begin(), files.end(), [](const std::string& f) { return data::is_text_name(f); });
-    ST_CHECK(jsonl || text || (data::is_source_pattern(d.source) && d.format != "auto"), "`data.source` = `", d.source,
-             "` names ", files.size(), " files, none of them a token file (written by `shardtrain tokenize`), a "
+    ST_CHECK(jsonl || text || (data::is_source_pattern(d.source) && d.format != "auto"), what,
+             " names ", files.size(), " files, none of them a token file (written by `shardtrain tokenize`), a "
              "Parquet file, JSONL (.jsonl, .json) or text (.txt; each also .gz or .zst)");
     if (d.format != "auto") {
       ST_CHECK(d.format != "parquet" && d.format != "tokens", "`data.format` = ", d.format, ", but `", d.source,
@@ -209,10 +212,19 @@ std::string resolve_data_format(const DataSection& d) {
     }
     return jsonl ? "jsonl" : "text";
   }
-  ST_CHECK(std::filesystem::is_regular_file(d.source), "`data.source`: no file or folder `", d.source, "`");
+  std::error_code ec;
+  const std::filesystem::file_status status = std::filesystem::status(d.source, ec);
+  ST_CHECK(std::filesystem::exists(status), what, ": no file or folder of that name");
+  ST_CHECK(std::filesystem::is_regular_file(status), what, " is not a regular file or folder (",
+           std::filesystem::is_fifo(status)             ? "a FIFO"
+           : std::filesystem::is_character_file(status) ? "a character device"
+           : std::filesystem::is_block_file(status)     ? "a block device"
+           : std::filesystem::is_socket(status)         ? "a socket"
+                                                        : "of another kind",
+           "); training reads its data from files, which it opens more than once");
   if (io::is_parquet_file(d.source)) {
     ST_CHECK(d.format == "auto" || d.format == "parquet" || d.format == "sft" || d.format == "chat",
-             "`data.source` = `", d.source, "` is a Parquet file, which reads as `data.format` = parquet (documents in "
+             what, " is a Parquet file, which reads as `data.format` = parquet (documents in "
              "data.text_field), sft or chat, not ", d.format);
     return d.format == "auto" ? "parquet" : d.format;
   }
@@ -255,9 +267,10 @@ class TrainEvalData final : public data::TrainingData {
   std::unique_ptr<data::TrainingData> train_, eval_;
 };
 
+// `key`: the config key data.source came from, for errors (resolve_data_format).
 std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                 int64_t model_vocab, int64_t world, dist::Communicator* comm,
-                                                int local_rank);
+                                                int local_rank, const std::string& key = "data.source");
 
 }  // namespace
 
@@ -431,8 +444,8 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
       one.data.mix.clear();
       one.data.source = e.source;
       parts.push_back(with_context([&] { return "`data.mix` source `" + e.source + "`"; },
-                                   [&] { return open_training_data(one, tokenizer, model_vocab, world, comm,
-                                                                   local_rank); }));
+                                   [&] { return open_source(one, tokenizer, model_vocab, world, comm, local_rank,
+                                                            "data.mix"); }));
     }
     return std::make_unique<MixedData>(std::move(entries), std::move(parts), config.training.seed,
                                        config.training.batch_size * world, config.training.grad_accum_steps);
@@ -448,7 +461,10 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
   // any of their forms when it is auto) beside documents
   auto train_data = open_source(train, tokenizer, model_vocab, world, comm, local_rank);
   auto eval_data = with_context([&] { return "reading `data.eval_source` = `" + eval.data.source + "`"; },
-                                [&] { return open_source(eval, tokenizer, model_vocab, world, comm, local_rank); });
+                                [&] {
+                                  return open_source(eval, tokenizer, model_vocab, world, comm, local_rank,
+                                                     "data.eval_source");
+                                });
   return std::make_unique<TrainEvalData>(std::move(train_data), std::move(eval_data));
 }
 
@@ -456,10 +472,10 @@ namespace {
 
 std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                 int64_t model_vocab, int64_t world, dist::Communicator* comm,
-                                                int local_rank) {
+                                                int local_rank, const std::string& key) {
   const DataSection& d = config.data;
   const TrainingSection& t = config.training;
-  const std::string format = resolve_data_format(d);
+  const std::string format = resolve_data_format(d, key);
   if (format == "random") return std::make_unique<data::RandomTokenData>(model_vocab, t.seed);
   if (format == "tokens") {
     return data::open_token_file_data(d.source, tokenizer, model_vocab, d.val_fraction, t.seq_len, t.seed);

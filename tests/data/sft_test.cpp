@@ -184,6 +184,11 @@ TEST(Sft, BadFilesAreNamedByLineAndField) {
   EXPECT_TRUE(throws_with([&] { SftData(number, t, o); }, "line 1: field `prompt` is number, expected a string"));
   const std::string broken = temp_file("broken.jsonl", "{\"prompt\": \"a\", \n");
   EXPECT_TRUE(throws_with([&] { SftData(broken, t, o); }, "line 1: malformed JSON"));
+  // Latin-1 text (0xe9 for é) is not UTF-8: said as such, with the byte
+  const std::string latin1 = temp_file("latin1.jsonl", "{\"prompt\": \"a\", \"response\": \"b\"}\n"
+                                                       "{\"prompt\": \"caf\xe9\", \"response\": \"b\"}\n");
+  EXPECT_TRUE(throws_with([&] { SftData(latin1, t, o); },
+                          "latin1.jsonl` line 2: not valid UTF-8 (byte 15 of the line is 0xe9)"));
   EXPECT_TRUE(throws_with([&] { SftData(temp_file("empty.jsonl", "\n\n"), t, o); }, "holds no examples"));
   o.format = SftFormat::kChat;
   const std::string chat = temp_file("chat.jsonl", "{\"messages\": [{\"role\": \"user\", \"content\": \"hi\"}]}\n");

@@ -172,6 +172,11 @@ TEST_F(DataMix, TheTrainerReportsEachSourcesLossAndTheErrorsNameTheSource) {
   data::ByteTokenizer t;
   EXPECT_TRUE(throws_with([&] { open_training_data(job((dir_ / "none.jsonl").string() + "=1"), t, 258, 1); },
                           "`data.mix` source `" + (dir_ / "none.jsonl").string() + "`"));
+  // the entry is named by its own key, not as data.source
+  EXPECT_TRUE(throws_with([&] { open_training_data(job((dir_ / "none.jsonl").string() + "=1"), t, 258, 1); },
+                          "`data.mix` entry `" + (dir_ / "none.jsonl").string() + "`: no file or folder of that name"));
+  EXPECT_FALSE(throws_with([&] { open_training_data(job((dir_ / "none.jsonl").string() + "=1"), t, 258, 1); },
+                           "`data.source`"));
   JobConfig sft = job((dir_ / "a.tok").string() + "=1");
   sft.data.format = "sft";  // data.format applies to every source: a token file is no JSONL of examples
   EXPECT_TRUE(throws_with([&] { open_training_data(sft, t, 258, 1); }, "`data.mix` source `" + (dir_ / "a.tok").string()));

@@ -1,6 +1,7 @@
 // data.eval_source: evaluation reads a separate source whole (a validation split) and training
 // reads data.source whole, for documents (in memory, through the token cache, as token files)
 // and fine-tuning examples; its errors say it is the evaluation source.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -137,7 +138,36 @@ TEST_F(EvalSource, ErrorsNameTheEvalSource) {
                           "while reading `data.eval_source` = `" + (dir_ / "valid.txt").string() + "`"));
   JobConfig docs = job(write("docs.jsonl", documents(10, 'a')), (dir_ / "missing.jsonl").string());
   EXPECT_TRUE(throws_with([&] { open_training_data(docs, t, t.vocab_size(), 1); }, "no file or folder"));
-  EXPECT_TRUE(throws_with([&] { open_training_data(docs, t, t.vocab_size(), 1); }, "data.eval_source"));
+  // the key named is the one the path came from, not data.source
+  const std::string missing = "`data.eval_source` = `" + (dir_ / "missing.jsonl").string() +
+                              "`: no file or folder of that name";
+  EXPECT_TRUE(throws_with([&] { open_training_data(docs, t, t.vocab_size(), 1); }, missing));
+  EXPECT_FALSE(throws_with([&] { open_training_data(docs, t, t.vocab_size(), 1); }, "`data.source`"));
+}
+
+// A JSONL line in another encoding than UTF-8 is named as such, with the file and the line,
+// not as a line that is no JSON object.
+TEST_F(EvalSource, ALineNotInUtf8IsNamed) {
+  data::ByteTokenizer t;
+  const std::string latin1 = write("latin1.jsonl", documents(10, 'a') + "{\"text\": \"caf\xe9\"}\n");
+  JobConfig c = job(write("docs.jsonl", documents(10, 'a')), latin1);
+  EXPECT_TRUE(throws_with([&] { open_training_data(c, t, t.vocab_size(), 1); },
+                          "latin1.jsonl` line 11: not valid UTF-8 (byte 13 of the line is 0xe9)"));
+}
+
+// A device or a FIFO given as a source exists but is no file to read (several times, by
+// offset): named as such, not as a missing path.
+TEST_F(EvalSource, ADeviceOrAFifoIsNotARegularFile) {
+  data::ByteTokenizer t;
+  const std::string docs = write("docs.jsonl", documents(10, 'a'));
+  const std::string fifo = (dir_ / "fifo").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  JobConfig c = job("/dev/null", "");
+  EXPECT_TRUE(throws_with([&] { open_training_data(c, t, t.vocab_size(), 1); },
+                          "`data.source` = `/dev/null` is not a regular file or folder (a character device)"));
+  c = job(docs, fifo);
+  EXPECT_TRUE(throws_with([&] { open_training_data(c, t, t.vocab_size(), 1); },
+                          "`data.eval_source` = `" + fifo + "` is not a regular file or folder (a FIFO)"));
 }
 
 }  // namespace
