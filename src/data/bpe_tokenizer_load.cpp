@@ -323,18 +323,23 @@ void BpeTokenizer::Impl::load_added_tokens(const json& root) {
   if (list == nullptr || list->is_null()) return;
   if (!list->is_array()) reject(path, "added_tokens", "an array", *list);
   std::vector<bool> normalized;
+  // The token tables are sized by the largest id: an id near 2^31 would take gigabytes, so ids
+  // stop at 2^24, well past any published vocabulary (about 2^18).
+  constexpr int64_t kIdLimit = int64_t{1} << 24;
+  const auto model_tokens = static_cast<int64_t>(token_length.size());
   for (size_t i = 0; i < list->size(); ++i) {
     const json& t = (*list)[i];
     const std::string key = "added_tokens[" + std::to_string(i) + "]";
     if (!t.is_object()) reject(path, key, "an object", t);
     AddedToken token;
     const json& id = require_member(path, t, key, "id");
-    if (!id.is_number_integer() || id.get<int64_t>() < 0 ||
-        id.get<int64_t>() >= (int64_t{1} << 31) - 1) {
-      reject(path, key_path(key, "id"), "an id in [0, 2^31 - 1)", id);
-    }
-    token.id = static_cast<int32_t>(id.get<int64_t>());
+    if (!id.is_number_integer()) reject(path, key_path(key, "id"), "an integer id", id);
     token.content = require_string(path, t, key, "content");
+    ST_CHECK(id.is_number_unsigned() && id.get<uint64_t>() < static_cast<uint64_t>(kIdLimit), "`", path,
+             "`: key `", key_path(key, "id"), "`: added token `", token.content, "` has id ", id.dump(),
+             ", outside the valid range [0, ", kIdLimit, ") (the model's vocabulary has ids [0, ", model_tokens,
+             "))");
+    token.id = static_cast<int32_t>(id.get<int64_t>());
     if (token.content.empty()) reject(path, key_path(key, "content"), "a non-empty string", t);
     token.special = optional_bool(path, t, key, "special", false);
     token.lstrip = optional_bool(path, t, key, "lstrip", false);

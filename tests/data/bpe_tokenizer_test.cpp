@@ -389,6 +389,14 @@ TEST_F(SmallTokenizer, UnsupportedConfigurationsNameKeyAndValue) {
   j = small_tokenizer();
   j["added_tokens"][0]["single_word"] = true;
   expect_load_error(j, {"added_tokens[0].single_word"});
+  // an id far past the vocabulary: named with its token and the valid range, not an
+  // allocation of gigabytes for the token tables
+  j = small_tokenizer();
+  j["added_tokens"][1]["id"] = 2147483000;
+  expect_load_error(j, {"key `added_tokens[1].id`: added token `[M]` has id 2147483000, outside the valid range "
+                        "[0, 16777216) (the model's vocabulary has ids [0, 261))"});
+  j["added_tokens"][1]["id"] = -1;
+  expect_load_error(j, {"added token `[M]` has id -1"});
   j = small_tokenizer();
   j["decoder"] = {{"type", "Metaspace"}};
   expect_load_error(j, {"key `decoder`", "Metaspace"});
