@@ -29,7 +29,9 @@ std::vector<MixEntry> parse_data_mix(const std::string& mix);
 
 // data.format with "auto" resolved: tokens when data.source is a folder or a file that starts
 // with a token file's magic, jsonl for .jsonl / .json, text otherwise (and for builtin: sources).
-std::string resolve_data_format(const DataSection& data);
+// Errors name `key`, the config key data.source came from (data.eval_source, or data.mix for
+// one of its entries).
+std::string resolve_data_format(const DataSection& data, const std::string& key = "data.source");
 
 // data.document_mask with "auto" resolved: on for packed fine-tuning examples (sft, chat with
 // data.packing), off for document streams.
