@@ -25,6 +25,9 @@ struct AdamWOptions {
   bool host_f32 = false;
 };
 
+// The bits of adamw_step_multi's nonfinite_flags: which of a tensor's arrays holds NaN or inf.
+constexpr int32_t kNonfiniteParam = 1, kNonfiniteExpAvg = 2, kNonfiniteExpAvgSq = 4;
+
 // One tensor of a multi-tensor update: 1-D views of the same length.
 struct AdamWTensors {
   Tensor param, exp_avg, exp_avg_sq, grad;
@@ -38,14 +41,15 @@ struct AdamWTensors {
 namespace cpu {
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWOptions& options);
-void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale);
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale,
+                      Tensor* nonfinite_flags = nullptr);
 }  // namespace cpu
 
 namespace cuda {
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad,
                 const AdamWOptions& options, Stream stream);
 void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale,
-                      Stream stream);
+                      Tensor* nonfinite_flags, Stream stream);
 }  // namespace cuda
 
 // param, exp_avg (m), exp_avg_sq (v) updated in place from grad; all one shape, f32 or f64
@@ -68,8 +72,12 @@ inline void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const
 // gradient is first multiplied by grad_scale and rounded to its dtype (exactly as scaling
 // the gradients in place before the step would, e.g. by norm clipping). All tensors on one
 // device.
+// nonfinite_flags, when given: i32 [tensors.size()] on the tensors' device, accumulates (OR):
+// flags[k] |= kNonfiniteParam, kNonfiniteExpAvg, kNonfiniteExpAvgSq when an updated element of
+// tensors[k]'s param, exp_avg or exp_avg_sq is NaN or inf, found in the same pass (no second
+// read); elements that stay finite leave it as it was. Zero it once; it never clears itself.
 inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& options, double grad_scale = 1.0,
-                             [[maybe_unused]] Stream stream = {}) {
+                             Tensor* nonfinite_flags = nullptr, [[maybe_unused]] Stream stream = {}) {
   if (tensors.empty()) return;
   profile::Cost cost;  // summed only for the profile: a pass over every tensor
   if (profile::enabled())
@@ -77,9 +85,10 @@ inline void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOpti
       cost.bytes += 2 * profile::bytes_of({&t.param, &t.exp_avg, &t.exp_avg_sq}) +
                     profile::bytes_of({&t.grad, &t.compute_copy});
   profile::ScopedTimer profile_timer("adamw_step_multi", tensors.front().param.device(), cost);
-  if (tensors.front().param.device().is_cpu()) return cpu::adamw_step_multi(tensors, options, grad_scale);
+  if (tensors.front().param.device().is_cpu())
+    return cpu::adamw_step_multi(tensors, options, grad_scale, nonfinite_flags);
 #ifdef SHARDTRAIN_WITH_CUDA
-  return cuda::adamw_step_multi(tensors, options, grad_scale, stream);
+  return cuda::adamw_step_multi(tensors, options, grad_scale, nonfinite_flags, stream);
 #else
   no_kernel("adamw_step_multi", tensors.front().param);
 #endif

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/tensor.h"
@@ -45,6 +46,13 @@ class AdamW {
   void step_units(std::vector<Tensor*> params, const std::vector<const Tensor*>& grads, double lr, double grad_scale,
                   const std::vector<Tensor*>& compute_copies, const std::function<void(size_t unit)>& after_unit);
 
+  // The parameters whose updated weights or state held NaN or inf after any update so far
+  // (flagged in the update's own pass: ops::adamw_step_multi's nonfinite_flags), e.g.
+  // "`model.layers.0.mlp.up_proj.weight` (weights, exp_avg_sq)"; empty while all are finite.
+  // Reads a few bytes from the state's device: call once the update is done (the stream
+  // synchronised, parallel.offload's host update waited for).
+  std::vector<std::string> nonfinite_parameters() const;
+
   int64_t steps_taken() const { return steps_; }
   void set_steps_taken(int64_t steps) { steps_ = steps; }  // when resuming from a checkpoint
   const AdamWConfig& config() const { return config_; }
@@ -55,6 +63,7 @@ class AdamW {
   struct Segment {
     int64_t begin, count;  // within the shard
     bool decay;
+    std::string name;  // the parameter's (model::ParamSpec::name)
   };
   // Checks the arguments and counts the step; the options of its update.
   ops::AdamWOptions begin_step(const std::vector<Tensor*>& params, const std::vector<const Tensor*>& grads, double lr,
@@ -64,6 +73,10 @@ class AdamW {
   AdamWConfig config_;
   std::vector<std::vector<Segment>> segments_;  // per unit
   std::vector<Tensor> exp_avg_, exp_avg_sq_;
+  // i32 [segments of all units], on the state's device: unit u's segments from
+  // first_segment_[u]; ops::kNonfinite* bits, never cleared
+  Tensor nonfinite_;
+  std::vector<int64_t> first_segment_;
   int64_t steps_ = 0;
 };
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
@@ -120,6 +121,38 @@ TEST(AdamWCudaF32, HostF32PassFollowsTheKernel) {
     cpu::cast(cast_after, host[k].param);
     EXPECT_TRUE(all_close(host[k].compute_copy, cast_after, testing::kExact)) << "tensor " << k;
   }
+}
+
+// The kernel's nonfinite flags equal the CPU twin's (host_f32, the kernel's arithmetic): a
+// tensor of several chunks with one infinite second moment in its last chunk's tail, one with a
+// NaN gradient, a clean one and one flagged before.
+TEST(AdamWCudaF32, MultiTensorFlagsNonFiniteLikeTheCpu) {
+  ST_REQUIRE_CUDA();
+  const std::vector<int64_t> sizes = {37, 70001, 41, 5};
+  AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  AdamWOptions on_host = o;
+  on_host.host_f32 = true;
+  std::vector<AdamWTensors> dev, host;
+  for (size_t k = 0; k < sizes.size(); ++k) {
+    const int64_t n = sizes[k];
+    Input p = random_input({n}, DType::kF32, 80 + k), g = random_input({n}, DType::kF32, 90 + k);
+    Tensor m = Tensor::zeros({n}, DType::kF32), v = Tensor::zeros({n}, DType::kF32);
+    if (k == 1) v.data<float>()[70000] = std::numeric_limits<float>::infinity();
+    if (k == 2) g.f32.data<float>()[40] = std::numeric_limits<float>::quiet_NaN();
+    dev.push_back({to_device(p.f32), to_device(m), to_device(v), to_device(g.f32), true, Tensor()});
+    host.push_back({p.f32, m, v, g.f32, true, Tensor()});
+  }
+  Tensor flags = Tensor::zeros({4}, DType::kI32);
+  flags.data<int32_t>()[3] = kNonfiniteParam;
+  Tensor dflags = to_device(flags);
+  adamw_step_multi(dev, o, 0.6, &dflags);
+  cpu::adamw_step_multi(host, on_host, 0.6, &flags);
+  const Tensor got = to_host(dflags);
+  for (int k = 0; k < 4; ++k) EXPECT_EQ(got.data<int32_t>()[k], flags.data<int32_t>()[k]) << "tensor " << k;
+  EXPECT_EQ(flags.data<int32_t>()[1], kNonfiniteExpAvgSq);
+  EXPECT_EQ(flags.data<int32_t>()[2], kNonfiniteParam | kNonfiniteExpAvg | kNonfiniteExpAvgSq);
 }
 
 }  // namespace

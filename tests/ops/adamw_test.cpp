@@ -1,5 +1,6 @@
 // CPU AdamW against torch.optim.AdamW's formula evaluated here, over several steps.
 #include <cmath>
+#include <limits>
 
 #include "ops/adamw.h"
 #include "ops/elementwise.h"
@@ -184,6 +185,43 @@ TEST(AdamW, HostF32FusedPassFollowsTheF64Update) {
   AdamWOptions host = o;
   host.host_f32 = true;
   EXPECT_THROW(cpu::adamw_step_multi(bad, host, 1.0), Error);
+}
+
+// The nonfinite flags: per tensor, which of param, m and v hold NaN or inf after the update,
+// OR-ed into what the flags held, in the f64 update and in the host's fused f32 pass alike.
+TEST(AdamW, MultiTensorFlagsNonFiniteValuesPerTensor) {
+  for (const bool host_f32 : {false, true}) {
+    AdamWOptions o;
+    o.lr = 1e-2;
+    o.weight_decay = 0.1;
+    o.host_f32 = host_f32;
+    std::vector<AdamWTensors> tensors;
+    const std::vector<int64_t> sizes = {37, 70001, 41, 5};
+    for (size_t k = 0; k < sizes.size(); ++k) {
+      const int64_t n = sizes[k];
+      auto make = [&](uint64_t seed, double mean, double sd) {
+        Tensor t = testing::to_dtype(random_f64({n}, seed, mean, sd), DType::kF32);
+        return t;
+      };
+      Tensor v = make(20 * k + 3, 0.02, 0.01);
+      for (int64_t i = 0; i < n; ++i) v.data<float>()[i] = std::abs(v.data<float>()[i]);
+      tensors.push_back({make(20 * k + 1, 0.1, 1), make(20 * k + 2, 0, 0.1), v, make(20 * k + 4, 0, 1), true, Tensor()});
+    }
+    // tensor 1: an infinite second moment far past the first 65536 elements (m/inf leaves p finite);
+    // tensor 2: a NaN gradient (p, m and v); tensor 3: clean, flagged by an earlier update
+    tensors[1].exp_avg_sq.data<float>()[70000] = std::numeric_limits<float>::infinity();
+    tensors[2].grad.data<float>()[40] = std::numeric_limits<float>::quiet_NaN();
+    Tensor flags = Tensor::zeros({4}, DType::kI32);
+    flags.data<int32_t>()[3] = kNonfiniteParam;
+    cpu::adamw_step_multi(tensors, o, 0.5, &flags);
+    const int32_t* f = flags.data<int32_t>();
+    EXPECT_EQ(f[0], 0) << "host_f32 " << host_f32;
+    EXPECT_EQ(f[1], kNonfiniteExpAvgSq) << "host_f32 " << host_f32;
+    EXPECT_EQ(f[2], kNonfiniteParam | kNonfiniteExpAvg | kNonfiniteExpAvgSq) << "host_f32 " << host_f32;
+    EXPECT_EQ(f[3], kNonfiniteParam) << "host_f32 " << host_f32;
+    EXPECT_TRUE(std::isfinite(tensors[1].param.data<float>()[70000]));
+    EXPECT_TRUE(std::isnan(tensors[2].param.data<float>()[40]));
+  }
 }
 
 }  // namespace

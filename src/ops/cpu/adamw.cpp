@@ -12,8 +12,23 @@ namespace shardtrain::ops::cpu {
 
 namespace {
 
+// Which of p, m, v holds NaN or inf, as kNonfinite* bits (the exponent all ones: no libm call,
+// so the f32 loop stays vectorized).
+template <typename F>
+inline int32_t nonfinite_bits(F p, F m, F v) {
+  if constexpr (std::is_same_v<F, float>) {
+    constexpr uint32_t kExp = 0x7f800000u;
+    return ((float_bits(p) & kExp) == kExp ? kNonfiniteParam : 0) | ((float_bits(m) & kExp) == kExp ? kNonfiniteExpAvg : 0) |
+           ((float_bits(v) & kExp) == kExp ? kNonfiniteExpAvgSq : 0);
+  } else {
+    return (std::isfinite(p) ? 0 : kNonfiniteParam) | (std::isfinite(m) ? 0 : kNonfiniteExpAvg) |
+           (std::isfinite(v) ? 0 : kNonfiniteExpAvgSq);
+  }
+}
+
+// The update of one tensor; *flag |= the kNonfinite* bits of its stored values (flag may be null).
 void adamw_scaled(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o,
-                  double grad_scale) {
+                  double grad_scale, int32_t* flag) {
   const char* op = "adamw_step";
   check_arg(param, op, "param");
   check_arg(exp_avg, op, "exp_avg", param.dtype(), param.shape());
@@ -31,7 +46,8 @@ void adamw_scaled(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tens
     F* v = exp_avg_sq.data<F>();
     const F* g = grad.data<F>();
     const F f = static_cast<F>(grad_scale);  // as ops::scale: the factor in F, one product in F
-#pragma omp parallel for if (n > 65536)
+    int32_t bad = 0;
+#pragma omp parallel for if (n > 65536) reduction(| : bad)
     for (int64_t i = 0; i < n; ++i) {
       // a scaled gradient is rounded to F, as an in-place scale would leave it
       const double gi = scaled ? static_cast<double>(static_cast<F>(g[i] * f)) : static_cast<double>(g[i]);
@@ -40,7 +56,9 @@ void adamw_scaled(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tens
       m[i] = static_cast<F>(mi);
       v[i] = static_cast<F>(vi);
       p[i] = static_cast<F>(p[i] * decay - step_size * mi / (std::sqrt(vi) / bc2_sqrt + o.eps));
+      bad |= nonfinite_bits(p[i], m[i], v[i]);
     }
+    if (flag != nullptr) *flag |= bad;
   });
 }
 
@@ -69,9 +87,10 @@ inline uint16_t bf16_bits_select(float f) {
 // Elements [a, b) of one f32 tensor and its compute copy (C: BFloat16, Float16, or void for
 // none). Vectorized (this file builds with -fno-math-errno, so sqrt is one instruction; the
 // arithmetic and its order are the scalar loop's, so the bits are too).
+// Returns the kNonfinite* bits of the stored values.
 template <typename C, bool kScaled>
-void adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c, float decay_factor,
-                     float grad_scale) {
+int32_t adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c, float decay_factor,
+                        float grad_scale) {
   float* __restrict__ p = t.param.data<float>();
   float* __restrict__ m = t.exp_avg.data<float>();
   float* __restrict__ v = t.exp_avg_sq.data<float>();
@@ -80,6 +99,7 @@ void adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c,
   if constexpr (!std::is_void_v<C>) copy = t.compute_copy.data<C>();
   const float beta1 = c.beta1, beta2 = c.beta2, omb1 = c.one_minus_beta1, omb2 = c.one_minus_beta2;
   const float step_size = c.step_size, inv_sqrt_bc2 = c.inv_sqrt_bc2, eps = c.eps;
+  int32_t bad = 0;
   for (int64_t i = a; i < b; ++i) {
     float gi = g[i];
     if constexpr (kScaled) gi *= grad_scale;
@@ -91,19 +111,20 @@ void adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c,
     p[i] = pi;
     if constexpr (std::is_same_v<C, BFloat16>) copy[i].bits = bf16_bits_select(pi);
     if constexpr (std::is_same_v<C, Float16>) copy[i] = float_to_f16(pi);
+    bad |= nonfinite_bits(pi, mi, vi);
   }
+  return bad;
 }
 
 template <typename C>
-void adamw_f32_piece(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c, float decay_factor,
-                     float grad_scale, bool scaled) {
-  if (scaled)
-    adamw_f32_range<C, true>(t, a, b, c, decay_factor, grad_scale);
-  else
-    adamw_f32_range<C, false>(t, a, b, c, decay_factor, grad_scale);
+int32_t adamw_f32_piece(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars& c, float decay_factor,
+                        float grad_scale, bool scaled) {
+  return scaled ? adamw_f32_range<C, true>(t, a, b, c, decay_factor, grad_scale)
+                : adamw_f32_range<C, false>(t, a, b, c, decay_factor, grad_scale);
 }
 
-void adamw_multi_host_f32(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale) {
+void adamw_multi_host_f32(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale,
+                          int32_t* flags) {
   const char* op = "adamw_step_multi";
   ST_CHECK(o.step >= 1, op, ": step must be >= 1, found ", o.step);
   for (AdamWTensors& t : tensors) {
@@ -137,27 +158,40 @@ void adamw_multi_host_f32(std::vector<AdamWTensors>& tensors, const AdamWOptions
     const Piece& piece = pieces[static_cast<size_t>(i)];
     AdamWTensors& t = tensors[piece.tensor];
     const float decay = t.decay ? c.decay_factor : 1.0f;
+    int32_t bad = 0;
     if (!t.compute_copy.defined())
-      adamw_f32_piece<void>(t, piece.a, piece.b, c, decay, gs, scaled);
+      bad = adamw_f32_piece<void>(t, piece.a, piece.b, c, decay, gs, scaled);
     else if (t.compute_copy.dtype() == DType::kBF16)
-      adamw_f32_piece<BFloat16>(t, piece.a, piece.b, c, decay, gs, scaled);
+      bad = adamw_f32_piece<BFloat16>(t, piece.a, piece.b, c, decay, gs, scaled);
     else
-      adamw_f32_piece<Float16>(t, piece.a, piece.b, c, decay, gs, scaled);
+      bad = adamw_f32_piece<Float16>(t, piece.a, piece.b, c, decay, gs, scaled);
+    if (bad != 0 && flags != nullptr) {
+#pragma omp atomic
+      flags[piece.tensor] |= bad;
+    }
   }
 }
 
 }  // namespace
 
 void adamw_step(Tensor& param, Tensor& exp_avg, Tensor& exp_avg_sq, const Tensor& grad, const AdamWOptions& o) {
-  adamw_scaled(param, exp_avg, exp_avg_sq, grad, o, 1.0);
+  adamw_scaled(param, exp_avg, exp_avg_sq, grad, o, 1.0, nullptr);
 }
 
-void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale) {
-  if (o.host_f32) return adamw_multi_host_f32(tensors, o, grad_scale);
-  for (AdamWTensors& t : tensors) {
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale,
+                      Tensor* nonfinite_flags) {
+  int32_t* flags = nullptr;
+  if (nonfinite_flags != nullptr) {
+    check_arg(*nonfinite_flags, "adamw_step_multi", "nonfinite_flags", DType::kI32,
+              {static_cast<int64_t>(tensors.size())});
+    flags = nonfinite_flags->data<int32_t>();
+  }
+  if (o.host_f32) return adamw_multi_host_f32(tensors, o, grad_scale, flags);
+  for (size_t k = 0; k < tensors.size(); ++k) {
+    AdamWTensors& t = tensors[k];
     AdamWOptions one = o;
     if (!t.decay) one.weight_decay = 0.0;
-    adamw_scaled(t.param, t.exp_avg, t.exp_avg_sq, t.grad, one, grad_scale);
+    adamw_scaled(t.param, t.exp_avg, t.exp_avg_sq, t.grad, one, grad_scale, flags != nullptr ? flags + k : nullptr);
     if (t.compute_copy.defined()) {
       ST_CHECK(t.compute_copy.numel() == t.param.numel(), "adamw_step_multi: compute copy ", t.compute_copy.str(),
                " does not match param ", t.param.str());

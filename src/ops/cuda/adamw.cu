@@ -1,5 +1,6 @@
 // CUDA AdamW (torch.optim.AdamW's formula) on f32 master weights and state; f32 math with
-// the bias corrections computed once on the host in f64.
+// the bias corrections computed once on the host in f64. The multi-tensor kernel also flags
+// a tensor whose updated values are not finite (one block-wide vote per chunk).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -28,9 +29,16 @@ struct Chunk {
   float* v;
   const float* g;
   void* copy;  // the compute copy (C), or null
+  int* flag;   // the tensor's nonfinite flags (ops::kNonfinite* bits, OR-ed in), or null
   int64_t n;
   float decay_factor;
 };
+
+// The ops::kNonfinite* bits of one element's stored values.
+__device__ __forceinline__ int nonfinite_bits(float p, float m, float v) {
+  return (isfinite(p) ? 0 : kNonfiniteParam) | (isfinite(m) ? 0 : kNonfiniteExpAvg) |
+         (isfinite(v) ? 0 : kNonfiniteExpAvgSq);
+}
 
 // One element's update: m, v and p in place (the same arithmetic in every path).
 __device__ __forceinline__ void adamw_element(float& p, float& m, float& v, float g, float decay_factor,
@@ -61,6 +69,7 @@ __global__ void adamw_multi_kernel(const Chunk* chunks, AdamWScalars c, float gr
   const auto bits = [](const void* q) { return reinterpret_cast<uintptr_t>(q); };
   const bool vector = ((bits(k.p) | bits(k.m) | bits(k.v) | bits(k.g)) % 16 == 0) && bits(copy) % 8 == 0;
   int64_t done = 0;
+  int bad = 0;  // this thread's elements' kNonfinite* bits
   if (vector) {
     const int64_t quads = k.n / 4;
     for (int64_t q = threadIdx.x; q < quads; q += blockDim.x) {
@@ -71,6 +80,8 @@ __global__ void adamw_multi_kernel(const Chunk* chunks, AdamWScalars c, float gr
       adamw_element(p.y, m.y, v.y, g.y, k.decay_factor, c, grad_scale, scaled);
       adamw_element(p.z, m.z, v.z, g.z, k.decay_factor, c, grad_scale, scaled);
       adamw_element(p.w, m.w, v.w, g.w, k.decay_factor, c, grad_scale, scaled);
+      bad |= nonfinite_bits(p.x, m.x, v.x) | nonfinite_bits(p.y, m.y, v.y) | nonfinite_bits(p.z, m.z, v.z) |
+             nonfinite_bits(p.w, m.w, v.w);
       reinterpret_cast<float4*>(k.m)[q] = m;
       reinterpret_cast<float4*>(k.v)[q] = v;
       reinterpret_cast<float4*>(k.p)[q] = p;
@@ -90,6 +101,15 @@ __global__ void adamw_multi_kernel(const Chunk* chunks, AdamWScalars c, float gr
     k.v[i] = v;
     k.p[i] = p;
     if (copy != nullptr) copy[i] = from_f32<C>(p);  // as ops::cast rounds
+    bad |= nonfinite_bits(p, m, v);
+  }
+  // one barrier per chunk, and one atomic only where a value is not finite
+  if (k.flag != nullptr) {
+    const int any_param = __syncthreads_or(bad & kNonfiniteParam), any_m = __syncthreads_or(bad & kNonfiniteExpAvg),
+              any_v = __syncthreads_or(bad & kNonfiniteExpAvgSq);
+    const int bits = (any_param ? kNonfiniteParam : 0) | (any_m ? kNonfiniteExpAvg : 0) |
+                     (any_v ? kNonfiniteExpAvgSq : 0);
+    if (threadIdx.x == 0 && bits != 0) atomicOr(k.flag, bits);
   }
 }
 
@@ -111,14 +131,23 @@ AdamWScalars scalars(const AdamWOptions& o) {
 
 }  // namespace
 
-void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale, Stream s) {
+void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o, double grad_scale,
+                      Tensor* nonfinite_flags, Stream s) {
   ST_CHECK(o.step >= 1, "adamw_step_multi: step must be >= 1, found ", o.step);
+  int* flags = nullptr;
+  if (nonfinite_flags != nullptr) {
+    check_cuda_tensor(*nonfinite_flags, "adamw_step_multi", "nonfinite_flags");
+    check_dtype(*nonfinite_flags, DType::kI32, "adamw_step_multi", "nonfinite_flags");
+    check_shape(*nonfinite_flags, {static_cast<int64_t>(tensors.size())}, "adamw_step_multi", "nonfinite_flags");
+    flags = nonfinite_flags->data<int32_t>();
+  }
   const AdamWScalars c = scalars(o);
   const float no_decay = 1.0f;
   std::vector<Chunk> chunks;
   DType copy_dtype = DType::kBF16;
   bool any_copy = false;
-  for (AdamWTensors& t : tensors) {
+  for (size_t ti = 0; ti < tensors.size(); ++ti) {
+    AdamWTensors& t = tensors[ti];
     for (const Tensor* x : std::initializer_list<const Tensor*>{&t.param, &t.exp_avg, &t.exp_avg_sq, &t.grad}) {
       check_cuda_tensor(*x, "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
       check_dtype(*x, DType::kF32, "adamw_step_multi", "param/exp_avg/exp_avg_sq/grad");
@@ -141,7 +170,8 @@ void adamw_step_multi(std::vector<AdamWTensors>& tensors, const AdamWOptions& o,
     const int64_t copy_bytes = static_cast<int64_t>(dtype_size(copy_dtype));
     for (int64_t a = 0; a < n; a += kChunk)
       chunks.push_back({t.param.data<float>() + a, t.exp_avg.data<float>() + a, t.exp_avg_sq.data<float>() + a,
-                        t.grad.data<float>() + a, copy ? copy + a * copy_bytes : nullptr, std::min(kChunk, n - a),
+                        t.grad.data<float>() + a, copy ? copy + a * copy_bytes : nullptr,
+                        flags != nullptr ? flags + ti : nullptr, std::min(kChunk, n - a),
                         t.decay ? c.decay_factor : no_decay});
   }
   if (chunks.empty()) return;
