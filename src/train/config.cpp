@@ -208,6 +208,13 @@ const std::vector<KeyDef>& keys() {
           "seed of the initialisation and of the data order", non_negative()),
       key("training.max_grad_norm", &C::training, &TrainingSection::max_grad_norm,
           "clip the global gradient norm to this; 0 disables clipping", non_negative()),
+      key("training.nonfinite_skips", &C::training, &TrainingSection::nonfinite_skips,
+          "steps in a row whose gradient norm or loss is NaN or inf that are skipped (no optimizer update; the "
+          "step's batches are used up, a warning is logged and the metrics record skipped_nonfinite) before the "
+          "run stops with an error; 0: the first such step is an error. 3 by default: one bad batch does not end "
+          "a long run, while a diverged one stops within a few steps (a skipped step leaves the weights as they "
+          "were, so no checkpoint takes NaN or inf from it)",
+          non_negative()),
       key("training.activation_checkpointing", &C::training, &TrainingSection::activation_checkpointing,
           "none (keep every activation); pointwise (keep every matrix product's output and recompute only the "
           "pointwise ops in the backward: both norms and SwiGLU's product; a third less activation memory, no "

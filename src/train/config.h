@@ -57,6 +57,7 @@ struct TrainingSection {
   int64_t grad_accum_steps = 1;
   uint64_t seed = 1234;
   double max_grad_norm = 1.0;
+  int64_t nonfinite_skips = 3;  // steps in a row with a NaN/inf gradient norm or loss skipped before an error
   std::string activation_checkpointing = "none";
   std::string device = "auto";
   int64_t threads = 0;

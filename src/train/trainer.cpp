@@ -46,6 +46,7 @@
 #include "train/run_paths.h"
 #include "train/generate.h"
 #include "train/metrics.h"
+#include "train/nonfinite.h"
 #include "train/plan.h"
 #include "train/stop_signals.h"
 #include "train/watchdog.h"
@@ -630,8 +631,36 @@ TrainSummary Trainer::run() {
   // the batch is split over the data-parallel ranks; a tensor-parallel group shares its rows
   const int64_t dp = mesh_->shape().data_parallel, dp_rank = mesh_->dp_rank();
   // [0]: counted tokens, then the loss sum; [1..3]: ranks that received SIGTERM, SIGUSR1, SIGINT;
-  // [4]: ranks whose clock says training.time_limit leaves no room for another step and a save
-  Tensor reduce_buf = Tensor::zeros({5}, DType::kF64, Device::cpu(), "step totals");
+  // [4]: ranks whose clock says training.time_limit leaves no room for another step and a save;
+  // [5]: ranks whose last update left NaN or inf in their master weights or AdamW's state
+  Tensor reduce_buf = Tensor::zeros({6}, DType::kF64, Device::cpu(), "step totals");
+  NonfiniteSkips nonfinite_skips(tc.nonfinite_skips);
+  // The last update's NaN and inf, flagged in AdamW's own pass and read once it is done: right
+  // after a step (parallel.offload: where the step waited for its host update, else at the next
+  // step, whose forward took every unit from it). A step with several ranks agrees on them in
+  // the next step's totals ([5]), or before a save or the export in a reduction of their own.
+  int64_t updated_step = 0;  // the step of the last update this run (0: none yet)
+  bool update_unread = false;
+  std::vector<std::string> nonfinite_state;  // this rank's findings (optim::AdamW::nonfinite_parameters)
+  const auto read_update = [&] {
+    if (!update_unread) return;
+    store_->wait_for_host_update();
+    nonfinite_state = optimizer_->nonfinite_parameters();
+    update_unread = false;
+  };
+  const auto stop_if_nonfinite_state = [&](double ranks) {
+    if (ranks > 0)
+      throw_nonfinite_update(updated_step, nonfinite_state, static_cast<int64_t>(ranks), world,
+                             optim::learning_rate(sc, updated_step));
+  };
+  // before a save or the export: every rank reads and agrees now
+  const auto agree_update_finite = [&] {
+    read_update();
+    Tensor found = Tensor::empty({1}, DType::kF64, Device::cpu(), "nonfinite state");
+    found.data<double>()[0] = nonfinite_state.empty() ? 0.0 : 1.0;
+    if (world > 1) comm_->all_reduce(found, dist::ReduceOp::kSum);
+    stop_if_nonfinite_state(found.data<double>()[0]);
+  };
   const double time_limit = parse_duration_seconds(config_.training.time_limit);
   double last_save_seconds = -1;  // the last checkpoint's save, for the time limit's margin
 
@@ -755,7 +784,10 @@ TrainSummary Trainer::run() {
       t_forward += model_->last_phase_times().forward_s;
       t_backward += model_->last_phase_times().backward_s;
     }
+    if (after_backward_) after_backward_(step);
+    read_update();
     reduce_buf.data<double>()[0] = loss_sum;  // of this rank's token rows
+    reduce_buf.data<double>()[5] = nonfinite_state.empty() ? 0.0 : 1.0;
     write_stop_flags(reduce_buf.data<double>() + 1, stop_signals ? stop_signals->received() : 0);
     if (time_limit > 0) {
       // this step so far, and the steps before (the first alone before there are more)
@@ -766,6 +798,7 @@ TrainSummary Trainer::run() {
           seconds_since(g_process_start) + step_estimate + save_estimate > time_limit ? 1.0 : 0.0;
     }
     comm_->all_reduce(reduce_buf, dist::ReduceOp::kSum);
+    stop_if_nonfinite_state(reduce_buf.data<double>()[5]);
     StopAgreement stop = agreed_stop(reduce_buf.data<double>() + 1);  // the signal every rank stops for
     const bool time_up = stop.signal == 0 && reduce_buf.data<double>()[4] > 0 && step < tc.steps;
     bool stopping = stop.signal != 0 || time_up;
@@ -790,21 +823,36 @@ TrainSummary Trainer::run() {
     }
     const double lr = optim::learning_rate(sc, step);
     const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
+    // the norm and the loss are all-reduced: every rank skips alike (training.nonfinite_skips)
+    const bool skip = nonfinite_skips.skip(step, loss_sum / global_counted, norm);
     const bool eval_now = !bench_ && !stopping &&
                           ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
     const int64_t every = config_.checkpoint.interval_steps;
     bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stopping;
-    if (store_->offloaded()) {
+    if (skip && store_->offloaded()) {
+      // no update, but the next forward takes each unit from this step's host update as ever
+      const size_t units = targets_of_step.params.size();
+      store_->run_host_update([units](const fsdp::ShardedUnitStore::UnitDone& done) {
+        for (size_t u = 0; u < units; ++u) done(u);
+      });
+      if (eval_now || checkpoint_now) store_->wait_for_host_update();
+    } else if (store_->offloaded()) {
       // on the host's cores beside the next step's forward, which takes each unit as it is
       // written; complete within this step where an evaluation, a checkpoint or the end follows
       store_->run_host_update([&, lr, clip](const fsdp::ShardedUnitStore::UnitDone& done) {
         optimizer_->step_units(targets_of_step.params, cgrads, lr, clip, targets_of_step.compute_copies, done);
       });
       if (eval_now || checkpoint_now) store_->wait_for_host_update();
-    } else {
+    } else if (!skip) {
       optimizer_->step(targets_of_step.params, cgrads, lr, clip, targets_of_step.compute_copies);  // writes the compute shards
     }
     synchronize(device_);  // step times are host-clock times of finished device work
+    if (!skip) {
+      updated_step = step;
+      update_unread = true;
+      if (!store_->offloaded() || eval_now || checkpoint_now) read_update();  // done already
+      if (world == 1) stop_if_nonfinite_state(nonfinite_state.empty() ? 0.0 : 1.0);
+    }
     optimizer_region.reset();
     step_region.reset();
     const double t_optim = seconds_since(t2);
@@ -833,8 +881,7 @@ TrainSummary Trainer::run() {
     r.lr = lr;
     r.grad_norm = norm;
     r.tokens_per_second = tokens_per_step / step_seconds;
-    ST_CHECK(std::isfinite(r.loss), "step ", step, ": loss is ", r.loss,
-             "; lower optimizer.lr or check the data");
+    r.skipped_nonfinite = skip;
     summary.steps.push_back(r);
     const int64_t steps_run = step - first_step + 1;
     const double window_tps = tokens_per_step * static_cast<double>(window_steps) / window_seconds;
@@ -849,7 +896,8 @@ TrainSummary Trainer::run() {
                    {"peak_resident_bytes", peak_resident_bytes()},
                    {"peak_device_bytes", device_.is_cpu() ? 0 : peak_device_bytes()},
                    {"time_comm_wait_s", t_comm_wait}, {"time_offload_wait_s", t_offload_wait},
-                   {"mfu", mfu(r.tokens_per_second)}});
+                   {"mfu", mfu(r.tokens_per_second)}, {"skipped_nonfinite", skip ? 1 : 0},
+                   {"skipped_nonfinite_total", nonfinite_skips.total()}});
     const bool log_now = step == 1 || step % config_.logging.interval_steps == 0 || step == tc.steps;
     if (log_now || step + 1 == timed_from) {
       // the board is read at log lines only (NVML calls stay off the other steps), and before
@@ -918,6 +966,7 @@ TrainSummary Trainer::run() {
     std::optional<profile::Region> checkpoint_region;
     if (checkpoint_now) checkpoint_region.emplace("checkpoint");
     if (checkpoint_now) {
+      agree_update_finite();  // a save never holds NaN or inf
       const SavedStep saved = save_step(step, config_.checkpoint.async && !stopping);
       if (saved.seconds >= 0) last_save_seconds = saved.seconds;
       progress.clear();
@@ -951,6 +1000,8 @@ TrainSummary Trainer::run() {
   }
   stop_signals.reset();  // signals from here on (the evaluation, export, sample) end the process
   store_->wait_for_host_update();  // the last step's, where nothing after it waited (a bench run)
+  summary.skipped_nonfinite = nonfinite_skips.total();
+  agree_update_finite();  // before the export, the sample and the summary
   progress.clear();
   if (pending_checkpoint_) {
     watch_io(fmt::format("the commit of the checkpoint of step {}", checkpoint_step_));
@@ -990,6 +1041,9 @@ TrainSummary Trainer::run() {
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
                                                        format_bytes(peak_device_bytes()),
                                                        100.0 * mfu(summary.tokens_per_second))));
+  if (summary.skipped_nonfinite > 0)
+    log::warn(fmt::format("{} of the {} steps skipped for a NaN or inf loss or gradient norm (training.nonfinite_skips)",
+                          summary.skipped_nonfinite, steps_done));
   if (run_power.samples > 0 && std::isfinite(run_power.mean_power_w) && summary.tokens_per_second > 0)
     log::info(fmt::format("GPU{}: {}; {:.2f} mJ per token{}", world > 1 ? fmt::format(" of rank {}", rank) : std::string(),
                           format_activity(run_power),

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +36,7 @@ struct StepRecord {
   double lr = 0;
   double grad_norm = 0;  // before clipping
   double tokens_per_second = 0;
+  bool skipped_nonfinite = false;  // the loss or gradient norm was NaN or inf: no update (training.nonfinite_skips)
 };
 
 // The steps a run's rate covers (all but the first; with BenchMode all but its warm-up): their
@@ -69,6 +71,7 @@ struct TrainSummary {
   int stopped_by_signal = 0;  // checkpoint.on_signal: the signal the run stopped for (saved, not finished), or 0
   bool stopped_by_time_limit = false;  // training.time_limit: stopped and saved before the last step
   std::vector<StepRecord> steps;
+  int64_t skipped_nonfinite = 0;  // steps skipped for a NaN or inf loss or gradient norm (training.nonfinite_skips)
   std::vector<std::pair<int64_t, double>> evals;  // (step, held-out loss)
   std::vector<std::pair<std::string, double>> last_eval_parts;  // the last evaluation's per-source losses (data.mix)
   double seconds = 0;
@@ -88,6 +91,10 @@ class Trainer {
   ~Trainer();
 
   TrainSummary run();
+  // Called by run() on every rank after each step's forward and backward, before the gradient
+  // norm and the update: where a test poisons a gradient or the optimizer's state. Unset in
+  // the `shardtrain` program.
+  void set_after_backward(std::function<void(int64_t step)> hook) { after_backward_ = std::move(hook); }
 
   model::Llama& model() { return *model_; }
   fsdp::ShardedUnitStore& store() { return *store_; }
@@ -163,6 +170,7 @@ class Trainer {
   std::unique_ptr<fsdp::ShardedUnitStore> store_;
   std::unique_ptr<model::Llama> model_;
   std::unique_ptr<optim::AdamW> optimizer_;
+  std::function<void(int64_t step)> after_backward_;
   // checkpoint.async: the checkpoint whose files a thread is writing; from the step after the
   // save, the ranks ask each other every step whether all are done, and commit when they are
   CheckpointStaging checkpoint_staging_;  // host copies of the shards, kept from save to save

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 
 #include <unistd.h>
 
@@ -294,6 +295,55 @@ TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
   EXPECT_EQ(Trainer(fresh).run().steps.size(), 1u);
 }
 
+
+// An update that leaves NaN or inf in the weights or AdamW's state ends the run before its
+// checkpoint: `latest` stays the good one, and keep = 1 does not delete it. Two ways in: a
+// learning rate past f32's range, and one corrupted element of the second moment (the weights
+// stay finite then: m / inf = 0).
+void expect_nonfinite_update_not_saved(const std::string& name, const std::function<void(JobConfig&)>& change,
+                                       const std::function<void(Trainer&, int64_t step)>& hook, int64_t bad_step,
+                                       const std::string& found) {
+  const std::string dir = fresh_dir(name);
+  JobConfig c = job(dir);
+  c.checkpoint.keep = 1;
+  c.training.steps = 3;
+  Trainer(c).run();
+  const std::string good = dir + "/checkpoints/step_00000003";
+  ASSERT_EQ(resolve_checkpoint("auto", dir + "/checkpoints"), good);
+  c.training.steps = 6;
+  c.checkpoint.resume = "auto";
+  change(c);
+  Trainer t(c);
+  t.set_after_backward([&](int64_t step) { hook(t, step); });
+  const std::string e = error_of([&] { t.run(); });
+  EXPECT_NE(e.find("step " + std::to_string(bad_step) + ": the AdamW update left NaN or inf in `"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find(found), std::string::npos) << e;
+  EXPECT_NE(e.find("stopped before saving it"), std::string::npos) << e;
+  EXPECT_EQ(resolve_checkpoint("auto", dir + "/checkpoints"), good);
+  EXPECT_TRUE(fs::is_directory(good));
+  EXPECT_FALSE(fs::exists(dir + "/checkpoints/step_00000006"));
+  // the good checkpoint still resumes
+  JobConfig again = job(dir);
+  again.training.steps = 4;
+  again.checkpoint.resume = "auto";
+  again.checkpoint.interval_steps = 0;
+  EXPECT_EQ(Trainer(again).run().steps.size(), 1u);
+}
+
+TEST(Checkpoint, AnUpdatePastF32RangeIsNotSaved) {
+  expect_nonfinite_update_not_saved(
+      "huge_lr", [](JobConfig& c) { c.optimizer.lr = 1e39; }, [](Trainer&, int64_t) {}, 4, "(weights");
+}
+
+TEST(Checkpoint, ACorruptedSecondMomentIsNotSaved) {
+  expect_nonfinite_update_not_saved(
+      "corrupt_v", [](JobConfig&) {},
+      [](Trainer& t, int64_t step) {
+        if (step == 5) t.optimizer().exp_avg_sq()[1].data<float>()[0] = std::numeric_limits<float>::infinity();
+      },
+      5, "(exp_avg_sq)");
+}
 
 TEST(Checkpoint, DamageIsNamed) {
   const std::string dir = fresh_dir("damage");

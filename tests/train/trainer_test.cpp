@@ -2,11 +2,14 @@
 // metrics must be written, and a run must be reproducible.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
@@ -423,6 +426,111 @@ TEST(Trainer, FineTunesWithTheLlama2Tokenizer) {
   }
   std::filesystem::remove_all(no_bos);
   std::filesystem::remove(jsonl);
+}
+
+// A tiny job on the built-in corpus (seconds on 2 cores), with `poisoned` steps whose first
+// gradient element is made NaN after the backward, as one bad batch would.
+JobConfig tiny_job(const std::string& out) {
+  std::filesystem::remove_all(out);
+  LoadedConfig c = load_config("", {"--model.dim=40", "--model.n_layers=2", "--model.n_heads=4", "--model.n_kv_heads=2",
+                                    "--model.ffn_dim=52", "--model.max_seq_len=32", "--training.seq_len=24",
+                                    "--training.batch_size=3", "--training.steps=6", "--training.device=cpu",
+                                    "--schedule.warmup_steps=2", "--eval.interval_steps=0", "--eval.batches=1",
+                                    "--sample.tokens=0", "--logging.progress=off", "--logging.level=error",
+                                    "--run.output_dir=" + out});
+  return c.config;
+}
+
+void poison_gradients(Trainer& t, const std::vector<int64_t>& poisoned) {
+  t.set_after_backward([&t, poisoned](int64_t step) {
+    if (std::find(poisoned.begin(), poisoned.end(), step) != poisoned.end())
+      t.store().grad_shards()[0].data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  });
+}
+
+// training.nonfinite_skips: a step whose gradient norm is NaN is skipped (the weights and
+// AdamW's step count stay, the data goes on), counted in the metrics and the summary, and the
+// run goes on; with two micro-batches a step too.
+TEST(Trainer, SkipsAStepWithANonFiniteGradient) {
+  for (const int64_t accum : {1, 2}) {
+    const std::string out = (std::filesystem::temp_directory_path() /
+                             ("shardtrain_trainer_skip_" + std::to_string(accum) + "_" + std::to_string(::getpid())))
+                                .string();
+    JobConfig c = tiny_job(out);
+    c.training.grad_accum_steps = accum;
+    const TrainSummary clean = Trainer(c).run();
+    Trainer t(c);
+    std::vector<Tensor> before_3, after_3;
+    t.set_after_backward([&](int64_t step) {
+      if (step == 3) {
+        before_3 = {testing::to_dtype(t.store().master_shards()[1], DType::kF32)};
+        t.store().grad_shards()[0].data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+      }
+      if (step == 4) after_3 = {testing::to_dtype(t.store().master_shards()[1], DType::kF32)};
+    });
+    const TrainSummary s = t.run();
+    ASSERT_EQ(s.steps.size(), 6u) << "grad_accum_steps " << accum;
+    EXPECT_EQ(s.skipped_nonfinite, 1);
+    for (const StepRecord& r : s.steps) EXPECT_EQ(r.skipped_nonfinite, r.step == 3) << "step " << r.step;
+    EXPECT_TRUE(std::isnan(s.steps[2].grad_norm));
+    EXPECT_EQ(t.optimizer().steps_taken(), 5);
+    ASSERT_EQ(before_3.size(), 1u);
+    ASSERT_EQ(after_3.size(), 1u);
+    EXPECT_TRUE(testing::all_close(after_3[0], before_3[0], testing::kExact)) << "the skipped step changed the weights";
+    // the steps before are the clean run's, and step 4 trains on step 4's batch (finite, different)
+    EXPECT_EQ(s.steps[1].loss, clean.steps[1].loss);
+    EXPECT_TRUE(std::isfinite(s.steps[5].loss));
+    EXPECT_NE(s.steps[3].loss, clean.steps[3].loss);
+    std::ifstream metrics(out + "/metrics.jsonl");
+    std::vector<int64_t> skipped;
+    for (std::string line; std::getline(metrics, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (!j.contains("loss")) continue;
+      ASSERT_TRUE(j.contains("skipped_nonfinite")) << line;
+      if (j["skipped_nonfinite"] == 1) skipped.push_back(j["step"]);
+      if (j["step"] == 6) {
+        EXPECT_EQ(j["skipped_nonfinite_total"], 1);
+      }
+    }
+    EXPECT_EQ(skipped, std::vector<int64_t>{3});
+    std::filesystem::remove_all(out);
+  }
+}
+
+// More non-finite steps in a row than training.nonfinite_skips allows end the run naming the
+// step, what was not finite and the key; 0 stops at the first.
+TEST(Trainer, StopsAfterTooManyNonFiniteStepsInARow) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_trainer_diverged_" + std::to_string(::getpid()))).string();
+  JobConfig c = tiny_job(out);
+  c.training.nonfinite_skips = 2;
+  {
+    Trainer t(c);
+    poison_gradients(t, {2, 4, 5, 6});  // step 3 ends the first run in a row
+    std::string e;
+    try {
+      t.run();
+    } catch (const std::exception& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("step 6: the gradient norm is nan, the 3 steps in a row whose loss or gradient norm is not "
+                     "finite, more than training.nonfinite_skips = 2 allows"),
+              std::string::npos)
+        << e;
+  }
+  c.training.nonfinite_skips = 0;
+  Trainer t(c);
+  poison_gradients(t, {2});
+  std::string e;
+  try {
+    t.run();
+  } catch (const std::exception& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("step 2: the gradient norm is nan; lower optimizer.lr or check the data (training.nonfinite_skips = 0"),
+            std::string::npos)
+      << e;
+  std::filesystem::remove_all(out);
 }
 
 }  // namespace
