@@ -2,6 +2,7 @@
 #include "io/safetensors.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include <nlohmann/json.hpp>
@@ -186,6 +187,10 @@ void SafetensorsFile::read_range(const std::string& name, int64_t first, Tensor&
     ST_CHECK(file_float, path_, ": tensor `", name, "` is ", t.dtype, ", cannot read it as ", dtype_name(out.dtype()));
     for (int64_t i = 0; i < n; ++i) {
       const double v = load_float(src + i * static_cast<int64_t>(t.element_size), t.dtype);
+      // weights and optimizer state are finite: a NaN or inf is damage, or a diverged run's
+      // save, and would surface only later as a NaN loss
+      ST_CHECK(std::isfinite(v), path_, ": tensor `", name, "` element ", first + i, " is ", v,
+               ", expected a finite value (the file is damaged, or was saved from a run whose weights diverged)");
       switch (out.dtype()) {
         case DType::kF32: out.data<float>()[i] = static_cast<float>(v); break;
         case DType::kF64: out.data<double>()[i] = v; break;

@@ -52,7 +52,8 @@ class SafetensorsFile {
 
   // Reads out.numel() consecutive elements (row-major) of tensor `name` starting at element
   // `first` into the host tensor `out`, converting from the file's dtype to out's (float
-  // types among themselves, integer types among themselves).
+  // types among themselves, integer types among themselves). A float element that is NaN or
+  // inf is an error naming the file, the tensor and the element (found while converting).
   void read_range(const std::string& name, int64_t first, Tensor& out) const;
   // The whole tensor into `out`, which must hold exactly its number of elements.
   void read(const std::string& name, Tensor& out) const;

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 
 #include <gtest/gtest.h>
 
@@ -122,6 +123,33 @@ TEST(Safetensors, RangeReadsAndConversions) {
   Tensor ints = Tensor::empty({12}, DType::kI32);
   EXPECT_THROW(f.read("w", ints), Error);
   EXPECT_THROW((void)f.get("nope"), Error);
+}
+
+// A NaN or inf is an error naming the file, the tensor and the element, found as the values
+// are converted; ranges without one read as ever.
+TEST(Safetensors, NonFiniteValuesAreNamedErrors) {
+  const std::string header = R"({"w":{"dtype":"F32","shape":[6],"data_offsets":[0,24]}})";
+  const std::string path = write_file("nonfinite", header, 0);
+  {
+    std::ofstream out(path, std::ios::binary | std::ios::app);
+    const float values[6] = {0.5f, -1.25f, std::numeric_limits<float>::quiet_NaN(), 2.0f,
+                             -std::numeric_limits<float>::infinity(), 3.0f};
+    out.write(reinterpret_cast<const char*>(values), sizeof values);
+  }
+  const SafetensorsFile f(path);
+  Tensor head = Tensor::empty({2}, DType::kF32);
+  f.read_range("w", 0, head);
+  EXPECT_EQ(head.data<float>()[1], -1.25f);
+  for (const auto& [first, found] : {std::pair{int64_t{0}, "element 2 is nan"}, std::pair{int64_t{3}, "element 4 is -inf"}}) {
+    Tensor part = Tensor::empty({3}, DType::kBF16);
+    std::string e;
+    try {
+      f.read_range("w", first, part);
+    } catch (const Error& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find(path + ": tensor `w` " + found + ", expected a finite value"), std::string::npos) << e;
+  }
 }
 
 }  // namespace

@@ -345,6 +345,63 @@ TEST(Checkpoint, ACorruptedSecondMomentIsNotSaved) {
       5, "(exp_avg_sq)");
 }
 
+// Makes element `element` of the first tensor in `file` whose name contains `part` a NaN, in
+// place; returns that tensor's name.
+std::string poison_element(const std::string& file, const std::string& part, int64_t element) {
+  std::string name;
+  int64_t at = 0;
+  std::string dtype;
+  {
+    const io::SafetensorsFile f(file);
+    for (const io::TensorInfo& t : f.tensors())
+      if (t.name.find(part) != std::string::npos && element < t.numel) {
+        name = t.name;
+        dtype = t.dtype;
+        at = t.begin + element * static_cast<int64_t>(t.element_size);
+        break;
+      }
+  }
+  EXPECT_FALSE(name.empty()) << "no tensor with `" << part << "` in " << file;
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  io.read(reinterpret_cast<char*>(&header), 8);  // little-endian length
+  io.seekp(static_cast<std::streamoff>(8 + header + static_cast<uint64_t>(at)));
+  const uint32_t nan_f32 = 0x7fc00000u;
+  const uint16_t nan_bf16 = 0x7fc0u;
+  if (dtype == "F32")
+    io.write(reinterpret_cast<const char*>(&nan_f32), 4);
+  else
+    io.write(reinterpret_cast<const char*>(&nan_bf16), 2);
+  return name;
+}
+
+// A NaN in a checkpoint (here in AdamW's second moment) or in a Hugging Face folder's weights
+// is an error at load naming the file and the tensor, not a NaN loss steps later.
+TEST(Checkpoint, ANonFiniteValueFailsAtLoadNamingFileAndTensor) {
+  const std::string dir = fresh_dir("nan_load");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  c.export_.folder = dir + "/hf";
+  Trainer(c).run();
+  const std::string file = dir + "/checkpoints/step_00000003/rank_00000-of-00001.safetensors";
+  const std::string piece = poison_element(file, "exp_avg_sq", 3);
+  JobConfig r = job(dir);
+  r.checkpoint.resume = "auto";
+  const std::string e = error_of([&] { Trainer t(r); });
+  EXPECT_NE(e.find(file + ": tensor `" + piece + "` element 3 is nan, expected a finite value"), std::string::npos)
+      << e;
+
+  const std::string weights = dir + "/hf/model.safetensors";
+  ASSERT_TRUE(fs::exists(weights));
+  const std::string name = poison_element(weights, "up_proj", 7);
+  JobConfig f = job(fresh_dir("nan_load_hf"));
+  f.model.hf = dir + "/hf";
+  f.data.tokenizer = "byte";
+  const std::string hf = error_of([&] { Trainer t(f); });
+  EXPECT_NE(hf.find(weights + ": tensor `" + name + "` element 7 is nan, expected a finite value"), std::string::npos)
+      << hf;
+}
+
 TEST(Checkpoint, DamageIsNamed) {
   const std::string dir = fresh_dir("damage");
   JobConfig c = job(dir);
