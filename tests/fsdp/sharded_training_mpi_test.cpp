@@ -3,6 +3,7 @@
 // initialisation is identical for any number of ranks.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -288,6 +289,58 @@ void expect_same_model(fsdp::ShardedUnitStore& store, fsdp::ShardedUnitStore& si
     }
     store.release_params(u, model::Pass::kEval);
   }
+}
+
+// NaN on one rank is decided alike by all: a NaN gradient on the last rank makes every rank
+// skip that step (the norm is all-reduced), and an infinite second moment on the last rank
+// only stops every rank before the save, the last naming the parameter.
+TEST(ShardedTraining, NonFiniteOnOneRankIsDecidedByAll) {
+  auto comm = dist::make_mpi_world();
+  const int r = comm->rank(), w = comm->world_size();
+  const std::string corpus = corpus_file(r);
+  const std::string root =
+      (std::filesystem::temp_directory_path() / ("shardtrain_nonfinite_mpi_np" + std::to_string(w))).string();
+  if (r == 0) std::filesystem::remove_all(root);
+  comm->barrier();
+  train::JobConfig c = job(corpus, 2);
+  c.training.steps = 4;
+  // the first element of a parameter in this rank's shard of the first block (not padding)
+  const auto first_element = [r](train::Trainer& t) {
+    const model::ModelLayout& layout = t.store().layout();
+    const std::vector<model::ShardRange> ranges = model::shard_ranges(layout.units()[1], layout.shard_index(1, r));
+    EXPECT_FALSE(ranges.empty());
+    return ranges.empty() ? int64_t{0} : ranges.front().shard_offset;
+  };
+  {
+    train::Trainer t(c, comm.get());
+    t.set_after_backward([&](int64_t step) {
+      if (step == 2 && r == w - 1) t.store().grad_shards()[1].data<float>()[first_element(t)] = std::nanf("");
+    });
+    const train::TrainSummary s = t.run();
+    ASSERT_EQ(s.steps.size(), 4u);
+    EXPECT_TRUE(s.steps[1].skipped_nonfinite) << "rank " << r;
+    EXPECT_EQ(s.skipped_nonfinite, 1) << "rank " << r;
+    EXPECT_EQ(t.optimizer().steps_taken(), 3) << "rank " << r;
+  }
+  c.checkpoint.interval_steps = 4;
+  c.checkpoint.dir = root;
+  train::Trainer t(c, comm.get());
+  t.set_after_backward([&](int64_t step) {
+    if (step == 3 && r == w - 1) t.optimizer().exp_avg_sq()[1].data<float>()[first_element(t)] = INFINITY;
+  });
+  std::string e;
+  try {
+    t.run();
+  } catch (const std::exception& x) {
+    e = x.what();
+  }
+  EXPECT_NE(e.find("step 3: the AdamW update left NaN or inf in "), std::string::npos) << "rank " << r << ": " << e;
+  EXPECT_NE(e.find(fmt::format("(1 of the {} ranks found some)", w)), std::string::npos) << "rank " << r << ": " << e;
+  if (r == w - 1) {
+    EXPECT_NE(e.find("(exp_avg_sq)"), std::string::npos) << e;
+  }
+  comm->barrier();
+  EXPECT_FALSE(std::filesystem::exists(root + "/step_00000004")) << "rank " << r;
 }
 
 TEST(ShardedCheckpoint, WrittenByNRanksLoadsOnOneAndBack) {
