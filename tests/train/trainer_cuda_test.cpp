@@ -264,5 +264,55 @@ TEST(TrainerCuda, OffloadWithTheGradientsOnTheGpuFollowsTheFullOffloadAndResumes
   expect_resume_repeats_the_run(kept_job, "shardtrain_cuda_offload_grads_ckpt");
 }
 
+// On the GPU (a step replayed as a CUDA graph): a NaN gradient skips its step and the run goes
+// on; an update past f32's range (flagged by the AdamW kernel, or by the host AdamW of
+// parallel.offload) stops the run before its checkpoint, leaving the last one as `latest`.
+TEST(TrainerCuda, SkipsNonFiniteStepsAndSavesNoNonFiniteUpdate) {
+  ST_REQUIRE_CUDA();
+  const std::string corpus = write_corpus();
+  {
+    JobConfig c = job(corpus, "cuda");
+    c.training.steps = 6;
+    Trainer t(c);
+    t.set_after_backward([&t](int64_t step) {
+      if (step != 3) return;
+      Tensor nan = Tensor::empty({1}, DType::kF32);
+      nan.data<float>()[0] = std::nanf("");
+      Tensor first = t.store().grad_shards()[1].flat_range(0, 1);
+      copy(first, nan);
+    });
+    const TrainSummary s = t.run();
+    ASSERT_EQ(s.steps.size(), 6u);
+    EXPECT_EQ(s.skipped_nonfinite, 1);
+    EXPECT_TRUE(s.steps[2].skipped_nonfinite);
+    EXPECT_TRUE(std::isfinite(s.steps[5].loss));
+    EXPECT_EQ(t.optimizer().steps_taken(), 5);
+  }
+  for (const char* offload : {"false", "true"}) {
+    const std::string dir =
+        (std::filesystem::temp_directory_path() / ("shardtrain_cuda_nonfinite_" + std::to_string(::getpid()))).string();
+    std::filesystem::remove_all(dir);
+    JobConfig c = job(corpus, "cuda", std::string("--parallel.offload=") + offload);
+    c.run.output_dir = dir;
+    c.training.steps = 2;
+    c.checkpoint.interval_steps = 2;
+    c.checkpoint.keep = 1;
+    Trainer(c).run();
+    c.training.steps = 4;
+    c.checkpoint.resume = "auto";
+    c.optimizer.lr = 1e39;
+    std::string e;
+    try {
+      Trainer(c).run();
+    } catch (const std::exception& x) {
+      e = x.what();
+    }
+    EXPECT_NE(e.find("step 3: the AdamW update left NaN or inf in `"), std::string::npos)
+        << "parallel.offload = " << offload << ": " << e;
+    EXPECT_EQ(resolve_checkpoint("auto", dir + "/checkpoints"), dir + "/checkpoints/step_00000002") << offload;
+    std::filesystem::remove_all(dir);
+  }
+}
+
 }  // namespace
 }  // namespace shardtrain::train
