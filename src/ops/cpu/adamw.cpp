@@ -99,7 +99,11 @@ int32_t adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars&
   if constexpr (!std::is_void_v<C>) copy = t.compute_copy.data<C>();
   const float beta1 = c.beta1, beta2 = c.beta2, omb1 = c.one_minus_beta1, omb2 = c.one_minus_beta2;
   const float step_size = c.step_size, inv_sqrt_bc2 = c.inv_sqrt_bc2, eps = c.eps;
-  int32_t bad = 0;
+  // Whether a stored value is NaN or inf, at four vector operations an element (SSE2 has no
+  // unsigned max): p v is NaN or inf when p, v or (through p) m is, and then its magnitude's
+  // bits plus one exponent step carry into bit 31. A p v past f32's range also carries; the
+  // second look at the range, taken only then, says which tensors hold NaN or inf, if any.
+  uint32_t carries = 0;
   for (int64_t i = a; i < b; ++i) {
     float gi = g[i];
     if constexpr (kScaled) gi *= grad_scale;
@@ -111,8 +115,11 @@ int32_t adamw_f32_range(AdamWTensors& t, int64_t a, int64_t b, const F32Scalars&
     p[i] = pi;
     if constexpr (std::is_same_v<C, BFloat16>) copy[i].bits = bf16_bits_select(pi);
     if constexpr (std::is_same_v<C, Float16>) copy[i] = float_to_f16(pi);
-    bad |= nonfinite_bits(pi, mi, vi);
+    carries |= (float_bits(pi * vi) & 0x7fffffffu) + 0x00800000u;
   }
+  if ((carries & 0x80000000u) == 0) return 0;
+  int32_t bad = 0;
+  for (int64_t i = a; i < b; ++i) bad |= nonfinite_bits(p[i], m[i], v[i]);
   return bad;
 }
 
