@@ -50,9 +50,6 @@ inline char32_t decode_utf8(std::string_view s, size_t i, size_t& length) {
          (b(3) & 0x3F);
 }
 
-// Offset of the first byte that is not part of well-formed UTF-8 (no overlongs, surrogates or
-// code points past U+10FFFF, as PCRE2 requires), or npos.
-size_t find_invalid_utf8(std::string_view s);
 // Rust's char::is_whitespace (Unicode White_Space), used by HF for lstrip / rstrip.
 bool is_unicode_white_space(char32_t c);
 // Python's str.isspace, used by Jinja's `trim` filter.

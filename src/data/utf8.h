@@ -1,8 +1,10 @@
-// UTF-8 encoding of one code point, shared by the tokenizers and the Jinja interpreter.
+// UTF-8: encoding one code point, and finding where a text stops being UTF-8; shared by the
+// tokenizers, the Jinja interpreter and the data readers.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 
@@ -27,19 +29,32 @@ inline void append_utf8(std::string& out, char32_t cp) {
   }
 }
 
-// The offset of the first byte of `s` that does not begin a well-formed UTF-8 sequence (bad
-// lead or continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short), or -1
-// when all of `s` is UTF-8.
-inline std::ptrdiff_t invalid_utf8_offset(std::string_view s) {
+// The offset of the first byte of `s` that does not begin a well-formed UTF-8 sequence (a bad
+// lead or continuation byte, an overlong form, a surrogate, past U+10FFFF, cut short: what
+// PCRE2 requires), or npos when all of `s` is UTF-8. Eight ASCII bytes at a time.
+inline size_t find_invalid_utf8(std::string_view s) {
   const auto* p = reinterpret_cast<const unsigned char*>(s.data());
   const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
+  size_t i = 0;
+  while (i < n) {
+    if (i + 8 <= n) {
+      uint64_t word;
+      std::memcpy(&word, p + i, 8);
+      if ((word & 0x8080808080808080ull) == 0) {
+        i += 8;
+        continue;
+      }
+    }
     const unsigned char c = p[i];
-    size_t len = 0;
-    unsigned char lo = 0x80, hi = 0xBF;  // the second byte's range (RFC 3629's table)
-    if (c < 0x80) len = 1;
-    else if (c >= 0xC2 && c <= 0xDF) len = 2;
-    else if (c >= 0xE0 && c <= 0xEF) {
+    if (c < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len;
+    unsigned char lo = 0x80, hi = 0xBF;  // bounds of the second byte
+    if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
       len = 3;
       if (c == 0xE0) lo = 0xA0;
       if (c == 0xED) hi = 0x9F;
@@ -48,25 +63,24 @@ inline std::ptrdiff_t invalid_utf8_offset(std::string_view s) {
       if (c == 0xF0) lo = 0x90;
       if (c == 0xF4) hi = 0x8F;
     } else {
-      return static_cast<std::ptrdiff_t>(i);
+      return i;
     }
-    if (i + len > n) return static_cast<std::ptrdiff_t>(i);
-    for (size_t k = 1; k < len; ++k) {
-      const unsigned char b = p[i + k];
-      if (k == 1 ? (b < lo || b > hi) : (b < 0x80 || b > 0xBF)) return static_cast<std::ptrdiff_t>(i);
+    if (i + len > n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return i;
     }
     i += len;
   }
-  return -1;
+  return std::string_view::npos;
 }
 
 // "" when `s` is UTF-8, else what a reader's error says of it: the offset and value of the
 // first bad byte.
 inline std::string utf8_problem(std::string_view s) {
-  const std::ptrdiff_t at = invalid_utf8_offset(s);
-  if (at < 0) return "";
+  const size_t at = find_invalid_utf8(s);
+  if (at == std::string_view::npos) return "";
   static const char* kHex = "0123456789abcdef";
-  const auto b = static_cast<unsigned char>(s[static_cast<size_t>(at)]);
+  const auto b = static_cast<unsigned char>(s[at]);
   return "not valid UTF-8 (byte " + std::to_string(at) + " of the line is 0x" + kHex[b >> 4] + kHex[b & 15] +
          "); JSON text must be UTF-8: re-encode the file (for example with iconv)";
 }
