@@ -207,6 +207,7 @@ int run_export(const std::vector<std::string>& args) {
   ST_CHECK(o.max_shard_bytes > 0, "export: --max-shard-mb must be positive");
   o.dtype = parse_dtype(dtype, "--dtype");
   o.folder = paths[1];
+  o.folder_key = "export OUT";
   const std::string dir = train::export_checkpoint(paths[0], o);
   log::info(fmt::format("exported {} to {} ({})", dir, o.folder, dtype));
   return 0;

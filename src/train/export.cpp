@@ -1,12 +1,19 @@
 // Export: gather each unit collectively, cast its parameters, stream them into shards.
 #include "train/export.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/log.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
 #include "ops/elementwise.h"
 #include "train/checkpoint.h"
+#include "train/run_paths.h"
 
 namespace shardtrain::train {
 
@@ -14,8 +21,23 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
                const ExportOptions& o, dist::Communicator* tp_comm) {
   namespace fs = std::filesystem;
   const bool writer = comm.rank() == 0;
+  // rank 0 writes the whole folder beside the target, then swaps it in (run_paths.h)
+  const std::string staged = export_sibling(o.folder, "tmp", ::getpid());
   std::unique_ptr<io::ShardedWriter> shards;
-  if (writer) shards = std::make_unique<io::ShardedWriter>(o.folder, o.max_shard_bytes);
+  struct RemoveStaged {
+    const std::string* path = nullptr;
+    ~RemoveStaged() {
+      std::error_code ec;
+      if (path != nullptr) fs::remove_all(*path, ec);
+    }
+  } remove_staged;
+  if (writer) {
+    const std::vector<std::string> removed = remove_interrupted_exports(o.folder);
+    if (!removed.empty())
+      log::info(fmt::format("removed what interrupted exports left beside {}: {}", o.folder, fmt::join(removed, ", ")));
+    remove_staged.path = &staged;
+    shards = std::make_unique<io::ShardedWriter>(staged, o.max_shard_bytes);
+  }
   const model::ModelLayout& layout = store.layout();
   const int tp = layout.mesh().tensor_parallel;
   ST_ASSERT(tp == 1 || (tp_comm != nullptr && tp_comm->world_size() == tp), "export of a ", tp,
@@ -55,19 +77,22 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
   if (!writer) return;
   shards->finish();
   const char* torch_dtype = o.dtype == DType::kBF16 ? "bfloat16" : o.dtype == DType::kF16 ? "float16" : "float32";
-  io::write_file_atomic((fs::path(o.folder) / "config.json").string(),
+  io::write_file_atomic((fs::path(staged) / "config.json").string(),
                         model::to_hf_config(config, torch_dtype).dump(2) + "\n");
   if (!o.tokenizer_source.empty()) {
     for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                           "generation_config.json", "tokenizer.model"}) {
       const fs::path src = fs::path(o.tokenizer_source) / f;
-      if (fs::exists(src)) fs::copy_file(src, fs::path(o.folder) / f, fs::copy_options::overwrite_existing);
+      if (fs::exists(src)) fs::copy_file(src, fs::path(staged) / f, fs::copy_options::overwrite_existing);
     }
   }
+  swap_in_export(staged, o.folder, o.folder_key);  // fsyncs the copies too
+  remove_staged.path = nullptr;
 }
 
 std::string export_checkpoint(const std::string& checkpoint, ExportOptions options) {
   namespace fs = std::filesystem;
+  check_export_target(options.folder, options.folder_key);  // before the checkpoint is read
   std::string dir = checkpoint;
   if (!fs::exists(fs::path(checkpoint) / "metadata.json") && fs::exists(fs::path(checkpoint) / "latest"))
     dir = resolve_checkpoint("auto", checkpoint);

@@ -16,8 +16,11 @@ struct ExportOptions {
   DType dtype = DType::kBF16;             // weights are cast to this on the way out
   int64_t max_shard_bytes = int64_t{5} << 30;
   std::string tokenizer_source;           // folder whose tokenizer files are copied ("" for none)
+  std::string folder_key = "export.folder";  // where `folder` came from, named in errors
 };
 
+// The folder is written beside `folder` and swapped in whole (run_paths.h): a reader sees the
+// previous export or this one, never a mix; leftovers of interrupted exports are removed first.
 // Collective over `comm` (every rank of the run). With tensor parallelism, `tp_comm` holds
 // this rank's group: a block's parts are gathered over it and joined into whole tensors.
 void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, dist::Communicator& comm,

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include "core/allocator.h"
@@ -494,7 +495,15 @@ void Trainer::prepare_output_folders() {
                               rank);
       if (!config_.logging.tensorboard_dir.empty())
         check_writable_folder((out_dir / config_.logging.tensorboard_dir).string(), "logging.tensorboard_dir", rank);
-      if (!config_.export_.folder.empty()) check_writable_folder(config_.export_.folder, "export.folder", rank);
+      if (!config_.export_.folder.empty()) {
+        // the export is written beside its folder and swapped in: the parent is probed, and the
+        // folder itself is only checked for files an export would not write (run_paths.h)
+        check_export_location(config_.export_.folder, "export.folder", rank);
+        const std::vector<std::string> removed = remove_interrupted_exports(config_.export_.folder);
+        if (!removed.empty())
+          log::info(fmt::format("removed what interrupted exports left beside {}: {}", config_.export_.folder,
+                                fmt::join(removed, ", ")));
+      }
       // no save of this run has started: whatever temporaries are there were left by others
       for (const auto& [folder, checkpoints] :
            {std::pair<std::string, bool>(checkpoint_root(), true), {config_.export_.folder, false}}) {

@@ -193,7 +193,9 @@ TEST(Checkpoint, TheNextRunRemovesWhatInterruptedSavesLeft) {
   std::ofstream(out + "/shard-0.partial.safetensors") << "partial";
   std::ofstream(out + "/shard-1.partial.safetensors.tmp.4242") << "partial";
   std::ofstream(out + "/config.json.tmp.77") << "{";
-  std::ofstream(out + "/notes.tmp") << "the user's";
+  std::ofstream(root + "/notes.tmp") << "the user's";
+  fs::create_directories(out + ".tmp.4242");  // an export killed while writing its staging folder
+  std::ofstream(out + ".tmp.4242/model.safetensors") << "partial";
   std::ofstream(root + "/README") << "the user's";
   JobConfig r = c;
   r.checkpoint.resume = "auto";
@@ -202,9 +204,9 @@ TEST(Checkpoint, TheNextRunRemovesWhatInterruptedSavesLeft) {
   Trainer t(r);  // removed at launch, before the first step
   for (const std::string& gone : {root + "/.step_00000009.tmp", root + "/latest.tmp.4242",
                                  out + "/shard-0.partial.safetensors", out + "/shard-1.partial.safetensors.tmp.4242",
-                                 out + "/config.json.tmp.77"})
+                                 out + "/config.json.tmp.77", out + ".tmp.4242"})
     EXPECT_FALSE(fs::exists(gone)) << gone;
-  for (const std::string& kept : {root + "/step_00000003", root + "/latest", out + "/notes.tmp", root + "/README"})
+  for (const std::string& kept : {root + "/step_00000003", root + "/latest", root + "/notes.tmp", root + "/README"})
     EXPECT_TRUE(fs::exists(kept)) << kept;
   ASSERT_EQ(t.run().steps.size(), 1u);
   EXPECT_TRUE(fs::exists(out + "/config.json"));
@@ -232,12 +234,20 @@ TEST(Checkpoint, AnUnwritableFolderFailsAtLaunchNamingItsKey) {
     EXPECT_NE(e.find("`" + key + "` = \"" + bad + "\" is not writable: the folder cannot be created"),
               std::string::npos) << key << ": " << e;
   }
-  // the probe leaves nothing behind in a folder that is writable
+  // the probe leaves nothing behind; the export folder, swapped in whole at the end, is not made
   JobConfig c = job(dir);
-  c.export_.folder = dir + "/export";
+  c.export_.folder = dir + "/out/export";
   Trainer t(c);
-  EXPECT_TRUE(fs::is_directory(dir + "/export"));
-  EXPECT_TRUE(fs::is_empty(dir + "/export"));
+  EXPECT_TRUE(fs::is_directory(dir + "/out"));
+  EXPECT_TRUE(fs::is_empty(dir + "/out"));
+  // a folder holding files an export does not write fails at launch, naming the file
+  fs::create_directories(dir + "/mine");
+  std::ofstream(dir + "/mine/notes.txt") << "the user's";
+  c.export_.folder = dir + "/mine";
+  const std::string e = error_of([&] { Trainer t2(c); });
+  EXPECT_NE(e.find("`export.folder` = \"" + dir + "/mine\" holds `notes.txt`, which an export does not write"),
+            std::string::npos) << e;
+  EXPECT_TRUE(fs::exists(dir + "/mine/notes.txt"));
 }
 
 TEST(Checkpoint, AutoResumesTheLatestAndKeepDeletesOlder) {
