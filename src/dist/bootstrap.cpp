@@ -1,5 +1,6 @@
-// The TCP exchange of bootstrap.h. Frames: a client sends "STB1" and its rank (4 bytes,
-// little endian); rank 0 answers with the payload's length (4 bytes) and the payload.
+// The TCP exchange of bootstrap.h. Frames (integers 4 bytes, little endian): a client sends
+// "STBP", the protocol version, its rank, the job token's length and the token; rank 0 answers
+// with the payload's length and the payload. A greeting without the job's token is dropped.
 #include "dist/bootstrap.h"
 
 #include <arpa/inet.h>
@@ -10,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdlib>
@@ -18,14 +20,20 @@
 #include <thread>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "core/error.h"
+#include "core/log.h"
 
 namespace shardtrain::dist {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-constexpr char kMagic[4] = {'S', 'T', 'B', '1'};
+constexpr char kMagic[4] = {'S', 'T', 'B', 'P'};
+constexpr uint32_t kProtocolVersion = 2;
 constexpr uint32_t kMaxPayload = 1 << 20;
+constexpr uint32_t kMaxToken = 1024;
+constexpr double kGreetingTimeoutS = 2.0;  // a connection that does not greet by then is not one of ours
 
 std::optional<std::string> env(const char* name) {
   const char* v = std::getenv(name);
@@ -107,6 +115,26 @@ void write_u32(unsigned char* b, uint32_t v) {
   for (int i = 0; i < 4; ++i) b[i] = static_cast<unsigned char>(v >> (8 * i));
 }
 
+// The token every rank of one launch shares; a LaunchEnv made by hand gets rank 0's address.
+std::string job_token(const LaunchEnv& e) {
+  return e.job_token.empty() ? "addr:" + e.master_addr + ":" + std::to_string(e.master_port) : e.job_token;
+}
+
+std::string peer_name(const sockaddr_storage& a) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  int port = 0;
+  if (a.ss_family == AF_INET6) {
+    const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+    ::inet_ntop(AF_INET6, &v6->sin6_addr, host, sizeof host);
+    port = ntohs(v6->sin6_port);
+  } else if (a.ss_family == AF_INET) {
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+    ::inet_ntop(AF_INET, &v4->sin_addr, host, sizeof host);
+    port = ntohs(v4->sin_port);
+  }
+  return fmt::format("{}:{}", host, port);
+}
+
 std::string serve(const LaunchEnv& e, const std::string& payload, double timeout_s) {
   const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                         std::chrono::duration<double>(timeout_s));
@@ -133,16 +161,47 @@ std::string serve(const LaunchEnv& e, const std::string& payload, double timeout
                e.world_size - 1, " ranks connected; missing rank(s) ", missing,
                " (are they running, with the same MASTER_ADDR/MASTER_PORT and WORLD_SIZE?)");
     }
-    Fd c(::accept(listener.get(), nullptr, nullptr));
+    sockaddr_storage from{};
+    socklen_t from_len = sizeof from;
+    Fd c(::accept(listener.get(), reinterpret_cast<sockaddr*>(&from), &from_len));
     if (c.get() < 0) continue;
-    unsigned char hello[8];
+    const std::string peer = peer_name(from);
+    const Clock::time_point greeting_deadline =
+        std::min(deadline, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(kGreetingTimeoutS)));
+    unsigned char hello[16] = {};
+    std::string token;
     try {
-      recv_all(c.get(), hello, sizeof hello, deadline, "a connecting rank");
-    } catch (const Error&) {
-      continue;  // a stray connection: not one of ours
+      // the magic and the version first: an older build's rank sends 8 bytes and waits
+      recv_all(c.get(), hello, 8, greeting_deadline, peer);
+      if (std::memcmp(hello, kMagic, 4) == 0 && read_u32(hello + 4) == kProtocolVersion) {
+        recv_all(c.get(), hello + 8, 8, greeting_deadline, peer);
+        if (read_u32(hello + 12) <= kMaxToken) {
+          token.resize(read_u32(hello + 12));
+          recv_all(c.get(), token.data(), token.size(), greeting_deadline, peer);
+        }
+      }
+    } catch (const Error& err) {
+      log::warn(fmt::format("bootstrap: dropped a connection from {} that did not greet as a rank of this job: {}", peer,
+                            err.what()));
+      continue;
     }
-    if (std::memcmp(hello, kMagic, 4) != 0) continue;
-    const int r = static_cast<int>(read_u32(hello + 4));
+    ST_CHECK(std::memcmp(hello, "STB1", 4) != 0, "bootstrap: a process at ", peer, " speaks bootstrap protocol "
+             "version 1 but this build speaks version ", kProtocolVersion, "; run the same shardtrain build on every "
+             "rank");
+    if (std::memcmp(hello, kMagic, 4) != 0) {
+      log::warn(fmt::format("bootstrap: dropped a connection from {}: not a shardtrain rank (wrong greeting)", peer));
+      continue;
+    }
+    ST_CHECK(read_u32(hello + 4) == kProtocolVersion, "bootstrap: a process at ", peer,
+             " speaks bootstrap protocol version ", read_u32(hello + 4), " but this build speaks version ",
+             kProtocolVersion, "; run the same shardtrain build on every rank");
+    if (token != job_token(e)) {
+      log::warn(fmt::format("bootstrap: dropped a connection from {}: its job token is not this job's (a rank of "
+                            "another launch on the same MASTER_ADDR/MASTER_PORT?)", peer));
+      continue;
+    }
+    const int r = static_cast<int>(read_u32(hello + 8));
     ST_CHECK(r >= 1 && r < e.world_size, "bootstrap: a process connected as rank ", r, " but WORLD_SIZE is ",
              e.world_size);
     ST_CHECK(!served.count(r), "bootstrap: two processes connected as rank ", r, "; check RANK in the launcher");
@@ -179,10 +238,14 @@ std::string fetch(const LaunchEnv& e, double timeout_s) {
         }
         ::freeaddrinfo(found);
         found = nullptr;
-        unsigned char hello[8];
+        const std::string token = job_token(e);
+        unsigned char hello[16];
         std::memcpy(hello, kMagic, 4);
-        write_u32(hello + 4, static_cast<uint32_t>(e.rank));
+        write_u32(hello + 4, kProtocolVersion);
+        write_u32(hello + 8, static_cast<uint32_t>(e.rank));
+        write_u32(hello + 12, static_cast<uint32_t>(token.size()));
         send_all(s.get(), hello, sizeof hello, deadline, "rank 0 at " + where);
+        send_all(s.get(), token.data(), token.size(), deadline, "rank 0 at " + where);
         unsigned char len[4];
         recv_all(s.get(), len, 4, deadline, "rank 0 at " + where);
         const uint32_t n = read_u32(len);
@@ -217,6 +280,16 @@ std::optional<LaunchEnv> launch_from_env() {
   } else {
     return std::nullopt;
   }
+  // the launch's own id, so that rank 0 lets in only this job's ranks
+  if (auto id = env("TORCHELASTIC_RUN_ID")) e.job_token = "torchelastic:" + *id;
+  else if (auto job = env("SLURM_JOB_ID")) {
+    e.job_token = "slurm:" + *job;
+    if (auto step = env("SLURM_STEP_ID")) e.job_token.append(".").append(*step);
+  }
+  else if (auto own = env("SHARDTRAIN_JOB_TOKEN")) e.job_token = "shardtrain:" + *own;
+  ST_CHECK(e.job_token.size() <= kMaxToken, "environment: the job token (TORCHELASTIC_RUN_ID, SLURM_JOB_ID or "
+           "SHARDTRAIN_JOB_TOKEN) has ", e.job_token.size(), " bytes with its prefix; at most ", kMaxToken,
+           " are allowed");
   if (e.world_size == 1) return e;
   auto addr = env("MASTER_ADDR");
   ST_CHECK(addr.has_value(), "environment: ", e.world_size, " ranks (", e.launcher,

@@ -17,6 +17,10 @@ struct LaunchEnv {
   std::string master_addr;  // host name or address of rank 0
   int master_port = 0;      // where rank 0 listens for the exchange
   std::string launcher;     // "torchrun" or "slurm": which variables were read
+  // Shared by every rank of one launch; rank 0 drops a connection without it. From
+  // TORCHELASTIC_RUN_ID, else SLURM_JOB_ID (with SLURM_STEP_ID), else SHARDTRAIN_JOB_TOKEN;
+  // empty means MASTER_ADDR:MASTER_PORT, which still rejects traffic that is not shardtrain's.
+  std::string job_token;
 };
 
 // The launch described by the environment, or nullopt when neither RANK/WORLD_SIZE nor

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <future>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -160,6 +161,107 @@ TEST(Bootstrap, RankZeroNamesTheRanksThatNeverCame) {
   const std::string msg = error_of([&] { share_from_rank0(rank_env(0, 3, port), "abc", 1.0); });
   EXPECT_NE(msg.find("1 of 2 ranks connected; missing rank(s) 2"), std::string::npos) << msg;
   EXPECT_EQ(one.get(), "abc");
+}
+
+// Connects to rank 0 on loopback (retrying while it starts), sends `bytes` and closes.
+void send_raw(int port, const std::string& bytes) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    if (::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0) {
+      if (!bytes.empty()) {
+        EXPECT_EQ(::send(s, bytes.data(), bytes.size(), MSG_NOSIGNAL), ssize_t(bytes.size()));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      ::close(s);
+      return;
+    }
+    ::close(s);
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ADD_FAILURE() << "rank 0 never listened on port " << port;
+}
+
+// A greeting of this build: magic, version 2, rank, token length, token.
+std::string greeting(int rank, const std::string& token) {
+  std::string g = "STBP";
+  for (uint32_t v : {2u, static_cast<uint32_t>(rank), static_cast<uint32_t>(token.size())})
+    for (int i = 0; i < 4; ++i) g.push_back(static_cast<char>(v >> (8 * i)));
+  return g + token;
+}
+
+// Strays (garbage, silence, another job's token) are dropped and the real ranks still connect.
+TEST(Bootstrap, StrayConnectionsAreDroppedAndTheRanksStillConnect_Garbage_Silent_WrongToken) {
+  const int port = free_port(), world = 3;
+  auto zero = std::async(std::launch::async, [=] { return share_from_rank0(rank_env(0, world, port), "id", 20); });
+  send_raw(port, "GET / HTTP/1.0\r\n\r\n");
+  send_raw(port, "");
+  send_raw(port, greeting(1, "shardtrain:another job"));
+  send_raw(port, "STB");  // a short read
+  std::vector<std::future<std::string>> ranks;
+  for (int r = 1; r < world; ++r)
+    ranks.push_back(std::async(std::launch::async, [=] { return share_from_rank0(rank_env(r, world, port), "", 20); }));
+  for (auto& f : ranks) EXPECT_EQ(f.get(), "id");
+  EXPECT_EQ(zero.get(), "id");
+}
+
+// A connection that sends nothing and stays open is dropped at the greeting's timeout, not
+// the launch's.
+TEST(Bootstrap, ASilentOpenConnectionDoesNotHoldTheLaunch) {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [=] { return share_from_rank0(rank_env(0, 2, port), "id", 20); });
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  for (int i = 0; i < 100 && ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_EQ(share_from_rank0(rank_env(1, 2, port), "", 20), "id");
+  EXPECT_EQ(zero.get(), "id");
+  ::close(s);
+}
+
+// With the job's token, a rank outside the world still ends the launch with a clear error.
+TEST(Bootstrap, WithTheRightTokenARankOutOfRangeIsAnError) {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [=] {
+    return error_of([&] { share_from_rank0(rank_env(0, 2, port), "id", 10); });
+  });
+  send_raw(port, greeting(7, "addr:127.0.0.1:" + std::to_string(port)));
+  const std::string msg = zero.get();
+  EXPECT_NE(msg.find("a process connected as rank 7 but WORLD_SIZE is 2"), std::string::npos) << msg;
+}
+
+// A rank of an older build (its greeting "STB1" and a rank) is told apart from a stray: the
+// launch ends naming the versions instead of waiting for a rank that will never greet.
+TEST(Bootstrap, AnOlderBuildsGreetingIsAClearError) {
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [=] {
+    return error_of([&] { share_from_rank0(rank_env(0, 2, port), "id", 10); });
+  });
+  send_raw(port, std::string("STB1\x01\0\0\0", 8));
+  const std::string msg = zero.get();
+  EXPECT_NE(msg.find("speaks bootstrap protocol version 1 but this build speaks version 2"), std::string::npos) << msg;
+}
+
+// The launcher's run id is the token; SHARDTRAIN_JOB_TOKEN when no launcher gives one.
+TEST(LaunchEnv, TheJobTokenComesFromTheLaunchersRunId) {
+  EnvGuard guard;
+  setenv("RANK", "0", 1);
+  setenv("WORLD_SIZE", "1", 1);
+  EXPECT_EQ(launch_from_env()->job_token, "");
+  setenv("SHARDTRAIN_JOB_TOKEN", "mine", 1);
+  EXPECT_EQ(launch_from_env()->job_token, "shardtrain:mine");
+  setenv("SLURM_JOB_ID", "77", 1);
+  setenv("SLURM_STEP_ID", "3", 1);
+  EXPECT_EQ(launch_from_env()->job_token, "slurm:77.3");
+  setenv("TORCHELASTIC_RUN_ID", "abc", 1);
+  EXPECT_EQ(launch_from_env()->job_token, "torchelastic:abc");
+  for (const char* v : {"SHARDTRAIN_JOB_TOKEN", "SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID"}) unsetenv(v);
 }
 
 }  // namespace
