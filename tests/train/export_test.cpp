@@ -19,13 +19,11 @@
 namespace shardtrain::train {
 namespace {
 
-class ExportRoundTrip : public ::testing::TestWithParam<std::string> {};
-
-TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
-  const std::string src = testing::source_dir() + "/tests/model/hf_reference/" + GetParam();
-  const std::string out =
-      (std::filesystem::temp_directory_path() / ("shardtrain_export_" + std::to_string(::getpid()) + GetParam())).string();
-  std::filesystem::remove_all(out);
+// Exports the HF reference `name` (tests/model/hf_reference) to `out` in f32 with shards of at
+// most `max_shard_bytes`; returns its config.
+model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_bytes,
+                                    const std::string& name = "gqa_untied") {
+  const std::string src = testing::source_dir() + "/tests/model/hf_reference/" + name;
   const model::LlamaConfig c = model::load_hf_config(src + "/config.json");
   const io::HfWeights in(src);
   auto comm = dist::make_single_rank();
@@ -35,8 +33,20 @@ TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
   ExportOptions o;
   o.folder = out;
   o.dtype = DType::kF32;
-  o.max_shard_bytes = 20000;  // several shards for these ~50 KB models
+  o.max_shard_bytes = max_shard_bytes;
   export_hf(store, c, *comm, o);
+  return c;
+}
+
+class ExportRoundTrip : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
+  const std::string src = testing::source_dir() + "/tests/model/hf_reference/" + GetParam();
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_export_" + std::to_string(::getpid()) + GetParam())).string();
+  std::filesystem::remove_all(out);
+  const model::LlamaConfig c = export_reference(out, 20000, GetParam());  // several shards for these ~50 KB models
+  const io::HfWeights in(src);
 
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
   const io::HfWeights back(out);
@@ -59,22 +69,6 @@ INSTANTIATE_TEST_SUITE_P(References, ExportRoundTrip,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias"));
 
 namespace fs = std::filesystem;
-
-// Exports the gqa_untied reference to `out` in f32 with shards of at most `max_shard_bytes`.
-void export_reference(const std::string& out, int64_t max_shard_bytes) {
-  const std::string src = testing::source_dir() + "/tests/model/hf_reference/gqa_untied";
-  const model::LlamaConfig c = model::load_hf_config(src + "/config.json");
-  const io::HfWeights in(src);
-  auto comm = dist::make_single_rank();
-  const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
-  fsdp::ShardedUnitStore store(layout, comm.get(), {});
-  store.load([&](const model::ParamSpec& p, int64_t first, Tensor& dst) { in.read_range(p.name, first, dst); });
-  ExportOptions o;
-  o.folder = out;
-  o.dtype = DType::kF32;
-  o.max_shard_bytes = max_shard_bytes;
-  export_hf(store, c, *comm, o);
-}
 
 std::string fresh_parent(const std::string& name) {
   const fs::path p = fs::temp_directory_path() / ("shardtrain_export_swap_" + std::to_string(::getpid()) + "_" + name);
