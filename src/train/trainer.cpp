@@ -426,13 +426,13 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
     model_->set_tensor_parallel(tensor_parallel_.get());
   }
   model_->set_mlp_chunk_tokens(mlp_chunk_tokens());
-  model_->set_fp8(fp8_, fp8_head_choice());
+  const ops::LinearFp8 head_fp8 = fp8_head_choice();
+  model_->set_fp8(fp8_, head_fp8);
+  auto format = [](const ops::LinearFp8& f) { return f.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2"; };
   if (fp8_.on())
     log::info(fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}{}",
-                          ops::fp8_recipe_name(fp8_.recipe), fp8_.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2",
-                          !model_->fp8_head() ? ""
-                          : fp8_head_choice().gradient_format == DType::kF8E4M3 ? ", and the head (its gradient e4m3)"
-                                                                                : ", and the head (its gradient e5m2)",
+                          ops::fp8_recipe_name(fp8_.recipe), format(fp8_),
+                          head_fp8.on() ? fmt::format(", and the head (its gradient {})", format(head_fp8)) : "",
                           device_.is_cpu() ? "; emulated on the CPU, exact but no faster" : ""));
   optim::AdamWConfig oc;
   oc.beta1 = config_.optimizer.beta1;
