@@ -61,12 +61,14 @@ std::string usage() {
          "                                                   phases, peak memory, the board; writes no files\n"
          "                                                   but FILE; --sweep (repeatable): every combination of\n"
          "                                                   the values in turn, one table (one process only)\n"
-         "  inspect PATH                                     tensors, metadata and model shape of a .safetensors\n"
+         "  inspect PATH [--verify]                          tensors, metadata and model shape of a .safetensors\n"
          "                                                   file or Hugging Face folder; fields, types and the\n"
          "                                                   first row of a .parquet file; a checkpoint's step,\n"
          "                                                   ranks, model, files and whether every element of\n"
          "                                                   every parameter is there (a step_* directory, or\n"
-         "                                                   the folder holding `latest`)\n"
+         "                                                   the folder holding `latest`); --verify: also reads\n"
+         "                                                   every tensor whole, checks it against its checksum\n"
+         "                                                   (files shardtrain writes carry one) and for NaN/inf\n"
          "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]\n"
          "                                                   a Hugging Face folder from a training checkpoint\n"
          "                                                   (a step_* directory, or the folder holding `latest`)\n"
@@ -309,14 +311,21 @@ int run_generate(const std::vector<std::string>& args) {
 }
 
 int run_inspect(const std::vector<std::string>& args) {
-  ST_CHECK(args.size() == 1,
-           "inspect: expected one PATH (a .safetensors file, a Hugging Face folder or a .parquet file)");
-  const train::InspectReport r = train::inspect_report(args[0]);
+  std::vector<std::string> paths;
+  bool verify = false;
+  for (const std::string& a : args) {
+    if (a == "--verify") verify = true;
+    else if (a.rfind("--", 0) == 0) ST_THROW("inspect: unknown option `", a, "` (expected PATH [--verify])");
+    else paths.push_back(a);
+  }
+  ST_CHECK(paths.size() == 1, "inspect: expected one PATH (a .safetensors file, a Hugging Face folder, a checkpoint "
+           "or a .parquet file), found ", paths.size());
+  const train::InspectReport r = verify ? train::verify_report(paths[0]) : train::inspect_report(paths[0]);
   std::fputs(r.text.c_str(), stdout);
   if (r.problems == 0) return 0;
   // a script checking a checkpoint or a folder before a run must see the failure
   std::fflush(stdout);
-  std::fprintf(stderr, "error: `%s`: %d problem%s (named above); it cannot be loaded as it is\n", args[0].c_str(),
+  std::fprintf(stderr, "error: `%s`: %d problem%s (named above); it cannot be loaded as it is\n", paths[0].c_str(),
                r.problems, r.problems == 1 ? "" : "s");
   return 1;
 }

@@ -1,11 +1,16 @@
 // safetensors header validation, memory mapping and converting range reads.
 #include "io/safetensors.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include <nlohmann/json.hpp>
+
+#include "io/checksum.h"
 
 namespace shardtrain::io {
 namespace {
@@ -68,6 +73,88 @@ int64_t load_int(const uint8_t* p, const std::string& dt) {
   int64_t v;
   std::memcpy(&v, p, 8);
   return v;  // U64 values above INT64_MAX wrap; no model tensor stores them
+}
+
+// Decoders of a file's float element, and stores into an output element.
+struct DecodeF32 {
+  static constexpr size_t kSize = 4;
+  static double get(const uint8_t* p) {
+    float f;
+    std::memcpy(&f, p, 4);
+    return f;
+  }
+};
+struct DecodeF64 {
+  static constexpr size_t kSize = 8;
+  static double get(const uint8_t* p) {
+    double d;
+    std::memcpy(&d, p, 8);
+    return d;
+  }
+};
+struct DecodeBF16 {
+  static constexpr size_t kSize = 2;
+  static double get(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return bf16_to_float(BFloat16{h});
+  }
+};
+struct DecodeF16 {
+  static constexpr size_t kSize = 2;
+  static double get(const uint8_t* p) {
+    uint16_t h;
+    std::memcpy(&h, p, 2);
+    return f16_to_float(Float16{h});
+  }
+};
+
+template <typename T>
+void store_float(T* out, double v) {
+  if constexpr (std::is_same_v<T, float>) *out = static_cast<float>(v);
+  else if constexpr (std::is_same_v<T, double>) *out = v;
+  else if constexpr (std::is_same_v<T, BFloat16>) *out = float_to_bf16(static_cast<float>(v));
+  else *out = float_to_f16(static_cast<float>(v));
+}
+
+// Converts n elements, a chunk per thread for large ranges; returns the index of the first
+// element that is not finite (the elements from it on in its chunk are left unwritten), or -1.
+template <typename Decode, typename T>
+int64_t convert_range(const uint8_t* src, T* out, int64_t n) {
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  int64_t first_bad = std::numeric_limits<int64_t>::max();
+#pragma omp parallel for schedule(static) reduction(min : first_bad) if (chunks > 1)
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t end = std::min(n, (c + 1) * kChunk);
+    for (int64_t i = c * kChunk; i < end; ++i) {
+      const double v = Decode::get(src + static_cast<size_t>(i) * Decode::kSize);
+      if (!std::isfinite(v)) {
+        first_bad = std::min(first_bad, i);
+        break;
+      }
+      store_float(out + i, v);
+    }
+  }
+  return first_bad == std::numeric_limits<int64_t>::max() ? -1 : first_bad;
+}
+
+template <typename Decode>
+int64_t convert_into(const uint8_t* src, Tensor& out, int64_t n) {
+  switch (out.dtype()) {
+    case DType::kF32: return convert_range<Decode>(src, out.data<float>(), n);
+    case DType::kF64: return convert_range<Decode>(src, out.data<double>(), n);
+    case DType::kBF16: return convert_range<Decode>(src, out.data<BFloat16>(), n);
+    case DType::kF16: return convert_range<Decode>(src, out.data<Float16>(), n);
+    default: ST_THROW("safetensors: cannot convert floats into ", dtype_name(out.dtype()));
+  }
+}
+
+int64_t convert_floats(const uint8_t* src, const std::string& dt, Tensor& out, int64_t n) {
+  if (dt == "F32") return convert_into<DecodeF32>(src, out, n);
+  if (dt == "F64") return convert_into<DecodeF64>(src, out, n);
+  if (dt == "BF16") return convert_into<DecodeBF16>(src, out, n);
+  return convert_into<DecodeF16>(src, out, n);
 }
 
 }  // namespace
@@ -157,6 +244,95 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path), map_(pa
   for (int i = 7; i >= 0; --i) n = (n << 8) | file[static_cast<size_t>(i)];
   data_ = file.data() + 8 + n;
   for (size_t i = 0; i < tensors_.size(); ++i) index_[tensors_[i].name] = i;
+  checked_ = std::make_unique<std::atomic<uint8_t>[]>(tensors_.size());
+  const auto sums = metadata_.find(kChecksumMetadataKey);
+  if (sums == metadata_.end()) return;
+  has_checksums_ = true;
+  const std::string where = path + ": metadata `" + kChecksumMetadataKey + "`";
+  nlohmann::json list;
+  try {
+    list = nlohmann::json::parse(sums->second);
+  } catch (const nlohmann::json::exception&) {
+    ST_THROW(where, " is not a JSON object of tensor name -> checksum (the header is damaged)");
+  }
+  ST_CHECK(list.is_object() && list.size() == tensors_.size(), where, " must name each of the file's ",
+           tensors_.size(), " tensors once, found ", list.is_object() ? std::to_string(list.size()) + " entries" : list.dump(),
+           " (the header is damaged)");
+  checksums_.assign(tensors_.size(), 0);
+  for (const auto& item : list.items()) {
+    const auto it = index_.find(item.key());
+    ST_CHECK(it != index_.end(), where, " names `", item.key(), "`, which is not a tensor of the file (the header is damaged)");
+    const std::optional<uint32_t> crc =
+        item.value().is_string() ? parse_crc32c(item.value().get<std::string>()) : std::nullopt;
+    ST_CHECK(crc.has_value(), where, ": the checksum of `", item.key(), "` must be 8 hex digits, found ",
+             item.value().dump());
+    checksums_[it->second] = *crc;
+  }
+}
+
+std::span<const uint8_t> SafetensorsFile::raw_bytes(const std::string& name) const {
+  const TensorInfo& t = get(name);
+  return {data_ + t.begin, static_cast<size_t>(t.end - t.begin)};
+}
+
+std::optional<uint32_t> SafetensorsFile::stored_checksum(const std::string& name) const {
+  const TensorInfo& t = get(name);
+  if (!has_checksums_) return std::nullopt;
+  return checksums_[static_cast<size_t>(&t - tensors_.data())];
+}
+
+uint32_t SafetensorsFile::computed_checksum(const std::string& name) const {
+  const std::span<const uint8_t> bytes = raw_bytes(name);
+  return crc32c_parallel(bytes.data(), bytes.size());
+}
+
+namespace {
+// counts elements whose exponent bits (mask) are all set: NaN or inf
+template <typename Bits>
+SafetensorsFile::NonFinite scan_nonfinite(const uint8_t* data, int64_t n, Bits mask) {
+  int64_t count = 0, first = std::numeric_limits<int64_t>::max();
+#pragma omp parallel for schedule(static) reduction(+ : count) reduction(min : first) if (n > (int64_t{1} << 20))
+  for (int64_t i = 0; i < n; ++i) {
+    Bits v;
+    std::memcpy(&v, data + static_cast<size_t>(i) * sizeof(Bits), sizeof(Bits));
+    if ((v & mask) == mask) {
+      ++count;
+      first = std::min(first, i);
+    }
+  }
+  return {count, count == 0 ? -1 : first};
+}
+}  // namespace
+
+SafetensorsFile::NonFinite SafetensorsFile::nonfinite(const std::string& name) const {
+  const TensorInfo& t = get(name);
+  const uint8_t* p = data_ + t.begin;
+  if (t.dtype == "F32") return scan_nonfinite<uint32_t>(p, t.numel, 0x7F800000u);
+  if (t.dtype == "F64") return scan_nonfinite<uint64_t>(p, t.numel, 0x7FF0000000000000ull);
+  if (t.dtype == "BF16") return scan_nonfinite<uint16_t>(p, t.numel, uint16_t{0x7F80});
+  if (t.dtype == "F16") return scan_nonfinite<uint16_t>(p, t.numel, uint16_t{0x7C00});
+  if (t.dtype == "F8_E5M2") return scan_nonfinite<uint8_t>(p, t.numel, uint8_t{0x7C});
+  if (t.dtype == "F8_E4M3") {  // e4m3fn has no inf; NaN is S.1111.111
+    NonFinite r;
+    for (int64_t i = 0; i < t.numel; ++i)
+      if ((p[i] & 0x7F) == 0x7F) {
+        if (r.count++ == 0) r.first = i;
+      }
+    return r;
+  }
+  return {};
+}
+
+bool SafetensorsFile::checksum_matches(const std::string& name) const {
+  const TensorInfo& t = get(name);
+  if (!has_checksums_) return true;
+  const size_t i = static_cast<size_t>(&t - tensors_.data());
+  uint8_t state = checked_[i].load(std::memory_order_acquire);
+  if (state == 0) {
+    state = computed_checksum(name) == checksums_[i] ? 1 : 2;
+    checked_[i].store(state, std::memory_order_release);
+  }
+  return state == 1;
 }
 
 SafetensorsFile::~SafetensorsFile() = default;
@@ -179,26 +355,21 @@ void SafetensorsFile::read_range(const std::string& name, int64_t first, Tensor&
   const int64_t n = out.numel();
   ST_CHECK(first >= 0 && n >= 0 && first <= t.numel && n <= t.numel - first, path_, ": tensor `", name,
            "`: elements [", first, ", ", first + n, ") outside its ", t.numel, " elements");
+  ST_CHECK(checksum_matches(name), path_, ": tensor `", name, "` does not match its checksum (crc32c ",
+           format_crc32c(*stored_checksum(name)), " written, ", format_crc32c(computed_checksum(name)),
+           " now): the file is damaged; copy it again, or use another checkpoint");
   const uint8_t* src = data_ + t.begin + first * static_cast<int64_t>(t.element_size);
   const bool file_float = find_dtype(t.dtype)->is_float;
   ST_CHECK(t.dtype != "F8_E4M3" && t.dtype != "F8_E5M2", path_, ": tensor `", name, "` is ", t.dtype,
            ", which shardtrain does not convert");
   if (is_floating(out.dtype())) {
     ST_CHECK(file_float, path_, ": tensor `", name, "` is ", t.dtype, ", cannot read it as ", dtype_name(out.dtype()));
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = load_float(src + i * static_cast<int64_t>(t.element_size), t.dtype);
-      // weights and optimizer state are finite: a NaN or inf is damage, or a diverged run's
-      // save, and would surface only later as a NaN loss
-      ST_CHECK(std::isfinite(v), path_, ": tensor `", name, "` element ", first + i, " is ", v,
-               ", expected a finite value (the file is damaged, or was saved from a run whose weights diverged)");
-      switch (out.dtype()) {
-        case DType::kF32: out.data<float>()[i] = static_cast<float>(v); break;
-        case DType::kF64: out.data<double>()[i] = v; break;
-        case DType::kBF16: out.data<BFloat16>()[i] = float_to_bf16(static_cast<float>(v)); break;
-        case DType::kF16: out.data<Float16>()[i] = float_to_f16(static_cast<float>(v)); break;
-        default: break;
-      }
-    }
+    // weights and optimizer state are finite: a NaN or inf is damage, or a diverged run's
+    // save, and would surface only later as a NaN loss
+    const int64_t bad = convert_floats(src, t.dtype, out, n);
+    ST_CHECK(bad < 0, path_, ": tensor `", name, "` element ", first + bad, " is ",
+             bad < 0 ? 0.0 : load_float(src + bad * static_cast<int64_t>(t.element_size), t.dtype),
+             ", expected a finite value (the file is damaged, or was saved from a run whose weights diverged)");
   } else {
     ST_CHECK(!file_float, path_, ": tensor `", name, "` is ", t.dtype, ", cannot read it as ", dtype_name(out.dtype()));
     for (int64_t i = 0; i < n; ++i) {

@@ -14,6 +14,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "io/checksum.h"
+#include "io/safetensors.h"
+
 namespace shardtrain::io {
 namespace {
 
@@ -98,6 +101,11 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   nlohmann::ordered_json header;
   nlohmann::ordered_json meta = {{"format", "pt"}};
   for (const auto& [k, v] : metadata) meta[k] = v;
+  // every tensor's checksum, from the bytes about to be written (all threads for a large one)
+  nlohmann::ordered_json sums = nlohmann::ordered_json::object();
+  for (const auto& [name, t] : tensors)
+    if (t.device().is_cpu() && t.is_contiguous()) sums[name] = format_crc32c(crc32c_parallel(t.raw_data(), t.nbytes()));
+  meta[kChecksumMetadataKey] = sums.dump();
   header["__metadata__"] = meta;
   int64_t offset = 0;
   for (const auto& [name, t] : tensors) {

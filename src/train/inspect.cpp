@@ -2,13 +2,17 @@
 #include "train/inspect.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 
 #include <fmt/format.h>
 
 #include "core/allocator.h"
+#include "io/checksum.h"
 #include "io/hf_folder.h"
+#include "io/safetensors.h"
 #include "io/parquet.h"
 #include "model/hf_config.h"
 #include "model/layout.h"
@@ -36,7 +40,82 @@ std::string parquet_report(const std::string& path) {
   return r.str();
 }
 
+// The safetensors files a path stands for: a checkpoint's rank files (a step directory, or
+// the folder whose `latest` names one), a Hugging Face folder's shards, or one file.
+std::vector<std::string> weight_files(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::string dir = path;
+  if (fs::is_regular_file(fs::path(path) / "latest") && !fs::is_regular_file(fs::path(path) / "metadata.json"))
+    dir = resolve_checkpoint("auto", path);
+  std::vector<std::string> files;
+  if (fs::is_regular_file(fs::path(dir) / "metadata.json")) {
+    (void)read_checkpoint_info(dir);  // checks the metadata names every rank file, each present
+    for (const fs::directory_entry& e : fs::directory_iterator(dir))
+      if (e.path().extension() == ".safetensors") files.push_back(e.path().string());
+  } else if (fs::is_directory(path)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(path))
+      if (e.is_regular_file() && e.path().extension() == ".safetensors") files.push_back(e.path().string());
+    ST_CHECK(!files.empty(), "inspect --verify: `", path, "` holds no .safetensors files");
+  } else {
+    files.push_back(path);
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
 }  // namespace
+
+InspectReport verify_report(const std::string& path) {
+  ST_CHECK(!io::is_parquet_file(path), "inspect --verify checks weights (a .safetensors file, a Hugging Face folder "
+           "or a checkpoint), not Parquet files: `", path, "`");
+  InspectReport report = inspect_report(path);
+  std::ostringstream r;
+  r << "\nverify: every byte of every tensor against its checksum, every float for NaN and inf\n";
+  const auto start = std::chrono::steady_clock::now();
+  int64_t bytes = 0;
+  int problems = 0;
+  for (const std::string& file : weight_files(path)) {
+    std::unique_ptr<io::SafetensorsFile> f;
+    try {
+      f = std::make_unique<io::SafetensorsFile>(file);
+    } catch (const std::exception& e) {
+      r << "  DAMAGED " << e.what() << "\n";
+      ++problems;
+      continue;
+    }
+    int bad_sums = 0, bad_values = 0;
+    for (const io::TensorInfo& t : f->tensors()) {
+      bytes += t.end - t.begin;
+      if (!f->checksum_matches(t.name)) {
+        ++bad_sums;
+        r << fmt::format("  DAMAGED {}: tensor `{}` does not match its checksum (crc32c {} written, {} now)\n", file,
+                         t.name, io::format_crc32c(*f->stored_checksum(t.name)),
+                         io::format_crc32c(f->computed_checksum(t.name)));
+      }
+      const io::SafetensorsFile::NonFinite nf = f->nonfinite(t.name);
+      if (nf.count > 0) {
+        ++bad_values;
+        r << fmt::format("  NOT FINITE {}: tensor `{}` holds {} NaN or inf value{} (the first is element {})\n", file,
+                         t.name, nf.count, nf.count == 1 ? "" : "s", nf.first);
+      }
+    }
+    problems += bad_sums + bad_values;
+    const std::string sums = !f->has_checksums() ? "no checksums (written by another program)"
+                             : bad_sums == 0     ? "checksums match"
+                                                 : fmt::format("{} checksum{} differ", bad_sums, bad_sums == 1 ? "" : "s");
+    r << fmt::format("  {} {}  {} tensors: {}, {}\n", bad_sums + bad_values == 0 ? "ok     " : "PROBLEM", file,
+                     f->tensors().size(), sums,
+                     bad_values == 0 ? std::string("all values finite")
+                                     : fmt::format("{} tensor{} with NaN or inf", bad_values, bad_values == 1 ? "" : "s"));
+  }
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r << fmt::format("  {} checked in {:.2f} s ({:.2f} GB/s){}\n", format_bytes(bytes), seconds,
+                   seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0,
+                   problems == 0 ? "" : fmt::format("; {} problem{}", problems, problems == 1 ? "" : "s"));
+  report.text += r.str();
+  report.problems += problems;
+  return report;
+}
 
 InspectReport inspect_report(const std::string& path) {
   namespace fs = std::filesystem;
@@ -66,7 +145,9 @@ InspectReport inspect_report(const std::string& path) {
   for (const auto& f : w.files()) {
     r << fmt::format("{}  ({} tensors, {})\n", f->path(), f->tensors().size(),
                      format_bytes(static_cast<int64_t>(fs::file_size(f->path()))));
-    for (const auto& [k, v] : f->metadata()) r << fmt::format("  metadata {} = {}\n", k, v);
+    for (const auto& [k, v] : f->metadata())
+      r << (k == io::kChecksumMetadataKey ? fmt::format("  metadata {} = (a CRC32C of each tensor)\n", k)
+                                          : fmt::format("  metadata {} = {}\n", k, v));
   }
   r << fmt::format("\n{:<60} {:>6}  {:<22} {:>12}\n", "tensor", "dtype", "shape", "bytes");
   for (const std::string& name : w.names()) {

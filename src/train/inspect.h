@@ -17,4 +17,12 @@ struct InspectReport {
 };
 InspectReport inspect_report(const std::string& path);
 
+// inspect_report, then every tensor of every file the path stands for (a checkpoint's rank
+// files, a folder's shards, or the one file) read whole: its bytes against the checksum the
+// file carries (files shardtrain writes carry one per tensor; others none), its floats
+// scanned for NaN and inf. Each problem is a line naming the file and tensor, and counts in
+// `problems`; a file that fails to open is one problem. Ends with the bytes checked and the
+// speed.
+InspectReport verify_report(const std::string& path);
+
 }  // namespace shardtrain::train

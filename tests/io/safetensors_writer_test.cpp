@@ -6,9 +6,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <limits>
 
 #include <gtest/gtest.h>
 
+#include "io/checksum.h"
 #include "io/hf_folder.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
@@ -97,6 +100,131 @@ TEST(SafetensorsWriter, AnUnfinishedFolderRemovesItsShards) {
   }
   EXPECT_TRUE(std::filesystem::is_empty(dir));
   std::filesystem::remove_all(dir);
+}
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// Flips one bit of the byte at `offset` of the file.
+void flip_bit(const std::string& path, int64_t offset) {
+  std::fstream io(path, std::ios::binary | std::ios::in | std::ios::out);
+  io.seekg(offset);
+  char c = 0;
+  io.get(c);
+  io.seekp(offset);
+  io.put(static_cast<char>(c ^ 0x10));
+}
+
+// The file offset of tensor `name`'s first data byte.
+int64_t data_offset(const std::string& path, const std::string& name) {
+  const SafetensorsFile f(path);
+  std::ifstream in(path, std::ios::binary);
+  uint64_t header_len = 0;
+  in.read(reinterpret_cast<char*>(&header_len), 8);
+  return 8 + static_cast<int64_t>(header_len) + f.get(name).begin;
+}
+
+// Every file we write carries each tensor's CRC32C; one flipped bit in a tensor's data is an
+// error naming the file and the tensor when any of it is read, and the other tensors read as ever.
+TEST(SafetensorsWriter, ChecksumsFindAFlippedBit) {
+  const std::string path = temp_path("sums.safetensors");
+  const auto ts = sample_tensors();
+  write_safetensors(path, ts);
+  {
+    const SafetensorsFile f(path);
+    EXPECT_TRUE(f.has_checksums());
+    for (const auto& [name, t] : ts) {
+      EXPECT_TRUE(f.checksum_matches(name)) << name;
+      EXPECT_EQ(f.stored_checksum(name), f.computed_checksum(name)) << name;
+    }
+  }
+  flip_bit(path, data_offset(path, "w.bf16") + 17);
+  const SafetensorsFile f(path);
+  EXPECT_FALSE(f.checksum_matches("w.bf16"));
+  Tensor one = Tensor::empty({1}, DType::kF32);
+  const std::string e = error_of([&] { f.read_range("w.bf16", 100, one); });  // far from the flipped byte
+  EXPECT_NE(e.find(path + ": tensor `w.bf16` does not match its checksum (crc32c "), std::string::npos) << e;
+  EXPECT_NE(e.find("the file is damaged"), std::string::npos) << e;
+  Tensor ok = Tensor::empty({3, 37}, DType::kF32);
+  EXPECT_NO_THROW(f.read("w.f32", ok));
+}
+
+// A tensor larger than a checksum block (checksummed on every thread and joined) is checked
+// the same way; so is the conversion of a range larger than one thread's chunk, which names
+// the first non-finite element of the range whichever thread met it.
+TEST(SafetensorsWriter, LargeTensorsAreCheckedWhole) {
+  const std::string path = temp_path("large.safetensors");
+  Tensor big = Tensor::empty({int64_t{3} << 21}, DType::kF32);  // 24 MiB
+  for (int64_t i = 0; i < big.numel(); ++i) big.data<float>()[i] = static_cast<float>(i % 1000) * 0.001f;
+  write_safetensors(path, {{"big", big}});
+  {
+    const SafetensorsFile f(path);
+    Tensor back = Tensor::empty({big.numel()}, DType::kBF16);
+    f.read("big", back);
+    EXPECT_EQ(bf16_to_float(back.data<BFloat16>()[123457]), bf16_to_float(float_to_bf16(0.457f)));
+  }
+  big.data<float>()[(int64_t{5} << 20) + 3] = std::numeric_limits<float>::infinity();
+  big.data<float>()[(int64_t{3} << 20) + 1] = std::numeric_limits<float>::quiet_NaN();
+  write_safetensors(path, {{"big", big}});
+  {
+    const SafetensorsFile f(path);
+    Tensor back = Tensor::empty({big.numel()}, DType::kF32);
+    const std::string e = error_of([&] { f.read("big", back); });
+    EXPECT_NE(e.find("tensor `big` element " + std::to_string((int64_t{3} << 20) + 1) + " is nan"), std::string::npos)
+        << e;
+  }
+  flip_bit(path, data_offset(path, "big") + (int64_t{20} << 20));
+  const SafetensorsFile f(path);
+  EXPECT_FALSE(f.checksum_matches("big"));
+}
+
+// Files of other writers have no checksums and read as ever; a checksum list that does not
+// name each tensor once, or holds something other than 8 hex digits, fails to open.
+TEST(SafetensorsWriter, ForeignAndMalformedChecksumLists) {
+  auto write_raw = [&](const std::string& name, const std::string& metadata) {
+    const std::string header = "{\"__metadata__\":" + metadata +
+                               ",\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}";
+    const std::string path = temp_path(name);
+    std::ofstream out(path, std::ios::binary);
+    const uint64_t n = header.size();
+    out.write(reinterpret_cast<const char*>(&n), 8);
+    out << header;
+    const float values[2] = {1.5f, -2.0f};
+    out.write(reinterpret_cast<const char*>(values), sizeof values);
+    return path;
+  };
+  {
+    const SafetensorsFile f(write_raw("foreign.safetensors", R"({"format":"pt"})"));
+    EXPECT_FALSE(f.has_checksums());
+    EXPECT_TRUE(f.checksum_matches("a"));
+    EXPECT_FALSE(f.stored_checksum("a").has_value());
+    Tensor a = Tensor::empty({2}, DType::kF32);
+    f.read("a", a);
+    EXPECT_EQ(a.data<float>()[1], -2.0f);
+  }
+  const float values[2] = {1.5f, -2.0f};
+  const std::string good = format_crc32c(crc32c(0, values, sizeof values));
+  {
+    const SafetensorsFile f(write_raw("good.safetensors", R"({"crc32c":"{\"a\":\")" + good + R"(\"}"})"));
+    EXPECT_TRUE(f.has_checksums());
+    EXPECT_TRUE(f.checksum_matches("a"));
+  }
+  for (const auto& [metadata, expected] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"crc32c":"not json"})", "is not a JSON object"},
+           {R"({"crc32c":"{}"})", "must name each of the file's 1 tensors once, found 0 entries"},
+           {R"({"crc32c":"{\"b\":\")" + good + R"(\"}"})", "names `b`, which is not a tensor of the file"},
+           {R"({"crc32c":"{\"a\":\"xyz\"}"})", "the checksum of `a` must be 8 hex digits, found \"xyz\""}}) {
+    const std::string path = write_raw("bad.safetensors", metadata);
+    const std::string e = error_of([&] { SafetensorsFile f(path); });
+    EXPECT_NE(e.find(path + ": metadata `crc32c`"), std::string::npos) << e;
+    EXPECT_NE(e.find(expected), std::string::npos) << e;
+  }
 }
 
 TEST(SafetensorsWriter, PypiSafetensorsLoadsOurFiles) {
