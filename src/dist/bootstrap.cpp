@@ -135,21 +135,69 @@ std::string peer_name(const sockaddr_storage& a) {
   return fmt::format("{}:{}", host, port);
 }
 
+// `text` as a numeric IPv4 or IPv6 address with `port`; false when it is not one.
+bool numeric_address(const std::string& text, int port, sockaddr_storage& out, socklen_t& len) {
+  out = {};
+  auto* v4 = reinterpret_cast<sockaddr_in*>(&out);
+  if (::inet_pton(AF_INET, text.c_str(), &v4->sin_addr) == 1) {
+    v4->sin_family = AF_INET;
+    v4->sin_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(sockaddr_in);
+    return true;
+  }
+  auto* v6 = reinterpret_cast<sockaddr_in6*>(&out);
+  if (::inet_pton(AF_INET6, text.c_str(), &v6->sin6_addr) == 1) {
+    v6->sin6_family = AF_INET6;
+    v6->sin6_port = htons(static_cast<uint16_t>(port));
+    len = sizeof(sockaddr_in6);
+    return true;
+  }
+  return false;
+}
+
+bool is_loopback(const sockaddr* a) {
+  if (a->sa_family == AF_INET)
+    return (ntohl(reinterpret_cast<const sockaddr_in*>(a)->sin_addr.s_addr) >> 24) == 127;
+  if (a->sa_family == AF_INET6) {
+    const in6_addr& v6 = reinterpret_cast<const sockaddr_in6*>(a)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
+  }
+  return false;
+}
+
+std::string numeric_name(const sockaddr* a, socklen_t len) {
+  char host[NI_MAXHOST] = "?";
+  ::getnameinfo(a, len, host, sizeof host, nullptr, 0, NI_NUMERICHOST);
+  return host;
+}
+
 std::string serve(const LaunchEnv& e, const std::string& payload, double timeout_s) {
   const Clock::time_point deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                         std::chrono::duration<double>(timeout_s));
-  Fd listener(::socket(AF_INET6, SOCK_STREAM, 0));
+  const ListenPlan plan = plan_listen(e, local_ranks_from_env());
+  log::info(fmt::format("bootstrap: rank 0 listens on {} port {}: {}", plan.any_interface ? "every interface" : plan.address,
+                        e.master_port, plan.why));
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  if (plan.any_interface) {
+    auto* v6 = reinterpret_cast<sockaddr_in6*>(&addr);
+    v6->sin6_family = AF_INET6;
+    v6->sin6_addr = in6addr_any;
+    v6->sin6_port = htons(static_cast<uint16_t>(e.master_port));
+    addr_len = sizeof(sockaddr_in6);
+  } else {
+    ST_ASSERT(numeric_address(plan.address, e.master_port, addr, addr_len), "a numeric listen address");
+  }
+  Fd listener(::socket(addr.ss_family, SOCK_STREAM, 0));
   ST_CHECK(listener.get() >= 0, "bootstrap: socket() failed: ", std::strerror(errno));
   const int one = 1, zero = 0;
   ::setsockopt(listener.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-  ::setsockopt(listener.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 too
-  sockaddr_in6 addr{};
-  addr.sin6_family = AF_INET6;
-  addr.sin6_addr = in6addr_any;
-  addr.sin6_port = htons(static_cast<uint16_t>(e.master_port));
-  ST_CHECK(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0, "bootstrap: rank 0 cannot ",
-           "listen on port ", e.master_port, " (MASTER_PORT", e.launcher == "torchrun-agent" ? " + 1" : "", "): ",
-           std::strerror(errno), "; pick a free port");
+  if (plan.any_interface)
+    ::setsockopt(listener.get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);  // IPv4 too
+  ST_CHECK(::bind(listener.get(), reinterpret_cast<sockaddr*>(&addr), addr_len) == 0, "bootstrap: rank 0 cannot ",
+           "listen on ", plan.any_interface ? std::string("port ") : plan.address + " port ", e.master_port,
+           " (MASTER_PORT", e.launcher == "torchrun-agent" ? " + 1" : "", "): ", std::strerror(errno),
+           "; pick a free port");
   ST_CHECK(::listen(listener.get(), 128) == 0, "bootstrap: listen() failed: ", std::strerror(errno));
   std::set<int> served;
   while (static_cast<int>(served.size()) < e.world_size - 1) {
@@ -313,6 +361,51 @@ int local_ranks_from_env() {
     return env_int("SLURM_TASKS_PER_NODE", first, 1, 1 << 20);
   }
   return 0;
+}
+
+ListenPlan plan_listen(const LaunchEnv& e, int local_ranks) {
+  ListenPlan plan;
+  const std::string& name = e.master_addr;
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (const int gai = ::getaddrinfo(name.c_str(), nullptr, &hints, &found); gai != 0) {
+    plan.why = fmt::format("MASTER_ADDR `{}` does not resolve here ({})", name, ::gai_strerror(gai));
+    return plan;
+  }
+  sockaddr_storage probe{};
+  socklen_t probe_len = 0;
+  const bool literal = numeric_address(name, 0, probe, probe_len) || name == "localhost";
+  std::string seen;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    const std::string address = numeric_name(a->ai_addr, a->ai_addrlen);
+    seen += (seen.empty() ? "" : ", ") + address;
+    if (is_loopback(a->ai_addr) && !literal && !(local_ranks > 0 && local_ranks >= e.world_size)) {
+      ::freeaddrinfo(found);
+      plan.why = fmt::format("MASTER_ADDR `{}` resolves to the loopback address {} on this host, and ranks may run "
+                             "on other machines (set MASTER_ADDR to the address they reach rank 0 at to listen "
+                             "only there)", name, address);
+      return plan;
+    }
+    // an address of this host accepts a bind; another one does not
+    Fd s(::socket(a->ai_family, SOCK_STREAM, 0));
+    if (s.get() < 0) continue;
+    sockaddr_storage any_port{};
+    std::memcpy(&any_port, a->ai_addr, a->ai_addrlen);
+    if (any_port.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&any_port)->sin_port = 0;
+    else reinterpret_cast<sockaddr_in6*>(&any_port)->sin6_port = 0;
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&any_port), a->ai_addrlen) == 0) {
+      ::freeaddrinfo(found);
+      plan.any_interface = false;
+      plan.address = address;
+      plan.why = address == name ? std::string("MASTER_ADDR") : fmt::format("MASTER_ADDR `{}`", name);
+      return plan;
+    }
+  }
+  ::freeaddrinfo(found);
+  plan.why = fmt::format("MASTER_ADDR `{}` ({}) is not an address of this host (a NAT or service address?)", name, seen);
+  return plan;
 }
 
 std::string share_from_rank0(const LaunchEnv& env_, const std::string& payload, double timeout_s) {

@@ -36,7 +36,20 @@ std::optional<LaunchEnv> launch_from_env();
 // none is set. A value that is not a positive count throws, naming the variable.
 int local_ranks_from_env();
 
-// Rank 0 listens on master_port and sends `payload` to each of the other ranks; they connect
+// Where rank 0 listens: the address MASTER_ADDR names when it is an address of this host, so
+// the exchange is offered only on the network the ranks use; every interface when it is not
+// (a NAT or service address, a name that does not resolve), or when it is a host name that
+// resolves to loopback here (Debian's 127.0.1.1 for the host's own name) while ranks may run on
+// other machines (`local_ranks` < world size; 0: unknown). A literal loopback address or
+// `localhost` listens on loopback. `why` says the choice for the log.
+struct ListenPlan {
+  bool any_interface = true;
+  std::string address;  // numeric, when not any_interface
+  std::string why;
+};
+ListenPlan plan_listen(const LaunchEnv& env, int local_ranks);
+
+// Rank 0 listens on master_port (where plan_listen says) and sends `payload` to each of the other ranks; they connect
 // to master_addr:master_port (retrying until the deadline) and receive it. Returns the
 // payload on every rank. Rank 0 returns once all world_size - 1 ranks have received it.
 std::string share_from_rank0(const LaunchEnv& env, const std::string& payload, double timeout_s);

@@ -2,6 +2,9 @@
 // rank 0's bytes; a missing rank 0 or a missing rank fails at the deadline with the address.
 #include "dist/bootstrap.h"
 
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -262,6 +265,111 @@ TEST(LaunchEnv, TheJobTokenComesFromTheLaunchersRunId) {
   setenv("TORCHELASTIC_RUN_ID", "abc", 1);
   EXPECT_EQ(launch_from_env()->job_token, "torchelastic:abc");
   for (const char* v : {"SHARDTRAIN_JOB_TOKEN", "SLURM_JOB_ID", "SLURM_STEP_ID", "TORCHELASTIC_RUN_ID"}) unsetenv(v);
+}
+
+}  // namespace
+}  // namespace shardtrain::dist
+
+namespace shardtrain::dist {
+namespace {
+
+// A non-loopback IPv4 address of this host, or "" when it has none.
+std::string non_loopback_address() {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return "";
+  std::string found;
+  for (ifaddrs* i = all; i != nullptr && found.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+    const auto* v4 = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+    if ((ntohl(v4->sin_addr.s_addr) >> 24) == 127) continue;
+    char text[INET_ADDRSTRLEN];
+    ::inet_ntop(AF_INET, &v4->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(all);
+  return found;
+}
+
+bool connects(const std::string& address, int port) {
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  ::inet_pton(AF_INET, address.c_str(), &a.sin_addr);
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = ::connect(s, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0;
+  ::close(s);
+  return ok;
+}
+
+// Rank 0 listens where MASTER_ADDR points when that is an address of this host, and on every
+// interface when it is not (or does not resolve), saying why.
+TEST(Bootstrap, RankZeroListensOnMasterAddrsInterface) {
+  LaunchEnv e = rank_env(0, 2, 0);
+  ListenPlan p = plan_listen(e, 0);
+  EXPECT_FALSE(p.any_interface);
+  EXPECT_EQ(p.address, "127.0.0.1");
+  e.master_addr = "localhost";
+  p = plan_listen(e, 0);
+  EXPECT_FALSE(p.any_interface) << p.why;
+  EXPECT_TRUE(p.address == "127.0.0.1" || p.address == "::1") << p.address;
+  e.master_addr = "192.0.2.1";  // TEST-NET-1: never an address of this host
+  p = plan_listen(e, 0);
+  EXPECT_TRUE(p.any_interface);
+  EXPECT_NE(p.why.find("MASTER_ADDR `192.0.2.1` (192.0.2.1) is not an address of this host"), std::string::npos)
+      << p.why;
+  e.master_addr = "no-such-host.invalid";
+  p = plan_listen(e, 0);
+  EXPECT_TRUE(p.any_interface);
+  EXPECT_NE(p.why.find("does not resolve here"), std::string::npos) << p.why;
+  const std::string own = non_loopback_address();
+  if (!own.empty()) {
+    e.master_addr = own;
+    p = plan_listen(e, 0);
+    EXPECT_FALSE(p.any_interface) << p.why;
+    EXPECT_EQ(p.address, own);
+  }
+}
+
+// With MASTER_ADDR on loopback, the exchange is not offered on the host's other addresses.
+TEST(Bootstrap, ALoopbackListenerIsNotReachableFromOtherInterfaces) {
+  const std::string own = non_loopback_address();
+  if (own.empty()) GTEST_SKIP() << "this host has no non-loopback IPv4 address to try";
+  const int port = free_port();
+  auto zero = std::async(std::launch::async, [=] { return share_from_rank0(rank_env(0, 2, port), "id", 20); });
+  bool listening = false;
+  for (int i = 0; i < 200 && !listening; ++i) {
+    listening = connects("127.0.0.1", port);  // a silent connection rank 0 drops
+    if (!listening) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_TRUE(listening);
+  EXPECT_FALSE(connects(own, port)) << own;
+  EXPECT_EQ(share_from_rank0(rank_env(1, 2, port), "", 20), "id");
+  EXPECT_EQ(zero.get(), "id");
+}
+
+// A host name that resolves to loopback here (as Debian maps the host's own name) listens on
+// every interface unless the launcher says all ranks are on this machine.
+TEST(Bootstrap, AHostNameOnLoopbackListensEverywhereUnlessAllRanksAreLocal) {
+  LaunchEnv e = rank_env(0, 4, 0);
+  e.master_addr = "ip6-localhost";
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(e.master_addr.c_str(), nullptr, nullptr, &found) != 0) GTEST_SKIP() << "no ip6-localhost here";
+  ::freeaddrinfo(found);
+  ListenPlan p = plan_listen(e, 0);
+  EXPECT_TRUE(p.any_interface);
+  EXPECT_NE(p.why.find("resolves to the loopback address"), std::string::npos) << p.why;
+  p = plan_listen(e, 2);
+  EXPECT_TRUE(p.any_interface);
+  p = plan_listen(e, 4);
+  const int s6 = ::socket(AF_INET6, SOCK_STREAM, 0);
+  sockaddr_in6 lo{};
+  lo.sin6_family = AF_INET6;
+  lo.sin6_addr = in6addr_loopback;
+  const bool has_ipv6_loopback = s6 >= 0 && ::bind(s6, reinterpret_cast<sockaddr*>(&lo), sizeof lo) == 0;
+  if (s6 >= 0) ::close(s6);
+  if (has_ipv6_loopback) {
+    EXPECT_FALSE(p.any_interface) << p.why;
+  }
 }
 
 }  // namespace
