@@ -326,6 +326,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
                mc.summary(), ")");
       if (resume_from->step >= config_.training.steps) {
         complete_at_step_ = resume_from->step;
+        complete_checkpoint_ = dir;
         log::info(fmt::format("the run is already complete at step {}: checkpoint `{}` has done all `training.steps` "
                               "= {}; nothing to train",
                               resume_from->step, dir, config_.training.steps));
@@ -559,6 +560,7 @@ TrainSummary Trainer::run() {
   if (complete_at_step_ >= 0) {  // said when constructed
     TrainSummary done;
     done.already_complete_at = complete_at_step_;
+    export_finished_run();
     return done;
   }
   const TrainingSection& tc = config_.training;

@@ -78,7 +78,8 @@ struct TrainSummary {
   double tokens_per_second = 0;  // over the whole run, evaluation excluded
   std::string sample;
   // checkpoint.resume found every step of training.steps done already: that checkpoint's step
-  // (nothing was trained, evaluated or exported); -1 otherwise
+  // (nothing was trained or evaluated; the export is written again only when export.folder is
+  // missing or older than that checkpoint); -1 otherwise
   int64_t already_complete_at = -1;
 };
 
@@ -159,6 +160,10 @@ class Trainer {
   int64_t offload_blocks_ = 0;  // training.offload_activations: the blocks offloaded (0: none)
   int64_t start_step_ = 1;  // > 1 after resuming
   int64_t complete_at_step_ = -1;  // the resumed checkpoint's step when it finished the run (nothing built then)
+  std::string complete_checkpoint_;  // and that checkpoint's directory
+  // A finished run's export, written again from its last checkpoint when export.folder is
+  // missing or older than that checkpoint (a kill between the last save and the export's end).
+  void export_finished_run();
   std::unique_ptr<dist::Communicator> owned_comm_;
   dist::Communicator* comm_;
   std::unique_ptr<fsdp::DeviceMesh> mesh_;

@@ -15,11 +15,13 @@
 #include <nlohmann/json.hpp>
 
 #include "core/build_info.h"
+#include "io/checksum.h"
 #include "io/hf_folder.h"
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "testing/compare.h"
 #include "train/export.h"
+#include "train/inspect.h"
 #include "train/trainer.h"
 
 namespace shardtrain::train {
@@ -385,8 +387,129 @@ std::string poison_element(const std::string& file, const std::string& part, int
   return name;
 }
 
+// Writes the checksum of tensor `name`'s bytes as they are now into `file`'s header (8 hex
+// digits in place of 8): a file whose damage came with a matching checksum, as a writer
+// without the save guard would leave it.
+void reseal_checksum(const std::string& file, const std::string& name) {
+  std::string old_sum, new_sum;
+  {
+    const io::SafetensorsFile f(file);
+    ASSERT_TRUE(f.has_checksums());
+    old_sum = io::format_crc32c(*f.stored_checksum(name));
+    new_sum = io::format_crc32c(f.computed_checksum(name));
+  }
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header = 0;
+  io.read(reinterpret_cast<char*>(&header), 8);
+  std::string text(header, '\0');
+  io.read(text.data(), static_cast<std::streamsize>(header));
+  // the entry is `\"<name>\":\"<8 hex>\"` inside the metadata's JSON string
+  const std::string key = "\\\"" + name + "\\\":\\\"" + old_sum;
+  const size_t at = text.find(key);
+  ASSERT_NE(at, std::string::npos) << key;
+  io.seekp(static_cast<std::streamoff>(8 + at + key.size() - 8));
+  io.write(new_sum.data(), 8);
+}
+
+// A run killed after its last save but before its export finished is resumed as complete; its
+// export is then written from the last checkpoint, the same bytes as the end of training
+// writes. An export newer than that checkpoint is left as it is.
+TEST(Checkpoint, AFinishedRunsMissingExportIsWrittenOnResume) {
+  const std::string dir = fresh_dir("finished_export");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  c.export_.folder = dir + "/hf";
+  c.export_.dtype = "f32";
+  Trainer(c).run();
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  const std::string weights = bytes(dir + "/hf/model.safetensors"), config = bytes(dir + "/hf/config.json");
+  JobConfig r = c;
+  r.checkpoint.resume = "auto";
+  const auto written = fs::last_write_time(dir + "/hf/model.safetensors");
+  EXPECT_EQ(Trainer(r).run().already_complete_at, 3);
+  EXPECT_EQ(fs::last_write_time(dir + "/hf/model.safetensors"), written);  // current: not written again
+
+  fs::remove_all(dir + "/hf");
+  EXPECT_EQ(Trainer(r).run().already_complete_at, 3);
+  ASSERT_TRUE(fs::exists(dir + "/hf/model.safetensors"));
+  EXPECT_TRUE(bytes(dir + "/hf/model.safetensors") == weights);
+  EXPECT_EQ(bytes(dir + "/hf/config.json"), config);
+}
+
+// One flipped bit in a checkpoint's tensor data, or in an exported folder's weights, is an
+// error at load naming the file and the tensor (before a step is trained on different
+// numbers); `inspect --verify` names it too and counts it as a problem.
+TEST(Checkpoint, AFlippedBitFailsAtLoadNamingFileAndTensor) {
+  const std::string dir = fresh_dir("flipped");
+  JobConfig c = job(dir);
+  c.training.steps = 3;
+  c.export_.folder = dir + "/hf";
+  Trainer(c).run();
+  const std::string file = dir + "/checkpoints/step_00000003/rank_00000-of-00001.safetensors";
+  EXPECT_EQ(verify_report(dir + "/checkpoints").problems, 0);
+  std::string piece;
+  int64_t at = 0;
+  {
+    const io::SafetensorsFile f(file);
+    for (const io::TensorInfo& t : f.tensors())
+      if (t.name.find("exp_avg|") != std::string::npos && t.numel > 10) {
+        piece = t.name;
+        at = t.begin + 9 * static_cast<int64_t>(t.element_size) + 1;  // a mantissa byte: still finite
+        break;
+      }
+  }
+  ASSERT_FALSE(piece.empty());
+  {
+    std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    io.read(reinterpret_cast<char*>(&header), 8);
+    io.seekg(static_cast<std::streamoff>(8 + header + static_cast<uint64_t>(at)));
+    char b = 0;
+    io.get(b);
+    io.seekp(static_cast<std::streamoff>(8 + header + static_cast<uint64_t>(at)));
+    io.put(static_cast<char>(b ^ 0x04));
+  }
+  JobConfig r = job(dir);
+  r.checkpoint.resume = "auto";
+  const std::string e = error_of([&] { Trainer t(r); });
+  EXPECT_NE(e.find(file + ": tensor `" + piece + "` does not match its checksum"), std::string::npos) << e;
+  const InspectReport v = verify_report(dir + "/checkpoints");
+  EXPECT_EQ(v.problems, 1) << v.text;
+  EXPECT_NE(v.text.find("DAMAGED " + file + ": tensor `" + piece + "` does not match its checksum"), std::string::npos)
+      << v.text;
+
+  // the export carries checksums too
+  const std::string weights = dir + "/hf/model.safetensors";
+  EXPECT_EQ(verify_report(dir + "/hf").problems, 0);
+  std::string tensor;
+  {
+    const io::SafetensorsFile f(weights);
+    EXPECT_TRUE(f.has_checksums());
+    tensor = f.tensors().back().name;
+    at = f.tensors().back().begin;
+  }
+  {
+    std::fstream io(weights, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t header = 0;
+    io.read(reinterpret_cast<char*>(&header), 8);
+    io.seekp(static_cast<std::streamoff>(8 + header + static_cast<uint64_t>(at)));
+    io.put('\x11');
+  }
+  JobConfig f = job(fresh_dir("flipped_hf"));
+  f.model.hf = dir + "/hf";
+  f.data.tokenizer = "byte";
+  const std::string hf = error_of([&] { Trainer t(f); });
+  EXPECT_NE(hf.find(weights + ": tensor `" + tensor + "` does not match its checksum"), std::string::npos) << hf;
+  EXPECT_EQ(verify_report(dir + "/hf").problems, 1);
+}
+
 // A NaN in a checkpoint (here in AdamW's second moment) or in a Hugging Face folder's weights
-// is an error at load naming the file and the tensor, not a NaN loss steps later.
+// is an error at load naming the file and the tensor, not a NaN loss steps later. (The
+// checksums are resealed over the NaN, as a writer without the save guard would leave them;
+// otherwise the checksum names the damage first.)
 TEST(Checkpoint, ANonFiniteValueFailsAtLoadNamingFileAndTensor) {
   const std::string dir = fresh_dir("nan_load");
   JobConfig c = job(dir);
@@ -395,6 +518,7 @@ TEST(Checkpoint, ANonFiniteValueFailsAtLoadNamingFileAndTensor) {
   Trainer(c).run();
   const std::string file = dir + "/checkpoints/step_00000003/rank_00000-of-00001.safetensors";
   const std::string piece = poison_element(file, "exp_avg_sq", 3);
+  reseal_checksum(file, piece);
   JobConfig r = job(dir);
   r.checkpoint.resume = "auto";
   const std::string e = error_of([&] { Trainer t(r); });
@@ -404,6 +528,12 @@ TEST(Checkpoint, ANonFiniteValueFailsAtLoadNamingFileAndTensor) {
   const std::string weights = dir + "/hf/model.safetensors";
   ASSERT_TRUE(fs::exists(weights));
   const std::string name = poison_element(weights, "up_proj", 7);
+  reseal_checksum(weights, name);
+  const InspectReport v = verify_report(dir + "/hf");
+  EXPECT_EQ(v.problems, 1) << v.text;
+  EXPECT_NE(v.text.find("NOT FINITE " + weights + ": tensor `" + name + "` holds 1 NaN or inf value (the first is "
+                        "element 7)"), std::string::npos)
+      << v.text;
   JobConfig f = job(fresh_dir("nan_load_hf"));
   f.model.hf = dir + "/hf";
   f.data.tokenizer = "byte";
