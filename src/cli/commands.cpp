@@ -39,6 +39,7 @@
 #include "train/inspect.h"
 #include "train/open_model.h"
 #include "train/plan.h"
+#include "train/run_folder.h"
 #include "train/trainer.h"
 
 namespace shardtrain::cli {
@@ -426,10 +427,20 @@ int run_version(const std::vector<std::string>& args) {
 
 int run_train(const std::vector<std::string>& args) {
   const JobArgs j = parse_job_args(args, "train");
-  const train::LoadedConfig loaded = train::load_config(j.config_file, j.overrides);
+  // a resume goes on with the config its checkpoint holds, changed only by what this command sets
+  const train::ResumedConfig resumed = train::resolve_resume(train::load_config(j.config_file, j.overrides));
+  const train::JobConfig& config = resumed.loaded.config;
   log::info(j.config_file.empty() ? std::string("config: built-in default job")
                                   : fmt::format("config: {}", j.config_file));
-  train::Trainer trainer(loaded.config);
+  train::Trainer trainer(config);
+  if (!resumed.checkpoint.empty() && trainer.comm().rank() == 0) {
+    std::string changes;
+    for (const train::KeyChange& c : resumed.changes)
+      changes += fmt::format("{}{} {} -> {}", changes.empty() ? "" : ", ", c.key, c.before, c.after);
+    log::info(fmt::format("resume: the config of `{}` ({}), {}", resumed.checkpoint, train::kRunConfigFile,
+                          changes.empty() ? std::string("unchanged by this command")
+                                          : "with this command's changes: " + changes));
+  }
   const train::TrainSummary s = trainer.run();
   if (!s.steps.empty()) {
     log::info(fmt::format("loss: first step {:.4f}, last step {:.4f}", s.steps.front().loss, s.steps.back().loss));
@@ -437,6 +448,12 @@ int run_train(const std::vector<std::string>& args) {
   if (!s.sample.empty() && trainer.comm().rank() == 0) {  // every rank samples (collectively); one prints
     std::printf("\n--- sample ---\n%s\n--------------\n", s.sample.c_str());
   }
+  const bool saved = config.checkpoint.interval_steps > 0 || s.stopped_by_signal != 0 || s.stopped_by_time_limit;
+  if (saved && trainer.comm().rank() == 0 && s.already_complete_at < 0)
+    log::info(fmt::format("resume{} with: {}", s.stopped_by_signal != 0 || s.stopped_by_time_limit
+                                                    ? std::string()
+                                                    : " (with a larger --training.steps to train on)",
+                          train::resume_command(config)));
   // stopped by a signal (checkpoint.on_signal): saved but not finished, the shell's status for it;
   // by training.time_limit: sysexits' EX_TEMPFAIL (75), to be resumed
   if (s.stopped_by_signal != 0) return 128 + s.stopped_by_signal;

@@ -15,6 +15,7 @@ struct State {
   Level level = Level::kInfo;
   int rank = -1;
   bool all_ranks = false;
+  std::FILE* file = nullptr;
   std::mutex mutex;
   State() {
     if (const char* env = std::getenv("SHARDTRAIN_LOG_LEVEL")) level = parse_level(env);
@@ -68,6 +69,22 @@ void write(Level l, std::string_view message) {
   line += '\n';
   std::lock_guard<std::mutex> lock(s.mutex);
   std::fputs(line.c_str(), stderr);
+  if (s.file != nullptr) {
+    std::fputs(line.c_str(), s.file);
+    std::fflush(s.file);
+  }
+}
+
+void set_file(const std::string& path, bool append) {
+  State& s = state();
+  std::FILE* f = nullptr;
+  if (!path.empty()) {
+    f = std::fopen(path.c_str(), append ? "a" : "w");
+    ST_CHECK(f != nullptr, "cannot open the log file `", path, "` for writing");
+  }
+  std::lock_guard<std::mutex> lock(s.mutex);
+  if (s.file != nullptr) std::fclose(s.file);
+  s.file = f;
 }
 
 }  // namespace shardtrain::log

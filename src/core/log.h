@@ -15,6 +15,10 @@ Level parse_level(std::string_view name);  // throws Error on an unknown name
 // rank < 0 means "not distributed": no prefix.
 void set_rank(int rank, bool all_ranks);
 
+// Also writes every line this process prints to `path` (appended, or the file started anew),
+// flushed line by line; "" stops. Throws naming the file when it cannot be opened.
+void set_file(const std::string& path, bool append);
+
 void write(Level level, std::string_view message);
 inline void debug(std::string_view m) { write(Level::kDebug, m); }
 inline void info(std::string_view m) { write(Level::kInfo, m); }

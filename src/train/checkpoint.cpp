@@ -266,9 +266,10 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
                                                     const std::string& tokenizer_source,
                                                     fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
                                                     dist::Communicator& comm, int keep, CheckpointStaging* staging,
-                                                    bool snapshot) {
+                                                    bool snapshot, const std::string& config_text) {
   auto c = std::unique_ptr<PendingCheckpoint>(new PendingCheckpoint());
   c->root_ = root;
+  c->config_text_ = config_text;
   c->step_ = step;
   c->keep_ = keep;
   c->rank_ = comm.rank();
@@ -399,6 +400,7 @@ std::string PendingCheckpoint::commit(dist::Communicator& comm, std::exception_p
   }
   if (rank_ == 0) {
     try {
+      if (!config_text_.empty()) io::write_file_atomic((tmp_dir / "config.toml").string(), config_text_);
       io::write_file_atomic((tmp_dir / "metadata.json").string(), metadata_);
       fsync_path(tmp_dir);
       fs::remove_all(final_dir);  // a re-save of the same step replaces it
@@ -426,9 +428,9 @@ std::string PendingCheckpoint::commit(dist::Communicator& comm, std::exception_p
 std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
                             const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
                             optim::AdamW* optimizer, dist::Communicator& comm, int keep,
-                            CheckpointStaging* staging) {
-  const std::unique_ptr<PendingCheckpoint> c =
-      begin_checkpoint(root, step, config, tokenizer_source, store, optimizer, comm, keep, staging, false);
+                            CheckpointStaging* staging, const std::string& config_text) {
+  const std::unique_ptr<PendingCheckpoint> c = begin_checkpoint(root, step, config, tokenizer_source, store, optimizer,
+                                                                comm, keep, staging, false, config_text);
   std::exception_ptr write_error;
   try {
     c->write();

@@ -1,5 +1,7 @@
 // Training checkpoints: a directory CHECKPOINTS/step_00000123/ written atomically (a
 // temporary directory, every file fsynced, then renamed; `latest` is updated after), with
+//   config.toml                         the job's config (train/config.h config_toml), when given:
+//                                       what a resume with checkpoint.resume = auto goes on with
 //   metadata.json                       format version, step, the mesh it came from, the
 //                                       model config (as HF config.json), the tokenizer
 //                                       source, and the piece list of every rank file
@@ -68,9 +70,9 @@ class PendingCheckpoint {
   friend std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string&, int64_t, const model::LlamaConfig&,
                                                              const std::string&, fsdp::ShardedUnitStore&,
                                                              optim::AdamW*, dist::Communicator&, int,
-                                                             CheckpointStaging*, bool);
+                                                             CheckpointStaging*, bool, const std::string&);
   PendingCheckpoint() = default;
-  std::string root_, file_, metadata_;
+  std::string root_, file_, metadata_, config_text_;
   int64_t step_ = 0, bytes_ = 0;
   int keep_ = 0, rank_ = 0, world_ = 1;
   std::vector<std::pair<std::string, Tensor>> pieces_;  // views of the host copies (holding them), dropped once written
@@ -81,14 +83,15 @@ std::unique_ptr<PendingCheckpoint> begin_checkpoint(const std::string& root, int
                                                     const std::string& tokenizer_source,
                                                     fsdp::ShardedUnitStore& store, optim::AdamW* optimizer,
                                                     dist::Communicator& comm, int keep,
-                                                    CheckpointStaging* staging = nullptr, bool snapshot = true);
+                                                    CheckpointStaging* staging = nullptr, bool snapshot = true,
+                                                    const std::string& config_text = "");
 
 // The whole save at once: begin, write, commit (host copies made for this save alone unless
 // `staging` keeps them). Returns the step directory.
 std::string save_checkpoint(const std::string& root, int64_t step, const model::LlamaConfig& config,
                             const std::string& tokenizer_source, fsdp::ShardedUnitStore& store,
                             optim::AdamW* optimizer, dist::Communicator& comm, int keep,
-                            CheckpointStaging* staging = nullptr);
+                            CheckpointStaging* staging = nullptr, const std::string& config_text = "");
 
 // Resolves "auto" (the checkpoint `latest` names under root, or "" when there is none) or
 // a step directory, and reads its metadata (throws naming the file on any problem).

@@ -3,12 +3,14 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <functional>
 #include <initializer_list>
 #include <sstream>
 #include <variant>
 
+#include <fmt/format.h>
 #include <toml++/toml.h>
 
 #include "core/error.h"
@@ -348,7 +350,15 @@ const std::vector<KeyDef>& keys() {
           "down to each log line, and the energy per token to the run's summary (read through the driver's NVML "
           "20 times a second by a background thread; each rank reads its own GPU, the log shows rank 0's)"),
 
-      key("run.output_dir", &C::run, &RunSection::output_dir, "folder for metrics and outputs"),
+      key("run.output_dir", &C::run, &RunSection::output_dir,
+          "folder of the run: its resolved config (config.toml), log (train.log), metrics, final sample "
+          "(sample.txt) and, by default, checkpoints; a folder that holds another run's checkpoints (or TensorBoard "
+          "events) is refused unless the run resumes it (checkpoint.resume) or starts over (run.overwrite); a run "
+          "that saved no checkpoint cannot be resumed, and its metrics are started anew"),
+      key("run.overwrite", &C::run, &RunSection::overwrite,
+          "start over in a run.output_dir that holds another run: its checkpoints (under checkpoint.dir), metrics, "
+          "TensorBoard events, log, config.toml and sample.txt are removed first (logged); false refuses such a "
+          "folder, naming what it holds"),
 
       key("parallel.tensor_parallel", &C::parallel, &ParallelSection::tensor_parallel,
           "ranks per tensor-parallel group (2-D parallelism: FSDP across groups, Megatron-style tensor "
@@ -489,13 +499,28 @@ const KeyDef& find_key(const std::string& name, const std::string& where) {
   ST_THROW(where, "unknown config key `", name, "`; did you mean `", best->name, "`? (`shardtrain print-config` lists all keys)");
 }
 
+// A value as TOML text that reads back as the same value: floats in their shortest exact form,
+// strings quoted with TOML's escapes.
 std::string value_str(const Value& v) {
-  std::ostringstream s;
-  if (std::holds_alternative<int64_t>(v)) s << std::get<int64_t>(v);
-  else if (std::holds_alternative<double>(v)) s << std::get<double>(v);
-  else if (std::holds_alternative<bool>(v)) s << (std::get<bool>(v) ? "true" : "false");
-  else s << '"' << std::get<std::string>(v) << '"';
-  return s.str();
+  if (std::holds_alternative<int64_t>(v)) return std::to_string(std::get<int64_t>(v));
+  if (std::holds_alternative<bool>(v)) return std::get<bool>(v) ? "true" : "false";
+  if (std::holds_alternative<double>(v)) {
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, std::get<double>(v));
+    return std::string(buf, r.ptr);
+  }
+  std::string out = "\"";
+  for (const char c : std::get<std::string>(v)) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      out += fmt::format("\\u{:04X}", static_cast<unsigned>(static_cast<unsigned char>(c)));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
 }
 
 Value parse_text(const KeyDef& k, const std::string& text) {
@@ -681,6 +706,44 @@ std::string reference_table() {
     s << "| `" << k.name << "` | " << std::string(type_name(k.type)).substr(std::string(type_name(k.type)).find(' ') + 1) << " | `" << value_str(k.get(defaults)) << "` | " << k.doc
       << " |\n";
   return s.str();
+}
+
+std::string config_toml(const JobConfig& config) {
+  std::ostringstream s;
+  std::string section;
+  for (const KeyDef& k : keys()) {
+    const std::string sec = k.name.substr(0, k.name.find('.'));
+    if (sec != section) {
+      s << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
+      section = sec;
+    }
+    s << k.name.substr(sec.size() + 1) << " = " << value_str(k.get(config)) << "  # " << k.doc << "\n";
+  }
+  return s.str();
+}
+
+std::vector<KeyChange> changed_keys(const JobConfig& a, const JobConfig& b) {
+  std::vector<KeyChange> out;
+  for (const KeyDef& k : keys()) {
+    const std::string before = value_str(k.get(a)), after = value_str(k.get(b));
+    if (before != after) out.push_back({k.name, before, after});
+  }
+  return out;
+}
+
+LoadedConfig layer_config(const LoadedConfig& base, const LoadedConfig& top) {
+  LoadedConfig out = base;
+  for (const KeyDef& k : keys()) {
+    const ValueSource from = top.sources.at(k.name);
+    if (from == ValueSource::kDefault) {
+      out.sources[k.name] = ValueSource::kFile;
+    } else {
+      k.set(out.config, k.get(top.config));
+      out.sources[k.name] = from;
+    }
+  }
+  validate(out.config);
+  return out;
 }
 
 }  // namespace shardtrain::train

@@ -128,6 +128,7 @@ struct ExportSection {
 
 struct RunSection {
   std::string output_dir = "runs/default";
+  bool overwrite = false;  // start over in a folder that holds another run (its checkpoints and metrics removed)
 };
 
 struct CheckpointSection {
@@ -187,5 +188,20 @@ double parse_duration_seconds(const std::string& text, const std::string& key = 
 std::string describe(const LoadedConfig& loaded);
 // A Markdown table of every key with type, default and doc (for the README).
 std::string reference_table();
+
+// Every key's value as TOML ("[section]" headers, "key = value  # doc" lines): what a run
+// folder and each checkpoint keep, and what load_config reads back as the same config.
+std::string config_toml(const JobConfig& config);
+
+// The keys whose values differ between `a` and `b`, in declaration order, with both values as
+// TOML text.
+struct KeyChange {
+  std::string key, before, after;
+};
+std::vector<KeyChange> changed_keys(const JobConfig& a, const JobConfig& b);
+
+// `base` with each key `top` took from a file or the command line set to top's value (and
+// top's source); the other keys keep base's values, their source kFile (base's file). Validated.
+LoadedConfig layer_config(const LoadedConfig& base, const LoadedConfig& top);
 
 }  // namespace shardtrain::train

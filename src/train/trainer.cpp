@@ -29,6 +29,7 @@
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "io/hf_folder.h"
+#include "io/safetensors_writer.h"
 #include "model/hf_config.h"
 #include "dist/bootstrap.h"
 #ifdef SHARDTRAIN_WITH_MPI
@@ -44,6 +45,7 @@
 #include "optim/schedule.h"
 #include "train/checkpoint.h"
 #include "train/export.h"
+#include "train/run_folder.h"
 #include "train/run_paths.h"
 #include "train/generate.h"
 #include "train/metrics.h"
@@ -486,8 +488,19 @@ void Trainer::prepare_output_folders() {
   const bool saves = config_.checkpoint.interval_steps > 0 || config_.checkpoint.on_signal ||
                      !config_.training.time_limit.empty();
   const std::string checkpoint_key = config_.checkpoint.dir.empty() ? "run.output_dir" : "checkpoint.dir";
-  std::string error;
+  std::string error, overwritten;
   try {
+    // another run's checkpoints or metrics here: resumed, started over, or refused
+    if (config_.checkpoint.resume.empty()) {
+      const std::vector<std::string> earlier = earlier_run(config_);
+      ST_CHECK(earlier.empty() || config_.run.overwrite, "`run.output_dir` = \"", config_.run.output_dir,
+               "\" holds another run (", fmt::format("{}", fmt::join(earlier, "; ")), "): resume it with "
+               "--checkpoint.resume=auto, start over with --run.overwrite=true (removes its checkpoints, metrics and log), "
+               "or choose another --run.output_dir");
+      if (!earlier.empty() && rank == 0)
+        overwritten = fmt::format("run.overwrite: removed the earlier run in {}: {}", config_.run.output_dir,
+                                  fmt::join(remove_earlier_run(config_), ", "));
+    }
     check_writable_folder(config_.run.output_dir, "run.output_dir", rank);
     if (saves) check_writable_folder(checkpoint_root(), checkpoint_key, rank);  // every rank writes its file there
     if (rank == 0) {
@@ -527,9 +540,19 @@ void Trainer::prepare_output_folders() {
   ST_CHECK(error.empty(), error, "; every folder the run writes is checked before the first step");
   ST_CHECK(failed.data<int64_t>()[0] == 0, failed.data<int64_t>()[0], " rank(s) found a folder the run writes not "
            "writable (their error names it)");
+  // the run folder remembers the run: its config, and its log from here on (appended when resumed)
+  if (rank == 0) {
+    io::write_file_atomic((out_dir / kRunConfigFile).string(), config_toml(config_));
+    log::set_file((out_dir / kRunLogFile).string(), !config_.checkpoint.resume.empty());
+    log_file_open_ = true;
+    if (!overwritten.empty()) log::info(overwritten);
+  }
 }
 
-Trainer::~Trainer() = default;  // run() leaves no host update in flight, however it ends
+// run() leaves no host update in flight, however it ends; the run folder's log is closed
+Trainer::~Trainer() {
+  if (log_file_open_) log::set_file("", false);
+}
 
 void Trainer::watch_io(std::string what) {
   if (!watchdog_) return;
@@ -1097,6 +1120,9 @@ TrainSummary Trainer::run() {
     o.top_p = config_.sample.top_p;
     o.seed = config_.sample.seed;
     summary.sample = generate(*model_, *tokenizer_, o);
+    if (comm_->rank() == 0 && !bench_)
+      io::write_file_atomic((std::filesystem::path(config_.run.output_dir) / kRunSampleFile).string(),
+                            summary.sample + "\n");
   }
   return summary;
 }

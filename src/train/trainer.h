@@ -161,6 +161,7 @@ class Trainer {
   int64_t start_step_ = 1;  // > 1 after resuming
   int64_t complete_at_step_ = -1;  // the resumed checkpoint's step when it finished the run (nothing built then)
   std::string complete_checkpoint_;  // and that checkpoint's directory
+  bool log_file_open_ = false;       // this trainer writes the log to the run folder's train.log
   // A finished run's export, written again from its last checkpoint when export.folder is
   // missing or older than that checkpoint (a kill between the last save and the export's end).
   void export_finished_run();

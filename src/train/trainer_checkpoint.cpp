@@ -29,12 +29,13 @@ Trainer::SavedStep Trainer::save_step(int64_t step, bool async) {
   const int keep = static_cast<int>(config_.checkpoint.keep);
   if (!async) {
     const std::string dir = save_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
-                                            optimizer_.get(), *comm_, keep, &checkpoint_staging_);
+                                            optimizer_.get(), *comm_, keep, &checkpoint_staging_, config_toml(config_));
     const double seconds = seconds_since(t0);
     return {fmt::format("checkpoint  step {:>5}  {} ({:.1f} s)", step, dir, seconds), seconds};
   }
   pending_checkpoint_ = begin_checkpoint(checkpoint_root(), step, model_->config(), tokenizer_source(), *store_,
-                                         optimizer_.get(), *comm_, keep, &checkpoint_staging_);
+                                         optimizer_.get(), *comm_, keep, &checkpoint_staging_, true,
+                                         config_toml(config_));
   checkpoint_step_ = step;
   checkpoint_error_ = nullptr;
   checkpoint_written_ = false;

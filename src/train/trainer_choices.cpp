@@ -12,13 +12,11 @@
 #include "core/log.h"
 #include "train/plan.h"
 #include "train/trainer.h"
+#include "train/run_folder.h"
 
 namespace shardtrain::train {
 
-std::string Trainer::checkpoint_root() const {
-  return config_.checkpoint.dir.empty() ? (std::filesystem::path(config_.run.output_dir) / "checkpoints").string()
-                                        : config_.checkpoint.dir;
-}
+std::string Trainer::checkpoint_root() const { return train::checkpoint_root(config_); }
 
 int64_t Trainer::loss_chunk_tokens() const {
   if (config_.training.loss_chunk_tokens > 0) return config_.training.loss_chunk_tokens;

@@ -167,7 +167,7 @@ def main():
         if attempt > 4 * a.kills + 10:
             fail(f"only {kills} kills landed in {attempt - 1} launches")
             break
-        kind = ("save", "export", "random")[attempt % 3]
+        kind = ("save", "export", "random")[kills % 3]
         latest_before = read_latest(crashed)
         # a save: of a step after the newest checkpoint; its temporary folder is the moment
         target = rng.randint(latest_before + 1, steps) if latest_before < steps else steps

@@ -142,6 +142,7 @@ TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
   // a width that is not a multiple of 16 is named before any step
   c.model.ffn_dim = 200;
   c.checkpoint.interval_steps = 0;
+  c.checkpoint.dir = out + "/no_checkpoints";  // beside the run above, which a new run would not resume
   EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "model.ffn_dim / parallel.tensor_parallel = 200"));
   // the head's FP8 products need a recipe, and a vocabulary of 16-byte rows
   c.model.ffn_dim = 256;
