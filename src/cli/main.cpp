@@ -3,9 +3,11 @@
 #include <string>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "core/crash_report.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "train/config.h"
 
 int main(int argc, char** argv) {
@@ -15,6 +17,7 @@ int main(int argc, char** argv) {
   const std::string command = all.empty() ? "help" : all[0];
   const std::vector<std::string> rest(all.begin() + (all.empty() ? 0 : 1), all.end());
   try {
+    cli::log_as_launched_rank();
     if (command == "train") return cli::run_train(rest);
     if (command == "print-config") return cli::run_print_config(rest);
     if (command == "plan") return cli::run_plan(rest);
@@ -35,11 +38,8 @@ int main(int argc, char** argv) {
     }
     std::fprintf(stderr, "error: unknown command `%s`\n\n%s", command.c_str(), cli::usage().c_str());
     return 2;
-  } catch (const Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
+  } catch (const std::exception& e) {  // shardtrain::Error and the rest: rank-prefixed with several ranks
+    log::error(e.what());
     return 1;
   }
 }
