@@ -1,5 +1,6 @@
 // The `shardtrain` subcommands. Each takes the arguments after its name and returns the
-// process exit status; errors propagate as shardtrain::Error to main().
+// process exit status; errors propagate as shardtrain::Error to main(). Their help texts live in
+// cli/command_table.cpp.
 #pragma once
 
 #include <string>
@@ -17,6 +18,6 @@ int run_generate(const std::vector<std::string>& args);
 int run_cache(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_version(const std::vector<std::string>& args);
-std::string usage();
+int run_plot(const std::vector<std::string>& args);
 
 }  // namespace shardtrain::cli

@@ -1,5 +1,6 @@
 // The table of every config key, TOML and command-line loading, and validation.
 #include "train/config.h"
+#include "train/config_keys.h"
 
 #include <algorithm>
 #include <cctype>
@@ -625,6 +626,10 @@ LoadedConfig load_config(const std::string& toml_path, const std::vector<std::st
   }
   validate(out.config);
   return out;
+}
+
+bool is_boolean_key(const std::string& name, const std::string& where) {
+  return find_key(name, where).type == Type::kBool;
 }
 
 void validate(const JobConfig& c) {

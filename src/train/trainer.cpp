@@ -49,6 +49,7 @@
 #include "train/run_paths.h"
 #include "train/generate.h"
 #include "train/metrics.h"
+#include "train/plot.h"
 #include "train/nonfinite.h"
 #include "train/plan.h"
 #include "train/stop_signals.h"
@@ -1075,6 +1076,11 @@ TrainSummary Trainer::run() {
                                          : fmt::format(", peak {} memory {}, MFU {:.1f}%", device_.str(),
                                                        format_bytes(peak_device_bytes()),
                                                        100.0 * mfu(summary.tokens_per_second))));
+  if (!bench_) {  // the loss curve of this run's steps on the terminal (random tokens' is no news)
+    std::vector<StepValue> losses;
+    for (const StepRecord& r : summary.steps) losses.push_back({r.step, r.loss});
+    if (const std::string curve = text_curve(losses); !curve.empty()) log::info(curve);
+  }
   if (summary.skipped_nonfinite > 0)
     log::warn(fmt::format("{} of the {} steps skipped for a NaN or inf loss or gradient norm (training.nonfinite_skips)",
                           summary.skipped_nonfinite, steps_done));

@@ -1,0 +1,295 @@
+// The command table: dispatch, the overview and each command's help come from these rows, so
+// they cannot disagree.
+#include "cli/command_table.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "cli/commands.h"
+#include "core/log.h"
+#include "train/config.h"
+
+namespace shardtrain::cli {
+
+namespace {
+
+constexpr const char* kJobOptions =
+    "  CONFIG.toml, -c FILE, --config FILE\n"
+    "                        the job's TOML file (none: the built-in default job)\n"
+    "  --section.key=value, --section.key value\n"
+    "                        a config key's value over the file's (`shardtrain help config` lists the\n"
+    "                        keys); a boolean key alone means true (--training.deterministic); a value\n"
+    "                        that starts with `--` needs the `=` form\n";
+
+const std::vector<Command>& table() {
+  static const std::vector<Command> rows = {
+      {"train", run_train, "train [CONFIG.toml] [--section.key=value | --section.key value ...]",
+       "train a model (no arguments: the built-in default job on Debian's fortunes corpus)",
+       "Trains the job: the TOML file's keys over the defaults, the overrides over both. The run folder\n"
+       "(run.output_dir) keeps the resolved config (config.toml), the log (train.log), the metrics\n"
+       "(`shardtrain plot` draws them) and the final sample (sample.txt); checkpoints and the export as\n"
+       "the config says, each checkpoint with its config. With --checkpoint.resume=auto the run goes on\n"
+       "with its checkpoint's config (only the keys this command sets change it, and not the model or\n"
+       "the data); a folder holding another run's checkpoints needs --checkpoint.resume=auto or\n"
+       "--run.overwrite=true. Exit status 0 when done, 75 when stopped by training.time_limit, 128+N\n"
+       "when stopped by signal N (saved; the log ends with the command that resumes).\n",
+       "shardtrain train configs/llama3.2-1b-finetune.toml --training.steps 200 --run.output_dir runs/a",
+       true},
+      {"print-config", run_print_config, "print-config [CONFIG.toml] [--section.key=value | --section.key value ...]",
+       "show every key's effective value and where it came from",
+       "Prints every config key as `key = value  # source: doc`, the source being default, file or\n"
+       "override; the output is a valid TOML job.\n",
+       "shardtrain print-config configs/llama3.1-8b-finetune.toml --training.steps 10",
+       true},
+      {"plan", run_plan,
+       "plan [CONFIG.toml] [--ranks N] [--ranks-per-machine M] [--section.key=value | --section.key value ...]",
+       "memory per rank and FLOPs of a job, without training",
+       "Checks the job (config, model shape, mesh) and prints its memory per rank, the FLOPs per token\n"
+       "and whether it fits, without allocating or training.\n"
+       "\n"
+       "options:\n"
+       "  --ranks N             the world size to plan for (default: the launch's, else 1)\n"
+       "  --ranks-per-machine M ranks sharing one machine's host memory (default: the launch's local\n"
+       "                        ranks, else all N)\n",
+       "shardtrain plan configs/llama3.1-8b-finetune.toml --ranks 8",
+       true},
+      {"bench", run_bench,
+       "bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--sweep KEY=V1,V2,...]\n"
+       "      [--section.key=value | --section.key value ...]",
+       "time the job's training step on random tokens",
+       "Runs the job's training step on random tokens (with model.hf: random weights of its shape) and\n"
+       "reports tokens/s, MFU, the time by phase, peak memory and the GPU board; writes no files but\n"
+       "the --json one.\n"
+       "\n"
+       "options:\n"
+       "  --steps N             timed steps (default 10)\n"
+       "  --warmup W            warm-up steps before them (default 3, at least 1)\n"
+       "  --json FILE           also write the figures to FILE as JSON\n"
+       "  --sweep KEY=V1,V2,... run every combination of the values in turn and print one table;\n"
+       "                        repeatable (one process only)\n",
+       "shardtrain bench configs/llama3.2-1b-finetune.toml --steps 20 --sweep training.batch_size=1,2,4",
+       true},
+      {"inspect", run_inspect, "inspect PATH [--verify]",
+       "tensors and shape of a model file or folder, a Parquet file or a checkpoint",
+       "PATH is one of:\n"
+       "  a .safetensors file or a Hugging Face folder: its tensors, metadata and model shape\n"
+       "  a .parquet file: its fields, types and first row\n"
+       "  a checkpoint (a step_* directory, or the folder holding `latest`): its step, ranks, model,\n"
+       "  files and whether every element of every parameter is there\n"
+       "\n"
+       "options:\n"
+       "  --verify   also read every tensor whole: its bytes against the CRC32C the file carries\n"
+       "             (files shardtrain writes carry one per tensor; other writers' none) and its\n"
+       "             values for NaN and inf; each problem is named with its file and tensor\n"
+       "Exits 1 when something is missing or damaged, naming it.\n",
+       "shardtrain inspect --verify runs/a/checkpoints"},
+      {"export", run_export, "export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]",
+       "a Hugging Face folder from a training checkpoint",
+       "Writes OUT as a Hugging Face folder (sharded safetensors, index, config.json, tokenizer files)\n"
+       "from CHECKPOINT: a step_* directory, or the folder holding `latest`. OUT is written beside its\n"
+       "place and swapped in whole.\n"
+       "\n"
+       "options:\n"
+       "  --dtype D             bf16, f16 or f32 (default bf16)\n"
+       "  --max-shard-mb N      the largest safetensors file, in MB (default 5 GiB)\n"
+       "  --tokenizer FOLDER    where the tokenizer files come from (default: the one the run recorded)\n",
+       "shardtrain export runs/a/checkpoints runs/a/hf --dtype bf16"},
+      {"generate", run_generate,
+       "generate MODEL --prompt TEXT|- [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+       "         [--tokenizer PATH] [--device D] [--recompute] [--eager] [--chat [--system TEXT]]\n"
+       "generate MODEL --conversation FILE|- [options]",
+       "continue a prompt, or reply to a chat, with a model",
+       "MODEL is a Hugging Face folder or a training checkpoint.\n"
+       "\n"
+       "options:\n"
+       "  --prompt TEXT         the text to continue (`-`: standard input; \"\": from BOS alone)\n"
+       "  --tokens N            tokens to generate (default 200)\n"
+       "  --temperature T       0 is greedy (default 0.8)\n"
+       "  --top-k K             sample among the K most likely tokens; 0 is all (default 40)\n"
+       "  --top-p P             nucleus sampling; 1 is all (default 1)\n"
+       "  --seed S              the sampler's seed (default 7)\n"
+       "  --tokenizer PATH      a tokenizer.json, its folder, or `byte` (default: the model's)\n"
+       "  --device D            auto (a GPU if visible, bf16), cpu (f32) or cuda (default auto)\n"
+       "  --recompute           no KV cache (slower, for checks)\n"
+       "  --eager               no CUDA graph for the GPU's steps\n"
+       "  --chat                TEXT is a user's message in the tokenizer's chat template; prints the reply\n"
+       "  --system TEXT         with --chat: a system message before it\n"
+       "  --conversation FILE   reply to a conversation: a JSON object like a chat data line,\n"
+       "                        {\"messages\": [...], \"tools\": [...]} (`-`: standard input)\n",
+       "shardtrain generate runs/a/hf --prompt \"The capital of France is\" --tokens 40 --temperature 0"},
+      {"tokenize", run_tokenize,
+       "tokenize --tokenizer PATH --print-ids\n"
+       "tokenize --tokenizer PATH INPUT OUTPUT [--format lines|jsonl|parquet|whole] [--field NAME]\n"
+       "         [--threads N] [--files N] [--skip-existing]",
+       "text, JSONL or Parquet into a token file for training",
+       "Writes OUTPUT as a token file (BOS, ids, EOS per document) for `train --data.source=OUTPUT`;\n"
+       "with --print-ids, prints the ids of each standard-input line instead. INPUT may be a folder or\n"
+       "a pattern ('data/*.parquet'): each file becomes OUTPUT/<its name>.tok.\n"
+       "\n"
+       "options:\n"
+       "  --tokenizer PATH      a tokenizer.json, its folder, or `byte` (required)\n"
+       "  --format F            lines, jsonl (.gz, .zst too), parquet or whole (default: parquet for a\n"
+       "                        Parquet INPUT, jsonl for .jsonl or .json, else lines)\n"
+       "  --field NAME          the JSONL or Parquet text field (default text)\n"
+       "  --threads N           threads in all (default: every core)\n"
+       "  --files N             files tokenized at once, each with its share of the threads (default:\n"
+       "                        one per 8 threads)\n"
+       "  --skip-existing       keep the token files already made with this tokenizer\n",
+       "shardtrain tokenize --tokenizer models/llama3 'data/*.parquet' tokens/"},
+      {"cache", run_cache, "cache [list|prune] [--dir DIR] [--unused-days N] [--all] [--dry-run]",
+       "list or prune the token caches (data.token_cache)",
+       "list (the default) shows each cache folder's state, size, last use and source; prune removes\n"
+       "the stale ones (a source file changed or gone), damaged ones and builds whose process is gone.\n"
+       "\n"
+       "options:\n"
+       "  --dir DIR             the caches' folder (default $XDG_CACHE_HOME/shardtrain/tokens, else\n"
+       "                        ~/.cache/shardtrain/tokens)\n"
+       "  --unused-days N       prune also those unused for N days\n"
+       "  --all                 prune every one but a build still running here\n"
+       "  --dry-run             name what prune would remove, remove nothing\n",
+       "shardtrain cache prune --unused-days 30 --dry-run"},
+      {"plot", run_plot, "plot RUN_DIR|METRICS.jsonl [--out FILE.svg] [--metrics NAME,NAME,...]",
+       "draw a run's metrics (loss, held-out loss, learning rate, tokens/s) as an SVG",
+       "Reads RUN_DIR/metrics.jsonl (or the metrics file given) and draws one panel per metric, the\n"
+       "step on the x axis; the training loss and the held-out loss share a panel.\n"
+       "\n"
+       "options:\n"
+       "  --out FILE.svg        where to write (default RUN_DIR/loss.svg, beside the metrics file)\n"
+       "  --metrics NAMES       the metrics, comma-separated (default loss,eval_loss,lr,tokens_per_second);\n"
+       "                        any numeric field of the file, e.g. grad_norm or mfu; tokens_per_s is\n"
+       "                        tokens_per_second\n",
+       "shardtrain plot runs/a --metrics loss,eval_loss,grad_norm"},
+      {"version", run_version, "version",
+       "the commit this binary was built from, its backends, GPU libraries, GPUs and host",
+       "Prints the build's commit and options, the GPU libraries it loads, the GPUs it sees and the\n"
+       "host's cores and memory. `shardtrain --version` is the same.\n",
+       "shardtrain version"},
+      {"help", run_help, "help [COMMAND | config]", "this overview, a command's help, or every config key",
+       "Without an argument: every command with its summary. With a COMMAND: its usage, options and an\n"
+       "example (as `shardtrain COMMAND --help`). With `config`: a table of every config key, its type,\n"
+       "default and meaning.\n",
+       "shardtrain help train"},
+  };
+  return rows;
+}
+
+// Edits from `a` to `b` (insert, delete, replace, or swap two neighbours: the optimal string
+// alignment distance), for suggesting the command a typo meant.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+  for (size_t i = 1; i <= a.size(); ++i)
+    for (size_t j = 1; j <= b.size(); ++j) {
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  return d[a.size()][b.size()];
+}
+
+// A usage's lines after "  shardtrain ", its continuation lines (they start with a space) lined
+// up under them.
+std::string usage_lines(const std::string& usage) {
+  std::string out;
+  size_t start = 0;
+  while (start < usage.size()) {
+    const size_t end = usage.find('\n', start);
+    const size_t stop = end == std::string::npos ? usage.size() : end;
+    const std::string line = usage.substr(start, stop - start);
+    out += (line.rfind(' ', 0) == 0 ? "             " : "  shardtrain ") + line + "\n";
+    start = stop + 1;
+  }
+  return out;
+}
+
+// "error: unknown command `trian`; did you mean `train`? ..." and exit status 2.
+int unknown_command(const std::string& name) {
+  const Command* near = nearest_command(name);
+  std::string line = fmt::format("unknown command `{}`", name);
+  if (near != nullptr) line += fmt::format("; did you mean `{}`?", near->name);
+  line += " (`shardtrain help` lists the commands)";
+  log::error(line);
+  return 2;
+}
+
+}  // namespace
+
+const std::vector<Command>& commands() { return table(); }
+
+const Command* find_command(const std::string& name) {
+  for (const Command& c : table())
+    if (name == c.name) return &c;
+  return nullptr;
+}
+
+const Command* nearest_command(const std::string& name) {
+  const Command* best = nullptr;
+  size_t best_d = SIZE_MAX;
+  for (const Command& c : table()) {
+    const size_t d = edit_distance(name, c.name);
+    if (d < best_d) {
+      best_d = d;
+      best = &c;
+    }
+  }
+  // close enough to be a typo: two edits, or a third of the name
+  const size_t limit = std::max<size_t>(2, name.size() / 3);
+  return best_d <= limit ? best : nullptr;
+}
+
+std::string overview() {
+  std::string out = "usage: shardtrain <command> [options]\n\ncommands:\n";
+  for (const Command& c : table()) out += fmt::format("  {:<14}{}\n", c.name, c.summary);
+  out += "\n`shardtrain help <command>` or `shardtrain <command> --help`: its usage, options and an example.\n"
+         "`shardtrain help config`: every config key. PATH of a tokenizer is a tokenizer.json (or its folder),\n"
+         "or `byte` for the byte-level tokenizer.\n";
+  return out;
+}
+
+std::string command_help(const Command& c) {
+  std::string out = "usage:\n" + usage_lines(c.usage);
+  out += fmt::format("\n{}.\n\n", c.summary);
+  out += c.details;
+  if (c.takes_job) out += "\njob options:\n" + std::string(kJobOptions);
+  out += fmt::format("\nexample:\n  {}\n", c.example);
+  return out;
+}
+
+bool asks_for_help(const std::vector<std::string>& args) {
+  for (const std::string& a : args)
+    if (a == "-h" || a == "--help") return true;
+  return false;
+}
+
+int run_help(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    std::fputs(overview().c_str(), stdout);
+    return 0;
+  }
+  if (args[0] == "config") {
+    std::fputs(train::reference_table().c_str(), stdout);
+    return 0;
+  }
+  const Command* c = find_command(args[0]);
+  if (c == nullptr) return unknown_command(args[0]);
+  std::fputs(command_help(*c).c_str(), stdout);
+  return 0;
+}
+
+int run_command_line(const std::vector<std::string>& all) {
+  if (all.empty() || all[0] == "-h" || all[0] == "--help") return run_help({});
+  if (all[0] == "--version") return run_version({});
+  const Command* c = find_command(all[0]);
+  if (c == nullptr) return unknown_command(all[0]);
+  const std::vector<std::string> rest(all.begin() + 1, all.end());
+  if (asks_for_help(rest)) {
+    std::fputs(command_help(*c).c_str(), stdout);
+    return 0;
+  }
+  return c->run(rest);
+}
+
+}  // namespace shardtrain::cli
