@@ -67,9 +67,11 @@ std::string usage() {
          "                                                   ranks, model, files and whether every element of\n"
          "                                                   every parameter is there (a step_* directory, or\n"
          "                                                   the folder holding `latest`)\n"
-         "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]\n"
+         "  export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER|byte]\n"
          "                                                   a Hugging Face folder from a training checkpoint\n"
          "                                                   (a step_* directory, or the folder holding `latest`)\n"
+         "                                                   with its tokenizer (the one it was trained with, or\n"
+         "                                                   --tokenizer's) and their BOS/EOS ids in config.json\n"
          "  generate MODEL --prompt TEXT|- [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
          "           [--tokenizer PATH] [--device D] [--recompute] [--eager]\n"
          "                                                   continue TEXT (`-`: standard input) with a model: a\n"
@@ -133,9 +135,8 @@ int run_tokenize(const std::vector<std::string>& args) {
     else files.push_back(a);
   }
   ST_CHECK(!tokenizer_path.empty(), "tokenize: --tokenizer PATH is required (a tokenizer.json, its folder, or `byte`)");
-  std::unique_ptr<data::Tokenizer> tok;
-  if (tokenizer_path == "byte") tok = std::make_unique<data::ByteTokenizer>();
-  else tok = std::make_unique<data::BpeTokenizer>(tokenizer_path);
+  const std::unique_ptr<data::Tokenizer> tok =
+      data::load_tokenizer(tokenizer_path, "tokenize --tokenizer", "a tokenizer.json, its folder, or `byte`");
   if (print_ids) {
     ST_CHECK(files.empty(), "tokenize --print-ids reads standard input; unexpected argument `", files.front(), "`");
     std::string line, out;
