@@ -86,16 +86,19 @@ const std::vector<Command>& table() {
        "             values for NaN and inf; each problem is named with its file and tensor\n"
        "Exits 1 when something is missing or damaged, naming it.\n",
        "shardtrain inspect --verify runs/a/checkpoints"},
-      {"export", run_export, "export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER]",
+      {"export", run_export,
+       "export CHECKPOINT OUT [--dtype bf16|f16|f32] [--max-shard-mb N] [--tokenizer FOLDER|byte]",
        "a Hugging Face folder from a training checkpoint",
-       "Writes OUT as a Hugging Face folder (sharded safetensors, index, config.json, tokenizer files)\n"
-       "from CHECKPOINT: a step_* directory, or the folder holding `latest`. OUT is written beside its\n"
+       "Writes OUT as a Hugging Face folder (sharded safetensors, index, config.json with the BOS/EOS\n"
+       "ids, tokenizer files: the byte-level tokenizer as tokenizer.json for a byte model) from\n"
+       "CHECKPOINT: a step_* directory, or the folder holding `latest`. OUT is written beside its\n"
        "place and swapped in whole.\n"
        "\n"
        "options:\n"
        "  --dtype D             bf16, f16 or f32 (default bf16)\n"
        "  --max-shard-mb N      the largest safetensors file, in MB (default 5 GiB)\n"
-       "  --tokenizer FOLDER    where the tokenizer files come from (default: the one the run recorded)\n",
+       "  --tokenizer FOLDER    where the tokenizer files come from (default: the one the run recorded;\n"
+       "                        `byte`: the byte-level tokenizer)\n",
        "shardtrain export runs/a/checkpoints runs/a/hf --dtype bf16"},
       {"generate", run_generate,
        "generate MODEL --prompt TEXT|- [--tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"

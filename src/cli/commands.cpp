@@ -66,9 +66,8 @@ int run_tokenize(const std::vector<std::string>& args) {
     else files.push_back(a);
   }
   ST_CHECK(!tokenizer_path.empty(), "tokenize: --tokenizer PATH is required (a tokenizer.json, its folder, or `byte`)");
-  std::unique_ptr<data::Tokenizer> tok;
-  if (tokenizer_path == "byte") tok = std::make_unique<data::ByteTokenizer>();
-  else tok = std::make_unique<data::BpeTokenizer>(tokenizer_path);
+  const std::unique_ptr<data::Tokenizer> tok =
+      data::load_tokenizer(tokenizer_path, "tokenize --tokenizer", "a tokenizer.json, its folder, or `byte`");
   if (print_ids) {
     ST_CHECK(files.empty(), "tokenize --print-ids reads standard input; unexpected argument `", files.front(), "`");
     std::string line, out;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <string_view>
@@ -28,5 +29,13 @@ class Tokenizer {
   // say, and no cache is used.
   virtual std::string fingerprint() const { return {}; }
 };
+
+// The tokenizer `spec` names: `byte` (ByteTokenizer), or a tokenizer.json or the folder holding
+// one (BpeTokenizer, with tokenizer_config.json beside it; the byte-level tokenizer.json an
+// export writes, without a chat template beside it, gives the ByteTokenizer: the same ids).
+// A path that is not there, or a folder without tokenizer.json, fails naming `option` (where
+// spec came from: "`data.tokenizer`", "--tokenizer") and the values it takes, `accepted`.
+std::unique_ptr<Tokenizer> load_tokenizer(const std::string& spec, std::string_view option,
+                                          std::string_view accepted);
 
 }  // namespace shardtrain::data

@@ -32,7 +32,8 @@ struct CheckpointInfo {
   int64_t step = 0;      // optimizer steps completed
   int world_size = 0;    // ranks that wrote it
   model::LlamaConfig config;
-  std::string tokenizer_source;  // folder with tokenizer files ("" when the tokenizer was built in)
+  // a folder with tokenizer.json, or a tokenizer.json ("" when the tokenizer was built in)
+  std::string tokenizer_source;
 };
 
 // Host memory the shards are copied into at a save, kept from one save to the next: whole

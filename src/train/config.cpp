@@ -178,7 +178,9 @@ const std::vector<KeyDef>& keys() {
           "sequence), or auto (on for sft and chat with data.packing, off for text and token streams)",
           one_of({"auto", "on", "off"})),
       key("data.tokenizer", &C::data, &DataSection::tokenizer,
-          "auto (model.hf's tokenizer.json, else byte), byte (256 bytes + BOS/EOS), or a tokenizer.json path"),
+          "auto (model.hf's tokenizer.json; the byte-level tokenizer without model.hf or when its folder holds no "
+          "tokenizer.json; the run's log says which), byte (the byte-level tokenizer: 256 bytes + BOS/EOS), or the "
+          "path of a tokenizer.json or of its folder"),
       key("data.val_fraction", &C::data, &DataSection::val_fraction,
           "fraction held out for evaluation: of the documents (text, jsonl) or examples (sft, chat) by a seeded "
           "hash, or the tail of a token file from the first document after that fraction", in_range(0.0, 0.5)),
@@ -430,7 +432,8 @@ const std::vector<KeyDef>& keys() {
           non_negative()),
 
       key("export.folder", &C::export_, &ExportSection::folder,
-          "write a Hugging Face folder here at the end of training (config.json, safetensors, tokenizer); "
+          "write a Hugging Face folder here at the end of training (config.json, safetensors, the tokenizer's files: "
+          "the byte-level tokenizer's written as tokenizer.json, or copied from the tokenizer's folder); "
           "empty: no export"),
       key("export.dtype", &C::export_, &ExportSection::dtype, "dtype of the exported weights: bf16, f16 or f32",
           one_of({"bf16", "f16", "f32"})),

@@ -4,11 +4,13 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
 #include "core/log.h"
+#include "data/byte_tokenizer.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
 #include "ops/elementwise.h"
@@ -16,10 +18,61 @@
 #include "train/run_paths.h"
 
 namespace shardtrain::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+// The tokenizer files of `o` into `staged`, and the BOS and EOS ids config.json carries:
+// those of a copied generation_config.json, so that the two agree, else the tokenizer's.
+void write_tokenizer(const ExportOptions& o, const model::LlamaConfig& config, const fs::path& staged,
+                     nlohmann::json& hf_config) {
+  const bool byte = o.tokenizer_source.empty() || o.tokenizer_source == "byte";
+  const std::unique_ptr<data::Tokenizer> tokenizer =
+      byte ? std::make_unique<data::ByteTokenizer>()
+           : data::load_tokenizer(o.tokenizer_source, o.tokenizer_key,
+                                  "a tokenizer.json or the folder holding one");
+  ST_CHECK(tokenizer->vocab_size() <= config.vocab_size, "export: ",
+           byte ? std::string("the byte-level tokenizer (the one built in)") : "`" + o.tokenizer_source + "`",
+           " has ", tokenizer->vocab_size(), " tokens but the model's vocabulary is ", config.vocab_size,
+           "; name the model's own tokenizer (shardtrain export --tokenizer FOLDER)");
+  std::error_code ec;
+  fs::path generation_config;
+  if (byte) {
+    for (const auto& [name, text] : data::byte_tokenizer_files())
+      io::write_file_atomic((staged / name).string(), text);
+    log::info("export: the byte-level tokenizer as tokenizer.json, tokenizer_config.json and special_tokens_map.json");
+  } else {
+    const bool folder = fs::is_directory(o.tokenizer_source, ec);
+    const fs::path dir = folder ? fs::path(o.tokenizer_source) : fs::path(o.tokenizer_source).parent_path();
+    fs::copy_file(folder ? dir / "tokenizer.json" : fs::path(o.tokenizer_source), staged / "tokenizer.json",
+                  fs::copy_options::overwrite_existing);
+    for (const char* f : {"tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                          "tokenizer.model"}) {
+      if (fs::exists(dir / f, ec)) fs::copy_file(dir / f, staged / f, fs::copy_options::overwrite_existing);
+    }
+    if (fs::exists(dir / "generation_config.json", ec)) generation_config = dir / "generation_config.json";
+    log::info(fmt::format("export: the tokenizer files of `{}`", o.tokenizer_source));
+  }
+  hf_config["bos_token_id"] = tokenizer->bos_id() >= 0 ? nlohmann::json(tokenizer->bos_id()) : nlohmann::json();
+  hf_config["eos_token_id"] = tokenizer->eos_id() >= 0 ? nlohmann::json(tokenizer->eos_id()) : nlohmann::json();
+  if (!generation_config.empty()) {
+    nlohmann::json g;
+    try {
+      std::ifstream in(generation_config, std::ios::binary);
+      g = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      ST_THROW("`", generation_config.string(), "`: malformed JSON (its bos_token_id and eos_token_id go into the "
+               "export's config.json): ", e.what());
+    }
+    for (const char* key : {"bos_token_id", "eos_token_id"})
+      if (g.is_object() && g.contains(key)) hf_config[key] = g[key];
+  }
+}
+
+}  // namespace
 
 void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, dist::Communicator& comm,
                const ExportOptions& o, dist::Communicator* tp_comm) {
-  namespace fs = std::filesystem;
   const bool writer = comm.rank() == 0;
   // rank 0 writes the whole folder beside the target, then swaps it in (run_paths.h)
   const std::string staged = export_sibling(o.folder, "tmp", ::getpid());
@@ -77,21 +130,14 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
   if (!writer) return;
   shards->finish();
   const char* torch_dtype = o.dtype == DType::kBF16 ? "bfloat16" : o.dtype == DType::kF16 ? "float16" : "float32";
-  io::write_file_atomic((fs::path(staged) / "config.json").string(),
-                        model::to_hf_config(config, torch_dtype).dump(2) + "\n");
-  if (!o.tokenizer_source.empty()) {
-    for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                          "generation_config.json", "tokenizer.model"}) {
-      const fs::path src = fs::path(o.tokenizer_source) / f;
-      if (fs::exists(src)) fs::copy_file(src, fs::path(staged) / f, fs::copy_options::overwrite_existing);
-    }
-  }
+  nlohmann::json hf_config = model::to_hf_config(config, torch_dtype);
+  if (o.with_tokenizer) write_tokenizer(o, config, staged, hf_config);
+  io::write_file_atomic((fs::path(staged) / "config.json").string(), hf_config.dump(2) + "\n");
   swap_in_export(staged, o.folder, o.folder_key);  // fsyncs the copies too
   remove_staged.path = nullptr;
 }
 
 std::string export_checkpoint(const std::string& checkpoint, ExportOptions options) {
-  namespace fs = std::filesystem;
   check_export_target(options.folder, options.folder_key);  // before the checkpoint is read
   std::string dir = checkpoint;
   if (!fs::exists(fs::path(checkpoint) / "metadata.json") && fs::exists(fs::path(checkpoint) / "latest"))
@@ -101,7 +147,12 @@ std::string export_checkpoint(const std::string& checkpoint, ExportOptions optio
   auto comm = dist::make_single_rank();
   fsdp::ShardedUnitStore store(layout, comm.get(), fsdp::ShardingOptions{});
   load_checkpoint(info, store, nullptr);
-  if (options.tokenizer_source.empty()) options.tokenizer_source = info.tokenizer_source;
+  if (options.tokenizer_source.empty()) {
+    options.tokenizer_source = info.tokenizer_source;
+    options.tokenizer_key = fmt::format("the tokenizer checkpoint `{}` records (another one: --tokenizer)", dir);
+  } else {
+    options.tokenizer_key = "--tokenizer";
+  }
   export_hf(store, info.config, *comm, options);
   return dir;
 }

@@ -9,8 +9,6 @@
 #ifdef SHARDTRAIN_WITH_CUDA
 #include "core/cuda/device.h"
 #endif
-#include "data/bpe_tokenizer.h"
-#include "data/byte_tokenizer.h"
 #include "io/hf_folder.h"
 #include "model/hf_config.h"
 #include "ops/elementwise.h"
@@ -118,26 +116,20 @@ OpenedModel open_model(const std::string& path, DType dtype, Device device) {
 }
 
 std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& spec, const OpenedModel& m) {
+  constexpr const char* kValues = "a tokenizer.json, the folder holding one, or `byte` (the byte-level tokenizer)";
   std::string path = spec;
   if (path.empty()) {
     if (m.source == ModelSource::kHuggingFace) {
-      ST_CHECK(!m.tokenizer_source.empty(), "`", m.path, "` holds no tokenizer.json; name one with --tokenizer PATH "
-               "(a tokenizer.json, its folder, or `byte`)");
+      ST_CHECK(!m.tokenizer_source.empty(), "`", m.path, "` holds no tokenizer.json; name one with --tokenizer PATH, "
+               "which takes ", kValues);
     }
     path = m.tokenizer_source.empty() ? "byte" : m.tokenizer_source;  // a checkpoint of the byte tokenizer
   }
-  std::unique_ptr<data::Tokenizer> t;
-  if (path == "byte") {
-    t = std::make_unique<data::ByteTokenizer>();
-  } else {
-    t = with_context(
-        [&] {
-          return spec.empty() ? fmt::format("loading the tokenizer `{}` that {} names (another one: --tokenizer PATH)",
-                                            path, m.describe())
-                              : fmt::format("loading the tokenizer `{}` (--tokenizer)", path);
-        },
-        [&] { return std::make_unique<data::BpeTokenizer>(path); });
-  }
+  std::unique_ptr<data::Tokenizer> t =
+      spec.empty() ? data::load_tokenizer(path, fmt::format("the tokenizer {} names (another one: --tokenizer PATH)",
+                                                            m.describe()),
+                                          kValues)
+                   : data::load_tokenizer(path, "--tokenizer", kValues);
   const int64_t V = m.model->config().vocab_size;
   ST_CHECK(t->vocab_size() <= V, "the tokenizer `", path, "` has ", t->vocab_size(), " tokens but the model (",
            m.describe(), ") has a vocabulary of ", V, "; use the model's own tokenizer");

@@ -18,7 +18,9 @@ struct OpenedModel {
   ModelSource source = ModelSource::kHuggingFace;
   std::string path;               // the HF folder, or the checkpoint's step directory
   int64_t step = 0;               // checkpoints: optimizer steps taken
-  std::string tokenizer_source;   // folder of the model's tokenizer.json; "" for the byte tokenizer
+  // folder of the model's tokenizer.json (or the tokenizer.json a checkpoint recorded); "" for
+  // the byte tokenizer
+  std::string tokenizer_source;
   std::unique_ptr<model::ModelLayout> layout;
   std::unique_ptr<model::ResidentUnitStore> store;  // parameters only, no gradients
   std::unique_ptr<model::Llama> model;
@@ -35,9 +37,10 @@ OpenedModel open_model(const std::string& path, DType dtype = DType::kF32, Devic
 // a GPU it returns is initialised for use. Errors name the flag.
 Device generation_device(const std::string& wanted);
 
-// The tokenizer for `opened`: `spec` = "" takes the model's own (an HF folder's tokenizer.json;
-// the one a checkpoint recorded, or the byte-level tokenizer when it recorded none); else a
-// tokenizer.json, its folder, or `byte`. Its vocabulary must fit in the model's.
+// The tokenizer for `opened`: `spec` = "" takes the model's own (an HF folder's tokenizer.json,
+// where the byte-level one an export writes is the byte-level tokenizer; the one a checkpoint
+// recorded, or the byte-level tokenizer when it recorded none); else a tokenizer.json, its
+// folder, or `byte` (data::load_tokenizer). Its vocabulary must fit in the model's.
 std::unique_ptr<data::Tokenizer> open_tokenizer(const std::string& spec, const OpenedModel& opened);
 
 }  // namespace shardtrain::train

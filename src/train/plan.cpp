@@ -12,6 +12,7 @@
 #include "model/hf_config.h"
 #include "model/layout.h"
 #include "train/trainer.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 

@@ -26,7 +26,6 @@
 #include "core/host.h"
 #include "core/log.h"
 #include "core/profile.h"
-#include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "io/hf_folder.h"
 #include "io/safetensors_writer.h"
@@ -159,17 +158,6 @@ DType resolve_dtype(const std::string& wanted, Device device) {
 
 }  // namespace
 
-std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& d, const std::string& hf) {
-  std::string path = d.tokenizer;
-  if (path == "auto") {
-    if (hf.empty()) return std::make_unique<data::ByteTokenizer>();
-    path = hf;
-  }
-  if (path == "byte") return std::make_unique<data::ByteTokenizer>();
-  return with_context([&] { return "loading the tokenizer `" + path + "` (`data.tokenizer`)"; },
-                      [&] { return std::make_unique<data::BpeTokenizer>(path); });
-}
-
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
   model::LlamaConfig c;
   c.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
@@ -298,14 +286,21 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   // a bench of a Hugging Face model reads only its config.json: its tokens are random and the
   // tokenizer unused
   const bool hf_shape_only = bench_ && !config_.model.hf.empty();
-  tokenizer_ = hf_shape_only ? std::make_unique<data::ByteTokenizer>() : make_tokenizer(config_.data, config_.model.hf);
+  const TokenizerChoice tokenizer_choice = choose_tokenizer(config_.data, config_.model.hf);
+  if (hf_shape_only) {
+    tokenizer_ = std::make_unique<data::ByteTokenizer>();
+  } else {
+    log::info("tokenizer: " + tokenizer_choice.reason);
+    tokenizer_ = load_chosen_tokenizer(tokenizer_choice);
+  }
   model::LlamaConfig mc;
   std::unique_ptr<io::HfWeights> hf_weights;
   if (!config_.model.hf.empty()) {
     mc = model::load_hf_config((std::filesystem::path(config_.model.hf) / "config.json").string());
-    ST_CHECK(hf_shape_only || tokenizer_->vocab_size() <= mc.vocab_size, "the tokenizer has ", tokenizer_->vocab_size(),
-             " tokens but `model.hf` = `", config_.model.hf, "` has a vocabulary of ", mc.vocab_size,
-             "; use the model's own tokenizer (`data.tokenizer = \"auto\"`)");
+    ST_CHECK(hf_shape_only || tokenizer_->vocab_size() <= mc.vocab_size, "`model.hf` = `", config_.model.hf,
+             "` has a vocabulary of ", mc.vocab_size, ", fewer than the ", tokenizer_->vocab_size(), " tokens of ",
+             tokenizer_choice.reason, "; name the model's own tokenizer with `data.tokenizer`, which takes ",
+             kDataTokenizerValues);
     ST_CHECK(config_.training.seq_len <= mc.max_seq_len, "`training.seq_len` (", config_.training.seq_len,
              ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf`");
     if (bench_)

@@ -121,7 +121,7 @@ class Trainer {
   Tensor positions_of(const Tensor& ids_BT) const;
 
  private:
-  std::string tokenizer_source() const;  // folder whose tokenizer files an export copies ("" if built in)
+  std::string tokenizer_source() const;  // the tokenizer.json or its folder an export copies ("" if built in)
   // Creates every folder the run writes (run.output_dir, the checkpoint folder, the metrics
   // file's and TensorBoard's, export.folder) and probes each for writing, on the ranks that
   // write there, so that an unwritable one fails at launch naming its key; then rank 0 removes
@@ -202,10 +202,6 @@ class Trainer {
   std::unique_ptr<Watchdog> make_watchdog() const;
   void watch_io(std::string what);  // watchdog_ (if any) on `what`, with bytes written to files as progress too
 };
-
-// The tokenizer a job uses: `data.tokenizer`, where "auto" is model.hf's tokenizer.json or
-// the byte-level tokenizer when there is no model.hf.
-std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const std::string& hf);
 
 // Builds the model shape from the `model` section and the tokenizer's vocabulary.
 model::LlamaConfig llama_config(const ModelSection& section, int64_t tokenizer_vocab);

@@ -13,6 +13,7 @@
 #include "train/plan.h"
 #include "train/trainer.h"
 #include "train/run_folder.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 
@@ -163,10 +164,7 @@ int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkp
 }
 
 std::string Trainer::tokenizer_source() const {
-  if (!config_.model.hf.empty()) return config_.model.hf;
-  const std::string& t = config_.data.tokenizer;
-  if (t == "auto" || t == "byte") return "";
-  return std::filesystem::is_directory(t) ? t : std::filesystem::path(t).parent_path().string();
+  return choose_tokenizer(config_.data, config_.model.hf).source;
 }
 
 }  // namespace shardtrain::train

@@ -431,6 +431,35 @@ class MixedData final : public data::TrainingData {
 
 }  // namespace
 
+const char* const kDataTokenizerValues =
+    "auto (model.hf's tokenizer.json, else the byte-level tokenizer), byte (the byte-level tokenizer: 256 bytes + "
+    "BOS/EOS), or the path of a tokenizer.json or of the folder holding one";
+
+TokenizerChoice choose_tokenizer(const DataSection& d, const std::string& hf) {
+  namespace fs = std::filesystem;
+  const std::string& t = d.tokenizer;
+  if (t == "byte") return {"byte", "", "the byte-level tokenizer (data.tokenizer = byte)"};
+  if (t != "auto") return {t, t, fmt::format("the tokenizer `{}` (data.tokenizer)", t)};
+  if (hf.empty()) return {"byte", "", "the byte-level tokenizer (data.tokenizer = auto, and no model.hf)"};
+  const fs::path json = fs::path(hf) / "tokenizer.json";
+  std::error_code ec;
+  if (fs::exists(json, ec))
+    return {hf, hf,
+            fmt::format("the tokenizer `{}` (data.tokenizer = auto: model.hf's tokenizer.json)", json.string())};
+  return {"byte", "",
+          fmt::format("the byte-level tokenizer (data.tokenizer = auto, and model.hf `{}` holds no tokenizer.json; "
+                      "another one: data.tokenizer = the path of a tokenizer.json)",
+                      hf)};
+}
+
+std::unique_ptr<data::Tokenizer> load_chosen_tokenizer(const TokenizerChoice& choice) {
+  return data::load_tokenizer(choice.spec, "`data.tokenizer`", kDataTokenizerValues);
+}
+
+std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const std::string& hf) {
+  return load_chosen_tokenizer(choose_tokenizer(data, hf));
+}
+
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                        int64_t model_vocab, int64_t world, dist::Communicator* comm,
                                                        int local_rank) {

@@ -37,6 +37,24 @@ std::string resolve_data_format(const DataSection& data, const std::string& key 
 // data.packing), off for document streams.
 bool resolve_document_mask(const DataSection& data);
 
+// What `data.tokenizer` takes, for errors: auto, byte, or a tokenizer.json's path.
+extern const char* const kDataTokenizerValues;
+
+// The tokenizer a job uses, as `data.tokenizer` and `model.hf` choose it.
+struct TokenizerChoice {
+  std::string spec;    // "byte", or a tokenizer.json or its folder (data::load_tokenizer)
+  std::string source;  // what a checkpoint records and an export copies: spec; "" for the byte tokenizer
+  std::string reason;  // which tokenizer, and why: "the byte-level tokenizer (data.tokenizer = byte)"
+};
+// auto: model.hf's tokenizer.json when model.hf names a folder holding one, else the
+// byte-level tokenizer (no model.hf, or a folder without tokenizer.json); byte: the byte-level
+// tokenizer; anything else: a tokenizer.json or the folder holding one.
+TokenizerChoice choose_tokenizer(const DataSection& data, const std::string& hf);
+// The chosen tokenizer, loaded; errors name `data.tokenizer` and the values it takes.
+std::unique_ptr<data::Tokenizer> load_chosen_tokenizer(const TokenizerChoice& choice);
+// load_chosen_tokenizer(choose_tokenizer(data, hf)).
+std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const std::string& hf);
+
 // Reads data.source as its format says, split by data.val_fraction and seeded by
 // training.seed, for sequences of training.seq_len; `model_vocab` bounds a token file's ids
 // and `world` ranks share each global batch (SFT epochs count global sequences). Text, JSONL

@@ -718,10 +718,29 @@ TEST(Cli, ResumingAFinishedRunSucceedsAndSaysSo) {
   fs::remove_all(dir);
 }
 
+// A folder without tokenizer.json: auto takes the byte-level tokenizer, whose 258 ids do not fit
+// this model's 67; the error says why that tokenizer, and what data.tokenizer takes.
 TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {
-  const Result r = run("train --model.hf=" + shardtrain::testing::source_dir() + "/tests/model/hf_reference/mha_tied");
+  const std::string hf = shardtrain::testing::source_dir() + "/tests/model/hf_reference/mha_tied";
+  const Result r = run("train --model.hf=" + hf);
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.output.find("tokenizer.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("`model.hf` = `" + hf + "` has a vocabulary of 67, fewer than the 258 tokens of the "
+                          "byte-level tokenizer (data.tokenizer = auto, and model.hf `" + hf +
+                          "` holds no tokenizer.json; another one: data.tokenizer = the path of a tokenizer.json); "
+                          "name the model's own tokenizer with `data.tokenizer`, which takes auto (model.hf's "
+                          "tokenizer.json, else the byte-level tokenizer), byte ("),
+            std::string::npos)
+      << r.output;
+}
+
+TEST(Cli, ADataTokenizerThatNamesNothingListsTheValues) {
+  const Result r = run("train --data.tokenizer=bytes --training.device=cpu");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("`data.tokenizer` = `bytes`: no such file or folder; it takes auto (model.hf's "
+                          "tokenizer.json, else the byte-level tokenizer), byte (the byte-level tokenizer: 256 bytes "
+                          "+ BOS/EOS), or the path of a tokenizer.json or of the folder holding one"),
+            std::string::npos)
+      << r.output;
 }
 
 }  // namespace
@@ -766,6 +785,7 @@ TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
 #include "core/cuda/device.h"
 #endif
 #include "data/bpe_tokenizer.h"
+#include "data/byte_tokenizer.h"
 #include "testing/model_folders.h"
 #include "train/generate.h"
 #include "train/open_model.h"
@@ -811,7 +831,7 @@ class CliGenerate : public ::testing::Test {
     hf_ = new std::string(base + "_hf");
     checkpoints_ = new std::string(base + "_ck");
     shardtrain::testing::TinyStore s(config(), 77);
-    shardtrain::testing::write_hf_folder(s, config(), *hf_);
+    shardtrain::testing::write_hf_folder(s, config(), *hf_, "", false);  // without tokenizer files
     shardtrain::testing::write_checkpoint(s, config(), *checkpoints_, 20);
   }
   static void TearDownTestSuite() {
@@ -885,7 +905,8 @@ TEST_F(CliGenerate, BadInputIsNamed) {
        "the prompt is 71 tokens (with BOS), more than the model's context of max_seq_len = 64 tokens"},
       {"generate --device cpu " + *hf_ + " --prompt x", "holds no tokenizer.json; name one with --tokenizer PATH"},
       {"generate --device cpu " + *hf_ + " --prompt x --tokenizer /nonexistent/tokenizer.json",
-       "loading the tokenizer `/nonexistent/tokenizer.json` (--tokenizer)"},
+       "--tokenizer = `/nonexistent/tokenizer.json`: no such file or folder; it takes a tokenizer.json, the folder "
+       "holding one, or `byte`"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte", "--prompt TEXT is required"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --top-p 1.5", "top-p must be in (0, 1] (1 is all tokens), found 1.5"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --tokens many", "--tokens takes an integer, found `many`"},
@@ -927,6 +948,74 @@ TEST_F(CliGenerate, DeviceCudaWithoutAGpuIsNamed) {
   const SplitResult r = run_split("generate " + *hf_ + " --tokenizer byte --prompt x --device cuda");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.err.find(needle), std::string::npos) << r.err;
+}
+
+// A small CPU job of the built-in data and tokenizer, saving a checkpoint at its last step.
+std::string small_job(const std::string& output_dir) {
+  return "train --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_dim=52 "
+         "--model.max_seq_len=32 --training.seq_len=16 --training.batch_size=2 --training.steps=2 "
+         "--training.device=cpu --eval.batches=1 --sample.tokens=0 --logging.progress=off "
+         "--checkpoint.interval_steps=2 --run.output_dir=" + output_dir;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// A byte-tokenizer model's exports (at the end of training, and `shardtrain export` of its
+// checkpoint) carry the byte-level tokenizer and its ids, and `generate` samples from the
+// export with no --tokenizer exactly as from the checkpoint.
+TEST(CliByteExport, GenerateOnTheExportNeedsNoTokenizerFlag) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_byte_export_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const Result train =
+      run(small_job(dir.string()) + " --export.folder=" + (dir / "end").string() + " --export.dtype=f32");
+  ASSERT_EQ(train.status, 0) << train.output;
+  EXPECT_NE(train.output.find("tokenizer: the byte-level tokenizer (data.tokenizer = auto, and no model.hf)"),
+            std::string::npos) << train.output;
+  const std::string out = (dir / "hf").string();
+  const Result exported = run("export " + (dir / "checkpoints").string() + " " + out + " --dtype f32");
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  for (const std::string& folder : {(dir / "end").string(), out}) {
+    for (const auto& [name, text] : shardtrain::data::byte_tokenizer_files())
+      EXPECT_EQ(read_text(folder + "/" + name), text) << folder << "/" << name;
+    const nlohmann::json config = nlohmann::json::parse(read_text(folder + "/config.json"));
+    EXPECT_EQ(config["bos_token_id"], 256) << folder;
+    EXPECT_EQ(config["eos_token_id"], 257) << folder;
+  }
+  const std::string args = " --prompt \"The \" --tokens 12 --seed 3";
+  const SplitResult from_export = run_split("generate --device cpu " + out + args);
+  ASSERT_EQ(from_export.status, 0) << from_export.err;
+  const SplitResult from_checkpoint = run_split("generate --device cpu " + (dir / "checkpoints").string() + args);
+  ASSERT_EQ(from_checkpoint.status, 0) << from_checkpoint.err;
+  EXPECT_EQ(from_export.out, from_checkpoint.out);
+  EXPECT_EQ(from_export.out.rfind("The ", 0), 0u) << from_export.out;
+  fs::remove_all(dir);
+}
+
+// data.tokenizer = auto with a model.hf folder that holds no tokenizer.json trains with the
+// byte-level tokenizer, logs why, and its export carries that tokenizer.
+TEST(CliByteExport, AutoFallsBackToTheByteTokenizerForAFolderWithoutOne) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_auto_byte_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const std::string hf = (dir / "model").string();
+  const shardtrain::model::LlamaConfig c = shardtrain::testing::tiny_generation_config();
+  shardtrain::testing::TinyStore s(c, 9);
+  shardtrain::testing::write_hf_folder(s, c, hf, "", false);
+  ASSERT_FALSE(fs::exists(hf + "/tokenizer.json"));
+  const Result r = run("train --model.hf=" + hf + " --training.seq_len=16 --training.batch_size=2 --training.steps=1 "
+                       "--training.device=cpu --eval.batches=1 --sample.tokens=0 --logging.progress=off "
+                       "--run.output_dir=" + (dir / "run").string() + " --export.folder=" + (dir / "out").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("tokenizer: the byte-level tokenizer (data.tokenizer = auto, and model.hf `" + hf +
+                          "` holds no tokenizer.json; another one: data.tokenizer = the path of a tokenizer.json)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_text((dir / "out" / "tokenizer.json").string()), shardtrain::data::byte_tokenizer_files()[0].second);
+  fs::remove_all(dir);
 }
 
 TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {

@@ -44,14 +44,15 @@ struct TinyStore {
 };
 
 // `folder` (replaced) as a Hugging Face folder of f32 weights, with the tokenizer files of
-// `tokenizer_source` ("" for none).
+// `tokenizer_source` ("" for the byte-level tokenizer's), or none when `with_tokenizer` is false.
 inline void write_hf_folder(TinyStore& s, const model::LlamaConfig& config, const std::string& folder,
-                            const std::string& tokenizer_source = "") {
+                            const std::string& tokenizer_source = "", bool with_tokenizer = true) {
   std::filesystem::remove_all(folder);
   train::ExportOptions o;
   o.folder = folder;
   o.dtype = DType::kF32;
   o.tokenizer_source = tokenizer_source;
+  o.with_tokenizer = with_tokenizer;
   train::export_hf(*s.store, config, *s.comm, o);
 }
 

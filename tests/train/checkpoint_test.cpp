@@ -733,6 +733,10 @@ TEST(Checkpoint, ExportEqualsTheEndOfTrainingExport) {
   o.folder = dir + "/from_checkpoint";
   export_checkpoint(dir + "/checkpoints/step_00000006", o);
   EXPECT_EQ(read_text(dir + "/at_end/config.json"), read_text(dir + "/from_checkpoint/config.json"));
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}) {
+    EXPECT_FALSE(read_text(dir + "/at_end/" + f).empty()) << f << ": the byte-level tokenizer's file";
+    EXPECT_EQ(read_text(dir + "/at_end/" + f), read_text(dir + "/from_checkpoint/" + f)) << f;
+  }
   const io::HfWeights a(dir + "/at_end"), b(dir + "/from_checkpoint");
   ASSERT_EQ(a.names(), b.names());
   for (const std::string& name : a.names()) {

@@ -1,6 +1,8 @@
 // Export round trip: a Hugging Face folder loaded into the sharded store and exported in
 // f32 gives back the same tensors bit for bit and an equivalent config.json. An export
-// replaces an older one whole and never deletes files it did not write.
+// replaces an older one whole and never deletes files it did not write. Every export carries
+// a tokenizer (the byte-level tokenizer's files written, or a tokenizer folder's copied) and
+// its BOS and EOS ids in config.json, agreeing with a copied generation_config.json.
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,8 +12,14 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
+#include "data/bpe_tokenizer.h"
+#include "data/byte_tokenizer.h"
 #include "io/hf_folder.h"
 #include "model/hf_config.h"
+#include "testing/compare.h"
+#include "testing/model_folders.h"
 #include "testing/shared_data.h"
 #include "core/error.h"
 #include "train/export.h"
@@ -20,7 +28,8 @@ namespace shardtrain::train {
 namespace {
 
 // Exports the HF reference `name` (tests/model/hf_reference) to `out` in f32 with shards of at
-// most `max_shard_bytes`; returns its config.
+// most `max_shard_bytes`, without a tokenizer (their vocabularies are smaller than any);
+// returns its config.
 model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_bytes,
                                     const std::string& name = "gqa_untied") {
   const std::string src = testing::source_dir() + "/tests/model/hf_reference/" + name;
@@ -34,6 +43,7 @@ model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_by
   o.folder = out;
   o.dtype = DType::kF32;
   o.max_shard_bytes = max_shard_bytes;
+  o.with_tokenizer = false;
   export_hf(store, c, *comm, o);
   return c;
 }
@@ -151,6 +161,113 @@ TEST(ExportSwap, ASymlinkOrAFileAsTheFolderFails) {
   }
   EXPECT_TRUE(fs::is_empty(parent + "/real"));
   EXPECT_EQ(names_in(parent), (std::vector<std::string>{"file", "link", "real"}));
+  fs::remove_all(parent);
+}
+
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(ExportTokenizer, AByteModelCarriesTheByteTokenizersFilesAndIds) {
+  const std::string parent = fresh_parent("byte");
+  const std::string out = parent + "/hf";
+  const model::LlamaConfig c = testing::tiny_generation_config();
+  testing::TinyStore s(c, 3);
+  testing::write_hf_folder(s, c, out);  // tokenizer_source "": the byte-level tokenizer
+  EXPECT_EQ(names_in(out), (std::vector<std::string>{"config.json", "model.safetensors", "special_tokens_map.json",
+                                                     "tokenizer.json", "tokenizer_config.json"}));
+  for (const auto& [name, text] : data::byte_tokenizer_files()) EXPECT_EQ(read_text(out + "/" + name), text) << name;
+  const nlohmann::json config = read_json(out + "/config.json");
+  EXPECT_EQ(config["bos_token_id"], 256);
+  EXPECT_EQ(config["eos_token_id"], 257);
+  EXPECT_EQ(config["vocab_size"], 300);
+  EXPECT_EQ(data::load_tokenizer(out, "--tokenizer", "")->fingerprint(), "byte");
+  fs::remove_all(parent);
+}
+
+TEST(ExportTokenizer, TheByteTokenizerMustFitTheModelsVocabulary) {
+  const std::string parent = fresh_parent("small");
+  model::LlamaConfig c = testing::tiny_generation_config();
+  c.vocab_size = 100;
+  testing::TinyStore s(c, 3);
+  EXPECT_TRUE(testing::throws_with([&] { testing::write_hf_folder(s, c, parent + "/hf"); },
+                                   "export: the byte-level tokenizer (the one built in) has 258 tokens but the "
+                                   "model's vocabulary is 100; name the model's own tokenizer"));
+  EXPECT_EQ(names_in(parent), std::vector<std::string>{}) << "nothing is left behind";
+  fs::remove_all(parent);
+}
+
+// A tokenizer folder whose tokenizer_config.json names the byte tokens the other way round
+// (BOS 257, EOS 256), so that ids taken from it differ from the byte tokenizer's.
+std::string swapped_tokenizer_folder(const std::string& parent) {
+  const std::string dir = parent + "/tok";
+  fs::create_directories(dir);
+  for (const auto& [name, text] : data::byte_tokenizer_files()) std::ofstream(dir + "/" + name) << text;
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"bos_token": "<|end_of_text|>", "eos_token": "<|begin_of_text|>"})";
+  return dir;
+}
+
+TEST(ExportTokenizer, ATokenizerFolderIsCopiedAndItsIdsWritten) {
+  const std::string parent = fresh_parent("bpe");
+  const std::string tok = swapped_tokenizer_folder(parent);
+  const model::LlamaConfig c = testing::tiny_generation_config();
+  testing::TinyStore s(c, 3);
+  testing::write_hf_folder(s, c, parent + "/hf", tok);
+  EXPECT_EQ(names_in(parent + "/hf"), (std::vector<std::string>{"config.json", "model.safetensors",
+                                                                "special_tokens_map.json", "tokenizer.json",
+                                                                "tokenizer_config.json"}));
+  EXPECT_EQ(read_text(parent + "/hf/tokenizer_config.json"), read_text(tok + "/tokenizer_config.json"));
+  nlohmann::json config = read_json(parent + "/hf/config.json");
+  EXPECT_EQ(config["bos_token_id"], 257);
+  EXPECT_EQ(config["eos_token_id"], 256);
+
+  // a tokenizer.json by another name is copied as tokenizer.json, with the files beside it
+  fs::rename(tok + "/tokenizer.json", tok + "/mine.json");
+  testing::write_hf_folder(s, c, parent + "/hf2", tok + "/mine.json");
+  EXPECT_EQ(read_text(parent + "/hf2/tokenizer.json"), read_text(tok + "/mine.json"));
+  EXPECT_EQ(read_json(parent + "/hf2/config.json")["bos_token_id"], 257);
+  EXPECT_EQ(data::BpeTokenizer(parent + "/hf2").bos_id(), 257);
+  fs::remove_all(parent);
+}
+
+TEST(ExportTokenizer, ACopiedGenerationConfigsIdsGoIntoConfigJson) {
+  const std::string parent = fresh_parent("generation");
+  const std::string tok = swapped_tokenizer_folder(parent);
+  std::ofstream(tok + "/generation_config.json") << R"({"eos_token_id": [256, 7], "temperature": 0.6})";
+  const model::LlamaConfig c = testing::tiny_generation_config();
+  testing::TinyStore s(c, 3);
+  testing::write_hf_folder(s, c, parent + "/hf", tok);
+  EXPECT_EQ(read_text(parent + "/hf/generation_config.json"), read_text(tok + "/generation_config.json"));
+  const nlohmann::json config = read_json(parent + "/hf/config.json");
+  EXPECT_EQ(config["eos_token_id"], nlohmann::json::array({256, 7})) << "as generation_config.json says";
+  EXPECT_EQ(config["bos_token_id"], 257) << "generation_config.json has none: the tokenizer's";
+  fs::remove_all(parent);
+}
+
+TEST(ExportTokenizer, ACheckpointOfTheByteTokenizerExportsItAndABadTokenizerIsNamed) {
+  const std::string parent = fresh_parent("checkpoint");
+  const model::LlamaConfig c = testing::tiny_generation_config();
+  testing::TinyStore s(c, 3);
+  const std::string step = testing::write_checkpoint(s, c, parent + "/ck", 4);  // records no tokenizer
+  ExportOptions o;
+  o.folder = parent + "/hf";
+  o.dtype = DType::kF32;
+  export_checkpoint(parent + "/ck", o);
+  EXPECT_EQ(read_text(parent + "/hf/tokenizer.json"), data::byte_tokenizer_files()[0].second);
+  EXPECT_EQ(read_json(parent + "/hf/config.json")["eos_token_id"], 257);
+  o.folder = parent + "/hf_bad";
+  o.tokenizer_source = parent + "/nonexistent";
+  EXPECT_TRUE(testing::throws_with([&] { export_checkpoint(step, o); },
+                                   "--tokenizer = `" + parent + "/nonexistent`: no such file or folder; it takes a "
+                                   "tokenizer.json or the folder holding one"));
+  EXPECT_FALSE(fs::exists(parent + "/hf_bad"));
   fs::remove_all(parent);
 }
 

@@ -1,6 +1,7 @@
 // Opening a model to sample from: a Hugging Face folder and a checkpoint (its step directory,
 // or the folder holding `latest`) give back the written model's logits bit for bit; the
-// tokenizer defaults to the model's own; bad paths and tokenizers are errors naming them.
+// tokenizer defaults to the model's own (an export of a byte model: the byte-level tokenizer
+// it carries); bad paths and tokenizers are errors naming them and the values --tokenizer takes.
 #include <unistd.h>
 
 #include <filesystem>
@@ -8,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "data/byte_tokenizer.h"
 #include "model/llama.h"
 #include "testing/compare.h"
 #include "testing/model_folders.h"
@@ -49,13 +51,28 @@ class OpenModel : public ::testing::Test {
 
 TEST_F(OpenModel, HuggingFaceFolderGivesTheSameLogits) {
   const std::string hf = path("hf");
-  testing::write_hf_folder(*source_, config_, hf);
+  testing::write_hf_folder(*source_, config_, hf, "", false);  // no tokenizer files
   const OpenedModel m = open_model(hf);
   EXPECT_EQ(m.source, ModelSource::kHuggingFace);
   EXPECT_EQ(m.model->config().summary(), config_.summary());
   EXPECT_TRUE(testing::all_close(m.model->last_logits(ids_), model_->last_logits(ids_), testing::kExact));
-  EXPECT_TRUE(throws_with([&] { open_tokenizer("", m); }, "holds no tokenizer.json; name one with --tokenizer PATH"));
+  EXPECT_TRUE(throws_with([&] { open_tokenizer("", m); },
+                          "holds no tokenizer.json; name one with --tokenizer PATH, which takes a tokenizer.json, the "
+                          "folder holding one, or `byte` (the byte-level tokenizer)"));
   EXPECT_EQ(open_tokenizer("byte", m)->vocab_size(), 258);
+}
+
+TEST_F(OpenModel, AnExportOfAByteModelOpensWithTheTokenizerItCarries) {
+  const std::string hf = path("byte_export");
+  testing::write_hf_folder(*source_, config_, hf);  // the byte-level tokenizer's files
+  const OpenedModel m = open_model(hf);
+  EXPECT_EQ(m.tokenizer_source, hf);
+  const std::unique_ptr<data::Tokenizer> t = open_tokenizer("", m);
+  EXPECT_EQ(t->fingerprint(), "byte") << "read back as the byte-level tokenizer";
+  const std::string text = "na\xc3\xafve <|end_of_text|>";
+  EXPECT_EQ(t->encode(text), data::ByteTokenizer().encode(text));
+  EXPECT_EQ(t->bos_id(), 256);
+  EXPECT_EQ(t->eos_id(), 257);
 }
 
 TEST_F(OpenModel, CheckpointGivesTheSameLogitsAndTheByteTokenizer) {
@@ -84,10 +101,12 @@ TEST_F(OpenModel, BadPathsAndTokenizersAreNamed) {
   small.vocab_size = 100;  // fewer ids than the byte tokenizer's 258
   testing::TinyStore s(small, 3);
   const std::string hf = path("small");
-  testing::write_hf_folder(s, small, hf);
+  testing::write_hf_folder(s, small, hf, "", false);  // the byte-level tokenizer does not fit
   const OpenedModel m = open_model(hf);
   EXPECT_TRUE(throws_with([&] { open_tokenizer("byte", m); }, "has 258 tokens but the model"));
-  EXPECT_TRUE(throws_with([&] { open_tokenizer("/nonexistent/tok.json", m); }, "/nonexistent/tok.json"));
+  EXPECT_TRUE(throws_with([&] { open_tokenizer("/nonexistent/tok.json", m); },
+                          "--tokenizer = `/nonexistent/tok.json`: no such file or folder; it takes a tokenizer.json, "
+                          "the folder holding one, or `byte`"));
 }
 
 }  // namespace
