@@ -201,7 +201,8 @@ class Trainer {
 // the byte-level tokenizer when there is no model.hf.
 std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const std::string& hf);
 
-// Builds the model shape from the `model` section and the tokenizer's vocabulary.
+// Builds the model shape from the `model` section and the tokenizer's vocabulary, or takes
+// model.preset's (whose vocabulary must hold the tokenizer's).
 model::LlamaConfig llama_config(const ModelSection& section, int64_t tokenizer_vocab);
 
 }  // namespace shardtrain::train
