@@ -204,7 +204,7 @@ TimeEstimate estimate_time(const PlanInput& in, const GpuSpec& gpu, double mfu);
 // The estimate as text; `gpu_note` and `mfu_note` say where the GPU and the MFU came from.
 std::string describe_time(const PlanInput& in, const GpuSpec& gpu, double mfu, const std::string& gpu_note,
                           const std::string& mfu_note);
-// "45 s", "12 min", "3 h 05 min", "2 d 04 h".
+// "2.13 s", "12 min 05 s", "3 h 05 min", "2 d 04 h".
 std::string format_job_duration(double seconds);
 
 // What the plan's host memory holds for checkpoint saves, in a sentence.

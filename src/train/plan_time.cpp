@@ -55,8 +55,11 @@ TimeEstimate estimate_time(const PlanInput& in, const GpuSpec& gpu, double mfu) 
 
 std::string format_job_duration(double seconds) {
   if (seconds < 59.5) return fmt::format("{:.3g} s", seconds);
+  if (seconds < 3599.5) {
+    const int64_t s = std::llround(seconds);
+    return fmt::format("{} min {:02} s", s / 60, s % 60);
+  }
   const int64_t minutes = std::llround(seconds / 60);
-  if (minutes < 60) return fmt::format("{} min", minutes);
   if (minutes < 24 * 60) return fmt::format("{} h {:02} min", minutes / 60, minutes % 60);
   const int64_t hours = std::llround(seconds / 3600);
   return fmt::format("{} d {:02} h", hours / 24, hours % 24);

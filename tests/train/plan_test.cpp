@@ -693,7 +693,9 @@ TEST(PlanTime, GpusByNameAndByDevice) {
   EXPECT_EQ(gpu_spec_for_device("NVIDIA A100-SXM4-80GB")->name, "a100");
   EXPECT_EQ(gpu_spec_for_device("NVIDIA L4"), nullptr);
   EXPECT_EQ(format_job_duration(2.1317), "2.13 s");
-  EXPECT_EQ(format_job_duration(600), "10 min");
+  EXPECT_EQ(format_job_duration(600), "10 min 00 s");
+  EXPECT_EQ(format_job_duration(119.5), "2 min 00 s");
+  EXPECT_EQ(format_job_duration(3599.4), "59 min 59 s");
   EXPECT_EQ(format_job_duration(4263.4), "1 h 11 min");
   EXPECT_EQ(format_job_duration(3 * 86400 + 5 * 3600 + 100), "3 d 05 h");
 }
