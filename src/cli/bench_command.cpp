@@ -73,8 +73,9 @@ std::string bench_report(const BenchRow& r, int64_t warmup) {
                      t.seconds * ms, t.steps, warmup);
   if (t.peak_flops > 0)
     out += fmt::format("  MFU          {:.1f} % of {:.0f} TFLOP/s dense bf16 per GPU ({:.2f} GFLOP per token: 6 x "
-                       "non-embedding parameters + 12 x layers x width x sequence)\n",
-                       100 * t.mfu, t.peak_flops / 1e12, t.flops_per_token / 1e9);
+                       "non-embedding parameters + 12 x layers x width x sequence); `shardtrain plan --mfu {:.2f}` "
+                       "estimates a job's time with it\n",
+                       100 * t.mfu, t.peak_flops / 1e12, t.flops_per_token / 1e9, t.mfu);
   if (t.fp8_peak_flops > 0)
     out += fmt::format("  FP8          training.fp8 = {}: the blocks' linears{} in FP8; MFU {:.1f} % of {:.0f} TFLOP/s "
                        "dense FP8 per GPU (an FP8 FLOP counted as a bf16 one)\n",

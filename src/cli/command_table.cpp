@@ -45,22 +45,31 @@ const std::vector<Command>& table() {
        "shardtrain print-config configs/llama3.1-8b-finetune.toml --training.steps 10",
        true},
       {"plan", run_plan,
-       "plan [CONFIG.toml] [--ranks N] [--ranks-per-machine M] [--section.key=value | --section.key value ...]",
-       "memory per rank and FLOPs of a job, without training",
-       "Checks the job (config, model shape, mesh) and prints its memory per rank, the FLOPs per token\n"
-       "and whether it fits, without allocating or training.\n"
+       "plan [CONFIG.toml] [--ranks N] [--ranks-per-machine M] [--gpu NAME] [--mfu X]\n"
+       "     [--section.key=value | --section.key value ...]",
+       "memory per rank, FLOPs, step time and job duration of a job, without training",
+       "Checks the job (config, model shape, mesh) and prints its memory per rank, the FLOPs per token,\n"
+       "whether it fits, and an estimated step time and job duration (FLOPs / (N x the GPU's peak x\n"
+       "MFU); communication is not modelled), without allocating or training. model.preset (e.g.\n"
+       "llama3.1-8b) plans a published model's shape with nothing downloaded; so does a model.hf\n"
+       "folder that is not there yet but carries such a model's usual name.\n"
        "\n"
        "options:\n"
        "  --ranks N             the world size to plan for (default: the launch's, else 1)\n"
        "  --ranks-per-machine M ranks sharing one machine's host memory (default: the launch's local\n"
-       "                        ranks, else all N)\n",
+       "                        ranks, else all N)\n"
+       "  --gpu NAME            h100-sxm, h100-pcie, h200 or a100: the peak FLOP/s of the estimate\n"
+       "                        (default: the visible GPU, else h100-sxm; FP8 doubles Hopper's)\n"
+       "  --mfu X               the model FLOPs utilisation of the estimate, in (0, 1] (default 0.40,\n"
+       "                        assumed; `shardtrain bench` measures a job's)\n",
        "shardtrain plan configs/llama3.1-8b-finetune.toml --ranks 8",
        true},
       {"bench", run_bench,
        "bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--sweep KEY=V1,V2,...]\n"
        "      [--section.key=value | --section.key value ...]",
        "time the job's training step on random tokens",
-       "Runs the job's training step on random tokens (with model.hf: random weights of its shape) and\n"
+       "Runs the job's training step on random tokens (with model.hf or model.preset: random weights\n"
+       "of its shape) and\n"
        "reports tokens/s, MFU, the time by phase, peak memory and the GPU board; writes no files but\n"
        "the --json one.\n"
        "\n"

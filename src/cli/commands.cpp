@@ -267,11 +267,46 @@ int run_print_config(const std::vector<std::string>& args) {
   return 0;
 }
 
+namespace {
+
+// `plan`'s time estimate: --gpu NAME, else the visible GPU when it is in the table, else an
+// H100 SXM; --mfu X, else the assumed figure. Each default says so.
+std::string plan_time(const train::PlanInput& in, const std::string& gpu_name, double mfu) {
+  if (!in.gpu) return "time: not estimated for CPU runs (`shardtrain bench` measures a step)\n";
+  const train::GpuSpec* gpu = gpu_name.empty() ? nullptr : &train::gpu_spec(gpu_name);
+  std::string gpu_note = gpu ? std::string("--gpu") : std::string();
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (!gpu && cuda::device_count() > 0) {
+    const std::string name = cuda::device_name(0);
+    gpu = train::gpu_spec_for_device(name);
+    gpu_note = gpu ? "the visible GPU" : "GPU 0, " + name + ", is not in plan's table: assumed; --gpu NAME names one";
+  }
+#endif
+  if (!gpu) {
+    gpu = &train::gpu_spec("h100-sxm");
+    if (gpu_note.empty()) gpu_note = "no GPU visible: assumed; --gpu NAME names another";
+  }
+  const std::string mfu_note = mfu > 0 ? "--mfu" : "assumed; --mfu X sets it, `shardtrain bench` measures a job's";
+  return train::describe_time(in, *gpu, mfu > 0 ? mfu : train::kAssumedMfu, gpu_note, mfu_note);
+}
+
+}  // namespace
+
 int run_plan(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
   int ranks = 0, per_machine = 0;
+  std::string gpu_name;
+  double mfu = 0;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--ranks" || args[i] == "--ranks-per-machine") {
+    if (args[i] == "--gpu" || args[i] == "--mfu") {
+      ST_CHECK(i + 1 < args.size(), "plan: ", args[i], " needs a value");
+      if (args[i] == "--gpu") gpu_name = args[i + 1];
+      else mfu = number_flag(args[i], args[i + 1], "plan");
+      if (args[i] == "--mfu") ST_CHECK(mfu > 0 && mfu <= 1, "plan: --mfu must be in (0, 1], found ", args[i + 1],
+                                       " (a fraction of the peak: 0.4 is 40 %)");
+      if (args[i] == "--gpu") train::gpu_spec(gpu_name);  // an unknown name fails before any work
+      ++i;
+    } else if (args[i] == "--ranks" || args[i] == "--ranks-per-machine") {
       ST_CHECK(i + 1 < args.size(), "plan: ", args[i], " needs a number");
       const int64_t v = integer_flag(args[i], args[i + 1], "plan");
       ST_CHECK(v >= 1 && v <= (1 << 20), "plan: ", args[i], " must be in [1, 1048576], found ", v);
@@ -290,9 +325,13 @@ int run_plan(const std::vector<std::string>& args) {
   }
   if (per_machine == 0) per_machine = std::min(ranks, std::max(1, dist::local_ranks_from_env()));  // as launched
   ST_CHECK(per_machine <= ranks, "plan: --ranks-per-machine (", per_machine, ") exceeds the ", ranks, " ranks");
-  train::PlanInput in = train::plan_input(job, train::planned_model(job), ranks);
+  const train::PlannedModel planned = train::planned_model(job);
+  train::PlanInput in = train::plan_input(job, planned.config, ranks);
+  if (!planned.source.empty()) std::fputs((planned.source + "\n").c_str(), stdout);
+  const std::string time = plan_time(in, gpu_name, mfu);
   if (job.training.activation_checkpointing == "auto" && in.gpu) {
     std::fputs(train::describe_auto_checkpointing(in).c_str(), stdout);  // decided at launch, by the GPU
+    std::fputs(time.c_str(), stdout);
     return 0;
   }
   const train::MemoryPlan plan = train::plan_memory(in);
@@ -324,6 +363,7 @@ int run_plan(const std::vector<std::string>& args) {
                    .c_str(),
                stdout);
   }
+  std::fputs(time.c_str(), stdout);
   if (job.training.device == "auto")
     std::fputs("(training.device = auto: planned for GPUs; --training.device=cpu plans a CPU run)\n", stdout);
   return 0;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <functional>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <variant>
 
@@ -15,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "model/presets.h"
 
 namespace shardtrain::train {
 namespace {
@@ -112,6 +114,15 @@ const std::vector<KeyDef>& keys() {
       key("model.hf", &C::model, &ModelSection::hf,
           "Hugging Face folder to fine-tune (config.json, *.safetensors, tokenizer.json); its shape replaces "
           "the model.* shape keys"),
+      key("model.preset", &C::model, &ModelSection::preset,
+          "a published model's shape, as its Hugging Face config.json gives it: llama3.2-1b, llama3.2-3b, "
+          "llama3.1-8b, llama3.1-70b, llama3.1-405b, llama2-7b, llama2-13b or llama2-70b. It replaces the model.* "
+          "shape keys as model.hf's config.json would, without weights: train and bench start from random weights "
+          "of that shape, plan needs nothing downloaded. Not together with model.hf (whose config.json gives the "
+          "shape); empty: the shape keys, or model.hf",
+          [](const std::string& k, const Value& v) {
+            if (!std::get<std::string>(v).empty()) model::preset_config(std::get<std::string>(v), k);
+          }),
       key("model.vocab_size", &C::model, &ModelSection::vocab_size,
           "vocabulary size V; 0 takes the tokenizer's", non_negative()),
       key("model.dim", &C::model, &ModelSection::dim, "width D of the residual stream", positive()),
@@ -637,13 +648,23 @@ bool is_boolean_key(const std::string& name, const std::string& where) {
 
 void validate(const JobConfig& c) {
   const ModelSection& m = c.model;
+  ST_CHECK(m.preset.empty() || m.hf.empty(), "`model.preset` (\"", m.preset, "\") and `model.hf` (\"", m.hf,
+           "\") both give the model's shape; set one: model.hf to fine-tune that folder's weights (its config.json "
+           "gives the shape), or model.preset for the shape alone with random weights");
   ST_CHECK(m.dim % m.n_heads == 0, "`model.n_heads` (", m.n_heads, ") must divide `model.dim` (", m.dim,
            "); change one of them");
   ST_CHECK((m.dim / m.n_heads) % 2 == 0, "head dimension `model.dim` / `model.n_heads` = ", m.dim / m.n_heads,
            " must be even for rotary embeddings");
   ST_CHECK(m.n_heads % m.n_kv_heads == 0, "`model.n_kv_heads` (", m.n_kv_heads, ") must divide `model.n_heads` (",
            m.n_heads, ")");
-  if (m.hf.empty())  // with model.hf the limit comes from its config.json (checked when loaded)
+  // with model.hf the shape comes from its config.json (checked when loaded)
+  const std::optional<model::LlamaConfig> preset =
+      m.preset.empty() ? std::nullopt : std::optional(model::preset_config(m.preset));
+  if (preset)
+    ST_CHECK(c.training.seq_len <= preset->max_seq_len, "`training.seq_len` (", c.training.seq_len,
+             ") exceeds the max_position_embeddings (", preset->max_seq_len, ") of `model.preset` = \"", m.preset,
+             "\"; shorten sequences");
+  else if (m.hf.empty())
     ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
              ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
   ST_CHECK(!c.training.deterministic || c.training.gemm_selection == "heuristic",
@@ -656,7 +677,11 @@ void validate(const JobConfig& c) {
     ST_CHECK((c.training.batch_size * c.training.seq_len) % tp == 0, "`parallel.tensor_parallel` (", tp,
              ") must divide `training.batch_size` x `training.seq_len` (", c.training.batch_size, " x ",
              c.training.seq_len, "): each rank of a group holds that share of a batch's token rows");
-    if (m.hf.empty())  // with model.hf the shape comes from its config.json (checked by the layout)
+    if (preset)
+      ST_CHECK(preset->n_heads % tp == 0 && preset->n_kv_heads % tp == 0 && preset->ffn_dim % tp == 0,
+               "`parallel.tensor_parallel` (", tp, ") must divide the heads (", preset->n_heads, "), kv heads (",
+               preset->n_kv_heads, ") and FFN width (", preset->ffn_dim, ") of `model.preset` = \"", m.preset, "\"");
+    else if (m.hf.empty())  // with model.hf the shape comes from its config.json (checked by the layout)
       ST_CHECK(m.n_heads % tp == 0 && m.n_kv_heads % tp == 0 && m.ffn_dim % tp == 0, "`parallel.tensor_parallel` (",
                tp, ") must divide `model.n_heads` (", m.n_heads, "), `model.n_kv_heads` (", m.n_kv_heads,
                ") and `model.ffn_dim` (", m.ffn_dim, ")");

@@ -12,6 +12,7 @@ namespace shardtrain::train {
 
 struct ModelSection {
   std::string hf = "";     // HF folder to fine-tune; its config.json replaces the shape keys
+  std::string preset = "";  // a published model's shape (model/presets.h); replaces the shape keys
   int64_t vocab_size = 0;  // 0: taken from the tokenizer
   int64_t dim = 256;
   int64_t n_layers = 4;

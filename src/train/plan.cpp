@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "model/hf_config.h"
 #include "model/layout.h"
+#include "model/presets.h"
 #include "train/trainer.h"
 #include "train/training_data.h"
 
@@ -267,6 +268,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
                     : std::string("  of it the block's f32 gradient"),
              p.block_grads);
   s += row(p.host > 0 ? "estimated GPU peak" : "estimated peak", p.peak);
+  s += describe_checkpoint_memory(in, p);
   s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,
                    p.flops_per_token * static_cast<double>(p.tokens_per_micro_batch));
   s += "The estimate leaves out the CUDA context, cuBLAS workspaces and allocator slack (together about\n"
@@ -439,6 +441,10 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.fp8_head = job.training.fp8_head;
   in.checkpoints = job.checkpoint.interval_steps > 0;
   in.async_checkpoints = job.checkpoint.async;
+  in.checkpoint_interval = job.checkpoint.interval_steps;
+  in.checkpoint_on_signal = job.checkpoint.on_signal;
+  in.grad_accum_steps = job.training.grad_accum_steps;
+  in.steps = job.training.steps;
   return in;
 }
 
@@ -453,12 +459,58 @@ bool choose_compute_shards(PlanInput in, int64_t device_bytes) {
   return p.peak + checkpointing_reserve(p.peak) <= device_bytes;
 }
 
-model::LlamaConfig planned_model(const JobConfig& job) {
-  if (!job.model.hf.empty())
-    return model::load_hf_config((std::filesystem::path(job.model.hf) / "config.json").string());
+PlannedModel planned_model(const JobConfig& job) {
+  const std::string& hf = job.model.hf;
+  if (!job.model.preset.empty()) {
+    const model::ModelPreset& p = *model::find_preset(job.model.preset);  // known: the config was validated
+    return {model::preset_config(p.name), fmt::format("model shape: preset {}, as {} publishes it", p.name, p.hf_repo)};
+  }
+  if (!hf.empty()) {
+    std::error_code ec;
+    if (std::filesystem::exists(hf, ec))
+      return {model::load_hf_config((std::filesystem::path(hf) / "config.json").string()),
+              fmt::format("model shape: {}", (std::filesystem::path(hf) / "config.json").string())};
+    // planning comes before the download: a folder named as a published model has its shape
+    std::filesystem::path path = std::filesystem::path(hf).lexically_normal();
+    if (path.filename().empty()) path = path.parent_path();  // "models/Llama-3.1-8B/"
+    const std::string folder = path.filename().string();
+    const model::ModelPreset* p = model::preset_for_folder_name(folder);
+    ST_CHECK(p != nullptr, "`model.hf` = `", hf, "` does not exist, and plan reads the model's shape from its "
+             "config.json; download the model there, or plan with a built-in shape: --model.hf= "
+             "--model.preset=NAME (NAME: ", model::preset_names(), ")");
+    return {model::preset_config(p->name),
+            fmt::format("model shape: preset {}, as {} publishes it: `model.hf` = `{}` is not on this machine, and "
+                        "`{}` names that model (plan reads the folder's own config.json once it is there; train "
+                        "needs the folder)",
+                        p->name, p->hf_repo, hf, folder)};
+  }
   const int64_t vocab = job.model.vocab_size > 0 ? job.model.vocab_size
                                                  : make_tokenizer(job.data, job.model.hf)->vocab_size();
-  return llama_config(job.model, vocab);
+  return {llama_config(job.model, vocab), ""};
+}
+
+std::string describe_checkpoint_memory(const PlanInput& in, const MemoryPlan& p) {
+  const int64_t copies = p.master + p.optimizer;  // what a save copies: f32 master weights, AdamW m and v
+  const char* where = in.gpu ? "page-locked host memory" : "host memory";
+  if (in.checkpoint_interval > 0 && p.host_checkpoint > 0)
+    return fmt::format("checkpoints every {} steps{}: each save copies this rank's f32 master weights and AdamW m and v "
+                       "({}) into {} kept from save to save (counted above) and writes the files from there{}\n",
+                       in.checkpoint_interval, in.async_checkpoints ? " (checkpoint.async)" : "",
+                       format_bytes(p.host_checkpoint), where,
+                       in.async_checkpoints ? " while training goes on" : "");
+  if (in.checkpoint_interval > 0)
+    return fmt::format("checkpoints every {} steps: written from the f32 shards where they are, in host memory (no "
+                       "copy)\n",
+                       in.checkpoint_interval);
+  const bool in_place = (in.offload && in.gpu) || !in.gpu;  // synchronous saves of shards already on the host
+  if (in.checkpoint_on_signal)
+    return in_place ? std::string("checkpoints: none planned (checkpoint.interval_steps = 0); a save on a signal "
+                                  "(checkpoint.on_signal) writes the shards from host memory where they are\n")
+                    : fmt::format("checkpoints: none planned (checkpoint.interval_steps = 0); a save on a signal "
+                                  "(checkpoint.on_signal) copies this rank's f32 master weights and AdamW m and v ({}) "
+                                  "into {} then, not counted above\n",
+                                  format_bytes(copies), where);
+  return "checkpoints: none (checkpoint.interval_steps = 0, checkpoint.on_signal = false): no host memory for saves\n";
 }
 
 }  // namespace shardtrain::train

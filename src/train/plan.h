@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "model/config.h"
 #include "model/llama.h"
@@ -36,6 +37,10 @@ struct PlanInput {
   bool fp8_head = false;              // training.fp8_head: the head's products too
   bool checkpoints = false;           // checkpoint.interval_steps > 0
   bool async_checkpoints = false;     // checkpoint.async
+  int64_t checkpoint_interval = 0;    // checkpoint.interval_steps
+  bool checkpoint_on_signal = false;  // checkpoint.on_signal: a save may come at any step
+  int64_t grad_accum_steps = 1;       // training.grad_accum_steps: micro-batches per optimizer step
+  int64_t steps = 0;                  // training.steps
 };
 
 // Bytes per rank, by what holds them. `peak` is the largest sum at any moment of a step:
@@ -160,8 +165,49 @@ bool choose_compute_shards(PlanInput in, int64_t device_bytes);
 // "auto" compute shards for choose_compute_shards (in.compute_shards: false).
 PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int world_size);
 
-// The model shape a job trains: model.hf's config.json, or the model section with the
-// tokenizer's vocabulary (loading tokenizer.json only to count it).
-model::LlamaConfig planned_model(const JobConfig& job);
+// The model shape a job trains: model.preset's, model.hf's config.json, or the model section
+// with the tokenizer's vocabulary (loading tokenizer.json only to count it). Where model.hf is
+// a folder not on this machine whose name is a preset's model ("models/Llama-3.1-8B"), that
+// preset's shape, `source` saying so; another missing folder is an error naming model.preset.
+struct PlannedModel {
+  model::LlamaConfig config;
+  std::string source;  // a line on where the shape comes from ("" for the model.* keys)
+};
+PlannedModel planned_model(const JobConfig& job);
+
+// Step time and job duration (`plan --gpu NAME --mfu X`): the FLOPs of a step (the FLOPs per
+// token above, recomputation not counted, times the tokens of all data-parallel ranks) over
+// ranks x peak x MFU. Communication is not modelled: the MFU stands for all that a step loses.
+struct GpuSpec {
+  std::string name;      // the --gpu value: h100-sxm, h100-pcie, h200, a100
+  std::string label;     // "H100 SXM"
+  double bf16_flops = 0; // dense bf16 tensor-core peak (datasheet), FLOP/s
+  bool fp8 = false;      // FP8 tensor cores (Hopper): training.fp8 doubles the peak
+};
+const std::vector<GpuSpec>& gpu_specs();
+// The GPU named `name`; an unknown one throws naming --gpu and listing the names.
+const GpuSpec& gpu_spec(const std::string& name);
+// The entry for a device's name as CUDA reports it ("NVIDIA H100 80GB HBM3"), or nullptr.
+const GpuSpec* gpu_spec_for_device(const std::string& device_name);
+// The MFU `plan` assumes without --mfu.
+inline constexpr double kAssumedMfu = 0.40;
+
+struct TimeEstimate {
+  int64_t tokens_per_step = 0;   // all ranks: micro-batch x sequence x accumulation x data-parallel ranks
+  double flops_per_step = 0;
+  double peak_flops = 0;         // per GPU: bf16's, or FP8's with training.fp8 on a GPU that has it
+  double step_seconds = 0;
+  double tokens_per_second_per_gpu = 0;
+  double job_seconds = 0;        // training.steps x step_seconds
+};
+TimeEstimate estimate_time(const PlanInput& in, const GpuSpec& gpu, double mfu);
+// The estimate as text; `gpu_note` and `mfu_note` say where the GPU and the MFU came from.
+std::string describe_time(const PlanInput& in, const GpuSpec& gpu, double mfu, const std::string& gpu_note,
+                          const std::string& mfu_note);
+// "2.13 s", "12 min 05 s", "3 h 05 min", "2 d 04 h".
+std::string format_job_duration(double seconds);
+
+// What the plan's host memory holds for checkpoint saves, in a sentence.
+std::string describe_checkpoint_memory(const PlanInput& in, const MemoryPlan& plan);
 
 }  // namespace shardtrain::train

@@ -30,6 +30,7 @@
 #include "io/hf_folder.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
+#include "model/presets.h"
 #include "dist/bootstrap.h"
 #ifdef SHARDTRAIN_WITH_MPI
 #include "dist/mpi_communicator.h"
@@ -159,6 +160,12 @@ DType resolve_dtype(const std::string& wanted, Device device) {
 }  // namespace
 
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
+  if (!m.preset.empty()) {
+    const model::LlamaConfig p = model::preset_config(m.preset);
+    ST_CHECK(tokenizer_vocab <= p.vocab_size, "the tokenizer has ", tokenizer_vocab, " tokens but `model.preset` = \"",
+             m.preset, "\" has a vocabulary of ", p.vocab_size, "; use that model's tokenizer (`data.tokenizer`)");
+    return p;
+  }
   model::LlamaConfig c;
   c.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
   ST_CHECK(c.vocab_size >= tokenizer_vocab, "`model.vocab_size` (", c.vocab_size,
@@ -309,6 +316,9 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
       hf_weights = std::make_unique<io::HfWeights>(config_.model.hf);
   } else {
     mc = llama_config(config_.model, tokenizer_->vocab_size());
+    if (!config_.model.preset.empty())
+      log::info(fmt::format("model: the shape of preset {} ({} parameters), its weights random", config_.model.preset,
+                            mc.num_parameters()));
   }
   // checkpoint.resume, read before the data and the model: a run whose checkpoint has done all
   // its steps (a requeue after the end) builds nothing more and ends with success

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "testing/shared_data.h"
 #include "train/config.h"
+#include "train/trainer.h"
 
 namespace shardtrain::train {
 namespace {
@@ -87,6 +88,60 @@ TEST(Config, ImpossibleValuesNameTheKeys) {
   EXPECT_EQ(error_of("", {"--sample.top_p=0.9"}), "");
   e = error_of("[model\n", {});
   EXPECT_NE(e.find("config `"), std::string::npos) << e;
+}
+
+TEST(Config, PresetsAreKnownNamesAndNotWithModelHf) {
+  const LoadedConfig c = load_config("", {"--model.preset=llama3.1-8b", "--training.seq_len=8192"});
+  EXPECT_EQ(c.config.model.preset, "llama3.1-8b");
+  // the preset's 131072 positions bound the sequence, not model.max_seq_len's 256
+  EXPECT_EQ(c.config.model.max_seq_len, 256);
+  std::string e = error_of("", {"--model.preset=llama-8b"});
+  EXPECT_NE(e.find("`model.preset` = \"llama-8b\" is not a built-in model shape; the presets are llama3.2-1b, "),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("llama2-70b"), std::string::npos) << e;
+  e = error_of("[model]\nhf = \"models/Llama-3.1-8B\"\npreset = \"llama3.1-8b\"\n", {});
+  EXPECT_NE(e.find("`model.preset` (\"llama3.1-8b\") and `model.hf` (\"models/Llama-3.1-8B\") both give the "
+                   "model's shape; set one"),
+            std::string::npos)
+      << e;
+  e = error_of("", {"--model.preset=llama2-7b", "--training.seq_len=8192"});
+  EXPECT_NE(e.find("`training.seq_len` (8192) exceeds the max_position_embeddings (4096) of `model.preset` = "
+                   "\"llama2-7b\""),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of("", {"--model.preset=llama2-7b", "--training.seq_len=4096"}), "");
+  // tensor parallelism divides the preset's heads, not the shape keys': 3.2 3B has 24 heads, 8 kv heads
+  e = error_of("", {"--model.preset=llama3.2-3b", "--parallel.tensor_parallel=16"});
+  EXPECT_NE(e.find("`parallel.tensor_parallel` (16) must divide the heads (24), kv heads (8) and FFN width (8192) of "
+                   "`model.preset` = \"llama3.2-3b\""),
+            std::string::npos)
+      << e;
+  EXPECT_EQ(error_of("", {"--model.preset=llama3.2-3b", "--parallel.tensor_parallel=8"}), "");
+  // the key's help names every preset
+  const std::string help = describe(load_config("", {}));
+  for (const char* name : {"llama3.2-1b", "llama3.2-3b", "llama3.1-8b", "llama3.1-70b", "llama3.1-405b", "llama2-7b",
+                           "llama2-13b", "llama2-70b"})
+    EXPECT_NE(help.find(name), std::string::npos) << name;
+}
+
+TEST(Config, APresetGivesTheTrainedShape) {
+  ModelSection m;
+  m.preset = "llama3.2-1b";
+  m.dim = 64;  // the shape keys give way, as they do to model.hf
+  const model::LlamaConfig c = llama_config(m, 258);
+  EXPECT_EQ(c.dim, 2048);
+  EXPECT_EQ(c.num_parameters(), 1'235'814'400);
+  m.preset = "llama2-7b";
+  try {
+    llama_config(m, 128256);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the tokenizer has 128256 tokens but `model.preset` = \"llama2-7b\" has a "
+                                         "vocabulary of 32000"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(Config, TimeLimitsAreDurations) {

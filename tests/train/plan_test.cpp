@@ -10,10 +10,12 @@
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
 
+#include "model/hf_config.h"
 #include "model/layout.h"
 #include "testing/shared_data.h"
 #include "train/config.h"
@@ -613,6 +615,161 @@ TEST(Plan, ShippedMultiNodeJobsFitAndSayWhatThePlanGives) {
     EXPECT_NEAR(static_cast<double>(q.peak) / gib, std::stod(said[1]), 0.051) << path;
     EXPECT_LE(q.peak + checkpointing_reserve(q.peak), static_cast<int64_t>(79.18 * gib)) << path;
   }
+}
+
+// Step time = a step's FLOPs / (ranks x peak x MFU), worked by hand for the 8B shape: 6 x
+// 7,504,924,672 non-embedding parameters + 12 x 32 layers x 128 x 32 heads x 4096 tokens =
+// 51,471,998,976 FLOPs per token.
+TEST(PlanTime, StepTimeIsFlopsOverRanksPeakAndMfu) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.world_size = 8;
+  in.micro_batch = 2;
+  in.seq_len = 4096;
+  in.grad_accum_steps = 2;
+  in.steps = 2000;
+  const TimeEstimate t = estimate_time(in, gpu_spec("h100-sxm"), 0.4);
+  EXPECT_EQ(t.tokens_per_step, 2 * 4096 * 2 * 8);
+  EXPECT_DOUBLE_EQ(in.model.flops_per_token(4096), 51'471'998'976.0);
+  const double step = 51'471'998'976.0 * 131'072 / (8 * 989e12 * 0.4);  // 2.1317 s
+  EXPECT_NEAR(t.step_seconds, step, 1e-12 * step);
+  EXPECT_NEAR(t.step_seconds, 2.1317, 1e-4);
+  EXPECT_NEAR(t.tokens_per_second_per_gpu, 131'072 / step / 8, 1e-9);
+  EXPECT_NEAR(t.job_seconds, 2000 * step, 1e-9 * step);
+  EXPECT_EQ(t.peak_flops, 989e12);
+  // the MFU and the peak divide; more ranks at the same per-rank batch leave the step time alone
+  EXPECT_NEAR(estimate_time(in, gpu_spec("h100-sxm"), 0.2).step_seconds, 2 * step, 1e-9);
+  EXPECT_NEAR(estimate_time(in, gpu_spec("a100"), 0.4).step_seconds, step * 989 / 312, 1e-9);
+  PlanInput more = in;
+  more.world_size = 16;
+  EXPECT_NEAR(estimate_time(more, gpu_spec("h100-sxm"), 0.4).step_seconds, step, 1e-9);
+  // a tensor-parallel group shares its micro-batch: 8 ranks in groups of 2 are 4 data-parallel ranks
+  PlanInput tp = in;
+  tp.tensor_parallel = 2;
+  EXPECT_EQ(estimate_time(tp, gpu_spec("h100-sxm"), 0.4).tokens_per_step, 2 * 4096 * 2 * 4);
+  EXPECT_NEAR(estimate_time(tp, gpu_spec("h100-sxm"), 0.4).step_seconds, step / 2, 1e-9);
+  // FP8 doubles Hopper's peak, not the A100's (which has no FP8)
+  PlanInput fp8 = in;
+  fp8.fp8 = true;
+  EXPECT_EQ(estimate_time(fp8, gpu_spec("h200"), 0.4).peak_flops, 2 * 989e12);
+  EXPECT_NEAR(estimate_time(fp8, gpu_spec("h200"), 0.4).step_seconds, step / 2, 1e-9);
+  EXPECT_EQ(estimate_time(fp8, gpu_spec("a100"), 0.4).peak_flops, 312e12);
+  EXPECT_NE(describe_time(fp8, gpu_spec("a100"), 0.4, "", "assumed").find("which the A100 lacks"), std::string::npos);
+  EXPECT_THROW(estimate_time(in, gpu_spec("h100-sxm"), 0), Error);
+}
+
+TEST(PlanTime, TheTextSaysWhatItAssumes) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.world_size = 8;
+  in.micro_batch = 2;
+  in.seq_len = 4096;
+  in.grad_accum_steps = 2;
+  in.steps = 2000;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  const std::string s = describe_time(in, gpu_spec("h100-sxm"), kAssumedMfu, "no GPU visible: assumed", "assumed");
+  for (const char* said : {"communication is not modelled", "131,072 (2 x 4096 tokens x 2 micro-batches x 8 data-parallel ranks)",
+                           "989 TFLOP/s dense bf16 per GPU (H100 SXM; no GPU visible: assumed), 8 GPUs",
+                           "40 % (assumed)", "2.13 s per step, 7,686 tokens/s per GPU", "1 h 11 min for 2,000 steps",
+                           "recomputation (activation checkpointing) is not in the FLOPs", "`shardtrain bench` measures"})
+    EXPECT_NE(s.find(said), std::string::npos) << said << " in\n" << s;
+}
+
+TEST(PlanTime, GpusByNameAndByDevice) {
+  EXPECT_EQ(gpu_spec("h100-pcie").bf16_flops, 756e12);
+  EXPECT_EQ(gpu_spec("h200").bf16_flops, 989e12);
+  try {
+    gpu_spec("b200");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("plan: --gpu `b200` is not a GPU plan knows; use one of h100-sxm, h100-pcie, "
+                                         "h200, a100"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H100 80GB HBM3")->name, "h100-sxm");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H100 PCIe")->name, "h100-pcie");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA H200")->name, "h200");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA A100-SXM4-80GB")->name, "a100");
+  EXPECT_EQ(gpu_spec_for_device("NVIDIA L4"), nullptr);
+  EXPECT_EQ(format_job_duration(2.1317), "2.13 s");
+  EXPECT_EQ(format_job_duration(600), "10 min 00 s");
+  EXPECT_EQ(format_job_duration(119.5), "2 min 00 s");
+  EXPECT_EQ(format_job_duration(3599.4), "59 min 59 s");
+  EXPECT_EQ(format_job_duration(4263.4), "1 h 11 min");
+  EXPECT_EQ(format_job_duration(3 * 86400 + 5 * 3600 + 100), "3 d 05 h");
+}
+
+TEST(Plan, CheckpointMemoryIsSaidPlainly) {
+  PlanInput in;
+  in.model = llama_1b();
+  in.seq_len = 4096;
+  in.checkpoints = true;
+  in.checkpoint_interval = 250;
+  in.async_checkpoints = true;
+  MemoryPlan p = plan_memory(in);
+  std::string s = describe_checkpoint_memory(in, p);
+  EXPECT_NE(s.find("checkpoints every 250 steps (checkpoint.async): each save copies this rank's f32 master weights "
+                   "and AdamW m and v (" + format_bytes(p.master + p.optimizer) + ") into page-locked host memory kept "
+                   "from save to save (counted above)"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(describe_plan(in, p).find(s), std::string::npos);
+  in.offload = true;
+  in.async_checkpoints = false;
+  s = describe_checkpoint_memory(in, plan_memory(in));
+  EXPECT_NE(s.find("written from the f32 shards where they are, in host memory (no copy)"), std::string::npos) << s;
+  // no interval: a signal's save still needs the copies, which the plan does not count
+  in = PlanInput{};
+  in.model = llama_1b();
+  in.checkpoint_on_signal = true;
+  p = plan_memory(in);
+  EXPECT_EQ(p.host_checkpoint, 0);
+  s = describe_checkpoint_memory(in, p);
+  EXPECT_NE(s.find("a save on a signal (checkpoint.on_signal) copies this rank's f32 master weights and AdamW m and v (" +
+                   format_bytes(p.master + p.optimizer) + ") into page-locked host memory then, not counted above"),
+            std::string::npos)
+      << s;
+  in.checkpoint_on_signal = false;
+  EXPECT_NE(describe_checkpoint_memory(in, p).find("no host memory for saves"), std::string::npos);
+}
+
+// The shipped jobs of published models plan without their folders: model.hf names a folder
+// that is not there (paths are relative to where plan runs), whose name gives the preset.
+TEST(Plan, ShippedJobsPlanWithoutTheirModelFolders) {
+  const std::pair<const char*, int64_t> jobs[] = {{"llama3.1-8b-finetune.toml", 8'030'261'248},
+                                                  {"llama3.1-8b-128k-one-gpu.toml", 8'030'261'248},
+                                                  {"llama3.1-405b-64gpus.toml", 405'853'388'800},
+                                                  {"llama2-70b-finetune-16gpus.toml", 68'976'648'192},
+                                                  {"llama3.2-1b-finetune.toml", 1'235'814'400}};
+  for (const auto& [file, parameters] : jobs) {
+    const JobConfig job = load_config(testing::source_dir() + "/configs/" + file, {}).config;
+    ASSERT_FALSE(std::filesystem::exists(job.model.hf)) << job.model.hf << " is here: the test needs it absent";
+    const PlannedModel m = planned_model(job);
+    EXPECT_EQ(m.config.num_parameters(), parameters) << file;
+    EXPECT_NE(m.source.find("is not on this machine"), std::string::npos) << m.source;
+  }
+  JobConfig other = load_config(testing::source_dir() + "/configs/llama3.1-8b-finetune.toml", {}).config;
+  other.model.hf = "models/my-finetune";
+  try {
+    planned_model(other);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`model.hf` = `models/my-finetune` does not exist, and plan reads the model's "
+                                         "shape from its config.json; download the model there, or plan with a "
+                                         "built-in shape: --model.hf= --model.preset=NAME (NAME: llama3.2-1b, "),
+              std::string::npos)
+        << e.what();
+  }
+  other.model.hf = "";
+  other.model.preset = "llama3.1-70b";
+  const PlannedModel preset = planned_model(other);
+  EXPECT_EQ(preset.config.num_parameters(), 70'553'706'496);
+  EXPECT_EQ(preset.source, "model shape: preset llama3.1-70b, as meta-llama/Llama-3.1-70B publishes it");
+  // a folder that is there is read, whatever its name
+  other.model.preset = "";
+  other.model.hf = testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope";
+  EXPECT_EQ(planned_model(other).config.dim, model::load_hf_config(other.model.hf + "/config.json").dim);
 }
 
 }  // namespace
