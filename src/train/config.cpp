@@ -635,10 +635,14 @@ LoadedConfig load_config(const std::string& toml_path, const std::vector<std::st
   const auto where = [&](const char* key) {
     return std::string(out.sources.at(key) == ValueSource::kFile ? "in `" + out.file + "`" : "on the command line");
   };
-  ST_CHECK(!given("training.steps") || !given("training.epochs"), "`training.steps` (", out.config.training.steps,
+  // 0 is "unset" for epochs and the warm-up fraction: a full config (print-config's) gives both keys
+  ST_CHECK(!given("training.steps") || !given("training.epochs") || out.config.training.epochs == 0,
+           "`training.steps` (", out.config.training.steps,
            ", ", where("training.steps"), ") and `training.epochs` (", out.config.training.epochs, ", ",
            where("training.epochs"), ") both set the run's length; give one of them");
-  ST_CHECK(!given("schedule.warmup_steps") || !given("schedule.warmup_fraction"), "`schedule.warmup_steps` (",
+  ST_CHECK(!given("schedule.warmup_steps") || !given("schedule.warmup_fraction") ||
+               out.config.schedule.warmup_fraction == 0,
+           "`schedule.warmup_steps` (",
            out.config.schedule.warmup_steps, ", ", where("schedule.warmup_steps"), ") and `schedule.warmup_fraction` (",
            out.config.schedule.warmup_fraction, ", ", where("schedule.warmup_fraction"),
            ") both set the warm-up; give one of them");

@@ -125,8 +125,12 @@ TEST(FineTuningConfig, KeysThatSetTheSameThingTwiceAreNamed) {
   const std::string eval = error_of([] { (void)load_config("", {"--eval.enabled=false", "--eval.at_start=true"}); });
   EXPECT_NE(eval.find("`eval.at_start` = true"), std::string::npos) << eval;
   EXPECT_NE(eval.find("`eval.enabled` = false"), std::string::npos) << eval;
-  // steps alone with model.hf: no epochs by default, so no conflict
+  // steps alone with model.hf: no epochs by default, so no conflict; 0 is "unset", as a full
+  // config file (print-config's) writes it beside the other key
   EXPECT_EQ(load_config("", {"--model.hf=m", "--training.steps=10"}).config.training.epochs, 0);
+  EXPECT_EQ(load_config("", {"--training.steps=10", "--training.epochs=0"}).config.training.steps, 10);
+  EXPECT_EQ(load_config("", {"--schedule.warmup_steps=5", "--schedule.warmup_fraction=0"}).config.schedule.warmup_steps,
+            5);
 }
 
 // ---- the arithmetic ----
