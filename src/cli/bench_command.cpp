@@ -19,6 +19,7 @@
 #include "dist/mpi_communicator.h"
 #endif
 #include "train/config.h"
+#include "train/launch_defaults.h"
 #include "train/trainer.h"
 
 namespace shardtrain::cli {
@@ -45,6 +46,7 @@ BenchRow run_one_bench(const train::JobConfig& c, int64_t warmup, const std::str
   train::Trainer trainer(c, nullptr, train::BenchMode{warmup});
   if (trainer.device().is_cuda()) allocator_for(trainer.device()).reset_peak();  // this run's peak alone
   const train::TrainSummary s = trainer.run();
+  if (row.seq_len == 0) row.seq_len = train::auto_seq_len(trainer.model().config().max_seq_len).seq_len;  // auto
   row.model = trainer.model().config().summary();
   row.device = trainer.device().str();
   row.rank = trainer.comm().rank();

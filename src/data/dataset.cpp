@@ -250,6 +250,11 @@ void PackedStreamData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t ind
 
 std::string PackedStreamData::held_out_size() const { return std::to_string(val_->size()) + " tokens"; }
 
+std::optional<EpochSize> PackedStreamData::epoch_size() const {
+  if (!sampler_) return std::nullopt;  // evaluation only
+  return EpochSize{EpochSize::Unit::kTokens, train_->size()};
+}
+
 RandomTokenData::RandomTokenData(int64_t vocab, uint64_t seed, int64_t eval_batches_count)
     : vocab_(vocab), seed_(seed), eval_batches_(eval_batches_count) {
   ST_CHECK(vocab > 0, "random tokens need a vocabulary of at least 1 token, found ", vocab);

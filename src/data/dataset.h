@@ -119,6 +119,14 @@ bool fill_eval_batch(Tensor& ids_BT, Tensor& targets_BT, const TokenSource& stre
 // How many such batches of B x T the stream holds.
 int64_t eval_batches_available(int64_t stream_tokens, int64_t B, int64_t T);
 
+// One pass over a training split, for training.epochs: packed sequences (fine-tuning examples,
+// read in order epoch after epoch) or tokens (a stream, drawn as random windows).
+struct EpochSize {
+  enum class Unit { kSequences, kTokens };
+  Unit unit = Unit::kSequences;
+  int64_t count = 0;
+};
+
 // Where the trainer's batches come from. ids and targets are [B, T] i32 host tensors; a
 // target of -100 (model::StepOptions::ignore_index) is a position whose loss does not count.
 class TrainingData {
@@ -128,13 +136,18 @@ class TrainingData {
   // step `step` (a pure function of these and the data's seed).
   virtual void fill_train(Tensor& ids_BT, Tensor& targets_BT, int64_t step, int64_t micro,
                           int64_t first_sequence) const = 0;
-  // Held-out batches of B x T: how many there are, and batch `index` (< that number).
+  // Held-out batches of B x T: how many there are, and batch `index` (< that number). Data whose
+  // last batch may be partial (fine-tuning examples) fills the rows past the split's end with
+  // targets of -100, which count no token.
   virtual int64_t eval_batches(int64_t B, int64_t T) const = 0;
   virtual void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const = 0;
   // One line for the log: what was read and how it was split.
   virtual std::string summary() const = 0;
   // The held-out split's size in words, for errors ("1234 tokens", "12 examples in 3 sequences").
   virtual std::string held_out_size() const = 0;
+  // The training split's size for training.epochs; nullopt where an epoch means nothing
+  // (random tokens, a mix of sources).
+  virtual std::optional<EpochSize> epoch_size() const { return std::nullopt; }
   // Data mixed from several sources evaluates each: their names, and which one held-out
   // batch `index` comes from. Empty: one source, reported as the whole.
   virtual std::vector<std::string> eval_part_names() const { return {}; }
@@ -161,6 +174,7 @@ class PackedStreamData final : public TrainingData {
   void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override;
   std::string summary() const override { return summary_; }
   std::string held_out_size() const override;
+  std::optional<EpochSize> epoch_size() const override;
 
  private:
   std::unique_ptr<TokenSource> train_, val_;

@@ -426,15 +426,28 @@ void SftData::fill_sequence(Tensor& ids_1T, Tensor& targets_1T, int64_t g) const
 }
 
 int64_t SftData::eval_batches(int64_t B, int64_t T) const {
-  ST_ASSERT(T == options_.seq_len);
-  return val_.count / B;
+  ST_ASSERT(T == options_.seq_len && B > 0);
+  return (val_.count + B - 1) / B;  // the last one partial: a small held-out split is evaluated whole
 }
 
 void SftData::fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const {
-  const int64_t B = ids_BT.size(0);
-  ST_CHECK(index >= 0 && index < eval_batches(B, ids_BT.size(1)), "evaluation batch ", index, " is past the held-out ",
+  const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
+  ST_CHECK(index >= 0 && index < eval_batches(B, T), "evaluation batch ", index, " is past the held-out ",
            held_out_size());
-  for (int64_t b = 0; b < B; ++b) put_sequence(ids_BT, targets_BT, b, val_, index * B + b);
+  const int32_t pad = val_.ids.empty() ? 0 : val_.ids.back();
+  for (int64_t b = 0; b < B; ++b) {
+    if (index * B + b < val_.count) {
+      put_sequence(ids_BT, targets_BT, b, val_, index * B + b);
+    } else {  // past the split's end: a row that counts nothing
+      std::fill_n(ids_BT.data<int32_t>() + b * T, T, pad);
+      std::fill_n(targets_BT.data<int32_t>() + b * T, T, kIgnore);
+    }
+  }
+}
+
+std::optional<EpochSize> SftData::epoch_size() const {
+  if (train_.count == 0) return std::nullopt;  // evaluation only
+  return EpochSize{EpochSize::Unit::kSequences, train_.count};
 }
 
 std::string SftData::held_out_size() const {

@@ -125,6 +125,7 @@ std::vector<SftExample> read_sft_examples_file(const std::string& path, int64_t 
 // example goes to the held-out split with probability val_fraction by a hash of (seed, its
 // index among the examples). Training sequences are packed from the examples in a seeded order; fill_train takes
 // training sequence g = the formula in SftOptions, epoch g / count, in that epoch's order.
+// Held-out batches: ceil(sequences / B), the last one partial when B does not divide them.
 class SftData final : public TrainingData {
  public:
   SftData(const std::string& path, const Tokenizer& tokenizer, const SftOptions& options);
@@ -139,6 +140,7 @@ class SftData final : public TrainingData {
   void fill_eval(Tensor& ids_BT, Tensor& targets_BT, int64_t index) const override;
   std::string summary() const override { return summary_; }
   std::string held_out_size() const override;
+  std::optional<EpochSize> epoch_size() const override;
   bool in_order() const override { return true; }
   void fill_sequence(Tensor& ids_1T, Tensor& targets_1T, int64_t g) const override;
 

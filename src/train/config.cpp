@@ -213,11 +213,28 @@ const std::vector<KeyDef>& keys() {
           "folder of token caches; empty: $XDG_CACHE_HOME/shardtrain/tokens, else ~/.cache/shardtrain/tokens"),
 
       key("training.steps", &C::training, &TrainingSection::steps,
-          "optimizer steps to run (0: load, evaluate and export only)", non_negative()),
+          "optimizer steps to run (0: load, evaluate and export only); not to be given beside training.epochs",
+          non_negative()),
+      key("training.epochs", &C::training, &TrainingSection::epochs,
+          "passes over the training data (fractions allowed), in place of training.steps: the steps are "
+          "ceil(epochs x the training split's size / one step's share of it), computed once the data is read "
+          "and logged. Fine-tuning examples (sft, chat) count in packed training sequences, a step taking "
+          "training.batch_size x training.grad_accum_steps x data-parallel ranks of them, and a last step that "
+          "would be partial is filled from the start of the next epoch's order; token streams (text, JSONL, "
+          "Parquet, token files) count in training tokens, a step taking that many sequences x training.seq_len "
+          "tokens, drawn as random windows, so an epoch is that many tokens seen, not each token once. Not for "
+          "data.mix or builtin:random. 0: unset (training.steps applies); 1 when fine-tuning (model.hf) with "
+          "neither key given",
+          non_negative()),
       key("training.batch_size", &C::training, &TrainingSection::batch_size,
           "sequences per micro-batch", positive()),
       key("training.seq_len", &C::training, &TrainingSection::seq_len,
-          "tokens per sequence (<= model.max_seq_len)", positive()),
+          "tokens per sequence (<= model.max_seq_len); 0: auto, chosen at launch as the model's context "
+          "(model.max_seq_len, or model.hf's max_position_embeddings) capped at 4096, and for fine-tuning "
+          "examples (sft, chat) no longer than the longest example rounded up to a multiple of 64 (the examples "
+          "are read once anyway; documents are not measured, which would take a pass over the data). 0 when "
+          "fine-tuning (model.hf) and not given",
+          non_negative()),
       key("training.grad_accum_steps", &C::training, &TrainingSection::grad_accum_steps,
           "micro-batches accumulated per optimizer step", positive()),
       key("training.seed", &C::training, &TrainingSection::seed,
@@ -315,7 +332,11 @@ const std::vector<KeyDef>& keys() {
           "empty: none",
           [](const std::string& k, const Value& v) { parse_duration_seconds(std::get<std::string>(v), k); }),
 
-      key("optimizer.lr", &C::optimizer, &OptimizerSection::lr, "peak learning rate", positive()),
+      key("optimizer.lr", &C::optimizer, &OptimizerSection::lr,
+          "peak learning rate; 2e-5 when fine-tuning (model.hf) and not given: full fine-tuning moves every "
+          "weight of a pretrained model, and steps near pre-training's (2e-3 here) would erase what it learned "
+          "within a few steps; 1e-5 to 5e-5 is the usual range for AdamW over all weights",
+          positive()),
       key("optimizer.beta1", &C::optimizer, &OptimizerSection::beta1, "AdamW beta1", in_range(0.0, 0.999999)),
       key("optimizer.beta2", &C::optimizer, &OptimizerSection::beta2, "AdamW beta2", in_range(0.0, 0.999999)),
       key("optimizer.eps", &C::optimizer, &OptimizerSection::eps, "AdamW epsilon", positive()),
@@ -328,7 +349,13 @@ const std::vector<KeyDef>& keys() {
           "learning-rate decay after warmup: cosine, linear, sqrt (1 - sqrt of the decay's progress) or constant",
           one_of({"cosine", "linear", "sqrt", "constant"})),
       key("schedule.warmup_steps", &C::schedule, &ScheduleSection::warmup_steps,
-          "linear warmup steps from 0 to optimizer.lr", non_negative()),
+          "linear warmup steps from 0 to optimizer.lr; not to be given beside schedule.warmup_fraction",
+          non_negative()),
+      key("schedule.warmup_fraction", &C::schedule, &ScheduleSection::warmup_fraction,
+          "the warm-up as a share of training.steps, in place of schedule.warmup_steps: ceil(fraction x steps) "
+          "steps, computed at launch (after training.epochs) and logged; 0: unset (schedule.warmup_steps "
+          "applies); 0.03 when fine-tuning (model.hf) with neither key given",
+          in_range(0.0, 0.5)),
       key("schedule.min_lr_ratio", &C::schedule, &ScheduleSection::min_lr_ratio,
           "final learning rate as a fraction of optimizer.lr", in_range(0.0, 1.0)),
       key("schedule.decay_fraction", &C::schedule, &ScheduleSection::decay_fraction,
@@ -336,12 +363,18 @@ const std::vector<KeyDef>& keys() {
           "warmup and decay stay at optimizer.lr); 1: the decay starts right after warmup",
           in_range(0.0, 1.0)),
 
+      key("eval.enabled", &C::eval, &EvalSection::enabled,
+          "evaluate on the held-out split (or data.eval_source); false: no evaluation at all, neither at "
+          "eval.interval_steps nor at the end, and no held-out data is needed (the split of data.val_fraction is "
+          "still set aside: set data.val_fraction = 0 to train on all of data.source)"),
       key("eval.interval_steps", &C::eval, &EvalSection::interval_steps,
           "evaluate on the held-out split every this many steps (and at the end); 0 only at the end",
           non_negative()),
       key("eval.batches", &C::eval, &EvalSection::batches,
           "global held-out batches per evaluation (each training.batch_size sequences per data-parallel rank), "
-          "from the split's start; 0: all of them (the whole held-out split or data.eval_source)",
+          "from the split's start; 0: all of them (the whole held-out split or data.eval_source). Fine-tuning "
+          "examples evaluate their last, partial batch too (and a held-out split smaller than one batch): the "
+          "missing rows count no token, and the loss is the mean over the counted tokens evaluated",
           non_negative()),
       key("eval.at_start", &C::eval, &EvalSection::at_start,
           "also evaluate before the first step (logged as step 0, or as the step a resumed run starts after): "
@@ -638,12 +671,59 @@ LoadedConfig load_config(const std::string& toml_path, const std::vector<std::st
     const KeyDef& k = find_key(o.substr(0, eq), "override `" + raw + "`: ");
     set_checked(out, k, parse_text(k, o.substr(eq + 1)), ValueSource::kOverride);
   }
+  const auto given = [&](const char* key) { return out.sources.at(key) != ValueSource::kDefault; };
+  const auto where = [&](const char* key) {
+    return std::string(out.sources.at(key) == ValueSource::kFile ? "in `" + out.file + "`" : "on the command line");
+  };
+  // 0 is "unset" for epochs and the warm-up fraction: a full config (print-config's) gives both keys
+  ST_CHECK(!given("training.steps") || !given("training.epochs") || out.config.training.epochs == 0,
+           "`training.steps` (", out.config.training.steps,
+           ", ", where("training.steps"), ") and `training.epochs` (", out.config.training.epochs, ", ",
+           where("training.epochs"), ") both set the run's length; give one of them");
+  ST_CHECK(!given("schedule.warmup_steps") || !given("schedule.warmup_fraction") ||
+               out.config.schedule.warmup_fraction == 0,
+           "`schedule.warmup_steps` (",
+           out.config.schedule.warmup_steps, ", ", where("schedule.warmup_steps"), ") and `schedule.warmup_fraction` (",
+           out.config.schedule.warmup_fraction, ", ", where("schedule.warmup_fraction"),
+           ") both set the warm-up; give one of them");
+  apply_fine_tuning_defaults(out);
   validate(out.config);
   return out;
 }
 
 bool is_boolean_key(const std::string& name, const std::string& where) {
   return find_key(name, where).type == Type::kBool;
+}
+
+void apply_fine_tuning_defaults(LoadedConfig& loaded) {
+  JobConfig& c = loaded.config;
+  if (c.model.hf.empty()) return;
+  const auto unset = [&](std::initializer_list<const char*> names) {
+    return std::all_of(names.begin(), names.end(), [&](const char* n) {
+      const auto it = loaded.sources.find(n);
+      return it == loaded.sources.end() || it->second == ValueSource::kDefault;
+    });
+  };
+  const auto take = [&](const char* name) {
+    loaded.sources[name] = ValueSource::kFineTuning;
+    c.fine_tuning_defaults.emplace_back(name);
+  };
+  if (unset({"optimizer.lr"})) {
+    c.optimizer.lr = kFineTuningLr;
+    take("optimizer.lr");
+  }
+  if (unset({"schedule.warmup_steps", "schedule.warmup_fraction"})) {
+    c.schedule.warmup_fraction = kFineTuningWarmupFraction;
+    take("schedule.warmup_fraction");
+  }
+  if (unset({"training.seq_len"})) {
+    c.training.seq_len = 0;
+    take("training.seq_len");
+  }
+  if (unset({"training.steps", "training.epochs"})) {
+    c.training.epochs = kFineTuningEpochs;
+    take("training.epochs");
+  }
 }
 
 void validate(const JobConfig& c) {
@@ -667,6 +747,10 @@ void validate(const JobConfig& c) {
   else if (m.hf.empty())
     ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
              ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");
+  ST_CHECK(c.eval.enabled || !c.eval.at_start, "`eval.at_start` = true asks for an evaluation before the first "
+           "step, but `eval.enabled` = false turns evaluation off; drop one of them");
+  ST_CHECK(c.eval.enabled || c.data.eval_source.empty(), "`data.eval_source` = `", c.data.eval_source,
+           "` is read only for evaluation, but `eval.enabled` = false turns evaluation off; drop one of them");
   ST_CHECK(!c.training.deterministic || c.training.gemm_selection == "heuristic",
            "`training.deterministic` needs `training.gemm_selection` = \"heuristic\" (found \"",
            c.training.gemm_selection, "\"): timed picks can differ between runs");
@@ -724,9 +808,22 @@ std::string describe(const LoadedConfig& loaded) {
       section = sec;
     }
     const ValueSource src = loaded.sources.at(k.name);
-    const char* from = src == ValueSource::kDefault ? "default" : src == ValueSource::kFile ? "file" : "override";
-    s << k.name.substr(sec.size() + 1) << " = " << value_str(k.get(loaded.config)) << "  # " << from << ": "
-      << k.doc << "\n";
+    const std::string name = k.name.substr(sec.size() + 1);
+    // computed at launch from another key: a comment, so that the output read back as a
+    // config does not give both keys
+    const JobConfig& c = loaded.config;
+    const char* from_key = k.name == "training.steps" && c.training.epochs > 0                  ? "training.epochs"
+                           : k.name == "schedule.warmup_steps" && c.schedule.warmup_fraction > 0 ? "schedule.warmup_fraction"
+                                                                                                 : nullptr;
+    if (from_key != nullptr) {
+      s << "# " << name << ": computed at launch from " << from_key << ": " << k.doc << "\n";
+      continue;
+    }
+    const std::string from = src == ValueSource::kDefault    ? "default"
+                             : src == ValueSource::kFile     ? "file"
+                             : src == ValueSource::kOverride ? "override"
+                                                             : "fine-tuning default (model.hf set; " + k.name + " not given)";
+    s << name << " = " << value_str(k.get(loaded.config)) << "  # " << from << ": " << k.doc << "\n";
   }
   return s.str();
 }
@@ -750,7 +847,15 @@ std::string config_toml(const JobConfig& config) {
       s << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
       section = sec;
     }
-    s << k.name.substr(sec.size() + 1) << " = " << value_str(k.get(config)) << "  # " << k.doc << "\n";
+    const std::string name = k.name.substr(sec.size() + 1);
+    // computed at launch from another key (as in describe): a comment, so that the file read
+    // back does not give both keys
+    if ((k.name == "training.steps" && config.training.epochs > 0) ||
+        (k.name == "schedule.warmup_steps" && config.schedule.warmup_fraction > 0)) {
+      s << "# " << name << " = " << value_str(k.get(config)) << ": computed at launch: " << k.doc << "\n";
+      continue;
+    }
+    s << name << " = " << value_str(k.get(config)) << "  # " << k.doc << "\n";
   }
   return s.str();
 }
@@ -768,7 +873,8 @@ LoadedConfig layer_config(const LoadedConfig& base, const LoadedConfig& top) {
   LoadedConfig out = base;
   for (const KeyDef& k : keys()) {
     const ValueSource from = top.sources.at(k.name);
-    if (from == ValueSource::kDefault) {
+    // a fine-tuning default is a default: the base (the checkpoint's config) knows what it became
+    if (from == ValueSource::kDefault || from == ValueSource::kFineTuning) {
       out.sources[k.name] = ValueSource::kFile;
     } else {
       k.set(out.config, k.get(top.config));

@@ -53,8 +53,9 @@ struct DataSection {
 
 struct TrainingSection {
   int64_t steps = 800;
+  double epochs = 0;  // > 0: passes over the training data, from which the steps are computed at launch
   int64_t batch_size = 8;
-  int64_t seq_len = 128;
+  int64_t seq_len = 128;  // 0: auto, chosen at launch from the model's context and the data
   int64_t grad_accum_steps = 1;
   uint64_t seed = 1234;
   double max_grad_norm = 1.0;
@@ -87,11 +88,13 @@ struct OptimizerSection {
 struct ScheduleSection {
   std::string type = "cosine";
   int64_t warmup_steps = 30;
+  double warmup_fraction = 0;  // > 0: the warm-up as this share of training.steps, in place of warmup_steps
   double min_lr_ratio = 0.1;
   double decay_fraction = 1.0;
 };
 
 struct EvalSection {
+  bool enabled = true;  // false: no evaluation at all (and no held-out split needed)
   int64_t interval_steps = 100;
   int64_t batches = 8;
   bool at_start = false;  // also before the first step
@@ -163,9 +166,14 @@ struct JobConfig {
   CheckpointSection checkpoint;
   ParallelSection parallel;
   SampleSection sample;
+  // Not keys: the keys that took fine-tuning defaults (apply_fine_tuning_defaults), for the
+  // launch's log line.
+  std::vector<std::string> fine_tuning_defaults;
 };
 
-enum class ValueSource { kDefault, kFile, kOverride };
+// kFineTuning: a default for fine-tuning, taken because model.hf is set and the key was not
+// given (apply_fine_tuning_defaults).
+enum class ValueSource { kDefault, kFile, kOverride, kFineTuning };
 
 struct LoadedConfig {
   JobConfig config;
@@ -173,9 +181,22 @@ struct LoadedConfig {
   std::string file;                            // the TOML file, or "" for none
 };
 
+// The fine-tuning defaults, for a job with model.hf whose keys were not given (in a file or
+// an override): optimizer.lr 2e-5; schedule.warmup_fraction 0.03 (unless schedule.warmup_steps
+// is given); training.seq_len 0 (auto: train/launch_defaults.h); training.epochs 1 (unless
+// training.steps is given).
+constexpr double kFineTuningLr = 2e-5;
+constexpr double kFineTuningWarmupFraction = 0.03;
+constexpr double kFineTuningEpochs = 1;
+// Applies them to `loaded` (marking each kFineTuning and listing it in
+// config.fine_tuning_defaults); nothing without model.hf. load_config calls it.
+void apply_fine_tuning_defaults(LoadedConfig& loaded);
+
 // Loads defaults, then `toml_path` (may be empty), then overrides of the form
-// "--section.key=value" or "section.key=value". Throws Error naming the key on an unknown
-// key (with the nearest valid one), a wrong type or an impossible value.
+// "--section.key=value" or "section.key=value", then the fine-tuning defaults. Throws Error
+// naming the key on an unknown key (with the nearest valid one), a wrong type or an impossible
+// value, and naming both keys where two given keys conflict (training.steps and
+// training.epochs; schedule.warmup_steps and schedule.warmup_fraction).
 LoadedConfig load_config(const std::string& toml_path, const std::vector<std::string>& overrides);
 
 // Cross-key checks (e.g. model.n_heads divides model.dim); throws naming both keys.
@@ -185,7 +206,9 @@ void validate(const JobConfig& config);
 // (numbers with units h, m, s, in that order); 0 for an empty one. Errors name `key`.
 double parse_duration_seconds(const std::string& text, const std::string& key = "training.time_limit");
 
-// "key = value  # source: doc" lines for every key, in declaration order.
+// "key = value  # source: doc" lines for every key, in declaration order; a key whose value
+// is computed at launch from another (training.steps from training.epochs,
+// schedule.warmup_steps from schedule.warmup_fraction) is a comment line saying so.
 std::string describe(const LoadedConfig& loaded);
 // A Markdown table of every key with type, default and doc (for the README).
 std::string reference_table();

@@ -12,6 +12,7 @@
 #include "model/hf_config.h"
 #include "model/layout.h"
 #include "model/presets.h"
+#include "train/launch_defaults.h"
 #include "train/trainer.h"
 #include "train/training_data.h"
 
@@ -424,7 +425,8 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.replicate = static_cast<int>(job.parallel.replicate);
   in.gpu = job.training.device != "cpu";
   in.micro_batch = job.training.batch_size;
-  in.seq_len = job.training.seq_len;
+  // 0 (auto): the longest a launch may choose (fine-tuning examples may make it shorter)
+  in.seq_len = job.training.seq_len > 0 ? job.training.seq_len : auto_seq_len(model.max_seq_len).seq_len;
   if (job.training.activation_checkpointing != "auto")
     in.checkpointing =
         model::parse_checkpointing(job.training.activation_checkpointing, "training.activation_checkpointing");

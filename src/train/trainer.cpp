@@ -213,6 +213,7 @@ JobConfig bench_job(JobConfig c, const BenchMode& bench) {
   c.export_.folder.clear();
   c.sample.tokens = 0;
   c.eval.interval_steps = 0;
+  c.training.epochs = 0;  // the bench's own step count
   c.logging.metrics_file.clear();
   c.logging.tensorboard_dir.clear();
   c.logging.interval_steps = 1;  // and so the board is read at every step
@@ -323,42 +324,51 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   // checkpoint.resume, read before the data and the model: a run whose checkpoint has done all
   // its steps (a requeue after the end) builds nothing more and ends with success
   std::optional<CheckpointInfo> resume_from;
+  const auto already_complete = [&](const std::string& dir) {
+    if (!resume_from || resume_from->step < config_.training.steps) return false;
+    complete_at_step_ = resume_from->step;
+    complete_checkpoint_ = dir;
+    log::info(fmt::format("the run is already complete at step {}: checkpoint `{}` has done all `training.steps` "
+                          "= {}; nothing to train",
+                          resume_from->step, dir, config_.training.steps));
+    return true;
+  };
+  std::string resume_dir;
   if (!config_.checkpoint.resume.empty()) {
     const std::string dir = resolve_checkpoint(config_.checkpoint.resume, checkpoint_root());
     if (dir.empty()) {
       log::info(fmt::format("checkpoint.resume = auto: no checkpoint under {}; starting fresh", checkpoint_root()));
     } else {
       resume_from = read_checkpoint_info(dir);
+      resume_dir = dir;
       ST_CHECK(model::to_hf_config(resume_from->config, "float32") == model::to_hf_config(mc, "float32"),
                "checkpoint `", dir, "` holds a different model (", resume_from->config.summary(), ") than this job (",
                mc.summary(), ")");
-      if (resume_from->step >= config_.training.steps) {
-        complete_at_step_ = resume_from->step;
-        complete_checkpoint_ = dir;
-        log::info(fmt::format("the run is already complete at step {}: checkpoint `{}` has done all `training.steps` "
-                              "= {}; nothing to train",
-                              resume_from->step, dir, config_.training.steps));
-        return;
-      }
+      if (config_.training.epochs == 0 && already_complete(dir)) return;  // with epochs, known once the data is read
     }
   }
-  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size, comm_, local_rank());
+  AutoSeqLen seq_len;
+  seq_len.model_max_seq_len = mc.max_seq_len;
+  data_ = open_training_data(config_, *tokenizer_, mc.vocab_size, dp_size, comm_, local_rank(), &seq_len);
   log::info("data: " + data_->summary());
+  resolve_run_shape(seq_len);
   phases.done("data");
+  if (config_.training.epochs > 0 && already_complete(resume_dir)) return;
   document_mask_ = resolve_document_mask(config_.data);
   ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,
            "`data.document_mask` finds documents by their BOS token, and the tokenizer (`data.tokenizer` = ",
            config_.data.tokenizer, ") has none; set data.document_mask = off");
   if (document_mask_)
     log::info("data.document_mask: each document (from a BOS token) attends only to itself, positions from 0");
-  {
-    // Evaluation runs at least once, at the end: a held-out split too small for one global
-    // batch would otherwise fail only after the whole run, before its last checkpoint.
-    const int64_t B = config_.training.batch_size, T = config_.training.seq_len, W = dp_size;
-    ST_CHECK(data_->eval_batches(B, T) >= W, "the held-out split has ", data_->held_out_size(),
-             ", fewer than one evaluation batch (", W, " data-parallel rank(s) x `training.batch_size` ", B,
-             " sequences of `training.seq_len` ", T, " + 1 tokens); evaluation runs at least at the end of ",
-             "training: raise `data.val_fraction` or use more data");
+  if (config_.eval.enabled) {
+    // Evaluation runs at least once, at the end: a held-out split with no batch would otherwise
+    // fail only after the whole run, before its last checkpoint. (Examples evaluate a partial
+    // batch; ranks past the split's end evaluate rows that count nothing.)
+    const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
+    ST_CHECK(data_->eval_batches(B, T) >= 1, "the held-out split has ", data_->held_out_size(),
+             ", fewer than one evaluation batch (`training.batch_size` ", B, " sequences of `training.seq_len` ", T,
+             " + 1 tokens); evaluation runs at least at the end of training: raise `data.val_fraction`, use more "
+             "data, or set `eval.enabled` = false");
   }
   if (comm_->name() != "nccl") device_ = resolve_device(config_.training.device);
   ST_CHECK(device_.is_cpu() || comm_->world_size() == 1 || comm_->name() == "nccl", "training on ",
@@ -766,7 +776,7 @@ TrainSummary Trainer::run() {
     std::unique_ptr<Watchdog>& watchdog;
     ~Unwatch() { watchdog.reset(); }
   } unwatch{watchdog_};
-  if (config_.eval.at_start && !bench_ && tc.steps > 0) {
+  if (config_.eval.enabled && config_.eval.at_start && !bench_ && tc.steps > 0) {
     const profile::Region region("evaluation");
     report_eval(start_step_ - 1, nullptr);  // the loss the run starts from
   }
@@ -865,7 +875,7 @@ TrainSummary Trainer::run() {
     const double clip = optim::clip_coefficient(norm, tc.max_grad_norm);  // applied inside the update
     // the norm and the loss are all-reduced: every rank skips alike (training.nonfinite_skips)
     const bool skip = nonfinite_skips.skip(step, loss_sum / global_counted, norm);
-    const bool eval_now = !bench_ && !stopping &&
+    const bool eval_now = !bench_ && !stopping && config_.eval.enabled &&
                           ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == tc.steps);
     const int64_t every = config_.checkpoint.interval_steps;
     bool checkpoint_now = (every > 0 && (step % every == 0 || step == tc.steps)) || stopping;
@@ -1107,7 +1117,7 @@ TrainSummary Trainer::run() {
                           timed.steps > 0 ? fmt::format("from step {} on, as the run's figures", timed_from)
                                           : std::string("over the run")) +
               profile::report_and_reset());
-  if (tc.steps == 0 && !bench_) report_eval(0, nullptr);
+  if (tc.steps == 0 && !bench_ && config_.eval.enabled) report_eval(0, nullptr);
   if (summary.stopped_by_signal != 0 || summary.stopped_by_time_limit) return summary;  // saved; the export and sample wait for the end
   if (!config_.export_.folder.empty()) {
     ExportOptions eo;

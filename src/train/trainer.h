@@ -25,6 +25,7 @@
 #include "train/plan.h"
 #include "train/stop_signals.h"
 #include "train/config.h"
+#include "train/training_data.h"
 
 namespace shardtrain::train {
 
@@ -145,6 +146,9 @@ class Trainer {
   // training.offload_activations_blocks with 0 (auto) decided by the plan and the GPU's memory.
   int64_t offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const;
   int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
+  // Once the data is open: training.seq_len = 0 as `seq_len` chose it, training.epochs as
+  // steps, schedule.warmup_fraction as warm-up steps, in config_; logs what was chosen.
+  void resolve_run_shape(const AutoSeqLen& seq_len);
   PlanInput launch_plan_input() const;  // the memory plan's input for this run, auto choices left open
   PlanInput chosen_plan_input() const;  // the same with the launch's choices made (after they are)
 

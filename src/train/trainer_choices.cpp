@@ -1,4 +1,5 @@
-// The Trainer's launch-time choices, apart from the loop: where checkpoints go, the loss and
+// The Trainer's launch-time choices, apart from the loop: the run's length and sequence length
+// once the data is read (train/launch_defaults.h), where checkpoints go, the loss and
 // MLP chunk sizes, and the automatic settings (activation checkpointing, compute shards,
 // offloaded blocks) that the memory plan (train/plan.h) decides against the GPU's memory.
 #include <filesystem>
@@ -10,6 +11,7 @@
 #include "core/cuda/device.h"
 #endif
 #include "core/log.h"
+#include "train/launch_defaults.h"
 #include "train/plan.h"
 #include "train/trainer.h"
 #include "train/run_folder.h"
@@ -161,6 +163,30 @@ int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkp
                      "error, or " + gpu_memory_advice(with_offloaded_blocks(in, c.blocks)));
   }
   return c.blocks;
+}
+
+void Trainer::resolve_run_shape(const AutoSeqLen& seq_len) {
+  TrainingSection& t = config_.training;
+  LaunchChoices choices;
+  if (t.seq_len == 0) {
+    t.seq_len = seq_len.chosen.seq_len;
+    choices.seq_len = seq_len.chosen;
+    choices.seq_len_auto = true;
+  }
+  choices.sequences_per_step = t.batch_size * t.grad_accum_steps * mesh_->shape().data_parallel;
+  if (t.epochs > 0) {
+    const std::optional<data::EpochSize> size = data_->epoch_size();
+    ST_CHECK(size.has_value(), "`training.epochs` = ", t.epochs, " counts passes over the training data, but ",
+             config_.data.mix.empty() ? "`data.source` = `" + config_.data.source + "` is random tokens, of no size"
+                                      : std::string("`data.mix` draws from several sources by weight"),
+             "; set `training.steps` instead");
+    choices.epoch = *size;
+    t.steps = steps_for_epochs(t.epochs, *size, choices.sequences_per_step, t.seq_len);
+  }
+  if (config_.schedule.warmup_fraction > 0)
+    config_.schedule.warmup_steps = warmup_steps_for(config_.schedule.warmup_fraction, t.steps);
+  for (const std::string& line : launch_choice_lines(config_, choices)) log::info(line);
+  validate(config_);  // the cross-key checks again, at the chosen length
 }
 
 std::string Trainer::tokenizer_source() const {

@@ -1,6 +1,8 @@
 // The trainer's evaluation: the held-out loss over eval.batches global batches, each data-
 // parallel rank its part, and each source's of a mix (data.mix); with checkpoint.on_signal the
-// ranks agree before every batch whether to stop.
+// ranks agree before every batch whether to stop. The last global batch may be partial (a
+// rank's part past the split's end counts no token), so the loss is the sum over every counted
+// token divided by their number, whatever the batches held.
 #include <algorithm>
 
 #include <fmt/format.h>
@@ -29,7 +31,7 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
                                 "eval totals");
   double* sums = totals.data<double>();
   const int64_t wanted = config_.eval.batches > 0 ? config_.eval.batches : available;  // 0: all of them
-  const int64_t batches = std::min(wanted, available / W);
+  const int64_t batches = std::min(wanted, (available + W - 1) / W);
   Tensor stop_flags = stop != nullptr ? Tensor::empty({3}, DType::kF64, Device::cpu(), "stop flags") : Tensor();
   for (int64_t i = 0; i < batches; ++i) {
     if (stop != nullptr) {  // a long evaluation must not hold a preempted run past its grace period
@@ -47,7 +49,12 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
       watchdog_->watch(fmt::format("evaluation batch {} of {}", i + 1, batches), config_.parallel.timeout_s,
                        fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s));
     const int64_t index = i * W + mesh_->dp_rank();
-    data_->fill_eval(ids, targets, index);
+    if (index < available) {
+      data_->fill_eval(ids, targets, index);
+    } else {  // this rank's part of the last global batch is past the split: it runs the forward with the others
+      std::fill_n(ids.data<int32_t>(), B * T, 0);
+      std::fill_n(targets.data<int32_t>(), B * T, model::StepOptions{}.ignore_index);
+    }
     const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
     sums[0] += r.loss_sum;
     sums[1] += static_cast<double>(r.tokens);
@@ -63,9 +70,9 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
   Evaluation result;
   for (size_t p = 0; p < parts.size(); ++p)
     if (sums[2 * (p + 1) + 1] > 0) result.parts.emplace_back(parts[p], sums[2 * (p + 1)] / sums[2 * (p + 1) + 1]);
-  ST_CHECK(tokens > 0, "evaluation: the held-out split (", data_->held_out_size(),
-           ") gave no counted token in one batch of `training.batch_size` x `training.seq_len` + 1; raise "
-           "`data.val_fraction`");
+  ST_CHECK(tokens > 0, "evaluation: the held-out split (", data_->held_out_size(), ") gave no counted token in ",
+           batches, " batch(es) of `training.batch_size` x `training.seq_len` + 1; raise `data.val_fraction`, or "
+           "turn evaluation off with `eval.enabled` = false");
   result.loss = loss / static_cast<double>(tokens);
   result.batches_done = result.batches = batches;
   return result;

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <mutex>
 
 #include <fmt/format.h>
@@ -129,11 +130,21 @@ std::unique_ptr<data::TrainingData> open_document_cache(const DataSection& d, co
                                       t.seq_len, t.seed, std::move(summary), d.val_fraction >= 1);
 }
 
+// Fine-tuning examples tokenized, in file order, and the end of the summary's first part
+// saying where they came from (a token cache, or none).
+struct LoadedExamples {
+  std::vector<data::SftExample> examples;
+  std::string origin;
+};
+
+// Examples read ahead of packing (training.seq_len = 0 measures them first), by source; each
+// is taken out when its data is opened, so no source is read twice.
+using ExampleCache = std::map<std::string, LoadedExamples>;
+
 // Fine-tuning examples, through a token cache of the tokenized examples where it applies.
-std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const std::string& format,
-                                                  const data::Tokenizer& tokenizer, int64_t model_vocab,
-                                                  const data::SftOptions& o, dist::Communicator* comm,
-                                                  int local_rank) {
+LoadedExamples load_examples(const DataSection& d, const std::string& format, const data::Tokenizer& tokenizer,
+                             int64_t model_vocab, const data::SftOptions& o, dist::Communicator* comm,
+                             int local_rank) {
   data::TokenCacheKey key{d.source, format, nlohmann::ordered_json::object()};
   if (o.format == data::SftFormat::kChat) {
     key.settings["messages_field"] = o.messages_field;
@@ -143,7 +154,7 @@ std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const st
   }
   key.settings["train_on_prompt"] = o.train_on_prompt;
   const std::string folder = cache_folder(d, key, tokenizer);
-  if (folder.empty()) return std::make_unique<data::SftData>(d.source, tokenizer, o);
+  if (folder.empty()) return {data::read_sft_examples(d.source, tokenizer, o), ""};
   const std::string file = (std::filesystem::path(folder) / "examples.bin").string();
   const bool reused = ensure_cache(folder, [&] {
     log_building(d.source, folder);
@@ -160,9 +171,42 @@ std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const st
                           examples.size(), built ? "" : " (another process finished it first; its copy is used)"));
   }, comm, local_rank);
   data::mark_token_cache_used(folder);
-  return std::make_unique<data::SftData>(
-      data::read_sft_examples_file(file, model_vocab), d.source, tokenizer, o,
-      fmt::format("; token cache `{}`, {}", folder, reused ? "made by an earlier launch" : "made now"));
+  return {data::read_sft_examples_file(file, model_vocab),
+          fmt::format("; token cache `{}`, {}", folder, reused ? "made by an earlier launch" : "made now")};
+}
+
+std::unique_ptr<data::TrainingData> open_examples(const DataSection& d, const std::string& format,
+                                                  const data::Tokenizer& tokenizer, int64_t model_vocab,
+                                                  const data::SftOptions& o, dist::Communicator* comm, int local_rank,
+                                                  ExampleCache* cache) {
+  LoadedExamples loaded;
+  const auto it = cache != nullptr ? cache->find(d.source) : ExampleCache::iterator();
+  if (cache != nullptr && it != cache->end()) {
+    loaded = std::move(it->second);
+    cache->erase(it);
+  } else {
+    loaded = load_examples(d, format, tokenizer, model_vocab, o, comm, local_rank);
+  }
+  return std::make_unique<data::SftData>(loaded.examples, d.source, tokenizer, o, loaded.origin);
+}
+
+// The options of fine-tuning examples in `format` (sft or chat) for `config`'s data section.
+data::SftOptions sft_options(const JobConfig& config, const std::string& format, int64_t world) {
+  const DataSection& d = config.data;
+  const TrainingSection& t = config.training;
+  data::SftOptions o;
+  o.format = format == "chat" ? data::SftFormat::kChat : data::SftFormat::kPromptResponse;
+  o.prompt_field = d.prompt_field;
+  o.response_field = d.response_field;
+  o.messages_field = d.messages_field;
+  o.train_on_prompt = d.train_on_prompt;
+  o.packing = d.packing;
+  o.val_fraction = d.val_fraction;
+  o.seq_len = t.seq_len;
+  o.seed = t.seed;
+  o.global_batch = t.batch_size * world;
+  o.micro_batches = t.grad_accum_steps;
+  return o;
 }
 
 }  // namespace
@@ -262,6 +306,7 @@ class TrainEvalData final : public data::TrainingData {
     return "training: " + train_->summary() + "; evaluation (data.eval_source): " + eval_->summary();
   }
   std::string held_out_size() const override { return eval_->held_out_size() + " in data.eval_source"; }
+  std::optional<data::EpochSize> epoch_size() const override { return train_->epoch_size(); }
 
  private:
   std::unique_ptr<data::TrainingData> train_, eval_;
@@ -270,7 +315,8 @@ class TrainEvalData final : public data::TrainingData {
 // `key`: the config key data.source came from, for errors (resolve_data_format).
 std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                 int64_t model_vocab, int64_t world, dist::Communicator* comm,
-                                                int local_rank, const std::string& key = "data.source");
+                                                int local_rank, ExampleCache* cache,
+                                                const std::string& key = "data.source");
 
 }  // namespace
 
@@ -460,9 +506,12 @@ std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const s
   return load_chosen_tokenizer(choose_tokenizer(data, hf));
 }
 
-std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
-                                                       int64_t model_vocab, int64_t world, dist::Communicator* comm,
-                                                       int local_rank) {
+namespace {
+
+// open_training_data with training.seq_len chosen, and the examples read ahead to choose it.
+std::unique_ptr<data::TrainingData> open_sources(const JobConfig& config, const data::Tokenizer& tokenizer,
+                                                 int64_t model_vocab, int64_t world, dist::Communicator* comm,
+                                                 int local_rank, ExampleCache* cache) {
   if (!config.data.mix.empty()) {
     ST_CHECK(config.data.eval_source.empty(), "`data.mix` evaluates each source on its own held-out split; "
              "`data.eval_source` does not apply beside it");
@@ -474,12 +523,13 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
       one.data.source = e.source;
       parts.push_back(with_context([&] { return "`data.mix` source `" + e.source + "`"; },
                                    [&] { return open_source(one, tokenizer, model_vocab, world, comm, local_rank,
-                                                            "data.mix"); }));
+                                                            cache, "data.mix"); }));
     }
     return std::make_unique<MixedData>(std::move(entries), std::move(parts), config.training.seed,
                                        config.training.batch_size * world, config.training.grad_accum_steps);
   }
-  if (config.data.eval_source.empty()) return open_source(config, tokenizer, model_vocab, world, comm, local_rank);
+  if (config.data.eval_source.empty())
+    return open_source(config, tokenizer, model_vocab, world, comm, local_rank, cache);
   // the training source whole, and the evaluation source whole as the held-out split
   JobConfig train = config;
   train.data.val_fraction = 0;
@@ -488,20 +538,55 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
   eval.data.val_fraction = 1;
   // data.format applies to both: examples beside examples of the same format, documents (of
   // any of their forms when it is auto) beside documents
-  auto train_data = open_source(train, tokenizer, model_vocab, world, comm, local_rank);
+  auto train_data = open_source(train, tokenizer, model_vocab, world, comm, local_rank, cache);
   auto eval_data = with_context([&] { return "reading `data.eval_source` = `" + eval.data.source + "`"; },
                                 [&] {
-                                  return open_source(eval, tokenizer, model_vocab, world, comm, local_rank,
+                                  return open_source(eval, tokenizer, model_vocab, world, comm, local_rank, cache,
                                                      "data.eval_source");
                                 });
   return std::make_unique<TrainEvalData>(std::move(train_data), std::move(eval_data));
+}
+
+}  // namespace
+
+std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
+                                                       int64_t model_vocab, int64_t world, dist::Communicator* comm,
+                                                       int local_rank, AutoSeqLen* seq_len) {
+  if (config.training.seq_len > 0) return open_sources(config, tokenizer, model_vocab, world, comm, local_rank, nullptr);
+  ST_CHECK(seq_len != nullptr, "`training.seq_len` = 0 (auto) is chosen when a run starts, from the model's context; "
+           "give a length here");
+  // Every source of examples is read (tokenized) now, once, and measured before it is packed;
+  // documents are not measured, which would take a pass of its own over data of any size.
+  std::vector<std::pair<std::string, std::string>> sources;  // (source, the key it came from)
+  if (!config.data.mix.empty()) {
+    for (const MixEntry& e : parse_data_mix(config.data.mix)) sources.emplace_back(e.source, "data.mix");
+  } else {
+    sources.emplace_back(config.data.source, "data.source");
+    if (!config.data.eval_source.empty()) sources.emplace_back(config.data.eval_source, "data.eval_source");
+  }
+  ExampleCache cache;
+  int64_t longest = 0;
+  for (const auto& [source, key] : sources) {
+    DataSection d = config.data;
+    d.source = source;
+    const std::string format = resolve_data_format(d, key);
+    if ((format != "sft" && format != "chat") || cache.count(source) > 0) continue;
+    LoadedExamples loaded = load_examples(d, format, tokenizer, model_vocab, sft_options(config, format, world), comm,
+                                          local_rank);
+    for (const data::SftExample& e : loaded.examples) longest = std::max(longest, static_cast<int64_t>(e.ids.size()));
+    cache.emplace(source, std::move(loaded));
+  }
+  seq_len->chosen = auto_seq_len(seq_len->model_max_seq_len, longest);
+  JobConfig resolved = config;
+  resolved.training.seq_len = seq_len->chosen.seq_len;
+  return open_sources(resolved, tokenizer, model_vocab, world, comm, local_rank, &cache);
 }
 
 namespace {
 
 std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                 int64_t model_vocab, int64_t world, dist::Communicator* comm,
-                                                int local_rank, const std::string& key) {
+                                                int local_rank, ExampleCache* cache, const std::string& key) {
   const DataSection& d = config.data;
   const TrainingSection& t = config.training;
   const std::string format = resolve_data_format(d, key);
@@ -509,21 +594,9 @@ std::unique_ptr<data::TrainingData> open_source(const JobConfig& config, const d
   if (format == "tokens") {
     return data::open_token_file_data(d.source, tokenizer, model_vocab, d.val_fraction, t.seq_len, t.seed);
   }
-  if (format == "sft" || format == "chat") {
-    data::SftOptions o;
-    o.format = format == "chat" ? data::SftFormat::kChat : data::SftFormat::kPromptResponse;
-    o.prompt_field = d.prompt_field;
-    o.response_field = d.response_field;
-    o.messages_field = d.messages_field;
-    o.train_on_prompt = d.train_on_prompt;
-    o.packing = d.packing;
-    o.val_fraction = d.val_fraction;
-    o.seq_len = t.seq_len;
-    o.seed = t.seed;
-    o.global_batch = t.batch_size * world;
-    o.micro_batches = t.grad_accum_steps;
-    return open_examples(d, format, tokenizer, model_vocab, o, comm, local_rank);
-  }
+  if (format == "sft" || format == "chat")
+    return open_examples(d, format, tokenizer, model_vocab, sft_options(config, format, world), comm, local_rank,
+                         cache);
   if (auto cached = open_document_cache(d, format, tokenizer, model_vocab, t, comm, local_rank)) return cached;
   data::TokenStreams streams;
   if (d.source == "builtin:fortunes") {

@@ -10,6 +10,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "train/config.h"
+#include "train/launch_defaults.h"
 
 namespace shardtrain::dist {
 class Communicator;
@@ -55,6 +56,13 @@ std::unique_ptr<data::Tokenizer> load_chosen_tokenizer(const TokenizerChoice& ch
 // load_chosen_tokenizer(choose_tokenizer(data, hf)).
 std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const std::string& hf);
 
+// training.seq_len = 0 (auto): open_training_data chooses it from the model's context and the
+// longest fine-tuning example of its sources (documents are not measured), and says so here.
+struct AutoSeqLen {
+  int64_t model_max_seq_len = 0;  // the model's context (model.max_seq_len, or model.hf's)
+  SeqLenChoice chosen;            // what open_training_data chose, and why
+};
+
 // Reads data.source as its format says, split by data.val_fraction and seeded by
 // training.seed, for sequences of training.seq_len; `model_vocab` bounds a token file's ids
 // and `world` ranks share each global batch (SFT epochs count global sequences). Text, JSONL
@@ -62,8 +70,11 @@ std::unique_ptr<data::Tokenizer> make_tokenizer(const DataSection& data, const s
 // `comm` (nullptr: this process alone) calls this together; rank 0 builds a missing cache, then
 // the rank with `local_rank` 0 on each machine that does not see rank 0's folder. With
 // data.eval_source, training reads all of data.source and evaluation all of data.eval_source.
+// With training.seq_len = 0, `seq_len` (required then) gives the model's context and receives
+// the length chosen, at which the data is cut.
 std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, const data::Tokenizer& tokenizer,
                                                        int64_t model_vocab, int64_t world,
-                                                       dist::Communicator* comm = nullptr, int local_rank = 0);
+                                                       dist::Communicator* comm = nullptr, int local_rank = 0,
+                                                       AutoSeqLen* seq_len = nullptr);
 
 }  // namespace shardtrain::train

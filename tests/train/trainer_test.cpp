@@ -189,8 +189,8 @@ TEST(Trainer, HeldOutSplitTooSmallForOneBatchIsAnErrorBeforeTraining) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("the held-out split has"), std::string::npos) << m;
-    EXPECT_NE(m.find("fewer than one evaluation batch (1 data-parallel rank(s) x `training.batch_size` 100000 "
-                     "sequences of `training.seq_len` 64 + 1 tokens)"),
+    EXPECT_NE(m.find("fewer than one evaluation batch (`training.batch_size` 100000 sequences of "
+                     "`training.seq_len` 64 + 1 tokens)"),
               std::string::npos)
         << m;
   }
