@@ -27,7 +27,8 @@ int main(int argc, char** argv) {
     if (command == "version" || command == "--version") return cli::run_version(rest);
     if (command == "help" || command == "-h" || command == "--help") {
       if (!rest.empty() && rest[0] == "config") {
-        std::fputs(train::reference_table().c_str(), stdout);
+        const bool markdown = rest.size() > 1 && rest[1] == "--markdown";  // the page docs/configuration.md
+        std::fputs((markdown ? train::reference_markdown() : train::reference_table()).c_str(), stdout);
       } else {
         std::fputs(cli::usage().c_str(), stdout);
       }

@@ -185,7 +185,9 @@ double parse_duration_seconds(const std::string& text, const std::string& key = 
 
 // "key = value  # source: doc" lines for every key, in declaration order.
 std::string describe(const LoadedConfig& loaded);
-// A Markdown table of every key with type, default and doc (for the README).
+// A Markdown table of every key with type, default and doc (`shardtrain help config`).
 std::string reference_table();
+// The same table as a Markdown page, a section per config section: docs/configuration.md.
+std::string reference_markdown();
 
 }  // namespace shardtrain::train
