@@ -281,8 +281,9 @@ int run_help(const std::vector<std::string>& args) {
     std::fputs(overview().c_str(), stdout);
     return 0;
   }
-  if (args[0] == "config") {
-    std::fputs(train::reference_table().c_str(), stdout);
+  if (args[0] == "config") {  // --markdown: the page docs/configuration.md
+    const bool markdown = args.size() > 1 && args[1] == "--markdown";
+    std::fputs((markdown ? train::reference_markdown() : train::reference_table()).c_str(), stdout);
     return 0;
   }
   const Command* c = find_command(args[0]);

@@ -375,7 +375,7 @@ SftData::SftData(const std::vector<SftExample>& examples, const std::string& pat
   summary_ += origin;
   if (lost_turns > 0)
     summary_ += fmt::format("; {} assistant turns in {} examples were not found in the template's text and do not "
-                            "count (a template that rewrites the content; see data.format = chat in the README)",
+                            "count (a template that rewrites the content; see data.format = chat in docs/fine-tuning.md)",
                             lost_turns, lost_examples);
 }
 

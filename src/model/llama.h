@@ -36,7 +36,7 @@ struct StepOptions {
   // zero-fill of the gradients before it. false: the gradients add to the buffers.
   bool overwrite_grads = false;
   // GPU: the attention backward takes cuDNN's deterministic algorithm (no atomic adds), so
-  // with the heuristic's GEMM algorithms a step repeats bit for bit (slower: see README).
+  // with the heuristic's GEMM algorithms a step repeats bit for bit (slower: see docs/training-and-data.md).
   bool deterministic = false;
   // GPU: what each block keeps between its forward and backward (with full checkpointing: its
   // input) waits in page-locked host memory, all but the last two blocks' (model/activation_offload.h).

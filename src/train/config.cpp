@@ -302,7 +302,7 @@ const std::vector<KeyDef>& keys() {
           "tensorwise (one scale per tensor from its current amax); rowwise (one scale per row of each product's "
           "operands); blockwise (1x128 groups for activations and gradients, 128x128 blocks for weights, as "
           "DeepSeek-V3). Needs a Hopper GPU (compute capability 9.0); on the CPU the products are emulated exactly "
-          "(for tests, no faster). See README's FP8 section for which recipe to use",
+          "(for tests, no faster). See docs/performance.md, FP8, for which recipe to use",
           one_of({"off", "tensorwise", "rowwise", "blockwise"})),
       key("training.fp8_gradients", &C::training, &TrainingSection::fp8_gradients,
           "with training.fp8: the format of the output gradients in the backward's products: e5m2 (more range), "
@@ -315,7 +315,7 @@ const std::vector<KeyDef>& keys() {
           "logits' gradient is e5m2 unless blockwise (with training.fp8_gradients = auto; a chosen format applies "
           "here too): one of its rows spans the whole vocabulary, from the target's -1 down to probabilities below "
           "e4m3's range under one scale. Off by default: the head is the product most sensitive to precision (see "
-          "README's FP8 section for the loss curves and the speed)"),
+          "docs/performance.md, FP8, for the loss curves and the speed)"),
       key("training.deterministic", &C::training, &TrainingSection::deterministic,
           "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "
           "of its default, which does not promise the same bits from run to run (on the 1B shape at batch 8 on an "
@@ -883,6 +883,41 @@ LoadedConfig layer_config(const LoadedConfig& base, const LoadedConfig& top) {
   }
   validate(out.config);
   return out;
+}
+
+std::string reference_markdown() {
+  const JobConfig defaults;
+  const auto cell = [](const std::string& text) {  // a '|' would end the cell, a '*' start emphasis
+    std::string out;
+    bool code = false;
+    for (const char c : text) {
+      code ^= c == '`';
+      if (c == '|' || (c == '*' && !code)) out += '\\';
+      out += c;
+    }
+    return out;
+  };
+  std::ostringstream s;
+  s << "# Configuration reference\n\n"
+       "<!-- Generated from the key table in src/train/config.cpp by\n"
+       "     `shardtrain help config --markdown > docs/configuration.md`; edit the table, not this page. -->\n\n"
+       "A job is a TOML file of the sections below; `--section.key=value` arguments override it. The whole\n"
+       "config is checked before anything is built: an unknown key is rejected with the nearest valid one,\n"
+       "and a wrong type or an impossible value with a message naming the key. "
+       "`shardtrain print-config [JOB.toml] [--key=value ...]`\n"
+       "prints the effective values and where each came from; `shardtrain help config` prints these tables.\n";
+  std::string section;
+  for (const KeyDef& k : keys()) {
+    const std::string sec = k.name.substr(0, k.name.find('.'));
+    if (sec != section) {
+      s << "\n## `[" << sec << "]`\n\n| key | type | default | meaning |\n| --- | --- | --- | --- |\n";
+      section = sec;
+    }
+    const std::string type = type_name(k.type);
+    s << "| `" << k.name << "` | " << type.substr(type.find(' ') + 1) << " | `" << cell(value_str(k.get(defaults)))
+      << "` | " << cell(k.doc) << " |\n";
+  }
+  return s.str();
 }
 
 }  // namespace shardtrain::train

@@ -210,8 +210,10 @@ double parse_duration_seconds(const std::string& text, const std::string& key = 
 // is computed at launch from another (training.steps from training.epochs,
 // schedule.warmup_steps from schedule.warmup_fraction) is a comment line saying so.
 std::string describe(const LoadedConfig& loaded);
-// A Markdown table of every key with type, default and doc (for the README).
+// A Markdown table of every key with type, default and doc (`shardtrain help config`).
 std::string reference_table();
+// The same table as a Markdown page, a section per config section: docs/configuration.md.
+std::string reference_markdown();
 
 // Every key's value as TOML ("[section]" headers, "key = value  # doc" lines): what a run
 // folder and each checkpoint keep, and what load_config reads back as the same config.

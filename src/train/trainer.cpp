@@ -275,7 +275,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   // Host threads (data, the host AdamW of parallel.offload, CPU kernels): training.threads, or
   // on GPUs this machine's CPUs shared among its ranks. torchrun sets OMP_NUM_THREADS = 1 for
   // each rank, which would leave a 405B's host AdamW one core per GPU; on the CPU, OpenMP's
-  // default (OMP_NUM_THREADS, else every core) as the MPI launch in README suggests.
+  // default (OMP_NUM_THREADS, else every core) as the MPI launch in docs/multi-gpu.md suggests.
   if (config_.training.threads > 0) {
     omp_set_num_threads(static_cast<int>(config_.training.threads));
   } else {
