@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 seconds="${1:-30}"
 mkdir -p build-fuzz/corpus
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
-  tests/io/fuzz/safetensors_fuzz.cpp src/io/safetensors.cpp src/core/error.cpp src/core/dtype.cpp \
+  tests/io/fuzz/safetensors_fuzz.cpp src/io/safetensors.cpp src/io/checksum.cpp src/core/error.cpp src/core/dtype.cpp \
   src/core/tensor.cpp src/core/allocator.cpp src/core/mapped_file.cpp -o build-fuzz/safetensors_fuzz
 clang++ -std=c++20 -O1 -g -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -Isrc \
   tests/io/fuzz/parquet_fuzz.cpp src/io/parquet.cpp src/io/parquet_meta.cpp src/io/parquet_pages.cpp \

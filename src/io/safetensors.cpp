@@ -1,8 +1,6 @@
 // safetensors header validation, memory mapping and converting range reads.
 #include "io/safetensors.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
