@@ -798,7 +798,12 @@ double parse_duration_seconds(const std::string& text, const std::string& key) {
   return total;
 }
 
-std::string describe(const LoadedConfig& loaded) {
+namespace {
+
+// Every key as TOML, in declaration order under [section] headers; `sources` (print-config)
+// adds each value's source to its comment. A key computed at launch from another one is a
+// comment, so that the text read back as a config does not give both keys.
+std::string config_text(const JobConfig& c, const std::map<std::string, ValueSource>* sources) {
   std::ostringstream s;
   std::string section;
   for (const KeyDef& k : keys()) {
@@ -807,11 +812,7 @@ std::string describe(const LoadedConfig& loaded) {
       s << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
       section = sec;
     }
-    const ValueSource src = loaded.sources.at(k.name);
     const std::string name = k.name.substr(sec.size() + 1);
-    // computed at launch from another key: a comment, so that the output read back as a
-    // config does not give both keys
-    const JobConfig& c = loaded.config;
     const char* from_key = k.name == "training.steps" && c.training.epochs > 0                  ? "training.epochs"
                            : k.name == "schedule.warmup_steps" && c.schedule.warmup_fraction > 0 ? "schedule.warmup_fraction"
                                                                                                  : nullptr;
@@ -819,14 +820,23 @@ std::string describe(const LoadedConfig& loaded) {
       s << "# " << name << ": computed at launch from " << from_key << ": " << k.doc << "\n";
       continue;
     }
-    const std::string from = src == ValueSource::kDefault    ? "default"
-                             : src == ValueSource::kFile     ? "file"
-                             : src == ValueSource::kOverride ? "override"
-                                                             : "fine-tuning default (model.hf set; " + k.name + " not given)";
-    s << name << " = " << value_str(k.get(loaded.config)) << "  # " << from << ": " << k.doc << "\n";
+    s << name << " = " << value_str(k.get(c)) << "  # ";
+    if (sources != nullptr) {
+      const ValueSource src = sources->at(k.name);
+      s << (src == ValueSource::kDefault    ? std::string("default")
+            : src == ValueSource::kFile     ? std::string("file")
+            : src == ValueSource::kOverride ? std::string("override")
+                                            : "fine-tuning default (model.hf set; " + k.name + " not given)")
+        << ": ";
+    }
+    s << k.doc << "\n";
   }
   return s.str();
 }
+
+}  // namespace
+
+std::string describe(const LoadedConfig& loaded) { return config_text(loaded.config, &loaded.sources); }
 
 std::string reference_table() {
   const JobConfig defaults;
@@ -838,27 +848,7 @@ std::string reference_table() {
   return s.str();
 }
 
-std::string config_toml(const JobConfig& config) {
-  std::ostringstream s;
-  std::string section;
-  for (const KeyDef& k : keys()) {
-    const std::string sec = k.name.substr(0, k.name.find('.'));
-    if (sec != section) {
-      s << (section.empty() ? "" : "\n") << "[" << sec << "]\n";
-      section = sec;
-    }
-    const std::string name = k.name.substr(sec.size() + 1);
-    // computed at launch from another key (as in describe): a comment, so that the file read
-    // back does not give both keys
-    if ((k.name == "training.steps" && config.training.epochs > 0) ||
-        (k.name == "schedule.warmup_steps" && config.schedule.warmup_fraction > 0)) {
-      s << "# " << name << " = " << value_str(k.get(config)) << ": computed at launch: " << k.doc << "\n";
-      continue;
-    }
-    s << name << " = " << value_str(k.get(config)) << "  # " << k.doc << "\n";
-  }
-  return s.str();
-}
+std::string config_toml(const JobConfig& config) { return config_text(config, nullptr); }
 
 std::vector<KeyChange> changed_keys(const JobConfig& a, const JobConfig& b) {
   std::vector<KeyChange> out;
