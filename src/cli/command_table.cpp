@@ -174,6 +174,22 @@ const std::vector<Command>& table() {
        "                        any numeric field of the file, e.g. grad_norm or mfu; tokens_per_s is\n"
        "                        tokens_per_second\n",
        "shardtrain plot runs/a --metrics loss,eval_loss,grad_norm"},
+      {"batches", run_batches,
+       "batches [CONFIG.toml] --out FILE.safetensors [--ranks N] [--section.key=value | --section.key value ...]",
+       "write the token batches a job trains and evaluates on, for another engine or a look",
+       "Reads the job's data as `train` does and writes every batch it would train on, and the held-out\n"
+       "batches it would evaluate, to one safetensors file: train.ids and train.targets [steps,\n"
+       "micro-batches, sequences, seq_len] (i32; a target of -100 counts no loss), eval.ids and\n"
+       "eval.targets [batches, sequences, seq_len], train.positions and eval.positions with\n"
+       "data.document_mask, and lr [steps]. Its metadata holds the resolved job (`config`) and, as\n"
+       "JSON (`recipe`), what another engine needs to train alike: the loss's normalisation, AdamW's\n"
+       "settings, clipping, the steps that evaluate. bench/train/convergence.py trains PyTorch on\n"
+       "these rows beside shardtrain.\n"
+       "\n"
+       "options:\n"
+       "  --out FILE            where to write (required)\n"
+       "  --ranks N             data-parallel ranks sharing each global batch (default 1)\n",
+       "shardtrain batches --data.source=docs.jsonl --training.steps 100 --out batches.safetensors"},
       {"version", run_version, "version",
        "the commit this binary was built from, its backends, GPU libraries, GPUs and host",
        "Prints the build's commit and options, the GPU libraries it loads, the GPUs it sees and the\n"

@@ -19,5 +19,7 @@ int run_cache(const std::vector<std::string>& args);
 int run_bench(const std::vector<std::string>& args);
 int run_version(const std::vector<std::string>& args);
 int run_plot(const std::vector<std::string>& args);
+// the token batches a job trains and evaluates on, written to a safetensors file
+int run_batches(const std::vector<std::string>& args);
 
 }  // namespace shardtrain::cli

@@ -165,28 +165,35 @@ int64_t Trainer::offload_activation_blocks(model::ActivationCheckpointing checkp
   return c.blocks;
 }
 
-void Trainer::resolve_run_shape(const AutoSeqLen& seq_len) {
-  TrainingSection& t = config_.training;
+LaunchChoices resolve_run_shape(JobConfig& config, const AutoSeqLen& seq_len, const data::TrainingData& data,
+                                int64_t data_parallel) {
+  TrainingSection& t = config.training;
   LaunchChoices choices;
   if (t.seq_len == 0) {
     t.seq_len = seq_len.chosen.seq_len;
     choices.seq_len = seq_len.chosen;
     choices.seq_len_auto = true;
   }
-  choices.sequences_per_step = t.batch_size * t.grad_accum_steps * mesh_->shape().data_parallel;
+  choices.sequences_per_step = t.batch_size * t.grad_accum_steps * data_parallel;
   if (t.epochs > 0) {
-    const std::optional<data::EpochSize> size = data_->epoch_size();
+    const std::optional<data::EpochSize> size = data.epoch_size();
     ST_CHECK(size.has_value(), "`training.epochs` = ", t.epochs, " counts passes over the training data, but ",
-             config_.data.mix.empty() ? "`data.source` = `" + config_.data.source + "` is random tokens, of no size"
-                                      : std::string("`data.mix` draws from several sources by weight"),
+             config.data.mix.empty() ? "`data.source` = `" + config.data.source + "` is random tokens, of no size"
+                                     : std::string("`data.mix` draws from several sources by weight"),
              "; set `training.steps` instead");
     choices.epoch = *size;
     t.steps = steps_for_epochs(t.epochs, *size, choices.sequences_per_step, t.seq_len);
   }
-  if (config_.schedule.warmup_fraction > 0)
-    config_.schedule.warmup_steps = warmup_steps_for(config_.schedule.warmup_fraction, t.steps);
+  if (config.schedule.warmup_fraction > 0)
+    config.schedule.warmup_steps = warmup_steps_for(config.schedule.warmup_fraction, t.steps);
+  validate(config);  // the cross-key checks again, at the chosen length
+  return choices;
+}
+
+void Trainer::resolve_run_shape(const AutoSeqLen& seq_len) {
+  const LaunchChoices choices =
+      train::resolve_run_shape(config_, seq_len, *data_, mesh_->shape().data_parallel);
   for (const std::string& line : launch_choice_lines(config_, choices)) log::info(line);
-  validate(config_);  // the cross-key checks again, at the chosen length
 }
 
 std::string Trainer::tokenizer_source() const {

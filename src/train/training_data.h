@@ -77,4 +77,11 @@ std::unique_ptr<data::TrainingData> open_training_data(const JobConfig& config, 
                                                        dist::Communicator* comm = nullptr, int local_rank = 0,
                                                        AutoSeqLen* seq_len = nullptr);
 
+// The run's shape once its data is read, as the trainer decides it: training.seq_len = 0 takes
+// the length open_training_data chose, training.epochs sets training.steps (for `data_parallel`
+// ranks sharing each global batch), schedule.warmup_fraction sets schedule.warmup_steps; the
+// cross-key checks run again. Returns what was chosen, for launch_choice_lines.
+LaunchChoices resolve_run_shape(JobConfig& config, const AutoSeqLen& seq_len, const data::TrainingData& data,
+                                int64_t data_parallel);
+
 }  // namespace shardtrain::train
