@@ -3,7 +3,7 @@
 
 Comparing shardtrain's loss curve with PyTorch's over thousands of steps needs real text that
 does not repeat: this script gathers the English prose and technical writing that Debian ships
-in its documentation and dictionary packages (about 200 MB of text, ~50M Llama-3 tokens).
+in its documentation and dictionary packages (about 222 million characters, ~58M Llama-3 tokens).
 
   python3 bench/train/corpus.py build --out DIR [--packages p1,p2,...] [--max-mb N]
   python3 bench/train/corpus.py stats --out DIR
