@@ -155,13 +155,14 @@ def run(a):
                       f"--logging.metrics_file={os.path.join(out, name + '.jsonl')}"],
                      log=os.path.join(out, name + ".log"))
         print(f"{name}: {seconds:.0f} s", flush=True)
-    for name, order in (("pytorch", None), ("pytorch-order2", 2)):
+    for name, order in (("pytorch", None), ("pytorch-order2", 2), ("pytorch-f32head", None)):
         if name not in engines:
             continue
         launch = [sys.executable] if a.gpus <= 1 else ["torchrun", "--standalone", f"--nproc_per_node={a.gpus}"]
         cmd = [*launch, os.path.abspath(__file__), "pytorch", "--init", init, "--batches", batches,
                "--out", os.path.join(out, f"{name}.jsonl"), "--dtype", job["dtype"], "--micro", str(a.torch_micro)]
         cmd += (["--ac"] if a.torch_ac else []) + (["--order-seed", str(order)] if order else [])
+        cmd += ["--head-f32"] if name == "pytorch-f32head" else []
         cmd += (["--time-limit", str(a.time_limit)] if a.time_limit else [])
         seconds = sh(cmd, log=os.path.join(out, f"{name}.log"), ok=(0, 75))  # 75: stopped by --time-limit
         print(f"{name}: {seconds:.0f} s", flush=True)
@@ -215,11 +216,16 @@ def pytorch(a):
     model = model.to(device)
     model.config.use_cache = False
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
+    # --head-f32: the root's parameters (embedding, final norm, head) stay f32, so the logits are f32 (TF32
+    # products) as shardtrain's are, where FSDP2's bf16 policy rounds them to bf16 before the loss
+    root_mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32) if a.head_f32 else mp
+    if a.head_f32 and cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
     if a.ac:  # each block's activations recomputed in the backward
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=root_mp)
     decay = [p for _, p in model.named_parameters() if p.ndim >= 2 or recipe["decay_1d"]]
     rest = [p for _, p in model.named_parameters() if not (p.ndim >= 2 or recipe["decay_1d"])]
     groups = [{"params": decay, "weight_decay": recipe["weight_decay"]}, {"params": rest, "weight_decay": 0.0}]
@@ -381,7 +387,7 @@ def smooth(values, window):
 def plot(a):
     curves = {}
     fp8 = sorted(f[:-6] for f in os.listdir(a.out) if f.startswith("shardtrain-fp8-") and f.endswith(".jsonl"))
-    for name in ("shardtrain", "pytorch", "pytorch-order2", *fp8):
+    for name in ("shardtrain", "pytorch", "pytorch-order2", "pytorch-f32head", *fp8):
         path = os.path.join(a.out, f"{name}.jsonl")
         if os.path.exists(path):
             curves[name] = read(path)
@@ -404,6 +410,13 @@ def plot(a):
         if n["final_eval"]:
             lines.append(f"| the same, held-out loss at step {n['final_eval'][0]} | | {n['final_eval'][1]:.4f} | "
                          f"{100 * n['final_eval'][3]:+.3f} % |")
+    if "pytorch-f32head" in curves:
+        n = gaps(curves["shardtrain"], curves["pytorch-f32head"])
+        lines.append(f"| against PyTorch with f32 logits: mean of the last 100 steps | {n['last100'][0]:.4f} | "
+                     f"{n['last100'][1]:.4f} | {100 * n['last100'][2]:+.3f} % |")
+        if n["final_eval"]:
+            lines.append(f"| against PyTorch with f32 logits: held-out loss at step {n['final_eval'][0]} | "
+                         f"{n['final_eval'][1]:.4f} | {n['final_eval'][2]:.4f} | {100 * n['final_eval'][3]:+.3f} % |")
     for name in fp8:
         n = gaps(curves[name], curves["pytorch"])
         label = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
@@ -424,47 +437,57 @@ def plot(a):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
-    colours = {"shardtrain": "tab:blue", "pytorch": "tab:orange", "pytorch-order2": "tab:gray"}
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
+    colours = {"shardtrain": "tab:blue", "pytorch": "tab:orange", "pytorch-order2": "tab:gray",
+               "pytorch-f32head": "black"}
     labels = {"shardtrain": "shardtrain", "pytorch": "PyTorch (HF transformers + FSDP2)",
-              "pytorch-order2": "PyTorch, batches in another order"}
+              "pytorch-order2": "PyTorch, batches in another order", "pytorch-f32head": "PyTorch, f32 logits"}
     for name, colour in zip(fp8, ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")):
         colours[name] = colour
         labels[name] = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
-    window = max(1, min(20, g["steps"] // 50))
+    window = max(1, min(50, g["steps"] // 20))
     for name, (steps, evals) in curves.items():
-        xs = sorted(steps)
-        top.plot(xs, smooth([steps[s] for s in xs], window), color=colours[name], linewidth=1.1,
-                 label=f"{labels[name]}, training loss (mean of {window})")
+        main = name in ("shardtrain", "pytorch")
+        if main:  # the training loss of the two engines, faint; the held-out loss of every run
+            xs = sorted(steps)
+            top.plot(xs, smooth([steps[s] for s in xs], window), color=colours[name], linewidth=0.8, alpha=0.45,
+                     label=f"{labels[name]}, training loss (mean of {window} steps)")
         ev = sorted(evals)
-        top.plot(ev, [evals[s] for s in ev], "o--", color=colours[name], markersize=4, linewidth=0.8,
-                 label=f"{labels[name]}, held-out loss")
+        top.plot(ev, [evals[s] for s in ev], "o-", color=colours[name], markersize=3.5,
+                 linewidth=1.6 if main else 1.0, label=f"{labels[name]}, held-out loss")
     top.set_ylabel("loss (nats per token)")
-    ys = [v for s, v in curves["pytorch"][0].items() if s > g["steps"] // 10]
-    if ys:
-        top.set_ylim(min(ys) - 0.05 * (max(ys) - min(ys)) - 0.01, max(ys) + 0.1 * (max(ys) - min(ys)))
-    top.legend(fontsize=8)
+    ref_xs = sorted(curves["pytorch"][0])
+    ref_smooth = smooth([curves["pytorch"][0][x] for x in ref_xs], window)
+    late = [v for _, ev in curves.values() for s, v in ev.items() if ev and s >= max(ev) // 4] + \
+           [v for x, v in zip(ref_xs, ref_smooth) if x > g["steps"] // 4]
+    if late:
+        lo, hi = min(late), max(late)
+        top.set_ylim(lo - 0.05 * (hi - lo), hi + 0.05 * (hi - lo))
+    top.legend(fontsize=7.5, ncol=2)
     top.grid(alpha=0.3)
-    top.set_title(a.title)
+    top.set_title(a.title, fontsize=10)
     ref_s = curves["pytorch"][0]
-    for name in ("shardtrain", "pytorch-order2", *fp8):
+    extent = 0.5
+    for name in ("shardtrain", "pytorch-order2", "pytorch-f32head", *fp8):
         if name not in curves:
             continue
         s = curves[name][0]
         xs = sorted(set(s) & set(ref_s))
-        if name == "pytorch-order2":  # other batches at each step: only the means of 50 steps compare
-            ours, theirs = smooth([s[x] for x in xs], 50), smooth([ref_s[x] for x in xs], 50)
-            bottom.plot(xs, [100 * (o / t - 1) for o, t in zip(ours, theirs)], color=colours[name], linewidth=1.4,
-                        label=f"{labels[name]} against PyTorch (means of 50 steps)")
-            continue
-        diff = [100 * (s[x] / ref_s[x] - 1) for x in xs]
-        bottom.plot(xs, diff, color=colours[name], linewidth=0.4, alpha=0.35)
-        bottom.plot(xs, smooth(diff, 50), color=colours[name], linewidth=1.4,
-                    label=f"{labels[name]} against PyTorch (per step, and their mean of 50)")
+        # means of 50 steps against PyTorch's (a run in another order sees other batches at each step, so
+        # only such means compare); shardtrain's per-step difference faint behind its mean
+        ours, theirs = smooth([s[x] for x in xs], 50), smooth([ref_s[x] for x in xs], 50)
+        diff = [100 * (o / t - 1) for o, t in zip(ours, theirs)]
+        if name != "pytorch-order2":  # its swings are the batches', and may leave the frame
+            extent = max(extent, max(abs(v) for v in diff[50:] or diff))
+        if name == "shardtrain":
+            bottom.plot(xs, [100 * (s[x] / ref_s[x] - 1) for x in xs], color=colours[name], linewidth=0.3, alpha=0.3)
+        bottom.plot(xs, diff, color=colours[name], linewidth=1.4 if name == "shardtrain" else 1.0,
+                    label=f"{labels[name]}")
     bottom.axhline(0, color="black", linewidth=0.6)
-    bottom.set_ylabel("training loss difference (%)")
+    bottom.set_ylim(-1.5 * extent, 1.5 * extent)
+    bottom.set_ylabel("training loss against PyTorch's (%),\nmeans of 50 steps")
     bottom.set_xlabel("step")
-    bottom.legend(fontsize=8)
+    bottom.legend(fontsize=7.5, ncol=2)
     bottom.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(a.png, dpi=110)
@@ -537,8 +560,8 @@ def main():
     r.add_argument("--tokenizer", help="byte, llama3 (../shared's), or a tokenizer.json folder")
     r.add_argument("--init", help="a fine-tuning job's starting model (an HF folder)")
     r.add_argument("--engines", default="shardtrain,pytorch",
-                   help="of shardtrain, pytorch, pytorch-order2 (PyTorch, batches in another order); none: only "
-                        "the initial weights and the batches")
+                   help="of shardtrain, pytorch, pytorch-order2 (PyTorch, batches in another order), "
+                        "pytorch-f32head (PyTorch with f32 logits); none: only the initial weights and the batches")
     r.add_argument("--spread", action="store_true", help="PyTorch a second time, batches in another order")
     r.add_argument("--steps", type=int, default=0)
     r.add_argument("--fp8", default="", help="shardtrain again with these FP8 recipes (tensorwise,rowwise+head,...)")
@@ -556,6 +579,7 @@ def main():
     p.add_argument("--micro", type=int, default=2)
     p.add_argument("--ac", action="store_true")
     p.add_argument("--order-seed", type=int, default=0)
+    p.add_argument("--head-f32", action="store_true", help="the embedding, final norm and head in f32 (f32 logits)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=0)
     q = sub.add_parser("plot")

@@ -39,7 +39,7 @@ Result run(const std::string& args) {
 }
 
 const char* const kExpected[] = {"train", "print-config", "plan",    "bench", "inspect", "export",
-                                 "generate", "tokenize",  "cache", "version", "plot",    "help"};
+                                 "generate", "tokenize",  "cache", "version", "plot",    "batches", "help"};
 
 TEST(CommandTable, HoldsEveryCommandWithItsHelp) {
   ASSERT_EQ(shardtrain::cli::commands().size(), std::size(kExpected));
