@@ -60,6 +60,16 @@ JOBS = {
                "--schedule.type=cosine", "--schedule.warmup_steps=10", "--data.val_fraction=0.02",
                "--eval.interval_steps=25", "--eval.batches=8", "--eval.at_start=true", "--training.threads=1"],
         data=os.path.join(SHARED, "data", "corpus", "tinyshakespeare.txt"), tokenizer="byte", dtype="f32"),
+    "small-f32": dict(  # f32 on a GPU: the engines' GPU paths compared with no bf16 rounding
+        model=["--model.dim=256", "--model.n_layers=4", "--model.n_heads=4", "--model.n_kv_heads=2",
+               "--model.ffn_dim=704", "--model.max_seq_len=256", "--model.rope_theta=10000",
+               "--model.tie_embeddings=true"],
+        train=["--model.dtype=f32", "--training.seq_len=256", "--training.batch_size=8", "--training.steps=300",
+               "--training.seed=1234", "--optimizer.lr=2e-3", "--optimizer.weight_decay=0.1",
+               "--schedule.type=cosine", "--schedule.warmup_steps=20", "--data.val_fraction=0.02",
+               "--eval.interval_steps=50", "--eval.batches=8", "--eval.at_start=true"],
+        data=os.path.join(SHARED, "data", "corpus", "tinyshakespeare.txt"), tokenizer="byte", dtype="f32",
+        device="cuda"),
     "350m": dict(
         model=["--model.dim=1024", "--model.n_layers=20", "--model.n_heads=16", "--model.n_kv_heads=8",
                "--model.ffn_dim=2816", "--model.max_seq_len=2048", "--model.rope_theta=500000",
@@ -160,7 +170,8 @@ def run(a):
             continue
         launch = [sys.executable] if a.gpus <= 1 else ["torchrun", "--standalone", f"--nproc_per_node={a.gpus}"]
         cmd = [*launch, os.path.abspath(__file__), "pytorch", "--init", init, "--batches", batches,
-               "--out", os.path.join(out, f"{name}.jsonl"), "--dtype", job["dtype"], "--micro", str(a.torch_micro)]
+               "--out", os.path.join(out, f"{name}.jsonl"), "--dtype", job["dtype"], "--micro", str(a.torch_micro),
+               "--device", job.get("device", "cuda" if job["dtype"] == "bf16" else "cpu")]
         cmd += (["--ac"] if a.torch_ac else []) + (["--order-seed", str(order)] if order else [])
         cmd += ["--head-f32"] if name == "pytorch-f32head" else []
         cmd += (["--time-limit", str(a.time_limit)] if a.time_limit else [])
@@ -184,7 +195,7 @@ def pytorch(a):
     from safetensors import safe_open
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    cuda = torch.cuda.is_available() and a.dtype == "bf16"
+    cuda = torch.cuda.is_available() and a.device == "cuda"
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(29500 + os.getpid() % 1000))
@@ -215,7 +226,8 @@ def pytorch(a):
                                                               attn_implementation="sdpa")
     model = model.to(device)
     model.config.use_cache = False
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if cuda else MixedPrecisionPolicy()
+    bf16 = a.dtype == "bf16"
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     # --head-f32: the root's parameters (embedding, final norm, head) stay f32, so the logits are f32 (TF32
     # products) as shardtrain's are, where FSDP2's bf16 policy rounds them to bf16 before the loss
     root_mp = MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32) if a.head_f32 else mp
@@ -576,6 +588,7 @@ def main():
     p.add_argument("--batches", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--dtype", choices=["bf16", "f32"], default="bf16")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     p.add_argument("--micro", type=int, default=2)
     p.add_argument("--ac", action="store_true")
     p.add_argument("--order-seed", type=int, default=0)
