@@ -43,6 +43,13 @@ CASES = {
     ),
     "qwen2_bias": (dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), "qwen2"),
     "mistral_gqa": (dict(num_attention_heads=4, num_key_value_heads=2, tie_word_embeddings=False), "mistral"),
+    # A head_dim of its own, as Mistral-Nemo's: 4 heads of 32 (attention 128 wide) in a width of
+    # 64. Its head dim is a multiple of 8, so the GPU tests compare against it too.
+    "mistral_head_dim": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=96,
+             tie_word_embeddings=False),
+        "mistral",
+    ),
     # Head dims cuDNN's fused attention takes (a multiple of 8): the GPU tests' references.
     "gpu_h64_gqa": (
         dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=192, vocab_size=96,

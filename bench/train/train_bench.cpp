@@ -21,7 +21,7 @@
 //
 //   train_bench [--shape 1b|8b] [--batch 4] [--accum 1] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
-//               [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
+//               [--head-dim 0 (dim / heads)] [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
 //               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0]
@@ -99,6 +99,7 @@ using Clock = std::chrono::steady_clock;
 struct Args {
   int64_t batch = 4, accum = 1, seq = 4096, steps = 10, warmup = 3;
   int64_t layers = 16, dim = 2048, heads = 32, kv_heads = 8, ffn = 8192, vocab = 128256;
+  int64_t head_dim = 0;  // 0: dim / heads
   model::ActivationCheckpointing ac = model::ActivationCheckpointing::kNone;
   bool tied = true, keep_gathered = false, compute_shards = false, reduce_bf16 = false, graph = false;
   bool zero_fill = false, deterministic = false, separate_projections = false, offload = false;
@@ -130,6 +131,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--dim") a.dim = std::stoll(next());
     else if (k == "--heads") a.heads = std::stoll(next());
     else if (k == "--kv-heads") a.kv_heads = std::stoll(next());
+    else if (k == "--head-dim") a.head_dim = std::stoll(next());
     else if (k == "--ffn") a.ffn = std::stoll(next());
     else if (k == "--vocab") a.vocab = std::stoll(next());
     else if (k == "--loss-chunk") a.loss_chunk = std::stoll(next());
@@ -218,6 +220,7 @@ int main(int argc, char** argv) try {
   c.n_layers = a.layers;
   c.n_heads = a.heads;
   c.n_kv_heads = a.kv_heads;
+  c.head_dim_override = a.head_dim;
   c.ffn_dim = a.ffn;
   c.max_seq_len = a.seq;
   c.rope.theta = 500000.0;

@@ -15,10 +15,16 @@ void LlamaConfig::validate(const std::string& p) const {
   ST_CHECK(n_kv_heads > 0, "`", p, "n_kv_heads` must be > 0, found ", n_kv_heads);
   ST_CHECK(ffn_dim > 0, "`", p, "ffn_dim` must be > 0, found ", ffn_dim);
   ST_CHECK(max_seq_len > 0, "`", p, "max_seq_len` must be > 0, found ", max_seq_len);
-  ST_CHECK(dim % n_heads == 0, "`", p, "n_heads` (", n_heads, ") must divide `", p, "dim` (", dim,
-           "): the head dimension is dim / n_heads");
-  ST_CHECK(head_dim() % 2 == 0, "head dimension `", p, "dim` / `", p, "n_heads` = ", head_dim(),
-           " must be even for rotary embeddings");
+  ST_CHECK(head_dim_override >= 0, "`", p, "head_dim` must be >= 0 (0: dim / n_heads), found ", head_dim_override);
+  if (head_dim_override == 0) {
+    ST_CHECK(dim % n_heads == 0, "`", p, "n_heads` (", n_heads, ") must divide `", p, "dim` (", dim,
+             "): the head dimension is dim / n_heads unless `", p, "head_dim` sets it");
+    ST_CHECK(head_dim() % 2 == 0, "head dimension `", p, "dim` / `", p, "n_heads` = ", head_dim(),
+             " must be even for rotary embeddings");
+  } else {
+    ST_CHECK(head_dim_override % 2 == 0, "`", p, "head_dim` = ", head_dim_override,
+             " must be even for rotary embeddings");
+  }
   ST_CHECK(n_heads % n_kv_heads == 0, "`", p, "n_kv_heads` (", n_kv_heads, ") must divide `", p,
            "n_heads` (", n_heads, ")");
   ST_CHECK(norm_eps > 0, "`", p, "norm_eps` must be > 0, found ", norm_eps);
@@ -35,11 +41,10 @@ void LlamaConfig::validate(const std::string& p) const {
 }
 
 int64_t LlamaConfig::num_non_embedding_parameters() const {
-  const int64_t h = head_dim();
   int64_t block = 2 * dim;                                       // two norms
-  block += dim * n_heads * h + 2 * dim * n_kv_heads * h;         // q, k, v
-  if (attention_bias) block += n_heads * h + 2 * n_kv_heads * h;
-  block += n_heads * h * dim;                                    // o
+  block += dim * q_dim() + 2 * dim * kv_dim();                   // q, k, v
+  if (attention_bias) block += q_dim() + 2 * kv_dim();
+  block += q_dim() * dim;                                        // o
   block += 3 * dim * ffn_dim;                                    // gate, up, down
   return n_layers * block + dim + vocab_size * dim;              // final norm + head
 }
@@ -50,13 +55,15 @@ int64_t LlamaConfig::num_parameters() const {
 
 double LlamaConfig::flops_per_token(int64_t seq_len) const {
   return 6.0 * static_cast<double>(num_non_embedding_parameters()) +
-         12.0 * static_cast<double>(n_layers * head_dim() * n_heads * seq_len);
+         12.0 * static_cast<double>(n_layers * q_dim() * seq_len);
 }
 
 std::string LlamaConfig::summary() const {
   std::ostringstream s;
   s << "Llama: " << n_layers << " layers, dim " << dim << ", " << n_heads << " heads / " << n_kv_heads
-    << " kv heads (head dim " << head_dim() << "), ffn " << ffn_dim << ", vocab " << vocab_size
+    << " kv heads (head dim " << head_dim();
+  if (head_dim_decoupled()) s << ", decoupled: attention width " << n_heads << " x " << head_dim() << " = " << q_dim();
+  s << "), ffn " << ffn_dim << ", vocab " << vocab_size
     << (tie_embeddings ? " (tied)" : "") << ", " << num_parameters() << " parameters";
   return s.str();
 }

@@ -1,5 +1,6 @@
 // The Llama model shape. Covers Llama 2 / 3 / 3.1 (llama3 rope scaling) / 3.2 (tied
-// embeddings) and Llama-architecture variants (Qwen2-style q/k/v bias as a flag).
+// embeddings) and Llama-architecture variants (Qwen2-style q/k/v bias, a head dimension of
+// its own as Mistral-Nemo's: N·H need not equal D).
 #pragma once
 
 #include <cstdint>
@@ -15,6 +16,9 @@ struct LlamaConfig {
   int64_t n_layers = 0;      // L
   int64_t n_heads = 0;       // N, query heads
   int64_t n_kv_heads = 0;    // M, key/value heads (M == N: multi-head; M < N: grouped-query)
+  // H when set (HF `head_dim`, `model.head_dim`): q_proj is then [N·H, D], k/v_proj [M·H, D]
+  // and o_proj [D, N·H] whatever D is. 0: H = D / N.
+  int64_t head_dim_override = 0;
   int64_t ffn_dim = 0;       // F, intermediate_size
   int64_t max_seq_len = 0;   // longest sequence the rope table covers
   double norm_eps = 1e-5;
@@ -23,7 +27,12 @@ struct LlamaConfig {
   bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
   double init_std = 0.02;       // normal init of matrices (HF initializer_range)
 
-  int64_t head_dim() const { return n_heads > 0 ? dim / n_heads : 0; }  // H
+  // H
+  int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : n_heads > 0 ? dim / n_heads : 0; }
+  int64_t q_dim() const { return n_heads * head_dim(); }      // N·H, the attention's width
+  int64_t kv_dim() const { return n_kv_heads * head_dim(); }  // M·H
+  // Whether N·H differs from D (Mistral-Nemo: 32 heads of 128 in a width of 5120).
+  bool head_dim_decoupled() const { return q_dim() != dim; }
   // Throws Error naming the offending field (`prefix` + field name, e.g. "model.n_heads").
   void validate(const std::string& prefix) const;
   // Parameters in the model (a tied head counted once), and without the input embedding

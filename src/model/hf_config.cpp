@@ -62,6 +62,33 @@ void parse_rope(const json& j, const std::string& src, LlamaConfig& c) {
   c.rope.scaling.original_max_positions = get_int(*scaling, "original_max_position_embeddings", src, &orig_default);
 }
 
+// Families transformers names that shardtrain's block cannot run yet, with what they need.
+struct UnsupportedFamily {
+  const char* model_type;
+  const char* missing;
+};
+constexpr UnsupportedFamily kUnsupported[] = {
+    {"qwen3", "QK-norm (an RMSNorm on each head's q and k, `q_norm` / `k_norm`)"},
+    {"olmo2", "QK-norm over the whole q and k and norms after each sublayer"},
+    {"gemma", "GeGLU MLPs, embeddings scaled by sqrt(hidden_size) and (1 + weight) norms"},
+    {"gemma2", "logit soft-capping, sliding-window layers and norms after each sublayer"},
+    {"gemma3", "QK-norm, sliding-window layers and norms after each sublayer"},
+    {"phi3", "fused qkv_proj and gate_up_proj tensors"},
+    {"mixtral", "mixture-of-experts MLPs"},
+    {"qwen2_moe", "mixture-of-experts MLPs"},
+    {"qwen3_moe", "mixture-of-experts MLPs and QK-norm"},
+};
+constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (no sliding window; a head_dim of its own "
+                                   "as Mistral-Nemo's is fine) and qwen2 (no sliding window)";
+
+void check_model_type(const std::string& model_type, const std::string& src) {
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") return;
+  for (const UnsupportedFamily& f : kUnsupported)
+    ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
+             "\" is not supported: shardtrain does not implement its ", f.missing, " yet; it trains ", kSupported);
+  ST_THROW(src, ": `model_type` = \"", model_type, "\" is not supported; shardtrain trains ", kSupported);
+}
+
 }  // namespace
 
 LlamaConfig parse_hf_config(const json& j, const std::string& src) {
@@ -69,8 +96,7 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   const json* mt = find(j, "model_type");
   ST_CHECK(mt && mt->is_string(), src, ": `model_type` is missing");
   const std::string model_type = mt->get<std::string>();
-  ST_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2", src, ": `model_type` = \"",
-           model_type, "\" is not supported; shardtrain trains llama, mistral (no sliding window) and qwen2");
+  check_model_type(model_type, src);
   if (const json* act = find(j, "hidden_act"))
     ST_CHECK(*act == "silu", src, ": `hidden_act` = ", act->dump(), " is not supported; expected \"silu\"");
   ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
@@ -95,10 +121,11 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
   c.init_std = get_double(j, "initializer_range", src, 0.02);
   parse_rope(j, src, c);
-  if (const json* hd = find(j, "head_dim")) {
-    ST_CHECK(c.n_heads > 0 && hd->is_number_integer() && hd->get<int64_t>() * c.n_heads == c.dim, src,
-             ": `head_dim` = ", hd->dump(), " differs from hidden_size / num_attention_heads = ",
-             c.n_heads > 0 ? c.dim / c.n_heads : 0, "; decoupled head dimensions are not supported");
+  // transformers 4 and 5 both write head_dim at the top (null or absent: hidden_size /
+  // num_attention_heads); a value of its own sets the projections' widths (Mistral-Nemo)
+  if (find(j, "head_dim") != nullptr) {
+    c.head_dim_override = get_int(j, "head_dim", src);
+    ST_CHECK(c.head_dim_override > 0, src, ": `head_dim` must be > 0, found ", c.head_dim_override);
   }
   with_context([&] { return src + ": checking the model shape"; }, [&] { c.validate(""); });
   return c;
@@ -123,7 +150,7 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   j["num_hidden_layers"] = c.n_layers;
   j["num_attention_heads"] = c.n_heads;
   j["num_key_value_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim();
+  j["head_dim"] = c.head_dim();  // always written: transformers' default is hidden_size / heads
   j["max_position_embeddings"] = c.max_seq_len;
   j["rms_norm_eps"] = c.norm_eps;
   j["hidden_act"] = "silu";

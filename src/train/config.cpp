@@ -127,9 +127,15 @@ const std::vector<KeyDef>& keys() {
           "vocabulary size V; 0 takes the tokenizer's", non_negative()),
       key("model.dim", &C::model, &ModelSection::dim, "width D of the residual stream", positive()),
       key("model.n_layers", &C::model, &ModelSection::n_layers, "number of transformer blocks L", positive()),
-      key("model.n_heads", &C::model, &ModelSection::n_heads, "query heads N (must divide model.dim)", positive()),
+      key("model.n_heads", &C::model, &ModelSection::n_heads,
+          "query heads N (must divide model.dim unless model.head_dim is set)", positive()),
       key("model.n_kv_heads", &C::model, &ModelSection::n_kv_heads,
           "key/value heads M (must divide model.n_heads; < N is grouped-query attention)", positive()),
+      key("model.head_dim", &C::model, &ModelSection::head_dim,
+          "width H of each attention head, even (rotary embeddings); 0: model.dim / model.n_heads. Set, q_proj is "
+          "[N x H, dim], k_proj and v_proj [M x H, dim] and o_proj [dim, N x H] whatever model.dim is "
+          "(Mistral-Nemo: dim 5120, 32 heads of 128)",
+          non_negative()),
       key("model.ffn_dim", &C::model, &ModelSection::ffn_dim, "hidden width F of the SwiGLU MLP", positive()),
       key("model.max_seq_len", &C::model, &ModelSection::max_seq_len,
           "longest sequence the model supports (rotary table length)", positive()),
@@ -731,10 +737,14 @@ void validate(const JobConfig& c) {
   ST_CHECK(m.preset.empty() || m.hf.empty(), "`model.preset` (\"", m.preset, "\") and `model.hf` (\"", m.hf,
            "\") both give the model's shape; set one: model.hf to fine-tune that folder's weights (its config.json "
            "gives the shape), or model.preset for the shape alone with random weights");
-  ST_CHECK(m.dim % m.n_heads == 0, "`model.n_heads` (", m.n_heads, ") must divide `model.dim` (", m.dim,
-           "); change one of them");
-  ST_CHECK((m.dim / m.n_heads) % 2 == 0, "head dimension `model.dim` / `model.n_heads` = ", m.dim / m.n_heads,
-           " must be even for rotary embeddings");
+  if (m.head_dim == 0) {
+    ST_CHECK(m.dim % m.n_heads == 0, "`model.n_heads` (", m.n_heads, ") must divide `model.dim` (", m.dim,
+             "); change one of them, or set `model.head_dim` for heads of a width of their own");
+    ST_CHECK((m.dim / m.n_heads) % 2 == 0, "head dimension `model.dim` / `model.n_heads` = ", m.dim / m.n_heads,
+             " must be even for rotary embeddings");
+  } else {
+    ST_CHECK(m.head_dim % 2 == 0, "`model.head_dim` = ", m.head_dim, " must be even for rotary embeddings");
+  }
   ST_CHECK(m.n_heads % m.n_kv_heads == 0, "`model.n_kv_heads` (", m.n_kv_heads, ") must divide `model.n_heads` (",
            m.n_heads, ")");
   // with model.hf the shape comes from its config.json (checked when loaded)

@@ -18,6 +18,7 @@ struct ModelSection {
   int64_t n_layers = 4;
   int64_t n_heads = 8;
   int64_t n_kv_heads = 4;
+  int64_t head_dim = 0;  // 0: dim / n_heads
   int64_t ffn_dim = 768;
   int64_t max_seq_len = 256;
   double norm_eps = 1e-5;

@@ -47,8 +47,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // columns for every token, and holds the residual stream's rows for 1/tp of the tokens
   // (sequence parallelism): D, N, M, F below are a rank's share where a block splits them,
   // `D` itself where every row is gathered (the norms' outputs, the products' inputs).
-  const int64_t D = c.dim, H = c.dim / c.n_heads, N = c.n_heads / tp, M = c.n_kv_heads / tp, F = c.ffn_dim / tp;
-  const int64_t Q = N * H;  // a rank's query width (D without tensor parallelism)
+  const int64_t D = c.dim, H = c.head_dim(), N = c.n_heads / tp, M = c.n_kv_heads / tp, F = c.ffn_dim / tp;
+  const int64_t Q = N * H;  // a rank's query width (D without tensor parallelism, unless H is decoupled from D / N)
   const int64_t L = c.n_layers, V = c.vocab_size;
 
   MemoryPlan p;

@@ -174,6 +174,7 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.n_layers = m.n_layers;
   c.n_heads = m.n_heads;
   c.n_kv_heads = m.n_kv_heads;
+  c.head_dim_override = m.head_dim;
   c.ffn_dim = m.ffn_dim;
   c.max_seq_len = m.max_seq_len;
   c.norm_eps = m.norm_eps;

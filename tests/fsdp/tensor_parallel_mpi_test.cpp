@@ -51,6 +51,7 @@ struct ModelVariant {
   model::ActivationCheckpointing checkpointing = model::ActivationCheckpointing::kNone;
   int64_t mlp_chunk = 0;
   bool documents = false;  // rows packed with documents that attend only to themselves
+  int64_t head_dim = 0;    // 0: dim / n_heads (4)
 };
 
 model::LlamaConfig small_config(int world, const ModelVariant& v) {
@@ -64,6 +65,7 @@ model::LlamaConfig small_config(int world, const ModelVariant& v) {
   c.max_seq_len = 16;
   c.tie_embeddings = v.tie;
   c.attention_bias = v.bias;
+  c.head_dim_override = v.head_dim;
   return c;
 }
 
@@ -83,6 +85,8 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"selective checkpointing", true, false, false, model::ActivationCheckpointing::kSelective},
       {"pointwise checkpointing", false, false, false, model::ActivationCheckpointing::kPointwise},
       {"packed documents", false, true, false, model::ActivationCheckpointing::kFull, 0, true},
+      {"heads of 6 (attention 72 wide in a width of 48)", false, true, false, model::ActivationCheckpointing::kNone, 0,
+       false, 6},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");

@@ -21,6 +21,7 @@ struct CacheCase {
   bool tied, bias, llama3_rope, separate_projections;
   int64_t batch;
   DType dtype;
+  int64_t head_dim = 0;  // 0: dim / n_heads (6)
 };
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
 
@@ -33,6 +34,7 @@ LlamaConfig small_config(const CacheCase& c) {
   cfg.n_layers = 3;
   cfg.n_heads = 6;
   cfg.n_kv_heads = 2;
+  cfg.head_dim_override = c.head_dim;
   cfg.ffn_dim = 22;
   cfg.max_seq_len = 45;
   cfg.rope.theta = 100.0;  // fast rotations: a wrong position shows in the first few tokens
@@ -103,7 +105,9 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{"gqa3_untied_bias_llama3rope_f64", false, true, true, false, 1, DType::kF64},
                       CacheCase{"gqa3_separate_projections_f64", false, false, false, true, 1, DType::kF64},
                       CacheCase{"gqa3_two_sequences_f64", true, true, false, false, 2, DType::kF64},
-                      CacheCase{"gqa3_untied_f32", false, false, true, false, 1, DType::kF32}),
+                      CacheCase{"gqa3_untied_f32", false, false, true, false, 1, DType::kF32},
+                      // heads of 10 (attention 60 wide in a width of 36), as Mistral-Nemo's
+                      CacheCase{"gqa3_head_dim10_f64", false, true, true, false, 2, DType::kF64, 10}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 TEST(KvCache, TokensBeyondItsRoomAreAnErrorThatLeavesItAsItWas) {
@@ -144,6 +148,9 @@ TEST(KvCache, HoldsOnlyTheKeyValueHeads) {
   const KvCache cache(cfg, 2, 20, DType::kF32);
   EXPECT_EQ(cache.keys(0).shape(), Shape({2, 20, 2, 6}));  // M = 2 of the N = 6 heads
   EXPECT_EQ(cache.bytes(), 2 * 3 * 2 * 20 * 2 * 6 * 4);     // k and v, L, B, capacity, M, H, f32
+  const KvCache wide(small_config({"gqa3_head_dim10", true, false, false, false, 1, DType::kF32, 10}), 2, 20,
+                     DType::kF32);
+  EXPECT_EQ(wide.keys(0).shape(), Shape({2, 20, 2, 10}));  // heads of their own width
 }
 
 }  // namespace

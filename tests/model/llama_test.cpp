@@ -19,6 +19,7 @@ struct TinyCase {
   const char* name;
   int64_t n_heads, n_kv_heads;
   bool tied, bias, llama3_rope;
+  int64_t head_dim = 0;  // 0: dim / n_heads
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -29,6 +30,7 @@ LlamaConfig tiny_config(const TinyCase& c) {
   cfg.n_layers = 2;
   cfg.n_heads = c.n_heads;
   cfg.n_kv_heads = c.n_kv_heads;
+  cfg.head_dim_override = c.head_dim;
   cfg.ffn_dim = 10;
   cfg.max_seq_len = 8;
   cfg.norm_eps = 1e-5;
@@ -90,7 +92,11 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesF64) {
 INSTANTIATE_TEST_SUITE_P(
     Tiny, LlamaGradient,
     ::testing::Values(TinyCase{"gqa2_tied", 2, 1, true, false, false}, TinyCase{"mha_untied", 2, 2, false, false, false},
-                      TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true}),
+                      TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true},
+                      // heads of a width of their own (Mistral-Nemo): attention wider (2 x 8 = 16)
+                      // and narrower (3 x 2 = 6) than dim 12
+                      TinyCase{"gqa2_head_dim8_wider", 2, 1, false, true, true, 8},
+                      TinyCase{"mha3_head_dim2_narrower", 3, 3, true, false, false, 2}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
@@ -137,10 +143,17 @@ TEST_P(LlamaGradient, OverwritingGradientsEqualsClearingThem) {
 // in the unit: each projection's size a multiple of the 128-element parameter alignment, as
 // in every Llama shape (the tiny ones above are not, and run one product per projection).
 TEST(Llama, StackedProjectionsEqualSeparateOnes) {
-  for (bool bias : {false, true}) {
-    SCOPED_TRACE(bias ? "biases" : "no biases");
-    LlamaConfig cfg = tiny_config({"stackable", 4, 2, !bias, bias, false});
-    cfg.dim = 256;  // head dim 64: q 256 x 256, k and v 128 x 256, biases 256 and 128
+  struct Case {
+    bool bias;
+    int64_t head_dim;  // 0: dim / n_heads
+  };
+  for (const Case c : {Case{false, 0}, Case{true, 0}, Case{false, 96}}) {
+    const bool bias = c.bias;
+    SCOPED_TRACE(std::string(bias ? "biases" : "no biases") + (c.head_dim > 0 ? ", head dim 96" : ""));
+    LlamaConfig cfg = tiny_config({"stackable", 4, 2, !bias, bias, false, c.head_dim});
+    // head dim 64: q 256 x 256, k and v 128 x 256, biases 256 and 128; head dim 96 (attention
+    // wider than dim): q 384 x 256, k and v 192 x 256
+    cfg.dim = 256;
     cfg.init_std = 0.05;
     const int64_t B = 2, T = 7;
     Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
@@ -155,7 +168,7 @@ TEST(Llama, StackedProjectionsEqualSeparateOnes) {
     const UnitLayout& block = stacked.layout().units()[1];
     const BlockWeights w = BlockWeights::view(stacked.unit_params(1), block, cfg);
     ASSERT_TRUE(w.wqkv_ED.defined()) << "q, k, v not back to back in " << block.name;
-    EXPECT_EQ(w.wqkv_ED.shape(), Shape({512, 256}));
+    EXPECT_EQ(w.wqkv_ED.shape(), Shape({c.head_dim > 0 ? 768 : 512, 256}));
     EXPECT_EQ(w.bqkv_E.defined(), bias);
     ASSERT_TRUE(w.w_gate_up_2FD.defined()) << "gate, up not back to back in " << block.name;
     separate.set_separate_projections(true);
@@ -389,6 +402,53 @@ TEST(ModelLayout, UnitsPadToAlignmentTimesWorld) {
     }
   }
   EXPECT_THROW((void)ModelLayout::llama(cfg, 1).locate("model.layers.9.mlp.up_proj.weight"), Error);
+}
+
+// A head dimension of its own: q and o are N·H wide whatever dim is, k and v M·H, split by
+// heads under tensor parallelism (rows of q, k, v; columns of o).
+TEST(ModelLayout, DecoupledHeadDimShapesTheProjections) {
+  LlamaConfig cfg = tiny_config({"gqa2_head_dim8", 2, 1, false, true, false, 8});
+  EXPECT_EQ(cfg.q_dim(), 16);
+  EXPECT_TRUE(cfg.head_dim_decoupled());
+  const ModelLayout whole = ModelLayout::llama(cfg, 1);
+  auto shape = [](const ModelLayout& l, const char* name) { return l.locate(name).spec->shape; };
+  EXPECT_EQ(shape(whole, "model.layers.0.self_attn.q_proj.weight"), Shape({16, 12}));
+  EXPECT_EQ(shape(whole, "model.layers.0.self_attn.k_proj.weight"), Shape({8, 12}));
+  EXPECT_EQ(shape(whole, "model.layers.0.self_attn.v_proj.weight"), Shape({8, 12}));
+  EXPECT_EQ(shape(whole, "model.layers.0.self_attn.q_proj.bias"), Shape({16}));
+  EXPECT_EQ(shape(whole, "model.layers.0.self_attn.o_proj.weight"), Shape({12, 16}));
+  EXPECT_EQ(cfg.num_parameters(), 11 * 12 * 2 + 2 * (2 * 12 + 16 * 12 + 2 * 8 * 12 + 16 + 2 * 8 + 12 * 16 + 3 * 12 * 10) + 12);
+  cfg.n_kv_heads = 2;
+  const ModelLayout part = ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = 2}, 1);
+  const ParamSpec* o = part.locate("model.layers.1.self_attn.o_proj.weight").spec;
+  EXPECT_EQ(o->shape, Shape({12, 8}));
+  EXPECT_EQ(o->full_shape, Shape({12, 16}));
+  EXPECT_EQ(o->split_first, 8);
+  EXPECT_EQ(shape(part, "model.layers.1.self_attn.q_proj.weight"), Shape({8, 12}));
+  EXPECT_EQ(shape(part, "model.layers.1.self_attn.k_proj.weight"), Shape({8, 12}));
+}
+
+TEST(LlamaConfig, HeadDimMustBeEvenAndNotNegative) {
+  LlamaConfig c = tiny_config({"gqa", 2, 1, false, false, false, 8});
+  c.n_heads = 5;  // 12 / 5 is no head dimension, but heads of 8 need none
+  c.n_kv_heads = 1;
+  EXPECT_NO_THROW(c.validate("model."));
+  c.head_dim_override = 7;
+  try {
+    c.validate("model.");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`model.head_dim` = 7 must be even"), std::string::npos) << e.what();
+  }
+  c.head_dim_override = -2;
+  EXPECT_THROW(c.validate("model."), Error);
+  c.head_dim_override = 0;
+  try {
+    c.validate("model.");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("unless `model.head_dim` sets it"), std::string::npos) << e.what();
+  }
 }
 
 TEST(LlamaConfig, CountsParametersAndRejectsBadShapes) {

@@ -4,6 +4,7 @@
 #include "train/checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -115,6 +116,57 @@ TEST(Checkpoint, ResumeEqualsStraightThroughOnFineTuningExamples) {
   c.data.format = "sft";
   c.training.grad_accum_steps = 2;
   expect_resume_equals_straight_through(c, dir);
+}
+
+// Heads of a width of their own (model.head_dim = 16: 4 x 16 = 64 wide attention in a
+// 40-wide model): training, resuming (bitwise the straight run), exporting a Hugging Face
+// folder whose config.json carries head_dim and whose projections have the decoupled shapes,
+// and fine-tuning from that folder, which loads exactly the trained weights.
+TEST(Checkpoint, ADecoupledHeadDimTrainsResumesExportsAndReloads) {
+  const std::string dir = fresh_dir("head_dim");
+  JobConfig c = job(dir);
+  c.model.head_dim = 16;
+  expect_resume_equals_straight_through(c, dir);
+
+  const std::string out = fresh_dir("head_dim_export");
+  JobConfig c2 = job(out);
+  c2.model.head_dim = 16;
+  Trainer straight(c2);  // the same run again in a folder of its own, to keep its weights
+  straight.run();
+  const model::LlamaConfig& mc = straight.model().config();
+  EXPECT_EQ(mc.head_dim(), 16);
+  EXPECT_EQ(mc.q_dim(), 64);
+  EXPECT_EQ(straight.store().layout().locate("model.layers.0.self_attn.o_proj.weight").spec->shape, Shape({40, 64}));
+
+  ExportOptions o;
+  o.folder = out + "/hf";
+  o.dtype = DType::kF32;
+  export_checkpoint(out + "/checkpoints", o);
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(o.folder + "/config.json"));
+  EXPECT_EQ(config.at("head_dim"), 16);
+  EXPECT_EQ(config.at("hidden_size"), 40);
+  EXPECT_EQ(config.at("num_attention_heads"), 4);
+  const io::HfWeights w(o.folder);
+  EXPECT_EQ(w.get("model.layers.1.self_attn.q_proj.weight").shape, std::vector<int64_t>({64, 40}));
+  EXPECT_EQ(w.get("model.layers.1.self_attn.k_proj.weight").shape, std::vector<int64_t>({32, 40}));
+  EXPECT_EQ(w.get("model.layers.1.self_attn.v_proj.weight").shape, std::vector<int64_t>({32, 40}));
+  EXPECT_EQ(w.get("model.layers.1.self_attn.o_proj.weight").shape, std::vector<int64_t>({40, 64}));
+  const std::string report = inspect_report(o.folder).text;
+  EXPECT_NE(report.find("(head dim 16, decoupled: attention width 4 x 16 = 64)"), std::string::npos) << report;
+
+  // fine-tuning the export: its config.json gives the shape, its weights the trained ones
+  JobConfig tune = c2;
+  tune.model.head_dim = 0;  // the shape keys give way to model.hf's config.json
+  tune.model.hf = o.folder;
+  tune.run.output_dir = out + "/tune";
+  tune.checkpoint.interval_steps = 0;
+  tune.training.steps = 2;
+  Trainer tuned(tune);
+  EXPECT_EQ(tuned.model().config().head_dim(), 16);
+  expect_same_masters(straight, tuned);
+  const TrainSummary t = tuned.run();
+  ASSERT_EQ(t.steps.size(), 2u);
+  EXPECT_TRUE(std::isfinite(t.steps.back().loss));
 }
 
 // checkpoint.async: the files written on a thread while training goes on are the synchronous

@@ -125,6 +125,38 @@ TEST(Config, PresetsAreKnownNamesAndNotWithModelHf) {
     EXPECT_NE(help.find(name), std::string::npos) << name;
 }
 
+// model.head_dim: heads of a width of their own (Mistral-Nemo's shape), 0 for dim / n_heads.
+TEST(Config, HeadDimDecouplesTheHeadsFromTheWidth) {
+  const std::vector<std::string> shape = {"--model.dim=100", "--model.n_heads=8", "--model.n_kv_heads=4"};
+  std::string e = error_of("", shape);
+  EXPECT_NE(e.find("`model.n_heads` (8) must divide `model.dim` (100); change one of them, or set `model.head_dim`"),
+            std::string::npos)
+      << e;
+  std::vector<std::string> with = shape;
+  with.push_back("--model.head_dim=16");
+  EXPECT_EQ(error_of("", with), "");
+  with.back() = "--model.head_dim=7";
+  e = error_of("", with);
+  EXPECT_NE(e.find("`model.head_dim` = 7 must be even for rotary embeddings"), std::string::npos) << e;
+  with.back() = "--model.head_dim=-2";
+  e = error_of("", with);
+  EXPECT_NE(e.find("`model.head_dim`"), std::string::npos) << e;
+
+  ModelSection m;
+  m.dim = 100;
+  m.n_heads = 8;
+  m.n_kv_heads = 4;
+  m.head_dim = 16;
+  const model::LlamaConfig c = llama_config(m, 258);
+  EXPECT_EQ(c.head_dim(), 16);
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_EQ(c.kv_dim(), 64);
+  m.head_dim = 0;
+  m.dim = 128;
+  EXPECT_EQ(llama_config(m, 258).head_dim(), 16);
+  EXPECT_FALSE(llama_config(m, 258).head_dim_decoupled());
+}
+
 TEST(Config, APresetGivesTheTrainedShape) {
   ModelSection m;
   m.preset = "llama3.2-1b";

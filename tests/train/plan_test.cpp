@@ -104,6 +104,28 @@ TEST(Plan, Fp8HeadOperandsAreCountedAtTheLoss) {
   EXPECT_EQ(plan_memory(in).loss_chunk_fp8, 0);
 }
 
+// Heads of a width of their own (model.head_dim): the activations q, k, v, the attention
+// output and their gradients are N·H and M·H wide, not D, and so are the FLOPs' attention term.
+// Llama 3.1 8B's shape with heads of 160 instead of 128 (N·H = 5120 beside D = 4096).
+TEST(Plan, ADecoupledHeadDimSizesTheAttentionsActivations) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.gpu = true;
+  in.seq_len = 4096;
+  const MemoryPlan coupled = plan_memory(in);
+  in.model.head_dim_override = 160;
+  ASSERT_TRUE(in.model.head_dim_decoupled());
+  const MemoryPlan wide = plan_memory(in);
+  const int64_t tokens = 4096, L = 32, N = 32, M = 8, dH = 160 - 128;
+  // per token and block: q and the attention output (2 N·H), k and v (2 M·H), in bf16
+  EXPECT_EQ(wide.activations_at_loss - coupled.activations_at_loss, tokens * L * 2 * (2 * N * dH + 2 * M * dH));
+  EXPECT_EQ(wide.parameters - coupled.parameters, L * 4096 * (2 * N * dH + 2 * M * dH));
+  EXPECT_DOUBLE_EQ(wide.flops_per_token - coupled.flops_per_token,
+                   6.0 * static_cast<double>(wide.parameters - coupled.parameters) + 12.0 * L * N * dH * tokens);
+  const std::string text = describe_plan(in, wide);
+  EXPECT_NE(text.find("head dim 160, decoupled: attention width 32 x 160 = 5120"), std::string::npos) << text;
+}
+
 TEST(Plan, ShardedStateScalesWithRanks) {
   PlanInput in;
   in.model = llama_8b();
