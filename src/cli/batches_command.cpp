@@ -23,7 +23,7 @@
 #include "optim/schedule.h"
 #include "train/config.h"
 #include "train/launch_defaults.h"
-#include "train/trainer.h"
+#include "train/model_shape.h"
 #include "train/training_data.h"
 
 namespace shardtrain::cli {

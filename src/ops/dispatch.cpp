@@ -1,33 +1,11 @@
 // Shared entry checks of the op dispatchers.
 #include "ops/dispatch.h"
 
-#include <atomic>
-
-#include "ops/linear.h"
-
 namespace shardtrain::ops {
 
 void no_kernel(const char* op, const Tensor& t) {
   ST_THROW(op, ": no kernel for ", t.str(), " in this build");
 }
-
-namespace {
-std::atomic<GemmSelection> g_gemm_selection{GemmSelection::kHeuristic};
-}  // namespace
-
-void set_gemm_selection(GemmSelection selection) { g_gemm_selection = selection; }
-GemmSelection gemm_selection() { return g_gemm_selection; }
-
-namespace {
-thread_local int t_gemm_sm_reserve = 0;
-}  // namespace
-
-GemmSmReserve::GemmSmReserve(int sms) : previous_(t_gemm_sm_reserve) {
-  ST_CHECK(sms >= 0, "GEMM SM reserve: expected 0 or more SMs, found ", sms);
-  t_gemm_sm_reserve = sms;
-}
-GemmSmReserve::~GemmSmReserve() { t_gemm_sm_reserve = previous_; }
-int gemm_sm_reserve() { return t_gemm_sm_reserve; }
 
 void check_cpu_float(const Tensor& t, const char* op, const char* arg) {
   ST_CHECK(t.dtype() == DType::kF32 || t.dtype() == DType::kF64, op, ": `", arg,

@@ -1,8 +1,30 @@
 // The linear's FP8 forms, the same on both devices: each quantises the operands its products
-// need (ops/fp8.h) and multiplies them with fp8_product; the device's kernels do the work.
+// need (ops/fp8.h) and multiplies them with fp8_product; the device's kernels do the work. Also
+// the process's GEMM selection and each thread's SM reserve (linear.h).
 #include "ops/linear.h"
 
+#include <atomic>
+
 namespace shardtrain::ops {
+
+namespace {
+std::atomic<GemmSelection> g_gemm_selection{GemmSelection::kHeuristic};
+}  // namespace
+
+void set_gemm_selection(GemmSelection selection) { g_gemm_selection = selection; }
+GemmSelection gemm_selection() { return g_gemm_selection; }
+
+namespace {
+thread_local int t_gemm_sm_reserve = 0;
+}  // namespace
+
+GemmSmReserve::GemmSmReserve(int sms) : previous_(t_gemm_sm_reserve) {
+  ST_CHECK(sms >= 0, "GEMM SM reserve: expected 0 or more SMs, found ", sms);
+  t_gemm_sm_reserve = sms;
+}
+GemmSmReserve::~GemmSmReserve() { t_gemm_sm_reserve = previous_; }
+int gemm_sm_reserve() { return t_gemm_sm_reserve; }
+
 namespace {
 
 // The role's scaling and format, with the amax the call knows of (tensorwise x and dy).

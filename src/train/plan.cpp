@@ -13,7 +13,7 @@
 #include "model/layout.h"
 #include "model/presets.h"
 #include "train/launch_defaults.h"
-#include "train/trainer.h"
+#include "train/model_shape.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {

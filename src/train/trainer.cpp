@@ -30,7 +30,6 @@
 #include "io/hf_folder.h"
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
-#include "model/presets.h"
 #include "dist/bootstrap.h"
 #ifdef SHARDTRAIN_WITH_MPI
 #include "dist/mpi_communicator.h"
@@ -49,6 +48,7 @@
 #include "train/run_paths.h"
 #include "train/generate.h"
 #include "train/metrics.h"
+#include "train/model_shape.h"
 #include "train/plot.h"
 #include "train/nonfinite.h"
 #include "train/plan.h"
@@ -156,44 +156,6 @@ DType resolve_dtype(const std::string& wanted, Device device) {
   ST_CHECK(!(device.is_cuda() && t == DType::kF64), "`model.dtype` = f64 is for CPU checks; use bf16 or f32 on a GPU");
   return t;
 }
-
-}  // namespace
-
-model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
-  if (!m.preset.empty()) {
-    const model::LlamaConfig p = model::preset_config(m.preset);
-    ST_CHECK(tokenizer_vocab <= p.vocab_size, "the tokenizer has ", tokenizer_vocab, " tokens but `model.preset` = \"",
-             m.preset, "\" has a vocabulary of ", p.vocab_size, "; use that model's tokenizer (`data.tokenizer`)");
-    return p;
-  }
-  model::LlamaConfig c;
-  c.vocab_size = m.vocab_size > 0 ? m.vocab_size : tokenizer_vocab;
-  ST_CHECK(c.vocab_size >= tokenizer_vocab, "`model.vocab_size` (", c.vocab_size,
-           ") is smaller than the tokenizer's vocabulary (", tokenizer_vocab, "); set it to 0 to use the tokenizer's");
-  c.dim = m.dim;
-  c.n_layers = m.n_layers;
-  c.n_heads = m.n_heads;
-  c.n_kv_heads = m.n_kv_heads;
-  c.head_dim_override = m.head_dim;
-  c.ffn_dim = m.ffn_dim;
-  c.max_seq_len = m.max_seq_len;
-  c.norm_eps = m.norm_eps;
-  c.rope.theta = m.rope_theta;
-  if (m.rope_scaling == "llama3") {
-    c.rope.scaling.type = ops::RopeScalingType::kLlama3;
-    c.rope.scaling.factor = m.rope_scaling_factor;
-    c.rope.scaling.low_freq_factor = m.rope_low_freq_factor;
-    c.rope.scaling.high_freq_factor = m.rope_high_freq_factor;
-    c.rope.scaling.original_max_positions = m.rope_original_max_positions;
-  }
-  c.tie_embeddings = m.tie_embeddings;
-  c.attention_bias = m.attention_bias;
-  c.init_std = m.init_std;
-  c.validate("model.");
-  return c;
-}
-
-namespace {
 
 // training.time_limit counts from here: the process's start, as a job's wall-clock limit does
 const Clock::time_point g_process_start = Clock::now();

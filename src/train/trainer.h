@@ -207,8 +207,4 @@ class Trainer {
   void watch_io(std::string what);  // watchdog_ (if any) on `what`, with bytes written to files as progress too
 };
 
-// Builds the model shape from the `model` section and the tokenizer's vocabulary, or takes
-// model.preset's (whose vocabulary must hold the tokenizer's).
-model::LlamaConfig llama_config(const ModelSection& section, int64_t tokenizer_vocab);
-
 }  // namespace shardtrain::train

@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "testing/shared_data.h"
 #include "train/config.h"
-#include "train/trainer.h"
+#include "train/model_shape.h"
 
 namespace shardtrain::train {
 namespace {
