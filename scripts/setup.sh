@@ -9,7 +9,7 @@ packages=(
   libopenblas-dev libopenblas-openmp-dev libomp-dev
   nlohmann-json3-dev libtomlplusplus-dev libcli11-dev libfmt-dev libpcre2-dev libutf8proc-dev
   libzstd-dev zlib1g-dev
-  libgtest-dev libgmock-dev clang libclang-rt-14-dev
+  libgtest-dev libgmock-dev clang libclang-rt-14-dev clang-format
   openmpi-bin libopenmpi-dev
   fortunes
   python3 python3-venv
