@@ -15,7 +15,7 @@ best known way to do it:
   GEMM algorithms                every product faster by --gemm-gain (default 0.5 %, what
                                  training.gemm_selection = "timed" measured)
   AdamW, RMSNorm                 at --copy-gbs where slower (default 2,887 GB/s, the TMA copy of
-                                 bench/ops/stream_energy_bench on an H100)
+                                 bench/experiments/stream_energy_bench on an H100)
   grad-norm sums                 folded away
 
 Each gain is an upper bound: it assumes the whole gain shows in the step. The per-op table is

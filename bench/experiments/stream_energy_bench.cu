@@ -27,7 +27,7 @@
 #include <utility>
 #include <vector>
 
-#include "bench_util.h"
+#include "../ops/bench_util.h"
 #include "core/cuda/device.h"
 #include "core/gpu_monitor.h"
 #include "energy_util.h"

@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "bench_util.h"
+#include "../ops/bench_util.h"
 #include "hopper_ptx.cuh"
 #include "core/cuda/device.h"
 #include "ops/linear.h"
