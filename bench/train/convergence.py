@@ -527,10 +527,11 @@ def batches_sha256(path):
 
 
 def reference(a):
+    source = getattr(a, "from")
     os.makedirs(a.to, exist_ok=True)
-    shutil.copy(os.path.join(a.__dict__["from"], "pytorch.jsonl"), os.path.join(a.to, "pytorch.jsonl"))
-    manifest = {"init_crc32c": init_checksums(os.path.join(a.__dict__["from"], "init")),
-                "batches_sha256": batches_sha256(os.path.join(a.__dict__["from"], "batches.safetensors"))}
+    shutil.copy(os.path.join(source, "pytorch.jsonl"), os.path.join(a.to, "pytorch.jsonl"))
+    manifest = {"init_crc32c": init_checksums(os.path.join(source, "init")),
+                "batches_sha256": batches_sha256(os.path.join(source, "batches.safetensors"))}
     with open(os.path.join(a.to, "manifest.json"), "w") as f:
         json.dump(manifest, f, indent=1)
     print(f"kept {a.to}/pytorch.jsonl and manifest.json")

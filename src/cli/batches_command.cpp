@@ -149,13 +149,7 @@ int run_batches(const std::vector<std::string>& args) {
     if (document_mask) tensors.emplace_back("eval.positions", std::move(all_positions));
   }
   {
-    optim::ScheduleConfig sc;
-    sc.type = optim::parse_schedule(config.schedule.type, "schedule.type");
-    sc.peak_lr = config.optimizer.lr;
-    sc.warmup_steps = config.schedule.warmup_steps;
-    sc.total_steps = S;
-    sc.min_lr_ratio = config.schedule.min_lr_ratio;
-    sc.decay_fraction = config.schedule.decay_fraction;
+    const optim::ScheduleConfig sc = train::schedule_config(config);
     Tensor lr = Tensor::empty({S}, DType::kF64, Device::cpu(), "lr");
     for (int64_t s = 0; s < S; ++s) lr.data<double>()[s] = optim::learning_rate(sc, s + 1);
     tensors.emplace_back("lr", std::move(lr));

@@ -96,4 +96,15 @@ std::vector<std::string> launch_choice_lines(const JobConfig& c, const LaunchCho
   return lines;
 }
 
+optim::ScheduleConfig schedule_config(const JobConfig& config) {
+  optim::ScheduleConfig sc;
+  sc.type = optim::parse_schedule(config.schedule.type, "schedule.type");
+  sc.peak_lr = config.optimizer.lr;
+  sc.warmup_steps = config.schedule.warmup_steps;
+  sc.total_steps = config.training.steps;
+  sc.min_lr_ratio = config.schedule.min_lr_ratio;
+  sc.decay_fraction = config.schedule.decay_fraction;
+  return sc;
+}
+
 }  // namespace shardtrain::train

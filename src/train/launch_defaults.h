@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "optim/schedule.h"
 #include "train/config.h"
 
 namespace shardtrain::train {
@@ -46,5 +47,9 @@ struct LaunchChoices {
 // it came to, and a line for each of training.seq_len = 0, training.epochs and
 // schedule.warmup_fraction that was given rather than defaulted.
 std::vector<std::string> launch_choice_lines(const JobConfig& config, const LaunchChoices& choices);
+
+// The learning-rate schedule of a job whose training.steps and schedule.warmup_steps are
+// decided (resolve_run_shape), as the trainer and `shardtrain batches` apply it.
+optim::ScheduleConfig schedule_config(const JobConfig& config);
 
 }  // namespace shardtrain::train

@@ -47,6 +47,7 @@
 #include "train/run_folder.h"
 #include "train/run_paths.h"
 #include "train/generate.h"
+#include "train/launch_defaults.h"
 #include "train/metrics.h"
 #include "train/model_shape.h"
 #include "train/plot.h"
@@ -582,13 +583,7 @@ TrainSummary Trainer::run() {
     jsonl.write(record);
     tensorboard.write(record);
   };
-  optim::ScheduleConfig sc;
-  sc.type = optim::parse_schedule(config_.schedule.type, "schedule.type");
-  sc.peak_lr = config_.optimizer.lr;
-  sc.warmup_steps = config_.schedule.warmup_steps;
-  sc.total_steps = tc.steps;
-  sc.min_lr_ratio = config_.schedule.min_lr_ratio;
-  sc.decay_fraction = config_.schedule.decay_fraction;
+  const optim::ScheduleConfig sc = schedule_config(config_);
   model::StepOptions so;
   so.checkpointing = checkpointing_;
   so.deterministic = tc.deterministic;
