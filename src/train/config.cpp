@@ -298,8 +298,8 @@ const std::vector<KeyDef>& keys() {
       key("training.gemm_selection", &C::training, &TrainingSection::gemm_selection,
           "how a GPU picks each matrix-product shape's cuBLASLt algorithm: heuristic (cuBLASLt's first choice, the "
           "same in every run) or timed (the fastest of 8 candidates, timed back to back under load on the first "
-          "call: 3 rounds of ~20 ms each, about half a second per shape; +0.3-0.5 % tokens/s on the 1B shape on an "
-          "H100; the pick, and with it the last bits of the results, can differ between runs)",
+          "call, about half a second per shape; a small gain at best, see docs/performance.md; the pick, and with it "
+          "the last bits of the results, can differ between runs)",
           one_of({"timed", "heuristic"})),
       key("training.fp8", &C::training, &TrainingSection::fp8,
           "FP8 matrix products for every linear of each block (q/k/v, o, gate/up, down; forward, input and weight "
@@ -324,8 +324,8 @@ const std::vector<KeyDef>& keys() {
           "docs/performance.md, FP8, for the loss curves and the speed)"),
       key("training.deterministic", &C::training, &TrainingSection::deterministic,
           "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "
-          "of its default, which does not promise the same bits from run to run (on the 1B shape at batch 8 on an "
-          "H100: 4 % fewer tokens/s and 5.3 GiB more memory, outside `shardtrain plan`'s estimate); needs "
+          "of its default, which does not promise the same bits from run to run (somewhat slower, and more memory "
+          "than `shardtrain plan` estimates: docs/training-and-data.md, Reproducible batches); needs "
           "training.gemm_selection = heuristic. The other ops are deterministic already; the CPU always is"),
       key("training.cuda_graph", &C::training, &TrainingSection::cuda_graph,
           "on one GPU, capture a micro-batch's forward and backward into a CUDA graph after the first step and "
@@ -461,9 +461,9 @@ const std::vector<KeyDef>& keys() {
           "their reduce-scatter while the backward goes on with the next block, each holding a block's gradient "
           "on the GPU (4 bytes per parameter of a block: 12 GiB at Llama 3.1 405B's width). Before one more would "
           "be in flight the backward waits for the oldest: 1 is a double buffer (one block reducing while the next "
-          "is written; as fast as 2 on the 8B and 405B-wide jobs measured, a block less memory), 2 rides out a "
-          "single reduction slower than a block's backward, 0 waits for each reduction before the next block's "
-          "backward (no overlap: 3.5 % slower on the 8B over 2 GPUs, a block less memory again)",
+          "is written, a block less memory than 2), 2 rides out a single reduction slower than a block's backward, "
+          "0 waits for each reduction before the next block's backward (no overlap: slower, a block less memory "
+          "again; docs/multi-gpu.md has the measurements)",
           in_range(0.0, 8.0)),
       key("parallel.hf_load", &C::parallel, &ParallelSection::hf_load,
           "how ranks load model.hf: ranges (each rank reads its own byte ranges) or rank0 (rank 0 alone reads, "
