@@ -41,15 +41,6 @@ std::vector<int64_t> eval_steps(const train::JobConfig& c) {
   return steps;
 }
 
-std::string join(const std::vector<int64_t>& v) {
-  std::string s;
-  for (int64_t x : v) {
-    if (!s.empty()) s += ',';
-    s += std::to_string(x);
-  }
-  return s;
-}
-
 }  // namespace
 
 int run_batches(const std::vector<std::string>& args) {
@@ -176,8 +167,7 @@ int run_batches(const std::vector<std::string>& args) {
       {"seed", tc.seed},
   };
   const std::map<std::string, std::string> metadata = {{"recipe", recipe.dump()},
-                                                       {"config", train::config_toml(config)},
-                                                       {"eval_steps", join(evals)}};
+                                                       {"config", train::config_toml(config)}};
   std::filesystem::path parent = std::filesystem::path(out).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
   io::write_safetensors(out, tensors, metadata);
