@@ -38,7 +38,6 @@ between the two PyTorch runs.
 """
 import argparse
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -46,6 +45,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from fp8_curves import smooth  # noqa: E402  (the running mean both scripts plot)
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SHARED = os.path.join(os.path.dirname(ROOT), "shared")
 
@@ -386,14 +387,18 @@ def gaps(ours, theirs):
     }
 
 
-def smooth(values, window):
-    out, acc = [], 0.0
-    for i, v in enumerate(values):
-        acc += v
-        if i >= window:
-            acc -= values[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
+def comparison_rows(label, n, columns):
+    """Summary rows of one curve against another (gaps()): its mean of the last 100 steps and its last
+    held-out loss, the values in the shardtrain column, the PyTorch column (`columns` names where the
+    first curve's value goes), or both."""
+    def cells(ours, theirs):
+        return {"both": f"{ours:.4f} | {theirs:.4f}", "shardtrain": f"{ours:.4f} | ", "pytorch": f" | {ours:.4f}"}[columns]
+    m1, m2, gap = n["last100"]
+    rows = [f"| {label}: mean of the last 100 steps | {cells(m1, m2)} | {100 * gap:+.3f} % |"]
+    if n["final_eval"]:
+        step, e1, e2, gap = n["final_eval"]
+        rows.append(f"| {label}: held-out loss at step {step} | {cells(e1, e2)} | {100 * gap:+.3f} % |")
+    return rows
 
 
 def plot(a):
@@ -416,27 +421,14 @@ def plot(a):
         st, e1, e2, gap = g["final_eval"]
         lines.append(f"| held-out loss at step {st} | {e1:.4f} | {e2:.4f} | {100 * gap:+.3f} % |")
     if "pytorch-order2" in curves:
-        n = gaps(curves["pytorch-order2"], curves["pytorch"])
-        lines.append(f"| PyTorch, batches in another order, against PyTorch: mean of the last 100 steps | | "
-                     f"{n['last100'][0]:.4f} | {100 * n['last100'][2]:+.3f} % |")
-        if n["final_eval"]:
-            lines.append(f"| the same, held-out loss at step {n['final_eval'][0]} | | {n['final_eval'][1]:.4f} | "
-                         f"{100 * n['final_eval'][3]:+.3f} % |")
+        lines += comparison_rows("PyTorch, batches in another order, against PyTorch",
+                                 gaps(curves["pytorch-order2"], curves["pytorch"]), "pytorch")
     if "pytorch-f32head" in curves:
-        n = gaps(curves["shardtrain"], curves["pytorch-f32head"])
-        lines.append(f"| against PyTorch with f32 logits: mean of the last 100 steps | {n['last100'][0]:.4f} | "
-                     f"{n['last100'][1]:.4f} | {100 * n['last100'][2]:+.3f} % |")
-        if n["final_eval"]:
-            lines.append(f"| against PyTorch with f32 logits: held-out loss at step {n['final_eval'][0]} | "
-                         f"{n['final_eval'][1]:.4f} | {n['final_eval'][2]:.4f} | {100 * n['final_eval'][3]:+.3f} % |")
+        lines += comparison_rows("against PyTorch with f32 logits", gaps(curves["shardtrain"], curves["pytorch-f32head"]),
+                                 "both")
     for name in fp8:
-        n = gaps(curves[name], curves["pytorch"])
         label = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
-        lines.append(f"| {label}: mean of the last 100 steps | {n['last100'][0]:.4f} | | "
-                     f"{100 * n['last100'][2]:+.3f} % |")
-        if n["final_eval"]:
-            lines.append(f"| {label}: held-out loss at step {n['final_eval'][0]} | {n['final_eval'][1]:.4f} | | "
-                         f"{100 * n['final_eval'][3]:+.3f} % |")
+        lines += comparison_rows(label, gaps(curves[name], curves["pytorch"]), "shardtrain")
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(a.out, "summary.md"), "w") as fh:
