@@ -44,6 +44,7 @@ int64_t LlamaConfig::num_non_embedding_parameters() const {
   int64_t block = 2 * dim;                                       // two norms
   block += dim * q_dim() + 2 * dim * kv_dim();                   // q, k, v
   if (attention_bias) block += q_dim() + 2 * kv_dim();
+  if (qk_norm) block += 2 * head_dim();                          // q_norm, k_norm
   block += q_dim() * dim;                                        // o
   block += 3 * dim * ffn_dim;                                    // gate, up, down
   return n_layers * block + dim + vocab_size * dim;              // final norm + head
@@ -63,7 +64,9 @@ std::string LlamaConfig::summary() const {
   s << "Llama: " << n_layers << " layers, dim " << dim << ", " << n_heads << " heads / " << n_kv_heads
     << " kv heads (head dim " << head_dim();
   if (head_dim_decoupled()) s << ", decoupled: attention width " << n_heads << " x " << head_dim() << " = " << q_dim();
-  s << "), ffn " << ffn_dim << ", vocab " << vocab_size
+  s << ")";
+  if (qk_norm) s << ", QK-norm";
+  s << ", ffn " << ffn_dim << ", vocab " << vocab_size
     << (tie_embeddings ? " (tied)" : "") << ", " << num_parameters() << " parameters";
   return s.str();
 }

@@ -25,6 +25,10 @@ struct LlamaConfig {
   ops::RopeOptions rope;
   bool tie_embeddings = false;  // lm_head shares model.embed_tokens.weight
   bool attention_bias = false;  // q/k/v projections carry biases (Qwen2)
+  // QK-norm (Qwen3): an RMSNorm over each head's H values of q and of k, after their
+  // projections and before rope, with learned weights `self_attn.q_norm.weight` and
+  // `self_attn.k_norm.weight` [H] shared by all heads and norm_eps as its epsilon.
+  bool qk_norm = false;
   double init_std = 0.02;       // normal init of matrices (HF initializer_range)
 
   // H

@@ -119,6 +119,11 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
       add("self_attn.k_proj.bias", {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
       add("self_attn.v_proj.bias", {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
     }
+    if (c.qk_norm) {
+      // one [H] weight for every head: whole on each tensor-parallel rank
+      add("self_attn.q_norm.weight", {h}, ParamInit::kOnes, kWhole);
+      add("self_attn.k_norm.weight", {h}, ParamInit::kOnes, kWhole);
+    }
     add("self_attn.o_proj.weight", {c.dim, c.n_heads * h}, ParamInit::kNormal, kColumns);
     add("post_attention_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
     add("mlp.gate_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);

@@ -89,6 +89,19 @@ TEST(HfConfig, WrittenHeadDimReadsBack) {
   EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
 }
 
+// A model with QK-norm has no Hugging Face family shardtrain writes yet: exporting it says so
+// instead of writing a config that would load without its q_norm / k_norm weights.
+TEST(HfConfig, ExportingQkNormIsRefused) {
+  LlamaConfig c = parse_hf_config(mistral_nemo(), "nemo/config.json");
+  c.qk_norm = true;
+  try {
+    to_hf_config(c, "bfloat16");
+    ADD_FAILURE() << "no error thrown";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("QK-norm (Qwen3)"), std::string::npos) << e.what();
+  }
+}
+
 TEST(HfConfig, BadHeadDimsAreNamed) {
   json j = mistral_nemo();
   j["head_dim"] = 127;
