@@ -45,6 +45,8 @@ BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, cons
   w.bq_Q = optional_view(flat, unit, n("self_attn.q_proj.bias"));
   w.bk_K = optional_view(flat, unit, n("self_attn.k_proj.bias"));
   w.bv_K = optional_view(flat, unit, n("self_attn.v_proj.bias"));
+  w.q_norm_H = optional_view(flat, unit, n("self_attn.q_norm.weight"));
+  w.k_norm_H = optional_view(flat, unit, n("self_attn.k_norm.weight"));
   w.wo_DQ = param_view(flat, unit, n("self_attn.o_proj.weight"));
   w.ffn_norm_D = param_view(flat, unit, n("post_attention_layernorm.weight"));
   w.w_gate_FD = param_view(flat, unit, n("mlp.gate_proj.weight"));
@@ -99,7 +101,7 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
 }
 
 std::vector<Tensor*> BlockActivations::tensors() {
-  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &attn_BTNH, &lse_BNT,
+  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &q_raw_BTNH, &k_raw_BTMH, &q_rstd_BTN, &k_rstd_BTM, &attn_BTNH, &lse_BNT,
           &x2_BTD, &xn2_BTD, &rstd2_BT, &gate_BTF, &up_BTF, &h_BTF, &gate_up_BT2F, &y_BTD};
 }
 
@@ -336,6 +338,40 @@ bool attention_by_pieces(const BlockContext& ctx, const Dims& d) {
          !ctx.kv_keys_BSMH.defined() && !ctx.kv_position_1.defined();
 }
 
+// QK-norm of sequences [b0, b1): each head's row of `x_BTXH` (q or k as projected; a head
+// slice of the stacked product, or a tensor of its own) is kept in `raw_BTXH` and replaced by
+// its RMSNorm with `weight_H`, whose 1/rms goes to `rstd_BTX`.
+void head_norm_forward(Tensor& x_BTXH, Tensor& raw_BTXH, Tensor& rstd_BTX, const Tensor& weight_H, double eps,
+                       int64_t b0, int64_t b1) {
+  Tensor x = x_BTXH.slice(0, b0, b1), raw = raw_BTXH.slice(0, b0, b1), rstd = rstd_BTX.slice(0, b0, b1);
+  const int64_t H = x.size(3), rows = x.numel() / H;
+  copy(raw, x);
+  Tensor rstd_rows = rstd.view({rows});
+  if (x.is_contiguous()) {
+    Tensor y = x.view({rows, H});
+    ops::rmsnorm_forward(y, rstd_rows, raw.view({rows, H}), weight_H, {.eps = eps});
+    return;
+  }
+  Tensor y = like(x.shape(), x, "normed heads");
+  Tensor y_rows = y.view({rows, H});
+  ops::rmsnorm_forward(y_rows, rstd_rows, raw.view({rows, H}), weight_H, {.eps = eps});
+  copy(x, y);
+}
+
+// The QK-norm's backward on every row of `dx_BTXH` (the gradient of the normed q or k, a head
+// slice or a tensor of its own), replaced by the gradient of the projected values; the weight's
+// gradient accumulates into `dweight_H` (or overwrites it).
+void head_norm_backward(Tensor& dx_BTXH, Tensor& dweight_H, const Tensor& raw_BTXH, const Tensor& rstd_BTX,
+                        const Tensor& weight_H, bool overwrite) {
+  const int64_t H = dx_BTXH.size(3), rows = dx_BTXH.numel() / H;
+  const Tensor dy = contiguous(dx_BTXH);
+  Tensor dx = like(dx_BTXH.shape(), dx_BTXH, "head norm input gradient");
+  Tensor dx_rows = dx.view({rows, H});
+  ops::rmsnorm_backward(dx_rows, dweight_H, dy.view({rows, H}), raw_BTXH.view({rows, H}), weight_H,
+                        rstd_BTX.view({rows}), Tensor(), {.overwrite_dweight = overwrite});
+  copy(dx_BTXH, dx);
+}
+
 // q, k, v (rope applied), attention, and x2 = x + o(attn), from the attention norm's output
 // xn1_RD (this rank's rows; a.xn1_BTD receives all rows). With a KV cache the attention reads
 // the cached positions' keys and values too.
@@ -354,6 +390,19 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
                            a.v_BTMH.slice(0, b0, b1), attention);
   };
   const bool by_pieces = attention_by_pieces(ctx, d);
+  const bool qk_norm = ctx.config->qk_norm;
+  if (qk_norm) {
+    a.q_raw_BTNH = like({d.B, d.T, d.N, d.H}, x, "q before its norm");
+    a.k_raw_BTMH = like({d.B, d.T, d.M, d.H}, x, "k before its norm");
+    a.q_rstd_BTN = Tensor::empty({d.B, d.T, d.N}, d.stats, d.dev, "q norm rstd");
+    a.k_rstd_BTM = Tensor::empty({d.B, d.T, d.M}, d.stats, d.dev, "k norm rstd");
+  }
+  // QK-norm of sequences [b0, b1), before their rope
+  auto norm_heads = [&](int64_t b0, int64_t b1) {
+    if (!qk_norm) return;
+    head_norm_forward(a.q_BTNH, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, ctx.config->norm_eps, b0, b1);
+    head_norm_forward(a.k_BTMH, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, ctx.config->norm_eps, b0, b1);
+  };
   Tensor xn1_TD;
   if (qkv_stacked(w, ctx)) {
     // one product for q, k and v; each a slice of its heads; rope on q's and k's heads at once
@@ -364,6 +413,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     a.k_BTMH = qkv_BTEH.slice(2, d.N, d.N + d.M);
     a.v_BTMH = qkv_BTEH.slice(2, d.N + d.M, heads);
     auto rope = [&](int64_t b0, int64_t b1) {
+      norm_heads(b0, b1);
       Tensor qk_BTXH = qkv_BTEH.slice(0, b0, b1).slice(2, 0, d.N + d.M);
       ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     };
@@ -381,6 +431,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     const Tensor k_TK = a.k_BTMH.view({d.BT, d.M * d.H});
     const Tensor v_TK = a.v_BTMH.view({d.BT, d.M * d.H});
     auto rope = [&](int64_t b0, int64_t b1) {
+      norm_heads(b0, b1);
       Tensor q = a.q_BTNH.slice(0, b0, b1), k = a.k_BTMH.slice(0, b0, b1);
       ops::rope_forward(q, ctx.cos_TK, ctx.sin_TK, positions(ctx));
       ops::rope_forward(k, ctx.cos_TK, ctx.sin_TK, positions(ctx));
@@ -590,6 +641,13 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   const Dims d = dims_of(ctx, x_BTD);
   ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
+  if (ctx.config->qk_norm) {
+    ST_CHECK(d.dev.is_cpu(), "QK-norm (`qk_norm`, Qwen3) runs on the CPU only so far; the CUDA block does not "
+             "apply it yet: train this model on the CPU, or a model without QK-norm on the GPU");
+    ST_CHECK(ctx.tp == nullptr, "QK-norm (`qk_norm`, Qwen3) is not supported with tensor parallelism yet: set "
+             "`parallel.tensor_parallel` = 1");
+    ST_ASSERT(w.q_norm_H.defined() && w.k_norm_H.defined(), "QK-norm without q_norm / k_norm weights");
+  }
   if (ctx.fp8.recipe == ops::Fp8Recipe::kTensorwise && ctx.tp == nullptr && ctx.mlp_chunk_tokens == 0 &&
       !a.fp8_amax_S.defined()) {
     a.fp8_amax_S = Tensor::empty({BlockActivations::kFp8Amaxes}, DType::kI32, d.dev, "FP8 amaxes");
@@ -750,12 +808,20 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   if (!by_pieces) attend_backward(0, B);
   dattn_BTNH = dattn_TQ = Tensor();
   a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
+  // after rope's backward: the QK-norm's, turning dq and dk into the projections' gradients
+  auto norm_heads_backward = [&] {
+    if (!ctx.config->qk_norm) return;
+    head_norm_backward(dq_BTNH, g.q_norm_H, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, overwrite_grads);
+    head_norm_backward(dk_BTMH, g.k_norm_H, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, overwrite_grads);
+    a.q_raw_BTNH = a.k_raw_BTMH = a.q_rstd_BTN = a.k_rstd_BTM = Tensor();
+  };
   // allocated once the attention backward has freed its inputs (that moment is the peak)
   Tensor dxn1_TD, dxn1_RD;
   const Tensor xn1_TD = a.xn1_BTD.view({BT, D});
   if (stacked) {
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
     ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    norm_heads_backward();
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
     const Tensor dqkv_TE = dqkv_BTEH.view({BT, heads * H});
     if (sequence_split(ctx)) {
@@ -776,6 +842,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   } else {
     ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    norm_heads_backward();
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
     const Tensor dq_TQ = dq_BTNH.view({BT, N * H}), dk_TK = dk_BTMH.view({BT, M * H}),
                  dv_TK = dv_BTMH.view({BT, M * H});

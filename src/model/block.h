@@ -20,6 +20,7 @@ struct BlockWeights {
   Tensor attn_norm_D;
   Tensor wq_QD, wk_KD, wv_KD;  // Q = N·H, K = M·H (letters local to this file)
   Tensor bq_Q, bk_K, bv_K;
+  Tensor q_norm_H, k_norm_H;  // QK-norm weights (LlamaConfig::qk_norm), undefined without
   Tensor wo_DQ;
   Tensor ffn_norm_D;
   Tensor w_gate_FD, w_up_FD, w_down_DF;
@@ -57,6 +58,9 @@ struct BlockActivations {
   Tensor x_BTD;                 // input (the previous block's output; shared, not copied)
   Tensor xn1_BTD, rstd1_BT;     // attention-norm output (all rows: the q|k|v product's input) and its 1/rms
   Tensor q_BTNH, k_BTMH, v_BTMH;  // after rope (q, k); head slices of one [B, T, N+2M, H] tensor when stacked
+  // QK-norm (LlamaConfig::qk_norm): q and k as projected, before their norm, and the norm's
+  // 1/rms of each head's row; undefined without
+  Tensor q_raw_BTNH, k_raw_BTMH, q_rstd_BTN, k_rstd_BTM;
   Tensor attn_BTNH, lse_BNT;    // attention output and its log-sum-exp rows
   Tensor x2_BTD;                // residual stream after attention
   Tensor xn2_BTD, rstd2_BT;     // MLP-norm output (all rows) and its 1/rms

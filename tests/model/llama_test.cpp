@@ -7,6 +7,7 @@
 
 #include "model/block.h"
 #include "model/llama.h"
+#include "ops/rope.h"
 #include "testing/compare.h"
 #include "testing/packed_documents.h"
 #include "testing/gradcheck.h"
@@ -20,6 +21,7 @@ struct TinyCase {
   int64_t n_heads, n_kv_heads;
   bool tied, bias, llama3_rope;
   int64_t head_dim = 0;  // 0: dim / n_heads
+  bool qk_norm = false;  // Qwen3's RMSNorm of each head's q and k before rope
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -42,6 +44,7 @@ LlamaConfig tiny_config(const TinyCase& c) {
   }
   cfg.tie_embeddings = c.tied;
   cfg.attention_bias = c.bias;
+  cfg.qk_norm = c.qk_norm;
   cfg.init_std = 0.5;  // large enough that every path carries signal
   return cfg;
 }
@@ -96,7 +99,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // heads of a width of their own (Mistral-Nemo): attention wider (2 x 8 = 16)
                       // and narrower (3 x 2 = 6) than dim 12
                       TinyCase{"gqa2_head_dim8_wider", 2, 1, false, true, true, 8},
-                      TinyCase{"mha3_head_dim2_narrower", 3, 3, true, false, false, 2}),
+                      TinyCase{"mha3_head_dim2_narrower", 3, 3, true, false, false, 2},
+                      // QK-norm (Qwen3): its q_norm / k_norm weights' gradients, and the
+                      // projections' through it, on stacked heads of their own width
+                      TinyCase{"gqa2_qk_norm", 2, 1, true, false, false, 0, true},
+                      TinyCase{"gqa3_qk_norm_bias_head_dim8", 3, 1, false, true, true, 8, true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
@@ -146,11 +153,13 @@ TEST(Llama, StackedProjectionsEqualSeparateOnes) {
   struct Case {
     bool bias;
     int64_t head_dim;  // 0: dim / n_heads
+    bool qk_norm = false;
   };
-  for (const Case c : {Case{false, 0}, Case{true, 0}, Case{false, 96}}) {
+  for (const Case c : {Case{false, 0}, Case{true, 0}, Case{false, 96}, Case{true, 0, true}}) {
     const bool bias = c.bias;
-    SCOPED_TRACE(std::string(bias ? "biases" : "no biases") + (c.head_dim > 0 ? ", head dim 96" : ""));
-    LlamaConfig cfg = tiny_config({"stackable", 4, 2, !bias, bias, false, c.head_dim});
+    SCOPED_TRACE(std::string(bias ? "biases" : "no biases") + (c.head_dim > 0 ? ", head dim 96" : "") +
+                 (c.qk_norm ? ", QK-norm" : ""));
+    LlamaConfig cfg = tiny_config({"stackable", 4, 2, !bias, bias, false, c.head_dim, c.qk_norm});
     // head dim 64: q 256 x 256, k and v 128 x 256, biases 256 and 128; head dim 96 (attention
     // wider than dim): q 384 x 256, k and v 192 x 256
     cfg.dim = 256;
@@ -188,7 +197,9 @@ TEST(Llama, StackedProjectionsEqualSeparateOnes) {
 // Selective and full checkpointing recompute exactly what the forward computed (the same
 // kernels on the same inputs), so loss and every gradient equal the run that keeps all.
 TEST(Llama, CheckpointingIsBitwiseEqual) {
-  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false});
+  for (const bool qk_norm : {false, true}) {
+  SCOPED_TRACE(qk_norm ? "QK-norm" : "no QK-norm");
+  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false, 0, qk_norm});
   Tensor ids = Tensor::empty({3, 8}, DType::kI32);
   Tensor targets = Tensor::empty({3, 8}, DType::kI32);
   testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
@@ -208,6 +219,7 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
     for (size_t u = 0; u < a.layout().units().size(); ++u)
       EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact))
           << checkpointing_name(ac) << ", unit " << u;
+  }
   }
 }
 
@@ -426,6 +438,85 @@ TEST(ModelLayout, DecoupledHeadDimShapesTheProjections) {
   EXPECT_EQ(o->split_first, 8);
   EXPECT_EQ(shape(part, "model.layers.1.self_attn.q_proj.weight"), Shape({8, 12}));
   EXPECT_EQ(shape(part, "model.layers.1.self_attn.k_proj.weight"), Shape({8, 12}));
+}
+
+// QK-norm (Qwen3) adds one [H] weight for q and one for k to every block, whole on each
+// tensor-parallel rank, initialised to ones and not weight-decayed (1-D).
+TEST(ModelLayout, QkNormAddsHeadWideWeights) {
+  LlamaConfig cfg = tiny_config({"gqa2_head_dim8", 2, 1, false, false, false, 8, true});
+  const int64_t without = [&] {
+    LlamaConfig plain = cfg;
+    plain.qk_norm = false;
+    return plain.num_parameters();
+  }();
+  EXPECT_EQ(cfg.num_parameters(), without + 2 * 2 * 8);
+  EXPECT_NE(cfg.summary().find("(head dim 8, decoupled: attention width 2 x 8 = 16), QK-norm, ffn 10"),
+            std::string::npos) << cfg.summary();
+  cfg.n_kv_heads = 2;
+  for (const int tp : {1, 2}) {
+    const ModelLayout l = ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = tp}, tp - 1);
+    for (const char* name : {"model.layers.1.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"}) {
+      const ParamSpec* p = l.locate(name).spec;
+      EXPECT_EQ(p->shape, Shape({8})) << name;
+      EXPECT_FALSE(p->is_matrix) << name;
+      EXPECT_EQ(p->init, ParamInit::kOnes) << name;
+      EXPECT_EQ(p->replicated, tp > 1) << name;
+    }
+  }
+  cfg.qk_norm = false;
+  EXPECT_THROW(ModelLayout::llama(cfg, 1).locate("model.layers.0.self_attn.q_norm.weight"), Error);
+}
+
+// QK-norm's forward against a direct computation: each head's projected q (and k) row
+// divided by its root mean square (eps inside), times the norm's weight, and only then
+// rotated by rope (the order matters: the weight does not commute with the rotation).
+TEST(Block, QkNormNormalisesEachHeadBeforeRope) {
+  const LlamaConfig cfg = tiny_config({"gqa2_qk_norm", 2, 1, false, true, false, 0, true});
+  const ModelLayout layout = ModelLayout::llama(cfg, 1);
+  const UnitLayout& unit = layout.units()[1];
+  Tensor flat = Tensor::empty({unit.numel}, DType::kF64);
+  testing::fill_random(flat, 31, 0.1, 1.0);
+  const BlockWeights w = BlockWeights::view(flat, unit, cfg);
+  const int64_t T = 5, D = cfg.dim, N = cfg.n_heads, M = cfg.n_kv_heads, H = cfg.head_dim();
+  Tensor cos = Tensor::empty({T, H / 2}, DType::kF64), sin = Tensor::empty({T, H / 2}, DType::kF64);
+  ops::rope_table(cos, sin, H, cfg.rope);
+  BlockContext ctx;
+  ctx.config = &cfg;
+  ctx.batch = 1;
+  ctx.seq = T;
+  ctx.cos_TK = cos;
+  ctx.sin_TK = sin;
+  Tensor x = Tensor::empty({1, T, D}, DType::kF64);
+  testing::fill_random(x, 32, 0.0, 1.0);
+  BlockActivations a;
+  block_forward(a, w, x, ctx);
+  const Tensor xn1 = contiguous(a.xn1_BTD);
+  // the projection of heads `heads` from xn1, each head's row normed, then rope
+  auto expected = [&](const Tensor& weight, const Tensor& bias, const Tensor& norm, int64_t heads) {
+    Tensor out = Tensor::empty({1, T, heads, H}, DType::kF64);
+    const double* xn = xn1.data<double>();
+    const double* wt = weight.data<double>();
+    const double* b = bias.data<double>();
+    const double* g = norm.data<double>();
+    double* o = out.data<double>();
+    for (int64_t t = 0; t < T; ++t)
+      for (int64_t n = 0; n < heads; ++n) {
+        double* row = o + (t * heads + n) * H;
+        double ss = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          double v = b[n * H + h];
+          for (int64_t i = 0; i < D; ++i) v += wt[(n * H + h) * D + i] * xn[t * D + i];
+          row[h] = v;
+          ss += v * v;
+        }
+        const double r = 1.0 / std::sqrt(ss / static_cast<double>(H) + cfg.norm_eps);
+        for (int64_t h = 0; h < H; ++h) row[h] = g[h] * (row[h] * r);
+      }
+    ops::rope_forward(out, cos, sin);
+    return out;
+  };
+  EXPECT_TRUE(testing::all_close(contiguous(a.q_BTNH), expected(w.wq_QD, w.bq_Q, w.q_norm_H, N), {1e-13, 1e-12, 1e-13}));
+  EXPECT_TRUE(testing::all_close(contiguous(a.k_BTMH), expected(w.wk_KD, w.bk_K, w.k_norm_H, M), {1e-13, 1e-12, 1e-13}));
 }
 
 TEST(LlamaConfig, HeadDimMustBeEvenAndNotNegative) {
