@@ -22,6 +22,7 @@ struct CacheCase {
   int64_t batch;
   DType dtype;
   int64_t head_dim = 0;  // 0: dim / n_heads (6)
+  bool qk_norm = false;  // Qwen3's norm of each head's q and k: the cache holds k normed, then rotated
 };
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
 
@@ -45,6 +46,7 @@ LlamaConfig small_config(const CacheCase& c) {
   }
   cfg.tie_embeddings = c.tied;
   cfg.attention_bias = c.bias;
+  cfg.qk_norm = c.qk_norm;
   return cfg;
 }
 
@@ -107,7 +109,10 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{"gqa3_two_sequences_f64", true, true, false, false, 2, DType::kF64},
                       CacheCase{"gqa3_untied_f32", false, false, true, false, 1, DType::kF32},
                       // heads of 10 (attention 60 wide in a width of 36), as Mistral-Nemo's
-                      CacheCase{"gqa3_head_dim10_f64", false, true, true, false, 2, DType::kF64, 10}),
+                      CacheCase{"gqa3_head_dim10_f64", false, true, true, false, 2, DType::kF64, 10},
+                      CacheCase{"gqa3_qk_norm_bias_f64", false, true, true, false, 2, DType::kF64, 0, true},
+                      CacheCase{"gqa3_qk_norm_separate_projections_f32", true, false, false, true, 1, DType::kF32, 0,
+                                true}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 TEST(KvCache, TokensBeyondItsRoomAreAnErrorThatLeavesItAsItWas) {
