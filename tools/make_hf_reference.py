@@ -8,7 +8,8 @@ For each tiny random Llama-architecture model below it saves, in OUT/<case>/:
                                    counted tokens), grad.<name> for every parameter, and
                                    adamw.<name>: every parameter after one torch.optim.AdamW
                                    step (lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight decay
-                                   0.1 on every parameter)
+                                   0.1 on every parameter); for cases with room for it, the
+                                   greedy.* continuation (see GREEDY_PROMPT)
 All computation is f32 on the CPU with eager attention.
 
 Regenerate (where torch and transformers are installed):
@@ -20,6 +21,12 @@ import os
 import torch
 import transformers
 from safetensors.torch import save_file
+
+# Cases whose max_position_embeddings reach this also record a greedy continuation: the first
+# GREEDY_PROMPT ids of a random prompt continued by GREEDY_NEW ids with transformers' generate
+# (f32, no sampling, no end-of-sequence id).
+GREEDY_PROMPT, GREEDY_NEW = 200, 32
+GREEDY_POSITIONS = 256
 
 CASES = {
     # name: (config overrides, architecture)
@@ -47,8 +54,15 @@ CASES = {
     # 64. Its head dim is a multiple of 8, so the GPU tests compare against it too.
     "mistral_head_dim": (
         dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=96,
-             tie_word_embeddings=False),
+             tie_word_embeddings=False, max_position_embeddings=GREEDY_POSITIONS),
         "mistral",
+    ),
+    # Qwen3: QK-norm (an RMSNorm over each head's q and k before rope) with a head_dim of its own
+    # and a tied head, as Qwen3-0.6B to 4B ship.
+    "qwen3_qk_norm": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=32, intermediate_size=96,
+             tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
+        "qwen3",
     ),
     # Head dims cuDNN's fused attention takes (a multiple of 8): the GPU tests' references.
     "gpu_h64_gqa": (
@@ -96,6 +110,10 @@ def build(overrides, arch):
         common.pop("rope_scaling", None)
         config = transformers.MistralConfig(sliding_window=None, **common)
         model = transformers.MistralForCausalLM(config)
+    elif arch == "qwen3":
+        common.pop("rope_scaling", None)
+        config = transformers.Qwen3Config(use_sliding_window=False, attention_bias=False, **common)
+        model = transformers.Qwen3ForCausalLM(config)
     elif arch == "qwen2":
         common.pop("rope_scaling", None)
         config = transformers.Qwen2Config(use_sliding_window=False, **common)
@@ -143,6 +161,26 @@ def make_case(name, overrides, arch, out_dir):
     targets = torch.full_like(labels, -100)
     targets[:, :-1] = labels[:, 1:]
 
+    if model.config.max_position_embeddings >= GREEDY_POSITIONS:
+        prompt = torch.randint(0, vocab, (1, GREEDY_PROMPT), generator=generator)
+        model.generation_config.eos_token_id = None
+        model.generation_config.pad_token_id = 0
+        with torch.no_grad():
+            full = model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                                  max_new_tokens=GREEDY_NEW, min_new_tokens=GREEDY_NEW)
+            # the smallest gap between the picked logit and the next one, over the new ids: how
+            # far another engine's rounding is from flipping a pick
+            logits = model(input_ids=full[:, :-1]).logits[0, GREEDY_PROMPT - 1:].float()
+        top2 = logits.topk(2, dim=-1).values
+        greedy = {
+            "greedy.prompt": prompt[0].contiguous(),
+            "greedy.continuation": full[0, GREEDY_PROMPT:].contiguous(),
+            "greedy.margin": (top2[:, 0] - top2[:, 1]).min().reshape(()),
+        }
+        assert greedy["greedy.continuation"].numel() == GREEDY_NEW
+    else:
+        greedy = {}
+
     out = model(input_ids=input_ids, labels=labels)
     out.loss.backward()
     record = {
@@ -150,6 +188,7 @@ def make_case(name, overrides, arch, out_dir):
         "targets": targets.contiguous(),
         "logits": out.logits.detach().float().contiguous(),
         "loss": out.loss.detach().float().reshape(()),
+        **greedy,
     }
     params = dict(model.named_parameters())
     for pname, p in params.items():
