@@ -642,8 +642,6 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
   if (ctx.config->qk_norm) {
-    ST_CHECK(d.dev.is_cpu(), "QK-norm (`qk_norm`, Qwen3) runs on the CPU only so far; the CUDA block does not "
-             "apply it yet: train this model on the CPU, or a model without QK-norm on the GPU");
     ST_CHECK(ctx.tp == nullptr, "QK-norm (`qk_norm`, Qwen3) is not supported with tensor parallelism yet: set "
              "`parallel.tensor_parallel` = 1");
     ST_ASSERT(w.q_norm_H.defined() && w.k_norm_H.defined(), "QK-norm without q_norm / k_norm weights");

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -225,6 +227,78 @@ TEST(LlamaCuda, PackedDocumentsFollowTheDocumentsAlone) {
     EXPECT_GT(std::abs(unmasked - got), 10 * std::abs(got - want));
     std::printf("%s: loss sums %.9g (packed) %.9g (alone) %.9g (packed, no mask)\n", checkpointing_name(ac), got, want,
                 unmasked);
+  }
+}
+
+// QK-norm (Qwen3) on the GPU against the CPU model in f32: the same weights (the norms'
+// weights away from 1, so that a norm applied without its weight, or not at all, shows), heads
+// of 128 beside a width of 256 (Qwen3's decoupled head dim), without checkpointing and with
+// full and selective checkpointing (the norm recomputed, or its inputs kept). The loss and every
+// gradient agree to bf16 rounding; without QK-norm the CPU loss moves far more than that.
+TEST(LlamaCuda, QkNormFollowsTheCpuModel) {
+  ST_REQUIRE_CUDA();
+  LlamaConfig c = testing::small_gqa(false);
+  c.head_dim_override = 128;
+  c.qk_norm = true;
+  c.init_std = 0.1;
+  const ModelLayout layout = ModelLayout::llama(c, 1);
+  // a value for element i of parameter p: norms' weights in [0.5, 1.5], the rest in ±0.1
+  const fsdp::ShardedUnitStore::ParamReader read = [](const ParamSpec& p, int64_t first, Tensor& out) {
+    const bool norm = p.name.find("norm") != std::string::npos;
+    uint64_t h = std::hash<std::string>{}(p.name);
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      uint64_t z = h + 0x9e3779b97f4a7c15ull * static_cast<uint64_t>(first + i + 1);
+      z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+      z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+      z ^= z >> 31;
+      const double u = static_cast<double>(z >> 11) * 0x1.0p-53 * 2.0 - 1.0;  // [-1, 1)
+      out.data<float>()[i] = static_cast<float>(norm ? 1.0 + 0.5 * u : 0.1 * u);
+    }
+  };
+  auto cpu_loss_and_grads = [&](const LlamaConfig& config, const ModelLayout& l, const Tensor& ids,
+                                const Tensor& targets, const StepOptions& o, std::vector<Tensor>* grads) {
+    auto comm = dist::make_single_rank();
+    fsdp::ShardedUnitStore store(l, comm.get(), fsdp::ShardingOptions{}, Device::cpu());
+    store.load(read);
+    Llama model(config, l, &store, DType::kF32, Device::cpu());
+    store.zero_grad_shards();
+    const double loss = model.forward_backward(ids, targets, o).loss_sum;
+    if (grads != nullptr)
+      for (const Tensor& g : store.grad_shards()) grads->push_back(testing::to_host(g));
+    return loss;
+  };
+  const int64_t B = 2, T = 96;
+  CounterRng rng(13);
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  testing::random_batch(rng, ids, targets);
+  StepOptions o;
+  o.grad_scale = 1.0 / static_cast<double>(B * T);
+  o.loss_chunk_tokens = 64;
+  std::vector<Tensor> want;
+  const double cpu_loss = cpu_loss_and_grads(c, layout, ids, targets, o, &want);
+  LlamaConfig plain = c;
+  plain.qk_norm = false;
+  const double cpu_plain = cpu_loss_and_grads(plain, ModelLayout::llama(plain, 1), ids, targets, o, nullptr);
+  for (ActivationCheckpointing ac :
+       {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    SCOPED_TRACE(checkpointing_name(ac));
+    auto comm = dist::make_single_rank();
+    fsdp::ShardedUnitStore store(layout, comm.get(), testing::bf16_sharding(), Device::cuda(0));
+    store.load(read);
+    Llama model(c, layout, &store, DType::kBF16, Device::cuda(0));
+    o.checkpointing = ac;
+    store.zero_grad_shards();
+    const double gpu_loss = model.forward_backward(ids, targets, o).loss_sum;
+    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
+    EXPECT_GT(std::abs(cpu_plain - cpu_loss), 10 * std::abs(gpu_loss - cpu_loss));
+    for (size_t u = 0; u < layout.units().size(); ++u)
+      for (const ParamSpec& p : layout.units()[u].params) {
+        const Tensor got = testing::to_host(store.grad_shards()[u].flat_range(p.offset, p.numel()));
+        const Tensor expect = want[u].flat_range(p.offset, p.numel());
+        EXPECT_TRUE(testing::all_close(got, expect, kBf16Backward)) << "gradient of " << p.name;
+      }
+    std::printf("%s: loss sums %.9g (GPU, bf16) %.9g (CPU, f32) %.9g (CPU, no QK-norm)\n", checkpointing_name(ac),
+                gpu_loss, cpu_loss, cpu_plain);
   }
 }
 

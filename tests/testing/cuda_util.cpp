@@ -26,7 +26,9 @@ Tensor to_host(const Tensor& device) {
   ST_CHECK(device.is_contiguous(), "to_host: needs a contiguous tensor, found ", device.str());
   ST_CUDA_CHECK(cudaDeviceSynchronize());
   Tensor h = Tensor::empty(device.shape(), device.dtype(), Device::cpu(), "test tensor");
-  ST_CUDA_CHECK(cudaMemcpy(h.raw_data(), device.raw_data(), device.nbytes(), cudaMemcpyDeviceToHost));
+  // a host tensor is copied too (the caller keeps a copy that outlives its owner)
+  ST_CUDA_CHECK(cudaMemcpy(h.raw_data(), device.raw_data(), device.nbytes(),
+                           device.device().is_cpu() ? cudaMemcpyHostToHost : cudaMemcpyDeviceToHost));
   return h;
 }
 
