@@ -97,6 +97,19 @@ JOBS = {
 }
 FIRST_STEPS = 20  # the steps whose losses are compared one by one
 
+# The PyTorch runs `run` can add (--engines), with their flags to `pytorch` and their labels.
+# HF's bf16 model rounds inside three ops that shardtrain's kernels compute in f32 and round
+# once: rope (cos and sin rounded to bf16, then q*cos, rotate(q)*sin and their sum each
+# rounded), RMSNorm (the normalised x rounded before the weight's product) and SwiGLU (silu(gate)
+# rounded before the product with up). The last two variants compute those ops as shardtrain does.
+TORCH_VARIANTS = {
+    "pytorch": ([], "PyTorch (HF transformers + FSDP2)"),
+    "pytorch-order2": (["--order-seed", "2"], "PyTorch, batches in another order"),
+    "pytorch-f32head": (["--head-f32"], "PyTorch, f32 logits"),
+    "pytorch-f32rope": (["--rounding", "rope"], "PyTorch, rope in f32"),
+    "pytorch-once": (["--rounding", "once"], "PyTorch, rope, RMSNorm and SwiGLU in f32"),
+}
+
 
 def sh(cmd, log=None, env=None, ok=(0,)):
     print("+ " + " ".join(cmd), flush=True)
@@ -166,15 +179,14 @@ def run(a):
                       f"--logging.metrics_file={os.path.join(out, name + '.jsonl')}"],
                      log=os.path.join(out, name + ".log"))
         print(f"{name}: {seconds:.0f} s", flush=True)
-    for name, order in (("pytorch", None), ("pytorch-order2", 2), ("pytorch-f32head", None)):
+    for name, (flags, _) in TORCH_VARIANTS.items():
         if name not in engines:
             continue
         launch = [sys.executable] if a.gpus <= 1 else ["torchrun", "--standalone", f"--nproc_per_node={a.gpus}"]
         cmd = [*launch, os.path.abspath(__file__), "pytorch", "--init", init, "--batches", batches,
                "--out", os.path.join(out, f"{name}.jsonl"), "--dtype", job["dtype"], "--micro", str(a.torch_micro),
                "--device", job.get("device", "cuda" if job["dtype"] == "bf16" else "cpu")]
-        cmd += (["--ac"] if a.torch_ac else []) + (["--order-seed", str(order)] if order else [])
-        cmd += ["--head-f32"] if name == "pytorch-f32head" else []
+        cmd += (["--ac"] if a.torch_ac else []) + flags
         cmd += (["--time-limit", str(a.time_limit)] if a.time_limit else [])
         seconds = sh(cmd, log=os.path.join(out, f"{name}.log"), ok=(0, 75))  # 75: stopped by --time-limit
         print(f"{name}: {seconds:.0f} s", flush=True)
@@ -186,6 +198,42 @@ def run(a):
 
 # ---------------------------------------------------------------------------------------------
 # The PyTorch side
+
+
+ROUNDED_CALLS = {"rope": 0, "rmsnorm": 0, "swiglu": 0}  # the patched ops' calls: proof that they ran
+
+
+def round_once(which):
+    """Patches transformers' Llama ops to compute in f32 and round their bf16 output once:
+    rope ("rope"), or rope, RMSNorm and SwiGLU ("once")."""
+    import torch
+    import torch.nn.functional as F
+    from transformers.models.llama import modeling_llama as ml
+
+    rotary_forward = ml.LlamaRotaryEmbedding.forward
+    ml.LlamaRotaryEmbedding.forward = lambda self, x, *args, **kw: rotary_forward(self, x.float(), *args, **kw)
+    apply = ml.apply_rotary_pos_emb
+
+    def apply_once(q, k, cos, sin, *args, **kw):
+        ROUNDED_CALLS["rope"] += 1
+        qe, ke = apply(q.float(), k.float(), cos.float(), sin.float(), *args, **kw)
+        return qe.to(q.dtype), ke.to(k.dtype)
+    ml.apply_rotary_pos_emb = apply_once
+    if which != "once":
+        return
+
+    def norm_once(self, x):
+        ROUNDED_CALLS["rmsnorm"] += 1
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * h).to(x.dtype)
+    ml.LlamaRMSNorm.forward = norm_once
+
+    def mlp_once(self, x):
+        ROUNDED_CALLS["swiglu"] += 1
+        h = (F.silu(self.gate_proj(x).float()) * self.up_proj(x).float()).to(x.dtype)
+        return self.down_proj(h)
+    ml.LlamaMLP.forward = mlp_once
 
 
 def pytorch(a):
@@ -218,6 +266,8 @@ def pytorch(a):
     eval_steps = set(recipe["eval_steps"])
     has_positions = recipe["document_mask"]
 
+    if a.rounding != "hf":
+        round_once(a.rounding)
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (world,))
     try:  # transformers 5 calls it dtype, 4 torch_dtype
@@ -325,6 +375,9 @@ def pytorch(a):
         opt.step()
         opt.zero_grad(set_to_none=True)
         step = s + 1
+        if step == 1 and a.rounding != "hf":
+            print(f"pytorch: rounded-once ops called in the first step: {ROUNDED_CALLS}", flush=True)
+            assert ROUNDED_CALLS["rope"] > 0 and (a.rounding == "rope" or ROUNDED_CALLS["swiglu"] > 0)
         if log:
             log.write(json.dumps({"step": step, "loss": total.item() / counted, "grad_norm": float(norm),
                                   "lr": lrs[s], "seconds": time.time() - t0}) + "\n")
@@ -404,7 +457,7 @@ def comparison_rows(label, n, columns):
 def plot(a):
     curves = {}
     fp8 = sorted(f[:-6] for f in os.listdir(a.out) if f.startswith("shardtrain-fp8-") and f.endswith(".jsonl"))
-    for name in ("shardtrain", "pytorch", "pytorch-order2", "pytorch-f32head", *fp8):
+    for name in ("shardtrain", *TORCH_VARIANTS, *fp8):
         path = os.path.join(a.out, f"{name}.jsonl")
         if os.path.exists(path):
             curves[name] = read(path)
@@ -423,9 +476,10 @@ def plot(a):
     if "pytorch-order2" in curves:
         lines += comparison_rows("PyTorch, batches in another order, against PyTorch",
                                  gaps(curves["pytorch-order2"], curves["pytorch"]), "pytorch")
-    if "pytorch-f32head" in curves:
-        lines += comparison_rows("against PyTorch with f32 logits", gaps(curves["shardtrain"], curves["pytorch-f32head"]),
-                                 "both")
+    for name, what in (("pytorch-f32head", "f32 logits"), ("pytorch-f32rope", "rope in f32"),
+                       ("pytorch-once", "rope, RMSNorm and SwiGLU in f32")):
+        if name in curves:
+            lines += comparison_rows(f"against PyTorch with {what}", gaps(curves["shardtrain"], curves[name]), "both")
     for name in fp8:
         label = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
         lines += comparison_rows(label, gaps(curves[name], curves["pytorch"]), "shardtrain")
@@ -443,10 +497,9 @@ def plot(a):
     import matplotlib.pyplot as plt
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     colours = {"shardtrain": "tab:blue", "pytorch": "tab:orange", "pytorch-order2": "tab:gray",
-               "pytorch-f32head": "black"}
-    labels = {"shardtrain": "shardtrain", "pytorch": "PyTorch (HF transformers + FSDP2)",
-              "pytorch-order2": "PyTorch, batches in another order", "pytorch-f32head": "PyTorch, f32 logits"}
-    for name, colour in zip(fp8, ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive")):
+               "pytorch-f32head": "black", "pytorch-f32rope": "tab:cyan", "pytorch-once": "tab:olive"}
+    labels = {"shardtrain": "shardtrain", **{k: v[1] for k, v in TORCH_VARIANTS.items()}}
+    for name, colour in zip(fp8, ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "gold")):
         colours[name] = colour
         labels[name] = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
     window = max(1, min(50, g["steps"] // 20))
@@ -472,7 +525,7 @@ def plot(a):
     top.set_title(a.title, fontsize=10)
     ref_s = curves["pytorch"][0]
     extent = 0.5
-    for name in ("shardtrain", "pytorch-order2", "pytorch-f32head", *fp8):
+    for name in ("shardtrain", *[k for k in TORCH_VARIANTS if k != "pytorch"], *fp8):
         if name not in curves:
             continue
         s = curves[name][0]
@@ -566,7 +619,8 @@ def main():
     r.add_argument("--init", help="a fine-tuning job's starting model (an HF folder)")
     r.add_argument("--engines", default="shardtrain,pytorch",
                    help="of shardtrain, pytorch, pytorch-order2 (PyTorch, batches in another order), "
-                        "pytorch-f32head (PyTorch with f32 logits); none: only the initial weights and the batches")
+                        "pytorch-f32head (PyTorch with f32 logits), pytorch-f32rope (rope in f32), pytorch-once "
+                        "(rope, RMSNorm and SwiGLU in f32); none: only the initial weights and the batches")
     r.add_argument("--spread", action="store_true", help="PyTorch a second time, batches in another order")
     r.add_argument("--steps", type=int, default=0)
     r.add_argument("--fp8", default="", help="shardtrain again with these FP8 recipes (tensorwise,rowwise+head,...)")
@@ -586,6 +640,9 @@ def main():
     p.add_argument("--ac", action="store_true")
     p.add_argument("--order-seed", type=int, default=0)
     p.add_argument("--head-f32", action="store_true", help="the embedding, final norm and head in f32 (f32 logits)")
+    p.add_argument("--rounding", choices=["hf", "rope", "once"], default="hf",
+                   help="hf: transformers' bf16 ops as they are; rope: rope in f32, rounded once; once: rope, "
+                        "RMSNorm and SwiGLU in f32, each rounded once (as shardtrain's kernels)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=0)
     q = sub.add_parser("plot")
