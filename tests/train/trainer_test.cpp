@@ -17,6 +17,7 @@
 #include "io/hf_folder.h"
 #include "testing/compare.h"
 #include "testing/shared_data.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "train/training_data.h"
 
@@ -67,7 +68,8 @@ TEST(Trainer, DefaultJobShortenedLearns) {
 
 // model.qk_norm with heads of their own (Qwen3's shape: 8 heads of 32 in a width of 128)
 // trains from scratch as the default job does, learns its q_norm / k_norm weights (ones at
-// first), and exports as a Hugging Face qwen3 model holding them.
+// first), and exports as a Hugging Face qwen3 model holding them; its checkpoint records the
+// QK-norm.
 TEST(Trainer, AQwen3StyleModelLearnsAndExportsAsQwen3) {
   const std::string out =
       (std::filesystem::temp_directory_path() / ("shardtrain_trainer_qwen3_" + std::to_string(::getpid()))).string();
@@ -77,7 +79,8 @@ TEST(Trainer, AQwen3StyleModelLearnsAndExportsAsQwen3) {
                                     "--training.seq_len=64", "--schedule.warmup_steps=10", "--eval.interval_steps=0",
                                     "--eval.batches=1", "--sample.tokens=0", "--run.output_dir=" + out,
                                     "--logging.progress=off", "--logging.level=error", "--training.device=cpu",
-                                    "--export.folder=" + out + "/hf", "--export.dtype=f32"});
+                                    "--export.folder=" + out + "/hf", "--export.dtype=f32",
+                                    "--checkpoint.interval_steps=60"});
   Trainer trainer(l.config);
   const TrainSummary s = trainer.run();
   ASSERT_EQ(s.steps.size(), 60u);
@@ -98,6 +101,9 @@ TEST(Trainer, AQwen3StyleModelLearnsAndExportsAsQwen3) {
     for (int64_t i = 0; i < 32; ++i) moved = std::max(moved, std::abs(w.data<float>()[i] - 1.0));
     EXPECT_GT(moved, 1e-3) << name << " kept its initial ones";
   }
+  const CheckpointInfo saved = read_checkpoint_info(resolve_checkpoint("auto", out + "/checkpoints"));
+  EXPECT_TRUE(saved.config.qk_norm);
+  EXPECT_EQ(saved.config.head_dim(), 32);
   std::filesystem::remove_all(out);
 }
 
