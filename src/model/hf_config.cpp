@@ -68,7 +68,6 @@ struct UnsupportedFamily {
   const char* missing;
 };
 constexpr UnsupportedFamily kUnsupported[] = {
-    {"qwen3", "QK-norm (an RMSNorm on each head's q and k, `q_norm` / `k_norm`)"},
     {"olmo2", "QK-norm over the whole q and k and norms after each sublayer"},
     {"gemma", "GeGLU MLPs, embeddings scaled by sqrt(hidden_size) and (1 + weight) norms"},
     {"gemma2", "logit soft-capping, sliding-window layers and norms after each sublayer"},
@@ -79,14 +78,43 @@ constexpr UnsupportedFamily kUnsupported[] = {
     {"qwen3_moe", "mixture-of-experts MLPs and QK-norm"},
 };
 constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (no sliding window; a head_dim of its own "
-                                   "as Mistral-Nemo's is fine) and qwen2 (no sliding window)";
+                                   "as Mistral-Nemo's is fine), qwen2 (no sliding window) and qwen3 (dense, QK-norm, "
+                                   "no sliding window)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2") return;
+  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3") return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
              "\" is not supported: shardtrain does not implement its ", f.missing, " yet; it trains ", kSupported);
   ST_THROW(src, ": `model_type` = \"", model_type, "\" is not supported; shardtrain trains ", kSupported);
+}
+
+constexpr const char* kFullAttentionOnly = "sliding-window attention is not supported yet; shardtrain runs full "
+                                          "(causal) attention in every layer";
+
+// Every layer attends to the whole causal prefix. qwen2 and qwen3 switch windows on with
+// `use_sliding_window` (`sliding_window` is then the window, and null or a number without it);
+// transformers 5 lists each layer's kind in `layer_types`; mistral has a window whenever
+// `sliding_window` is set.
+void check_full_attention(const json& j, const std::string& model_type, const std::string& src) {
+  if (model_type == "qwen2" || model_type == "qwen3") {
+    ST_CHECK(!get_bool(j, "use_sliding_window", src, false), src, ": `use_sliding_window` = true: ", kFullAttentionOnly,
+             "; set it to false (or train a model without sliding windows)");
+  } else if (model_type == "mistral") {
+    const json* window = find(j, "sliding_window");
+    ST_CHECK(window == nullptr, src, ": `sliding_window` = ", window ? window->dump() : "", ": ", kFullAttentionOnly,
+             "; set it to null (or train a model without sliding windows)");
+  }
+  const json* types = find(j, "layer_types");
+  if (types == nullptr) return;
+  ST_CHECK(types->is_array(), src, ": `layer_types` must be a list of \"full_attention\" entries, found ",
+           types->dump());
+  for (size_t i = 0; i < types->size(); ++i) {
+    const json& t = (*types)[i];
+    ST_CHECK(t.is_string(), src, ": `layer_types[", i, "]` must be a string, found ", t.dump());
+    ST_CHECK(t == "full_attention", src, ": `layer_types[", i, "]` = ", t.dump(), ": ", kFullAttentionOnly,
+             " (\"full_attention\" in each entry)");
+  }
 }
 
 }  // namespace
@@ -102,16 +130,15 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
   const int64_t one = 1;
   ST_CHECK(get_int(j, "pretraining_tp", src, &one) == 1, src, ": `pretraining_tp` other than 1 is not supported");
-  if (model_type != "llama") {
-    const bool sliding = model_type == "qwen2" ? get_bool(j, "use_sliding_window", src, false)
-                                               : find(j, "sliding_window") != nullptr;
-    ST_CHECK(!sliding, src, ": sliding-window attention (`sliding_window` / `use_sliding_window`) is not supported");
-  }
+  check_full_attention(j, model_type, src);
 
   LlamaConfig c;
   c.vocab_size = get_int(j, "vocab_size", src);
   c.dim = get_int(j, "hidden_size", src);
   c.n_layers = get_int(j, "num_hidden_layers", src);
+  if (const json* types = find(j, "layer_types"))
+    ST_CHECK(static_cast<int64_t>(types->size()) == c.n_layers, src, ": `layer_types` lists ", types->size(),
+             " layers but `num_hidden_layers` = ", c.n_layers, "; give one entry per layer");
   c.n_heads = get_int(j, "num_attention_heads", src);
   c.n_kv_heads = get_int(j, "num_key_value_heads", src, &c.n_heads);
   c.ffn_dim = get_int(j, "intermediate_size", src);
@@ -119,7 +146,7 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
   c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
-  c.qk_norm = model_type == "qwen3";  // refused by check_model_type until the whole path trains it
+  c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   c.init_std = get_double(j, "initializer_range", src, 0.02);
   parse_rope(j, src, c);
   // transformers 4 and 5 both write head_dim at the top (null or absent: hidden_size /
@@ -141,12 +168,11 @@ LlamaConfig load_hf_config(const std::string& path) {
 }
 
 json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
-  ST_CHECK(!c.qk_norm, "exporting a model with QK-norm (Qwen3) to Hugging Face format is not supported yet: "
-           "shardtrain writes llama and qwen2 configs, which have no q_norm / k_norm weights");
   json j;
-  const bool qwen = c.attention_bias;
-  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen ? "qwen2" : "llama";
+  // QK-norm: Qwen3 (with or without q/k/v biases); biases alone: Qwen2; else Llama
+  const char* family = c.qk_norm ? "qwen3" : c.attention_bias ? "qwen2" : "llama";
+  j["architectures"] = {c.qk_norm ? "Qwen3ForCausalLM" : c.attention_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = family;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.ffn_dim;
@@ -158,11 +184,17 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   j["rms_norm_eps"] = c.norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_embeddings;
-  if (!qwen) {
+  if (!c.qk_norm && !c.attention_bias) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
   } else {
+    if (c.qk_norm) j["attention_bias"] = c.attention_bias;  // qwen2 always has the biases
     j["use_sliding_window"] = false;
+  }
+  if (c.qk_norm) {
+    // full attention in every layer, as transformers writes a Qwen3 config without windows
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.n_layers;
   }
   j["initializer_range"] = c.init_std;
   j["rope_theta"] = c.rope.theta;

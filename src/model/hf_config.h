@@ -1,5 +1,5 @@
 // Hugging Face config.json <-> LlamaConfig for Llama-architecture checkpoints (llama,
-// mistral without sliding window, qwen2). Unsupported fields or values are rejected with
+// mistral without sliding window, qwen2 and qwen3 without sliding windows). Unsupported fields or values are rejected with
 // the file, the key and the value found.
 #pragma once
 
@@ -15,8 +15,8 @@ namespace shardtrain::model {
 LlamaConfig parse_hf_config(const nlohmann::json& json, const std::string& source);
 LlamaConfig load_hf_config(const std::string& path);
 
-// A config.json that transformers loads as LlamaForCausalLM (or Qwen2ForCausalLM when
-// attention_bias is set), with `torch_dtype` naming the saved weights' dtype.
+// A config.json that transformers loads as LlamaForCausalLM, Qwen2ForCausalLM when
+// attention_bias is set, or Qwen3ForCausalLM when qk_norm is (with its attention_bias), with `torch_dtype` naming the saved weights' dtype.
 nlohmann::json to_hf_config(const LlamaConfig& config, const std::string& torch_dtype);
 
 }  // namespace shardtrain::model

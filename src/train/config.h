@@ -30,6 +30,7 @@ struct ModelSection {
   int64_t rope_original_max_positions = 8192;
   bool tie_embeddings = true;
   bool attention_bias = false;
+  bool qk_norm = false;  // Qwen3's RMSNorm over each head's q and k
   double init_std = 0.02;
   std::string dtype = "auto";
 };

@@ -132,7 +132,7 @@ TEST_P(HfParityCuda, MixedPrecisionMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda, ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3",
-                                                                           "mistral_head_dim"));
+                                                                           "mistral_head_dim", "qwen3_qk_norm"));
 
 // A chunked MLP on the GPU (Llama::set_mlp_chunk_tokens; 192 token rows in pieces of 40, the
 // last of 32) under selective and full checkpointing, against the MLP at once: the same
