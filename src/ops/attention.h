@@ -54,7 +54,7 @@ struct AttentionOptions {
   // > 0: sliding-window attention (Mistral, Qwen2's sliding layers): the query at position i
   // sees the `window` keys i - window < j <= i only, itself included (needs causal; with
   // documents, the keys of its own document among those). 0: every key the masks allow.
-  // The CPU only for now.
+  // On CUDA: cuDNN's diagonal band (bf16/f16), the exact f32 kernels and the KV-cache kernel.
   int64_t window = 0;
 };
 
@@ -131,12 +131,6 @@ inline double attention_forward_flops(const Tensor& q_BTNH, const Tensor& k_BTMH
   return options.causal ? d / 2 : d;
 }
 
-// GPU attention has no sliding window yet: a clear error instead of a silently full one.
-inline void check_window_on_device(const AttentionOptions& options, const char* op) {
-  ST_CHECK(options.window == 0, op, ": sliding-window attention (a window of ", options.window,
-           " keys) runs on the CPU only for now; train or generate on the CPU (`training.device` = \"cpu\")");
-}
-
 // out_BTNH = softmax(scale · q k^T + causal mask) v (overwrites); lse_BNT (overwrites,
 // stats_dtype(q)) = log-sum-exp of each query row's scaled scores. N % M == 0. q, k, v, out
 // share one dtype (f32/f64 on the CPU; on CUDA bf16/f16 with head dim a multiple of 8 up to
@@ -155,7 +149,6 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
                                      {attention_forward_flops(q_BTNH, k_BTMH, options),
                                       profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
   if (q_BTNH.device().is_cpu()) return cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
-  check_window_on_device(options, "attention_forward");
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
 #else
@@ -180,7 +173,6 @@ inline void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor
   if (q_BTNH.device().is_cpu())
     return cpu::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
                                            position_1, options);
-  check_window_on_device(options, "attention_forward_kv_cache");
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
                                           position_1, options, stream);
@@ -203,7 +195,6 @@ inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH
   if (q_BTNH.device().is_cpu())
     return cpu::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH,
                                    lse_BNT, options);
-  check_window_on_device(options, "attention_backward");
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
                                   options, stream);

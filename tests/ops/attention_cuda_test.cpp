@@ -30,10 +30,12 @@ using testing::to_host;
 struct Case {
   int64_t B, T, N, M, H;
   bool causal;
+  int64_t window = 0;  // a sliding window of this many keys (0: none)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "B" << c.B << "_T" << c.T << "_N" << c.N << "_M" << c.M << "_H" << c.H << (c.causal ? "_causal" : "_full");
+  if (c.window > 0) *os << "_window" << c.window;
 }
 
 // Flash attention's bf16 error follows the size of the terms it sums, not of the result:
@@ -80,6 +82,7 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
   const Tensor dout = rounded_f32({c.B, c.T, c.N, c.H}, dt, seed + 3, 0.0, 1.0);
   AttentionOptions o;
   o.causal = c.causal;
+  o.window = c.window;
 
   // CPU reference in f64 from exactly the values the device sees.
   const Reference ref = reference(q, k, v, dout, o);
@@ -160,6 +163,7 @@ TEST_P(AttentionCudaF32, MatchesCpuToF32Error) {
   const Tensor dout = rounded_f32({c.B, c.T, c.N, c.H}, DType::kF32, seed + 3, 0.0, 1.0);
   AttentionOptions o;
   o.causal = c.causal;
+  o.window = c.window;
   const Reference ref = reference(q, k, v, dout, o);
 
   const Device gpu = Device::cuda(0);
@@ -196,6 +200,8 @@ TEST_P(AttentionCudaStacked, HeadSlicesMatchCpu) {
                  v = to_dtype(stacked.slice(2, c.N + c.M, E), DType::kF32);
     AttentionOptions o;
     o.causal = c.causal;
+    o.window = c.window;
+  o.window = c.window;
     const Reference ref = reference(q, k, v, dout, o);
     auto check = [&](const Tensor& device, const Tensor& ref64) {
       return dt == DType::kBF16 ? close(contiguous(device), ref64) : close_f32(contiguous(device), ref64);
@@ -217,18 +223,23 @@ TEST_P(AttentionCudaStacked, HeadSlicesMatchCpu) {
 
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaStacked,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
-                                           Case{1, 130, 8, 8, 128, true}, Case{1, 2048, 32, 8, 64, true}));
+                                           Case{1, 130, 8, 8, 128, true}, Case{1, 2048, 32, 8, 64, true},
+                                           Case{2, 37, 4, 2, 64, true, 9}));
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{2, 256, 8, 1, 64, true},
                                            Case{1, 1031, 4, 2, 128, true}, Case{2, 70, 4, 1, 128, false},
-                                           Case{1, 2048, 32, 8, 64, true}));
+                                           Case{1, 2048, 32, 8, 64, true},
+                                           // sliding windows: a few keys, a tile's worth, most of the row
+                                           Case{2, 37, 4, 2, 64, true, 5}, Case{1, 1031, 4, 2, 128, true, 256},
+                                           Case{1, 2048, 32, 8, 64, true, 1500}));
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{1, 1031, 4, 2, 128, true},
                                            Case{2, 70, 4, 1, 128, false}, Case{1, 2048, 32, 8, 64, true},
                                            Case{2, 45, 6, 3, 20, true}, Case{1, 33, 2, 2, 136, false},
-                                           Case{1, 9, 1, 1, 300, true}));
+                                           Case{1, 9, 1, 1, 300, true}, Case{2, 37, 4, 2, 64, true, 5},
+                                           Case{1, 130, 8, 8, 128, true, 64}, Case{2, 45, 6, 3, 20, true, 1}));
 
 // Packed documents (cuDNN's ragged layout for bf16, the exact kernels for f32): q, k, v as
 // head slices of one stacked tensor (the model's layout) and contiguous, documents of one
@@ -239,9 +250,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
 struct DocumentsCase {
   int64_t N, M, H;
   std::vector<std::vector<int64_t>> rows;  // each row's document lengths
+  int64_t window = 0;                      // a sliding window of this many keys (0: none)
 };
 void PrintTo(const DocumentsCase& c, std::ostream* os) {
   *os << "N" << c.N << "_M" << c.M << "_H" << c.H << "_rows" << c.rows.size();
+  if (c.window > 0) *os << "_window" << c.window;
 }
 class AttentionCudaDocuments : public ::testing::TestWithParam<DocumentsCase> {
  protected:
@@ -266,6 +279,7 @@ TEST_P(AttentionCudaDocuments, MatchCpu) {
                    v = contiguous(qkv.slice(2, c.N + c.M, E));
       AttentionOptions o;
       o.documents = &cpu_docs;
+      o.window = c.window;
       const Reference ref = reference(q, k, v, dout, o);
       auto check = [&](const Tensor& device, const Tensor& ref64) {
         return dt == DType::kBF16 ? close(contiguous(device), ref64) : close_f32(contiguous(device), ref64);
@@ -301,7 +315,9 @@ INSTANTIATE_TEST_SUITE_P(
                       DocumentsCase{4, 1, 64, {{100, 100, 56}, {64, 64, 64, 64}}},  // segments of 128 tokens
                       DocumentsCase{4, 2, 128, {{40, 40, 40, 40, 40}, {50, 50, 50, 50}}},  // of 64
                       DocumentsCase{4, 2, 64, {{77}, {77}}},  // one per row: plain causal attention
-                      DocumentsCase{32, 8, 64, {{1000, 24, 1024}, {1048, 1000}}}));
+                      DocumentsCase{32, 8, 64, {{1000, 24, 1024}, {1048, 1000}}},
+                      // a sliding window inside documents longer and shorter than it
+                      DocumentsCase{4, 2, 64, {{100, 1, 199}, {300}, {7, 50, 43, 200}}, 32}));
 
 // Over a KV cache: T new queries (head slices of a stacked q|k|v, as in the model) against S
 // keys that are the first S rows of a longer cache [B, capacity, M, H] (their sequences
@@ -310,10 +326,12 @@ INSTANTIATE_TEST_SUITE_P(
 struct CachedCase {
   int64_t B, T, S, N, M, H;
   bool causal;
+  int64_t window = 0;  // a sliding window of this many keys (0: none)
 };
 void PrintTo(const CachedCase& c, std::ostream* os) {
   *os << "B" << c.B << "_T" << c.T << "_S" << c.S << "_N" << c.N << "_M" << c.M << "_H" << c.H
       << (c.causal ? "_causal" : "_full");
+  if (c.window > 0) *os << "_window" << c.window;
 }
 class AttentionCudaCached : public ::testing::TestWithParam<CachedCase> {
  protected:
@@ -332,6 +350,8 @@ TEST_P(AttentionCudaCached, MatchesCpu) {
     const Tensor values = rounded_f32({c.B, capacity, c.M, c.H}, dt, seed + 2, 0.0, 1.0);
     AttentionOptions o;
     o.causal = c.causal;
+    o.window = c.window;
+  o.window = c.window;
     Tensor out64 = Tensor::empty({c.B, c.T, c.N, c.H}, DType::kF64);
     Tensor lse64 = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
     cpu::attention_forward(out64, lse64, to_dtype(stacked.slice(2, 0, c.N), DType::kF64),
@@ -354,7 +374,11 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaCached,
                                            CachedCase{2, 1, 129, 4, 4, 8, true},
                                            CachedCase{2, 9, 9, 4, 2, 64, true},  // S == T, cache rows
                                            CachedCase{1, 4, 40, 6, 3, 20, false},
-                                           CachedCase{1, 2, 1000, 8, 1, 256, true}));
+                                           CachedCase{1, 2, 1000, 8, 1, 256, true},
+                                           // sliding windows over the cache
+                                           CachedCase{2, 5, 70, 8, 2, 128, true, 16},
+                                           CachedCase{1, 1, 300, 4, 2, 64, true, 64},
+                                           CachedCase{1, 3, 300, 32, 8, 64, true, 100}));
 
 // The same cases as one KV cache step with its position in memory (p = S - T): the new k and
 // v (head slices of the stacked tensor) written into the cache rows p.., the rest untouched,
@@ -377,15 +401,17 @@ TEST_P(AttentionCudaCached, KvCacheStepWithThePositionInMemory) {
     position.data<int32_t>()[0] = static_cast<int32_t>(p);
     position_d = to_device(position);
     Tensor out = Tensor::empty({c.B, c.T, c.N, c.H}, dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+    AttentionOptions window;
+    window.window = c.window;
     attention_forward_kv_cache(out, lse, kd, vd, qkv.slice(2, 0, c.N), qkv.slice(2, c.N, c.N + c.M),
-                               qkv.slice(2, c.N + c.M, E), position_d);
+                               qkv.slice(2, c.N + c.M, E), position_d, window);
     // the CPU twin on the host copies, in the same dtype
     Tensor hk = contiguous(keys), hv = contiguous(values);
     if (dt == DType::kF32) {
       Tensor want = Tensor::empty({c.B, c.T, c.N, c.H}, dt), want_lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32);
       cpu::attention_forward_kv_cache(want, want_lse, hk, hv, contiguous(stacked.slice(2, 0, c.N)),
                                       contiguous(stacked.slice(2, c.N, c.N + c.M)),
-                                      contiguous(stacked.slice(2, c.N + c.M, E)), position, {});
+                                      contiguous(stacked.slice(2, c.N + c.M, E)), position, window);
       EXPECT_TRUE(close_f32(out, to_dtype(want, DType::kF64))) << "out";
       EXPECT_TRUE(close_f32(lse, to_dtype(want_lse, DType::kF64))) << "lse";
     } else {  // the CPU has no bf16: write the rows by hand
@@ -403,7 +429,7 @@ TEST_P(AttentionCudaCached, KvCacheStepWithThePositionInMemory) {
     EXPECT_EQ(std::memcmp(gv.raw_data(), hv.raw_data(), gv.nbytes()), 0) << "values cache";
     // and the output is the plain step's over the filled cache, bit for bit
     Tensor out2 = Tensor::empty({c.B, c.T, c.N, c.H}, dt, gpu), lse2 = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
-    attention_forward(out2, lse2, qkv.slice(2, 0, c.N), kd.slice(1, 0, c.S), vd.slice(1, 0, c.S), {});
+    attention_forward(out2, lse2, qkv.slice(2, 0, c.N), kd.slice(1, 0, c.S), vd.slice(1, 0, c.S), window);
     const Tensor a = to_host(out), b = to_host(out2);
     EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << "out against attention_forward";
   }

@@ -128,6 +128,7 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
                      .set_attn_scale(static_cast<float>(k.scale))
                      .set_causal_mask(k.causal)
                      .set_implementation(implementation);
+    if (k.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(k.window));
     if (ragged) r->set_lengths(attrs, k.B * k.T);
     auto [o, stats] = g->sdpa(q, kk, v, attrs);
     set_bthd(o, kO, B, T, k.N, k.H, k.N * k.H);
@@ -155,6 +156,7 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
                      .set_attn_scale(static_cast<float>(k.scale))
                      .set_causal_mask(k.causal)
                      .set_deterministic_algorithm(k.deterministic);
+    if (k.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(k.window));
     if (ragged) r->set_lengths(attrs, k.B * k.T);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
     set_bthd(dq, kDQ, B, T, k.N, k.H, k.pitch_q);  // the gradients lie as their inputs do
@@ -261,6 +263,10 @@ Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
           Problem{backward, q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), q.dtype(), o.causal,
                   o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(q.size(3))), o.deterministic}};
   Problem& p = key.problem;
+  ST_CHECK(o.window >= 0 && (o.window == 0 || o.causal), op, ": a sliding window (", o.window,
+           " keys) needs the causal mask and a positive size");
+  // a window that holds every key is no window (one graph for both)
+  p.window = o.window < p.T ? o.window : 0;
   p.pitch_q = check_tensor(q, op, "q_BTNH", q.dtype(), q.shape(), true);
   p.pitch_k = check_tensor(k, op, "k_BTMH", q.dtype(), {p.B, p.T, p.M, p.H}, true);
   p.pitch_v = check_tensor(v, op, "v_BTMH", q.dtype(), {p.B, p.T, p.M, p.H}, true);

@@ -1,6 +1,6 @@
 // Attention forward over a KV cache on CUDA: T new queries against S >= T keys, the queries
 // being the last T of the S positions (bottom-right causal: query t sees keys
-// j <= t + S - T). For incremental decoding (T = 1 after the prompt), where cuDNN's flash
+// j <= t + S - T; with a sliding window of W keys also j > t + S - T - W). For incremental decoding (T = 1 after the prompt), where cuDNN's flash
 // kernels, built for as many keys as queries, do not apply. One block of 32 warps per query
 // row, so that even one token's 32 heads keep the SMs' memory pipes busy: each warp takes
 // every 32nd key with an online softmax (running max, sum and p·v in f32, lanes splitting the
@@ -30,6 +30,7 @@ struct Dims {
   float scale;
   bool causal;
   Layout q, k, v, out;
+  int64_t window;  // sliding window: query t sees only its last `window` keys (0: none)
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -49,6 +50,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t t = blockIdx.x, n = blockIdx.y, b = blockIdx.z, m = n / (d.N / d.M);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t keys = d.causal ? t + d.S - d.T + 1 : d.S;
+  const int64_t first = d.window > 0 ? max(int64_t{0}, keys - d.window) : 0;
   const E* q_at = q + b * d.q.sequence + t * d.q.token + n * d.H;
   for (int64_t h = threadIdx.x; h < d.H; h += kThreads) q_row[h] = to_f32(q_at[h]);
   __syncthreads();
@@ -64,7 +66,7 @@ __global__ void __launch_bounds__(kThreads)
   // one pass per warp over its keys: running maximum, sum of exponentials and sum of p·v
   float mx = -INFINITY, sum = 0;
   float acc[kPerLane] = {};
-  for (int64_t j = warp; j < keys; j += kWarps) {
+  for (int64_t j = first + warp; j < keys; j += kWarps) {
     const float s = score(j);
     const float top = fmaxf(mx, s);
     const float rescale = expf(mx - top), p = expf(s - top);  // expf(-inf) = 0 on the first key
@@ -143,6 +145,8 @@ Dims forward_dims(const Tensor& out_BTNH, const Tensor& lse_BNT, const Tensor& q
   ST_CHECK(S >= T && M > 0 && N % M == 0, op, ": ", T, " queries over ", S, " keys (S >= T) with ", N,
            " query heads over ", M, " kv heads (M divides N)");
   ST_CHECK(H <= kMaxHeadDim, op, ": head dim ", H, " above the kernel's ", kMaxHeadDim);
+  ST_CHECK(options.window >= 0 && (options.window == 0 || options.causal), op, ": a sliding window (",
+           options.window, " keys) needs the causal mask and a positive size");
   ST_CHECK(out_BTNH.shape() == q_BTNH.shape() && lse_BNT.shape() == Shape({B, N, T}) &&
                lse_BNT.dtype() == DType::kF32 && lse_BNT.is_contiguous(),
            op, ": expected out ", q_BTNH.shape().str(), " and f32 lse [", B, ", ", N, ", ", T, "], found ",
@@ -153,7 +157,7 @@ Dims forward_dims(const Tensor& out_BTNH, const Tensor& lse_BNT, const Tensor& q
   return Dims{T, S, N, M, H,
               static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
               options.causal, layout_of(q_BTNH, op, "q_BTNH"), layout_of(k_BSMH, op, "keys"),
-              layout_of(v_BSMH, op, "values"), layout_of(out_BTNH, op, "out_BTNH")};
+              layout_of(v_BSMH, op, "values"), layout_of(out_BTNH, op, "out_BTNH"), options.window};
 }
 
 // fn<E>() for q's storage dtype (bf16, f16, f32); f64 has no kernel here.

@@ -29,7 +29,8 @@ enum Uid : int64_t {
 // lie as q, k, v do; out and dout are contiguous. With packed documents (segments > 0) cuDNN
 // sees `segments` sequences of at most `segment_tokens` tokens at ragged offsets into the B·T tokens (a
 // padding mask over their lengths, causal within each), and writes the statistics as
-// [B·T, N] (token-major, the ragged layout cuDNN takes for them).
+// [B·T, N] (token-major, the ragged layout cuDNN takes for them). A sliding window is cuDNN's
+// diagonal band with `window` as its left bound: key j is seen by query i when j > i - window.
 struct Problem {
   bool backward;
   int64_t B, T, N, M, H;
@@ -40,9 +41,10 @@ struct Problem {
   int64_t pitch_q = 0, pitch_k = 0, pitch_v = 0;
   int64_t segments = 0;  // packed documents: the segments' capacity (PackedDocuments::capacity); 0 none
   int64_t segment_tokens = 0;  // and the tokens each may hold (PackedDocuments::longest)
+  int64_t window = 0;  // sliding window: each query sees its last `window` keys (0: every causal key)
   auto tie() const {
     return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v,
-                    segments, segment_tokens);
+                    segments, segment_tokens, window);
   }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };

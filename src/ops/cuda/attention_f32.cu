@@ -20,9 +20,13 @@ struct Dims {
   float scale;
   bool causal;
   const int32_t* pos;  // packed documents: each token's position in its document (null: none)
+  int64_t window;      // sliding window: a query sees its last `window` keys (0: none)
   __host__ __device__ int64_t group() const { return N / M; }
-  // The first key query t of row b sees: its document's first token.
-  __device__ int64_t first_key(int64_t b, int64_t t) const { return pos != nullptr ? t - pos[b * T + t] : 0; }
+  // The first key query t of row b sees: its document's first token, and within the window.
+  __device__ int64_t first_key(int64_t b, int64_t t) const {
+    const int64_t doc = pos != nullptr ? t - pos[b * T + t] : 0;
+    return window > 0 ? max(doc, t - window + 1) : doc;
+  }
 };
 
 // The row offset of [b, t, head] in a [B, T, heads, H] tensor.
@@ -187,7 +191,8 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* q, const float* k,
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
-  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal, nullptr};
+  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal, nullptr, o.window};
+  ST_CHECK(o.window == 0 || o.causal, "attention (f32 on CUDA): a sliding window needs the causal mask");
   if (o.documents != nullptr) d.pos = static_cast<const int32_t*>(o.documents->positions_BT.raw_data());
   d.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.H)));
   ST_CHECK(d.H <= 4 * kThreads, "attention (f32 on CUDA): head dim ", d.H, " above ", 4 * kThreads);
