@@ -51,7 +51,26 @@ struct AttentionOptions {
   // Not null: query t of row b sees keys t - positions[b, t] .. t only (needs causal, as many
   // keys as queries, and documents of q's batch shape on q's device). Not owned.
   const PackedDocuments* documents = nullptr;
+  // > 0: sliding-window attention (Mistral, Qwen2's sliding layers): the query at position i
+  // sees the `window` keys i - window < j <= i only, itself included (needs causal; with
+  // documents, the keys of its own document among those). 0: every key the masks allow.
+  // The CPU only for now.
+  int64_t window = 0;
 };
+
+// The (query, key) pairs a causal mask with a sliding window of `window` keys (0: none) lets
+// through for T queries at the last T of S key positions: the sum over query positions p of
+// min(p + 1, window).
+inline double causal_attention_pairs(int64_t T, int64_t S, int64_t window) {
+  // keys seen by the queries at positions 0 .. n - 1
+  auto upto = [window](int64_t n) {
+    const double nd = static_cast<double>(n);
+    if (window <= 0 || n <= window) return nd * (nd + 1) / 2;
+    const double w = static_cast<double>(window);
+    return w * (w + 1) / 2 + (nd - w) * w;
+  };
+  return upto(S) - upto(S - T);
+}
 
 // Whether every tensor given is contiguous.
 inline bool all_contiguous(std::initializer_list<const Tensor*> tensors) {
@@ -100,11 +119,22 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
 }  // namespace cuda
 
 // The forward's two products (q k^T and p v) over the scores that count: B·N·T·S·H
-// multiply-adds each, half of them with a causal mask (torchtitan's convention). S = keys.
+// multiply-adds each, half of them with a causal mask (torchtitan's convention), and with a
+// sliding window those of the pairs inside it (causal_attention_pairs). S = keys.
 inline double attention_forward_flops(const Tensor& q_BTNH, const Tensor& k_BTMH, const AttentionOptions& options) {
   if (q_BTNH.ndim() != 4 || k_BTMH.ndim() != 4) return 0;  // the op's own checks report it
   const double d = 4.0 * static_cast<double>(q_BTNH.numel()) * static_cast<double>(k_BTMH.size(1));
+  if (options.causal && options.window > 0) {
+    const int64_t T = q_BTNH.size(1), S = k_BTMH.size(1);
+    return d * causal_attention_pairs(T, S, options.window) / (static_cast<double>(T) * static_cast<double>(S));
+  }
   return options.causal ? d / 2 : d;
+}
+
+// GPU attention has no sliding window yet: a clear error instead of a silently full one.
+inline void check_window_on_device(const AttentionOptions& options, const char* op) {
+  ST_CHECK(options.window == 0, op, ": sliding-window attention (a window of ", options.window,
+           " keys) runs on the CPU only for now; train or generate on the CPU (`training.device` = \"cpu\")");
 }
 
 // out_BTNH = softmax(scale · q k^T + causal mask) v (overwrites); lse_BNT (overwrites,
@@ -125,6 +155,7 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
                                      {attention_forward_flops(q_BTNH, k_BTMH, options),
                                       profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
   if (q_BTNH.device().is_cpu()) return cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
+  check_window_on_device(options, "attention_forward");
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
 #else
@@ -149,6 +180,7 @@ inline void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor
   if (q_BTNH.device().is_cpu())
     return cpu::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
                                            position_1, options);
+  check_window_on_device(options, "attention_forward_kv_cache");
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
                                           position_1, options, stream);
@@ -171,6 +203,7 @@ inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH
   if (q_BTNH.device().is_cpu())
     return cpu::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH,
                                    lse_BNT, options);
+  check_window_on_device(options, "attention_backward");
 #ifdef SHARDTRAIN_WITH_CUDA
   return cuda::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
                                   options, stream);

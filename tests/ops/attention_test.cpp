@@ -3,7 +3,10 @@
 // beyond rounding; the backward equals finite differences for q, k and v; the last T queries
 // over S > T keys (a KV cache) are the rows of the full S-query call, bit for bit. Packed
 // documents attend as separate sequences would; their positions and segments are checked.
+// Sliding windows (smaller than, equal to and larger than T; with documents; over a KV cache)
+// against a brute-force masked softmax, and their backward against finite differences.
 #include <cmath>
+#include <functional>
 #include <cstring>
 #include <sstream>
 #include <string>
@@ -285,6 +288,194 @@ TEST(Attention, PackedDocumentsBackwardMatchesFiniteDifferences) {
     cpu::attention_forward(out, lse, q, k, v, o);
     return testing::dot(dout, out);
   });
+}
+
+// Brute-force softmax attention of the T queries at the last T of the S key positions, over
+// the keys `sees(b, query position, key)` allows (f64).
+using Mask = std::function<bool(int64_t, int64_t, int64_t)>;
+void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Mask& sees) {
+  const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1), M = k.size(2), G = N / M;
+  const Tensor q64 = testing::to_f64(q), k64 = testing::to_f64(k), v64 = testing::to_f64(v);
+  out = Tensor::empty(q.shape(), DType::kF64);
+  lse = Tensor::empty({B, N, T}, DType::kF64);
+  const double scale = 1 / std::sqrt(static_cast<double>(H));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < T; ++i) {
+        std::vector<double> s(static_cast<size_t>(S), -INFINITY);
+        double mx = -INFINITY;
+        for (int64_t j = 0; j < S; ++j) {
+          if (!sees(b, i + S - T, j)) continue;
+          double d = 0;
+          for (int64_t h = 0; h < H; ++h)
+            d += q64.data<double>()[((b * T + i) * N + n) * H + h] * k64.data<double>()[((b * S + j) * M + n / G) * H + h];
+          s[static_cast<size_t>(j)] = d * scale;
+          mx = std::max(mx, d * scale);
+        }
+        double sum = 0;
+        for (int64_t j = 0; j < S; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+        lse.data<double>()[(b * N + n) * T + i] = mx + std::log(sum);
+        for (int64_t h = 0; h < H; ++h) {
+          double acc = 0;
+          for (int64_t j = 0; j < S; ++j)
+            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum * v64.data<double>()[((b * S + j) * M + n / G) * H + h];
+          out.data<double>()[((b * T + i) * N + n) * H + h] = acc;
+        }
+      }
+}
+
+// transformers' sliding-window mask: causal, and key j > position - window
+Mask window_mask(int64_t window) {
+  return [window](int64_t, int64_t i, int64_t j) { return j <= i && j > i - window; };
+}
+
+// Sliding windows smaller than, equal to and larger than T, with tiles that straddle the
+// window's edge, against the masked softmax; a window of T or more is plain causal attention
+// bit for bit, a smaller one is not.
+TEST(Attention, SlidingWindowMatchesMaskedSoftmax) {
+  const int64_t B = 2, T = 37, N = 4, M = 2, H = 8;
+  const Tensor q64 = random_f64({B, T, N, H}, 51, 0.1, 0.8), k64 = random_f64({B, T, M, H}, 52, -0.1, 0.8),
+               v64 = random_f64({B, T, M, H}, 53, 0.2, 1.5);
+  for (const int64_t window : {int64_t{1}, int64_t{5}, int64_t{16}, int64_t{36}, T, int64_t{50}}) {
+    Tensor ref, ref_lse;
+    naive_masked(ref, ref_lse, q64, k64, v64, window_mask(window));
+    for (const auto& [bq, bk] : {std::pair<int64_t, int64_t>{16, 11}, {4, 3}, {64, 64}}) {
+      for (DType dt : {DType::kF32, DType::kF64}) {
+        SCOPED_TRACE("window " + std::to_string(window) + ", tiles " + std::to_string(bq) + "x" + std::to_string(bk) +
+                     ", " + std::string(dtype_name(dt)));
+        const Tensor q = testing::to_dtype(q64, dt), k = testing::to_dtype(k64, dt), v = testing::to_dtype(v64, dt);
+        AttentionOptions o;
+        o.block_queries = bq;
+        o.block_keys = bk;
+        o.window = window;
+        Tensor out = Tensor::empty(q.shape(), dt), lse = Tensor::empty({B, N, T}, stats_dtype(dt));
+        cpu::attention_forward(out, lse, q, k, v, o);
+        EXPECT_TRUE(testing::all_close(out, ref, testing::kCpuF32VsF64)) << "out";
+        EXPECT_TRUE(testing::all_close(lse, ref_lse, testing::kCpuF32VsF64)) << "lse";
+        AttentionOptions causal = o;
+        causal.window = 0;
+        Tensor plain = Tensor::empty(q.shape(), dt), plain_lse = Tensor::empty({B, N, T}, stats_dtype(dt));
+        cpu::attention_forward(plain, plain_lse, q, k, v, causal);
+        const bool same = std::memcmp(out.raw_data(), plain.raw_data(), out.nbytes()) == 0;
+        EXPECT_EQ(same, window >= T) << "a window of T or more keys is plain causal attention, a smaller one not";
+      }
+    }
+  }
+}
+
+// With packed documents the window cuts inside a document and the document's start cuts the
+// window: both masks at once, forward against the masked softmax.
+TEST(Attention, SlidingWindowWithPackedDocuments) {
+  const std::vector<std::vector<int64_t>> rows = {{4, 1, 9}, {14}, {2, 12}};
+  const int64_t B = 3, T = 14, N = 4, M = 1, H = 6;
+  const Tensor q = random_f64({B, T, N, H}, 61, 0.1, 0.8), k = random_f64({B, T, M, H}, 62, -0.1, 0.8),
+               v = random_f64({B, T, M, H}, 63, 0.2, 1.5);
+  const Tensor positions = testing::document_positions(rows);
+  const PackedDocuments docs = pack_documents(positions, Device::cpu());
+  for (const int64_t window : {int64_t{1}, int64_t{3}, int64_t{6}, T}) {
+    SCOPED_TRACE("window " + std::to_string(window));
+    Tensor ref, ref_lse;
+    naive_masked(ref, ref_lse, q, k, v, [&](int64_t b, int64_t i, int64_t j) {
+      const int64_t doc_start = i - positions.data<int32_t>()[b * T + i];
+      return j <= i && j > i - window && j >= doc_start;
+    });
+    AttentionOptions o;
+    o.block_queries = 4;
+    o.block_keys = 3;
+    o.documents = &docs;
+    o.window = window;
+    Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+    cpu::attention_forward(out, lse, q, k, v, o);
+    EXPECT_TRUE(testing::all_close(out, ref, {1e-12, 1e-12, 1e-12})) << "out";
+    EXPECT_TRUE(testing::all_close(lse, ref_lse, {1e-12, 1e-12, 1e-12})) << "lse";
+  }
+}
+
+// The backward of a sliding window (with and without documents, window below, at and above T)
+// against finite differences.
+TEST(Attention, SlidingWindowBackwardMatchesFiniteDifferences) {
+  const int64_t B = 2, T = 7, N = 4, M = 2, H = 4;
+  const PackedDocuments docs = pack_documents(testing::document_positions({{3, 4}, {1, 6}}), Device::cpu());
+  for (const bool with_docs : {false, true})
+    for (const int64_t window : {int64_t{1}, int64_t{2}, int64_t{4}, T, int64_t{9}}) {
+      SCOPED_TRACE("window " + std::to_string(window) + (with_docs ? " with documents" : ""));
+      Tensor q = random_f64({B, T, N, H}, 71, 0.1, 0.8), k = random_f64({B, T, M, H}, 72, -0.1, 0.8),
+             v = random_f64({B, T, M, H}, 73, 0.2, 1.5);
+      const Tensor dout = random_f64(q.shape(), 74);
+      AttentionOptions o;
+      o.block_queries = 3;
+      o.block_keys = 2;
+      o.window = window;
+      o.documents = with_docs ? &docs : nullptr;
+      auto [out, lse, dq, dk, dv] = forward_and_backward(q, k, v, dout, o);
+      expect_gradients({{"q", &q, dq}, {"k", &k, dk}, {"v", &v, dv}}, [&] {
+        cpu::attention_forward(out, lse, q, k, v, o);
+        return testing::dot(dout, out);
+      });
+    }
+}
+
+// The last T queries over S keys (incremental decoding) with a window: the masked softmax, and
+// bit for bit the rows of the full call; the KV cache step gives the same rows.
+TEST(Attention, SlidingWindowOverLongerKeysAndKvCache) {
+  const int64_t B = 2, S = 41, N = 4, M = 2, H = 8, window = 9;
+  const Tensor q_all = random_f64({B, S, N, H}, 81, 0.1, 0.8), k = random_f64({B, S, M, H}, 82, -0.1, 0.8),
+               v = random_f64({B, S, M, H}, 83, 0.2, 1.5);
+  AttentionOptions o;
+  o.block_queries = 16;
+  o.block_keys = 5;
+  o.window = window;
+  Tensor all = Tensor::empty(q_all.shape(), DType::kF64), all_lse = Tensor::empty({B, N, S}, DType::kF64);
+  cpu::attention_forward(all, all_lse, q_all, k, v, o);
+  for (int64_t T : {int64_t{1}, int64_t{3}, int64_t{12}}) {
+    SCOPED_TRACE("T=" + std::to_string(T));
+    const Tensor q = contiguous(q_all.slice(1, S - T, S));
+    Tensor ref, ref_lse;
+    naive_masked(ref, ref_lse, q, k, v, window_mask(window));
+    Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+    cpu::attention_forward(out, lse, q, k, v, o);
+    EXPECT_TRUE(testing::all_close(out, ref, {1e-12, 1e-12, 1e-12}));
+    const Tensor rows = contiguous(all.slice(1, S - T, S));
+    EXPECT_EQ(std::memcmp(out.raw_data(), rows.raw_data(), out.nbytes()), 0) << "rows of the full call";
+    // the cache holds the first S - T positions' keys and values; the step adds the last T
+    Tensor cache_k = Tensor::zeros({B, S + 4, M, H}, DType::kF64), cache_v = Tensor::zeros({B, S + 4, M, H}, DType::kF64);
+    Tensor head_k = cache_k.slice(1, 0, S - T), head_v = cache_v.slice(1, 0, S - T);
+    copy(head_k, k.slice(1, 0, S - T));
+    copy(head_v, v.slice(1, 0, S - T));
+    Tensor position = Tensor::empty({1}, DType::kI32);
+    position.data<int32_t>()[0] = static_cast<int32_t>(S - T);
+    Tensor step = Tensor::empty(q.shape(), DType::kF64), step_lse = Tensor::empty({B, N, T}, DType::kF64);
+    cpu::attention_forward_kv_cache(step, step_lse, cache_k, cache_v, q, contiguous(k.slice(1, S - T, S)),
+                                    contiguous(v.slice(1, S - T, S)), position, o);
+    EXPECT_EQ(std::memcmp(step.raw_data(), rows.raw_data(), step.nbytes()), 0) << "the KV cache step";
+  }
+}
+
+TEST(Attention, SlidingWindowPairsAndFlops) {
+  for (const auto& [T, S] : {std::pair<int64_t, int64_t>{1, 1}, {7, 7}, {3, 10}, {1, 12}, {16, 16}})
+    for (const int64_t window : {int64_t{0}, int64_t{1}, int64_t{4}, int64_t{7}, int64_t{20}}) {
+      double pairs = 0;
+      for (int64_t i = 0; i < T; ++i)
+        for (int64_t j = 0; j < S; ++j) pairs += window_mask(window > 0 ? window : S + 1)(0, i + S - T, j) ? 1 : 0;
+      EXPECT_EQ(causal_attention_pairs(T, S, window), pairs) << "T " << T << " S " << S << " window " << window;
+    }
+  const Tensor q = Tensor::zeros({2, 16, 4, 8}, DType::kF32), k = Tensor::zeros({2, 16, 2, 8}, DType::kF32);
+  AttentionOptions o;
+  o.window = 4;  // 1 + 2 + 3 + 4 + 12·4 = 58 of the 256 pairs
+  EXPECT_DOUBLE_EQ(attention_forward_flops(q, k, o), 4.0 * 2 * 4 * 8 * 58);
+}
+
+TEST(Attention, SlidingWindowErrors) {
+  const Tensor q = random_f64({1, 4, 2, 4}, 91), kv = random_f64({1, 4, 1, 4}, 92);
+  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({1, 2, 4}, DType::kF64);
+  AttentionOptions o;
+  o.window = -1;
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, kv, kv, o); },
+                          "sliding window must be >= 0 keys (0: none), found -1"));
+  o.window = 2;
+  o.causal = false;
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, kv, kv, o); },
+                          "a sliding window of 2 keys needs a causal mask"));
 }
 
 TEST(Attention, DocumentPositionsRestartAtBosAndAreChecked) {

@@ -4,7 +4,8 @@
 // Work is split over (batch, kv head): a task owns dk/dv of its kv head and dq of its
 // query heads, so no two threads write the same element. The forward also takes S > T keys
 // (a KV cache): query i then sits at position i + S - T. With packed documents a query's
-// keys start at its document's first token (AttentionOptions::documents).
+// keys start at its document's first token (AttentionOptions::documents), and with a sliding
+// window W keys before it at the latest (AttentionOptions::window).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -100,15 +101,33 @@ Dims check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op
   return d;
 }
 
-// Per query row b·T + t, the first key it sees: t - positions[b, t] with documents, else 0.
+// Per query row b·T + t, the first key it sees: t - positions[b, t] with documents, else 0;
+// with a sliding window of W keys at least p - W + 1, p = t + S - T the query's position.
 std::vector<int64_t> first_keys(const AttentionOptions& o, const Dims& d, const char* op) {
+  ST_CHECK(o.window >= 0, op, ": the sliding window must be >= 0 keys (0: none), found ", o.window);
+  ST_CHECK(o.window == 0 || o.causal, op, ": a sliding window of ", o.window, " keys needs a causal mask");
   std::vector<int64_t> first(static_cast<size_t>(d.B * d.T), 0);
-  if (o.documents == nullptr) return first;
-  const Tensor& pos = o.documents->positions_BT;
-  check_arg(pos, op, "documents.positions_BT", DType::kI32, {d.B, d.T});
-  ST_CHECK(o.causal && d.S == d.T, op, ": packed documents need a causal mask and as many keys as queries");
-  for (int64_t i = 0; i < d.B * d.T; ++i) first[static_cast<size_t>(i)] = i % d.T - pos.data<int32_t>()[i];
+  if (o.documents != nullptr) {
+    const Tensor& pos = o.documents->positions_BT;
+    check_arg(pos, op, "documents.positions_BT", DType::kI32, {d.B, d.T});
+    ST_CHECK(o.causal && d.S == d.T, op, ": packed documents need a causal mask and as many keys as queries");
+    for (int64_t i = 0; i < d.B * d.T; ++i) first[static_cast<size_t>(i)] = i % d.T - pos.data<int32_t>()[i];
+  }
+  if (o.window > 0)
+    for (int64_t i = 0; i < d.B * d.T; ++i) {
+      int64_t& f = first[static_cast<size_t>(i)];
+      f = std::max(f, i % d.T + d.S - d.T - o.window + 1);
+    }
   return first;
+}
+
+// The first key tile that query rows [q0, q1) can see (all of them with no window): tiles
+// start at multiples of `block_keys` as without a window, so a row's sum runs in the same
+// order whatever it skips.
+int64_t first_key_tile(const AttentionOptions& o, int64_t q0, int64_t shift, int64_t block_keys) {
+  if (o.window <= 0) return 0;
+  const int64_t lowest = std::max<int64_t>(0, q0 + shift - o.window + 1);
+  return lowest / block_keys * block_keys;
 }
 
 double softmax_scale(const AttentionOptions& o, int64_t H) {
@@ -158,7 +177,7 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
             std::fill(m.begin(), m.end(), -std::numeric_limits<F>::infinity());
             std::fill(l.begin(), l.end(), F(0));
             const int64_t k_end = options.causal ? q1 + shift : d.S;
-            for (int64_t k0 = 0; k0 < k_end; k0 += BK) {
+            for (int64_t k0 = first_key_tile(options, q0, shift, BK); k0 < k_end; k0 += BK) {
               const int64_t k1 = std::min(k_end, k0 + BK);
               for (int64_t i = q0; i < q1; ++i) {
                 const F* qi = q + ((b * d.T + i) * d.N + n) * d.H;
@@ -246,7 +265,7 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
           for (int64_t q0 = 0; q0 < d.T; q0 += BQ) {
             const int64_t q1 = std::min(d.T, q0 + BQ);
             const int64_t k_end = options.causal ? q1 : d.T;
-            for (int64_t k0 = 0; k0 < k_end; k0 += BK) {
+            for (int64_t k0 = first_key_tile(options, q0, 0, BK); k0 < k_end; k0 += BK) {
               const int64_t k1 = std::min(k_end, k0 + BK);
               for (int64_t i = q0; i < q1; ++i) {
                 const int64_t qoff = ((b * d.T + i) * d.N + n) * d.H;
