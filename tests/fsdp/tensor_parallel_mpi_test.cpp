@@ -52,6 +52,7 @@ struct ModelVariant {
   int64_t mlp_chunk = 0;
   bool documents = false;  // rows packed with documents that attend only to themselves
   int64_t head_dim = 0;    // 0: dim / n_heads (4)
+  int64_t window = 0;      // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
 };
 
 model::LlamaConfig small_config(int world, const ModelVariant& v) {
@@ -66,6 +67,10 @@ model::LlamaConfig small_config(int world, const ModelVariant& v) {
   c.tie_embeddings = v.tie;
   c.attention_bias = v.bias;
   c.head_dim_override = v.head_dim;
+  if (v.window > 0) {
+    c.sliding_window = v.window;
+    c.sliding_layers = {true, false};
+  }
   return c;
 }
 
@@ -87,6 +92,9 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"packed documents", false, true, false, model::ActivationCheckpointing::kFull, 0, true},
       {"heads of 6 (attention 72 wide in a width of 48)", false, true, false, model::ActivationCheckpointing::kNone, 0,
        false, 6},
+      {"sliding window of 3 on layer 0", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, 3},
+      {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull,
+       0, true, 0, 4},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");
