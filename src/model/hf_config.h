@@ -1,6 +1,6 @@
 // Hugging Face config.json <-> LlamaConfig for Llama-architecture checkpoints (llama,
-// mistral without sliding window, qwen2). Unsupported fields or values are rejected with
-// the file, the key and the value found.
+// mistral, ministral, qwen2; their sliding windows included). Unsupported fields or values are rejected
+// with the file, the key and the value found.
 #pragma once
 
 #include <string>
@@ -16,7 +16,8 @@ LlamaConfig parse_hf_config(const nlohmann::json& json, const std::string& sourc
 LlamaConfig load_hf_config(const std::string& path);
 
 // A config.json that transformers loads as LlamaForCausalLM (or Qwen2ForCausalLM when
-// attention_bias is set), with `torch_dtype` naming the saved weights' dtype.
+// attention_bias is set; without biases, MistralForCausalLM for a sliding window on every
+// layer, MinistralForCausalLM for one on some), with `torch_dtype` naming the saved weights' dtype.
 nlohmann::json to_hf_config(const LlamaConfig& config, const std::string& torch_dtype);
 
 }  // namespace shardtrain::model
