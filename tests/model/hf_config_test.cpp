@@ -171,8 +171,8 @@ TEST(HfConfig, MinistralLayerTypesAndPerTypeRope) {
   EXPECT_EQ(windows(c), (std::vector<int64_t>{6, 6, 6, 6})) << "no layer_types: every layer slides";
   json other = rope;
   other["rope_theta"] = 10000.0;
-  EXPECT_NE(error_of(small("ministral", {{"sliding_window", 6},
-                                         {"rope_parameters", {{"full_attention", rope}, {"sliding_attention", other}}}}))
+  const json differing = {{"full_attention", rope}, {"sliding_attention", other}};
+  EXPECT_NE(error_of(small("ministral", {{"sliding_window", 6}, {"rope_parameters", differing}}))
                 .find("m/config.json: `rope_parameters` differ between \"full_attention\""),
             std::string::npos);
 }
@@ -185,7 +185,8 @@ TEST(HfConfig, BadSlidingWindowsNameTheFileKeyIndexAndValue) {
     for (const auto& [k, v] : extra.items()) j[k] = v;
     return error_of(j);
   };
-  std::string e = with({{"layer_types", {"full_attention", "sliding_attention", "chunked_attention", "full_attention"}}});
+  const json unknown = {"full_attention", "sliding_attention", "chunked_attention", "full_attention"};
+  std::string e = with({{"layer_types", unknown}});
   EXPECT_NE(e.find("m/config.json: `layer_types[2]` = \"chunked_attention\" is not supported; shardtrain knows "
                    "\"sliding_attention\" and \"full_attention\""),
             std::string::npos)
@@ -248,7 +249,8 @@ TEST(HfConfig, SlidingWindowsSurviveExport) {
   EXPECT_EQ(qwen.at("use_sliding_window"), true);
   EXPECT_EQ(qwen.at("sliding_window"), 8);
   EXPECT_EQ(qwen.at("max_window_layers"), 2);
-  EXPECT_EQ(qwen.at("layer_types"), json({"full_attention", "full_attention", "sliding_attention", "sliding_attention"}));
+  EXPECT_EQ(qwen.at("layer_types"),
+            json({"full_attention", "full_attention", "sliding_attention", "sliding_attention"}));
   const json no_window = to_hf_config(parse_hf_config(cases[4], "in/config.json"), "float32");
   EXPECT_EQ(no_window.at("use_sliding_window"), false);
   EXPECT_FALSE(no_window.contains("sliding_window"));
