@@ -7,18 +7,15 @@
 
 namespace shardtrain::train {
 
-namespace {
-
-// model.sliding_window on the layers model.full_attention_every leaves sliding.
 void set_sliding_window(const ModelSection& m, model::LlamaConfig& c) {
   c.sliding_window = m.sliding_window;
   c.sliding_layers.clear();
-  if (m.sliding_window <= 0) return;
-  const int64_t every = m.full_attention_every;
-  for (int64_t l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back(every == 0 || (l + 1) % every != 0);
+  if (m.sliding_window > 0) {
+    const int64_t every = m.full_attention_every;
+    for (int64_t l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back(every == 0 || (l + 1) % every != 0);
+  }
+  c.validate("model.");
 }
-
-}  // namespace
 
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
   if (!m.preset.empty()) {
@@ -26,7 +23,6 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
     ST_CHECK(tokenizer_vocab <= p.vocab_size, "the tokenizer has ", tokenizer_vocab, " tokens but `model.preset` = \"",
              m.preset, "\" has a vocabulary of ", p.vocab_size, "; use that model's tokenizer (`data.tokenizer`)");
     set_sliding_window(m, p);
-    p.validate("model.");
     return p;
   }
   model::LlamaConfig c;
@@ -53,7 +49,6 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.attention_bias = m.attention_bias;
   c.init_std = m.init_std;
   set_sliding_window(m, c);
-  c.validate("model.");
   return c;
 }
 

@@ -482,7 +482,9 @@ PlannedModel planned_model(const JobConfig& job) {
   const std::string& hf = job.model.hf;
   if (!job.model.preset.empty()) {
     const model::ModelPreset& p = *model::find_preset(job.model.preset);  // known: the config was validated
-    return {model::preset_config(p.name), fmt::format("model shape: preset {}, as {} publishes it", p.name, p.hf_repo)};
+    model::LlamaConfig c = model::preset_config(p.name);
+    set_sliding_window(job.model, c);
+    return {c, fmt::format("model shape: preset {}, as {} publishes it", p.name, p.hf_repo)};
   }
   if (!hf.empty()) {
     std::error_code ec;

@@ -147,6 +147,14 @@ TEST(Plan, SlidingLayersCountTheKeysInsideTheirWindow) {
             std::string::npos)
       << text;
   EXPECT_NE(text.find("sliding window 1024 on 24 of 32 layers"), std::string::npos) << text;
+  // model.sliding_window and model.full_attention_every on a preset's shape reach the plan
+  JobConfig job;
+  job.model.preset = "llama3.1-8b";
+  job.model.sliding_window = 1024;
+  job.model.full_attention_every = 4;
+  const model::LlamaConfig planned = planned_model(job).config;
+  EXPECT_EQ(planned.sliding_layer_count(), 24);
+  EXPECT_DOUBLE_EQ(planned.flops_per_token(4096), in.model.flops_per_token(4096));
   EXPECT_LT(estimate_time(in, gpu_spec("h100-sxm"), 0.4).step_seconds,
             [&] {
               PlanInput f = in;
