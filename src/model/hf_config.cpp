@@ -167,7 +167,8 @@ void parse_sliding_window(const json& j, const std::string& model_type, const st
     for (size_t i = 0; i < types.size(); ++i)
       ST_CHECK(types[i], src, ": `layer_types[", i, "]` = \"", kFullLayer, "\", but transformers' mistral slides ",
                "every layer when `sliding_window` is set (it ignores `layer_types`); mark every layer \"",
-               kSlidingLayer, "\" or set `model_type` = \"qwen2\" for layers of both kinds");
+               kSlidingLayer, "\", or set `model_type` = \"ministral\" (mistral with layer types) for layers of "
+               "both kinds");
     c.sliding_layers.assign(static_cast<size_t>(c.n_layers), true);
     return;
   }
