@@ -64,6 +64,20 @@ CASES = {
              tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
         "qwen3",
     ),
+    # Sliding-window attention: Mistral v0.1's window on every layer (5 positions, under the
+    # 13-token rows and the 200-id greedy prompt), and Qwen2's window on the layers from
+    # max_window_layers on (here the second of two).
+    "mistral_sliding": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             tie_word_embeddings=False, sliding_window=5, max_position_embeddings=GREEDY_POSITIONS),
+        "mistral",
+    ),
+    "qwen2_window_layers": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             tie_word_embeddings=False, use_sliding_window=True, sliding_window=4, max_window_layers=1,
+             max_position_embeddings=GREEDY_POSITIONS),
+        "qwen2",
+    ),
     # Head dims cuDNN's fused attention takes (a multiple of 8): the GPU tests' references.
     "gpu_h64_gqa": (
         dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=1, intermediate_size=192, vocab_size=96,
@@ -108,7 +122,7 @@ def build(overrides, arch):
     common.update(overrides)
     if arch == "mistral":
         common.pop("rope_scaling", None)
-        config = transformers.MistralConfig(sliding_window=None, **common)
+        config = transformers.MistralConfig(sliding_window=common.pop("sliding_window", None), **common)
         model = transformers.MistralForCausalLM(config)
     elif arch == "qwen3":
         common.pop("rope_scaling", None)
@@ -116,7 +130,7 @@ def build(overrides, arch):
         model = transformers.Qwen3ForCausalLM(config)
     elif arch == "qwen2":
         common.pop("rope_scaling", None)
-        config = transformers.Qwen2Config(use_sliding_window=False, **common)
+        config = transformers.Qwen2Config(use_sliding_window=common.pop("use_sliding_window", False), **common)
         model = transformers.Qwen2ForCausalLM(config)
     else:
         config = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **common)

@@ -101,13 +101,18 @@ FIRST_STEPS = 20  # the steps whose losses are compared one by one
 # HF's bf16 model rounds inside three ops that shardtrain's kernels compute in f32 and round
 # once: rope (cos and sin rounded to bf16, then q*cos, rotate(q)*sin and their sum each
 # rounded), RMSNorm (the normalised x rounded before the weight's product) and SwiGLU (silu(gate)
-# rounded before the product with up). The last two variants compute those ops as shardtrain does.
+# rounded before the product with up); and it rounds the attention's and the MLP's output
+# projections before adding them to the residual stream, where shardtrain's GEMMs add them in
+# f32 and round the sum once. The rope, once and fused variants compute those ops as shardtrain
+# does (fused: all of them); compile lets torch.compile fuse them as it chooses.
 TORCH_VARIANTS = {
     "pytorch": ([], "PyTorch (HF transformers + FSDP2)"),
     "pytorch-order2": (["--order-seed", "2"], "PyTorch, batches in another order"),
     "pytorch-f32head": (["--head-f32"], "PyTorch, f32 logits"),
     "pytorch-f32rope": (["--rounding", "rope"], "PyTorch, rope in f32"),
     "pytorch-once": (["--rounding", "once"], "PyTorch, rope, RMSNorm and SwiGLU in f32"),
+    "pytorch-fused": (["--rounding", "fused"], "PyTorch, as shardtrain rounds"),
+    "pytorch-compile": (["--compile"], "PyTorch + torch.compile"),
 }
 
 
@@ -200,12 +205,14 @@ def run(a):
 # The PyTorch side
 
 
-ROUNDED_CALLS = {"rope": 0, "rmsnorm": 0, "swiglu": 0}  # the patched ops' calls: proof that they ran
+ROUNDED_CALLS = {"rope": 0, "rmsnorm": 0, "swiglu": 0, "residual": 0}  # the patched ops' calls: proof that they ran
 
 
 def round_once(which):
     """Patches transformers' Llama ops to compute in f32 and round their bf16 output once:
-    rope ("rope"), or rope, RMSNorm and SwiGLU ("once")."""
+    rope ("rope"); rope, RMSNorm and SwiGLU ("once"); those and the residual adds of the output
+    projections ("fused": the projection's f32 sums plus the residual, rounded once). Returns,
+    for "fused", the forward the output projections must take."""
     import torch
     import torch.nn.functional as F
     from transformers.models.llama import modeling_llama as ml
@@ -219,8 +226,8 @@ def round_once(which):
         qe, ke = apply(q.float(), k.float(), cos.float(), sin.float(), *args, **kw)
         return qe.to(q.dtype), ke.to(k.dtype)
     ml.apply_rotary_pos_emb = apply_once
-    if which != "once":
-        return
+    if which == "rope":
+        return None
 
     def norm_once(self, x):
         ROUNDED_CALLS["rmsnorm"] += 1
@@ -234,6 +241,26 @@ def round_once(which):
         h = (F.silu(self.gate_proj(x).float()) * self.up_proj(x).float()).to(x.dtype)
         return self.down_proj(h)
     ml.LlamaMLP.forward = mlp_once
+    if which != "fused":
+        return None
+
+    # The output projections in f32 from bf16 operands: TF32 holds a bf16 value exactly, so these
+    # products are the bf16 GEMM's with its f32 sums, not rounded before the residual add.
+    torch.backends.cuda.matmul.allow_tf32 = True
+
+    def f32_out(self, x):
+        return F.linear(x.float(), self.weight.float())
+
+    def layer_fused(self, hidden_states, **kw):
+        ROUNDED_CALLS["residual"] += 1
+        residual = hidden_states
+        h, _ = self.self_attn(hidden_states=self.input_layernorm(hidden_states), **kw)
+        hidden_states = (residual.float() + h).to(residual.dtype)
+        residual = hidden_states
+        h = self.mlp(self.post_attention_layernorm(hidden_states))
+        return (residual.float() + h).to(residual.dtype)
+    ml.LlamaDecoderLayer.forward = layer_fused
+    return f32_out
 
 
 def pytorch(a):
@@ -266,8 +293,7 @@ def pytorch(a):
     eval_steps = set(recipe["eval_steps"])
     has_positions = recipe["document_mask"]
 
-    if a.rounding != "hf":
-        round_once(a.rounding)
+    f32_out = round_once(a.rounding) if a.rounding != "hf" else None
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh(device.type, (world,))
     try:  # transformers 5 calls it dtype, 4 torch_dtype
@@ -277,6 +303,11 @@ def pytorch(a):
                                                               attn_implementation="sdpa")
     model = model.to(device)
     model.config.use_cache = False
+    if f32_out is not None:  # the output projections' products in f32 (fused rounding)
+        import types
+        for layer in model.model.layers:
+            layer.self_attn.o_proj.forward = types.MethodType(f32_out, layer.self_attn.o_proj)
+            layer.mlp.down_proj.forward = types.MethodType(f32_out, layer.mlp.down_proj)
     bf16 = a.dtype == "bf16"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     # --head-f32: the root's parameters (embedding, final norm, head) stay f32, so the logits are f32 (TF32
@@ -286,6 +317,9 @@ def pytorch(a):
         torch.backends.cuda.matmul.allow_tf32 = True
     if a.ac:  # each block's activations recomputed in the backward
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if a.compile:  # each block compiled before it is sharded, as torchtitan does
+        for i, layer in enumerate(model.model.layers):
+            model.model.layers[i] = torch.compile(layer)
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=mp)
     fully_shard(model, mesh=mesh, mp_policy=root_mp)
@@ -378,6 +412,7 @@ def pytorch(a):
         if step == 1 and a.rounding != "hf":
             print(f"pytorch: rounded-once ops called in the first step: {ROUNDED_CALLS}", flush=True)
             assert ROUNDED_CALLS["rope"] > 0 and (a.rounding == "rope" or ROUNDED_CALLS["swiglu"] > 0)
+            assert a.rounding != "fused" or ROUNDED_CALLS["residual"] > 0
         if log:
             log.write(json.dumps({"step": step, "loss": total.item() / counted, "grad_norm": float(norm),
                                   "lr": lrs[s], "seconds": time.time() - t0}) + "\n")
@@ -477,7 +512,8 @@ def plot(a):
         lines += comparison_rows("PyTorch, batches in another order, against PyTorch",
                                  gaps(curves["pytorch-order2"], curves["pytorch"]), "pytorch")
     for name, what in (("pytorch-f32head", "f32 logits"), ("pytorch-f32rope", "rope in f32"),
-                       ("pytorch-once", "rope, RMSNorm and SwiGLU in f32")):
+                       ("pytorch-once", "rope, RMSNorm and SwiGLU in f32"),
+                       ("pytorch-fused", "shardtrain's rounding"), ("pytorch-compile", "torch.compile")):
         if name in curves:
             lines += comparison_rows(f"against PyTorch with {what}", gaps(curves["shardtrain"], curves[name]), "both")
     for name in fp8:
@@ -497,7 +533,8 @@ def plot(a):
     import matplotlib.pyplot as plt
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     colours = {"shardtrain": "tab:blue", "pytorch": "tab:orange", "pytorch-order2": "tab:gray",
-               "pytorch-f32head": "black", "pytorch-f32rope": "tab:cyan", "pytorch-once": "tab:olive"}
+               "pytorch-f32head": "black", "pytorch-f32rope": "tab:cyan", "pytorch-once": "tab:olive",
+               "pytorch-fused": "tab:pink", "pytorch-compile": "tab:brown"}
     labels = {"shardtrain": "shardtrain", **{k: v[1] for k, v in TORCH_VARIANTS.items()}}
     for name, colour in zip(fp8, ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "gold")):
         colours[name] = colour
@@ -620,7 +657,8 @@ def main():
     r.add_argument("--engines", default="shardtrain,pytorch",
                    help="of shardtrain, pytorch, pytorch-order2 (PyTorch, batches in another order), "
                         "pytorch-f32head (PyTorch with f32 logits), pytorch-f32rope (rope in f32), pytorch-once "
-                        "(rope, RMSNorm and SwiGLU in f32); none: only the initial weights and the batches")
+                        "(rope, RMSNorm and SwiGLU in f32), pytorch-fused (and the residual adds), pytorch-compile "
+                        "(torch.compile per block); none: only the initial weights and the batches")
     r.add_argument("--spread", action="store_true", help="PyTorch a second time, batches in another order")
     r.add_argument("--steps", type=int, default=0)
     r.add_argument("--fp8", default="", help="shardtrain again with these FP8 recipes (tensorwise,rowwise+head,...)")
@@ -640,9 +678,11 @@ def main():
     p.add_argument("--ac", action="store_true")
     p.add_argument("--order-seed", type=int, default=0)
     p.add_argument("--head-f32", action="store_true", help="the embedding, final norm and head in f32 (f32 logits)")
-    p.add_argument("--rounding", choices=["hf", "rope", "once"], default="hf",
+    p.add_argument("--compile", action="store_true", help="torch.compile each block (before FSDP2 shards it)")
+    p.add_argument("--rounding", choices=["hf", "rope", "once", "fused"], default="hf",
                    help="hf: transformers' bf16 ops as they are; rope: rope in f32, rounded once; once: rope, "
-                        "RMSNorm and SwiGLU in f32, each rounded once (as shardtrain's kernels)")
+                        "RMSNorm and SwiGLU in f32, each rounded once; fused: those, and the output projections "
+                        "added to the residual stream in f32 and rounded once (as shardtrain's kernels)")
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--time-limit", type=float, default=0)
     q = sub.add_parser("plot")

@@ -360,16 +360,28 @@ void head_norm_forward(Tensor& x_BTXH, Tensor& raw_BTXH, Tensor& rstd_BTX, const
 
 // The QK-norm's backward on every row of `dx_BTXH` (the gradient of the normed q or k, a head
 // slice or a tensor of its own), replaced by the gradient of the projected values; the weight's
-// gradient accumulates into `dweight_H` (or overwrites it).
+// gradient accumulates into `dweight_H` (or overwrites it). With tensor parallelism a rank
+// holds its own heads' rows, and the weight, whole on every rank, gets the sum over the group
+// of their gradients (every rank's copy then gets the same), as the block's norms do.
 void head_norm_backward(Tensor& dx_BTXH, Tensor& dweight_H, const Tensor& raw_BTXH, const Tensor& rstd_BTX,
-                        const Tensor& weight_H, bool overwrite) {
+                        const Tensor& weight_H, const BlockContext& ctx, bool overwrite) {
   const int64_t H = dx_BTXH.size(3), rows = dx_BTXH.numel() / H;
   const Tensor dy = contiguous(dx_BTXH);
   Tensor dx = like(dx_BTXH.shape(), dx_BTXH, "head norm input gradient");
   Tensor dx_rows = dx.view({rows, H});
-  ops::rmsnorm_backward(dx_rows, dweight_H, dy.view({rows, H}), raw_BTXH.view({rows, H}), weight_H,
-                        rstd_BTX.view({rows}), Tensor(), {.overwrite_dweight = overwrite});
+  Tensor part_H = ctx.tp == nullptr ? dweight_H
+                                    : Tensor::empty(dweight_H.shape(), dweight_H.dtype(), dweight_H.device(),
+                                                    "head norm weight gradient");
+  ops::rmsnorm_backward(dx_rows, part_H, dy.view({rows, H}), raw_BTXH.view({rows, H}), weight_H,
+                        rstd_BTX.view({rows}), Tensor(), {.overwrite_dweight = overwrite || ctx.tp != nullptr});
   copy(dx_BTXH, dx);
+  if (ctx.tp == nullptr) return;
+  ctx.tp->all_reduce(part_H);
+  if (overwrite) {
+    copy(dweight_H, part_H);
+  } else {
+    ops::add(dweight_H, dweight_H, part_H);
+  }
 }
 
 // q, k, v (rope applied), attention, and x2 = x + o(attn), from the attention norm's output
@@ -645,11 +657,8 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   ST_CHECK(ctx.window == 0 || d.dev.is_cpu(), "sliding-window attention (a window of ", ctx.window,
            " positions, `model.sliding_window` or the model's config.json) is not supported on a GPU yet; "
            "train or generate on the CPU (`training.device` = \"cpu\")");
-  if (ctx.config->qk_norm) {
-    ST_CHECK(ctx.tp == nullptr, "QK-norm (`qk_norm`, Qwen3) is not supported with tensor parallelism yet: set "
-             "`parallel.tensor_parallel` = 1");
-    ST_ASSERT(w.q_norm_H.defined() && w.k_norm_H.defined(), "QK-norm without q_norm / k_norm weights");
-  }
+  ST_ASSERT(!ctx.config->qk_norm || (w.q_norm_H.defined() && w.k_norm_H.defined()),
+            "QK-norm without q_norm / k_norm weights");
   if (ctx.fp8.recipe == ops::Fp8Recipe::kTensorwise && ctx.tp == nullptr && ctx.mlp_chunk_tokens == 0 &&
       !a.fp8_amax_S.defined()) {
     a.fp8_amax_S = Tensor::empty({BlockActivations::kFp8Amaxes}, DType::kI32, d.dev, "FP8 amaxes");
@@ -814,8 +823,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   // after rope's backward: the QK-norm's, turning dq and dk into the projections' gradients
   auto norm_heads_backward = [&] {
     if (!ctx.config->qk_norm) return;
-    head_norm_backward(dq_BTNH, g.q_norm_H, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, overwrite_grads);
-    head_norm_backward(dk_BTMH, g.k_norm_H, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, overwrite_grads);
+    head_norm_backward(dq_BTNH, g.q_norm_H, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, ctx, overwrite_grads);
+    head_norm_backward(dk_BTMH, g.k_norm_H, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, ctx, overwrite_grads);
     a.q_raw_BTNH = a.k_raw_BTMH = a.q_rstd_BTN = a.k_rstd_BTM = Tensor();
   };
   // allocated once the attention backward has freed its inputs (that moment is the peak)

@@ -84,7 +84,6 @@ struct UnsupportedFamily {
   const char* missing;
 };
 constexpr UnsupportedFamily kUnsupported[] = {
-    {"qwen3", "QK-norm (an RMSNorm on each head's q and k, `q_norm` / `k_norm`)"},
     {"olmo2", "QK-norm over the whole q and k and norms after each sublayer"},
     {"gemma", "GeGLU MLPs, embeddings scaled by sqrt(hidden_size) and (1 + weight) norms"},
     {"gemma2", "logit soft-capping and norms after each sublayer"},
@@ -95,17 +94,20 @@ constexpr UnsupportedFamily kUnsupported[] = {
     {"qwen3_moe", "mixture-of-experts MLPs and QK-norm"},
 };
 constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sliding window, and a head_dim of its "
-                                   "own as Mistral-Nemo's, are fine), ministral and qwen2 (sliding-window layers too)";
+                                   "own as Mistral-Nemo's, are fine), ministral, qwen2 (sliding-window layers too) and "
+                                   "qwen3 (dense, QK-norm, sliding-window layers too)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
-  if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2") return;
+  if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2" ||
+      model_type == "qwen3")
+    return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
              "\" is not supported: shardtrain does not implement its ", f.missing, " yet; it trains ", kSupported);
   ST_THROW(src, ": `model_type` = \"", model_type, "\" is not supported; shardtrain trains ", kSupported);
 }
 
-// transformers' defaults where mistral's and qwen2's configs leave the keys out
+// transformers' defaults where mistral's and qwen2's (qwen3's) configs leave the keys out
 constexpr int64_t kDefaultSlidingWindow = 4096;
 constexpr int64_t kDefaultQwen2MaxWindowLayers = 28;
 constexpr const char* kSlidingLayer = "sliding_attention";
@@ -139,10 +141,10 @@ int64_t window_size(const json& j, const std::string& src) {
 
 // The sliding window as transformers reads it: mistral slides every layer when
 // `sliding_window` is not null (absent: 4096); ministral the layers `layer_types` marks (every
-// one without it); qwen2 only with `use_sliding_window`, on the layers `layer_types` marks or
-// else on layers i >= `max_window_layers`. llama has none.
+// one without it); qwen2 and qwen3 only with `use_sliding_window`, on the layers `layer_types`
+// marks or else on layers i >= `max_window_layers`. llama has none.
 void parse_sliding_window(const json& j, const std::string& model_type, const std::string& src, LlamaConfig& c) {
-  if (model_type != "mistral" && model_type != "ministral" && model_type != "qwen2") return;
+  if (model_type != "mistral" && model_type != "ministral" && model_type != "qwen2" && model_type != "qwen3") return;
   const std::vector<bool> types = parse_layer_types(j, c.n_layers, src);
   const bool window_key_null = j.contains("sliding_window") && j["sliding_window"].is_null();
   if (model_type == "ministral") {  // mistral with layer types; without them every layer slides
@@ -194,14 +196,14 @@ void parse_sliding_window(const json& j, const std::string& model_type, const st
 
 // The sliding window in the form transformers reads for the config's model type: a llama
 // config whose every layer slides becomes mistral's (`sliding_window`), one with layers of
-// both kinds ministral's (`sliding_window` and `layer_types`); qwen2's gets
+// both kinds ministral's (`sliding_window` and `layer_types`); qwen2's and qwen3's get
 // `use_sliding_window`, `sliding_window`, `layer_types` (transformers 5) and
 // `max_window_layers` (the first sliding layer, what transformers 4 reads: exact when the
 // sliding layers are the last ones).
 void write_sliding_window(const LlamaConfig& c, json& j) {
   if (c.sliding_window <= 0) return;
   const int64_t sliding = c.sliding_layer_count();
-  if (j["model_type"] == "qwen2") {
+  if (j["model_type"] == "qwen2" || j["model_type"] == "qwen3") {
     j["use_sliding_window"] = true;
     j["sliding_window"] = c.sliding_window;
     int64_t first = c.n_layers;
@@ -249,6 +251,9 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.vocab_size = get_int(j, "vocab_size", src);
   c.dim = get_int(j, "hidden_size", src);
   c.n_layers = get_int(j, "num_hidden_layers", src);
+  if (const json* types = find(j, "layer_types"))
+    ST_CHECK(static_cast<int64_t>(types->size()) == c.n_layers, src, ": `layer_types` lists ", types->size(),
+             " layers but `num_hidden_layers` = ", c.n_layers, "; give one entry per layer");
   c.n_heads = get_int(j, "num_attention_heads", src);
   c.n_kv_heads = get_int(j, "num_key_value_heads", src, &c.n_heads);
   c.ffn_dim = get_int(j, "intermediate_size", src);
@@ -256,7 +261,7 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
   c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
-  c.qk_norm = model_type == "qwen3";  // refused by check_model_type until the whole path trains it
+  c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   c.init_std = get_double(j, "initializer_range", src, 0.02);
   parse_rope(j, src, c);
   parse_sliding_window(j, model_type, src, c);
@@ -279,12 +284,11 @@ LlamaConfig load_hf_config(const std::string& path) {
 }
 
 json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
-  ST_CHECK(!c.qk_norm, "exporting a model with QK-norm (Qwen3) to Hugging Face format is not supported yet: "
-           "shardtrain writes llama and qwen2 configs, which have no q_norm / k_norm weights");
   json j;
-  const bool qwen = c.attention_bias;
-  j["architectures"] = {qwen ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = qwen ? "qwen2" : "llama";
+  // QK-norm: Qwen3 (with or without q/k/v biases); biases alone: Qwen2; else Llama
+  const char* family = c.qk_norm ? "qwen3" : c.attention_bias ? "qwen2" : "llama";
+  j["architectures"] = {c.qk_norm ? "Qwen3ForCausalLM" : c.attention_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  j["model_type"] = family;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.ffn_dim;
@@ -296,11 +300,17 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   j["rms_norm_eps"] = c.norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_embeddings;
-  if (!qwen) {
+  if (!c.qk_norm && !c.attention_bias) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
   } else {
+    if (c.qk_norm) j["attention_bias"] = c.attention_bias;  // qwen2 always has the biases
     j["use_sliding_window"] = false;
+  }
+  if (c.qk_norm) {
+    // full attention in every layer, as transformers writes a Qwen3 config without windows
+    j["sliding_window"] = nullptr;
+    j["max_window_layers"] = c.n_layers;
   }
   j["initializer_range"] = c.init_std;
   j["rope_theta"] = c.rope.theta;

@@ -155,6 +155,12 @@ const std::vector<KeyDef>& keys() {
           "output head shares the input embedding matrix"),
       key("model.attention_bias", &C::model, &ModelSection::attention_bias,
           "q/k/v projections have biases (Qwen2-style)"),
+      key("model.qk_norm", &C::model, &ModelSection::qk_norm,
+          "QK-norm (Qwen3-style): an RMSNorm over each head's q and k after their projections, before rope, with "
+          "learned weights self_attn.q_norm.weight and self_attn.k_norm.weight of H values (the head dimension: "
+          "model.head_dim, or model.dim / model.n_heads) shared by the heads, and model.norm_eps as its epsilon. "
+          "Composes with model.head_dim (Qwen3: heads of 128 whatever model.dim is) and model.attention_bias; "
+          "exports as a Hugging Face qwen3 model"),
       key("model.sliding_window", &C::model, &ModelSection::sliding_window,
           "sliding-window attention (Mistral, Qwen2, Gemma): on a sliding layer each token attends to the last W "
           "positions only, itself included (with packed documents, those of its own document); 0: none. With "

@@ -165,6 +165,10 @@ InspectReport inspect_report(const std::string& path) {
     r << fmt::format("  rope theta {}{}, max positions {}, norm eps {}\n", c.rope.theta,
                      c.rope.scaling.type == ops::RopeScalingType::kLlama3 ? " with llama3 scaling" : "",
                      c.max_seq_len, c.norm_eps);
+    if (c.qk_norm)
+      r << fmt::format("  QK-norm: self_attn.q_norm.weight and self_attn.k_norm.weight [{}] in each block, before "
+                       "rope, eps {}\n",
+                       c.head_dim(), c.norm_eps);
     // every tensor the model needs is present with the right shape
     const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
     for (const model::UnitLayout& u : layout.units())

@@ -47,6 +47,7 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   }
   c.tie_embeddings = m.tie_embeddings;
   c.attention_bias = m.attention_bias;
+  c.qk_norm = m.qk_norm;
   c.init_std = m.init_std;
   set_sliding_window(m, c);
   return c;

@@ -101,7 +101,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // block output, in the compute dtype; the attention's f32 log-sum-exp rows and the norms'
   // f32 reciprocal rms. Per token of the micro-batch: the residual stream's tensors (x2, y,
   // rstd) count 1/tp of it under tensor parallelism.
-  const int64_t per_token_block = cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp;
+  // QK-norm (model.qk_norm) keeps q and k as projected, before their norm, and the norm's f32
+  // 1/rms of each head's row: what its backward reads, kept with q and k by every policy but
+  // full recompute.
+  const int64_t per_token_qk_norm = c.qk_norm ? cb * (Q + M * H) + 4 * (N + M) : 0;
+  const int64_t per_token_block =
+      cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp + per_token_qk_norm;
   const int64_t tokens = in.micro_batch * in.seq_len;
   p.tokens_per_micro_batch = tokens;
   const int64_t rows = tokens / tp;                      // the residual stream's rows on a rank
@@ -115,7 +120,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // recomputes the norms before the block and h inside the SwiGLU backward.
   const int64_t per_token_pointwise_recomputed = cb * (2 * D + F) + 8 / tp;
   const int64_t per_token_pointwise_kept = per_token_block - per_token_pointwise_recomputed;
-  const int64_t per_token_selective_kept = cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N;
+  const int64_t per_token_selective_kept = cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N + per_token_qk_norm;
   const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8 / tp;
   const int64_t per_token_full_recomputed = per_token_block - cb * D / tp;
   switch (in.checkpointing) {
@@ -187,7 +192,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   if (mlp_recomputed) {
     int64_t attention_half = tokens * cb * D;
     if (in.checkpointing == ActivationCheckpointing::kFull)
-      attention_half = tokens * (cb * (D + 2 * Q + 2 * M * H) + 4 * N + 4);
+      attention_half = tokens * (cb * (D + 2 * Q + 2 * M * H) + 4 * N + 4 + per_token_qk_norm);
     const int64_t gradients = tokens * cb * (3 * D + 2 * Q + 2 * M * H);
     const int64_t workspace = in.gpu ? tokens * 8 * N * H : 0;
     p.in_attention_backward = (p.activations_at_loss - final_norm) + attention_half + gradients + workspace +

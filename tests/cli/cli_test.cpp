@@ -644,6 +644,48 @@ TEST(Cli, InspectListsTensorsAndChecksTheShape) {
   EXPECT_NE(bad.output.find("/nonexistent/folder"), std::string::npos) << bad.output;
 }
 
+// A Qwen3-style model trained and exported from the command line (model.qk_norm with heads of
+// their own): inspect shows the QK-norm in the summary and its weights, and names a missing one.
+TEST(Cli, InspectShowsQkNorm) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_inspect_qwen3_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  const Result trained = run("train --model.qk_norm=true --model.head_dim=16 --model.dim=40 --model.n_layers=2 "
+                             "--model.n_heads=4 --model.n_kv_heads=2 --model.ffn_dim=52 --model.max_seq_len=32 "
+                             "--training.seq_len=16 --training.batch_size=2 --training.steps=1 --training.device=cpu "
+                             "--eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
+                             "--export.dtype=f32 --export.folder=" + (dir / "hf").string() +
+                             " --run.output_dir=" + (dir / "run").string());
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const Result r = run("inspect " + (dir / "hf").string());
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("4 heads / 2 kv heads (head dim 16, decoupled: attention width 4 x 16 = 64), QK-norm, "
+                          "ffn 52"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("QK-norm: self_attn.q_norm.weight and self_attn.k_norm.weight [16] in each block"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("model.layers.1.self_attn.k_norm.weight"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("every parameter present with the expected shape"), std::string::npos) << r.output;
+
+  // the weights rewritten without one block's q_norm
+  const std::string file = (dir / "hf" / "model.safetensors").string();
+  std::vector<std::pair<std::string, shardtrain::Tensor>> tensors;
+  {
+    const shardtrain::io::SafetensorsFile f(file);
+    for (const shardtrain::io::TensorInfo& t : f.tensors())
+      if (t.name != "model.layers.1.self_attn.q_norm.weight")
+        tensors.emplace_back(t.name, f.read_as(t.name, shardtrain::DType::kF32));
+  }
+  shardtrain::io::write_safetensors(file, tensors, {});
+  const Result missing = run("inspect " + (dir / "hf").string());
+  EXPECT_EQ(missing.status, 1) << missing.output;
+  EXPECT_NE(missing.output.find("missing: model.layers.1.self_attn.q_norm.weight"), std::string::npos)
+      << missing.output;
+  fs::remove_all(dir);
+}
+
 // `inspect` exits non-zero when what it reports cannot be loaded (a script checks a folder or
 // a checkpoint with it before a run): a Hugging Face folder missing tensors, a checkpoint
 // missing pieces; 0 for healthy ones.

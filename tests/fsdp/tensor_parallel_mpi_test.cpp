@@ -3,7 +3,8 @@
 // computes what one rank computes. The model in f64 against the resident model (loss, every
 // gradient, held-out loss, logits, the KV cache's steps); the trainer on a data-parallel x
 // tensor-parallel mesh against one rank with the whole batch (f32, 1e-5), with checkpoints
-// that cross meshes, HF loading and export.
+// that cross meshes, HF loading and export. With QK-norm the heads' norms are local and their
+// weights, whole on every rank, get the group's summed gradient.
 #include <unistd.h>
 
 #include <filesystem>
@@ -52,6 +53,7 @@ struct ModelVariant {
   int64_t mlp_chunk = 0;
   bool documents = false;  // rows packed with documents that attend only to themselves
   int64_t head_dim = 0;    // 0: dim / n_heads (4)
+  bool qk_norm = false;    // Qwen3's per-head norms of q and k, their weights whole on every rank
   int64_t window = 0;      // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
 };
 
@@ -67,6 +69,7 @@ model::LlamaConfig small_config(int world, const ModelVariant& v) {
   c.tie_embeddings = v.tie;
   c.attention_bias = v.bias;
   c.head_dim_override = v.head_dim;
+  c.qk_norm = v.qk_norm;
   if (v.window > 0) {
     c.sliding_window = v.window;
     c.sliding_layers = {true, false};
@@ -92,9 +95,16 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"packed documents", false, true, false, model::ActivationCheckpointing::kFull, 0, true},
       {"heads of 6 (attention 72 wide in a width of 48)", false, true, false, model::ActivationCheckpointing::kNone, 0,
        false, 6},
-      {"sliding window of 3 on layer 0", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, 3},
+      {"QK-norm", false, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, true},
+      {"QK-norm, separate projections, full checkpointing", true, false, true, model::ActivationCheckpointing::kFull,
+       0, false, 0, true},
+      {"QK-norm, heads of 6, biased, selective checkpointing", false, true, false,
+       model::ActivationCheckpointing::kSelective, 0, false, 6, true},
+      {"QK-norm, packed documents", false, false, false, model::ActivationCheckpointing::kPointwise, 0, true, 0, true},
+      {"sliding window of 3 on layer 0", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, false,
+       3},
       {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull,
-       0, true, 0, 4},
+       0, true, 0, false, 4},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");
@@ -102,11 +112,22 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
     model::Llama ref(c, DType::kF64);
     ref.init_random(5);
     ref.zero_grads();
+    if (v.qk_norm) {  // away from their initial ones, so that each head's scale matters
+      for (int l = 0; l < c.n_layers; ++l)
+        for (const char* which : {"q_norm", "k_norm"}) {
+          Tensor weight = ref.param(fmt::format("model.layers.{}.self_attn.{}.weight", l, which));
+          testing::fill_random(weight, 40 + l, 1.0, 0.5);
+        }
+    }
     const model::ModelLayout layout = model::ModelLayout::llama(c, shape, r);
     fsdp::ShardingOptions so;
     so.compute_dtype = so.grad_dtype = so.master_dtype = so.reduce_dtype = DType::kF64;
     fsdp::ShardedUnitStore store(layout, comm.get(), so, Device::cpu(), &mesh.data_parallel());
     store.init_random(5, c.init_std);
+    if (v.qk_norm)  // the resident model's weights, its norms' changed ones included
+      store.load([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
+        copy(dst, ref.param(p.name).view({p.full_numel()}).flat_range(first, dst.numel()));
+      });
     model::Llama m(c, layout, &store, DType::kF64, Device::cpu());
     m.set_tensor_parallel(tp.get());
     ref.set_separate_projections(v.separate);
@@ -229,16 +250,29 @@ TEST(TensorParallel, TrainerMatchesOneRank) {
   one.parallel.tensor_parallel = 1;
   train::Trainer ref(one, single.get());
   const train::TrainSummary a = ref.run();
+  // with QK-norm: the q_norm / k_norm weights whole on every rank, like the block's norms
+  train::JobConfig one_qk = one;
+  one_qk.model.qk_norm = true;
+  train::Trainer ref_qk(one_qk, single.get());
+  const train::TrainSummary a_qk = ref_qk.run();
 
-  for (const char* checkpointing : {"none", "full"}) {
-    SCOPED_TRACE(std::string(checkpointing) + " checkpointing, " + std::to_string(dp) + " x " + std::to_string(tp));
+  struct Case {
+    const char* checkpointing;
+    bool qk_norm;
+  };
+  for (const Case k : {Case{"none", false}, Case{"full", false}, Case{"selective", true}}) {
+    const char* checkpointing = k.checkpointing;
+    SCOPED_TRACE(std::string(checkpointing) + " checkpointing" + (k.qk_norm ? ", QK-norm, " : ", ") +
+                 std::to_string(dp) + " x " + std::to_string(tp));
     train::JobConfig c = testing::mesh_job(corpus, B, tp);
     c.training.activation_checkpointing = checkpointing;
+    c.model.qk_norm = k.qk_norm;
     train::Trainer t(c, comm.get());
     EXPECT_EQ(t.mesh().shape().tensor_parallel, tp);
     const train::TrainSummary b = t.run();
-    EXPECT_TRUE(testing::expect_same_curves(a, b, 1e-5, 0.5)) << "the test should exercise clipping";
-    const fsdp::ShardedUnitStore& ref_store = ref.store();
+    EXPECT_TRUE(testing::expect_same_curves(k.qk_norm ? a_qk : a, b, 1e-5, 0.5))
+        << "the test should exercise clipping";
+    const fsdp::ShardedUnitStore& ref_store = k.qk_norm ? ref_qk.store() : ref.store();
     expect_parts_match(
         t.store(), t.store().master_shards(),
         [&](const std::string& n) {
@@ -248,7 +282,7 @@ TEST(TensorParallel, TrainerMatchesOneRank) {
         },
         testing::kRanksF32, "trained weights");
 
-    // the group's copies of a block's norms: bitwise the same on every rank of it
+    // the group's copies of a block's norms (QK-norm's too): bitwise the same on every rank of it
     const model::ModelLayout& layout = t.store().layout();
     for (size_t u = 0; u < layout.units().size(); ++u)
       for (const model::ShardRange& s : model::shard_ranges(layout.units()[u], t.store().unit_comm(u).rank())) {

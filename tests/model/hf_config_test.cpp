@@ -1,8 +1,8 @@
 // Reading HF config.json: a head dimension of its own (Mistral-Nemo's head_dim 128 beside
 // hidden_size 5120 and 32 heads) in the transformers 4 and 5 forms, its checks, its way back
-// out through to_hf_config, and the errors for families shardtrain does not train. Sliding
-// windows as mistral, ministral and qwen2 write them (transformers 4 and 5), their errors, and
-// their way back out.
+// out through to_hf_config, and the errors for families shardtrain does not train. Qwen3
+// (QK-norm, heads of 128 in a width of 1024) both ways. Sliding windows as mistral, ministral,
+// qwen2 and qwen3 write them (transformers 4 and 5), their errors, and their way back out.
 #include "model/hf_config.h"
 
 #include <string>
@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "model/layout.h"
 
 namespace shardtrain::model {
 namespace {
@@ -26,6 +27,32 @@ json mistral_nemo() {
   "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "rms_norm_eps": 1e-05,
   "rope_theta": 1000000.0, "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
   "transformers_version": "4.43.0.dev0", "use_cache": true, "vocab_size": 131072})");
+}
+
+// Qwen/Qwen3-0.6B's config.json as published (transformers 4 form).
+json qwen3_0_6b() {
+  return json::parse(R"({
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+  "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960, "max_window_layers": 28,
+  "model_type": "qwen3", "num_attention_heads": 16, "num_hidden_layers": 28, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+  "use_sliding_window": false, "vocab_size": 151936})");
+}
+
+// The same in the form transformers 5 writes: rope_parameters, layer_types, dtype.
+json qwen3_0_6b_five() {
+  json j = qwen3_0_6b();
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j.erase("torch_dtype");
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000}};
+  j["layer_types"] = json::array();
+  for (int i = 0; i < 28; ++i) j["layer_types"].push_back("full_attention");
+  j["dtype"] = "bfloat16";
+  j["transformers_version"] = "5.0.0";
+  return j;
 }
 
 std::string error_of(const json& j) {
@@ -90,19 +117,6 @@ TEST(HfConfig, WrittenHeadDimReadsBack) {
   EXPECT_EQ(back.head_dim(), 128);
   EXPECT_EQ(back.summary(), c.summary());
   EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
-}
-
-// A model with QK-norm has no Hugging Face family shardtrain writes yet: exporting it says so
-// instead of writing a config that would load without its q_norm / k_norm weights.
-TEST(HfConfig, ExportingQkNormIsRefused) {
-  LlamaConfig c = parse_hf_config(mistral_nemo(), "nemo/config.json");
-  c.qk_norm = true;
-  try {
-    to_hf_config(c, "bfloat16");
-    ADD_FAILURE() << "no error thrown";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("QK-norm (Qwen3)"), std::string::npos) << e.what();
-  }
 }
 
 // A small config of `model_type` with 4 layers and the keys in `extra`.
@@ -192,8 +206,9 @@ TEST(HfConfig, BadSlidingWindowsNameTheFileKeyIndexAndValue) {
             std::string::npos)
       << e;
   e = with({{"layer_types", {"full_attention", "sliding_attention"}}});
-  EXPECT_NE(e.find("m/config.json: `layer_types` has 2 entries but `num_hidden_layers` is 4"), std::string::npos) << e;
-  e = with({{"layer_types", "sliding_attention"}});
+  EXPECT_NE(e.find("m/config.json: `layer_types` lists 2 layers but `num_hidden_layers` = 4"), std::string::npos)
+      << e;
+  e = with({{"layer_types", {{"0", "sliding_attention"}, {"1", "full_attention"}, {"2", "x"}, {"3", "y"}}}});
   EXPECT_NE(e.find("m/config.json: `layer_types` must be a list"), std::string::npos) << e;
   e = with({{"sliding_window", 0}});
   EXPECT_NE(e.find("m/config.json: `sliding_window` must be >= 1 keys (or null for none), found 0"), std::string::npos)
@@ -276,12 +291,13 @@ TEST(HfConfig, BadHeadDimsAreNamed) {
 }
 
 TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOnes) {
-  json j = mistral_nemo();
-  j["model_type"] = "qwen3";
+  json j = qwen3_0_6b();
+  j["model_type"] = "qwen3_moe";
   std::string e = error_of(j);
-  EXPECT_NE(e.find("m/config.json: `model_type` = \"qwen3\" is not supported"), std::string::npos) << e;
-  EXPECT_NE(e.find("QK-norm"), std::string::npos) << e;
+  EXPECT_NE(e.find("m/config.json: `model_type` = \"qwen3_moe\" is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find("mixture-of-experts"), std::string::npos) << e;
   EXPECT_NE(e.find("it trains llama (Llama 2, 3, 3.1, 3.2), mistral"), std::string::npos) << e;
+  EXPECT_NE(e.find("qwen3 (dense, QK-norm, sliding-window layers too)"), std::string::npos) << e;
   j["model_type"] = "gemma2";
   e = error_of(j);
   EXPECT_NE(e.find("`model_type` = \"gemma2\" is not supported"), std::string::npos) << e;
@@ -292,6 +308,140 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
   EXPECT_NE(e.find("`model_type` = \"falcon\" is not supported; shardtrain trains llama (Llama 2, 3, 3.1, 3.2), "
                    "mistral"),
             std::string::npos)
+      << e;
+}
+
+TEST(HfConfig, Qwen3IsLlamaWithQkNormAndHeadsOfTheirOwn) {
+  const LlamaConfig c = parse_hf_config(qwen3_0_6b(), "qwen3/config.json");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_FALSE(c.attention_bias);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.head_dim(), 128);
+  EXPECT_EQ(c.q_dim(), 2048);  // 16 heads of 128 in a width of 1024
+  EXPECT_EQ(c.kv_dim(), 1024);
+  EXPECT_EQ(c.norm_eps, 1e-6);
+  EXPECT_EQ(c.rope.theta, 1e6);
+  EXPECT_EQ(c.rope.scaling.type, ops::RopeScalingType::kNone);
+  // per block: 2 norms of 1024, q [2048, 1024], k and v [1024, 1024], o [1024, 2048], the MLP
+  // 3 x [3072, 1024], q_norm and k_norm of 128; then the final norm and the tied embedding
+  const int64_t block = 2 * 1024 + 2048 * 1024 + 2 * 1024 * 1024 + 1024 * 2048 + 3 * 3072 * 1024 + 2 * 128;
+  EXPECT_EQ(c.num_parameters(), 28 * block + 1024 + 151936 * 1024);
+  // 596,049,920: the model card's 0.6B, 0.44B of them outside the embedding
+  EXPECT_EQ(c.num_parameters(), 596'049'920);
+  EXPECT_EQ(c.num_parameters() - 151936 * 1024, 440'467'456);
+  EXPECT_NE(c.summary().find("16 heads / 8 kv heads (head dim 128, decoupled: attention width 16 x 128 = 2048), "
+                             "QK-norm, ffn 3072"),
+            std::string::npos)
+      << c.summary();
+  const ModelLayout layout = ModelLayout::llama(c, 1);
+  int norms = 0;
+  for (const UnitLayout& u : layout.units())
+    for (const ParamSpec& p : u.params)
+      if (p.name.find("self_attn.q_norm.weight") != std::string::npos ||
+          p.name.find("self_attn.k_norm.weight") != std::string::npos) {
+        EXPECT_EQ(p.shape, Shape({128})) << p.name;
+        ++norms;
+      }
+  EXPECT_EQ(norms, 2 * 28);
+}
+
+TEST(HfConfig, Qwen3InTheTransformersFiveFormGivesTheSameModel) {
+  const LlamaConfig five = parse_hf_config(qwen3_0_6b_five(), "five/config.json");
+  const LlamaConfig four = parse_hf_config(qwen3_0_6b(), "four/config.json");
+  EXPECT_TRUE(five.qk_norm);
+  EXPECT_EQ(five.summary(), four.summary());
+  EXPECT_EQ(to_hf_config(five, "bfloat16"), to_hf_config(four, "bfloat16"));
+}
+
+TEST(HfConfig, Qwen3ExportsAsQwen3AndReadsBack) {
+  const LlamaConfig c = parse_hf_config(qwen3_0_6b(), "qwen3/config.json");
+  const json out = to_hf_config(c, "bfloat16");
+  EXPECT_EQ(out.at("architectures"), json::array({"Qwen3ForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "qwen3");
+  EXPECT_EQ(out.at("head_dim"), 128);
+  EXPECT_EQ(out.at("attention_bias"), false);
+  EXPECT_EQ(out.at("use_sliding_window"), false);
+  EXPECT_TRUE(out.at("sliding_window").is_null());
+  EXPECT_EQ(out.at("tie_word_embeddings"), true);
+  EXPECT_EQ(out.at("rms_norm_eps"), 1e-6);
+  EXPECT_EQ(out.at("rope_theta"), 1e6);
+  EXPECT_FALSE(out.contains("mlp_bias"));  // not a Qwen3 key
+  // every key the published config has (but the token ids, which the tokenizer gives, and
+  // use_cache) has the published value
+  const json published = qwen3_0_6b();
+  for (const auto& [key, value] : published.items()) {
+    if (key == "bos_token_id" || key == "eos_token_id" || key == "use_cache" || key == "transformers_version")
+      continue;
+    ASSERT_TRUE(out.contains(key)) << key;
+    EXPECT_EQ(out.at(key), value) << key;
+  }
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_TRUE(back.qk_norm);
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
+}
+
+// Qwen3 with q/k/v biases (attention_bias true) keeps both: the biases in the layout, and
+// qwen3 (not qwen2, which has no QK-norm) on the way out.
+TEST(HfConfig, Qwen3WithAttentionBiasKeepsItsBiasesAndItsNorms) {
+  json j = qwen3_0_6b();
+  j["attention_bias"] = true;
+  const LlamaConfig c = parse_hf_config(j, "qwen3/config.json");
+  EXPECT_TRUE(c.attention_bias);
+  EXPECT_TRUE(c.qk_norm);
+  const ModelLayout layout = ModelLayout::llama(c, 1);
+  bool bias = false, norm = false;
+  for (const ParamSpec& p : layout.units()[1].params) {
+    bias = bias || p.name.find("self_attn.q_proj.bias") != std::string::npos;
+    norm = norm || p.name.find("self_attn.q_norm.weight") != std::string::npos;
+  }
+  EXPECT_TRUE(bias);
+  EXPECT_TRUE(norm);
+  const json out = to_hf_config(c, "bfloat16");
+  EXPECT_EQ(out.at("model_type"), "qwen3");
+  EXPECT_EQ(out.at("attention_bias"), true);
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_TRUE(back.attention_bias);
+  EXPECT_TRUE(back.qk_norm);
+  EXPECT_EQ(back.num_parameters(), c.num_parameters());
+}
+
+// Qwen3 reads its sliding window as Qwen2 does (use_sliding_window, max_window_layers,
+// layer_types), with QK-norm beside it, and writes it back.
+TEST(HfConfig, Qwen3SlidingWindowsReadAsQwen2sAndSurviveExport) {
+  json j = qwen3_0_6b();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  j["max_window_layers"] = 20;
+  LlamaConfig c = parse_hf_config(j, "m/config.json");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.sliding_layer_count(), 8);
+  EXPECT_EQ(c.window_of(19), 0);
+  EXPECT_EQ(c.window_of(20), 4096);
+  const json out = to_hf_config(c, "bfloat16");
+  EXPECT_EQ(out.at("model_type"), "qwen3");
+  EXPECT_EQ(out.at("max_window_layers"), 20);
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_TRUE(back.qk_norm);
+  // a window size beside use_sliding_window false is not a window (transformers ignores it)
+  j["use_sliding_window"] = false;
+  EXPECT_EQ(parse_hf_config(j, "m/config.json").sliding_window, 0);
+
+  j = qwen3_0_6b_five();
+  j["layer_types"][3] = "sliding_attention";
+  std::string e = error_of(j);
+  EXPECT_NE(e.find("m/config.json: `layer_types[3]` = \"sliding_attention\" but `use_sliding_window` is false"),
+            std::string::npos)
+      << e;
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 64;
+  c = parse_hf_config(j, "m/config.json");
+  EXPECT_EQ(c.sliding_layer_count(), 1);
+  EXPECT_EQ(c.window_of(3), 64);
+  j["layer_types"] = {"full_attention"};
+  e = error_of(j);
+  EXPECT_NE(e.find("m/config.json: `layer_types` lists 1 layers but `num_hidden_layers` = 28"), std::string::npos)
       << e;
 }
 

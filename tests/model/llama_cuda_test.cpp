@@ -132,7 +132,7 @@ TEST_P(HfParityCuda, MixedPrecisionMatchesTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda, ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3",
-                                                                           "mistral_head_dim"));
+                                                                           "mistral_head_dim", "qwen3_qk_norm"));
 
 // A chunked MLP on the GPU (Llama::set_mlp_chunk_tokens; 192 token rows in pieces of 40, the
 // last of 32) under selective and full checkpointing, against the MLP at once: the same
@@ -233,8 +233,8 @@ TEST(LlamaCuda, PackedDocumentsFollowTheDocumentsAlone) {
 // QK-norm (Qwen3) on the GPU against the CPU model in f32: the same weights (the norms'
 // weights away from 1, so that a norm applied without its weight, or not at all, shows), heads
 // of 128 beside a width of 256 (Qwen3's decoupled head dim), without checkpointing and with
-// full and selective checkpointing (the norm recomputed, or its inputs kept). The loss and every
-// gradient agree to bf16 rounding; without QK-norm the CPU loss moves far more than that.
+// full and selective checkpointing (the norm recomputed, or its inputs kept), in f32 and in bf16;
+// without QK-norm the CPU loss moves far more than the GPU's differs.
 TEST(LlamaCuda, QkNormFollowsTheCpuModel) {
   ST_REQUIRE_CUDA();
   LlamaConfig c = testing::small_gqa(false);
@@ -279,27 +279,49 @@ TEST(LlamaCuda, QkNormFollowsTheCpuModel) {
   LlamaConfig plain = c;
   plain.qk_norm = false;
   const double cpu_plain = cpu_loss_and_grads(plain, ModelLayout::llama(plain, 1), ids, targets, o, nullptr);
-  for (ActivationCheckpointing ac :
-       {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
-    SCOPED_TRACE(checkpointing_name(ac));
-    auto comm = dist::make_single_rank();
-    fsdp::ShardedUnitStore store(layout, comm.get(), testing::bf16_sharding(), Device::cuda(0));
-    store.load(read);
-    Llama model(c, layout, &store, DType::kBF16, Device::cuda(0));
-    o.checkpointing = ac;
-    store.zero_grad_shards();
-    const double gpu_loss = model.forward_backward(ids, targets, o).loss_sum;
-    EXPECT_NEAR(gpu_loss, cpu_loss, 1e-2 * cpu_loss);
-    EXPECT_GT(std::abs(cpu_plain - cpu_loss), 10 * std::abs(gpu_loss - cpu_loss));
-    for (size_t u = 0; u < layout.units().size(); ++u)
-      for (const ParamSpec& p : layout.units()[u].params) {
-        const Tensor got = testing::to_host(store.grad_shards()[u].flat_range(p.offset, p.numel()));
-        const Tensor expect = want[u].flat_range(p.offset, p.numel());
-        EXPECT_TRUE(testing::all_close(got, expect, kBf16Backward)) << "gradient of " << p.name;
-      }
-    std::printf("%s: loss sums %.9g (GPU, bf16) %.9g (CPU, f32) %.9g (CPU, no QK-norm)\n", checkpointing_name(ac),
-                gpu_loss, cpu_loss, cpu_plain);
-  }
+  // f32 on the GPU follows the CPU to f32 rounding: every gradient within 1e-4 (relative norm).
+  // In bf16 the loss and the gradients outside q's and k's path are within bf16 error as in the
+  // other tests; the q and k projections' and norms' gradients get twice that: QK-norm's backward
+  // removes the part of each head's dq (dk) along its normalised row, a difference of nearly
+  // equal terms, which magnifies the relative error of the attention's bf16 dq and dk (measured
+  // 3.0-3.7 % against the CPU on an H200; the f32 run holds them to 1e-4).
+  const testing::Tolerance kF32Grads{1e-4, 1e30, 1e30}, kBf16QkPath{6e-2, 1e30, 1e30};
+  for (const DType dtype : {DType::kF32, DType::kBF16})
+    for (ActivationCheckpointing ac :
+         {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+      SCOPED_TRACE(std::string(dtype_name(dtype)) + ", " + checkpointing_name(ac));
+      const bool f32 = dtype == DType::kF32;
+      auto comm = dist::make_single_rank();
+      fsdp::ShardedUnitStore store(layout, comm.get(), f32 ? fsdp::ShardingOptions{} : testing::bf16_sharding(),
+                                   Device::cuda(0));
+      store.load(read);
+      Llama model(c, layout, &store, dtype, Device::cuda(0));
+      o.checkpointing = ac;
+      store.zero_grad_shards();
+      const double gpu_loss = model.forward_backward(ids, targets, o).loss_sum;
+      EXPECT_NEAR(gpu_loss, cpu_loss, (f32 ? 1e-5 : 1e-2) * cpu_loss);
+      EXPECT_GT(std::abs(cpu_plain - cpu_loss), 10 * std::abs(gpu_loss - cpu_loss));
+      double worst = 0;
+      for (size_t u = 0; u < layout.units().size(); ++u)
+        for (const ParamSpec& p : layout.units()[u].params) {
+          const Tensor got = testing::to_host(store.grad_shards()[u].flat_range(p.offset, p.numel()));
+          const Tensor expect = want[u].flat_range(p.offset, p.numel());
+          const bool qk_path = p.name.find("self_attn.q_") != std::string::npos ||
+                               p.name.find("self_attn.k_") != std::string::npos;
+          EXPECT_TRUE(testing::all_close(got, expect, f32 ? kF32Grads : qk_path ? kBf16QkPath : kBf16Backward))
+              << "gradient of " << p.name;
+          const Tensor x = testing::to_dtype(got, DType::kF64), y = testing::to_dtype(expect, DType::kF64);
+          double num = 0, den = 0;
+          for (int64_t i = 0; i < x.numel(); ++i) {
+            num += (x.data<double>()[i] - y.data<double>()[i]) * (x.data<double>()[i] - y.data<double>()[i]);
+            den += y.data<double>()[i] * y.data<double>()[i];
+          }
+          worst = std::max(worst, std::sqrt(num / std::max(den, 1e-300)));
+        }
+      std::printf("%s, %s: loss sums %.9g (GPU) %.9g (CPU, f32) %.9g (CPU, no QK-norm); gradients within %.2e "
+                  "(relative norm, worst tensor)\n",
+                  std::string(dtype_name(dtype)).c_str(), checkpointing_name(ac), gpu_loss, cpu_loss, cpu_plain, worst);
+    }
 }
 
 }  // namespace

@@ -201,6 +201,23 @@ TEST(Config, SlidingWindowKeysChooseTheLayers) {
       << e;
 }
 
+// model.qk_norm: Qwen3's per-head norms of q and k, off by default, with heads of their own.
+TEST(Config, QkNormReachesTheModelAndComposesWithHeadDim) {
+  EXPECT_FALSE(llama_config(load_config("", {}).config.model, 258).qk_norm);
+  const LoadedConfig l = load_config("", {"--model.qk_norm=true", "--model.dim=64", "--model.n_heads=4",
+                                          "--model.n_kv_heads=2", "--model.head_dim=32"});
+  const model::LlamaConfig c = llama_config(l.config.model, 258);
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.head_dim(), 32);
+  EXPECT_EQ(c.q_dim(), 128);
+  EXPECT_NE(c.summary().find("QK-norm"), std::string::npos) << c.summary();
+  model::LlamaConfig without = c;
+  without.qk_norm = false;
+  EXPECT_EQ(c.num_parameters() - without.num_parameters(), c.n_layers * 2 * 32);  // q_norm, k_norm per block
+  const std::string e = error_of("", {"--model.qk_norm=yes"});
+  EXPECT_NE(e.find("model.qk_norm"), std::string::npos) << e;
+}
+
 TEST(Config, APresetGivesTheTrainedShape) {
   ModelSection m;
   m.preset = "llama3.2-1b";

@@ -17,6 +17,7 @@
 #include "data/bpe_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "io/hf_folder.h"
+#include "io/safetensors_writer.h"
 #include "model/hf_config.h"
 #include "testing/compare.h"
 #include "testing/model_folders.h"
@@ -77,6 +78,107 @@ TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
 
 INSTANTIATE_TEST_SUITE_P(References, ExportRoundTrip,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias"));
+
+// A Qwen3 folder as transformers writes one: config.json (transformers 4 form) and
+// model.safetensors of random f32 tensors under the Hugging Face names, q_norm and k_norm
+// included. 2 blocks, width 24, 4 heads of 16 (attention 64 wide), 2 kv heads.
+void write_qwen3_folder(const std::string& folder, bool tied, bool bias) {
+  std::filesystem::remove_all(folder);
+  std::filesystem::create_directories(folder);
+  const int64_t V = 67, D = 24, L = 2, N = 4, M = 2, H = 16, F = 40;
+  nlohmann::json config = {{"architectures", {"Qwen3ForCausalLM"}}, {"attention_bias", bias},
+                           {"attention_dropout", 0.0}, {"head_dim", H}, {"hidden_act", "silu"},
+                           {"hidden_size", D}, {"initializer_range", 0.02}, {"intermediate_size", F},
+                           {"max_position_embeddings", 64}, {"max_window_layers", 28}, {"model_type", "qwen3"},
+                           {"num_attention_heads", N}, {"num_hidden_layers", L}, {"num_key_value_heads", M},
+                           {"rms_norm_eps", 1e-6}, {"rope_scaling", nullptr}, {"rope_theta", 1000000.0},
+                           {"sliding_window", nullptr}, {"tie_word_embeddings", tied}, {"torch_dtype", "float32"},
+                           {"use_sliding_window", false}, {"vocab_size", V}};
+  std::ofstream(folder + "/config.json") << config.dump(2);
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  uint64_t seed = 100;
+  auto add = [&](const std::string& name, Shape shape) {
+    Tensor t = Tensor::empty(shape, DType::kF32);
+    testing::fill_random(t, ++seed, 0.5, 0.3);
+    tensors.emplace_back(name, t);
+  };
+  add("model.embed_tokens.weight", {V, D});
+  for (int64_t l = 0; l < L; ++l) {
+    const std::string b = "model.layers." + std::to_string(l) + ".";
+    add(b + "input_layernorm.weight", {D});
+    add(b + "self_attn.q_proj.weight", {N * H, D});
+    add(b + "self_attn.k_proj.weight", {M * H, D});
+    add(b + "self_attn.v_proj.weight", {M * H, D});
+    if (bias) {
+      add(b + "self_attn.q_proj.bias", {N * H});
+      add(b + "self_attn.k_proj.bias", {M * H});
+      add(b + "self_attn.v_proj.bias", {M * H});
+    }
+    add(b + "self_attn.q_norm.weight", {H});
+    add(b + "self_attn.k_norm.weight", {H});
+    add(b + "self_attn.o_proj.weight", {D, N * H});
+    add(b + "post_attention_layernorm.weight", {D});
+    add(b + "mlp.gate_proj.weight", {F, D});
+    add(b + "mlp.up_proj.weight", {F, D});
+    add(b + "mlp.down_proj.weight", {D, F});
+  }
+  add("model.norm.weight", {D});
+  if (!tied) add("lm_head.weight", {V, D});
+  io::write_safetensors(folder + "/model.safetensors", tensors);
+}
+
+// A Qwen3 folder loaded into the sharded store and exported gives back its tensors bit for
+// bit (q_norm and k_norm among them) and a qwen3 config.json of the same model; the export
+// loads again into the same model.
+TEST(ExportRoundTrip, Qwen3TensorsAndConfigSurvive) {
+  for (const bool bias : {false, true}) {
+    SCOPED_TRACE(bias ? "untied, with q/k/v biases" : "tied, no biases");
+    const std::string base = (std::filesystem::temp_directory_path() /
+                              ("shardtrain_export_qwen3_" + std::to_string(::getpid()) + (bias ? "_bias" : "")))
+                                 .string();
+    const std::string src = base + "/in", out = base + "/out";
+    write_qwen3_folder(src, !bias, bias);
+    const model::LlamaConfig c = model::load_hf_config(src + "/config.json");
+    ASSERT_TRUE(c.qk_norm);
+    EXPECT_EQ(c.attention_bias, bias);
+    const io::HfWeights in(src);
+    auto comm = dist::make_single_rank();
+    const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
+    fsdp::ShardedUnitStore store(layout, comm.get(), {});
+    store.load([&](const model::ParamSpec& p, int64_t first, Tensor& dst) { in.read_range(p.name, first, dst); });
+    ExportOptions o;
+    o.folder = out;
+    o.dtype = DType::kF32;
+    o.max_shard_bytes = 20000;
+    o.with_tokenizer = false;
+    export_hf(store, c, *comm, o);
+
+    const io::HfWeights back(out);
+    EXPECT_EQ(back.names(), in.names());
+    for (const std::string& name : in.names()) {
+      const Tensor a = in.files().front()->read_as(name, DType::kF32);
+      Tensor b = Tensor::empty(a.shape(), DType::kF32);
+      back.read_range(name, 0, b);
+      EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << name;
+    }
+    const nlohmann::json written = [&] {
+      std::ifstream f(out + "/config.json");
+      return nlohmann::json::parse(f);
+    }();
+    EXPECT_EQ(written.at("architectures"), nlohmann::json::array({"Qwen3ForCausalLM"}));
+    EXPECT_EQ(written.at("model_type"), "qwen3");
+    EXPECT_EQ(written.at("head_dim"), 16);
+    EXPECT_EQ(written.at("attention_bias"), bias);
+    EXPECT_EQ(written.at("tie_word_embeddings"), !bias);
+    EXPECT_EQ(written.at("rms_norm_eps"), 1e-6);
+    EXPECT_EQ(written.at("rope_theta"), 1e6);
+    EXPECT_EQ(written.at("use_sliding_window"), false);
+    const model::LlamaConfig c2 = model::load_hf_config(out + "/config.json");
+    EXPECT_EQ(c2.summary(), c.summary());
+    EXPECT_EQ(model::to_hf_config(c2, "float32"), model::to_hf_config(c, "float32"));
+    std::filesystem::remove_all(base);
+  }
+}
 
 namespace fs = std::filesystem;
 

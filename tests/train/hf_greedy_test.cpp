@@ -86,7 +86,7 @@ TEST_P(HfGreedy, ContinuesThePromptAsTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedy, ::testing::Values("mistral_head_dim"));
+INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedy, ::testing::Values("mistral_head_dim", "qwen3_qk_norm"));
 
 }  // namespace
 }  // namespace shardtrain::train

@@ -164,6 +164,50 @@ TEST(Plan, SlidingLayersCountTheKeysInsideTheirWindow) {
             }());
 }
 
+// QK-norm (model.qk_norm): two [H] weights per block in the parameters and the sharded state,
+// and per token and block q and k before their norm ([N·H] and [M·H] of a rank's heads, in
+// the compute dtype) with their norm's f32 1/rms per head row, kept by every checkpointing
+// policy but full recompute, which recomputes them inside the block's backward.
+TEST(Plan, QkNormCountsItsWeightsAndTheActivationsItsBackwardReads) {
+  using model::ActivationCheckpointing;
+  for (const int tp : {1, 2}) {
+    for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                                             ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+      SCOPED_TRACE(std::string(model::checkpointing_name(ac)) + ", tensor parallel " + std::to_string(tp));
+      PlanInput in;
+      in.model = llama_8b();
+      in.gpu = false;  // f32 activations, as QK-norm runs on the CPU
+      in.world_size = 2;
+      in.tensor_parallel = tp;
+      in.micro_batch = 2;
+      in.seq_len = 1024;
+      in.checkpointing = ac;
+      const MemoryPlan plain = plan_memory(in);
+      in.model.qk_norm = true;
+      const MemoryPlan qk = plan_memory(in);
+      const int64_t L = 32, H = 128, N = 32 / tp, M = 8 / tp, tokens = 2 * 1024;
+      EXPECT_EQ(qk.parameters - plain.parameters, L * 2 * H);
+      // two ranks: data parallel shards (tp 1) or a tensor-parallel pair each holding them whole
+      const int64_t shard = tp == 1 ? L * 2 * H / 2 : L * 2 * H;
+      EXPECT_EQ(qk.shard_elements - plain.shard_elements, shard);
+      EXPECT_EQ(qk.master - plain.master, 4 * shard);
+      EXPECT_EQ(qk.optimizer - plain.optimizer, 8 * shard);
+      EXPECT_EQ(qk.grad_shards - plain.grad_shards, 4 * shard);
+      const int64_t per_token = 4 * (N * H + M * H) + 4 * (N + M);
+      const int64_t kept = ac == ActivationCheckpointing::kFull ? 0 : tokens * L * per_token;
+      EXPECT_EQ(qk.activations_at_loss - plain.activations_at_loss, kept);
+      if (ac == ActivationCheckpointing::kFull) {
+        // the one recomputed block holds them at its attention backward, beside its own
+        // gathered weights and gradient (2 H more elements each)
+        const int64_t block_numel = 2 * H;
+        EXPECT_EQ(qk.in_attention_backward - plain.in_attention_backward,
+                  tokens * per_token + (qk.block_grads - plain.block_grads) +
+                      4 * 2 * block_numel);  // two blocks gathered (the one in its backward, the next)
+      }
+    }
+  }
+}
+
 TEST(Plan, ShardedStateScalesWithRanks) {
   PlanInput in;
   in.model = llama_8b();

@@ -133,6 +133,7 @@ TEST(RunFolder, AResumeMayNotChangeTheModelOrTheData) {
       << e;
   EXPECT_EQ(e.find("optimizer.lr"), std::string::npos) << e;  // a learning rate may change
   EXPECT_TRUE(fixed_on_resume("model.rope_theta"));
+  EXPECT_TRUE(fixed_on_resume("model.qk_norm"));
   EXPECT_FALSE(fixed_on_resume("optimizer.lr"));
   EXPECT_FALSE(fixed_on_resume("training.batch_size"));
 }

@@ -14,8 +14,10 @@
 #include "data/byte_tokenizer.h"
 #include "data/corpus.h"
 #include "data/tokenize_file.h"
+#include "io/hf_folder.h"
 #include "testing/compare.h"
 #include "testing/shared_data.h"
+#include "train/checkpoint.h"
 #include "train/trainer.h"
 #include "train/training_data.h"
 
@@ -62,6 +64,47 @@ TEST(Trainer, DefaultJobShortenedLearns) {
     }
   }
   EXPECT_EQ(lines, 61);  // 60 steps + 1 evaluation
+}
+
+// model.qk_norm with heads of their own (Qwen3's shape: 8 heads of 32 in a width of 128)
+// trains from scratch as the default job does, learns its q_norm / k_norm weights (ones at
+// first), and exports as a Hugging Face qwen3 model holding them; its checkpoint records the
+// QK-norm.
+TEST(Trainer, AQwen3StyleModelLearnsAndExportsAsQwen3) {
+  const std::string out =
+      (std::filesystem::temp_directory_path() / ("shardtrain_trainer_qwen3_" + std::to_string(::getpid()))).string();
+  std::filesystem::remove_all(out);
+  LoadedConfig l = load_config("", {"--model.qk_norm=true", "--model.head_dim=32", "--model.dim=128",
+                                    "--model.n_layers=2", "--model.ffn_dim=384", "--training.steps=60",
+                                    "--training.seq_len=64", "--schedule.warmup_steps=10", "--eval.interval_steps=0",
+                                    "--eval.batches=1", "--sample.tokens=0", "--run.output_dir=" + out,
+                                    "--logging.progress=off", "--logging.level=error", "--training.device=cpu",
+                                    "--export.folder=" + out + "/hf", "--export.dtype=f32",
+                                    "--checkpoint.interval_steps=60"});
+  Trainer trainer(l.config);
+  const TrainSummary s = trainer.run();
+  ASSERT_EQ(s.steps.size(), 60u);
+  double last10 = 0;
+  for (size_t i = 50; i < 60; ++i) last10 += s.steps[i].loss / 10;
+  EXPECT_LT(last10, s.steps.front().loss - 2.0) << "first " << s.steps.front().loss << " last-10 mean " << last10;
+
+  std::ifstream config_json(out + "/hf/config.json");
+  const nlohmann::json config = nlohmann::json::parse(config_json);
+  EXPECT_EQ(config.at("model_type"), "qwen3");
+  EXPECT_EQ(config.at("head_dim"), 32);
+  const io::HfWeights hf(out + "/hf");
+  for (const char* name : {"model.layers.0.self_attn.q_norm.weight", "model.layers.1.self_attn.k_norm.weight"}) {
+    ASSERT_EQ(hf.get(name).numel, 32) << name;
+    Tensor w = Tensor::empty({32}, DType::kF32);
+    hf.read_range(name, 0, w);
+    double moved = 0;
+    for (int64_t i = 0; i < 32; ++i) moved = std::max(moved, std::abs(w.data<float>()[i] - 1.0));
+    EXPECT_GT(moved, 1e-3) << name << " kept its initial ones";
+  }
+  const CheckpointInfo saved = read_checkpoint_info(resolve_checkpoint("auto", out + "/checkpoints"));
+  EXPECT_TRUE(saved.config.qk_norm);
+  EXPECT_EQ(saved.config.head_dim(), 32);
+  std::filesystem::remove_all(out);
 }
 
 // eval.at_start: the held-out loss before the first step, logged as step 0, is the model's
