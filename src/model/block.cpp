@@ -394,6 +394,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   a.lse_BNT = Tensor::empty({d.B, d.N, d.T}, d.stats, d.dev, "lse");
   ops::AttentionOptions attention;
   attention.documents = ctx.documents;
+  attention.window = ctx.window;
   // rope on q and k of sequences [b0, b1), then their attention (attention_by_pieces)
   auto attend = [&](int64_t b0, int64_t b1, auto&& rope) {
     rope(b0, b1);
@@ -462,10 +463,10 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   if (ctx.kv_position_1.defined()) {
     Tensor keys_BCMH = ctx.kv_keys_BSMH, values_BCMH = ctx.kv_values_BSMH;
     ops::attention_forward_kv_cache(a.attn_BTNH, a.lse_BNT, keys_BCMH, values_BCMH, a.q_BTNH, a.k_BTMH, a.v_BTMH,
-                                    ctx.kv_position_1);
+                                    ctx.kv_position_1, {.window = ctx.window});
   } else if (ctx.kv_keys_BSMH.defined()) {
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
-    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {});
+    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {.window = ctx.window});
   } else if (!by_pieces) {
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
   }
@@ -791,6 +792,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   ops::AttentionOptions attention;
   attention.deterministic = ctx.deterministic;
   attention.documents = ctx.documents;
+  attention.window = ctx.window;
   // the attention backward of sequences [b0, b1)
   auto attend_backward = [&](int64_t b0, int64_t b1) {
     Tensor dq = dq_BTNH.slice(0, b0, b1), dk = dk_BTMH.slice(0, b0, b1), dv = dv_BTMH.slice(0, b0, b1);

@@ -130,6 +130,9 @@ struct BlockContext {
   // the whole cache, and cos_TK, sin_TK the position's rope rows: one CUDA graph of the step
   // serves every position (ops::attention_forward_kv_cache writes the cache and attends).
   Tensor kv_position_1;
+  // This block's sliding window (LlamaConfig::window_of its layer; 0: full attention): each
+  // token attends to the last `window` positions only, itself included, with a KV cache too.
+  int64_t window = 0;
   // Documents packed into the rows (not owned; null: none): each attends only to itself and
   // its rope positions count from its first token (ops::PackedDocuments). Not with a KV cache.
   const ops::PackedDocuments* documents = nullptr;

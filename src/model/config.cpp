@@ -4,8 +4,34 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "ops/attention.h"
 
 namespace shardtrain::model {
+
+int64_t LlamaConfig::window_of(int64_t layer) const {
+  if (sliding_window <= 0 || layer < 0 || layer >= static_cast<int64_t>(sliding_layers.size())) return 0;
+  return sliding_layers[static_cast<size_t>(layer)] ? sliding_window : 0;
+}
+
+int64_t LlamaConfig::sliding_layer_count() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < n_layers; ++l) n += window_of(l) > 0 ? 1 : 0;
+  return n;
+}
+
+void LlamaConfig::validate_sliding_window(const std::string& p) const {
+  ST_CHECK(sliding_window >= 0, "`", p, "sliding_window` must be >= 1 keys (0: no sliding window), found ",
+           sliding_window);
+  if (sliding_window == 0) {
+    for (size_t l = 0; l < sliding_layers.size(); ++l)
+      ST_CHECK(!sliding_layers[l], "layer ", l, " is marked as a sliding-window layer but `", p,
+               "sliding_window` is 0 (no window); set a window of at least 1 key or mark no layer");
+    return;
+  }
+  ST_CHECK(static_cast<int64_t>(sliding_layers.size()) == n_layers, "`", p, "sliding_window` = ", sliding_window,
+           " needs one sliding/full entry per layer: found ", sliding_layers.size(), " entries for `", p,
+           "n_layers` = ", n_layers);
+}
 
 void LlamaConfig::validate(const std::string& p) const {
   ST_CHECK(vocab_size > 0, "`", p, "vocab_size` must be > 0, found ", vocab_size);
@@ -30,6 +56,7 @@ void LlamaConfig::validate(const std::string& p) const {
   ST_CHECK(norm_eps > 0, "`", p, "norm_eps` must be > 0, found ", norm_eps);
   ST_CHECK(rope.theta > 0, "`", p, "rope_theta` must be > 0, found ", rope.theta);
   ST_CHECK(init_std > 0, "`", p, "init_std` must be > 0, found ", init_std);
+  validate_sliding_window(p);
   if (rope.scaling.type == ops::RopeScalingType::kLlama3) {
     ST_CHECK(rope.scaling.factor >= 1, "`", p, "rope_scaling_factor` must be >= 1, found ", rope.scaling.factor);
     ST_CHECK(rope.scaling.high_freq_factor > rope.scaling.low_freq_factor, "`", p,
@@ -55,8 +82,14 @@ int64_t LlamaConfig::num_parameters() const {
 }
 
 double LlamaConfig::flops_per_token(int64_t seq_len) const {
-  return 6.0 * static_cast<double>(num_non_embedding_parameters()) +
-         12.0 * static_cast<double>(n_layers * q_dim() * seq_len);
+  // the attention's keys per token: T on a full layer, the pairs inside the window over T on a sliding one
+  double keys = 0;
+  for (int64_t l = 0; l < n_layers; ++l) {
+    const int64_t w = window_of(l);
+    keys += w > 0 && seq_len > 0 ? ops::causal_attention_pairs(seq_len, seq_len, w) / static_cast<double>(seq_len)
+                                 : static_cast<double>(seq_len);
+  }
+  return 6.0 * static_cast<double>(num_non_embedding_parameters()) + 12.0 * static_cast<double>(q_dim()) * keys;
 }
 
 std::string LlamaConfig::summary() const {
@@ -66,6 +99,8 @@ std::string LlamaConfig::summary() const {
   if (head_dim_decoupled()) s << ", decoupled: attention width " << n_heads << " x " << head_dim() << " = " << q_dim();
   s << ")";
   if (qk_norm) s << ", QK-norm";
+  if (sliding_window > 0)
+    s << ", sliding window " << sliding_window << " on " << sliding_layer_count() << " of " << n_layers << " layers";
   s << ", ffn " << ffn_dim << ", vocab " << vocab_size
     << (tie_embeddings ? " (tied)" : "") << ", " << num_parameters() << " parameters";
   return s.str();

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "ops/rope.h"
 
@@ -30,6 +31,11 @@ struct LlamaConfig {
   // `self_attn.k_norm.weight` [H] shared by all heads and norm_eps as its epsilon.
   bool qk_norm = false;
   double init_std = 0.02;       // normal init of matrices (HF initializer_range)
+  // Sliding-window attention (Mistral, Qwen2's sliding layers, alternating patterns): on the
+  // layers `sliding_layers` marks (n_layers entries), the query at position i sees the keys
+  // i - sliding_window < j <= i only; the other layers attend to every earlier key. 0: none.
+  int64_t sliding_window = 0;
+  std::vector<bool> sliding_layers;
 
   // H
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : n_heads > 0 ? dim / n_heads : 0; }
@@ -37,6 +43,11 @@ struct LlamaConfig {
   int64_t kv_dim() const { return n_kv_heads * head_dim(); }  // M·H
   // Whether N·H differs from D (Mistral-Nemo: 32 heads of 128 in a width of 5120).
   bool head_dim_decoupled() const { return q_dim() != dim; }
+  // The sliding window of layer `layer`'s attention: sliding_window on a sliding layer, 0 on
+  // a full one.
+  int64_t window_of(int64_t layer) const;
+  // How many layers slide (0 without a window).
+  int64_t sliding_layer_count() const;
   // Throws Error naming the offending field (`prefix` + field name, e.g. "model.n_heads").
   void validate(const std::string& prefix) const;
   // Parameters in the model (a tied head counted once), and without the input embedding
@@ -44,9 +55,14 @@ struct LlamaConfig {
   int64_t num_parameters() const;
   int64_t num_non_embedding_parameters() const;
   // Training FLOPs per token: 6·N_non_embedding + 12·L·H·N·T (torchtitan's estimate; the
-  // attention term counts the full T x T scores, without halving for causality).
+  // attention term counts the full T x T scores, without halving for causality). A sliding
+  // layer's attention term counts the (query, key) pairs inside its window instead of T x T
+  // (ops::causal_attention_pairs).
   double flops_per_token(int64_t seq_len) const;
   std::string summary() const;
+
+ private:
+  void validate_sliding_window(const std::string& prefix) const;
 };
 
 }  // namespace shardtrain::model

@@ -3,6 +3,7 @@
 #include "model/hf_config.h"
 
 #include <fstream>
+#include <vector>
 
 #include "core/error.h"
 
@@ -40,9 +41,24 @@ bool get_bool(const json& j, const char* key, const std::string& src, bool fallb
   return v->get<bool>();
 }
 
+// transformers 5's `rope_parameters`, or null. Models with layer types (ministral) may key it
+// by layer type, {"full_attention": {...}, "sliding_attention": {...}}: shardtrain has one rope
+// for all layers, so the entries must be equal, and that entry is returned.
+const json* rope_parameters(const json& j, const std::string& src) {
+  const json* params = find(j, "rope_parameters");
+  if (params == nullptr || !params->is_object()) return params;
+  const json* full = find(*params, "full_attention");
+  const json* sliding = find(*params, "sliding_attention");
+  if (full == nullptr && sliding == nullptr) return params;
+  ST_CHECK(full == nullptr || sliding == nullptr || *full == *sliding, src, ": `rope_parameters` differ between ",
+           "\"full_attention\" (", full ? full->dump() : "", ") and \"sliding_attention\" (",
+           sliding ? sliding->dump() : "", ") layers; shardtrain uses one rope for every layer");
+  return full != nullptr ? full : sliding;
+}
+
 void parse_rope(const json& j, const std::string& src, LlamaConfig& c) {
   // transformers 5: rope_parameters {rope_type, rope_theta, factor, ...}; 4: rope_theta + rope_scaling
-  const json* params = find(j, "rope_parameters");
+  const json* params = rope_parameters(j, src);
   const json* scaling = params ? params : find(j, "rope_scaling");
   const char* where = params ? "rope_parameters" : "rope_scaling";
   c.rope.theta = get_double(params ? *params : j, "rope_theta", src, 10000.0);
@@ -70,51 +86,151 @@ struct UnsupportedFamily {
 constexpr UnsupportedFamily kUnsupported[] = {
     {"olmo2", "QK-norm over the whole q and k and norms after each sublayer"},
     {"gemma", "GeGLU MLPs, embeddings scaled by sqrt(hidden_size) and (1 + weight) norms"},
-    {"gemma2", "logit soft-capping, sliding-window layers and norms after each sublayer"},
-    {"gemma3", "QK-norm, sliding-window layers and norms after each sublayer"},
+    {"gemma2", "logit soft-capping and norms after each sublayer"},
+    {"gemma3", "QK-norm and norms after each sublayer"},
     {"phi3", "fused qkv_proj and gate_up_proj tensors"},
     {"mixtral", "mixture-of-experts MLPs"},
     {"qwen2_moe", "mixture-of-experts MLPs"},
     {"qwen3_moe", "mixture-of-experts MLPs and QK-norm"},
 };
-constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (no sliding window; a head_dim of its own "
-                                   "as Mistral-Nemo's is fine), qwen2 (no sliding window) and qwen3 (dense, QK-norm, "
-                                   "no sliding window)";
+constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sliding window, and a head_dim of its "
+                                   "own as Mistral-Nemo's, are fine), ministral, qwen2 (sliding-window layers too) and "
+                                   "qwen3 (dense, QK-norm, sliding-window layers too)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
-  if (model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3") return;
+  if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2" ||
+      model_type == "qwen3")
+    return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
              "\" is not supported: shardtrain does not implement its ", f.missing, " yet; it trains ", kSupported);
   ST_THROW(src, ": `model_type` = \"", model_type, "\" is not supported; shardtrain trains ", kSupported);
 }
 
-constexpr const char* kFullAttentionOnly = "sliding-window attention is not supported yet; shardtrain runs full "
-                                          "(causal) attention in every layer";
+// transformers' defaults where mistral's and qwen2's (qwen3's) configs leave the keys out
+constexpr int64_t kDefaultSlidingWindow = 4096;
+constexpr int64_t kDefaultQwen2MaxWindowLayers = 28;
+constexpr const char* kSlidingLayer = "sliding_attention";
+constexpr const char* kFullLayer = "full_attention";
 
-// Every layer attends to the whole causal prefix. qwen2 and qwen3 switch windows on with
-// `use_sliding_window` (`sliding_window` is then the window, and null or a number without it);
-// transformers 5 lists each layer's kind in `layer_types`; mistral has a window whenever
-// `sliding_window` is set.
-void check_full_attention(const json& j, const std::string& model_type, const std::string& src) {
-  if (model_type == "qwen2" || model_type == "qwen3") {
-    ST_CHECK(!get_bool(j, "use_sliding_window", src, false), src, ": `use_sliding_window` = true: ", kFullAttentionOnly,
-             "; set it to false (or train a model without sliding windows)");
-  } else if (model_type == "mistral") {
-    const json* window = find(j, "sliding_window");
-    ST_CHECK(window == nullptr, src, ": `sliding_window` = ", window ? window->dump() : "", ": ", kFullAttentionOnly,
-             "; set it to null (or train a model without sliding windows)");
-  }
+// transformers 5's `layer_types`, checked: n_layers entries of "sliding_attention" or
+// "full_attention"; true for the sliding ones. Empty when the key is absent or null.
+std::vector<bool> parse_layer_types(const json& j, int64_t n_layers, const std::string& src) {
   const json* types = find(j, "layer_types");
-  if (types == nullptr) return;
-  ST_CHECK(types->is_array(), src, ": `layer_types` must be a list of \"full_attention\" entries, found ",
-           types->dump());
+  if (types == nullptr) return {};
+  ST_CHECK(types->is_array(), src, ": `layer_types` must be a list of \"", kSlidingLayer, "\" / \"", kFullLayer,
+           "\", found ", types->dump());
+  ST_CHECK(static_cast<int64_t>(types->size()) == n_layers, src, ": `layer_types` has ", types->size(),
+           " entries but `num_hidden_layers` is ", n_layers, "; it needs one per layer");
+  std::vector<bool> sliding;
   for (size_t i = 0; i < types->size(); ++i) {
     const json& t = (*types)[i];
-    ST_CHECK(t.is_string(), src, ": `layer_types[", i, "]` must be a string, found ", t.dump());
-    ST_CHECK(t == "full_attention", src, ": `layer_types[", i, "]` = ", t.dump(), ": ", kFullAttentionOnly,
-             " (\"full_attention\" in each entry)");
+    ST_CHECK(t == kSlidingLayer || t == kFullLayer, src, ": `layer_types[", i, "]` = ", t.dump(),
+             " is not supported; shardtrain knows \"", kSlidingLayer, "\" and \"", kFullLayer, "\"");
+    sliding.push_back(t == kSlidingLayer);
   }
+  return sliding;
+}
+
+// The window size at `sliding_window` (absent: transformers' default); >= 1.
+int64_t window_size(const json& j, const std::string& src) {
+  const int64_t w = get_int(j, "sliding_window", src, &kDefaultSlidingWindow);
+  ST_CHECK(w >= 1, src, ": `sliding_window` must be >= 1 keys (or null for none), found ", w);
+  return w;
+}
+
+// The sliding window as transformers reads it: mistral slides every layer when
+// `sliding_window` is not null (absent: 4096); ministral the layers `layer_types` marks (every
+// one without it); qwen2 and qwen3 only with `use_sliding_window`, on the layers `layer_types`
+// marks or else on layers i >= `max_window_layers`. llama has none.
+void parse_sliding_window(const json& j, const std::string& model_type, const std::string& src, LlamaConfig& c) {
+  if (model_type != "mistral" && model_type != "ministral" && model_type != "qwen2" && model_type != "qwen3") return;
+  const std::vector<bool> types = parse_layer_types(j, c.n_layers, src);
+  const bool window_key_null = j.contains("sliding_window") && j["sliding_window"].is_null();
+  if (model_type == "ministral") {  // mistral with layer types; without them every layer slides
+    if (window_key_null) {
+      for (size_t i = 0; i < types.size(); ++i)
+        ST_CHECK(!types[i], src, ": `layer_types[", i, "]` = \"", kSlidingLayer, "\" but `sliding_window` is null; ",
+                 "give the window's size or mark the layer \"", kFullLayer, "\"");
+      return;
+    }
+    c.sliding_window = window_size(j, src);
+    c.sliding_layers = types.empty() ? std::vector<bool>(static_cast<size_t>(c.n_layers), true) : types;
+    return;
+  }
+  if (model_type == "mistral") {
+    if (window_key_null) {
+      for (size_t i = 0; i < types.size(); ++i)
+        ST_CHECK(!types[i], src, ": `layer_types[", i, "]` = \"", kSlidingLayer, "\" but `sliding_window` is null; ",
+                 "give the window's size or mark every layer \"", kFullLayer, "\"");
+      return;
+    }
+    c.sliding_window = window_size(j, src);
+    for (size_t i = 0; i < types.size(); ++i)
+      ST_CHECK(types[i], src, ": `layer_types[", i, "]` = \"", kFullLayer, "\", but transformers' mistral slides ",
+               "every layer when `sliding_window` is set (it ignores `layer_types`); mark every layer \"",
+               kSlidingLayer, "\", or set `model_type` = \"ministral\" (mistral with layer types) for layers of "
+               "both kinds");
+    c.sliding_layers.assign(static_cast<size_t>(c.n_layers), true);
+    return;
+  }
+  const bool use = get_bool(j, "use_sliding_window", src, false);
+  if (!use || window_key_null) {
+    for (size_t i = 0; i < types.size(); ++i)
+      ST_CHECK(!types[i], src, ": `layer_types[", i, "]` = \"", kSlidingLayer, "\" but ",
+               use ? "`sliding_window` is null" : "`use_sliding_window` is false",
+               ", so the layer has no window; set `use_sliding_window` = true and `sliding_window`, or mark the "
+               "layer \"", kFullLayer, "\"");
+    return;
+  }
+  c.sliding_window = window_size(j, src);
+  if (!types.empty()) {
+    c.sliding_layers = types;
+    return;
+  }
+  const int64_t first = get_int(j, "max_window_layers", src, &kDefaultQwen2MaxWindowLayers);
+  ST_CHECK(first >= 0, src, ": `max_window_layers` must be >= 0, found ", first);
+  c.sliding_layers.assign(static_cast<size_t>(c.n_layers), false);
+  for (int64_t l = first; l < c.n_layers; ++l) c.sliding_layers[static_cast<size_t>(l)] = true;
+}
+
+// The sliding window in the form transformers reads for the config's model type: a llama
+// config whose every layer slides becomes mistral's (`sliding_window`), one with layers of
+// both kinds ministral's (`sliding_window` and `layer_types`); qwen2's and qwen3's get
+// `use_sliding_window`, `sliding_window`, `layer_types` (transformers 5) and
+// `max_window_layers` (the first sliding layer, what transformers 4 reads: exact when the
+// sliding layers are the last ones).
+void write_sliding_window(const LlamaConfig& c, json& j) {
+  if (c.sliding_window <= 0) return;
+  const int64_t sliding = c.sliding_layer_count();
+  if (j["model_type"] == "qwen2" || j["model_type"] == "qwen3") {
+    j["use_sliding_window"] = true;
+    j["sliding_window"] = c.sliding_window;
+    int64_t first = c.n_layers;
+    json types = json::array();
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const bool s = c.window_of(l) > 0;
+      if (s && first == c.n_layers) first = l;
+      types.push_back(s ? kSlidingLayer : kFullLayer);
+    }
+    j["max_window_layers"] = first;
+    j["layer_types"] = types;
+    return;
+  }
+  if (sliding == 0) return;  // a window no layer uses: plain llama
+  j.erase("attention_bias");  // mistral and ministral have neither bias
+  j.erase("mlp_bias");
+  j["sliding_window"] = c.sliding_window;
+  if (sliding == c.n_layers) {
+    j["architectures"] = {"MistralForCausalLM"};
+    j["model_type"] = "mistral";
+    return;
+  }
+  j["architectures"] = {"MinistralForCausalLM"};
+  j["model_type"] = "ministral";
+  json types = json::array();
+  for (int64_t l = 0; l < c.n_layers; ++l) types.push_back(c.window_of(l) > 0 ? kSlidingLayer : kFullLayer);
+  j["layer_types"] = types;
 }
 
 }  // namespace
@@ -130,7 +246,6 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
   const int64_t one = 1;
   ST_CHECK(get_int(j, "pretraining_tp", src, &one) == 1, src, ": `pretraining_tp` other than 1 is not supported");
-  check_full_attention(j, model_type, src);
 
   LlamaConfig c;
   c.vocab_size = get_int(j, "vocab_size", src);
@@ -149,6 +264,7 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   c.init_std = get_double(j, "initializer_range", src, 0.02);
   parse_rope(j, src, c);
+  parse_sliding_window(j, model_type, src, c);
   // transformers 4 and 5 both write head_dim at the top (null or absent: hidden_size /
   // num_attention_heads); a value of its own sets the projections' widths (Mistral-Nemo)
   if (find(j, "head_dim") != nullptr) {
@@ -209,6 +325,7 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   }
   j["torch_dtype"] = torch_dtype;
   j["attention_dropout"] = 0.0;
+  write_sliding_window(c, j);
   return j;
 }
 

@@ -265,6 +265,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
       ctx.kv_keys_BSMH = cache->keys(l);
       ctx.kv_values_BSMH = cache->values(l);
     }
+    ctx.window = config_.window_of(l);
     {
       const profile::Region region("block forward", l);
       block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
@@ -426,6 +427,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     const Tensor params = store_->acquire_params(u, Pass::kBackward);
     const profile::Region region("block backward", l);
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
+    ctx.window = config_.window_of(l);
     if (o.checkpointing != ActivationCheckpointing::kNone) {
       const Tensor input = a.x_BTD;
       block_forward(a, w, input, ctx, recompute_part(o.checkpointing));

@@ -161,6 +161,16 @@ const std::vector<KeyDef>& keys() {
           "model.head_dim, or model.dim / model.n_heads) shared by the heads, and model.norm_eps as its epsilon. "
           "Composes with model.head_dim (Qwen3: heads of 128 whatever model.dim is) and model.attention_bias; "
           "exports as a Hugging Face qwen3 model"),
+      key("model.sliding_window", &C::model, &ModelSection::sliding_window,
+          "sliding-window attention (Mistral, Qwen2, Gemma): on a sliding layer each token attends to the last W "
+          "positions only, itself included (with packed documents, those of its own document); 0: none. With "
+          "model.preset too; model.hf's config.json gives its own",
+          non_negative()),
+      key("model.full_attention_every", &C::model, &ModelSection::full_attention_every,
+          "with model.sliding_window: which layers attend to every earlier position instead: 0, none (every layer "
+          "slides, as Mistral); N >= 2, layers N-1, 2N-1, ... (counting from 0), the others sliding (Gemma 2: 2, "
+          "Gemma 3: 6)",
+          non_negative()),
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
@@ -738,6 +748,23 @@ void apply_fine_tuning_defaults(LoadedConfig& loaded) {
   }
 }
 
+namespace {
+
+// model.sliding_window and model.full_attention_every: a pattern that has sliding layers.
+void validate_sliding_window(const ModelSection& m) {
+  ST_CHECK(m.sliding_window == 0 || m.hf.empty(), "`model.sliding_window` = ", m.sliding_window,
+           " with `model.hf` = \"", m.hf, "\": the folder's config.json decides the sliding window (`sliding_window`, "
+           "`layer_types`); drop model.sliding_window");
+  ST_CHECK(m.full_attention_every == 0 || m.sliding_window > 0, "`model.full_attention_every` = ",
+           m.full_attention_every, " chooses the full-attention layers among sliding ones, but `model.sliding_window` "
+           "is 0 (no sliding layers); set a window or drop model.full_attention_every");
+  ST_CHECK(m.full_attention_every != 1 || m.sliding_window == 0, "`model.full_attention_every` = 1 makes every layer "
+           "attend fully, leaving `model.sliding_window` = ", m.sliding_window, " unused; use 0 (every layer slides), "
+           "N >= 2, or set model.sliding_window = 0");
+}
+
+}  // namespace
+
 void validate(const JobConfig& c) {
   const ModelSection& m = c.model;
   ST_CHECK(m.preset.empty() || m.hf.empty(), "`model.preset` (\"", m.preset, "\") and `model.hf` (\"", m.hf,
@@ -753,6 +780,7 @@ void validate(const JobConfig& c) {
   }
   ST_CHECK(m.n_heads % m.n_kv_heads == 0, "`model.n_kv_heads` (", m.n_kv_heads, ") must divide `model.n_heads` (",
            m.n_heads, ")");
+  validate_sliding_window(m);
   // with model.hf the shape comes from its config.json (checked when loaded)
   const std::optional<model::LlamaConfig> preset =
       m.preset.empty() ? std::nullopt : std::optional(model::preset_config(m.preset));

@@ -31,6 +31,8 @@ struct ModelSection {
   bool tie_embeddings = true;
   bool attention_bias = false;
   bool qk_norm = false;  // Qwen3's RMSNorm over each head's q and k
+  int64_t sliding_window = 0;        // 0: every layer attends to all earlier positions
+  int64_t full_attention_every = 0;  // with a window: 0 slides every layer; N: layers N-1, 2N-1, ... attend fully
   double init_std = 0.02;
   std::string dtype = "auto";
 };

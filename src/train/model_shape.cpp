@@ -7,11 +7,22 @@
 
 namespace shardtrain::train {
 
+void set_sliding_window(const ModelSection& m, model::LlamaConfig& c) {
+  c.sliding_window = m.sliding_window;
+  c.sliding_layers.clear();
+  if (m.sliding_window > 0) {
+    const int64_t every = m.full_attention_every;
+    for (int64_t l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back(every == 0 || (l + 1) % every != 0);
+  }
+  c.validate("model.");
+}
+
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
   if (!m.preset.empty()) {
-    const model::LlamaConfig p = model::preset_config(m.preset);
+    model::LlamaConfig p = model::preset_config(m.preset);
     ST_CHECK(tokenizer_vocab <= p.vocab_size, "the tokenizer has ", tokenizer_vocab, " tokens but `model.preset` = \"",
              m.preset, "\" has a vocabulary of ", p.vocab_size, "; use that model's tokenizer (`data.tokenizer`)");
+    set_sliding_window(m, p);
     return p;
   }
   model::LlamaConfig c;
@@ -38,7 +49,7 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.attention_bias = m.attention_bias;
   c.qk_norm = m.qk_norm;
   c.init_std = m.init_std;
-  c.validate("model.");
+  set_sliding_window(m, c);
   return c;
 }
 

@@ -14,4 +14,8 @@ namespace shardtrain::train {
 // model.preset's (whose vocabulary must hold the tokenizer's).
 model::LlamaConfig llama_config(const ModelSection& section, int64_t tokenizer_vocab);
 
+// model.sliding_window on the layers model.full_attention_every leaves sliding (with the shape
+// keys or a preset; model.hf's config.json has its own), validated.
+void set_sliding_window(const ModelSection& section, model::LlamaConfig& config);
+
 }  // namespace shardtrain::train

@@ -12,6 +12,7 @@
 #include "model/hf_config.h"
 #include "model/layout.h"
 #include "model/presets.h"
+#include "ops/attention.h"
 #include "train/launch_defaults.h"
 #include "train/model_shape.h"
 #include "train/training_data.h"
@@ -208,6 +209,21 @@ MemoryPlan plan_memory(const PlanInput& in) {
   return p;
 }
 
+namespace {
+
+// How the FLOPs formula counts sliding layers' attention, when the model has some.
+std::string sliding_flops_note(const PlanInput& in) {
+  const model::LlamaConfig& c = in.model;
+  const int64_t sliding = c.sliding_layer_count();
+  if (sliding == 0 || in.seq_len <= 0) return "";
+  const double keys = ops::causal_attention_pairs(in.seq_len, in.seq_len, c.sliding_window) /
+                      static_cast<double>(in.seq_len);
+  return fmt::format("; on the {} sliding layers T is the {:.1f} keys per token inside their window of {}", sliding,
+                     keys, c.sliding_window);
+}
+
+}  // namespace
+
 std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   const char* kept = "";
   switch (in.checkpointing) {
@@ -275,7 +291,8 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
              p.block_grads);
   s += row(p.host > 0 ? "estimated GPU peak" : "estimated peak", p.peak);
   s += describe_checkpoint_memory(in, p);
-  s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T); per rank and micro-batch: {:.3e}\n", p.flops_per_token,
+  s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T{}); per rank and micro-batch: {:.3e}\n",
+                   p.flops_per_token, sliding_flops_note(in),
                    p.flops_per_token * static_cast<double>(p.tokens_per_micro_batch));
   s += "The estimate leaves out the CUDA context, cuBLAS workspaces and allocator slack (together about\n"
        "1-2 GiB on a GPU; cuDNN's attention workspace is in the block-backward moment).\n";
@@ -470,7 +487,9 @@ PlannedModel planned_model(const JobConfig& job) {
   const std::string& hf = job.model.hf;
   if (!job.model.preset.empty()) {
     const model::ModelPreset& p = *model::find_preset(job.model.preset);  // known: the config was validated
-    return {model::preset_config(p.name), fmt::format("model shape: preset {}, as {} publishes it", p.name, p.hf_repo)};
+    model::LlamaConfig c = model::preset_config(p.name);
+    set_sliding_window(job.model, c);
+    return {c, fmt::format("model shape: preset {}, as {} publishes it", p.name, p.hf_repo)};
   }
   if (!hf.empty()) {
     std::error_code ec;

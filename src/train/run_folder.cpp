@@ -21,9 +21,10 @@ namespace fs = std::filesystem;
 constexpr const char* kFixed[] = {
     "model.hf", "model.vocab_size", "model.dim", "model.n_layers", "model.n_heads", "model.n_kv_heads",
     "model.head_dim", "model.ffn_dim", "model.max_seq_len", "model.norm_eps", "model.rope_", "model.tie_embeddings",
-    "model.attention_bias", "model.qk_norm", "data.source", "data.format", "data.text_field", "data.prompt_field",
-    "data.response_field", "data.messages_field", "data.train_on_prompt", "data.packing", "data.document_mask",
-    "data.tokenizer", "data.val_fraction", "data.mix", "training.seq_len", "training.seed"};
+    "model.attention_bias", "model.qk_norm", "model.sliding_window", "model.full_attention_every", "data.source",
+    "data.format", "data.text_field", "data.prompt_field", "data.response_field", "data.messages_field",
+    "data.train_on_prompt", "data.packing", "data.document_mask", "data.tokenizer", "data.val_fraction", "data.mix",
+    "training.seq_len", "training.seed"};
 
 std::string shell_quote(const std::string& s) {
   if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-./=:+,") ==

@@ -54,6 +54,7 @@ struct ModelVariant {
   bool documents = false;  // rows packed with documents that attend only to themselves
   int64_t head_dim = 0;    // 0: dim / n_heads (4)
   bool qk_norm = false;    // Qwen3's per-head norms of q and k, their weights whole on every rank
+  int64_t window = 0;      // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
 };
 
 model::LlamaConfig small_config(int world, const ModelVariant& v) {
@@ -69,6 +70,10 @@ model::LlamaConfig small_config(int world, const ModelVariant& v) {
   c.attention_bias = v.bias;
   c.head_dim_override = v.head_dim;
   c.qk_norm = v.qk_norm;
+  if (v.window > 0) {
+    c.sliding_window = v.window;
+    c.sliding_layers = {true, false};
+  }
   return c;
 }
 
@@ -96,6 +101,10 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"QK-norm, heads of 6, biased, selective checkpointing", false, true, false,
        model::ActivationCheckpointing::kSelective, 0, false, 6, true},
       {"QK-norm, packed documents", false, false, false, model::ActivationCheckpointing::kPointwise, 0, true, 0, true},
+      {"sliding window of 3 on layer 0", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, false,
+       3},
+      {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull,
+       0, true, 0, false, 4},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");

@@ -1,10 +1,12 @@
 // Reading HF config.json: a head dimension of its own (Mistral-Nemo's head_dim 128 beside
 // hidden_size 5120 and 32 heads) in the transformers 4 and 5 forms, its checks, its way back
 // out through to_hf_config, and the errors for families shardtrain does not train. Qwen3
-// (QK-norm, heads of 128 in a width of 1024) both ways, with sliding windows refused.
+// (QK-norm, heads of 128 in a width of 1024) both ways. Sliding windows as mistral, ministral,
+// qwen2 and qwen3 write them (transformers 4 and 5), their errors, and their way back out.
 #include "model/hf_config.h"
 
 #include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -117,6 +119,163 @@ TEST(HfConfig, WrittenHeadDimReadsBack) {
   EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
 }
 
+// A small config of `model_type` with 4 layers and the keys in `extra`.
+json small(const std::string& model_type, const json& extra) {
+  json j = {{"model_type", model_type}, {"hidden_act", "silu"}, {"vocab_size", 67}, {"hidden_size", 24},
+            {"intermediate_size", 40}, {"num_hidden_layers", 4}, {"num_attention_heads", 4},
+            {"num_key_value_heads", 2}, {"max_position_embeddings", 64}, {"rms_norm_eps", 1e-5}};
+  for (const auto& [k, v] : extra.items()) j[k] = v;
+  return j;
+}
+
+std::vector<int64_t> windows(const LlamaConfig& c) {
+  std::vector<int64_t> w;
+  for (int64_t l = 0; l < c.n_layers; ++l) w.push_back(c.window_of(l));
+  return w;
+}
+
+TEST(HfConfig, MistralSlidingWindowSlidesEveryLayer) {
+  const LlamaConfig c = parse_hf_config(small("mistral", {{"sliding_window", 16}}), "m/config.json");
+  EXPECT_EQ(windows(c), (std::vector<int64_t>{16, 16, 16, 16}));
+  EXPECT_NE(c.summary().find(", sliding window 16 on 4 of 4 layers"), std::string::npos) << c.summary();
+  // null: none; absent: transformers' default of 4096
+  EXPECT_EQ(windows(parse_hf_config(small("mistral", {{"sliding_window", nullptr}}), "m/config.json")),
+            (std::vector<int64_t>{0, 0, 0, 0}));
+  EXPECT_EQ(windows(parse_hf_config(small("mistral", json::object()), "m/config.json")),
+            (std::vector<int64_t>{4096, 4096, 4096, 4096}));
+  // layer_types that agree are fine
+  const json all = {"sliding_attention", "sliding_attention", "sliding_attention", "sliding_attention"};
+  EXPECT_EQ(windows(parse_hf_config(small("mistral", {{"sliding_window", 16}, {"layer_types", all}}), "m/c.json")),
+            windows(c));
+  // llama has no sliding window: its keys change nothing
+  EXPECT_EQ(parse_hf_config(small("llama", {{"sliding_window", 16}}), "m/config.json").sliding_window, 0);
+}
+
+TEST(HfConfig, Qwen2SlidingLayersFromMaxWindowLayersOrLayerTypes) {
+  // transformers 4: layers i >= max_window_layers slide, only with use_sliding_window
+  LlamaConfig c = parse_hf_config(
+      small("qwen2", {{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 1}}), "q/config.json");
+  EXPECT_EQ(windows(c), (std::vector<int64_t>{0, 8, 8, 8}));
+  c = parse_hf_config(small("qwen2", {{"use_sliding_window", false}, {"sliding_window", 8}, {"max_window_layers", 1}}),
+                      "q/config.json");
+  EXPECT_EQ(c.sliding_window, 0) << "use_sliding_window false: no window whatever sliding_window says";
+  c = parse_hf_config(small("qwen2", {{"use_sliding_window", true}, {"sliding_window", 8}}), "q/config.json");
+  EXPECT_EQ(windows(c), (std::vector<int64_t>{0, 0, 0, 0})) << "transformers' max_window_layers default is 28";
+  // transformers 5: layer_types decides, whatever max_window_layers says
+  const json types = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  c = parse_hf_config(small("qwen2", {{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 0},
+                                      {"layer_types", types}}),
+                      "q/config.json");
+  EXPECT_EQ(windows(c), (std::vector<int64_t>{0, 8, 0, 8}));
+  EXPECT_NE(c.summary().find(", sliding window 8 on 2 of 4 layers"), std::string::npos) << c.summary();
+}
+
+TEST(HfConfig, MinistralLayerTypesAndPerTypeRope) {
+  const json types = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  const json rope = {{"rope_type", "default"}, {"rope_theta", 50000.0}};
+  LlamaConfig c = parse_hf_config(
+      small("ministral", {{"sliding_window", 6},
+                          {"layer_types", types},
+                          {"rope_parameters", {{"full_attention", rope}, {"sliding_attention", rope}}}}),
+      "n/config.json");
+  EXPECT_EQ(windows(c), (std::vector<int64_t>{6, 0, 6, 0}));
+  EXPECT_EQ(c.rope.theta, 50000.0);
+  EXPECT_FALSE(c.attention_bias);
+  c = parse_hf_config(small("ministral", {{"sliding_window", 6}}), "n/config.json");
+  EXPECT_EQ(windows(c), (std::vector<int64_t>{6, 6, 6, 6})) << "no layer_types: every layer slides";
+  json other = rope;
+  other["rope_theta"] = 10000.0;
+  const json differing = {{"full_attention", rope}, {"sliding_attention", other}};
+  EXPECT_NE(error_of(small("ministral", {{"sliding_window", 6}, {"rope_parameters", differing}}))
+                .find("m/config.json: `rope_parameters` differ between \"full_attention\""),
+            std::string::npos);
+}
+
+TEST(HfConfig, BadSlidingWindowsNameTheFileKeyIndexAndValue) {
+  const json four = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  const json q = {{"use_sliding_window", true}, {"sliding_window", 8}};
+  auto with = [&](const json& extra) {
+    json j = small("qwen2", q);
+    for (const auto& [k, v] : extra.items()) j[k] = v;
+    return error_of(j);
+  };
+  const json unknown = {"full_attention", "sliding_attention", "chunked_attention", "full_attention"};
+  std::string e = with({{"layer_types", unknown}});
+  EXPECT_NE(e.find("m/config.json: `layer_types[2]` = \"chunked_attention\" is not supported; shardtrain knows "
+                   "\"sliding_attention\" and \"full_attention\""),
+            std::string::npos)
+      << e;
+  e = with({{"layer_types", {"full_attention", "sliding_attention"}}});
+  EXPECT_NE(e.find("m/config.json: `layer_types` lists 2 layers but `num_hidden_layers` = 4"), std::string::npos)
+      << e;
+  e = with({{"layer_types", {{"0", "sliding_attention"}, {"1", "full_attention"}, {"2", "x"}, {"3", "y"}}}});
+  EXPECT_NE(e.find("m/config.json: `layer_types` must be a list"), std::string::npos) << e;
+  e = with({{"sliding_window", 0}});
+  EXPECT_NE(e.find("m/config.json: `sliding_window` must be >= 1 keys (or null for none), found 0"), std::string::npos)
+      << e;
+  e = with({{"sliding_window", "8"}});
+  EXPECT_NE(e.find("m/config.json: `sliding_window` must be an integer, found \"8\""), std::string::npos) << e;
+  e = with({{"use_sliding_window", false}, {"layer_types", four}});
+  EXPECT_NE(e.find("m/config.json: `layer_types[1]` = \"sliding_attention\" but `use_sliding_window` is false"),
+            std::string::npos)
+      << e;
+  e = error_of(small("mistral", {{"sliding_window", 8}, {"layer_types", four}}));
+  EXPECT_NE(e.find("m/config.json: `layer_types[0]` = \"full_attention\", but transformers' mistral slides every "
+                   "layer"),
+            std::string::npos)
+      << e;
+  e = error_of(small("mistral", {{"sliding_window", nullptr}, {"layer_types", four}}));
+  EXPECT_NE(e.find("m/config.json: `layer_types[1]` = \"sliding_attention\" but `sliding_window` is null"),
+            std::string::npos)
+      << e;
+}
+
+// load -> export -> load keeps the window and its layers, in the form transformers reads for
+// the model type: mistral's sliding_window; ministral's layer_types; qwen2's use_sliding_window,
+// sliding_window, max_window_layers and layer_types.
+TEST(HfConfig, SlidingWindowsSurviveExport) {
+  const json alternating = {"sliding_attention", "full_attention", "sliding_attention", "full_attention"};
+  const json cases[] = {
+      small("mistral", {{"sliding_window", 16}}),
+      small("ministral", {{"sliding_window", 6}, {"layer_types", alternating}}),
+      small("qwen2", {{"use_sliding_window", true}, {"sliding_window", 8}, {"max_window_layers", 2}}),
+      small("qwen2", {{"use_sliding_window", true}, {"sliding_window", 8}, {"layer_types", alternating}}),
+      small("qwen2", {{"use_sliding_window", false}, {"sliding_window", 8}}),
+  };
+  for (const json& in : cases) {
+    SCOPED_TRACE(in.dump());
+    const LlamaConfig c = parse_hf_config(in, "in/config.json");
+    const json out = to_hf_config(c, "float32");
+    EXPECT_EQ(out.at("model_type"), in.at("model_type"));
+    const LlamaConfig back = parse_hf_config(out, "out/config.json");
+    EXPECT_EQ(windows(back), windows(c));
+    EXPECT_EQ(back.summary(), c.summary());
+    EXPECT_EQ(to_hf_config(back, "float32"), out);
+  }
+  const json mistral = to_hf_config(parse_hf_config(cases[0], "in/config.json"), "float32");
+  EXPECT_EQ(mistral.at("architectures"), json({"MistralForCausalLM"}));
+  EXPECT_EQ(mistral.at("sliding_window"), 16);
+  EXPECT_FALSE(mistral.contains("layer_types")) << "transformers' mistral ignores them";
+  EXPECT_FALSE(mistral.contains("attention_bias"));
+  const json ministral = to_hf_config(parse_hf_config(cases[1], "in/config.json"), "float32");
+  EXPECT_EQ(ministral.at("architectures"), json({"MinistralForCausalLM"}));
+  EXPECT_EQ(ministral.at("layer_types"), alternating);
+  const json qwen = to_hf_config(parse_hf_config(cases[2], "in/config.json"), "float32");
+  EXPECT_EQ(qwen.at("use_sliding_window"), true);
+  EXPECT_EQ(qwen.at("sliding_window"), 8);
+  EXPECT_EQ(qwen.at("max_window_layers"), 2);
+  EXPECT_EQ(qwen.at("layer_types"),
+            json({"full_attention", "full_attention", "sliding_attention", "sliding_attention"}));
+  const json no_window = to_hf_config(parse_hf_config(cases[4], "in/config.json"), "float32");
+  EXPECT_EQ(no_window.at("use_sliding_window"), false);
+  EXPECT_FALSE(no_window.contains("sliding_window"));
+  // a llama-style model (no biases) whose window is on every layer exports as mistral
+  LlamaConfig built = parse_hf_config(small("llama", json::object()), "in/config.json");
+  built.sliding_window = 5;
+  built.sliding_layers.assign(4, true);
+  EXPECT_EQ(to_hf_config(built, "float32").at("model_type"), "mistral");
+}
+
 TEST(HfConfig, BadHeadDimsAreNamed) {
   json j = mistral_nemo();
   j["head_dim"] = 127;
@@ -138,7 +297,7 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
   EXPECT_NE(e.find("m/config.json: `model_type` = \"qwen3_moe\" is not supported"), std::string::npos) << e;
   EXPECT_NE(e.find("mixture-of-experts"), std::string::npos) << e;
   EXPECT_NE(e.find("it trains llama (Llama 2, 3, 3.1, 3.2), mistral"), std::string::npos) << e;
-  EXPECT_NE(e.find("qwen3 (dense, QK-norm, no sliding window)"), std::string::npos) << e;
+  EXPECT_NE(e.find("qwen3 (dense, QK-norm, sliding-window layers too)"), std::string::npos) << e;
   j["model_type"] = "gemma2";
   e = error_of(j);
   EXPECT_NE(e.find("`model_type` = \"gemma2\" is not supported"), std::string::npos) << e;
@@ -247,43 +406,42 @@ TEST(HfConfig, Qwen3WithAttentionBiasKeepsItsBiasesAndItsNorms) {
   EXPECT_EQ(back.num_parameters(), c.num_parameters());
 }
 
-TEST(HfConfig, SlidingWindowsAreRefusedNamingTheKeyAndValue) {
+// Qwen3 reads its sliding window as Qwen2 does (use_sliding_window, max_window_layers,
+// layer_types), with QK-norm beside it, and writes it back.
+TEST(HfConfig, Qwen3SlidingWindowsReadAsQwen2sAndSurviveExport) {
   json j = qwen3_0_6b();
   j["use_sliding_window"] = true;
   j["sliding_window"] = 4096;
-  std::string e = error_of(j);
-  EXPECT_NE(e.find("m/config.json: `use_sliding_window` = true: sliding-window attention is not supported yet; "
-                   "shardtrain runs full (causal) attention in every layer; set it to false"),
-            std::string::npos)
-      << e;
+  j["max_window_layers"] = 20;
+  LlamaConfig c = parse_hf_config(j, "m/config.json");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_EQ(c.sliding_layer_count(), 8);
+  EXPECT_EQ(c.window_of(19), 0);
+  EXPECT_EQ(c.window_of(20), 4096);
+  const json out = to_hf_config(c, "bfloat16");
+  EXPECT_EQ(out.at("model_type"), "qwen3");
+  EXPECT_EQ(out.at("max_window_layers"), 20);
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_TRUE(back.qk_norm);
   // a window size beside use_sliding_window false is not a window (transformers ignores it)
   j["use_sliding_window"] = false;
-  EXPECT_EQ(error_of(j), "");
+  EXPECT_EQ(parse_hf_config(j, "m/config.json").sliding_window, 0);
 
   j = qwen3_0_6b_five();
   j["layer_types"][3] = "sliding_attention";
-  e = error_of(j);
-  EXPECT_NE(e.find("m/config.json: `layer_types[3]` = \"sliding_attention\": sliding-window attention is not "
-                   "supported yet"),
+  std::string e = error_of(j);
+  EXPECT_NE(e.find("m/config.json: `layer_types[3]` = \"sliding_attention\" but `use_sliding_window` is false"),
             std::string::npos)
       << e;
-  EXPECT_NE(e.find("(\"full_attention\" in each entry)"), std::string::npos) << e;
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 64;
+  c = parse_hf_config(j, "m/config.json");
+  EXPECT_EQ(c.sliding_layer_count(), 1);
+  EXPECT_EQ(c.window_of(3), 64);
   j["layer_types"] = {"full_attention"};
   e = error_of(j);
   EXPECT_NE(e.find("m/config.json: `layer_types` lists 1 layers but `num_hidden_layers` = 28"), std::string::npos)
-      << e;
-  j["layer_types"] = "full_attention";
-  e = error_of(j);
-  EXPECT_NE(e.find("m/config.json: `layer_types` must be a list of \"full_attention\" entries, found "
-                   "\"full_attention\""),
-            std::string::npos)
-      << e;
-
-  j = mistral_nemo();
-  j["sliding_window"] = 4096;
-  e = error_of(j);
-  EXPECT_NE(e.find("m/config.json: `sliding_window` = 4096: sliding-window attention is not supported yet"),
-            std::string::npos)
       << e;
 }
 

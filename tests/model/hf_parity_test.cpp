@@ -1,6 +1,7 @@
 // The model against Hugging Face transformers: for each tiny model recorded by
 // tools/make_hf_reference.py (GQA/MHA, tied/untied, llama3 rope scaling, Qwen2 biases,
-// Mistral with a head_dim of its own, Qwen3's QK-norm; a case whose files are missing is skipped),
+// Mistral with a head_dim of its own, Qwen3's QK-norm, sliding windows: Mistral's on every layer
+// and Qwen2's from max_window_layers on; a case whose files are missing is skipped),
 // shardtrain loads config.json and model.safetensors and must reproduce transformers'
 // logits and loss (f32, relative 1e-5), every parameter gradient and every parameter after
 // one AdamW step from transformers' gradients (relative 1e-4).
@@ -99,7 +100,8 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParity,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias", "mistral_gqa",
-                                           "mistral_head_dim", "qwen3_qk_norm"));
+                                           "mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
+                                           "qwen2_window_layers"));
 
 }  // namespace
 }  // namespace shardtrain::model

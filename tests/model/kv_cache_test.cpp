@@ -2,7 +2,7 @@
 // every position, with the prompt prefilled at once and then one token (or a few) per call,
 // equal Llama::last_logits of the same prefix, on small random GQA models with odd sizes (tied
 // and untied, q/k/v biases, llama3 rope scaling, stacked and separate projections, two
-// sequences); a call that does not fit leaves the cache as it was.
+// sequences, sliding windows); a call that does not fit leaves the cache as it was.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -23,6 +23,7 @@ struct CacheCase {
   DType dtype;
   int64_t head_dim = 0;  // 0: dim / n_heads (6)
   bool qk_norm = false;  // Qwen3's norm of each head's q and k: the cache holds k normed, then rotated
+  int64_t window = 0;    // > 0: a sliding window of this many positions on layers 0 and 2 (layer 1 full)
 };
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
 
@@ -47,6 +48,10 @@ LlamaConfig small_config(const CacheCase& c) {
   cfg.tie_embeddings = c.tied;
   cfg.attention_bias = c.bias;
   cfg.qk_norm = c.qk_norm;
+  if (c.window > 0) {
+    cfg.sliding_window = c.window;
+    cfg.sliding_layers = {true, false, true};
+  }
   return cfg;
 }
 
@@ -112,7 +117,12 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{"gqa3_head_dim10_f64", false, true, true, false, 2, DType::kF64, 10},
                       CacheCase{"gqa3_qk_norm_bias_f64", false, true, true, false, 2, DType::kF64, 0, true},
                       CacheCase{"gqa3_qk_norm_separate_projections_f32", true, false, false, true, 1, DType::kF32, 0,
-                                true}),
+                                true},
+                      // a new token sees the last 5 positions on the sliding layers: the cache's
+                      // older ones stay out of its attention there, not on the full layer
+                      CacheCase{"gqa3_sliding_window5_f64", false, true, true, false, 2, DType::kF64, 0, false, 5},
+                      CacheCase{"gqa3_sliding_window1_separate_projections_f32", true, false, false, true, 1,
+                                DType::kF32, 0, false, 1}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 TEST(KvCache, TokensBeyondItsRoomAreAnErrorThatLeavesItAsItWas) {

@@ -1,6 +1,8 @@
 // The whole model's gradients against central finite differences in f64 on tiny shapes,
 // activation checkpointing (pointwise, selective and full) against none (bitwise), and the layout's sharding invariants.
 #include <cmath>
+#include <cstring>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -22,6 +24,7 @@ struct TinyCase {
   bool tied, bias, llama3_rope;
   int64_t head_dim = 0;  // 0: dim / n_heads
   bool qk_norm = false;  // Qwen3's RMSNorm of each head's q and k before rope
+  int64_t window = 0;    // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -46,6 +49,10 @@ LlamaConfig tiny_config(const TinyCase& c) {
   cfg.attention_bias = c.bias;
   cfg.qk_norm = c.qk_norm;
   cfg.init_std = 0.5;  // large enough that every path carries signal
+  if (c.window > 0) {
+    cfg.sliding_window = c.window;
+    cfg.sliding_layers = {true, false};
+  }
   return cfg;
 }
 
@@ -103,7 +110,9 @@ INSTANTIATE_TEST_SUITE_P(
                       // QK-norm (Qwen3): its q_norm / k_norm weights' gradients, and the
                       // projections' through it, on stacked heads of their own width
                       TinyCase{"gqa2_qk_norm", 2, 1, true, false, false, 0, true},
-                      TinyCase{"gqa3_qk_norm_bias_head_dim8", 3, 1, false, true, true, 8, true}),
+                      TinyCase{"gqa3_qk_norm_bias_head_dim8", 3, 1, false, true, true, 8, true},
+                      // a sliding window of 3 positions on the first layer, the second full
+                      TinyCase{"gqa2_sliding_window3", 2, 1, false, true, false, 0, false, 3}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
@@ -540,6 +549,118 @@ TEST(LlamaConfig, HeadDimMustBeEvenAndNotNegative) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("unless `model.head_dim` sets it"), std::string::npos) << e.what();
   }
+}
+
+// Sliding windows through the whole model: a window of T or more positions is full attention
+// (bitwise: loss and gradients), a smaller one changes the loss; with checkpointing the
+// recomputed forward keeps the window (bitwise); packed documents with a window train as
+// the documents would alone with it.
+TEST(Llama, SlidingWindowOfTOrMoreIsFullAttentionASmallerOneIsNot) {
+  const int64_t B = 2, T = 8;
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  testing::fill_random_ints(ids, 90, 0, 11);
+  testing::fill_random_ints(targets, 91, 0, 11);
+  StepOptions o;
+  o.loss_chunk_tokens = 5;
+  auto run = [&](int64_t window, std::vector<bool> layers, ActivationCheckpointing ac) {
+    LlamaConfig cfg = tiny_config({"gqa2", 2, 1, false, true, false});
+    cfg.sliding_window = window;
+    cfg.sliding_layers = window > 0 ? layers : std::vector<bool>{};
+    Llama m(cfg, DType::kF64);
+    randomize(m, 41);
+    m.zero_grads();
+    StepOptions oc = o;
+    oc.checkpointing = ac;
+    const LossSum l = m.forward_backward(ids, targets, oc);
+    std::vector<Tensor> grads;
+    for (size_t u = 0; u < m.layout().units().size(); ++u) grads.push_back(contiguous(m.unit_grads(u)));
+    return std::pair{l.loss_sum, grads};
+  };
+  const auto none = ActivationCheckpointing::kNone;
+  const auto [full_loss, full_grads] = run(0, {}, none);
+  for (const int64_t window : {T, T + 5}) {
+    const auto [loss, grads] = run(window, {true, true}, none);
+    EXPECT_EQ(loss, full_loss) << "window " << window;
+    for (size_t u = 0; u < grads.size(); ++u)
+      EXPECT_EQ(std::memcmp(grads[u].raw_data(), full_grads[u].raw_data(), grads[u].nbytes()), 0) << "unit " << u;
+  }
+  const auto [small_loss, small_grads] = run(2, {false, true}, none);
+  EXPECT_GT(std::abs(small_loss - full_loss), 1e-3) << "a window of 2 on layer 1";
+  const auto [other_loss, other_grads] = run(2, {true, false}, none);
+  EXPECT_GT(std::abs(other_loss - small_loss), 1e-3) << "the window on layer 0 instead";
+  for (ActivationCheckpointing ac : {ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective,
+                                     ActivationCheckpointing::kFull}) {
+    const auto [loss, grads] = run(2, {false, true}, ac);
+    EXPECT_EQ(loss, small_loss) << checkpointing_name(ac);
+    for (size_t u = 0; u < grads.size(); ++u)
+      EXPECT_EQ(std::memcmp(grads[u].raw_data(), small_grads[u].raw_data(), grads[u].nbytes()), 0)
+          << checkpointing_name(ac) << ", unit " << u;
+  }
+}
+
+TEST(Llama, PackedDocumentsWithASlidingWindowTrainAsSeparateSequences) {
+  LlamaConfig cfg = tiny_config({"gqa3_bias", 3, 1, false, true, false});
+  cfg.sliding_window = 3;
+  cfg.sliding_layers = {true, true};
+  const std::vector<std::vector<int64_t>> rows = {{2, 6}, {8}};
+  const int64_t B = 2, T = 8;
+  Tensor ids = Tensor::empty({B, T}, DType::kI32), targets = Tensor::empty({B, T}, DType::kI32);
+  testing::fill_random_ints(ids, 92, 0, cfg.vocab_size);
+  testing::fill_random_ints(targets, 93, 0, cfg.vocab_size);
+  StepOptions o;
+  Llama packed(cfg, DType::kF64), separate(cfg, DType::kF64);
+  randomize(packed, 43);
+  randomize(separate, 43);
+  packed.zero_grads();
+  separate.zero_grads();
+  const LossSum got = packed.forward_backward(ids, targets, o, testing::document_positions(rows));
+  LossSum want;
+  for (int64_t b = 0; b < B; ++b) {
+    int64_t t0 = 0;
+    for (int64_t len : rows[static_cast<size_t>(b)]) {
+      const LossSum r = separate.forward_backward(contiguous(ids.slice(0, b, b + 1).slice(1, t0, t0 + len)),
+                                                  contiguous(targets.slice(0, b, b + 1).slice(1, t0, t0 + len)), o);
+      want.loss_sum += r.loss_sum;
+      t0 += len;
+    }
+  }
+  EXPECT_NEAR(got.loss_sum, want.loss_sum, 1e-11 * std::abs(want.loss_sum));
+  for (size_t u = 0; u < packed.layout().units().size(); ++u)
+    EXPECT_TRUE(testing::all_close(packed.unit_grads(u), separate.unit_grads(u), {1e-11, 1e-9, 1e-12})) << "unit " << u;
+}
+
+TEST(LlamaConfig, SlidingWindowLayersAreCheckedCountedAndSummarised) {
+  LlamaConfig c = testing::llama_1b();  // 16 layers
+  EXPECT_EQ(c.window_of(3), 0);
+  c.sliding_window = 4096;
+  c.sliding_layers.assign(16, true);
+  for (int64_t l = 5; l < 16; l += 6) c.sliding_layers[static_cast<size_t>(l)] = false;  // layers 5 and 11 full
+  c.validate("model.");
+  EXPECT_EQ(c.window_of(0), 4096);
+  EXPECT_EQ(c.window_of(5), 0);
+  EXPECT_EQ(c.sliding_layer_count(), 14);
+  EXPECT_NE(c.summary().find(", sliding window 4096 on 14 of 16 layers"), std::string::npos) << c.summary();
+  // FLOPs: a sliding layer counts the pairs inside its window, sum over i of min(i + 1, W),
+  // instead of T per token; at T <= W nothing changes but the sliding layers' halved count
+  LlamaConfig full = c;
+  full.sliding_window = 0;
+  full.sliding_layers.clear();
+  const int64_t T = 8192, W = 4096;
+  const double pairs = static_cast<double>(W) * (W + 1) / 2 + static_cast<double>(T - W) * W;
+  EXPECT_DOUBLE_EQ(full.flops_per_token(T) - c.flops_per_token(T),
+                   12.0 * static_cast<double>(c.q_dim()) * 14 * (static_cast<double>(T) - pairs / T));
+  c.sliding_layers.pop_back();
+  EXPECT_TRUE(testing::throws_with([&] { c.validate("model."); },
+                                   "`model.sliding_window` = 4096 needs one sliding/full entry per layer: found 15 "
+                                   "entries for `model.n_layers` = 16"));
+  c.sliding_window = -1;
+  EXPECT_TRUE(testing::throws_with([&] { c.validate("model."); }, "`model.sliding_window` must be >= 1 keys"));
+  c.sliding_window = 0;
+  EXPECT_TRUE(testing::throws_with([&] { c.validate("model."); },
+                                   "layer 0 is marked as a sliding-window layer but `model.sliding_window` is 0"));
+  c.sliding_layers.clear();
+  c.validate("model.");
+  EXPECT_EQ(c.summary().find("sliding"), std::string::npos);
 }
 
 TEST(LlamaConfig, CountsParametersAndRejectsBadShapes) {

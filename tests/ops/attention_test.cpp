@@ -308,7 +308,8 @@ void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
           if (!sees(b, i + S - T, j)) continue;
           double d = 0;
           for (int64_t h = 0; h < H; ++h)
-            d += q64.data<double>()[((b * T + i) * N + n) * H + h] * k64.data<double>()[((b * S + j) * M + n / G) * H + h];
+            d += q64.data<double>()[((b * T + i) * N + n) * H + h] *
+                 k64.data<double>()[((b * S + j) * M + n / G) * H + h];
           s[static_cast<size_t>(j)] = d * scale;
           mx = std::max(mx, d * scale);
         }
@@ -318,7 +319,8 @@ void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
         for (int64_t h = 0; h < H; ++h) {
           double acc = 0;
           for (int64_t j = 0; j < S; ++j)
-            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum * v64.data<double>()[((b * S + j) * M + n / G) * H + h];
+            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum *
+                   v64.data<double>()[((b * S + j) * M + n / G) * H + h];
           out.data<double>()[((b * T + i) * N + n) * H + h] = acc;
         }
       }
@@ -438,7 +440,8 @@ TEST(Attention, SlidingWindowOverLongerKeysAndKvCache) {
     const Tensor rows = contiguous(all.slice(1, S - T, S));
     EXPECT_EQ(std::memcmp(out.raw_data(), rows.raw_data(), out.nbytes()), 0) << "rows of the full call";
     // the cache holds the first S - T positions' keys and values; the step adds the last T
-    Tensor cache_k = Tensor::zeros({B, S + 4, M, H}, DType::kF64), cache_v = Tensor::zeros({B, S + 4, M, H}, DType::kF64);
+    Tensor cache_k = Tensor::zeros({B, S + 4, M, H}, DType::kF64);
+    Tensor cache_v = Tensor::zeros({B, S + 4, M, H}, DType::kF64);
     Tensor head_k = cache_k.slice(1, 0, S - T), head_v = cache_v.slice(1, 0, S - T);
     copy(head_k, k.slice(1, 0, S - T));
     copy(head_v, v.slice(1, 0, S - T));

@@ -157,6 +157,50 @@ TEST(Config, HeadDimDecouplesTheHeadsFromTheWidth) {
   EXPECT_FALSE(llama_config(m, 258).head_dim_decoupled());
 }
 
+// model.sliding_window and model.full_attention_every: the layers they choose, with the shape
+// keys and with a preset, and their errors.
+TEST(Config, SlidingWindowKeysChooseTheLayers) {
+  ModelSection m;
+  m.n_layers = 6;
+  m.sliding_window = 32;
+  auto windows = [](const model::LlamaConfig& c) {
+    std::vector<int64_t> w;
+    for (int64_t l = 0; l < c.n_layers; ++l) w.push_back(c.window_of(l));
+    return w;
+  };
+  EXPECT_EQ(windows(llama_config(m, 258)), (std::vector<int64_t>{32, 32, 32, 32, 32, 32}));
+  m.full_attention_every = 2;  // Gemma 2: every other layer full
+  EXPECT_EQ(windows(llama_config(m, 258)), (std::vector<int64_t>{32, 0, 32, 0, 32, 0}));
+  m.full_attention_every = 3;
+  EXPECT_EQ(windows(llama_config(m, 258)), (std::vector<int64_t>{32, 32, 0, 32, 32, 0}));
+  m.sliding_window = 0;
+  m.full_attention_every = 0;
+  EXPECT_EQ(llama_config(m, 258).sliding_window, 0);
+  m.preset = "llama3.2-1b";  // 16 layers: 5 and 11 full with N = 6 (Gemma 3)
+  m.sliding_window = 1024;
+  m.full_attention_every = 6;
+  const model::LlamaConfig p = llama_config(m, 258);
+  EXPECT_EQ(p.sliding_layer_count(), 14);
+  EXPECT_EQ(p.window_of(5), 0);
+  EXPECT_EQ(p.window_of(11), 0);
+  EXPECT_EQ(p.window_of(15), 1024);
+
+  EXPECT_EQ(error_of("", {"--model.sliding_window=64", "--model.full_attention_every=4"}), "");
+  std::string e = error_of("", {"--model.full_attention_every=2"});
+  EXPECT_NE(e.find("`model.full_attention_every` = 2 chooses the full-attention layers among sliding ones, but "
+                   "`model.sliding_window` is 0"),
+            std::string::npos)
+      << e;
+  e = error_of("", {"--model.sliding_window=64", "--model.full_attention_every=1"});
+  EXPECT_NE(e.find("`model.full_attention_every` = 1 makes every layer attend fully"), std::string::npos) << e;
+  e = error_of("", {"--model.sliding_window=-3"});
+  EXPECT_NE(e.find("`model.sliding_window`"), std::string::npos) << e;
+  e = error_of("", {"--model.sliding_window=64", "--model.hf=some/folder"});
+  EXPECT_NE(e.find("`model.sliding_window` = 64 with `model.hf` = \"some/folder\": the folder's config.json decides"),
+            std::string::npos)
+      << e;
+}
+
 // model.qk_norm: Qwen3's per-head norms of q and k, off by default, with heads of their own.
 TEST(Config, QkNormReachesTheModelAndComposesWithHeadDim) {
   EXPECT_FALSE(llama_config(load_config("", {}).config.model, 258).qk_norm);

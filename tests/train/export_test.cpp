@@ -77,7 +77,8 @@ TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
 }
 
 INSTANTIATE_TEST_SUITE_P(References, ExportRoundTrip,
-                         ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias"));
+                         ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias",
+                                           "mistral_sliding", "qwen2_window_layers"));
 
 // A Qwen3 folder as transformers writes one: config.json (transformers 4 form) and
 // model.safetensors of random f32 tensors under the Hugging Face names, q_norm and k_norm

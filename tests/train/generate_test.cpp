@@ -2,6 +2,7 @@
 // path picks (also past max_seq_len, where the context slides); a seed repeats a sample;
 // top-k = 1 and a tiny top-p are greedy; top-k and top-p draw only from their tokens;
 // ContextLimit::kStop names the lengths of a prompt that does not fit and stops a full context.
+// With sliding-window layers the cache and the recompute path pick the same ids too.
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -123,6 +124,29 @@ INSTANTIATE_TEST_SUITE_P(
                       PathCase{"sampled_topk8_f64", 0.9, 8, 1.0, 30, DType::kF64},
                       PathCase{"sampled_topp09_past_the_context_f64", 1.0, 0, 0.9, 60, DType::kF64}),
     [](const ::testing::TestParamInfo<PathCase>& i) { return std::string(i.param.name); });
+
+// Sliding windows of 4 positions on layers 0 and 2 (layer 1 full): the cached continuation is
+// the recomputed one, within the context and past it, and the window changes what is picked.
+TEST(CacheAndRecomputeWithSlidingWindow, PickTheSameIds) {
+  model::LlamaConfig cfg = small_config();
+  cfg.sliding_window = 4;
+  cfg.sliding_layers = {true, false, true};
+  const IdTokenizer tok(41, -1);
+  for (const int64_t tokens : {int64_t{30}, int64_t{60}}) {
+    SCOPED_TRACE(std::to_string(tokens) + " tokens");
+    model::Llama model(cfg, DType::kF64);
+    randomize(model, 23);
+    SampleOptions o = options(0.0, 0, 1.0, tokens);
+    const SampleResult cached = sample(model, tok, o);
+    o.kv_cache = false;
+    const SampleResult recomputed = sample(model, tok, o);
+    EXPECT_TRUE(cached.used_kv_cache);
+    EXPECT_EQ(cached.ids, recomputed.ids);
+    model::Llama full(small_config(), DType::kF64);
+    randomize(full, 23);
+    EXPECT_NE(sample(full, tok, options(0.0, 0, 1.0, tokens)).ids, cached.ids) << "the window matters";
+  }
+}
 
 TEST(Sampling, ASeedRepeatsAndTopKOneOrATinyTopPIsGreedy) {
   model::Llama model(small_config(), DType::kF32);

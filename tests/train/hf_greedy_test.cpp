@@ -86,7 +86,9 @@ TEST_P(HfGreedy, ContinuesThePromptAsTransformers) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedy, ::testing::Values("mistral_head_dim", "qwen3_qk_norm"));
+INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedy,
+                         ::testing::Values("mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
+                                           "qwen2_window_layers"));
 
 }  // namespace
 }  // namespace shardtrain::train

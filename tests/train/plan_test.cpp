@@ -126,6 +126,44 @@ TEST(Plan, ADecoupledHeadDimSizesTheAttentionsActivations) {
   EXPECT_NE(text.find("head dim 160, decoupled: attention width 32 x 160 = 5120"), std::string::npos) << text;
 }
 
+// Sliding-window layers: their attention FLOPs count the (query, key) pairs inside the window,
+// sum over i of min(i + 1, W), instead of T x T; the plan says so, and the step time follows.
+// Llama 3.1 8B's shape at T = 4096 with a window of 1024 on 24 of its 32 layers.
+TEST(Plan, SlidingLayersCountTheKeysInsideTheirWindow) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.gpu = true;
+  in.seq_len = 4096;
+  const MemoryPlan full = plan_memory(in);
+  in.model.sliding_window = 1024;
+  in.model.sliding_layers.assign(32, true);
+  for (int64_t l = 3; l < 32; l += 4) in.model.sliding_layers[static_cast<size_t>(l)] = false;  // 8 full layers
+  const MemoryPlan sliding = plan_memory(in);
+  const double T = 4096, W = 1024, pairs = W * (W + 1) / 2 + (T - W) * W;  // 3,670,528 of 16,777,216
+  EXPECT_DOUBLE_EQ(full.flops_per_token - sliding.flops_per_token, 12.0 * 32 * 128 * 24 * (T - pairs / T));
+  EXPECT_EQ(sliding.peak, full.peak) << "the memory is the same: the attention never forms T x T scores";
+  const std::string text = describe_plan(in, sliding);
+  EXPECT_NE(text.find("on the 24 sliding layers T is the 896.1 keys per token inside their window of 1024"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("sliding window 1024 on 24 of 32 layers"), std::string::npos) << text;
+  // model.sliding_window and model.full_attention_every on a preset's shape reach the plan
+  JobConfig job;
+  job.model.preset = "llama3.1-8b";
+  job.model.sliding_window = 1024;
+  job.model.full_attention_every = 4;
+  const model::LlamaConfig planned = planned_model(job).config;
+  EXPECT_EQ(planned.sliding_layer_count(), 24);
+  EXPECT_DOUBLE_EQ(planned.flops_per_token(4096), in.model.flops_per_token(4096));
+  EXPECT_LT(estimate_time(in, gpu_spec("h100-sxm"), 0.4).step_seconds,
+            [&] {
+              PlanInput f = in;
+              f.model.sliding_window = 0;
+              f.model.sliding_layers.clear();
+              return estimate_time(f, gpu_spec("h100-sxm"), 0.4).step_seconds;
+            }());
+}
+
 // QK-norm (model.qk_norm): two [H] weights per block in the parameters and the sharded state,
 // and per token and block q and k before their norm ([N·H] and [M·H] of a rank's heads, in
 // the compute dtype) with their norm's f32 1/rms per head row, kept by every checkpointing
