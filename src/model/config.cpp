@@ -81,14 +81,18 @@ int64_t LlamaConfig::num_parameters() const {
   return num_non_embedding_parameters() + (tie_embeddings ? 0 : vocab_size * dim);
 }
 
+double sliding_keys_per_token(int64_t window, int64_t seq_len) {
+  const double T = static_cast<double>(seq_len);
+  if (window <= 0 || seq_len <= 0) return T;
+  return T * ops::causal_attention_pairs(seq_len, seq_len, window) / ops::causal_attention_pairs(seq_len, seq_len, 0);
+}
+
 double LlamaConfig::flops_per_token(int64_t seq_len) const {
-  // the attention's keys per token: T on a full layer, the pairs inside the window over T on a sliding one
+  // the attention's keys per token: T on a full layer (the causal half not taken off, as
+  // torchtitan counts), and on a sliding layer T scaled by the share of the causal pairs that
+  // lie inside the window (T when the window holds every key, about 2W when W << T)
   double keys = 0;
-  for (int64_t l = 0; l < n_layers; ++l) {
-    const int64_t w = window_of(l);
-    keys += w > 0 && seq_len > 0 ? ops::causal_attention_pairs(seq_len, seq_len, w) / static_cast<double>(seq_len)
-                                 : static_cast<double>(seq_len);
-  }
+  for (int64_t l = 0; l < n_layers; ++l) keys += sliding_keys_per_token(window_of(l), seq_len);
   return 6.0 * static_cast<double>(num_non_embedding_parameters()) + 12.0 * static_cast<double>(q_dim()) * keys;
 }
 

@@ -11,6 +11,11 @@
 
 namespace shardtrain::model {
 
+// The keys per token flops_per_token counts for an attention layer over seq_len tokens: seq_len
+// with no window (0), and for a sliding window seq_len scaled by the share of the causal
+// (query, key) pairs inside it.
+double sliding_keys_per_token(int64_t window, int64_t seq_len);
+
 struct LlamaConfig {
   int64_t vocab_size = 0;    // V
   int64_t dim = 0;           // D, hidden_size

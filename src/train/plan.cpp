@@ -216,10 +216,9 @@ std::string sliding_flops_note(const PlanInput& in) {
   const model::LlamaConfig& c = in.model;
   const int64_t sliding = c.sliding_layer_count();
   if (sliding == 0 || in.seq_len <= 0) return "";
-  const double keys = ops::causal_attention_pairs(in.seq_len, in.seq_len, c.sliding_window) /
-                      static_cast<double>(in.seq_len);
-  return fmt::format("; on the {} sliding layers T is the {:.1f} keys per token inside their window of {}", sliding,
-                     keys, c.sliding_window);
+  const double keys = model::sliding_keys_per_token(c.sliding_window, in.seq_len);
+  return fmt::format("; on the {} sliding layers T is {:.1f}: T times the share of the causal (query, key) pairs "
+                     "inside their window of {}", sliding, keys, c.sliding_window);
 }
 
 }  // namespace

@@ -640,15 +640,19 @@ TEST(LlamaConfig, SlidingWindowLayersAreCheckedCountedAndSummarised) {
   EXPECT_EQ(c.window_of(5), 0);
   EXPECT_EQ(c.sliding_layer_count(), 14);
   EXPECT_NE(c.summary().find(", sliding window 4096 on 14 of 16 layers"), std::string::npos) << c.summary();
-  // FLOPs: a sliding layer counts the pairs inside its window, sum over i of min(i + 1, W),
-  // instead of T per token; at T <= W nothing changes but the sliding layers' halved count
+  // FLOPs: a sliding layer counts T keys per token times the share of the causal pairs inside
+  // its window (sum over i of min(i + 1, W) of T (T + 1) / 2); at T <= W it counts as a full one
   LlamaConfig full = c;
   full.sliding_window = 0;
   full.sliding_layers.clear();
   const int64_t T = 8192, W = 4096;
   const double pairs = static_cast<double>(W) * (W + 1) / 2 + static_cast<double>(T - W) * W;
-  EXPECT_DOUBLE_EQ(full.flops_per_token(T) - c.flops_per_token(T),
-                   12.0 * static_cast<double>(c.q_dim()) * 14 * (static_cast<double>(T) - pairs / T));
+  EXPECT_NEAR(full.flops_per_token(T) - c.flops_per_token(T),
+              12.0 * static_cast<double>(c.q_dim()) * 14 * (static_cast<double>(T) - 2 * pairs / (T + 1)),
+              1e-12 * full.flops_per_token(T));  // the difference of two large figures
+  LlamaConfig wide = c;
+  wide.sliding_window = T;
+  EXPECT_DOUBLE_EQ(wide.flops_per_token(T), full.flops_per_token(T)) << "a window that holds every key";
   c.sliding_layers.pop_back();
   EXPECT_TRUE(testing::throws_with([&] { c.validate("model."); },
                                    "`model.sliding_window` = 4096 needs one sliding/full entry per layer: found 15 "
