@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "core/error.h"
+#include "testing/shardtrain_binary.h"
 
 namespace {
 
@@ -24,21 +25,11 @@ using shardtrain::cli::JobArgs;
 using shardtrain::cli::parse_job_args;
 using Args = std::vector<std::string>;
 
-struct Result {
-  int status;
-  std::string output;
-};
+using Result = shardtrain::testing::CommandResult;
 
-Result run(const std::string& command_line) {
-  FILE* p = popen((command_line + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+Result run(const std::string& command_line) { return shardtrain::testing::run_command(command_line + " 2>&1"); }
 
-std::string shardtrain_binary() { return std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain"; }
+using shardtrain::testing::shardtrain_binary;
 
 // The error parse_job_args throws for `args`, or "(none)".
 std::string parse_error(const Args& args) {

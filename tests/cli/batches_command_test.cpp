@@ -15,6 +15,7 @@
 #include "core/tensor.h"
 #include "io/safetensors.h"
 #include "optim/schedule.h"
+#include "testing/shardtrain_binary.h"
 
 namespace {
 
@@ -22,20 +23,9 @@ namespace fs = std::filesystem;
 using shardtrain::DType;
 using shardtrain::Tensor;
 
-struct Result {
-  int status;
-  std::string output;
-};
+using Result = shardtrain::testing::CommandResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+Result run(const std::string& args) { return shardtrain::testing::run_shardtrain(args); }
 
 class BatchesCommand : public ::testing::Test {
  protected:

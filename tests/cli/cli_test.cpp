@@ -22,23 +22,14 @@
 #include "io/safetensors.h"
 #include "io/safetensors_writer.h"
 #include "testing/shared_data.h"
+#include "testing/shardtrain_binary.h"
 
 namespace {
 
-struct Result {
-  int status;
-  std::string output;
-};
+using Result = shardtrain::testing::CommandResult;
 
 Result run(const std::string& args, const std::string& env = "") {
-  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args +
-                          " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
+  return shardtrain::testing::run_shardtrain(args, env);
 }
 
 TEST(Cli, UnknownKeyFailsNamingIt) {
@@ -67,14 +58,8 @@ TEST(Cli, VersionNamesTheCommitAndTheBuild) {
   ASSERT_EQ(v.status, 0) << v.output;
   ASSERT_EQ(v.output.rfind("shardtrain ", 0), 0u) << v.output;
   const std::string commit = v.output.substr(11, v.output.find('\n') - 11);
-  const Result head = [] {
-    const std::string cmd = "git -C " + shardtrain::testing::source_dir() + " rev-parse --short=12 HEAD 2>/dev/null";
-    FILE* p = popen(cmd.c_str(), "r");
-    std::string out;
-    std::array<char, 256> buf;
-    while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-    return Result{pclose(p), out};
-  }();
+  const Result head = shardtrain::testing::run_command("git -C " + shardtrain::testing::source_dir() +
+                                                       " rev-parse --short=12 HEAD 2>/dev/null");
   if (head.status == 0 && !head.output.empty())
     EXPECT_EQ(commit.substr(0, 12), head.output.substr(0, 12)) << "built from another commit than the checkout's?";
   else

@@ -12,24 +12,15 @@
 
 #include <gtest/gtest.h>
 
+#include "testing/shardtrain_binary.h"
+
 namespace {
 
 namespace fs = std::filesystem;
 
-struct Result {
-  int status;
-  std::string output;
-};
+using Result = shardtrain::testing::CommandResult;
 
-Result run(const std::string& args) {
-  const std::string cmd = std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), p)) out.append(buf.data(), n);
-  const int st = pclose(p);
-  return {WIFEXITED(st) ? WEXITSTATUS(st) : -1, out};
-}
+Result run(const std::string& args) { return shardtrain::testing::run_shardtrain(args); }
 
 int count(const std::string& text, const std::string& piece) {
   int n = 0;
