@@ -26,15 +26,8 @@
 #include "testing/shardtrain_binary.h"
 #include "testing/shared_data.h"
 
-namespace {
-
 using Result = shardtrain::testing::CommandResult;
-
-[[maybe_unused]] Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
-
-}  // namespace
+using shardtrain::testing::run_shardtrain;
 
 namespace {
 
@@ -46,9 +39,10 @@ TEST(Cli, BenchReportsTheStepAndWritesNothing) {
   fs::copy_file(shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope/config.json",
                 dir / "hf" / "config.json");
   const std::string json = (dir / "bench.json").string();
-  const Result r = run("bench --steps 3 --warmup 2 --model.n_layers=2 --data.source=/nonexistent/corpus.jsonl "
-                       "--checkpoint.interval_steps=1 --export.folder=" + (dir / "export").string() +
-                       " --run.output_dir=" + (dir / "run").string() + " --json " + json);
+  const Result r =
+      run_shardtrain("bench --steps 3 --warmup 2 --model.n_layers=2 --data.source=/nonexistent/corpus.jsonl "
+                     "--checkpoint.interval_steps=1 --export.folder=" +
+                     (dir / "export").string() + " --run.output_dir=" + (dir / "run").string() + " --json " + json);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("random tokens, uniform over a vocabulary of 258"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("step     5/5"), std::string::npos) << r.output;
@@ -72,26 +66,31 @@ TEST(Cli, BenchReportsTheStepAndWritesNothing) {
   EXPECT_NE(j.find("\"tokens_per_second\": "), std::string::npos) << j;
 
   // a Hugging Face folder with only its config.json: the shape, random weights
-  const Result hf = run("bench --steps 1 --warmup 1 --training.seq_len=32 --model.hf=" + (dir / "hf").string());
+  const Result hf =
+      run_shardtrain("bench --steps 1 --warmup 1 --training.seq_len=32 --model.hf=" + (dir / "hf").string());
   ASSERT_EQ(hf.status, 0) << hf.output;
   EXPECT_NE(hf.output.find("its weights random (not read)"), std::string::npos) << hf.output;
   EXPECT_NE(hf.output.find("2 layers, dim 24, 4 heads / 1 kv heads (head dim 6), ffn 40, vocab 67"), std::string::npos)
       << hf.output;
-  EXPECT_NE(run("train --training.steps=1 --training.seq_len=32 --model.hf=" + (dir / "hf").string()).status, 0)
+  EXPECT_NE(run_shardtrain("train --training.steps=1 --training.seq_len=32 --model.hf=" + (dir / "hf").string()).status,
+            0)
       << "training needs the folder's tokenizer and weights";
 
   // a sweep: every combination in turn, one that fails noted and the rest run, one table
   const std::string sweep_json = (dir / "sweep.json").string();
-  const Result sweep = run("bench --steps 1 --warmup 1 --model.n_layers=1 --sweep training.batch_size=2,4 "
-                           "--sweep training.offload_activations=false,true --json " + sweep_json);
+  const Result sweep = run_shardtrain("bench --steps 1 --warmup 1 --model.n_layers=1 --sweep training.batch_size=2,4 "
+                                      "--sweep training.offload_activations=false,true --json " +
+                                      sweep_json);
   ASSERT_EQ(sweep.status, 0) << sweep.output;
   EXPECT_NE(sweep.output.find("bench [4/4]: training.batch_size=4 training.offload_activations=true"),
-            std::string::npos) << sweep.output;
+            std::string::npos)
+      << sweep.output;
   EXPECT_NE(sweep.output.find("| settings | tokens/s | MFU | ms per step |"), std::string::npos) << sweep.output;
   EXPECT_NE(sweep.output.find("| training.batch_size=2 training.offload_activations=false | "), std::string::npos)
       << sweep.output;
   EXPECT_NE(sweep.output.find("| training.batch_size=4 training.offload_activations=true | failed: "),
-            std::string::npos) << sweep.output;
+            std::string::npos)
+      << sweep.output;
   {
     std::ifstream sin(sweep_json);
     const nlohmann::json rows = nlohmann::json::parse(sin);
@@ -102,16 +101,16 @@ TEST(Cli, BenchReportsTheStepAndWritesNothing) {
     EXPECT_NE(rows[1].at("error").get<std::string>().find("training.offload_activations"), std::string::npos);
     EXPECT_FALSE(rows[2].contains("error"));
   }
-  const Result bad_sweep = run("bench --steps 1 --sweep model.widht=1,2");
+  const Result bad_sweep = run_shardtrain("bench --steps 1 --sweep model.widht=1,2");
   EXPECT_EQ(bad_sweep.status, 1);
   EXPECT_NE(bad_sweep.output.find("unknown config key `model.widht`"), std::string::npos) << bad_sweep.output;
   EXPECT_EQ(bad_sweep.output.find("bench [1/2]"), std::string::npos) << "settings are checked before any run";
 
-  const Result none = run("bench --steps 0");
+  const Result none = run_shardtrain("bench --steps 0");
   EXPECT_EQ(none.status, 1);
   EXPECT_NE(none.output.find("--steps must be at least 1, found 0"), std::string::npos) << none.output;
-  EXPECT_NE(run("bench --warmup 0").output.find("--warmup must be at least 1"), std::string::npos);
-  EXPECT_NE(run("bench --steps x").output.find("--steps takes an integer, found `x`"), std::string::npos);
+  EXPECT_NE(run_shardtrain("bench --warmup 0").output.find("--warmup must be at least 1"), std::string::npos);
+  EXPECT_NE(run_shardtrain("bench --steps x").output.find("--steps takes an integer, found `x`"), std::string::npos);
   fs::remove_all(dir);
 }
 
@@ -123,19 +122,19 @@ TEST(Cli, CacheListsAndPrunesTheTokenCaches) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const std::string cache = (dir / "cache").string();
-  const Result none = run("cache --dir " + cache);
+  const Result none = run_shardtrain("cache --dir " + cache);
   ASSERT_EQ(none.status, 0) << none.output;
   EXPECT_NE(none.output.find("no token caches in " + cache), std::string::npos) << none.output;
   {
     std::ofstream out(dir / "corpus.txt");
     for (int i = 0; i < 3000; ++i) out << "document " << i << " of the corpus\n\n";
   }
-  const Result train = run("train --data.source=" + (dir / "corpus.txt").string() +
-                           " --data.token_cache=on --data.cache_dir=" + cache +
-                           " --training.steps=0 --eval.batches=1 --sample.tokens=0");
+  const Result train = run_shardtrain("train --data.source=" + (dir / "corpus.txt").string() +
+                                      " --data.token_cache=on --data.cache_dir=" + cache +
+                                      " --training.steps=0 --eval.batches=1 --sample.tokens=0");
   ASSERT_EQ(train.status, 0) << train.output;
   fs::create_directories(dir / "cache" / ("corpus-0123456789abcdef.tmp-" + std::string("elsewhere.example") + "-42"));
-  const Result listed = run("cache list --dir " + cache);
+  const Result listed = run_shardtrain("cache list --dir " + cache);
   ASSERT_EQ(listed.status, 0) << listed.output;
   EXPECT_NE(listed.output.find("token caches in " + cache + ": 2 folders"), std::string::npos) << listed.output;
   EXPECT_NE(listed.output.find("current"), std::string::npos) << listed.output;
@@ -145,31 +144,32 @@ TEST(Cli, CacheListsAndPrunesTheTokenCaches) {
   EXPECT_EQ(listed.output.find("cache prune` removes"), std::string::npos) << "nothing to prune yet";
 
   std::ofstream(dir / "corpus.txt", std::ios::app) << "one more\n";
-  const Result stale = run("cache --dir " + cache);
+  const Result stale = run_shardtrain("cache --dir " + cache);
   EXPECT_NE(stale.output.find("stale"), std::string::npos) << stale.output;
   EXPECT_NE(stale.output.find("corpus.txt` changed after the build"), std::string::npos) << stale.output;
-  EXPECT_NE(stale.output.find("`shardtrain cache prune` removes the 1 folder stale"), std::string::npos) << stale.output;
-  const Result dry = run("cache prune --dry-run --dir " + cache);
+  EXPECT_NE(stale.output.find("`shardtrain cache prune` removes the 1 folder stale"), std::string::npos)
+      << stale.output;
+  const Result dry = run_shardtrain("cache prune --dry-run --dir " + cache);
   ASSERT_EQ(dry.status, 0) << dry.output;
   EXPECT_NE(dry.output.find("would remove 1 of 2 folders"), std::string::npos) << dry.output;
-  EXPECT_EQ(run("cache --dir " + cache).output, stale.output);
-  const Result pruned = run("cache prune --dir " + cache);
+  EXPECT_EQ(run_shardtrain("cache --dir " + cache).output, stale.output);
+  const Result pruned = run_shardtrain("cache prune --dir " + cache);
   ASSERT_EQ(pruned.status, 0) << pruned.output;
   EXPECT_NE(pruned.output.find("removed 1 of 2 folders"), std::string::npos) << pruned.output;
-  const Result rest = run("cache --dir " + cache);
+  const Result rest = run_shardtrain("cache --dir " + cache);
   EXPECT_NE(rest.output.find(": 1 folder, "), std::string::npos) << rest.output;
   EXPECT_EQ(rest.output.find("stale"), std::string::npos) << rest.output;
-  const Result all = run("cache prune --all --dir " + cache);
+  const Result all = run_shardtrain("cache prune --all --dir " + cache);
   EXPECT_NE(all.output.find("removed 1 of 1 folder, "), std::string::npos) << all.output;
   EXPECT_TRUE(fs::is_empty(cache));
 
-  const Result misplaced = run("cache --all --dir " + cache);
+  const Result misplaced = run_shardtrain("cache --all --dir " + cache);
   EXPECT_EQ(misplaced.status, 1);
   EXPECT_NE(misplaced.output.find("go with `cache prune`"), std::string::npos) << misplaced.output;
-  const Result days = run("cache prune --unused-days soon --dir " + cache);
+  const Result days = run_shardtrain("cache prune --unused-days soon --dir " + cache);
   EXPECT_EQ(days.status, 1);
   EXPECT_NE(days.output.find("--unused-days takes a number, found `soon`"), std::string::npos) << days.output;
-  EXPECT_EQ(run("cache purge").status, 1);
+  EXPECT_EQ(run_shardtrain("cache purge").status, 1);
   fs::remove_all(dir);
 }
 

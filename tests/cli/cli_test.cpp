@@ -10,26 +10,23 @@
 namespace {
 
 using Result = shardtrain::testing::CommandResult;
-
-Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
+using shardtrain::testing::run_shardtrain;
 
 TEST(Cli, UnknownKeyFailsNamingIt) {
-  const Result r = run("train --model.widht=3");
+  const Result r = run_shardtrain("train --model.widht=3");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("error: override `--model.widht=3`: unknown config key `model.widht`"), std::string::npos)
       << r.output;
 }
 
 TEST(Cli, ImpossibleShapeFails) {
-  const Result r = run("train --model.n_heads=7");
+  const Result r = run_shardtrain("train --model.n_heads=7");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("`model.n_heads` (7) must divide `model.dim` (256)"), std::string::npos) << r.output;
 }
 
 TEST(Cli, MissingConfigFileFails) {
-  const Result r = run("train /nonexistent/job.toml");
+  const Result r = run_shardtrain("train /nonexistent/job.toml");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("/nonexistent/job.toml"), std::string::npos) << r.output;
 }
@@ -37,7 +34,7 @@ TEST(Cli, MissingConfigFileFails) {
 // `version`: the commit the binary was built from, the same one the git checkout is at (or
 // "unknown" outside one), its backends and the host; --version is the same.
 TEST(Cli, VersionNamesTheCommitAndTheBuild) {
-  const Result v = run("version");
+  const Result v = run_shardtrain("version");
   ASSERT_EQ(v.status, 0) << v.output;
   ASSERT_EQ(v.output.rfind("shardtrain ", 0), 0u) << v.output;
   const std::string commit = v.output.substr(11, v.output.find('\n') - 11);
@@ -50,16 +47,16 @@ TEST(Cli, VersionNamesTheCommitAndTheBuild) {
   EXPECT_NE(v.output.find("\n  build: "), std::string::npos) << v.output;
   EXPECT_NE(v.output.find("\n  host: "), std::string::npos) << v.output;
   EXPECT_NE(v.output.find(" cores, "), std::string::npos) << v.output;
-  EXPECT_EQ(run("--version").output, v.output);
-  EXPECT_EQ(run("version extra").status, 1);
+  EXPECT_EQ(run_shardtrain("--version").output, v.output);
+  EXPECT_EQ(run_shardtrain("version extra").status, 1);
 }
 
 TEST(Cli, UnknownCommandAndHelp) {
-  EXPECT_EQ(run("trian").status, 2);
-  const Result h = run("help");
+  EXPECT_EQ(run_shardtrain("trian").status, 2);
+  const Result h = run_shardtrain("help");
   EXPECT_EQ(h.status, 0);
   EXPECT_NE(h.output.find("print-config"), std::string::npos);
-  const Result p = run("print-config --training.steps=5");
+  const Result p = run_shardtrain("print-config --training.steps=5");
   EXPECT_EQ(p.status, 0);
   EXPECT_NE(p.output.find("steps = 5  # override"), std::string::npos) << p.output;
 }

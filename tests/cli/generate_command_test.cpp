@@ -34,15 +34,8 @@
 #include "train/generate.h"
 #include "train/open_model.h"
 
-namespace {
-
 using Result = shardtrain::testing::CommandResult;
-
-[[maybe_unused]] Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
-
-}  // namespace
+using shardtrain::testing::run_shardtrain;
 
 namespace {
 
@@ -101,8 +94,8 @@ class CliGenerate : public ::testing::Test {
 std::string* CliGenerate::hf_ = nullptr;
 std::string* CliGenerate::checkpoints_ = nullptr;
 
-SampleOptions sample_options(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k,
-                             double top_p, uint64_t seed) {
+SampleOptions sample_options(const std::string& prompt, int64_t tokens, double temperature, int64_t top_k, double top_p,
+                             uint64_t seed) {
   SampleOptions o;
   o.prompt = prompt;
   o.tokens = tokens;
@@ -114,7 +107,8 @@ SampleOptions sample_options(const std::string& prompt, int64_t tokens, double t
 }
 
 TEST_F(CliGenerate, HuggingFaceFolderPrintsTheSampleAndItsSpeed) {
-  const SplitResult greedy = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
+  const SplitResult greedy = run_split("generate --device cpu " + *hf_ +
+                                       " --tokenizer byte --prompt Hello --tokens 12 "
                                        "--temperature 0");
   ASSERT_EQ(greedy.status, 0) << greedy.err;
   EXPECT_EQ(greedy.out, expected_output(*hf_, "byte", sample_options("Hello", 12, 0, 40, 1, 7)));
@@ -122,21 +116,23 @@ TEST_F(CliGenerate, HuggingFaceFolderPrintsTheSampleAndItsSpeed) {
   EXPECT_NE(greedy.err.find("KV cache"), std::string::npos) << greedy.err;
   EXPECT_NE(greedy.err.find("from Hugging Face folder " + *hf_), std::string::npos) << greedy.err;
 
-  const SplitResult recomputed = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt Hello --tokens 12 "
+  const SplitResult recomputed = run_split("generate --device cpu " + *hf_ +
+                                           " --tokenizer byte --prompt Hello --tokens 12 "
                                            "--temperature 0 --recompute");
   ASSERT_EQ(recomputed.status, 0) << recomputed.err;
   EXPECT_EQ(recomputed.out, greedy.out) << "the same ids without the cache";
   EXPECT_NE(recomputed.err.find("recomputed every token"), std::string::npos) << recomputed.err;
 
-  const SplitResult sampled = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt Hello --tokens 20 "
+  const SplitResult sampled = run_split("generate --device cpu " + *hf_ +
+                                        " --tokenizer byte --prompt Hello --tokens 20 "
                                         "--temperature 0.9 --top-k 50 --top-p 0.9 --seed 5");
   ASSERT_EQ(sampled.status, 0) << sampled.err;
   EXPECT_EQ(sampled.out, expected_output(*hf_, "byte", sample_options("Hello", 20, 0.9, 50, 0.9, 5)));
 
   const std::string prompt_file = *hf_ + "_prompt.txt";
   std::ofstream(prompt_file) << "Hello";
-  const SplitResult piped = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt - --tokens 12 --temperature 0",
-                                      prompt_file);
+  const SplitResult piped = run_split(
+      "generate --device cpu " + *hf_ + " --tokenizer byte --prompt - --tokens 12 --temperature 0", prompt_file);
   ASSERT_EQ(piped.status, 0) << piped.err;
   EXPECT_EQ(piped.out, greedy.out) << "--prompt - reads standard input";
   std::filesystem::remove(prompt_file);
@@ -162,12 +158,15 @@ TEST_F(CliGenerate, BadInputIsNamed) {
        "--tokenizer = `/nonexistent/tokenizer.json`: no such file or folder; it takes a tokenizer.json, the folder "
        "holding one, or `byte`"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte", "--prompt TEXT is required"},
-      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --top-p 1.5", "top-p must be in (0, 1] (1 is all tokens), found 1.5"},
-      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --tokens many", "--tokens takes an integer, found `many`"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --top-p 1.5",
+       "top-p must be in (0, 1] (1 is all tokens), found 1.5"},
+      {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --tokens many",
+       "--tokens takes an integer, found `many`"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --temperature -1", "temperature must be >= 0"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --topk 3", "unknown option `--topk`"},
       {"generate --device cpu --prompt x", "expected one MODEL"},
-      {"generate " + *hf_ + " --tokenizer byte --prompt x --device tpu", "--device takes auto, cpu or cuda, found `tpu`"},
+      {"generate " + *hf_ + " --tokenizer byte --prompt x --device tpu",
+       "--device takes auto, cpu or cuda, found `tpu`"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --chat",
        "a chat prompt needs a tokenizer with a chat template"},
       {"generate --device cpu " + *hf_ + " --tokenizer byte --prompt x --system y", "--system needs --chat"},
@@ -184,7 +183,8 @@ TEST_F(CliGenerate, BadInputIsNamed) {
     EXPECT_NE(r.err.find(needle), std::string::npos) << args << "\n" << r.err;
   }
   // a prompt that fills the context exactly: one token, then the context is full
-  const SplitResult full = run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt " + std::string(63, 'x'));
+  const SplitResult full =
+      run_split("generate --device cpu " + *hf_ + " --tokenizer byte --prompt " + std::string(63, 'x'));
   ASSERT_EQ(full.status, 0) << full.err;
   EXPECT_NE(full.err.find("generate: 1 tokens"), std::string::npos) << full.err;
   EXPECT_NE(full.err.find("stopped: the context is full (max_seq_len = 64 tokens)"), std::string::npos) << full.err;
@@ -209,7 +209,8 @@ std::string small_job(const std::string& output_dir) {
   return "train --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_dim=52 "
          "--model.max_seq_len=32 --training.seq_len=16 --training.batch_size=2 --training.steps=2 "
          "--training.device=cpu --eval.batches=1 --sample.tokens=0 --logging.progress=off "
-         "--checkpoint.interval_steps=2 --run.output_dir=" + output_dir;
+         "--checkpoint.interval_steps=2 --run.output_dir=" +
+         output_dir;
 }
 
 std::string read_text(const std::string& path) {
@@ -225,12 +226,13 @@ TEST(CliByteExport, GenerateOnTheExportNeedsNoTokenizerFlag) {
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_byte_export_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const Result train =
-      run(small_job(dir.string()) + " --export.folder=" + (dir / "end").string() + " --export.dtype=f32");
+      run_shardtrain(small_job(dir.string()) + " --export.folder=" + (dir / "end").string() + " --export.dtype=f32");
   ASSERT_EQ(train.status, 0) << train.output;
   EXPECT_NE(train.output.find("tokenizer: the byte-level tokenizer (data.tokenizer = auto, and no model.hf)"),
-            std::string::npos) << train.output;
+            std::string::npos)
+      << train.output;
   const std::string out = (dir / "hf").string();
-  const Result exported = run("export " + (dir / "checkpoints").string() + " " + out + " --dtype f32");
+  const Result exported = run_shardtrain("export " + (dir / "checkpoints").string() + " " + out + " --dtype f32");
   ASSERT_EQ(exported.status, 0) << exported.output;
   for (const std::string& folder : {(dir / "end").string(), out}) {
     for (const auto& [name, text] : shardtrain::data::byte_tokenizer_files())
@@ -260,9 +262,11 @@ TEST(CliByteExport, AutoFallsBackToTheByteTokenizerForAFolderWithoutOne) {
   shardtrain::testing::TinyStore s(c, 9);
   shardtrain::testing::write_hf_folder(s, c, hf, "", false);
   ASSERT_FALSE(fs::exists(hf + "/tokenizer.json"));
-  const Result r = run("train --model.hf=" + hf + " --training.seq_len=16 --training.batch_size=2 --training.steps=1 "
-                       "--training.device=cpu --eval.batches=1 --sample.tokens=0 --logging.progress=off "
-                       "--run.output_dir=" + (dir / "run").string() + " --export.folder=" + (dir / "out").string());
+  const Result r = run_shardtrain("train --model.hf=" + hf +
+                                  " --training.seq_len=16 --training.batch_size=2 --training.steps=1 "
+                                  "--training.device=cpu --eval.batches=1 --sample.tokens=0 --logging.progress=off "
+                                  "--run.output_dir=" +
+                                  (dir / "run").string() + " --export.folder=" + (dir / "out").string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("tokenizer: the byte-level tokenizer (data.tokenizer = auto, and model.hf `" + hf +
                           "` holds no tokenizer.json; another one: data.tokenizer = the path of a tokenizer.json)"),
@@ -312,7 +316,8 @@ TEST(CliGenerateShared, HuggingFaceFolderWithTheLlama3Tokenizer) {
   const std::string file = hf + "/conversation.json";
   std::ofstream(file) << R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
       {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye?"}], "tools": null})";
-  const SplitResult conv = run_split("generate --device cpu " + hf + " --conversation " + file + " --tokens 6 --seed 4");
+  const SplitResult conv =
+      run_split("generate --device cpu " + hf + " --conversation " + file + " --tokens 6 --seed 4");
   EXPECT_EQ(conv.status, 0) << conv.err;
   {
     const shardtrain::train::OpenedModel m = shardtrain::train::open_model(hf);

@@ -26,26 +26,20 @@
 #include "testing/shardtrain_binary.h"
 #include "testing/shared_data.h"
 
-namespace {
-
 using Result = shardtrain::testing::CommandResult;
-
-[[maybe_unused]] Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
-
-}  // namespace
+using shardtrain::testing::run_shardtrain;
 
 namespace {
 
 TEST(Cli, InspectListsTensorsAndChecksTheShape) {
-  const Result r = run("inspect " + shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope");
+  const Result r =
+      run_shardtrain("inspect " + shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope");
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("model.layers.1.self_attn.k_proj.weight"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("[6, 24]"), std::string::npos) << r.output;  // 1 kv head x head dim 6
   EXPECT_NE(r.output.find("with llama3 scaling"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("every parameter present with the expected shape"), std::string::npos) << r.output;
-  const Result bad = run("inspect /nonexistent/folder");
+  const Result bad = run_shardtrain("inspect /nonexistent/folder");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("/nonexistent/folder"), std::string::npos) << bad.output;
 }
@@ -56,14 +50,15 @@ TEST(Cli, InspectShowsQkNorm) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_inspect_qwen3_" + std::to_string(::getpid()));
   fs::remove_all(dir);
-  const Result trained = run("train --model.qk_norm=true --model.head_dim=16 --model.dim=40 --model.n_layers=2 "
-                             "--model.n_heads=4 --model.n_kv_heads=2 --model.ffn_dim=52 --model.max_seq_len=32 "
-                             "--training.seq_len=16 --training.batch_size=2 --training.steps=1 --training.device=cpu "
-                             "--eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
-                             "--export.dtype=f32 --export.folder=" + (dir / "hf").string() +
-                             " --run.output_dir=" + (dir / "run").string());
+  const Result trained =
+      run_shardtrain("train --model.qk_norm=true --model.head_dim=16 --model.dim=40 --model.n_layers=2 "
+                     "--model.n_heads=4 --model.n_kv_heads=2 --model.ffn_dim=52 --model.max_seq_len=32 "
+                     "--training.seq_len=16 --training.batch_size=2 --training.steps=1 --training.device=cpu "
+                     "--eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
+                     "--export.dtype=f32 --export.folder=" +
+                     (dir / "hf").string() + " --run.output_dir=" + (dir / "run").string());
   ASSERT_EQ(trained.status, 0) << trained.output;
-  const Result r = run("inspect " + (dir / "hf").string());
+  const Result r = run_shardtrain("inspect " + (dir / "hf").string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("4 heads / 2 kv heads (head dim 16, decoupled: attention width 4 x 16 = 64), QK-norm, "
                           "ffn 52"),
@@ -85,7 +80,7 @@ TEST(Cli, InspectShowsQkNorm) {
         tensors.emplace_back(t.name, f.read_as(t.name, shardtrain::DType::kF32));
   }
   shardtrain::io::write_safetensors(file, tensors, {});
-  const Result missing = run("inspect " + (dir / "hf").string());
+  const Result missing = run_shardtrain("inspect " + (dir / "hf").string());
   EXPECT_EQ(missing.status, 1) << missing.output;
   EXPECT_NE(missing.output.find("missing: model.layers.1.self_attn.q_norm.weight"), std::string::npos)
       << missing.output;
@@ -110,19 +105,21 @@ TEST(Cli, InspectFailsWhenTensorsOrPiecesAreMissing) {
     text.replace(at, 22, "\"num_hidden_layers\": 3");  // the file holds 2 layers
     std::ofstream(dir / "hf" / "config.json") << text;
   }
-  const Result hf = run("inspect " + (dir / "hf").string());
+  const Result hf = run_shardtrain("inspect " + (dir / "hf").string());
   EXPECT_EQ(hf.status, 1) << hf.output;
   EXPECT_NE(hf.output.find("missing: model.layers.2.self_attn.q_proj.weight"), std::string::npos) << hf.output;
   EXPECT_NE(hf.output.find("problems (named above); it cannot be loaded as it is"), std::string::npos) << hf.output;
 
-  const Result trained = run("train --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 "
-                             "--model.ffn_dim=52 --model.max_seq_len=32 --training.seq_len=16 "
-                             "--training.batch_size=2 --training.steps=1 --training.device=cpu "
-                             "--eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
-                             "--checkpoint.interval_steps=1 --run.output_dir=" + (dir / "run").string());
+  const Result trained =
+      run_shardtrain("train --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 "
+                     "--model.ffn_dim=52 --model.max_seq_len=32 --training.seq_len=16 "
+                     "--training.batch_size=2 --training.steps=1 --training.device=cpu "
+                     "--eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
+                     "--checkpoint.interval_steps=1 --run.output_dir=" +
+                     (dir / "run").string());
   ASSERT_EQ(trained.status, 0) << trained.output;
   const fs::path step = dir / "run" / "checkpoints" / "step_00000001";
-  const Result healthy = run("inspect " + (dir / "run" / "checkpoints").string());
+  const Result healthy = run_shardtrain("inspect " + (dir / "run" / "checkpoints").string());
   EXPECT_EQ(healthy.status, 0) << healthy.output;
   EXPECT_NE(healthy.output.find("complete: master weights"), std::string::npos) << healthy.output;
   // the rank file rewritten without its first piece
@@ -135,7 +132,7 @@ TEST(Cli, InspectFailsWhenTensorsOrPiecesAreMissing) {
   }
   pieces.erase(pieces.begin());
   shardtrain::io::write_safetensors(file, pieces, {});
-  const Result incomplete = run("inspect " + step.string());
+  const Result incomplete = run_shardtrain("inspect " + step.string());
   EXPECT_EQ(incomplete.status, 1) << incomplete.output;
   EXPECT_NE(incomplete.output.find("INCOMPLETE: 1 problem"), std::string::npos) << incomplete.output;
   EXPECT_NE(incomplete.output.find("1 problem (named above)"), std::string::npos) << incomplete.output;
@@ -152,10 +149,11 @@ TEST(Cli, ResumingAFinishedRunSucceedsAndSaysSo) {
                           "--model.ffn_dim=52 --model.max_seq_len=32 --training.seq_len=16 --training.batch_size=2 "
                           "--training.steps=2 --training.device=cpu --eval.batches=1 --sample.tokens=0 "
                           "--logging.progress=off --checkpoint.interval_steps=1 --checkpoint.resume=auto "
-                          "--run.output_dir=" + dir.string();
-  const Result first = run(job);
+                          "--run.output_dir=" +
+                          dir.string();
+  const Result first = run_shardtrain(job);
   ASSERT_EQ(first.status, 0) << first.output;
-  const Result again = run(job);
+  const Result again = run_shardtrain(job);
   EXPECT_EQ(again.status, 0) << again.output;
   EXPECT_NE(again.output.find("the run is already complete at step 2: checkpoint `" +
                               (dir / "checkpoints" / "step_00000002").string() +
@@ -170,10 +168,12 @@ TEST(Cli, ResumingAFinishedRunSucceedsAndSaysSo) {
 // this model's 67; the error says why that tokenizer, and what data.tokenizer takes.
 TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {
   const std::string hf = shardtrain::testing::source_dir() + "/tests/model/hf_reference/mha_tied";
-  const Result r = run("train --model.hf=" + hf);
+  const Result r = run_shardtrain("train --model.hf=" + hf);
   EXPECT_EQ(r.status, 1);
-  EXPECT_NE(r.output.find("`model.hf` = `" + hf + "` has a vocabulary of 67, fewer than the 258 tokens of the "
-                          "byte-level tokenizer (data.tokenizer = auto, and model.hf `" + hf +
+  EXPECT_NE(r.output.find("`model.hf` = `" + hf +
+                          "` has a vocabulary of 67, fewer than the 258 tokens of the "
+                          "byte-level tokenizer (data.tokenizer = auto, and model.hf `" +
+                          hf +
                           "` holds no tokenizer.json; another one: data.tokenizer = the path of a tokenizer.json); "
                           "name the model's own tokenizer with `data.tokenizer`, which takes auto (model.hf's "
                           "tokenizer.json, else the byte-level tokenizer), byte ("),
@@ -182,7 +182,7 @@ TEST(Cli, FineTuningWithoutTheModelsTokenizerIsNamed) {
 }
 
 TEST(Cli, ADataTokenizerThatNamesNothingListsTheValues) {
-  const Result r = run("train --data.tokenizer=bytes --training.device=cpu");
+  const Result r = run_shardtrain("train --data.tokenizer=bytes --training.device=cpu");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("`data.tokenizer` = `bytes`: no such file or folder; it takes auto (model.hf's "
                           "tokenizer.json, else the byte-level tokenizer), byte (the byte-level tokenizer: 256 bytes "

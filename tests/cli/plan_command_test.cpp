@@ -25,61 +25,59 @@
 #include "testing/shardtrain_binary.h"
 #include "testing/shared_data.h"
 
-namespace {
-
 using Result = shardtrain::testing::CommandResult;
-
-[[maybe_unused]] Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
-
-}  // namespace
+using shardtrain::testing::run_shardtrain;
 
 // The shipped 8B and 405B jobs plan on a machine with nothing downloaded (run from an empty
 // folder, where their relative model.hf folders are not), with a step time and a job duration.
 TEST(Cli, PlanOfShippedJobsNeedsNoDownloadAndGivesTheTime) {
-  const std::string empty = (std::filesystem::temp_directory_path() / ("shardtrain_cli_plan_" + std::to_string(getpid())))
-                                .string();
+  const std::string empty =
+      (std::filesystem::temp_directory_path() / ("shardtrain_cli_plan_" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(empty);
   const std::string in_empty = "cd " + empty + " &&";
   const std::string configs = shardtrain::testing::source_dir() + "/configs/";
-  const Result r = run("plan " + configs + "llama3.1-8b-finetune.toml --ranks 8", in_empty);
+  const Result r = run_shardtrain("plan " + configs + "llama3.1-8b-finetune.toml --ranks 8", in_empty);
   EXPECT_EQ(r.status, 0) << r.output;
-  for (const char* said : {"model shape: preset llama3.1-8b, as meta-llama/Llama-3.1-8B publishes it: `model.hf` = "
-                           "`models/Llama-3.1-8B` is not on this machine",
-                           "8030261248 parameters", "ranks: 8 (GPUs", "estimated peak",
-                           "checkpoints every 250 steps (checkpoint.async)",
-                           "time (estimate: FLOPs / (ranks x peak x MFU); communication is not modelled)",
-                           "131,072 (2 x 4096 tokens x 2 micro-batches x 8 data-parallel ranks)",
-                           "40 % (assumed; --mfu X sets it, `shardtrain bench` measures a job's)", " for 2,000 steps"})
+  for (const char* said :
+       {"model shape: preset llama3.1-8b, as meta-llama/Llama-3.1-8B publishes it: `model.hf` = "
+        "`models/Llama-3.1-8B` is not on this machine",
+        "8030261248 parameters", "ranks: 8 (GPUs", "estimated peak", "checkpoints every 250 steps (checkpoint.async)",
+        "time (estimate: FLOPs / (ranks x peak x MFU); communication is not modelled)",
+        "131,072 (2 x 4096 tokens x 2 micro-batches x 8 data-parallel ranks)",
+        "40 % (assumed; --mfu X sets it, `shardtrain bench` measures a job's)", " for 2,000 steps"})
     EXPECT_NE(r.output.find(said), std::string::npos) << said << " in\n" << r.output;
-  const Result big = run("plan " + configs + "llama3.1-405b-64gpus.toml --ranks 64 --ranks-per-machine 8 --gpu h200 "
-                         "--mfu 0.35", in_empty);
+  const Result big = run_shardtrain("plan " + configs +
+                                        "llama3.1-405b-64gpus.toml --ranks 64 --ranks-per-machine 8 --gpu h200 "
+                                        "--mfu 0.35",
+                                    in_empty);
   EXPECT_EQ(big.status, 0) << big.output;
-  for (const char* said : {"preset llama3.1-405b", "405853388800 parameters", "989 TFLOP/s dense bf16 per GPU (H200; --gpu), 64 GPUs",
-                           "35 % (--mfu)", "host memory per machine of 8 ranks"})
+  for (const char* said :
+       {"preset llama3.1-405b", "405853388800 parameters", "989 TFLOP/s dense bf16 per GPU (H200; --gpu), 64 GPUs",
+        "35 % (--mfu)", "host memory per machine of 8 ranks"})
     EXPECT_NE(big.output.find(said), std::string::npos) << said << " in\n" << big.output;
-  const Result a100 = run("plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --gpu a100 --training.fp8=rowwise",
-                          in_empty);
+  const Result a100 = run_shardtrain(
+      "plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --gpu a100 --training.fp8=rowwise", in_empty);
   EXPECT_EQ(a100.status, 0) << a100.output;
   EXPECT_NE(a100.output.find("312 TFLOP/s dense bf16 per GPU (A100; --gpu)"), std::string::npos) << a100.output;
   EXPECT_NE(a100.output.find("which the A100 lacks"), std::string::npos) << a100.output;
-  const Result bad_gpu = run("plan --gpu v100");
+  const Result bad_gpu = run_shardtrain("plan --gpu v100");
   EXPECT_EQ(bad_gpu.status, 1);
-  EXPECT_NE(bad_gpu.output.find("plan: --gpu `v100` is not a GPU plan knows; use one of h100-sxm, h100-pcie, h200, a100"),
-            std::string::npos)
+  EXPECT_NE(
+      bad_gpu.output.find("plan: --gpu `v100` is not a GPU plan knows; use one of h100-sxm, h100-pcie, h200, a100"),
+      std::string::npos)
       << bad_gpu.output;
-  const Result bad_mfu = run("plan --mfu 40");
+  const Result bad_mfu = run_shardtrain("plan --mfu 40");
   EXPECT_EQ(bad_mfu.status, 1);
   EXPECT_NE(bad_mfu.output.find("plan: --mfu must be in (0, 1], found 40 (a fraction of the peak: 0.4 is 40 %)"),
             std::string::npos)
       << bad_mfu.output;
-  const Result both = run("plan " + configs + "llama3.1-8b-finetune.toml --model.preset=llama3.1-8b", in_empty);
+  const Result both =
+      run_shardtrain("plan " + configs + "llama3.1-8b-finetune.toml --model.preset=llama3.1-8b", in_empty);
   EXPECT_EQ(both.status, 1);
   EXPECT_NE(both.output.find("`model.preset` (\"llama3.1-8b\") and `model.hf` (\"models/Llama-3.1-8B\")"),
             std::string::npos)
       << both.output;
-  const Result preset = run("plan --model.preset=llama3.2-1b --training.seq_len=4096 --training.device=cpu");
+  const Result preset = run_shardtrain("plan --model.preset=llama3.2-1b --training.seq_len=4096 --training.device=cpu");
   EXPECT_EQ(preset.status, 0) << preset.output;
   EXPECT_NE(preset.output.find("1235814400 parameters"), std::string::npos) << preset.output;
   EXPECT_NE(preset.output.find("time: not estimated for CPU runs"), std::string::npos) << preset.output;
@@ -88,31 +86,33 @@ TEST(Cli, PlanOfShippedJobsNeedsNoDownloadAndGivesTheTime) {
 
 TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
   const std::string hf = shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope";
-  const Result r = run("plan --model.hf=" + hf + " --training.seq_len=16 --ranks 4");
+  const Result r = run_shardtrain("plan --model.hf=" + hf + " --training.seq_len=16 --ranks 4");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("ranks: 4 (GPUs"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("estimated peak"), std::string::npos) << r.output;
-  const Result bad = run("plan --ranks 0");
+  const Result bad = run_shardtrain("plan --ranks 0");
   EXPECT_EQ(bad.status, 1);
   EXPECT_NE(bad.output.find("plan: --ranks must be in [1, 1048576], found 0"), std::string::npos) << bad.output;
   // with the state in host memory, the host memory of a machine's ranks adds up
-  const Result off = run("plan --model.hf=" + hf + " --training.seq_len=16 --training.device=cuda "
-                         "--parallel.offload=true --ranks 4 --ranks-per-machine 2");
+  const Result off = run_shardtrain("plan --model.hf=" + hf +
+                                    " --training.seq_len=16 --training.device=cuda "
+                                    "--parallel.offload=true --ranks 4 --ranks-per-machine 2");
   EXPECT_EQ(off.status, 0) << off.output;
   EXPECT_NE(off.output.find("host memory per machine of 2 ranks: "), std::string::npos) << off.output;
   EXPECT_NE(off.output.find("needs a GPU of at least "), std::string::npos) << off.output;
   EXPECT_EQ(off.output.find("more than an 80 GB H100 holds"), std::string::npos) << off.output;
   // a job beyond one H100 says so and what lowers it: the 8B shape without checkpointing on 2 ranks
-  const Result big = run("plan --training.device=cuda --model.dim=4096 --model.n_layers=32 --model.n_heads=32 "
-                         "--model.n_kv_heads=8 --model.ffn_dim=14336 --model.vocab_size=128256 "
-                         "--model.tie_embeddings=false --model.max_seq_len=4096 --training.seq_len=4096 "
-                         "--training.batch_size=4 --ranks 2");
+  const Result big =
+      run_shardtrain("plan --training.device=cuda --model.dim=4096 --model.n_layers=32 --model.n_heads=32 "
+                     "--model.n_kv_heads=8 --model.ffn_dim=14336 --model.vocab_size=128256 "
+                     "--model.tie_embeddings=false --model.max_seq_len=4096 --training.seq_len=4096 "
+                     "--training.batch_size=4 --ranks 2");
   EXPECT_EQ(big.status, 0) << big.output;
   EXPECT_NE(big.output.find("; more than an 80 GB H100 holds (79.18 GiB): lower training.batch_size or "
                             "training.seq_len, or add ranks, or training.activation_checkpointing = \"full\" ("),
             std::string::npos)
       << big.output;
-  const Result too_many = run("plan --ranks 2 --ranks-per-machine 4");
+  const Result too_many = run_shardtrain("plan --ranks 2 --ranks-per-machine 4");
   EXPECT_EQ(too_many.status, 1);
   EXPECT_NE(too_many.output.find("plan: --ranks-per-machine (4) exceeds the 2 ranks"), std::string::npos)
       << too_many.output;

@@ -26,15 +26,8 @@
 #include "testing/shardtrain_binary.h"
 #include "testing/shared_data.h"
 
-namespace {
-
 using Result = shardtrain::testing::CommandResult;
-
-[[maybe_unused]] Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
-
-}  // namespace
+using shardtrain::testing::run_shardtrain;
 
 namespace {
 
@@ -59,7 +52,7 @@ TEST(Cli, TokenizePrintIdsMatchesGoldenIds) {
     expected.push_back(ids);
   }
   in.close();
-  const Result r = run("tokenize --tokenizer " + dir + "/tokenizers/llama3 --print-ids < " + input);
+  const Result r = run_shardtrain("tokenize --tokenizer " + dir + "/tokenizers/llama3 --print-ids < " + input);
   ASSERT_EQ(r.status, 0) << r.output;
   std::istringstream out(r.output);
   for (size_t i = 0; i < expected.size(); ++i) {
@@ -69,7 +62,7 @@ TEST(Cli, TokenizePrintIdsMatchesGoldenIds) {
 }
 
 TEST(Cli, TokenizeNeedsATokenizer) {
-  const Result r = run("tokenize --print-ids");
+  const Result r = run_shardtrain("tokenize --print-ids");
   EXPECT_EQ(r.status, 1);
   EXPECT_NE(r.output.find("--tokenizer PATH is required"), std::string::npos) << r.output;
 }
@@ -90,7 +83,7 @@ TEST(Cli, TokenizeAFolderFileByFile) {
   std::ofstream(dir / "in" / "train-00001.jsonl") << "{\"text\": \"second shard\"}\n";
   std::ofstream(dir / "in" / "notes.txt") << "a line\nanother line\n";
   std::ofstream(dir / "in" / "README.md") << "# a dataset card\n";
-  const Result r = run("tokenize --tokenizer byte " + (dir / "in").string() + " " + (dir / "out").string());
+  const Result r = run_shardtrain("tokenize --tokenizer byte " + (dir / "in").string() + " " + (dir / "out").string());
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("[3/3]"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("3 files, 5 documents"), std::string::npos) << r.output;
@@ -99,14 +92,14 @@ TEST(Cli, TokenizeAFolderFileByFile) {
   for (const char* name : {"train-00000", "train-00001", "notes"}) {
     const std::string in = (dir / "in" / name).string() + (std::string(name) == "notes" ? ".txt" : ".jsonl");
     const std::string alone = (dir / (std::string(name) + ".tok")).string();
-    ASSERT_EQ(run("tokenize --tokenizer byte " + in + " " + alone).status, 0);
+    ASSERT_EQ(run_shardtrain("tokenize --tokenizer byte " + in + " " + alone).status, 0);
     const std::string a = file_bytes(alone), b = file_bytes((dir / "out" / (std::string(name) + ".tok")).string());
     EXPECT_FALSE(a.empty());
     EXPECT_TRUE(a == b) << name;
   }
   // several files at once (each with its share of the threads): the same token files
-  const Result at_once = run("tokenize --tokenizer byte --files 3 --threads 3 " + (dir / "in").string() + " " +
-                             (dir / "out3").string());
+  const Result at_once = run_shardtrain("tokenize --tokenizer byte --files 3 --threads 3 " + (dir / "in").string() +
+                                        " " + (dir / "out3").string());
   ASSERT_EQ(at_once.status, 0) << at_once.output;
   EXPECT_NE(at_once.output.find("tokenize: 3 files at once, 1 thread each"), std::string::npos) << at_once.output;
   EXPECT_NE(at_once.output.find("3 files, 5 documents"), std::string::npos) << at_once.output;
@@ -114,14 +107,14 @@ TEST(Cli, TokenizeAFolderFileByFile) {
     EXPECT_TRUE(file_bytes((dir / "out" / name).string()) == file_bytes((dir / "out3" / name).string())) << name;
   // again with --skip-existing: the finished files are kept, a missing one is made
   fs::remove(dir / "out" / "notes.tok");
-  const Result again = run("tokenize --tokenizer byte --skip-existing " + (dir / "in").string() + " " +
-                           (dir / "out").string());
+  const Result again = run_shardtrain("tokenize --tokenizer byte --skip-existing " + (dir / "in").string() + " " +
+                                      (dir / "out").string());
   ASSERT_EQ(again.status, 0) << again.output;
   EXPECT_NE(again.output.find("3 files (2 already there), 5 documents"), std::string::npos) << again.output;
   EXPECT_TRUE(file_bytes((dir / "out" / "notes.tok").string()) == file_bytes((dir / "notes.tok").string()));
   // a pattern takes only its matches
-  const Result p = run("tokenize --tokenizer byte '" + (dir / "in" / "train-*.jsonl").string() + "' " +
-                       (dir / "out2").string());
+  const Result p = run_shardtrain("tokenize --tokenizer byte '" + (dir / "in" / "train-*.jsonl").string() + "' " +
+                                  (dir / "out2").string());
   ASSERT_EQ(p.status, 0) << p.output;
   EXPECT_NE(p.output.find("2 files, 3 documents"), std::string::npos) << p.output;
   fs::remove_all(dir);

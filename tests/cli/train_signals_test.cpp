@@ -27,15 +27,8 @@
 #include "testing/shardtrain_binary.h"
 #include "testing/shared_data.h"
 
-namespace {
-
 using Result = shardtrain::testing::CommandResult;
-
-[[maybe_unused]] Result run(const std::string& args, const std::string& env = "") {
-  return shardtrain::testing::run_shardtrain(args, env);
-}
-
-}  // namespace
+using shardtrain::testing::run_shardtrain;
 
 namespace {
 
@@ -94,7 +87,8 @@ TEST(Cli, ASignalSavesTheStepAndTheRunResumes) {
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_signal_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const std::string job = "train --training.steps=100000 --logging.interval_steps=1 --logging.progress=off "
-                          "--sample.tokens=0 --run.output_dir=" + dir.string();
+                          "--sample.tokens=0 --run.output_dir=" +
+                          dir.string();
   Running term = start(job);
   ASSERT_TRUE(term.read_until("step     3/100000")) << term.output;
   ::kill(term.pid, SIGTERM);
@@ -108,10 +102,11 @@ TEST(Cli, ASignalSavesTheStepAndTheRunResumes) {
   EXPECT_NE(term.output.find("of 100000 by SIGTERM (checkpoint.on_signal)"), std::string::npos) << term.output;
   EXPECT_TRUE(fs::is_directory(dir / "checkpoints" / fmt::format("step_{:08d}", step))) << term.output;
   EXPECT_EQ(term.output.find("eval "), std::string::npos) << "no evaluation after a signal: " << term.output;
-  const Result resumed = run(job.substr(0, job.find(' ')) + " --training.steps=" + std::to_string(step + 2) +
-                             job.substr(job.find(" --logging")) + " --checkpoint.resume=auto");
+  const Result resumed = run_shardtrain(job.substr(0, job.find(' ')) + " --training.steps=" + std::to_string(step + 2) +
+                                        job.substr(job.find(" --logging")) + " --checkpoint.resume=auto");
   EXPECT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find(fmt::format("(step {}, written by 1 rank)", step)), std::string::npos) << resumed.output;
+  EXPECT_NE(resumed.output.find(fmt::format("(step {}, written by 1 rank)", step)), std::string::npos)
+      << resumed.output;
   EXPECT_NE(resumed.output.find(fmt::format("step {:>5}/{}", step + 2, step + 2)), std::string::npos) << resumed.output;
 
   Running off = start(job + " --checkpoint.on_signal=false --run.output_dir=" + (dir / "off").string());
@@ -141,7 +136,8 @@ TEST(Cli, ASignalDuringAnEvaluationStopsItAndSavesTheStep) {
   fs::remove_all(dir);
   // every held-out batch (a few seconds) after every second step
   Running r = start("train --training.steps=100000 --logging.interval_steps=1 --logging.progress=off "
-                    "--sample.tokens=0 --eval.interval_steps=2 --eval.batches=0 --run.output_dir=" + dir.string());
+                    "--sample.tokens=0 --eval.interval_steps=2 --eval.batches=0 --run.output_dir=" +
+                    dir.string());
   ASSERT_TRUE(r.read_until("step     2/100000")) << r.output;
   ::kill(r.pid, SIGTERM);
   const int status = r.finish();
@@ -179,8 +175,11 @@ std::vector<pid_t> children(pid_t parent, const std::string& name) {
 Running start_two_ranks(const std::string& args) {
   return start_command(
       "env OMP_NUM_THREADS=1 OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl=self,vader "
-      "mpirun -np 2 --oversubscribe " + std::string(SHARDTRAIN_BINARY_DIR) + "/shardtrain train --training.steps=100000 "
-      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 " + args);
+      "mpirun -np 2 --oversubscribe " +
+      std::string(SHARDTRAIN_BINARY_DIR) +
+      "/shardtrain train --training.steps=100000 "
+      "--logging.interval_steps=1 --logging.progress=off --sample.tokens=0 " +
+      args);
 }
 
 // Kills `pids` after `seconds` unless disarmed first: a watchdog that fails to end a run must
@@ -244,7 +243,8 @@ TEST(Cli, ARankStuckInASaveEndsTheRunAfterParallelTimeout) {
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_save_watchdog_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   Running r = start_two_ranks("--parallel.timeout_s=2 --checkpoint.interval_steps=20 --checkpoint.async=false "
-                              "--run.output_dir=" + dir.string());
+                              "--run.output_dir=" +
+                              dir.string());
   ASSERT_TRUE(r.read_until("step     1/100000")) << r.output;
   const std::vector<pid_t> ranks = children(r.pid, "shardtrain");
   ASSERT_EQ(ranks.size(), 2u) << "the ranks, children of mpirun";
@@ -274,8 +274,9 @@ TEST(Cli, ATimeLimitStopsBeforeItAndSaves) {
   const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_time_limit_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   const auto t0 = std::chrono::steady_clock::now();
-  const Result r = run("train --training.steps=100000 --training.time_limit=6s --logging.progress=off "
-                       "--sample.tokens=0 --run.output_dir=" + dir.string());
+  const Result r = run_shardtrain("train --training.steps=100000 --training.time_limit=6s --logging.progress=off "
+                                  "--sample.tokens=0 --run.output_dir=" +
+                                  dir.string());
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_EQ(r.status, 75) << r.output;
   const size_t at = r.output.find("stopped after step ");
@@ -298,8 +299,10 @@ TEST(Cli, ATraceHoldsTheStepsBlocksAndOps) {
   fs::remove_all(dir);
   const std::string trace = (dir / "trace.json").string();
   fs::create_directories(dir);
-  const Result r = run("train --training.steps=2 --sample.tokens=0 --logging.progress=off --run.output_dir=" +
-                       dir.string() + " --eval.batches=1", "SHARDTRAIN_PROFILE_TRACE=" + trace);
+  const Result r = run_shardtrain(
+      "train --training.steps=2 --sample.tokens=0 --logging.progress=off --run.output_dir=" + dir.string() +
+          " --eval.batches=1",
+      "SHARDTRAIN_PROFILE_TRACE=" + trace);
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("SHARDTRAIN_PROFILE_TRACE: the run's ops and regions"), std::string::npos) << r.output;
   std::ifstream in(trace);
@@ -315,7 +318,8 @@ TEST(Cli, ATraceHoldsTheStepsBlocksAndOps) {
   auto inside_one = [&](const nlohmann::json& op, const std::string& region) {
     for (const nlohmann::json& g : by_name[region])
       if (op.at("ts").get<double>() >= g.at("ts").get<double>() &&
-          op.at("ts").get<double>() + op.at("dur").get<double>() <= g.at("ts").get<double>() + g.at("dur").get<double>())
+          op.at("ts").get<double>() + op.at("dur").get<double>() <=
+              g.at("ts").get<double>() + g.at("dur").get<double>())
         return true;
     return false;
   };

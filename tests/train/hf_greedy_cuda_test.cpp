@@ -18,8 +18,7 @@ class HfGreedyCuda : public ::testing::TestWithParam<std::string> {
 };
 
 TEST_P(HfGreedyCuda, ContinuesThePromptAsTransformers) {
-  const OpenedModel opened =
-      open_model(testing::hf_reference_dir(GetParam()), DType::kF32, generation_device("cuda"));
+  const OpenedModel opened = open_model(testing::hf_reference_dir(GetParam()), DType::kF32, generation_device("cuda"));
   testing::expect_greedy_as_transformers(*opened.model, GetParam());
 }
 
