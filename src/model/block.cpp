@@ -101,8 +101,9 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
 }
 
 std::vector<Tensor*> BlockActivations::tensors() {
-  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &q_raw_BTNH, &k_raw_BTMH, &q_rstd_BTN, &k_rstd_BTM, &attn_BTNH, &lse_BNT,
-          &x2_BTD, &xn2_BTD, &rstd2_BT, &gate_BTF, &up_BTF, &h_BTF, &gate_up_BT2F, &y_BTD};
+  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &q_raw_BTNH, &k_raw_BTMH, &q_rstd_BTN,
+          &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD, &xn2_BTD, &rstd2_BT, &gate_BTF, &up_BTF, &h_BTF,
+          &gate_up_BT2F, &y_BTD};
 }
 
 BlockPart recompute_part(ActivationCheckpointing checkpointing) {
