@@ -20,35 +20,45 @@
 namespace shardtrain::ops {
 namespace {
 
-void naive(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
-  const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), M = k.size(2), G = N / M;
+// Brute-force softmax attention of the T queries at the last T of the S key positions, over
+// the keys `sees(b, query position, key)` allows (f64).
+using Mask = std::function<bool(int64_t, int64_t, int64_t)>;
+void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Mask& sees) {
+  const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1), M = k.size(2), G = N / M;
   const Tensor q64 = testing::to_f64(q), k64 = testing::to_f64(k), v64 = testing::to_f64(v);
   out = Tensor::empty(q.shape(), DType::kF64);
   lse = Tensor::empty({B, N, T}, DType::kF64);
   const double scale = 1 / std::sqrt(static_cast<double>(H));
-  std::vector<double> s(static_cast<size_t>(T));
   for (int64_t b = 0; b < B; ++b)
     for (int64_t n = 0; n < N; ++n)
       for (int64_t i = 0; i < T; ++i) {
-        const int64_t end = causal ? i + 1 : T;
+        std::vector<double> s(static_cast<size_t>(S), -INFINITY);
         double mx = -INFINITY;
-        for (int64_t j = 0; j < end; ++j) {
+        for (int64_t j = 0; j < S; ++j) {
+          if (!sees(b, i + S - T, j)) continue;
           double d = 0;
           for (int64_t h = 0; h < H; ++h)
-            d += q64.data<double>()[((b * T + i) * N + n) * H + h] * k64.data<double>()[((b * T + j) * M + n / G) * H + h];
+            d += q64.data<double>()[((b * T + i) * N + n) * H + h] *
+                 k64.data<double>()[((b * S + j) * M + n / G) * H + h];
           s[static_cast<size_t>(j)] = d * scale;
           mx = std::max(mx, d * scale);
         }
         double sum = 0;
-        for (int64_t j = 0; j < end; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
+        for (int64_t j = 0; j < S; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
         lse.data<double>()[(b * N + n) * T + i] = mx + std::log(sum);
         for (int64_t h = 0; h < H; ++h) {
           double acc = 0;
-          for (int64_t j = 0; j < end; ++j)
-            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum * v64.data<double>()[((b * T + j) * M + n / G) * H + h];
+          for (int64_t j = 0; j < S; ++j)
+            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum *
+                   v64.data<double>()[((b * S + j) * M + n / G) * H + h];
           out.data<double>()[((b * T + i) * N + n) * H + h] = acc;
         }
       }
+}
+
+// Causal (or full) attention over as many keys as queries, brute force (f64).
+void naive(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, bool causal) {
+  naive_masked(out, lse, q, k, v, [causal](int64_t, int64_t position, int64_t j) { return !causal || j <= position; });
 }
 
 struct Case {
@@ -288,42 +298,6 @@ TEST(Attention, PackedDocumentsBackwardMatchesFiniteDifferences) {
     cpu::attention_forward(out, lse, q, k, v, o);
     return testing::dot(dout, out);
   });
-}
-
-// Brute-force softmax attention of the T queries at the last T of the S key positions, over
-// the keys `sees(b, query position, key)` allows (f64).
-using Mask = std::function<bool(int64_t, int64_t, int64_t)>;
-void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Mask& sees) {
-  const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1), M = k.size(2), G = N / M;
-  const Tensor q64 = testing::to_f64(q), k64 = testing::to_f64(k), v64 = testing::to_f64(v);
-  out = Tensor::empty(q.shape(), DType::kF64);
-  lse = Tensor::empty({B, N, T}, DType::kF64);
-  const double scale = 1 / std::sqrt(static_cast<double>(H));
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t n = 0; n < N; ++n)
-      for (int64_t i = 0; i < T; ++i) {
-        std::vector<double> s(static_cast<size_t>(S), -INFINITY);
-        double mx = -INFINITY;
-        for (int64_t j = 0; j < S; ++j) {
-          if (!sees(b, i + S - T, j)) continue;
-          double d = 0;
-          for (int64_t h = 0; h < H; ++h)
-            d += q64.data<double>()[((b * T + i) * N + n) * H + h] *
-                 k64.data<double>()[((b * S + j) * M + n / G) * H + h];
-          s[static_cast<size_t>(j)] = d * scale;
-          mx = std::max(mx, d * scale);
-        }
-        double sum = 0;
-        for (int64_t j = 0; j < S; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
-        lse.data<double>()[(b * N + n) * T + i] = mx + std::log(sum);
-        for (int64_t h = 0; h < H; ++h) {
-          double acc = 0;
-          for (int64_t j = 0; j < S; ++j)
-            acc += std::exp(s[static_cast<size_t>(j)] - mx) / sum *
-                   v64.data<double>()[((b * S + j) * M + n / G) * H + h];
-          out.data<double>()[((b * T + i) * N + n) * H + h] = acc;
-        }
-      }
 }
 
 // transformers' sliding-window mask: causal, and key j > position - window

@@ -28,12 +28,10 @@
 namespace shardtrain::train {
 namespace {
 
-// Exports the HF reference `name` (tests/model/hf_reference) to `out` in f32 with shards of at
-// most `max_shard_bytes`, without a tokenizer (their vocabularies are smaller than any);
-// returns its config.
-model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_bytes,
-                                    const std::string& name = "gqa_untied") {
-  const std::string src = testing::source_dir() + "/tests/model/hf_reference/" + name;
+// Loads the HF folder `src` into a sharded store and exports it to `out` in f32 with shards of
+// at most `max_shard_bytes`, without a tokenizer (the test models' vocabularies are smaller than
+// any); returns its config.
+model::LlamaConfig export_folder(const std::string& src, const std::string& out, int64_t max_shard_bytes) {
   const model::LlamaConfig c = model::load_hf_config(src + "/config.json");
   const io::HfWeights in(src);
   auto comm = dist::make_single_rank();
@@ -47,6 +45,12 @@ model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_by
   o.with_tokenizer = false;
   export_hf(store, c, *comm, o);
   return c;
+}
+
+// export_folder of the HF reference `name` (tests/model/hf_reference).
+model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_bytes,
+                                    const std::string& name = "gqa_untied") {
+  return export_folder(testing::source_dir() + "/tests/model/hf_reference/" + name, out, max_shard_bytes);
 }
 
 class ExportRoundTrip : public ::testing::TestWithParam<std::string> {};
@@ -139,20 +143,10 @@ TEST(ExportRoundTrip, Qwen3TensorsAndConfigSurvive) {
                                  .string();
     const std::string src = base + "/in", out = base + "/out";
     write_qwen3_folder(src, !bias, bias);
-    const model::LlamaConfig c = model::load_hf_config(src + "/config.json");
+    const model::LlamaConfig c = export_folder(src, out, 20000);
     ASSERT_TRUE(c.qk_norm);
     EXPECT_EQ(c.attention_bias, bias);
     const io::HfWeights in(src);
-    auto comm = dist::make_single_rank();
-    const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
-    fsdp::ShardedUnitStore store(layout, comm.get(), {});
-    store.load([&](const model::ParamSpec& p, int64_t first, Tensor& dst) { in.read_range(p.name, first, dst); });
-    ExportOptions o;
-    o.folder = out;
-    o.dtype = DType::kF32;
-    o.max_shard_bytes = 20000;
-    o.with_tokenizer = false;
-    export_hf(store, c, *comm, o);
 
     const io::HfWeights back(out);
     EXPECT_EQ(back.names(), in.names());
