@@ -8,7 +8,8 @@ text, trained once per `training.fp8` setting, then one plot and a table of held
   fp8_curves.py plot --out DIR [--png FILE] [--markdown FILE] [--title TEXT]
 
 A recipe is a `training.fp8` value, or one with `+head` (`tensorwise+head`): the head's products in
-FP8 too (`training.fp8_head`). `--tokenizer` trains on a tokenizer's tokens instead of bytes (a
+FP8 too (`training.fp8_head`), and/or `+attention` (`off+attention`, `tensorwise+attention`): the
+attention forward's products in FP8 (`training.fp8_attention`). `--tokenizer` trains on a tokenizer's tokens instead of bytes (a
 folder with tokenizer.json, e.g. Llama 3's: the head then has its 128,256 rows).
 
 `run` trains each recipe in turn with `shardtrain train` (each run's metrics in DIR/<recipe>.jsonl,
@@ -37,7 +38,7 @@ JOB = [
     "--checkpoint.interval_steps=0", "--export.folder=",
 ]
 RECIPES = ["off", "tensorwise", "rowwise", "blockwise"]
-ORDER = RECIPES + [r + "+head" for r in RECIPES[1:]]  # the plot's order
+ORDER = RECIPES + [r + "+head" for r in RECIPES[1:]] + ["off+attention", "tensorwise+attention"]  # the plot's order
 PASS_GAP = 0.005  # a recipe passes within 0.5 % of bf16's last held-out loss
 
 
@@ -83,10 +84,15 @@ def run(a):
     os.makedirs(a.out, exist_ok=True)
     for recipe in a.recipes.split(","):
         metrics = os.path.join(a.out, f"{stem(recipe)}.jsonl")
-        fp8, head = recipe.split("+")[0], recipe.endswith("+head")
+        fp8, options = recipe.split("+")[0], recipe.split("+")[1:]
+        unknown = set(options) - {"head", "attention"}
+        if unknown:
+            sys.exit(f"fp8_curves: `{recipe}`: unknown option(s) {', '.join(sorted(unknown))}; use +head, +attention")
+        flag = lambda on: "true" if on else "false"
         cmd = [a.shardtrain, "train", *JOB, f"--data.source={a.data}", f"--training.steps={a.steps}",
                f"--data.tokenizer={a.tokenizer}", f"--training.batch_size={a.batch}",
-               f"--training.fp8={fp8}", f"--training.fp8_head={'true' if head else 'false'}",
+               f"--training.fp8={fp8}", f"--training.fp8_head={flag('head' in options)}",
+               f"--training.fp8_attention={flag('attention' in options)}",
                f"--logging.metrics_file={metrics}",
                f"--run.output_dir={os.path.join(a.out, 'run-' + stem(recipe))}", *a.extra]
         t0 = time.time()
@@ -119,6 +125,12 @@ def smooth(values, window):
     return out
 
 
+def label(recipe):
+    """`off` -> bf16, `tensorwise+head` -> FP8 tensorwise + head, `off+attention` -> bf16 + FP8 attention."""
+    base = "bf16" if recipe.startswith("off") else "FP8 " + recipe.split("+")[0]
+    return base + "".join({"head": " + head", "attention": " + FP8 attention"}[o] for o in recipe.split("+")[1:])
+
+
 def plot(a):
     curves = {}
     for recipe in ORDER:
@@ -146,7 +158,7 @@ def plot(a):
         fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
         ref_steps = dict(curves["off"][0])
         for recipe, (steps, evals) in curves.items():
-            name = "bf16" if recipe == "off" else f"FP8 {recipe.replace('+head', ' + head')}"
+            name = label(recipe)
             # the training loss against bf16's at the same step, both averaged over 50 steps
             common = [(s, l, ref_steps[s]) for s, l in steps if s in ref_steps]
             ours, theirs = smooth([l for _, l, _ in common], 50), smooth([r for _, _, r in common], 50)

@@ -396,12 +396,21 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   ops::AttentionOptions attention;
   attention.documents = ctx.documents;
   attention.window = ctx.window;
+  // the attention of sequences [b0, b1): in FP8 (which rounds q, k and v in place, for the
+  // backward to read) where BlockContext::fp8_attention takes it
+  const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
+  auto attend_rows = [&](int64_t b0, int64_t b1) {
+    Tensor attn = a.attn_BTNH.slice(0, b0, b1), lse = a.lse_BNT.slice(0, b0, b1);
+    Tensor q = a.q_BTNH.slice(0, b0, b1), k = a.k_BTMH.slice(0, b0, b1), v = a.v_BTMH.slice(0, b0, b1);
+    if (fp8)
+      ops::attention_forward_fp8(attn, lse, q, k, v, attention);
+    else
+      ops::attention_forward(attn, lse, q, k, v, attention);
+  };
   // rope on q and k of sequences [b0, b1), then their attention (attention_by_pieces)
   auto attend = [&](int64_t b0, int64_t b1, auto&& rope) {
     rope(b0, b1);
-    Tensor attn = a.attn_BTNH.slice(0, b0, b1), lse = a.lse_BNT.slice(0, b0, b1);
-    ops::attention_forward(attn, lse, a.q_BTNH.slice(0, b0, b1), a.k_BTMH.slice(0, b0, b1),
-                           a.v_BTMH.slice(0, b0, b1), attention);
+    attend_rows(b0, b1);
   };
   const bool by_pieces = attention_by_pieces(ctx, d);
   const bool qk_norm = ctx.config->qk_norm;
@@ -469,7 +478,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {.window = ctx.window});
   } else if (!by_pieces) {
-    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
+    attend_rows(0, d.B);
   }
 
   residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx,

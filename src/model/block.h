@@ -144,6 +144,12 @@ struct BlockContext {
   // FP8 products for every linear of the block (q/k/v, o, gate/up, down), forward and both
   // backward products (training.fp8); off: products in the activations' dtype.
   ops::LinearFp8 fp8;
+  // The attention forward's two products in FP8 (training.fp8_attention;
+  // ops::attention_forward_fp8, which rounds q, k and v in place to the e4m3 values it reads);
+  // the backward stays attention_backward's, which does not match that forward (see
+  // ops/attention.h). Not with packed documents or a sliding window: those layers attend in the
+  // compute dtype.
+  bool fp8_attention = false;
   // Token rows of the residual stream on this rank (R).
   int64_t residual_rows() const;
 };

@@ -219,6 +219,7 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
   ctx.sin_TK = sin_TK_;
   ctx.separate_projections = separate_projections_;
   ctx.fp8 = fp8_;
+  ctx.fp8_attention = fp8_attention_;
   return ctx;
 }
 
@@ -233,6 +234,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   ST_ASSERT(cache == nullptr || documents == nullptr, "packed documents are not for a KV cache");
   if (cache != nullptr) {
     ctx.fp8 = {};  // a decoding step's few rows gain nothing from FP8 products
+    ctx.fp8_attention = false;
     // the new tokens are positions p..p+T-1: rope from the tables' row p on
     ST_ASSERT(pass == Pass::kEval, "a KV cache is for the forward of evaluation only");
     const int64_t p = cache->length();

@@ -141,6 +141,10 @@ class Llama {
     head_fp8_ = {.recipe = head.recipe, .gradient_format = head.gradient_format};
   }
   const ops::LinearFp8& fp8() const { return fp8_; }
+  // The attention forward in FP8 (BlockContext::fp8_attention) in training and evaluation; the
+  // decoding steps over a KV cache keep the activations' dtype.
+  void set_fp8_attention(bool on) { fp8_attention_ = on; }
+  bool fp8_attention() const { return fp8_attention_; }
   bool fp8_head() const { return head_fp8_.on(); }
   // Tensor parallelism (not owned; null: none): the store's block units are this rank's parts
   // (ModelLayout with a tensor-parallel mesh), and every rank of `tp`'s group runs the same
@@ -228,6 +232,7 @@ class Llama {
   bool separate_projections_ = false;
   ops::LinearFp8 fp8_;
   ops::LinearFp8 head_fp8_;
+  bool fp8_attention_ = false;
   int64_t mlp_chunk_tokens_ = 0;
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward

@@ -156,6 +156,63 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
 #endif
 }
 
+// FP8 attention forward (training.fp8_attention): the two products of attention_forward in
+// FP8 e4m3 with f32 accumulation, as cuDNN's FP8 flash attention does them on Hopper.
+//   1. q, k and v are each quantised to e4m3 with one power-of-two scale per tensor from its
+//      amax (ops/fp8.h's kTensor rule, bit for bit), and ROUNDED IN PLACE to those values:
+//      afterwards they hold exactly what the products read (a power-of-two scale keeps every
+//      e4m3 value exact in bf16), so the backward, given these q, k and v, differentiates the
+//      attention the forward computed (the straight-through rule of the FP8 linears).
+//   2. The probabilities are quantised with the fixed scale 256 (they lie in [0, 1]) and the
+//      output with V's scale halved: |out| <= max |v| (a convex combination of v's rows), and
+//      the half keeps the probabilities' rounding (at most 2^-4 of each) from overflowing.
+//   3. out_BTNH (bf16) is that e4m3 output dequantised; lse_BNT (f32) the log-sum-exp cuDNN
+//      forms from the rounded probabilities (within 2^-4 + T 2^-18 of the exact one).
+// The backward given these out and lse is not the gradient of either attention: its
+// probabilities, recomputed from lse without rounding, do not sum to one and do not make out, so
+// the softmax gradient's rows no longer sum to zero, and dq and dk gain a share of the mean key
+// and query (on real text at seq 2048, bf16 with this forward ended at 2.6 times bf16's
+// held-out loss, and with FP8 linears diverged). Training needs FP8's backward as well, whose
+// probabilities are rounded as the forward's.
+// Takes bf16 q, k, v on CUDA with S == T keys, the causal mask (or none), no packed documents
+// (an error otherwise), no sliding window, head dim a multiple of 16 up to 256; the backward
+// is attention_backward's (bf16). The CPU twin is the oracle: the same rounding of q, k and v,
+// exact attention over them, and the output rounded once to e4m3 at the same scale; cuDNN's
+// output differs from it by the probabilities' rounding (bounded in the tests).
+struct Fp8AttentionScales {
+  float q = 0, k = 0, v = 0;  // dequantisation factors (powers of two)
+  float out = 0;              // the output's dequantisation factor: 2 * v
+};
+namespace cpu {
+Fp8AttentionScales attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Tensor& k_BTMH,
+                                         Tensor& v_BTMH, const AttentionOptions& options);
+}  // namespace cpu
+namespace cuda {
+// scales_4, when not null: f32 [4] on the device receives {q, k, v, out} dequantisation factors.
+void attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Tensor& k_BTMH, Tensor& v_BTMH,
+                           const AttentionOptions& options, Stream stream, Tensor* scales_4 = nullptr);
+}  // namespace cuda
+// The probabilities' quantisation scale of the FP8 forward (a power of two: P in [0, 1] maps
+// into e4m3's [0, 256]).
+constexpr float kFp8AttentionProbScale = 256.0f;
+
+inline void attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Tensor& k_BTMH,
+                                  Tensor& v_BTMH, const AttentionOptions& options = {},
+                                  [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("attention_forward_fp8", out_BTNH.device(),
+                                     {attention_forward_flops(q_BTNH, k_BTMH, options),
+                                      profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
+  if (q_BTNH.device().is_cpu()) {
+    cpu::attention_forward_fp8(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
+    return;
+  }
+#ifdef SHARDTRAIN_WITH_CUDA
+  cuda::attention_forward_fp8(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
+#else
+  no_kernel("attention_forward_fp8", q_BTNH);
+#endif
+}
+
 // Incremental decoding with the position in memory (so that a CUDA graph can replay the step
 // at every position): p = position_1[0] (i32, one element on the tensors' device) positions of
 // the caches [B, C, M, H] (C the capacity) hold keys and values; k_BTMH and v_BTMH, the next T

@@ -338,6 +338,14 @@ const std::vector<KeyDef>& keys() {
           "here too): one of its rows spans the whole vocabulary, from the target's -1 down to probabilities below "
           "e4m3's range under one scale. Off by default: the head is the product most sensitive to precision (see "
           "docs/performance.md, FP8, for the loss curves and the speed)"),
+      key("training.fp8_attention", &C::training, &TrainingSection::fp8_attention,
+          "for measurement, not for training yet: the attention forward's two products (q k^T and p v) in FP8 "
+          "e4m3 with f32 accumulation through cuDNN's FP8 flash attention (q, k and v rounded to their e4m3 "
+          "values under one power-of-two scale each), the backward in the compute dtype. That backward does not "
+          "match the rounded forward, and runs that use it train badly or diverge (docs/performance.md, FP8); "
+          "`shardtrain bench` with it shows what FP8 attention buys on long sequences. Needs a GPU of compute "
+          "capability 9.0 or more, bf16 compute and a head dim that is a multiple of 16 up to 256; layers with a "
+          "sliding window and batches of packed documents attend in bf16"),
       key("training.deterministic", &C::training, &TrainingSection::deterministic,
           "on GPUs, repeat a run bit for bit: the attention backward takes cuDNN's deterministic algorithm instead "
           "of its default, which does not promise the same bits from run to run (somewhat slower, and more memory "

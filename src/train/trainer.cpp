@@ -411,6 +411,11 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   model_->set_mlp_chunk_tokens(mlp_chunk_tokens());
   const ops::LinearFp8 head_fp8 = fp8_head_choice();
   model_->set_fp8(fp8_, head_fp8);
+  if (fp8_attention_choice(dtype)) {
+    model_->set_fp8_attention(true);
+    log::info(std::string("training.fp8_attention = true: the attention forward's products in FP8 e4m3 (cuDNN)") +
+              (mc.sliding_layer_count() > 0 ? "; the sliding-window layers attend in bf16" : ""));
+  }
   auto format = [](const ops::LinearFp8& f) { return f.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2"; };
   if (fp8_.on())
     log::info(fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}{}",

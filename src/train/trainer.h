@@ -137,6 +137,8 @@ class Trainer {
   // one, or with auto e5m2 unless blockwise (a row of that gradient spans the vocabulary, from
   // the target's -1 to probabilities far below e4m3's range under one scale); off otherwise.
   ops::LinearFp8 fp8_head_choice() const;
+  // training.fp8_attention, checked against the device, the compute dtype and the head dim.
+  bool fp8_attention_choice(DType compute) const;
   // training.activation_checkpointing, with "auto" decided by the plan and the GPU's memory.
   model::ActivationCheckpointing checkpointing() const;
   // parallel.compute_shards, with "auto" decided by the plan (at the checkpointing chosen) and

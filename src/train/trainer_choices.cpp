@@ -77,6 +77,24 @@ ops::LinearFp8 Trainer::fp8_head_choice() const {
   return head;
 }
 
+bool Trainer::fp8_attention_choice(DType compute) const {
+  if (!config_.training.fp8_attention) return false;
+  const char* key = "`training.fp8_attention` = true";
+  ST_CHECK(device_.is_cuda(), key, " runs cuDNN's FP8 attention on a GPU, but this run trains on the CPU (`training.device` = `",
+           config_.training.device, "`); set `training.fp8_attention` = false");
+  ST_CHECK(compute == DType::kBF16, key, " takes bf16 activations, but the compute dtype is ", dtype_name(compute),
+           "; set `model.dtype` = bf16 or `training.fp8_attention` = false");
+#ifdef SHARDTRAIN_WITH_CUDA
+  const int cc = cuda::compute_capability(device_.index);
+  ST_CHECK(cc >= 90, key, " needs cuDNN's FP8 attention, on GPUs of compute capability 9.0 or more (H100, H200); ",
+           cuda::device_name(device_.index), " has ", cc / 10, ".", cc % 10, ". Set `training.fp8_attention` = false");
+#endif
+  const int64_t H = model_config_.head_dim();
+  ST_CHECK(H % 16 == 0 && H <= 256, key, " takes head dims that are multiples of 16 up to 256 (cuDNN's FP8 "
+           "attention), but the model's head dim is ", H, "; set `training.fp8_attention` = false");
+  return true;
+}
+
 int64_t Trainer::gpu_memory_bytes() const {
 #ifdef SHARDTRAIN_WITH_CUDA
   if (device_.is_cuda()) return cuda::total_memory_bytes(device_.index);

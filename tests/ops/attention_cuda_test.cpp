@@ -6,8 +6,10 @@
 // the KV-cache kernel (S > T keys) to the CPU twin's S > T forward. Skips without a device.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -201,7 +203,6 @@ TEST_P(AttentionCudaStacked, HeadSlicesMatchCpu) {
     AttentionOptions o;
     o.causal = c.causal;
     o.window = c.window;
-  o.window = c.window;
     const Reference ref = reference(q, k, v, dout, o);
     auto check = [&](const Tensor& device, const Tensor& ref64) {
       return dt == DType::kBF16 ? close(contiguous(device), ref64) : close_f32(contiguous(device), ref64);
@@ -354,7 +355,6 @@ TEST_P(AttentionCudaCached, MatchesCpu) {
     AttentionOptions o;
     o.causal = c.causal;
     o.window = c.window;
-  o.window = c.window;
     Tensor out64 = Tensor::empty({c.B, c.T, c.N, c.H}, DType::kF64);
     Tensor lse64 = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
     cpu::attention_forward(out64, lse64, to_dtype(stacked.slice(2, 0, c.N), DType::kF64),
@@ -437,6 +437,133 @@ TEST_P(AttentionCudaCached, KvCacheStepWithThePositionInMemory) {
     EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << "out against attention_forward";
   }
 }
+
+// The FP8 forward (cuDNN's e4m3 flash attention) against its CPU twin, q, k and v given as
+// head slices of one stacked q|k|v tensor (the model's layout) and contiguous:
+// - q, k and v come back rounded to their e4m3 values bit for bit as the twin rounds them, with
+//   the same power-of-two scales;
+// - the log-sum-exp is within the bound of summing rounded probabilities (below);
+// - each output element lies within the bound the format gives: the probabilities' e4m3
+//   rounding moves sum_j p_j v_j by at most 2^-4 sum_j p_j |v_j| (and their normaliser by 2^-4
+//   of the result), the smallest probabilities' codes are 2^-10 / 256 apart at most, and the
+//   output's own rounding to e4m3 is one step of its grid.
+struct Fp8Case {
+  int64_t B, T, N, M, H;
+  bool causal;
+};
+
+void PrintTo(const Fp8Case& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_N" << c.N << "_M" << c.M << "_H" << c.H << (c.causal ? "_causal" : "_full");
+}
+
+class AttentionCudaFp8 : public ::testing::TestWithParam<Fp8Case> {
+ protected:
+  void SetUp() override { ST_REQUIRE_CUDA(); }
+};
+
+// The spacing of e4m3 values around |x| (x in the format's units).
+double e4m3_step(double x) {
+  const double a = std::max(std::abs(x), 0x1p-6);  // subnormals: the spacing of the smallest normals
+  return std::ldexp(1.0, static_cast<int>(std::floor(std::log2(a))) - 3);
+}
+
+// Whether c is an e4m3 value: at most 448, and 4 significant bits (multiples of 2^-9 below 2^-6).
+bool is_e4m3_value(double c) {
+  c = std::abs(c);
+  if (c > 448) return false;
+  const int e = c < 0x1p-6 ? -6 : std::ilogb(c);
+  const double m = std::ldexp(c, 3 - e);
+  return m == std::round(m);
+}
+
+TEST_P(AttentionCudaFp8, MatchesTheCpuTwinWithinTheFormatsBound) {
+  const Fp8Case c = GetParam();
+  const Device gpu = Device::cuda(0);
+  const int64_t E = c.N + 2 * c.M;
+  const uint64_t seed = static_cast<uint64_t>(c.T * 17 + c.N * 5 + c.H);
+  // q and k of different sizes, v offset from zero, so the three scales differ
+  const Tensor qs = rounded_f32({c.B, c.T, c.N, c.H}, DType::kBF16, seed, 0.0, 2.0);
+  const Tensor ks = rounded_f32({c.B, c.T, c.M, c.H}, DType::kBF16, seed + 1, 0.0, 0.7);
+  const Tensor vs = rounded_f32({c.B, c.T, c.M, c.H}, DType::kBF16, seed + 2, 0.3, 1.0);
+  AttentionOptions o;
+  o.causal = c.causal;
+
+  // the twin in f64: the rounded q, k, v, its output and lse; the exact attention over the rounded
+  // values, and the same with |v| (sum_j p_j |v_j|, the probabilities' rounding bound)
+  Tensor q = to_dtype(qs, DType::kF64), k = to_dtype(ks, DType::kF64), v = to_dtype(vs, DType::kF64);
+  Tensor twin = Tensor::empty(q.shape(), DType::kF64), twin_lse = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+  const Fp8AttentionScales scales = cpu::attention_forward_fp8(twin, twin_lse, q, k, v, o);
+  Tensor exact = Tensor::empty(q.shape(), DType::kF64), exact_lse = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+  cpu::attention_forward(exact, exact_lse, q, k, v, o);
+  Tensor v_abs = to_dtype(v, DType::kF64);
+  double amax_v = 0;
+  for (int64_t i = 0; i < v_abs.numel(); ++i) {
+    v_abs.data<double>()[i] = std::abs(v_abs.data<double>()[i]);
+    amax_v = std::max(amax_v, v_abs.data<double>()[i]);
+  }
+  Tensor spread = Tensor::empty(q.shape(), DType::kF64), spread_lse = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
+  cpu::attention_forward(spread, spread_lse, q, k, v_abs, o);
+  EXPECT_EQ(scales.out, 2 * scales.v);
+
+  for (bool stacked : {true, false}) {
+    SCOPED_TRACE(stacked ? "q, k, v slices of one stacked tensor" : "contiguous q, k, v");
+    Tensor qkv = Tensor::empty({c.B, c.T, E, c.H}, DType::kBF16, gpu);
+    Tensor qd = stacked ? qkv.slice(2, 0, c.N) : to_device(to_dtype(qs, DType::kBF16));
+    Tensor kd = stacked ? qkv.slice(2, c.N, c.N + c.M) : to_device(to_dtype(ks, DType::kBF16));
+    Tensor vd = stacked ? qkv.slice(2, c.N + c.M, E) : to_device(to_dtype(vs, DType::kBF16));
+    if (stacked) {
+      copy(qd, to_device(to_dtype(qs, DType::kBF16)));
+      copy(kd, to_device(to_dtype(ks, DType::kBF16)));
+      copy(vd, to_device(to_dtype(vs, DType::kBF16)));
+    }
+    Tensor out = Tensor::empty(qs.shape(), DType::kBF16, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+    Tensor scales4 = Tensor::empty({4}, DType::kF32, gpu);
+    cuda::attention_forward_fp8(out, lse, qd, kd, vd, o, {}, &scales4);
+    const Tensor got_scales = to_host(scales4);
+    EXPECT_EQ(got_scales.data<float>()[0], scales.q);
+    EXPECT_EQ(got_scales.data<float>()[1], scales.k);
+    EXPECT_EQ(got_scales.data<float>()[2], scales.v);
+    EXPECT_EQ(got_scales.data<float>()[3], scales.out);
+    // the rounded inputs, bit for bit (f64 holds every bf16 exactly)
+    for (auto [dev, host, name] : {std::tuple{&qd, &q, "q"}, std::tuple{&kd, &k, "k"}, std::tuple{&vd, &v, "v"}}) {
+      const Tensor got = to_dtype(to_host(contiguous(*dev)), DType::kF64);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < got.numel(); ++i) differ += got.data<double>()[i] != host->data<double>()[i];
+      EXPECT_EQ(differ, 0) << name << ": elements rounded otherwise than the twin rounds them";
+    }
+    // cuDNN sums the rounded probabilities into the log-sum-exp: each term within 2^-4 of its
+    // own, the smallest within the floor, and the largest term is 1, so the sum is within a
+    // factor 1 + 2^-4 + T 2^-18 of the exact one, and its log within that much
+    const Tensor got_lse = to_host(lse);
+    const double lse_bound = 0x1p-4 + static_cast<double>(c.T) * 0x1p-18;
+    double lse_worst = 0;
+    for (int64_t i = 0; i < got_lse.numel(); ++i)
+      lse_worst = std::max(lse_worst, std::abs(got_lse.data<float>()[i] - exact_lse.data<double>()[i]));
+    EXPECT_LE(lse_worst, lse_bound) << "lse";
+    const Tensor got = to_dtype(to_host(out), DType::kF64);
+    const double scale_out = 1.0 / scales.out, floor = static_cast<double>(c.T) * 0x1p-10 / 256.0 * amax_v;
+    int64_t outside = 0, on_grid = 0;
+    double worst = 0;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      const double g = got.data<double>()[i], x = exact.data<double>()[i];
+      const double step = e4m3_step(std::max(std::abs(g), std::abs(x)) * scale_out) / scale_out;
+      const double bound = 0x1p-4 * (std::abs(x) + spread.data<double>()[i]) + step + floor;
+      worst = std::max(worst, std::abs(g - x) / bound);
+      outside += std::abs(g - x) > bound;
+      on_grid += is_e4m3_value(g * scale_out);
+    }
+    EXPECT_EQ(outside, 0) << "output elements outside the format's bound; the largest error is " << worst
+                          << " of its bound";
+    EXPECT_EQ(on_grid, got.numel()) << "output elements that are not e4m3 values at the output's scale";
+    std::printf("FP8 attention %s: the output's largest error is %.3f of its bound, the lse's %.2e (bound %.2e)\n",
+                stacked ? "stacked" : "contiguous", worst, lse_worst, lse_bound);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaFp8,
+                         ::testing::Values(Fp8Case{1, 128, 8, 2, 128, true}, Fp8Case{2, 256, 8, 8, 64, true},
+                                           Fp8Case{1, 1024, 32, 8, 128, true}, Fp8Case{1, 512, 4, 1, 128, false},
+                                           Fp8Case{2, 200, 4, 2, 128, true}));
 
 TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
   ST_REQUIRE_CUDA();

@@ -10,10 +10,12 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "ops/attention.h"
+#include "ops/fp8.h"
 #include "ops/op_testing.h"
 #include "testing/packed_documents.h"
 
@@ -23,6 +25,7 @@ namespace {
 // Brute-force softmax attention of the T queries at the last T of the S key positions, over
 // the keys `sees(b, query position, key)` allows (f64).
 using Mask = std::function<bool(int64_t, int64_t, int64_t)>;
+using testing::to_dtype;
 void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Mask& sees) {
   const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1), M = k.size(2), G = N / M;
   const Tensor q64 = testing::to_f64(q), k64 = testing::to_f64(k), v64 = testing::to_f64(v);
@@ -453,6 +456,45 @@ TEST(Attention, SlidingWindowErrors) {
   o.causal = false;
   EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, kv, kv, o); },
                           "a sliding window of 2 keys needs a causal mask"));
+}
+
+// The CPU twin of the FP8 forward: q, k and v rounded in place to the values ops/fp8.h's
+// per-tensor quantisation gives them (its codes, dequantised), the output the exact attention
+// over the rounded values rounded once to e4m3 at twice v's dequantisation factor.
+TEST(Attention, Fp8TwinRoundsAsTheFp8QuantisationAndRoundsTheOutputOnce) {
+  const int64_t B = 2, T = 40, N = 4, M = 2, H = 16;
+  const Tensor q0 = random_f64({B, T, N, H}, 31, 0.0, 3.0), k0 = random_f64({B, T, M, H}, 32, 0.0, 0.5),
+               v0 = random_f64({B, T, M, H}, 33, 0.2, 1.0);
+  Tensor q = to_dtype(q0, DType::kF32), k = to_dtype(k0, DType::kF32), v = to_dtype(v0, DType::kF32);
+  const Tensor q_in = to_dtype(q0, DType::kF32), k_in = to_dtype(k0, DType::kF32), v_in = to_dtype(v0, DType::kF32);
+  Tensor out = Tensor::empty({B, T, N, H}, DType::kF32), lse = Tensor::empty({B, N, T}, DType::kF32);
+  const Fp8AttentionScales s = cpu::attention_forward_fp8(out, lse, q, k, v, {});
+  for (auto [rounded, input, scale, name] : {std::tuple{&q, &q_in, s.q, "q"}, std::tuple{&k, &k_in, s.k, "k"},
+                                             std::tuple{&v, &v_in, s.v, "v"}}) {
+    Fp8Operand op;
+    cpu::fp8_quantize(&op, nullptr, input->view(Shape{input->numel() / H, H}), {});
+    EXPECT_EQ(op.scale.data<float>()[0], scale) << name;
+    Tensor values = Tensor::empty({input->numel() / H, H}, DType::kF32);
+    cpu::fp8_dequantize(values, op);
+    EXPECT_EQ(std::memcmp(values.raw_data(), rounded->raw_data(), values.nbytes()), 0) << name;
+  }
+  EXPECT_EQ(s.out, 2 * s.v);
+  Tensor exact = Tensor::empty(out.shape(), DType::kF32), exact_lse = Tensor::empty(lse.shape(), DType::kF32);
+  cpu::attention_forward(exact, exact_lse, q, k, v, {});
+  EXPECT_EQ(std::memcmp(lse.raw_data(), exact_lse.raw_data(), lse.nbytes()), 0);
+  int64_t rounded_once = 0;
+  for (int64_t i = 0; i < out.numel(); ++i) {
+    const float x = exact.data<float>()[i], factor = 1.0f / s.out;
+    rounded_once += out.data<float>()[i] == fp8_to_float(float_to_fp8(x * factor, DType::kF8E4M3), DType::kF8E4M3) / factor;
+  }
+  EXPECT_EQ(rounded_once, out.numel());
+  // the rounding is real: some q values moved, and the output is not the exact one
+  EXPECT_NE(std::memcmp(q.raw_data(), q_in.raw_data(), q.nbytes()), 0);
+  EXPECT_NE(std::memcmp(out.raw_data(), exact.raw_data(), out.nbytes()), 0);
+  Tensor documents_out = Tensor::empty(out.shape(), DType::kF32);
+  AttentionOptions windowed;
+  windowed.window = 4;
+  EXPECT_THROW(cpu::attention_forward_fp8(documents_out, lse, q, k, v, windowed), Error);
 }
 
 TEST(Attention, DocumentPositionsRestartAtBosAndAreChecked) {

@@ -152,7 +152,8 @@ TEST(TrainerCuda, FollowsTheCpuLossCurve) {
 // losses of the recipes were -4 % to +14 % of bf16's (H100, 2026-11-27), and the CPU twin's
 // exact emulation shows such gaps too (tensorwise +5 % at step 50 on a CPU run of the same
 // grammar), so the late check only catches a recipe that stops learning. The products' own
-// correctness is the op tests' (ops/fp8_cuda_test.cpp); the evidence that a recipe trains like
+// correctness is the op tests' (ops/fp8_cuda_test.cpp, and for the FP8 attention forward
+// ops/attention_cuda_test.cpp); the evidence that a recipe trains like
 // bf16 is the long curve on real text (bench/train/fp8_curves.py, BENCHMARKS.md).
 TEST(TrainerCuda, Fp8RecipesFollowTheBf16Curve) {
   ST_REQUIRE_CUDA();
@@ -161,10 +162,13 @@ TEST(TrainerCuda, Fp8RecipesFollowTheBf16Curve) {
   bf16_job.model.vocab_size = 272;  // the byte tokenizer's 258 rows padded to 16 (the FP8 head multiplies over them)
   const TrainSummary bf16 = Trainer(bf16_job).run();
   ASSERT_EQ(bf16.steps.size(), 50u);
-  for (const char* recipe : {"tensorwise", "rowwise", "blockwise", "tensorwise+head"}) {
+  // "attention": the attention forward in FP8 alone (training.fp8_attention), and with tensorwise
+  for (const char* recipe : {"tensorwise", "rowwise", "blockwise", "tensorwise+head", "off+attention",
+                             "tensorwise+attention"}) {
     const std::string name = recipe;
     JobConfig fp8_job = job(corpus, "cuda", "--training.fp8=" + name.substr(0, name.find('+')));
     fp8_job.training.fp8_head = name.ends_with("+head");  // the head's products too
+    fp8_job.training.fp8_attention = name.ends_with("+attention");
     fp8_job.model.vocab_size = 272;
     const TrainSummary s = Trainer(fp8_job).run();
     ASSERT_EQ(s.steps.size(), 50u) << recipe;

@@ -193,6 +193,11 @@ TEST(Trainer, Fp8RecipesLearnOnTheCpuTwin) {
   EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "model.vocab_size = 260 is not a multiple of 16"));
   c.training.fp8 = "off";
   EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "but `training.fp8` is \"off\""));
+  // the FP8 attention is cuDNN's: a CPU run is told so before any step
+  c.training.fp8_head = false;
+  c.model.vocab_size = 272;
+  c.training.fp8_attention = true;
+  EXPECT_TRUE(testing::throws_with([&] { Trainer t(c); }, "`training.fp8_attention` = true runs cuDNN's FP8 attention on a GPU"));
   std::filesystem::remove_all(out);
 }
 

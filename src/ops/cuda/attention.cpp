@@ -19,6 +19,7 @@
 #include "ops/cuda/attention_cached.h"
 #include "ops/cuda/attention_documents.h"
 #include "ops/cuda/attention_f32.h"
+#include "ops/cuda/attention_fp8.h"
 #include "ops/cuda/attention_single.h"
 
 namespace shardtrain::ops::cuda {
@@ -102,8 +103,58 @@ void check(fe::error_t e, const char* op, const char* stage) {
   if (e.is_bad()) ST_THROW(op, ": cuDNN attention ", stage, " failed: ", e.get_message());
 }
 
+namespace {
+
+// An f32 scalar the graph reads from device memory.
+std::shared_ptr<fe::graph::Tensor_attributes> device_scalar(fe::graph::Graph& g, const char* name, Uid uid) {
+  return g.tensor(fe::graph::Tensor_attributes()
+                      .set_name(name)
+                      .set_uid(uid)
+                      .set_dim({1, 1, 1, 1})
+                      .set_stride({1, 1, 1, 1})
+                      .set_data_type(fe::DataType_t::FLOAT));
+}
+
+// The FP8 forward (Problem::fp8): e4m3 q, k, v and out, contiguous, with their scales in
+// device memory and the probabilities' fixed scale by value (ops::kFp8AttentionProbScale).
+std::shared_ptr<fe::graph::Graph> fp8_forward_graph(const Problem& k, cudnnHandle_t handle, const char* op) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::FP8_E4M3)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H, k.N * k.H);
+  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H, k.M * k.H);
+  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H, k.M * k.H);
+  auto descale_q = device_scalar(*g, "descale_q", kDescaleQ);
+  auto descale_k = device_scalar(*g, "descale_k", kDescaleK);
+  auto descale_v = device_scalar(*g, "descale_v", kDescaleV);
+  auto scale_o = device_scalar(*g, "scale_o", kScaleO);
+  auto scale_s = g->tensor(kFp8AttentionProbScale);
+  auto descale_s = g->tensor(1.0f / kFp8AttentionProbScale);
+  auto attrs = fe::graph::SDPA_fp8_attributes()
+                   .set_name("attention_forward_fp8")
+                   .set_generate_stats(true)
+                   .set_attn_scale(static_cast<float>(k.scale))
+                   .set_causal_mask(k.causal);
+  auto [o, stats, amax_s, amax_o] =
+      g->sdpa_fp8(q, kk, v, descale_q, descale_k, descale_v, descale_s, scale_s, scale_o, attrs);
+  set_bthd(o, kO, k.B, k.T, k.N, k.H, k.N * k.H);
+  o->set_data_type(fe::DataType_t::FP8_E4M3);
+  stats->set_output(true).set_uid(kStats).set_data_type(fe::DataType_t::FLOAT);
+  set_stats_layout(*stats, k.B, k.N, k.T, false);
+  for (auto [t, uid] : {std::pair{amax_s, kAmaxS}, std::pair{amax_o, kAmaxO}})
+    t->set_output(true).set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
+        fe::DataType_t::FLOAT);
+  check(g->validate(), op, "graph validation");
+  check(g->build_operation_graph(handle), op, "operation graph");
+  return g;
+}
+
+}  // namespace
+
 std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_t handle, const char* op,
                                                   fe::AttentionImplementation_t implementation) {
+  if (k.fp8) return fp8_forward_graph(k, handle, op);
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe_type(k.dtype, op))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -350,6 +401,47 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
   const Tensor stats = add_segments(p, offsets, key.problem, *options.documents, stream);
   run(key, p, stream, op);
   stats_to_heads(lse_BNT, stats, stream);
+}
+
+void attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Tensor& k_BTMH, Tensor& v_BTMH,
+                           const AttentionOptions& options, Stream stream, Tensor* scales_4) {
+  const char* op = "attention_forward_fp8";
+  ST_CHECK(options.documents == nullptr && options.window == 0, op,
+           ": the FP8 forward takes neither packed documents nor a sliding window; use attention_forward");
+  ST_CHECK(q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 && k_BTMH.size(1) == q_BTNH.size(1), op,
+           ": expected q [B, T, N, H] and k [B, T, M, H] with as many keys as queries, found ", q_BTNH.str(),
+           " and ", k_BTMH.str());
+  Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
+  Problem& p = key.problem;
+  ST_CHECK(p.dtype == DType::kBF16, op, ": the FP8 forward takes bf16 q, k and v, found ", q_BTNH.str());
+  ST_CHECK(p.H % 16 == 0, op, ": head dim ", p.H, " not supported by cuDNN's FP8 attention (a multiple of 16)");
+  check_tensor(out_BTNH, op, "out_BTNH", DType::kBF16, q_BTNH.shape());
+  check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {p.B, p.N, p.T});
+  p.fp8 = true;
+  p.pitch_q = p.N * p.H;  // the e4m3 copies are contiguous
+  p.pitch_k = p.pitch_v = p.M * p.H;
+  const Device dev = q_BTNH.device();
+  Tensor q8 = Tensor::empty(q_BTNH.shape(), DType::kF8E4M3, dev, "FP8 attention q", stream);
+  Tensor k8 = Tensor::empty(k_BTMH.shape(), DType::kF8E4M3, dev, "FP8 attention k", stream);
+  Tensor v8 = Tensor::empty(v_BTMH.shape(), DType::kF8E4M3, dev, "FP8 attention v", stream);
+  Tensor out8 = Tensor::empty(out_BTNH.shape(), DType::kF8E4M3, dev, "FP8 attention output", stream);
+  Tensor scales = Tensor::empty({kFp8AttentionScaleCount}, DType::kF32, dev, "FP8 attention scales", stream);
+  Tensor amax = Tensor::empty({2}, DType::kF32, dev, "FP8 attention amax", stream);
+  fp8_attention_inputs(q8, k8, v8, scales, q_BTNH, k_BTMH, v_BTMH, stream);
+  float* sc = scales.data<float>();
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kQ, q8.raw_data()},           {kK, k8.raw_data()},           {kV, v8.raw_data()},
+      {kO, out8.raw_data()},         {kStats, lse_BNT.raw_data()},  {kDescaleQ, sc + kFp8DescaleQ},
+      {kDescaleK, sc + kFp8DescaleK}, {kDescaleV, sc + kFp8DescaleV}, {kScaleO, sc + kFp8ScaleOut},
+      {kAmaxS, amax.data<float>()},  {kAmaxO, amax.data<float>() + 1}};
+  run(key, ptrs, stream, op);
+  fp8_attention_output(out_BTNH, out8, scales, stream);
+  if (scales_4 != nullptr) {
+    ST_CHECK(scales_4->dtype() == DType::kF32 && scales_4->numel() == 4 && scales_4->is_contiguous(), op,
+             ": `scales_4` must be contiguous f32 [4], found ", scales_4->str());
+    Tensor first4 = scales.flat_range(0, 4);
+    copy(*scales_4, first4, stream);
+  }
 }
 
 void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,

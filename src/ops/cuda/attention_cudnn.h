@@ -20,7 +20,10 @@ enum Uid : int64_t {
   kQ = 1, kK, kV, kO, kStats, kDO, kDQ, kDK, kDV,
   // packed documents (ragged segments): their lengths, and the element offsets of each
   // segment's first token in q (and dq), k (dk), v (dv), out (dout) and the statistics
-  kSeqLenQ, kSeqLenKV, kOffsetQ, kOffsetK, kOffsetV, kOffsetO, kOffsetStats
+  kSeqLenQ, kSeqLenKV, kOffsetQ, kOffsetK, kOffsetV, kOffsetO, kOffsetStats,
+  // the FP8 forward: dequantisation factors of q, k, v, the output's quantisation factor, and
+  // the amaxes cuDNN writes of the probabilities and the output
+  kDescaleQ, kDescaleK, kDescaleV, kScaleO, kAmaxS, kAmaxO
 };
 
 // One attention problem: [B, T, N, H] queries, [B, T, M, H] keys and values; in memory each
@@ -31,6 +34,7 @@ enum Uid : int64_t {
 // padding mask over their lengths, causal within each), and writes the statistics as
 // [B·T, N] (token-major, the ragged layout cuDNN takes for them). A sliding window is cuDNN's
 // diagonal band with `window` as its left bound: key j is seen by query i when j > i - window.
+// With fp8 (forward only) q, k, v and out are contiguous f8e4m3 (ops::attention_forward_fp8).
 struct Problem {
   bool backward;
   int64_t B, T, N, M, H;
@@ -42,9 +46,10 @@ struct Problem {
   int64_t segments = 0;  // packed documents: the segments' capacity (PackedDocuments::capacity); 0 none
   int64_t segment_tokens = 0;  // and the tokens each may hold (PackedDocuments::longest)
   int64_t window = 0;  // sliding window: each query sees its last `window` keys (0: every causal key)
+  bool fp8 = false;
   auto tie() const {
     return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v,
-                    segments, segment_tokens, window);
+                    segments, segment_tokens, window, fp8);
   }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };
