@@ -104,9 +104,9 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
 }
 
 std::vector<Tensor*> BlockActivations::tensors() {
-  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &q_raw_BTNH, &k_raw_BTMH, &q_rstd_BTN,
-          &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD, &attn_out_BTD, &mlp_out_BTD, &xn2_BTD, &rstd2_BT, &gate_BTF, &up_BTF, &h_BTF,
-          &gate_up_BT2F, &y_BTD};
+  return {&x_BTD,      &xn1_BTD,    &rstd1_BT,  &q_BTNH,  &k_BTMH,       &v_BTMH,       &q_raw_BTNH,  &k_raw_BTMH,
+          &q_rstd_BTN, &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD,       &attn_out_BTD, &mlp_out_BTD, &xn2_BTD,
+          &rstd2_BT,   &gate_BTF,   &up_BTF,    &h_BTF,   &gate_up_BT2F, &y_BTD};
 }
 
 BlockPart recompute_part(ActivationCheckpointing checkpointing) {
@@ -549,8 +549,8 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention);
   }
 
-  sublayer_output(a.x2_BTD, a.attn_out_BTD, a.rstd1_BT, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x,
-                  w.ffn_norm_D, d, ctx, with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
+  sublayer_output(a.x2_BTD, a.attn_out_BTD, a.rstd1_BT, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, w.ffn_norm_D,
+                  d, ctx, with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
 }
 
 // The MLP's inner tensors for R token rows: gate and up (the halves of one stacked product
@@ -757,9 +757,9 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   }
   // with post_norms the sublayers read the residual stream itself, and rstd1 / rstd2 are the
   // norms' after them
-  const Tensor xn1_RD = post ? x_BTD.view({d.R, d.D})
-                             : norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1",
-                                    a.fp8_amax(BlockActivations::kXn1));
+  const Tensor xn1_RD =
+      post ? x_BTD.view({d.R, d.D})
+           : norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
@@ -771,9 +771,9 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   } else {
     attention_half(a, xn1_RD, w, ctx, d);
   }
-  const Tensor xn2_RD = post ? a.x2_BTD.view({d.R, d.D})
-                             : norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2",
-                                    a.fp8_amax(BlockActivations::kXn2));
+  const Tensor xn2_RD =
+      post ? a.x2_BTD.view({d.R, d.D})
+           : norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2", a.fp8_amax(BlockActivations::kXn2));
   if (part == BlockPart::kNorms || ctx.mlp_chunk_tokens > 0)
     a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
   if (part == BlockPart::kNorms) {
@@ -877,16 +877,16 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   if (post) {
     ops::add(dx2_RD, dxn2_RD, dy_RD);  // the MLP read x2 itself
   } else {
-    norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD,
-                  ctx, overwrite_grads);
+    norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx,
+                  overwrite_grads);
   }
   // read for the last time: freed before the attention's backward, the block's other peak
   dxn2_TD = dxn2_RD = xn2_TD = Tensor();
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
   // the attention's output gradient: dx2, or through Granite's residual_multiplier and OLMo 2's norm
-  const Tensor dout_RD = sublayer_backward(dx2_RD, g.ffn_norm_D, a.attn_out_BTD, a.rstd1_BT, w.ffn_norm_D, d, ctx,
-                                           overwrite_grads);
+  const Tensor dout_RD =
+      sublayer_backward(dx2_RD, g.ffn_norm_D, a.attn_out_BTD, a.rstd1_BT, w.ffn_norm_D, d, ctx, overwrite_grads);
   a.attn_out_BTD = Tensor();
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows:
   // with tensor parallelism gathered while this rank's rows make their part of dattn, and by
@@ -932,8 +932,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   } else {
     ops::LinearBackwardOptions o_dw = dw;
     o_dw.fp8 = with_amax(ctx.fp8, a, BlockActivations::kAttn);
-    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dout_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ,
-                         o_dw);
+    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dout_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, o_dw);
   }
   if (!by_pieces) attend_backward(0, B);
   dattn_BTNH = dattn_TQ = Tensor();

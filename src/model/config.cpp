@@ -40,8 +40,8 @@ double LlamaConfig::attention_scale() const {
 }
 
 void LlamaConfig::validate_families(const std::string& p) const {
-  ST_CHECK(nope_layers.empty() || static_cast<int64_t>(nope_layers.size()) == n_layers, "`", p,
-           "nope_layers` lists ", nope_layers.size(), " layers for `", p, "n_layers` = ", n_layers,
+  ST_CHECK(nope_layers.empty() || static_cast<int64_t>(nope_layers.size()) == n_layers, "`", p, "nope_layers` lists ",
+           nope_layers.size(), " layers for `", p, "n_layers` = ", n_layers,
            "; give one entry per layer (or none: every layer uses rope)");
   ST_CHECK(embedding_multiplier > 0, "`", p, "embedding_multiplier` must be > 0, found ", embedding_multiplier);
   ST_CHECK(residual_multiplier > 0, "`", p, "residual_multiplier` must be > 0, found ", residual_multiplier);

@@ -3,6 +3,7 @@
 #include "model/hf_config.h"
 
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -246,8 +247,8 @@ void parse_smollm3(const json& j, const std::string& src, LlamaConfig& c) {
              " layers (`num_hidden_layers`), found ", list->dump());
     for (int64_t l = 0; l < c.n_layers; ++l) {
       const json& v = (*list)[static_cast<size_t>(l)];
-      ST_CHECK(v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1), src, ": `no_rope_layers[",
-               l, "]` = ", v.dump(), "; expected 1 (the layer uses rope) or 0 (it does not)");
+      ST_CHECK(v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1), src, ": `no_rope_layers[", l,
+               "]` = ", v.dump(), "; expected 1 (the layer uses rope) or 0 (it does not)");
       c.nope_layers[static_cast<size_t>(l)] = v.get<int64_t>() == 0;
     }
   } else {
@@ -270,11 +271,11 @@ void parse_granite(const json& j, const std::string& src, LlamaConfig& c) {
   c.residual_multiplier = get_double(j, "residual_multiplier", src, 1.0);
   c.attention_multiplier = get_double(j, "attention_multiplier", src, 1.0);
   c.logits_scaling = get_double(j, "logits_scaling", src, 1.0);
-  ST_CHECK(c.embedding_multiplier > 0 && c.residual_multiplier > 0 && c.attention_multiplier > 0 &&
-               c.logits_scaling > 0,
-           src, ": Granite's `embedding_multiplier` (", c.embedding_multiplier, "), `residual_multiplier` (",
-           c.residual_multiplier, "), `attention_multiplier` (", c.attention_multiplier, ") and `logits_scaling` (",
-           c.logits_scaling, ") must all be > 0");
+  ST_CHECK(
+      c.embedding_multiplier > 0 && c.residual_multiplier > 0 && c.attention_multiplier > 0 && c.logits_scaling > 0,
+      src, ": Granite's `embedding_multiplier` (", c.embedding_multiplier, "), `residual_multiplier` (",
+      c.residual_multiplier, "), `attention_multiplier` (", c.attention_multiplier, ") and `logits_scaling` (",
+      c.logits_scaling, ") must all be > 0");
 }
 
 }  // namespace
@@ -283,15 +284,18 @@ void check_hf_family(const LlamaConfig& c, const std::string& what) {
   const bool olmo2 = c.post_norms || c.qk_norm_whole;
   const bool smollm3 = c.nope_layer_count() > 0;
   const bool granite = c.granite_scaled();
-  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(c.qk_norm) <= 1, what, ": ",
-           "the model combines features of several Hugging Face families (",
-           olmo2 ? "OLMo 2's norms, " : "", smollm3 ? "SmolLM3's NoPE layers, " : "",
-           granite ? "Granite's scalings, " : "", c.qk_norm ? "Qwen3's QK-norm, " : "",
+  std::string features;
+  for (const auto& [has, name] : {std::pair{olmo2, "OLMo 2's norms"}, std::pair{smollm3, "SmolLM3's NoPE layers"},
+                                  std::pair{granite, "Granite's scalings"}, std::pair{c.qk_norm, "Qwen3's QK-norm"}})
+    if (has) features += (features.empty() ? "" : ", ") + std::string(name);
+  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(c.qk_norm) <= 1, what,
+           ": the model combines features of several Hugging Face families (", features,
            "), which no single transformers model type has; keep one family's features");
   if (olmo2) {
-    ST_CHECK(c.post_norms && c.qk_norm_whole, what, ": OLMo 2 has both norms after each sublayer (post_norms) and "
-             "QK-norm over the whole q and k (qk_norm_whole), found post_norms = ", c.post_norms, ", qk_norm_whole = ",
-             c.qk_norm_whole, "; set both (olmo2) or neither");
+    ST_CHECK(c.post_norms && c.qk_norm_whole, what,
+             ": OLMo 2 has both norms after each sublayer (post_norms) and "
+             "QK-norm over the whole q and k (qk_norm_whole), found post_norms = ",
+             c.post_norms, ", qk_norm_whole = ", c.qk_norm_whole, "; set both (olmo2) or neither");
     ST_CHECK(c.sliding_window == 0, what, ": olmo2 has no sliding window");
   }
   if (smollm3)
@@ -338,7 +342,8 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   if (model_type == "smollm3") parse_smollm3(j, src, c);
   if (model_type == "granite") parse_granite(j, src, c);
   if (model_type == "smollm3")
-    ST_CHECK(!c.attention_bias, src, ": `attention_bias` = true is not supported for smollm3; SmolLM3's "
+    ST_CHECK(!c.attention_bias, src,
+             ": `attention_bias` = true is not supported for smollm3; SmolLM3's "
              "projections have no biases");
   c.init_std = get_double(j, "initializer_range", src, 0.02);
   parse_rope(j, src, c, model_type == "smollm3" ? 2000000.0 : 10000.0);
@@ -368,16 +373,16 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   // (with or without q/k/v biases); biases alone: Qwen2; else Llama
   const bool olmo2 = c.post_norms, smollm3 = c.nope_layer_count() > 0, granite = c.granite_scaled();
   const bool own_family = olmo2 || smollm3 || granite;
-  const char* family = olmo2     ? "olmo2"
-                       : smollm3 ? "smollm3"
-                       : granite ? "granite"
-                       : c.qk_norm ? "qwen3"
+  const char* family = olmo2              ? "olmo2"
+                       : smollm3          ? "smollm3"
+                       : granite          ? "granite"
+                       : c.qk_norm        ? "qwen3"
                        : c.attention_bias ? "qwen2"
                                           : "llama";
-  const char* architecture = olmo2     ? "Olmo2ForCausalLM"
-                             : smollm3 ? "SmolLM3ForCausalLM"
-                             : granite ? "GraniteForCausalLM"
-                             : c.qk_norm ? "Qwen3ForCausalLM"
+  const char* architecture = olmo2              ? "Olmo2ForCausalLM"
+                             : smollm3          ? "SmolLM3ForCausalLM"
+                             : granite          ? "GraniteForCausalLM"
+                             : c.qk_norm        ? "Qwen3ForCausalLM"
                              : c.attention_bias ? "Qwen2ForCausalLM"
                                                 : "LlamaForCausalLM";
   j["architectures"] = {architecture};

@@ -99,7 +99,8 @@ TEST(Cli, InspectShowsTheNewFamiliesFeatures) {
     std::vector<std::string> shown;
   };
   const std::vector<Family> families = {
-      {"--model.no_rope_every=2", "SmolLM3ForCausalLM",
+      {"--model.no_rope_every=2",
+       "SmolLM3ForCausalLM",
        {"no rope on 1 of 2 layers", "no rope (NoPE) on layers 1: q and k attend unrotated there"}},
       {"--model.embedding_multiplier=12 --model.residual_multiplier=0.22 --model.attention_multiplier=0.015625 "
        "--model.logits_scaling=8",
@@ -107,7 +108,8 @@ TEST(Cli, InspectShowsTheNewFamiliesFeatures) {
        {"scaled (embedding x12, residual x0.22, attention x0.015625, logits /8)",
         "scalings: embeddings x 12, each sublayer's output x 0.22 before its residual add, attention scale "
         "0.015625, logits / 8"}},
-      {"--model.post_norms=true --model.qk_norm_whole=true", "Olmo2ForCausalLM",
+      {"--model.post_norms=true --model.qk_norm_whole=true",
+       "Olmo2ForCausalLM",
        {"QK-norm over all heads, norms after each sublayer",
         "QK-norm over the whole q and k: self_attn.q_norm.weight [40] and self_attn.k_norm.weight [20]",
         "norms after each sublayer: post_attention_layernorm", "model.layers.1.post_feedforward_layernorm.weight"}},
@@ -129,7 +131,8 @@ TEST(Cli, InspectShowsTheNewFamiliesFeatures) {
     EXPECT_EQ(j.at("architectures"), nlohmann::json::array({f.architecture}));
     const Result r = run_shardtrain("inspect " + (dir / "hf").string());
     ASSERT_EQ(r.status, 0) << r.output;
-    for (const std::string& line : f.shown) EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+    for (const std::string& line : f.shown)
+      EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
     EXPECT_NE(r.output.find("every parameter present with the expected shape"), std::string::npos) << r.output;
     fs::remove_all(dir);
   }

@@ -105,15 +105,15 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"heads of 6 (attention 72 wide in a width of 48)", false, true, false, model::ActivationCheckpointing::kNone, 0,
        false, 6},
       {"QK-norm", false, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, true},
-      {"QK-norm, separate projections, full checkpointing", true, false, true, model::ActivationCheckpointing::kFull,
-       0, false, 0, true},
+      {"QK-norm, separate projections, full checkpointing", true, false, true, model::ActivationCheckpointing::kFull, 0,
+       false, 0, true},
       {"QK-norm, heads of 6, biased, selective checkpointing", false, true, false,
        model::ActivationCheckpointing::kSelective, 0, false, 6, true},
       {"QK-norm, packed documents", false, false, false, model::ActivationCheckpointing::kPointwise, 0, true, 0, true},
       {"sliding window of 3 on layer 0", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, false,
        3},
-      {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull,
-       0, true, 0, false, 4},
+      {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull, 0,
+       true, 0, false, 4},
       {"no rope on layer 1", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, false, 0, true},
       // (no k bias: without rope its gradient is zero, q·b the same for every key, and only rounding remains)
       {"no rope on layer 1, packed documents, selective checkpointing", false, false, false,
@@ -232,8 +232,11 @@ TEST(TensorParallel, RejectsWhatDoesNotSplit) {
   c = small_config(w, {"plain"});
   c.post_norms = c.qk_norm_whole = true;
   if (w > 1) {
-    EXPECT_TRUE(testing::throws_with([&] { (void)model::ModelLayout::llama(c, model::Mesh{1, w}, r); },
-                                     "with OLMo 2's norms (QK-norm over the whole q and k"));
+    EXPECT_TRUE(testing::throws_with(
+        [&] {
+          (void)model::ModelLayout::llama(c, model::Mesh{1, w}, r);
+        },
+        "with OLMo 2's norms (QK-norm over the whole q and k"));
   }
   c = small_config(w, {"plain"});
   const model::ModelLayout layout = model::ModelLayout::llama(c, model::Mesh{1, w}, r);

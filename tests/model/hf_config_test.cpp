@@ -405,10 +405,12 @@ TEST(HfConfig, BadSmolLM3ConfigsNameTheKeyAndValue) {
   json j = smollm3_3b();
   j["no_rope_layers"][5] = 2;
   EXPECT_NE(error_of(j).find("m/config.json: `no_rope_layers[5]` = 2; expected 1 (the layer uses rope) or 0"),
-            std::string::npos) << error_of(j);
+            std::string::npos)
+      << error_of(j);
   j["no_rope_layers"] = json::array({1, 0});
   EXPECT_NE(error_of(j).find("`no_rope_layers` must be a list of 0 / 1 with an entry for each of the 36 layers"),
-            std::string::npos) << error_of(j);
+            std::string::npos)
+      << error_of(j);
   j = smollm3_3b();
   j["use_sliding_window"] = true;
   j["sliding_window"] = 4096;
@@ -428,7 +430,8 @@ TEST(HfConfig, GraniteReadsItsFourScalings) {
   EXPECT_TRUE(c.granite_scaled());
   EXPECT_TRUE(c.tie_embeddings);
   EXPECT_NE(c.summary().find("scaled (embedding x12, residual x0.22, attention x0.015625, logits /8)"),
-            std::string::npos) << c.summary();
+            std::string::npos)
+      << c.summary();
   // 2,533,531,648: the model card's 2.5B
   EXPECT_EQ(c.num_parameters(), 2'533'531'648);
   const LlamaConfig five = parse_hf_config(five_form(granite_3_2b()), "five/config.json");
@@ -500,8 +503,9 @@ TEST(HfConfig, MixedFamiliesAreRefusedOnTheWayOut) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("combines features of several Hugging Face families (OLMo 2's norms, "
-                                         "Granite's scalings, )"),
-              std::string::npos) << e.what();
+                                         "Granite's scalings)"),
+              std::string::npos)
+        << e.what();
   }
   c.logits_scaling = 1.0;
   c.qk_norm_whole = false;
@@ -521,7 +525,8 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
   EXPECT_NE(e.find("qwen3 (dense, QK-norm, sliding-window layers too)"), std::string::npos) << e;
   EXPECT_NE(e.find("smollm3 (NoPE layers), granite (Granite 3's embedding, residual, attention and logits "
                    "scalings) and olmo2 (norms after each sublayer, QK-norm over the whole q and k)"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   j["model_type"] = "gemma2";
   e = error_of(j);
   EXPECT_NE(e.find("`model_type` = \"gemma2\" is not supported"), std::string::npos) << e;

@@ -3,7 +3,8 @@
 // whose head dims cuDNN's attention takes (64 and 128, 32 beside a width of 64 in
 // mistral_head_dim and qwen3_qk_norm, 16 in the sliding-window cases and in smollm3_nope,
 // granite_scaled and olmo2_post_norms): logits, loss, every
-// gradient and every parameter after one AdamW step, within bf16 error. Skips without a device or without the case's reference files.
+// gradient and every parameter after one AdamW step, within bf16 error. Skips without a device or without the case's
+// reference files.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

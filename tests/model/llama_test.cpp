@@ -14,9 +14,9 @@
 #include "ops/linear.h"
 #include "ops/rope.h"
 #include "testing/compare.h"
-#include "testing/packed_documents.h"
 #include "testing/gradcheck.h"
 #include "testing/model_shapes.h"
+#include "testing/packed_documents.h"
 
 namespace shardtrain::model {
 namespace {
@@ -115,7 +115,8 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesF64) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tiny, LlamaGradient,
-    ::testing::Values(TinyCase{"gqa2_tied", 2, 1, true, false, false}, TinyCase{"mha_untied", 2, 2, false, false, false},
+    ::testing::Values(TinyCase{"gqa2_tied", 2, 1, true, false, false},
+                      TinyCase{"mha_untied", 2, 2, false, false, false},
                       TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true},
                       // heads of a width of their own (Mistral-Nemo): attention wider (2 x 8 = 16)
                       // and narrower (3 x 2 = 6) than dim 12
@@ -233,28 +234,28 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
         TinyCase{"gqa_nope", 2, 1, false, false, false, 0, false, 0, true},
         TinyCase{"gqa_granite", 2, 1, false, false, false, 0, false, 0, false, true},
         TinyCase{"gqa_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true}}) {
-  SCOPED_TRACE(c.name);
-  const LlamaConfig cfg = tiny_config(c);
-  Tensor ids = Tensor::empty({3, 8}, DType::kI32);
-  Tensor targets = Tensor::empty({3, 8}, DType::kI32);
-  testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
-  testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
-  StepOptions o;
-  o.grad_scale = 1.0 / 24;
-  Llama a(cfg, DType::kF32);
-  a.init_random(5);
-  const LossSum la = a.forward_backward(ids, targets, o);
-  for (ActivationCheckpointing ac :
-       {ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
-    Llama b(cfg, DType::kF32);
-    b.init_random(5);
-    o.checkpointing = ac;
-    const LossSum lb = b.forward_backward(ids, targets, o);
-    EXPECT_EQ(la.loss_sum, lb.loss_sum) << checkpointing_name(ac);
-    for (size_t u = 0; u < a.layout().units().size(); ++u)
-      EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact))
-          << checkpointing_name(ac) << ", unit " << u;
-  }
+    SCOPED_TRACE(c.name);
+    const LlamaConfig cfg = tiny_config(c);
+    Tensor ids = Tensor::empty({3, 8}, DType::kI32);
+    Tensor targets = Tensor::empty({3, 8}, DType::kI32);
+    testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
+    testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
+    StepOptions o;
+    o.grad_scale = 1.0 / 24;
+    Llama a(cfg, DType::kF32);
+    a.init_random(5);
+    const LossSum la = a.forward_backward(ids, targets, o);
+    for (ActivationCheckpointing ac :
+         {ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+      Llama b(cfg, DType::kF32);
+      b.init_random(5);
+      o.checkpointing = ac;
+      const LossSum lb = b.forward_backward(ids, targets, o);
+      EXPECT_EQ(la.loss_sum, lb.loss_sum) << checkpointing_name(ac);
+      for (size_t u = 0; u < a.layout().units().size(); ++u)
+        EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact))
+            << checkpointing_name(ac) << ", unit " << u;
+    }
   }
 }
 
@@ -267,59 +268,61 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
 // checkpointing the setting is ignored: bitwise the plain run.
 TEST(Llama, ChunkedMlpEqualsTheMlpAtOnce) {
   for (int family = 0; family < 3; ++family)
-  for (bool stackable : {true, false}) {
-    SCOPED_TRACE(std::string(stackable ? "stacked gate|up" : "separate gate and up") +
-                 (family == 1 ? ", Granite's scalings" : family == 2 ? ", OLMo 2's norms" : ""));
-    TinyCase tc = stackable ? TinyCase{"gqa", 4, 2, false, false, true} : TinyCase{"gqa", 2, 1, false, false, true};
-    tc.granite = family == 1;
-    tc.olmo2 = family == 2;
-    LlamaConfig cfg = tiny_config(tc);
-    if (stackable) cfg.dim = 256;  // head dim 64; gate and up a multiple of the parameter alignment: stacked
-    cfg.init_std = 0.05;
-    const int64_t B = 2, T = 7;
-    std::vector<Tensor> ids, targets;
-    for (int i = 0; i < 2; ++i) {
-      ids.push_back(Tensor::empty({B, T}, DType::kI32));
-      targets.push_back(Tensor::empty({B, T}, DType::kI32));
-      testing::fill_random_ints(ids.back(), 80 + i, 0, cfg.vocab_size);
-      testing::fill_random_ints(targets.back(), 90 + i, 0, cfg.vocab_size);
-    }
-    for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective,
-                                       ActivationCheckpointing::kFull}) {
-      SCOPED_TRACE(checkpointing_name(ac));
-      StepOptions o;
-      o.grad_scale = 1.0 / 28.0;
-      o.loss_chunk_tokens = 5;
-      o.checkpointing = ac;
-      Llama whole(cfg, DType::kF64), pieces(cfg, DType::kF64);
-      randomize(whole, 23);
-      randomize(pieces, 23);
-      pieces.set_mlp_chunk_tokens(5);
-      ASSERT_EQ(BlockWeights::view(whole.unit_params(1), whole.layout().units()[1], cfg).w_gate_up_2FD.defined(),
-                stackable);
-      for (size_t u = 0; u < whole.layout().units().size(); ++u) {
-        Tensor gw = whole.unit_grads(u), gp = pieces.unit_grads(u);
-        testing::fill_random(gw, 300 + u, 0.3, 1.0);
-        testing::fill_random(gp, 300 + u, 0.3, 1.0);
-      }
+    for (bool stackable : {true, false}) {
+      SCOPED_TRACE(std::string(stackable ? "stacked gate|up" : "separate gate and up") +
+                   (family == 1   ? ", Granite's scalings"
+                    : family == 2 ? ", OLMo 2's norms"
+                                  : ""));
+      TinyCase tc = stackable ? TinyCase{"gqa", 4, 2, false, false, true} : TinyCase{"gqa", 2, 1, false, false, true};
+      tc.granite = family == 1;
+      tc.olmo2 = family == 2;
+      LlamaConfig cfg = tiny_config(tc);
+      if (stackable) cfg.dim = 256;  // head dim 64; gate and up a multiple of the parameter alignment: stacked
+      cfg.init_std = 0.05;
+      const int64_t B = 2, T = 7;
+      std::vector<Tensor> ids, targets;
       for (int i = 0; i < 2; ++i) {
-        o.overwrite_grads = i == 0;
-        const LossSum a = whole.forward_backward(ids[i], targets[i], o);
-        const LossSum b = pieces.forward_backward(ids[i], targets[i], o);
-        if (ac == ActivationCheckpointing::kNone)
-          EXPECT_EQ(a.loss_sum, b.loss_sum);
-        else
-          EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-12 * std::abs(a.loss_sum));
+        ids.push_back(Tensor::empty({B, T}, DType::kI32));
+        targets.push_back(Tensor::empty({B, T}, DType::kI32));
+        testing::fill_random_ints(ids.back(), 80 + i, 0, cfg.vocab_size);
+        testing::fill_random_ints(targets.back(), 90 + i, 0, cfg.vocab_size);
       }
-      for (size_t u = 0; u < whole.layout().units().size(); ++u) {
-        const testing::Tolerance tol = ac == ActivationCheckpointing::kNone ? testing::kExact
-                                                                             : testing::Tolerance{1e-12, 1e-8, 1e-12};
-        EXPECT_TRUE(testing::all_close(pieces.unit_grads(u), whole.unit_grads(u), tol)) << "unit " << u;
+      for (ActivationCheckpointing ac :
+           {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+        SCOPED_TRACE(checkpointing_name(ac));
+        StepOptions o;
+        o.grad_scale = 1.0 / 28.0;
+        o.loss_chunk_tokens = 5;
+        o.checkpointing = ac;
+        Llama whole(cfg, DType::kF64), pieces(cfg, DType::kF64);
+        randomize(whole, 23);
+        randomize(pieces, 23);
+        pieces.set_mlp_chunk_tokens(5);
+        ASSERT_EQ(BlockWeights::view(whole.unit_params(1), whole.layout().units()[1], cfg).w_gate_up_2FD.defined(),
+                  stackable);
+        for (size_t u = 0; u < whole.layout().units().size(); ++u) {
+          Tensor gw = whole.unit_grads(u), gp = pieces.unit_grads(u);
+          testing::fill_random(gw, 300 + u, 0.3, 1.0);
+          testing::fill_random(gp, 300 + u, 0.3, 1.0);
+        }
+        for (int i = 0; i < 2; ++i) {
+          o.overwrite_grads = i == 0;
+          const LossSum a = whole.forward_backward(ids[i], targets[i], o);
+          const LossSum b = pieces.forward_backward(ids[i], targets[i], o);
+          if (ac == ActivationCheckpointing::kNone)
+            EXPECT_EQ(a.loss_sum, b.loss_sum);
+          else
+            EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-12 * std::abs(a.loss_sum));
+        }
+        for (size_t u = 0; u < whole.layout().units().size(); ++u) {
+          const testing::Tolerance tol =
+              ac == ActivationCheckpointing::kNone ? testing::kExact : testing::Tolerance{1e-12, 1e-8, 1e-12};
+          EXPECT_TRUE(testing::all_close(pieces.unit_grads(u), whole.unit_grads(u), tol)) << "unit " << u;
+        }
+        const LossSum ea = whole.evaluate(ids[1], targets[1], o), eb = pieces.evaluate(ids[1], targets[1], o);
+        EXPECT_NEAR(ea.loss_sum, eb.loss_sum, 1e-12 * std::abs(ea.loss_sum));
       }
-      const LossSum ea = whole.evaluate(ids[1], targets[1], o), eb = pieces.evaluate(ids[1], targets[1], o);
-      EXPECT_NEAR(ea.loss_sum, eb.loss_sum, 1e-12 * std::abs(ea.loss_sum));
     }
-  }
 }
 
 // Documents packed into rows (positions restarting at each one's first token) train as if each
@@ -748,7 +751,8 @@ Tensor rms_rows(const Tensor& x_TW, const Tensor& weight_W, double eps) {
     double ss = 0;
     for (int64_t i = 0; i < W; ++i) ss += x.data<double>()[t * W + i] * x.data<double>()[t * W + i];
     const double r = 1.0 / std::sqrt(ss / static_cast<double>(W) + eps);
-    for (int64_t i = 0; i < W; ++i) y.data<double>()[t * W + i] = weight_W.data<double>()[i] * (x.data<double>()[t * W + i] * r);
+    for (int64_t i = 0; i < W; ++i)
+      y.data<double>()[t * W + i] = weight_W.data<double>()[i] * (x.data<double>()[t * W + i] * r);
   }
   return y;
 }
@@ -770,8 +774,8 @@ TEST(Block, NopeLayerLeavesQAndKUnrotated) {
   const BlockRun nope(cfg, false), rope(cfg, true);
   const int64_t T = BlockRun::T;
   const Tensor xn1 = contiguous(nope.a.xn1_BTD).view({T, cfg.dim});
-  EXPECT_TRUE(testing::all_close(contiguous(nope.a.q_BTNH).view({T, cfg.q_dim()}), product(xn1, nope.w.wq_QD, nope.w.bq_Q),
-                                 kF64Forward));
+  EXPECT_TRUE(testing::all_close(contiguous(nope.a.q_BTNH).view({T, cfg.q_dim()}),
+                                 product(xn1, nope.w.wq_QD, nope.w.bq_Q), kF64Forward));
   EXPECT_TRUE(testing::all_close(contiguous(nope.a.k_BTMH).view({T, cfg.kv_dim()}),
                                  product(xn1, nope.w.wk_KD, nope.w.bk_K), kF64Forward));
   Tensor rotated = product(xn1, rope.w.wq_QD, rope.w.bq_Q).view({1, T, cfg.n_heads, cfg.head_dim()});
@@ -786,14 +790,15 @@ TEST(Block, GraniteScalesTheScoresAndEachSublayerOutput) {
   const LlamaConfig cfg = tiny_config({"gqa3_granite", 3, 1, false, true, false, 0, false, 0, false, true});
   const BlockRun b(cfg);
   const int64_t T = BlockRun::T, D = cfg.dim;
-  Tensor attn = Tensor::empty(b.a.attn_BTNH.shape(), DType::kF64), lse = Tensor::empty(b.a.lse_BNT.shape(), DType::kF64);
+  Tensor attn = Tensor::empty(b.a.attn_BTNH.shape(), DType::kF64),
+         lse = Tensor::empty(b.a.lse_BNT.shape(), DType::kF64);
   ops::attention_forward(attn, lse, b.a.q_BTNH, b.a.k_BTMH, b.a.v_BTMH, {.scale = 0.3});
   EXPECT_TRUE(testing::all_close(contiguous(b.a.attn_BTNH), attn, kF64Forward));
   ops::attention_forward(attn, lse, b.a.q_BTNH, b.a.k_BTMH, b.a.v_BTMH, {});
   EXPECT_FALSE(testing::all_close(contiguous(b.a.attn_BTNH), attn, {1e-3, 1e-3, 1e-3})) << "1/sqrt(H) instead";
   const Tensor o = product(contiguous(b.a.attn_BTNH).view({T, cfg.q_dim()}), b.w.wo_DQ);
-  EXPECT_TRUE(testing::all_close(contiguous(b.a.x2_BTD).view({T, D}), plus_scaled(b.x.view({T, D}), 0.4, o),
-                                 kF64Forward));
+  EXPECT_TRUE(
+      testing::all_close(contiguous(b.a.x2_BTD).view({T, D}), plus_scaled(b.x.view({T, D}), 0.4, o), kF64Forward));
   const Tensor down = product(contiguous(b.a.h_BTF).view({T, cfg.ffn_dim}), b.w.w_down_DF);
   EXPECT_TRUE(testing::all_close(contiguous(b.a.y_BTD).view({T, D}),
                                  plus_scaled(contiguous(b.a.x2_BTD).view({T, D}), 0.4, down), kF64Forward));
@@ -820,7 +825,8 @@ TEST(Llama, GraniteScalesTheEmbeddingsAndTheLogits) {
   ops::scale(divided, 1.0 / 2.5);
   EXPECT_TRUE(testing::all_close(a.logits(ids), divided, kF64Forward));
   EXPECT_NE(scaled.summary().find("scaled (embedding x3, residual x1, attention x0.408248, logits /2.5)"),
-            std::string::npos) << scaled.summary();
+            std::string::npos)
+      << scaled.summary();
 }
 
 // OLMo 2's block written out: q and k normed over all their heads before rope, no input
@@ -842,8 +848,9 @@ TEST(Block, Olmo2NormsAfterEachSublayerAndOverTheWholeQAndK) {
   const Tensor o = product(contiguous(b.a.attn_BTNH).view({T, cfg.q_dim()}), b.w.wo_DQ);
   const Tensor x2 = plus_scaled(x, 1.0, rms_rows(o, b.w.ffn_norm_D, cfg.norm_eps));
   EXPECT_TRUE(testing::all_close(contiguous(b.a.x2_BTD).view({T, D}), x2, kF64Forward));
-  EXPECT_TRUE(testing::all_close(contiguous(b.a.gate_BTF).view({T, cfg.ffn_dim}), product(x2, b.w.w_gate_FD),
-                                 kF64Forward)) << "the MLP reads x2 itself";
+  EXPECT_TRUE(
+      testing::all_close(contiguous(b.a.gate_BTF).view({T, cfg.ffn_dim}), product(x2, b.w.w_gate_FD), kF64Forward))
+      << "the MLP reads x2 itself";
   const Tensor down = product(contiguous(b.a.h_BTF).view({T, cfg.ffn_dim}), b.w.w_down_DF);
   EXPECT_TRUE(testing::all_close(contiguous(b.a.y_BTD).view({T, D}),
                                  plus_scaled(x2, 1.0, rms_rows(down, b.w.post_ffn_norm_D, cfg.norm_eps)), kF64Forward));

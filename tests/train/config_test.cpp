@@ -245,8 +245,7 @@ TEST(Config, FamilyKeysReachTheModel) {
   EXPECT_EQ(olmo.num_parameters() - plain.num_parameters(), plain.n_layers * (plain.q_dim() + plain.kv_dim()));
 
   std::string e = error_of("", {"--model.no_rope_every=4", "--model.preset=llama3.2-1b"});
-  EXPECT_NE(e.find("`model.no_rope_every` is set, but `model.preset` gives the model's shape"), std::string::npos)
-      << e;
+  EXPECT_NE(e.find("`model.no_rope_every` is set, but `model.preset` gives the model's shape"), std::string::npos) << e;
   e = error_of("", {"--model.logits_scaling=8", "--model.hf=some/folder"});
   EXPECT_NE(e.find("`model.logits_scaling` is set, but `model.hf` gives the model's shape"), std::string::npos) << e;
   e = error_of("", {"--model.qk_norm=true", "--model.qk_norm_whole=true"});
@@ -270,7 +269,7 @@ TEST(Config, FamilyKeysReachTheModel) {
       << e;
   e = shape_error({"--model.no_rope_every=2", "--model.logits_scaling=2"});
   EXPECT_NE(e.find("combines features of several Hugging Face families (SmolLM3's NoPE layers, Granite's "
-                   "scalings, )"),
+                   "scalings)"),
             std::string::npos)
       << e;
 }

@@ -186,25 +186,36 @@ TEST(ExportRoundTrip, SmolLM3GraniteAndOlmo2TensorsAndConfigSurvive) {
   };
   const std::vector<Family> families = {
       {"SmolLM3ForCausalLM", "smollm3", {{"no_rope_layers", {1, 0, 1}}, {"tie_word_embeddings", true}}},
-      {"GraniteForCausalLM", "granite",
-       {{"embedding_multiplier", 12.0}, {"residual_multiplier", 0.22}, {"attention_multiplier", 0.0625},
-        {"logits_scaling", 8.0}, {"attention_bias", true}}},
+      {"GraniteForCausalLM",
+       "granite",
+       {{"embedding_multiplier", 12.0},
+        {"residual_multiplier", 0.22},
+        {"attention_multiplier", 0.0625},
+        {"logits_scaling", 8.0},
+        {"attention_bias", true}}},
       {"Olmo2ForCausalLM", "olmo2", {{"attention_bias", false}, {"tie_word_embeddings", false}}},
   };
   for (const Family& f : families) {
     SCOPED_TRACE(f.model_type);
-    const std::string base =
-        (std::filesystem::temp_directory_path() / ("shardtrain_export_" + std::string(f.model_type) + "_" +
-                                                   std::to_string(::getpid())))
-            .string();
+    const std::string base = (std::filesystem::temp_directory_path() /
+                              ("shardtrain_export_" + std::string(f.model_type) + "_" + std::to_string(::getpid())))
+                                 .string();
     const std::string src = base + "/in", out = base + "/out";
     std::filesystem::remove_all(base);
     std::filesystem::create_directories(src);
-    nlohmann::json config = {{"architectures", {f.architecture}}, {"model_type", f.model_type},
-                             {"hidden_act", "silu"}, {"hidden_size", 32}, {"intermediate_size", 40},
-                             {"max_position_embeddings", 64}, {"num_attention_heads", 4}, {"num_hidden_layers", 3},
-                             {"num_key_value_heads", 2}, {"rms_norm_eps", 1e-6}, {"rope_theta", 10000.0},
-                             {"torch_dtype", "float32"}, {"vocab_size", 67}};
+    nlohmann::json config = {{"architectures", {f.architecture}},
+                             {"model_type", f.model_type},
+                             {"hidden_act", "silu"},
+                             {"hidden_size", 32},
+                             {"intermediate_size", 40},
+                             {"max_position_embeddings", 64},
+                             {"num_attention_heads", 4},
+                             {"num_hidden_layers", 3},
+                             {"num_key_value_heads", 2},
+                             {"rms_norm_eps", 1e-6},
+                             {"rope_theta", 10000.0},
+                             {"torch_dtype", "float32"},
+                             {"vocab_size", 67}};
     config.update(f.keys);
     std::ofstream(src + "/config.json") << config.dump(2);
     const model::LlamaConfig c = model::parse_hf_config(config, "in/config.json");

@@ -236,8 +236,8 @@ TEST(Plan, Olmo2CountsItsNormsAndWhatItsBackwardReads) {
     EXPECT_EQ(olmo.shard_elements - plain.shard_elements, L * (Q + K) / 2);
     EXPECT_DOUBLE_EQ(olmo.flops_per_token - plain.flops_per_token, 6.0 * L * (Q + K));
     const int64_t qk = ac == ActivationCheckpointing::kFull ? 0 : 4 * (Q + K) + 4 * 2;
-    const int64_t post = ac == ActivationCheckpointing::kPointwise || ac == ActivationCheckpointing::kSelective
-                             ? 4 * 2 * D : 0;
+    const int64_t post =
+        ac == ActivationCheckpointing::kPointwise || ac == ActivationCheckpointing::kSelective ? 4 * 2 * D : 0;
     EXPECT_EQ(olmo.activations_at_loss - plain.activations_at_loss, tokens * L * (qk + post));
   }
 }
