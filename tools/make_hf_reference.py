@@ -64,6 +64,29 @@ CASES = {
              tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
         "qwen3",
     ),
+    # SmolLM3: NoPE layers (no_rope_layers: 1 = the layer uses rope, 0 = it does not), here
+    # the second and fourth of four, and a tied head as SmolLM3-3B ships.
+    "smollm3_nope": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96, num_hidden_layers=4,
+             no_rope_layers=[1, 0, 1, 0], tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
+        "smollm3",
+    ),
+    # Granite 3: the embeddings, each sublayer's output, the attention scores and the logits
+    # scaled (floats: transformers 5's GraniteConfig checks their type). logits_scaling a power
+    # of two, as Granite 3 ships (8, 16).
+    "granite_scaled": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             embedding_multiplier=12.0, residual_multiplier=0.22, attention_multiplier=0.0625, logits_scaling=4.0,
+             tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
+        "granite",
+    ),
+    # OLMo 2: RMSNorms after the attention and the MLP (no input norms), and QK-norm over the
+    # whole q and k projections before rope.
+    "olmo2_post_norms": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             tie_word_embeddings=False, max_position_embeddings=GREEDY_POSITIONS),
+        "olmo2",
+    ),
     # Sliding-window attention: Mistral v0.1's window on every layer (5 positions, under the
     # 13-token rows and the 200-id greedy prompt), and Qwen2's window on the layers from
     # max_window_layers on (here the second of two).
@@ -128,6 +151,22 @@ def build(overrides, arch):
         common.pop("rope_scaling", None)
         config = transformers.Qwen3Config(use_sliding_window=False, attention_bias=False, **common)
         model = transformers.Qwen3ForCausalLM(config)
+    elif arch == "smollm3":
+        common.pop("rope_scaling", None)
+        # no padding row: SmolLM3's default pad id (128004) lies outside these vocabularies, and
+        # a padding row would get no gradient
+        config = transformers.SmolLM3Config(use_sliding_window=False, attention_bias=False, mlp_bias=False,
+                                            pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
+        model = transformers.SmolLM3ForCausalLM(config)
+    elif arch == "granite":
+        common.pop("rope_scaling", None)
+        config = transformers.GraniteConfig(attention_bias=False, mlp_bias=False, **common)
+        model = transformers.GraniteForCausalLM(config)
+    elif arch == "olmo2":
+        common.pop("rope_scaling", None)
+        # no padding row (OLMo 2's default pad id is 1): its embedding row would get no gradient
+        config = transformers.Olmo2Config(attention_bias=False, pad_token_id=None, eos_token_id=None, **common)
+        model = transformers.Olmo2ForCausalLM(config)
     elif arch == "qwen2":
         common.pop("rope_scaling", None)
         config = transformers.Qwen2Config(use_sliding_window=common.pop("use_sliding_window", False), **common)

@@ -34,11 +34,11 @@ Tensor like(const Shape& shape, const Tensor& proto, const char* what) {
 
 }  // namespace
 
-BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig&) {
+BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig& config) {
   const int64_t l = unit.layer;
   auto n = [&](const char* suffix) { return block_param_name(l, suffix); };
   BlockWeights w;
-  w.attn_norm_D = param_view(flat, unit, n("input_layernorm.weight"));
+  w.attn_norm_D = optional_view(flat, unit, n("input_layernorm.weight"));  // none with post_norms
   w.wq_QD = param_view(flat, unit, n("self_attn.q_proj.weight"));
   w.wk_KD = param_view(flat, unit, n("self_attn.k_proj.weight"));
   w.wv_KD = param_view(flat, unit, n("self_attn.v_proj.weight"));
@@ -49,9 +49,12 @@ BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, cons
   w.k_norm_H = optional_view(flat, unit, n("self_attn.k_norm.weight"));
   w.wo_DQ = param_view(flat, unit, n("self_attn.o_proj.weight"));
   w.ffn_norm_D = param_view(flat, unit, n("post_attention_layernorm.weight"));
+  w.post_ffn_norm_D = optional_view(flat, unit, n("post_feedforward_layernorm.weight"));
   w.w_gate_FD = param_view(flat, unit, n("mlp.gate_proj.weight"));
   w.w_up_FD = param_view(flat, unit, n("mlp.up_proj.weight"));
   w.w_down_DF = param_view(flat, unit, n("mlp.down_proj.weight"));
+  ST_ASSERT(config.post_norms ? w.post_ffn_norm_D.defined() && !w.attn_norm_D.defined() : w.attn_norm_D.defined(),
+            "unit ", unit.name, ": its norms do not match the config's post_norms");
   // the stacked projection: q, k, v (and their biases) back to back in the unit
   const ParamSpec* q = unit.find(n("self_attn.q_proj.weight"));
   const ParamSpec* k = unit.find(n("self_attn.k_proj.weight"));
@@ -101,9 +104,9 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
 }
 
 std::vector<Tensor*> BlockActivations::tensors() {
-  return {&x_BTD, &xn1_BTD, &rstd1_BT, &q_BTNH, &k_BTMH, &v_BTMH, &q_raw_BTNH, &k_raw_BTMH, &q_rstd_BTN,
-          &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD, &xn2_BTD, &rstd2_BT, &gate_BTF, &up_BTF, &h_BTF,
-          &gate_up_BT2F, &y_BTD};
+  return {&x_BTD,      &xn1_BTD,    &rstd1_BT,  &q_BTNH,  &k_BTMH,       &v_BTMH,       &q_raw_BTNH,  &k_raw_BTMH,
+          &q_rstd_BTN, &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD,       &attn_out_BTD, &mlp_out_BTD, &xn2_BTD,
+          &rstd2_BT,   &gate_BTF,   &up_BTF,    &h_BTF,   &gate_up_BT2F, &y_BTD};
 }
 
 BlockPart recompute_part(ActivationCheckpointing checkpointing) {
@@ -310,6 +313,73 @@ void norm_backward(Tensor& dx_RD, Tensor& dweight_D, const Tensor& dxn_RD, const
   }
 }
 
+// A row-parallel product's output for this rank's rows of the residual stream [R, D]:
+// `partial(out, first, end)` writes rows [first, end) of all B·T rows' product (with tensor
+// parallelism a partial sum over the group, summed here).
+template <typename Partial>
+Tensor product_rows(const Dims& d, const BlockContext& ctx, const Tensor& proto, Partial&& partial) {
+  Tensor all_TD = like({d.BT, d.D}, proto, ctx.tp == nullptr ? "sublayer output" : "partial sums over the group");
+  partial(all_TD, int64_t{0}, d.BT);
+  return summed_rows(all_TD, ctx, d, "sublayer output (this rank's rows)");
+}
+
+// out = x + s(p) for the residual stream, p_RD a sublayer's output (this rank's rows), where s
+// scales by Granite's residual_multiplier and, with post_norms, first takes the RMSNorm of p
+// with `post_norm_D` (OLMo 2): p is then kept in `raw` and its 1/rms in `rstd`.
+void add_sublayer(Tensor& out, Tensor& raw, Tensor& rstd, Tensor p_RD, const Tensor& x, const Tensor& post_norm_D,
+                  const Dims& d, const BlockContext& ctx, const char* name) {
+  const LlamaConfig& c = *ctx.config;
+  if (c.post_norms) {
+    raw = p_RD.view(residual_shape(d));
+    p_RD = norm(rstd, raw, post_norm_D, d, c.norm_eps, "post norm", "post norm rstd");
+  }
+  if (c.residual_multiplier != 1.0) ops::scale(p_RD, c.residual_multiplier);  // rounded, then added (as torch)
+  out = like(residual_shape(d), x, name);
+  Tensor out_RD = out.view({d.R, d.D});
+  ops::add(out_RD, x.view({d.R, d.D}), p_RD);
+}
+
+// out = x + o(in) (residual_product, x added in the product's epilogue), or with Granite's
+// residual_multiplier or OLMo 2's post_norms x + s(o(in)) (add_sublayer).
+void sublayer_output(Tensor& out, Tensor& raw, Tensor& rstd, const Tensor& in_TK, const Tensor& weight_DK,
+                     const Tensor& x, const Tensor& post_norm_D, const Dims& d, const BlockContext& ctx,
+                     const ops::LinearFp8& fp8, const char* name) {
+  if (!ctx.config->post_norms && ctx.config->residual_multiplier == 1.0) {
+    residual_product(out, in_TK, weight_DK, x, d, ctx, fp8, name);
+    return;
+  }
+  const Tensor p_RD = product_rows(d, ctx, x, [&](Tensor& o, int64_t first, int64_t end) {
+    ops::linear_forward(o, in_TK.slice(0, first, end), weight_DK, Tensor(), fp8);
+  });
+  add_sublayer(out, raw, rstd, p_RD, x, post_norm_D, d, ctx, name);
+}
+
+// The backward of add_sublayer's s: the gradient of the sublayer's output p from out's dout_RD
+// (the residual stream's rows). With post_norms the norm weight's gradient goes to
+// `dpost_norm_D` (accumulated, or overwritten with `overwrite`). dout itself where s is the
+// identity.
+Tensor sublayer_backward(const Tensor& dout_RD, Tensor& dpost_norm_D, const Tensor& raw, const Tensor& rstd,
+                         const Tensor& post_norm_D, const Dims& d, const BlockContext& ctx, bool overwrite) {
+  const LlamaConfig& c = *ctx.config;
+  if (!c.post_norms && c.residual_multiplier == 1.0) return dout_RD;
+  Tensor ds_RD = like({d.R, d.D}, dout_RD, "sublayer output gradient");
+  copy(ds_RD, dout_RD);
+  if (c.residual_multiplier != 1.0) ops::scale(ds_RD, c.residual_multiplier);
+  if (!c.post_norms) return ds_RD;
+  Tensor dp_RD = like({d.R, d.D}, dout_RD, "sublayer output gradient (before its norm)");
+  norm_backward(dp_RD, dpost_norm_D, ds_RD, raw.view({d.R, d.D}), post_norm_D, rstd.view({d.R}), Tensor(), ctx,
+                overwrite);
+  return dp_RD;
+}
+
+// With post_norms, a kept sublayer output's 1/rms recomputed into `rstd` (the norm's output,
+// which the backward does not read, dropped): bitwise the forward's.
+void post_norm_rstd(Tensor& rstd, const Tensor& raw, const Tensor& post_norm_D, const Dims& d,
+                    const BlockContext& ctx) {
+  ST_ASSERT(raw.defined(), "block_forward: recomputing a norm after its sublayer needs the kept sublayer output");
+  norm(rstd, raw, post_norm_D, d, ctx.config->norm_eps, "post norm (recomputed)", "post norm rstd");
+}
+
 // Writes the new tokens' k (after rope) and v into the cache at positions kv_position.. and
 // returns every cached position's keys and values, [B, kv_position + T, M, H] views.
 std::pair<Tensor, Tensor> append_to_cache(const BlockActivations& a, const BlockContext& ctx, const Dims& d) {
@@ -339,13 +409,15 @@ bool attention_by_pieces(const BlockContext& ctx, const Dims& d) {
          !ctx.kv_keys_BSMH.defined() && !ctx.kv_position_1.defined();
 }
 
-// QK-norm of sequences [b0, b1): each head's row of `x_BTXH` (q or k as projected; a head
-// slice of the stacked product, or a tensor of its own) is kept in `raw_BTXH` and replaced by
-// its RMSNorm with `weight_H`, whose 1/rms goes to `rstd_BTX`.
+// QK-norm of sequences [b0, b1): each row of `weight_H`'s width in `x_BTXH` (q or k as
+// projected; a head slice of the stacked product, or a tensor of its own) is kept in
+// `raw_BTXH` and replaced by its RMSNorm with `weight_H`, whose 1/rms goes to `rstd_BTX`. The
+// weight's width is a head's H (Qwen3: a norm per head) or all X·H of a token's heads (OLMo 2:
+// one norm over the whole projection, `rstd_BTX` then [B, T, 1]).
 void head_norm_forward(Tensor& x_BTXH, Tensor& raw_BTXH, Tensor& rstd_BTX, const Tensor& weight_H, double eps,
                        int64_t b0, int64_t b1) {
   Tensor x = x_BTXH.slice(0, b0, b1), raw = raw_BTXH.slice(0, b0, b1), rstd = rstd_BTX.slice(0, b0, b1);
-  const int64_t H = x.size(3), rows = x.numel() / H;
+  const int64_t H = weight_H.numel(), rows = x.numel() / H;
   copy(raw, x);
   Tensor rstd_rows = rstd.view({rows});
   if (x.is_contiguous()) {
@@ -366,7 +438,7 @@ void head_norm_forward(Tensor& x_BTXH, Tensor& raw_BTXH, Tensor& rstd_BTX, const
 // of their gradients (every rank's copy then gets the same), as the block's norms do.
 void head_norm_backward(Tensor& dx_BTXH, Tensor& dweight_H, const Tensor& raw_BTXH, const Tensor& rstd_BTX,
                         const Tensor& weight_H, const BlockContext& ctx, bool overwrite) {
-  const int64_t H = dx_BTXH.size(3), rows = dx_BTXH.numel() / H;
+  const int64_t H = weight_H.numel(), rows = dx_BTXH.numel() / H;
   const Tensor dy = contiguous(dx_BTXH);
   Tensor dx = like(dx_BTXH.shape(), dx_BTXH, "head norm input gradient");
   Tensor dx_rows = dx.view({rows, H});
@@ -396,6 +468,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   ops::AttentionOptions attention;
   attention.documents = ctx.documents;
   attention.window = ctx.window;
+  attention.scale = ctx.config->attention_multiplier;  // Granite's; 0: 1 / sqrt(H)
   // the attention of sequences [b0, b1): in FP8 (which rounds q, k and v in place, for the
   // backward to read) where BlockContext::fp8_attention takes it
   const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
@@ -413,14 +486,15 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     attend_rows(b0, b1);
   };
   const bool by_pieces = attention_by_pieces(ctx, d);
-  const bool qk_norm = ctx.config->qk_norm;
+  const bool whole = ctx.config->qk_norm_whole;  // one norm over all heads: one 1/rms per token
+  const bool qk_norm = ctx.config->qk_norm || whole;
   if (qk_norm) {
     a.q_raw_BTNH = like({d.B, d.T, d.N, d.H}, x, "q before its norm");
     a.k_raw_BTMH = like({d.B, d.T, d.M, d.H}, x, "k before its norm");
-    a.q_rstd_BTN = Tensor::empty({d.B, d.T, d.N}, d.stats, d.dev, "q norm rstd");
-    a.k_rstd_BTM = Tensor::empty({d.B, d.T, d.M}, d.stats, d.dev, "k norm rstd");
+    a.q_rstd_BTN = Tensor::empty({d.B, d.T, whole ? 1 : d.N}, d.stats, d.dev, "q norm rstd");
+    a.k_rstd_BTM = Tensor::empty({d.B, d.T, whole ? 1 : d.M}, d.stats, d.dev, "k norm rstd");
   }
-  // QK-norm of sequences [b0, b1), before their rope
+  // QK-norm of sequences [b0, b1), before their rope (per head, or over all heads)
   auto norm_heads = [&](int64_t b0, int64_t b1) {
     if (!qk_norm) return;
     head_norm_forward(a.q_BTNH, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, ctx.config->norm_eps, b0, b1);
@@ -437,6 +511,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     a.v_BTMH = qkv_BTEH.slice(2, d.N + d.M, heads);
     auto rope = [&](int64_t b0, int64_t b1) {
       norm_heads(b0, b1);
+      if (!ctx.rope) return;  // a NoPE layer
       Tensor qk_BTXH = qkv_BTEH.slice(0, b0, b1).slice(2, 0, d.N + d.M);
       ops::rope_forward(qk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     };
@@ -455,6 +530,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     const Tensor v_TK = a.v_BTMH.view({d.BT, d.M * d.H});
     auto rope = [&](int64_t b0, int64_t b1) {
       norm_heads(b0, b1);
+      if (!ctx.rope) return;  // a NoPE layer
       Tensor q = a.q_BTNH.slice(0, b0, b1), k = a.k_BTMH.slice(0, b0, b1);
       ops::rope_forward(q, ctx.cos_TK, ctx.sin_TK, positions(ctx));
       ops::rope_forward(k, ctx.cos_TK, ctx.sin_TK, positions(ctx));
@@ -473,16 +549,17 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   if (ctx.kv_position_1.defined()) {
     Tensor keys_BCMH = ctx.kv_keys_BSMH, values_BCMH = ctx.kv_values_BSMH;
     ops::attention_forward_kv_cache(a.attn_BTNH, a.lse_BNT, keys_BCMH, values_BCMH, a.q_BTNH, a.k_BTMH, a.v_BTMH,
-                                    ctx.kv_position_1, {.window = ctx.window});
+                                    ctx.kv_position_1, {.scale = attention.scale, .window = ctx.window});
   } else if (ctx.kv_keys_BSMH.defined()) {
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
-    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH, {.window = ctx.window});
+    ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH,
+                           {.scale = attention.scale, .window = ctx.window});
   } else if (!by_pieces) {
     attend_rows(0, d.B);
   }
 
-  residual_product(a.x2_BTD, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, d, ctx,
-                   with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
+  sublayer_output(a.x2_BTD, a.attn_out_BTD, a.rstd1_BT, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, w.ffn_norm_D,
+                  d, ctx, with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
 }
 
 // The MLP's inner tensors for R token rows: gate and up (the halves of one stacked product
@@ -560,6 +637,19 @@ int64_t mlp_piece_rows(const BlockContext& ctx, int64_t rows) {
 void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const int64_t C = mlp_piece_rows(ctx, d.BT);
   const Tensor xn2_TD = a.xn2_BTD.view({d.BT, d.D});
+  if (ctx.config->post_norms || ctx.config->residual_multiplier != 1.0) {
+    // the MLP's output p piece by piece, then y = x2 + s(p) (add_sublayer)
+    const Tensor p_RD = product_rows(d, ctx, a.x_BTD, [&](Tensor& out, int64_t first, int64_t end) {
+      for (int64_t r0 = first; r0 < end; r0 += C) {
+        const int64_t r1 = std::min(end, r0 + C);
+        const MlpRows m = mlp_products(xn2_TD.slice(0, r0, r1), w, ctx, d.F, true);
+        Tensor out_piece = out.slice(0, r0 - first, r1 - first);
+        ops::linear_forward(out_piece, m.h_RF, w.w_down_DF, Tensor(), ctx.fp8);
+      }
+    });
+    add_sublayer(a.y_BTD, a.mlp_out_BTD, a.rstd2_BT, p_RD, a.x2_BTD, w.post_ffn_norm_D, d, ctx, "y");
+    return;
+  }
   a.y_BTD = like(residual_shape(d), a.x_BTD, "y");
   Tensor y_RD = a.y_BTD.view({d.R, d.D});
   summed_product(y_RD, a.x2_BTD.view({d.R, d.D}), ctx, d,
@@ -664,24 +754,35 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   const Dims d = dims_of(ctx, x_BTD);
   ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
-  ST_ASSERT(!ctx.config->qk_norm || (w.q_norm_H.defined() && w.k_norm_H.defined()),
+  const bool post = ctx.config->post_norms;
+  ST_ASSERT(!(ctx.config->qk_norm || ctx.config->qk_norm_whole) || (w.q_norm_H.defined() && w.k_norm_H.defined()),
             "QK-norm without q_norm / k_norm weights");
-  if (ctx.fp8.recipe == ops::Fp8Recipe::kTensorwise && ctx.tp == nullptr && ctx.mlp_chunk_tokens == 0 &&
+  // the amax slots are the norms' outputs': with post_norms no norm makes the products' inputs,
+  // and each quantisation finds its own amax
+  if (ctx.fp8.recipe == ops::Fp8Recipe::kTensorwise && ctx.tp == nullptr && ctx.mlp_chunk_tokens == 0 && !post &&
       !a.fp8_amax_S.defined()) {
     a.fp8_amax_S = Tensor::empty({BlockActivations::kFp8Amaxes}, DType::kI32, d.dev, "FP8 amaxes");
     ops::fill(a.fp8_amax_S, 0.0);
   }
+  // with post_norms the sublayers read the residual stream itself, and rstd1 / rstd2 are the
+  // norms' after them
   const Tensor xn1_RD =
-      norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
+      post ? x_BTD.view({d.R, d.D})
+           : norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
     a.xn1_BTD = all_rows(xn1_RD, ctx, d, "xn1 (all rows)").view({d.B, d.T, d.D});
+    if (post) {
+      post_norm_rstd(a.rstd1_BT, a.attn_out_BTD, w.ffn_norm_D, d, ctx);
+      post_norm_rstd(a.rstd2_BT, a.mlp_out_BTD, w.post_ffn_norm_D, d, ctx);
+    }
   } else {
     attention_half(a, xn1_RD, w, ctx, d);
   }
   const Tensor xn2_RD =
-      norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2", a.fp8_amax(BlockActivations::kXn2));
+      post ? a.x2_BTD.view({d.R, d.D})
+           : norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2", a.fp8_amax(BlockActivations::kXn2));
   if (part == BlockPart::kNorms || ctx.mlp_chunk_tokens > 0)
     a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
   if (part == BlockPart::kNorms) {
@@ -689,16 +790,20 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
               "and up");
     return;
   }
+  // y is the next block's input, kept there: recomputation skips it, except that with
+  // post_norms the full recompute needs the MLP's output and its norm's 1/rms
+  const bool output = part == BlockPart::kAll || (post && part == BlockPart::kAllButOutput);
   if (ctx.mlp_chunk_tokens > 0) {
     // a chunked MLP keeps none of its inner tensors: the backward recomputes them by pieces
-    if (part == BlockPart::kAll) mlp_output_by_pieces(a, w, ctx, d);
+    if (output) mlp_output_by_pieces(a, w, ctx, d);
     return;
   }
   mlp_inner(a, xn2_RD, w, ctx, d);
-  if (part != BlockPart::kAll) return;  // y is the next block's input, kept there
+  if (!output) return;
 
-  residual_product(a.y_BTD, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD, d, ctx,
-                   with_amax(ctx.fp8, a, BlockActivations::kH), "y");
+  sublayer_output(a.y_BTD, a.mlp_out_BTD, a.rstd2_BT, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD,
+                  w.post_ffn_norm_D, d, ctx, with_amax(ctx.fp8, a, BlockActivations::kH), "y");
+  if (part != BlockPart::kAll) a.y_BTD = Tensor();
 }
 
 void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, BlockActivations& a, const BlockWeights& w,
@@ -707,6 +812,11 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const int64_t B = d.B, T = d.T, BT = d.BT, R = d.R, D = d.D, N = d.N, M = d.M, H = d.H, F = d.F;
   ST_ASSERT(!ctx.tp || sequence_split(ctx), "the backward of a tensor-parallel block splits the rows (kSequence)");
   const Tensor dy_RD = dy_BTD.view({R, D});
+  const bool post = ctx.config->post_norms;
+  // the MLP's output gradient: dy, or through Granite's residual_multiplier and OLMo 2's norm
+  const Tensor dmlp_RD = sublayer_backward(dy_RD, g.post_ffn_norm_D, a.mlp_out_BTD, a.rstd2_BT, w.post_ffn_norm_D, d,
+                                           ctx, overwrite_grads);
+  a.mlp_out_BTD = Tensor();
   Tensor none;
   // each parameter receives one gradient here: the first write replaces when asked to
   const ops::LinearBackwardOptions dw{.overwrite_dweight = overwrite_grads, .fp8 = ctx.fp8};
@@ -733,7 +843,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     std::optional<ops::GemmSmReserve> reserve;  // while the reduce-scatter runs beside the weight gradients
     if (sequence_split(ctx)) {
       hooks.down_input_gradient = [&](Tensor& dh_TF) {
-        over_all_rows(dy_TD, dy_RD, ctx, d, "dy (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+        over_all_rows(dy_TD, dmlp_RD, ctx, d, "dy (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
           Tensor out = dh_TF.slice(0, first, end);
           ops::linear_backward(out, none, none, in, none, w.w_down_DF, input_only);
         });
@@ -744,7 +854,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
         reserve.emplace(ctx.tp->overlap_sm_reserve());
       };
     } else {
-      dy_TD = dy_RD.view({BT, D});
+      dy_TD = dmlp_RD.view({BT, D});
     }
     const MlpAmax mlp_amax{a.fp8_amax(BlockActivations::kH), a.fp8_amax(BlockActivations::kXn2),
                            a.fp8_amax(BlockActivations::kGateUpGrads)};
@@ -755,7 +865,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   } else {
     // a chunked MLP (BlockContext::mlp_chunk_tokens): gate and up recomputed piece by piece;
     // each weight gradient gets one piece's product after another (the first may overwrite)
-    dy_TD = all_rows(dy_RD, ctx, d, "dy (all rows)");
+    dy_TD = all_rows(dmlp_RD, ctx, d, "dy (all rows)");
     const int64_t C = mlp_piece_rows(ctx, BT);
     dxn2_TD = like({BT, D}, dy_BTD, "dxn2");
     for (int64_t r0 = 0; r0 < BT; r0 += C) {
@@ -773,12 +883,20 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   dy_TD = Tensor();
   if (!dxn2_RD.defined()) dxn2_RD = summed_rows(dxn2_TD, ctx, d, "dxn2");
   Tensor dx2_RD = like({R, D}, dy_BTD, "dx2");
-  norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx,
-                overwrite_grads);
+  if (post) {
+    ops::add(dx2_RD, dxn2_RD, dy_RD);  // the MLP read x2 itself
+  } else {
+    norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx,
+                  overwrite_grads);
+  }
   // read for the last time: freed before the attention's backward, the block's other peak
   dxn2_TD = dxn2_RD = xn2_TD = Tensor();
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
+  // the attention's output gradient: dx2, or through Granite's residual_multiplier and OLMo 2's norm
+  const Tensor dout_RD =
+      sublayer_backward(dx2_RD, g.ffn_norm_D, a.attn_out_BTD, a.rstd1_BT, w.ffn_norm_D, d, ctx, overwrite_grads);
+  a.attn_out_BTD = Tensor();
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows:
   // with tensor parallelism gathered while this rank's rows make their part of dattn, and by
   // pieces while this rank's sequences' attention backward runs too).
@@ -803,6 +921,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   attention.deterministic = ctx.deterministic;
   attention.documents = ctx.documents;
   attention.window = ctx.window;
+  attention.scale = ctx.config->attention_multiplier;
   // the attention backward of sequences [b0, b1)
   auto attend_backward = [&](int64_t b0, int64_t b1) {
     Tensor dq = dq_BTNH.slice(0, b0, b1), dk = dk_BTMH.slice(0, b0, b1), dv = dv_BTMH.slice(0, b0, b1);
@@ -813,7 +932,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const bool by_pieces = attention_by_pieces(ctx, d);
   if (sequence_split(ctx)) {
     Tensor dx2_TD;
-    over_all_rows(dx2_TD, dx2_RD, ctx, d, "dx2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
+    over_all_rows(dx2_TD, dout_RD, ctx, d, "dx2 (all rows)", [&](const Tensor& in, int64_t first, int64_t end) {
       Tensor out = dattn_TQ.slice(0, first, end);
       ops::linear_backward(out, none, none, in, none, w.wo_DQ, input_only);
       if (by_pieces) attend_backward(first / T, end / T);
@@ -822,14 +941,14 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   } else {
     ops::LinearBackwardOptions o_dw = dw;
     o_dw.fp8 = with_amax(ctx.fp8, a, BlockActivations::kAttn);
-    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dx2_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, o_dw);
+    ops::linear_backward(dattn_TQ, g.wo_DQ, none, dout_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, o_dw);
   }
   if (!by_pieces) attend_backward(0, B);
   dattn_BTNH = dattn_TQ = Tensor();
   a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
   // after rope's backward: the QK-norm's, turning dq and dk into the projections' gradients
   auto norm_heads_backward = [&] {
-    if (!ctx.config->qk_norm) return;
+    if (!ctx.config->qk_norm && !ctx.config->qk_norm_whole) return;
     head_norm_backward(dq_BTNH, g.q_norm_H, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, ctx, overwrite_grads);
     head_norm_backward(dk_BTMH, g.k_norm_H, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, ctx, overwrite_grads);
     a.q_raw_BTNH = a.k_raw_BTMH = a.q_rstd_BTN = a.k_rstd_BTM = Tensor();
@@ -839,7 +958,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const Tensor xn1_TD = a.xn1_BTD.view({BT, D});
   if (stacked) {
     Tensor dqk_BTXH = dqkv_BTEH.slice(2, 0, N + M);
-    ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    if (ctx.rope) ops::rope_backward(dqk_BTXH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
     norm_heads_backward();
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
     const Tensor dqkv_TE = dqkv_BTEH.view({BT, heads * H});
@@ -859,8 +978,10 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
       ops::linear_backward(dxn1_TD, g.wqkv_ED, g.bqkv_E, dqkv_TE, xn1_TD, w.wqkv_ED, qkv_dw);
     }
   } else {
-    ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
-    ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    if (ctx.rope) {
+      ops::rope_backward(dq_BTNH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+      ops::rope_backward(dk_BTMH, ctx.cos_TK, ctx.sin_TK, positions(ctx));
+    }
     norm_heads_backward();
     dxn1_TD = like({BT, D}, dy_BTD, "dxn1");
     const Tensor dq_TQ = dq_BTNH.view({BT, N * H}), dk_TK = dk_BTMH.view({BT, M * H}),
@@ -890,6 +1011,10 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   }
   if (!dxn1_RD.defined()) dxn1_RD = summed_rows(dxn1_TD, ctx, d, "dxn1");
   Tensor dx_RD = dx_BTD.view({R, D});
+  if (post) {
+    ops::add(dx_RD, dxn1_RD, dx2_RD);  // q, k and v read x itself
+    return;
+  }
   norm_backward(dx_RD, g.attn_norm_D, dxn1_RD, a.x_BTD.view({R, D}), w.attn_norm_D, a.rstd1_BT.view({R}), dx2_RD, ctx,
                 overwrite_grads);
 }

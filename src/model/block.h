@@ -20,9 +20,15 @@ struct BlockWeights {
   Tensor attn_norm_D;
   Tensor wq_QD, wk_KD, wv_KD;  // Q = N·H, K = M·H (letters local to this file)
   Tensor bq_Q, bk_K, bv_K;
-  Tensor q_norm_H, k_norm_H;  // QK-norm weights (LlamaConfig::qk_norm), undefined without
+  // QK-norm weights: [H] per head (LlamaConfig::qk_norm) or [N·H] and [M·H] over the whole
+  // projections (LlamaConfig::qk_norm_whole); undefined without
+  Tensor q_norm_H, k_norm_H;
   Tensor wo_DQ;
+  // the MLP's input norm, or with LlamaConfig::post_norms the attention's output norm
+  // (`post_attention_layernorm` either way); attn_norm_D is then undefined and
+  // post_ffn_norm_D (`post_feedforward_layernorm`) the MLP's output norm
   Tensor ffn_norm_D;
+  Tensor post_ffn_norm_D;
   Tensor w_gate_FD, w_up_FD, w_down_DF;
   // q, k and v's weights (and biases) as one [N·H + 2·M·H, D] matrix ([..] vector) when
   // they lie back to back in the unit, as shardtrain lays them out: one product makes all
@@ -63,6 +69,10 @@ struct BlockActivations {
   Tensor q_raw_BTNH, k_raw_BTMH, q_rstd_BTN, k_rstd_BTM;
   Tensor attn_BTNH, lse_BNT;    // attention output and its log-sum-exp rows
   Tensor x2_BTD;                // residual stream after attention
+  // LlamaConfig::post_norms: the attention's and the MLP's outputs before their norms (the
+  // residual stream's rows), whose 1/rms are rstd1 and rstd2; xn1 and xn2 are then x and x2
+  // themselves (all rows)
+  Tensor attn_out_BTD, mlp_out_BTD;
   Tensor xn2_BTD, rstd2_BT;     // MLP-norm output (all rows) and its 1/rms
   Tensor gate_BTF, up_BTF, h_BTF;  // h = silu(gate) * up
   Tensor gate_up_BT2F;             // when stacked: one product, gate and up its halves (views)
@@ -133,6 +143,9 @@ struct BlockContext {
   // This block's sliding window (LlamaConfig::window_of its layer; 0: full attention): each
   // token attends to the last `window` positions only, itself included, with a KV cache too.
   int64_t window = 0;
+  // Whether this block rotates q and k (LlamaConfig::uses_rope of its layer; false on a NoPE
+  // layer: no rope in the forward, the backward or the KV cache).
+  bool rope = true;
   // Documents packed into the rows (not owned; null: none): each attends only to itself and
   // its rope positions count from its first token (ops::PackedDocuments). Not with a KV cache.
   const ops::PackedDocuments* documents = nullptr;

@@ -1,6 +1,7 @@
 // LlamaConfig validation and parameter / FLOP counts.
 #include "model/config.h"
 
+#include <cmath>
 #include <sstream>
 
 #include "core/error.h"
@@ -17,6 +18,38 @@ int64_t LlamaConfig::sliding_layer_count() const {
   int64_t n = 0;
   for (int64_t l = 0; l < n_layers; ++l) n += window_of(l) > 0 ? 1 : 0;
   return n;
+}
+
+bool LlamaConfig::uses_rope(int64_t layer) const {
+  return layer < 0 || layer >= static_cast<int64_t>(nope_layers.size()) || !nope_layers[static_cast<size_t>(layer)];
+}
+
+int64_t LlamaConfig::nope_layer_count() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < n_layers; ++l) n += uses_rope(l) ? 0 : 1;
+  return n;
+}
+
+bool LlamaConfig::granite_scaled() const {
+  return embedding_multiplier != 1.0 || residual_multiplier != 1.0 || attention_multiplier != 0.0 ||
+         logits_scaling != 1.0;
+}
+
+double LlamaConfig::attention_scale() const {
+  return attention_multiplier > 0 ? attention_multiplier : 1.0 / std::sqrt(static_cast<double>(head_dim()));
+}
+
+void LlamaConfig::validate_families(const std::string& p) const {
+  ST_CHECK(nope_layers.empty() || static_cast<int64_t>(nope_layers.size()) == n_layers, "`", p, "nope_layers` lists ",
+           nope_layers.size(), " layers for `", p, "n_layers` = ", n_layers,
+           "; give one entry per layer (or none: every layer uses rope)");
+  ST_CHECK(embedding_multiplier > 0, "`", p, "embedding_multiplier` must be > 0, found ", embedding_multiplier);
+  ST_CHECK(residual_multiplier > 0, "`", p, "residual_multiplier` must be > 0, found ", residual_multiplier);
+  ST_CHECK(attention_multiplier >= 0, "`", p, "attention_multiplier` must be >= 0 (0: 1 / sqrt(head dim)), found ",
+           attention_multiplier);
+  ST_CHECK(logits_scaling > 0, "`", p, "logits_scaling` must be > 0, found ", logits_scaling);
+  ST_CHECK(!(qk_norm && qk_norm_whole), "`", p, "qk_norm` (per head, Qwen3) and `", p,
+           "qk_norm_whole` (over all heads, OLMo 2) are both set; choose one");
 }
 
 void LlamaConfig::validate_sliding_window(const std::string& p) const {
@@ -57,6 +90,7 @@ void LlamaConfig::validate(const std::string& p) const {
   ST_CHECK(rope.theta > 0, "`", p, "rope_theta` must be > 0, found ", rope.theta);
   ST_CHECK(init_std > 0, "`", p, "init_std` must be > 0, found ", init_std);
   validate_sliding_window(p);
+  validate_families(p);
   if (rope.scaling.type == ops::RopeScalingType::kLlama3) {
     ST_CHECK(rope.scaling.factor >= 1, "`", p, "rope_scaling_factor` must be >= 1, found ", rope.scaling.factor);
     ST_CHECK(rope.scaling.high_freq_factor > rope.scaling.low_freq_factor, "`", p,
@@ -68,10 +102,11 @@ void LlamaConfig::validate(const std::string& p) const {
 }
 
 int64_t LlamaConfig::num_non_embedding_parameters() const {
-  int64_t block = 2 * dim;                                       // two norms
+  int64_t block = 2 * dim;                                       // two norms (pre or post)
   block += dim * q_dim() + 2 * dim * kv_dim();                   // q, k, v
   if (attention_bias) block += q_dim() + 2 * kv_dim();
   if (qk_norm) block += 2 * head_dim();                          // q_norm, k_norm
+  if (qk_norm_whole) block += q_dim() + kv_dim();                // q_norm, k_norm over all heads
   block += q_dim() * dim;                                        // o
   block += 3 * dim * ffn_dim;                                    // gate, up, down
   return n_layers * block + dim + vocab_size * dim;              // final norm + head
@@ -103,6 +138,13 @@ std::string LlamaConfig::summary() const {
   if (head_dim_decoupled()) s << ", decoupled: attention width " << n_heads << " x " << head_dim() << " = " << q_dim();
   s << ")";
   if (qk_norm) s << ", QK-norm";
+  if (qk_norm_whole) s << ", QK-norm over all heads";
+  if (post_norms) s << ", norms after each sublayer";
+  if (!nope_layers.empty() && nope_layer_count() > 0)
+    s << ", no rope on " << nope_layer_count() << " of " << n_layers << " layers";
+  if (granite_scaled())
+    s << ", scaled (embedding x" << embedding_multiplier << ", residual x" << residual_multiplier << ", attention x"
+      << attention_scale() << ", logits /" << logits_scaling << ")";
   if (sliding_window > 0)
     s << ", sliding window " << sliding_window << " on " << sliding_layer_count() << " of " << n_layers << " layers";
   s << ", ffn " << ffn_dim << ", vocab " << vocab_size

@@ -41,6 +41,26 @@ struct LlamaConfig {
   // i - sliding_window < j <= i only; the other layers attend to every earlier key. 0: none.
   int64_t sliding_window = 0;
   std::vector<bool> sliding_layers;
+  // NoPE layers (SmolLM3): the layers `nope_layers` marks (n_layers entries, true: no rope)
+  // attend with q and k as projected, no rotary embedding; the others rotate them. Empty:
+  // every layer uses rope.
+  std::vector<bool> nope_layers;
+  // Granite's scalings (1 and 0: none, plain Llama): the embeddings are multiplied by
+  // embedding_multiplier after the lookup, each sublayer's output (attention's o_proj and the
+  // MLP's down_proj) by residual_multiplier before it joins the residual stream, the attention
+  // scores by attention_multiplier in place of 1 / sqrt(H) (0: 1 / sqrt(H)), and the logits
+  // divided by logits_scaling.
+  double embedding_multiplier = 1.0;
+  double residual_multiplier = 1.0;
+  double attention_multiplier = 0.0;
+  double logits_scaling = 1.0;
+  // OLMo 2's norms: `post_norms` puts each sublayer's RMSNorm on its output instead of its
+  // input (x2 = x + norm(attn(x)), y = x2 + norm(mlp(x2)), weights
+  // `post_attention_layernorm.weight` and `post_feedforward_layernorm.weight`, no
+  // `input_layernorm`); `qk_norm_whole` is an RMSNorm over all of q's N·H values and all of
+  // k's M·H (weights [N·H] and [M·H]) after their projections and before rope.
+  bool post_norms = false;
+  bool qk_norm_whole = false;
 
   // H
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : n_heads > 0 ? dim / n_heads : 0; }
@@ -53,6 +73,14 @@ struct LlamaConfig {
   int64_t window_of(int64_t layer) const;
   // How many layers slide (0 without a window).
   int64_t sliding_layer_count() const;
+  // Whether layer `layer` rotates q and k (false on a NoPE layer).
+  bool uses_rope(int64_t layer) const;
+  // How many layers have no rope.
+  int64_t nope_layer_count() const;
+  // Whether any of Granite's scalings differs from plain Llama's.
+  bool granite_scaled() const;
+  // The attention's softmax scale: attention_multiplier, or 1 / sqrt(H) when it is 0.
+  double attention_scale() const;
   // Throws Error naming the offending field (`prefix` + field name, e.g. "model.n_heads").
   void validate(const std::string& prefix) const;
   // Parameters in the model (a tied head counted once), and without the input embedding
@@ -68,6 +96,7 @@ struct LlamaConfig {
 
  private:
   void validate_sliding_window(const std::string& prefix) const;
+  void validate_families(const std::string& prefix) const;
 };
 
 }  // namespace shardtrain::model

@@ -3,6 +3,7 @@
 #include "model/hf_config.h"
 
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -56,12 +57,12 @@ const json* rope_parameters(const json& j, const std::string& src) {
   return full != nullptr ? full : sliding;
 }
 
-void parse_rope(const json& j, const std::string& src, LlamaConfig& c) {
+void parse_rope(const json& j, const std::string& src, LlamaConfig& c, double default_theta) {
   // transformers 5: rope_parameters {rope_type, rope_theta, factor, ...}; 4: rope_theta + rope_scaling
   const json* params = rope_parameters(j, src);
   const json* scaling = params ? params : find(j, "rope_scaling");
   const char* where = params ? "rope_parameters" : "rope_scaling";
-  c.rope.theta = get_double(params ? *params : j, "rope_theta", src, 10000.0);
+  c.rope.theta = get_double(params ? *params : j, "rope_theta", src, default_theta);
   if (!scaling) return;
   ST_CHECK(scaling->is_object(), src, ": `", where, "` must be an object, found ", scaling->dump());
   std::string type = "default";
@@ -84,7 +85,6 @@ struct UnsupportedFamily {
   const char* missing;
 };
 constexpr UnsupportedFamily kUnsupported[] = {
-    {"olmo2", "QK-norm over the whole q and k and norms after each sublayer"},
     {"gemma", "GeGLU MLPs, embeddings scaled by sqrt(hidden_size) and (1 + weight) norms"},
     {"gemma2", "logit soft-capping and norms after each sublayer"},
     {"gemma3", "QK-norm and norms after each sublayer"},
@@ -94,12 +94,14 @@ constexpr UnsupportedFamily kUnsupported[] = {
     {"qwen3_moe", "mixture-of-experts MLPs and QK-norm"},
 };
 constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sliding window, and a head_dim of its "
-                                   "own as Mistral-Nemo's, are fine), ministral, qwen2 (sliding-window layers too) and "
-                                   "qwen3 (dense, QK-norm, sliding-window layers too)";
+                                   "own as Mistral-Nemo's, are fine), ministral, qwen2 (sliding-window layers too), "
+                                   "qwen3 (dense, QK-norm, sliding-window layers too), smollm3 (NoPE layers), granite "
+                                   "(Granite 3's embedding, residual, attention and logits scalings) and olmo2 (norms "
+                                   "after each sublayer, QK-norm over the whole q and k)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
   if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2" ||
-      model_type == "qwen3")
+      model_type == "qwen3" || model_type == "smollm3" || model_type == "granite" || model_type == "olmo2")
     return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
@@ -233,7 +235,76 @@ void write_sliding_window(const LlamaConfig& c, json& j) {
   j["layer_types"] = types;
 }
 
+// SmolLM3's NoPE layers as transformers reads them: `no_rope_layers` (1: the layer uses rope,
+// 0: it does not; at least one entry per layer), or when it is absent or null a NoPE layer
+// every `no_rope_layer_interval` layers (layers interval-1, 2·interval-1, ...; default 4).
+// SmolLM3's sliding window (only ever on NoPE layers) is refused.
+void parse_smollm3(const json& j, const std::string& src, LlamaConfig& c) {
+  c.nope_layers.assign(static_cast<size_t>(c.n_layers), false);
+  if (const json* list = find(j, "no_rope_layers")) {
+    ST_CHECK(list->is_array() && static_cast<int64_t>(list->size()) >= c.n_layers, src,
+             ": `no_rope_layers` must be a list of 0 / 1 with an entry for each of the ", c.n_layers,
+             " layers (`num_hidden_layers`), found ", list->dump());
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const json& v = (*list)[static_cast<size_t>(l)];
+      ST_CHECK(v.is_number_integer() && (v.get<int64_t>() == 0 || v.get<int64_t>() == 1), src, ": `no_rope_layers[", l,
+               "]` = ", v.dump(), "; expected 1 (the layer uses rope) or 0 (it does not)");
+      c.nope_layers[static_cast<size_t>(l)] = v.get<int64_t>() == 0;
+    }
+  } else {
+    const int64_t default_interval = 4;
+    const int64_t interval = get_int(j, "no_rope_layer_interval", src, &default_interval);
+    ST_CHECK(interval >= 1, src, ": `no_rope_layer_interval` must be >= 1, found ", interval);
+    for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers[static_cast<size_t>(l)] = (l + 1) % interval == 0;
+  }
+  const std::vector<bool> types = parse_layer_types(j, c.n_layers, src);
+  bool sliding = get_bool(j, "use_sliding_window", src, false) && find(j, "sliding_window") != nullptr;
+  for (bool t : types) sliding = sliding || t;
+  ST_CHECK(!sliding, src, ": a smollm3 sliding window (`use_sliding_window`, `sliding_window`, `layer_types`) is not ",
+           "supported; shardtrain reads SmolLM3 with full attention on every layer (set `use_sliding_window` = false)");
+}
+
+// Granite's four scalings (transformers' defaults 1.0; its attention_multiplier replaces
+// 1 / sqrt(head_dim) whatever its value).
+void parse_granite(const json& j, const std::string& src, LlamaConfig& c) {
+  c.embedding_multiplier = get_double(j, "embedding_multiplier", src, 1.0);
+  c.residual_multiplier = get_double(j, "residual_multiplier", src, 1.0);
+  c.attention_multiplier = get_double(j, "attention_multiplier", src, 1.0);
+  c.logits_scaling = get_double(j, "logits_scaling", src, 1.0);
+  ST_CHECK(
+      c.embedding_multiplier > 0 && c.residual_multiplier > 0 && c.attention_multiplier > 0 && c.logits_scaling > 0,
+      src, ": Granite's `embedding_multiplier` (", c.embedding_multiplier, "), `residual_multiplier` (",
+      c.residual_multiplier, "), `attention_multiplier` (", c.attention_multiplier, ") and `logits_scaling` (",
+      c.logits_scaling, ") must all be > 0");
+}
+
 }  // namespace
+
+void check_hf_family(const LlamaConfig& c, const std::string& what) {
+  const bool olmo2 = c.post_norms || c.qk_norm_whole;
+  const bool smollm3 = c.nope_layer_count() > 0;
+  const bool granite = c.granite_scaled();
+  std::string features;
+  for (const auto& [has, name] : {std::pair{olmo2, "OLMo 2's norms"}, std::pair{smollm3, "SmolLM3's NoPE layers"},
+                                  std::pair{granite, "Granite's scalings"}, std::pair{c.qk_norm, "Qwen3's QK-norm"}})
+    if (has) features += (features.empty() ? "" : ", ") + std::string(name);
+  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(c.qk_norm) <= 1, what,
+           ": the model combines features of several Hugging Face families (", features,
+           "), which no single transformers model type has; keep one family's features");
+  if (olmo2) {
+    ST_CHECK(c.post_norms && c.qk_norm_whole, what,
+             ": OLMo 2 has both norms after each sublayer (post_norms) and "
+             "QK-norm over the whole q and k (qk_norm_whole), found post_norms = ",
+             c.post_norms, ", qk_norm_whole = ", c.qk_norm_whole, "; set both (olmo2) or neither");
+    ST_CHECK(c.sliding_window == 0, what, ": olmo2 has no sliding window");
+  }
+  if (smollm3)
+    ST_CHECK(!c.attention_bias && c.sliding_window == 0, what, ": smollm3 (NoPE layers) has no q/k/v biases and no ",
+             "sliding window here");
+  if (granite)
+    ST_CHECK(c.sliding_window == 0 && !c.head_dim_decoupled(), what, ": granite (scaled embeddings, residuals, ",
+             "attention and logits) has no sliding window and heads of hidden_size / num_attention_heads");
+}
 
 LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   ST_CHECK(j.is_object(), src, ": expected a JSON object");
@@ -245,7 +316,10 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
     ST_CHECK(*act == "silu", src, ": `hidden_act` = ", act->dump(), " is not supported; expected \"silu\"");
   ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
   const int64_t one = 1;
-  ST_CHECK(get_int(j, "pretraining_tp", src, &one) == 1, src, ": `pretraining_tp` other than 1 is not supported");
+  // llama-style models once sliced their products by it; smollm3's, granite's and olmo2's
+  // modeling never reads it (SmolLM3-3B's config.json has 2)
+  if (model_type != "smollm3" && model_type != "granite" && model_type != "olmo2")
+    ST_CHECK(get_int(j, "pretraining_tp", src, &one) == 1, src, ": `pretraining_tp` other than 1 is not supported");
 
   LlamaConfig c;
   c.vocab_size = get_int(j, "vocab_size", src);
@@ -259,11 +333,20 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.ffn_dim = get_int(j, "intermediate_size", src);
   c.max_seq_len = get_int(j, "max_position_embeddings", src);
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
-  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, false);
+  // transformers' default: tied for smollm3, untied for the others
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3");
   c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
   c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
+  // OLMo 2's q_norm / k_norm over the whole projections, and its norms after each sublayer
+  c.qk_norm_whole = c.post_norms = model_type == "olmo2";
+  if (model_type == "smollm3") parse_smollm3(j, src, c);
+  if (model_type == "granite") parse_granite(j, src, c);
+  if (model_type == "smollm3")
+    ST_CHECK(!c.attention_bias, src,
+             ": `attention_bias` = true is not supported for smollm3; SmolLM3's "
+             "projections have no biases");
   c.init_std = get_double(j, "initializer_range", src, 0.02);
-  parse_rope(j, src, c);
+  parse_rope(j, src, c, model_type == "smollm3" ? 2000000.0 : 10000.0);
   parse_sliding_window(j, model_type, src, c);
   // transformers 4 and 5 both write head_dim at the top (null or absent: hidden_size /
   // num_attention_heads); a value of its own sets the projections' widths (Mistral-Nemo)
@@ -284,10 +367,25 @@ LlamaConfig load_hf_config(const std::string& path) {
 }
 
 json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
+  check_hf_family(c, "writing a Hugging Face config.json");
   json j;
-  // QK-norm: Qwen3 (with or without q/k/v biases); biases alone: Qwen2; else Llama
-  const char* family = c.qk_norm ? "qwen3" : c.attention_bias ? "qwen2" : "llama";
-  j["architectures"] = {c.qk_norm ? "Qwen3ForCausalLM" : c.attention_bias ? "Qwen2ForCausalLM" : "LlamaForCausalLM"};
+  // OLMo 2's norms: olmo2; NoPE layers: smollm3; Granite's scalings: granite; QK-norm: Qwen3
+  // (with or without q/k/v biases); biases alone: Qwen2; else Llama
+  const bool olmo2 = c.post_norms, smollm3 = c.nope_layer_count() > 0, granite = c.granite_scaled();
+  const bool own_family = olmo2 || smollm3 || granite;
+  const char* family = olmo2              ? "olmo2"
+                       : smollm3          ? "smollm3"
+                       : granite          ? "granite"
+                       : c.qk_norm        ? "qwen3"
+                       : c.attention_bias ? "qwen2"
+                                          : "llama";
+  const char* architecture = olmo2              ? "Olmo2ForCausalLM"
+                             : smollm3          ? "SmolLM3ForCausalLM"
+                             : granite          ? "GraniteForCausalLM"
+                             : c.qk_norm        ? "Qwen3ForCausalLM"
+                             : c.attention_bias ? "Qwen2ForCausalLM"
+                                                : "LlamaForCausalLM";
+  j["architectures"] = {architecture};
   j["model_type"] = family;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.dim;
@@ -300,7 +398,10 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   j["rms_norm_eps"] = c.norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_embeddings;
-  if (!c.qk_norm && !c.attention_bias) {
+  if (own_family) {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = false;
+  } else if (!c.qk_norm && !c.attention_bias) {
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
   } else {
@@ -322,6 +423,19 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
                          {"original_max_position_embeddings", c.rope.scaling.original_max_positions}};
   } else {
     j["rope_scaling"] = nullptr;
+  }
+  if (smollm3) {
+    json list = json::array();  // 1: the layer uses rope, 0: a NoPE layer
+    for (int64_t l = 0; l < c.n_layers; ++l) list.push_back(c.uses_rope(l) ? 1 : 0);
+    j["no_rope_layers"] = list;
+    j["use_sliding_window"] = false;
+    j["sliding_window"] = nullptr;
+  }
+  if (granite) {  // floats: transformers 5's GraniteConfig checks their type
+    j["embedding_multiplier"] = c.embedding_multiplier;
+    j["residual_multiplier"] = c.residual_multiplier;
+    j["attention_multiplier"] = c.attention_scale();
+    j["logits_scaling"] = c.logits_scaling;
   }
   j["torch_dtype"] = torch_dtype;
   j["attention_dropout"] = 0.0;

@@ -86,6 +86,9 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   ST_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0 && c.ffn_dim % tp == 0, "`parallel.tensor_parallel` = ",
            tp, " must divide the model's query heads (", c.n_heads, "), key/value heads (", c.n_kv_heads,
            ") and FFN width (", c.ffn_dim, ")");
+  ST_CHECK(tp == 1 || (!c.qk_norm_whole && !c.post_norms), "`parallel.tensor_parallel` = ", tp,
+           " with OLMo 2's norms (QK-norm over the whole q and k, whose heads the ranks split; norms after each "
+           "sublayer) is not supported; train this model with parallel.tensor_parallel = 1");
   ModelLayout layout;
   layout.mesh_ = mesh;
   layout.tp_rank_ = tp_rank;
@@ -110,7 +113,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
     auto add = [&](const char* suffix, Shape full, ParamInit init, int dim) {
       add_param(b, block_param_name(l, suffix), full, init, dim, tp, t);
     };
-    add("input_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
+    if (!c.post_norms) add("input_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
     add("self_attn.q_proj.weight", {c.n_heads * h, c.dim}, ParamInit::kNormal, kRows);
     add("self_attn.k_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
     add("self_attn.v_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
@@ -124,11 +127,17 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
       add("self_attn.q_norm.weight", {h}, ParamInit::kOnes, kWhole);
       add("self_attn.k_norm.weight", {h}, ParamInit::kOnes, kWhole);
     }
+    if (c.qk_norm_whole) {
+      // one weight over all of q's (k's) values: split with their heads
+      add("self_attn.q_norm.weight", {c.n_heads * h}, ParamInit::kOnes, kRows);
+      add("self_attn.k_norm.weight", {c.n_kv_heads * h}, ParamInit::kOnes, kRows);
+    }
     add("self_attn.o_proj.weight", {c.dim, c.n_heads * h}, ParamInit::kNormal, kColumns);
     add("post_attention_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
     add("mlp.gate_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.up_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.down_proj.weight", {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
+    if (c.post_norms) add("post_feedforward_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
     b.ranks = mesh.shard_groups();
     b.tp_part = tp > 1;
     layout.units_.push_back(std::move(b));

@@ -255,6 +255,8 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     // ids are checked on the host (check_inputs) where the caller gave host ids
     ops::embedding_forward(x_TD, ids_BT.view({B * T}).slice(0, row0, row0 + R),
                            view(embed, kEmbedUnit, "model.embed_tokens.weight"), {}, !ids_checked_on_host);
+    // Granite: the embeddings scaled after the lookup, in the compute dtype (as transformers)
+    if (config_.embedding_multiplier != 1.0) ops::scale(x_TD, config_.embedding_multiplier);
     // a tied head needs the embedding again at the end of the forward
     if (!config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
   }
@@ -268,6 +270,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
       ctx.kv_values_BSMH = cache->values(l);
     }
     ctx.window = config_.window_of(l);
+    ctx.rope = config_.uses_rope(l);
     {
       const profile::Region region("block forward", l);
       block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
@@ -287,6 +290,9 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   final_rstd_T = Tensor::empty({R}, ops::stats_dtype(dtype_), device_, "final rstd");
   ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, view(head, head_unit(), "model.norm.weight"),
                        {config_.norm_eps});
+  // Granite's logits / logits_scaling, as the head's input scaled by its inverse (exact for a
+  // power of two, as Granite 3's 8 and 16; otherwise equal up to rounding)
+  if (config_.logits_scaling != 1.0) ops::scale(h_TD, 1.0 / config_.logits_scaling);
   return h_TD;
 }
 
@@ -410,6 +416,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
       ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
     }
     h_TD = Tensor();
+    if (config_.logits_scaling != 1.0) ops::scale(dh_TD, 1.0 / config_.logits_scaling);  // the head input's scale
     Tensor dx_TD = dx_BTD.view({R, D});
     Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
     ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), "model.norm.weight"),
@@ -430,6 +437,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     const profile::Region region("block backward", l);
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     ctx.window = config_.window_of(l);
+    ctx.rope = config_.uses_rope(l);
     if (o.checkpointing != ActivationCheckpointing::kNone) {
       const Tensor input = a.x_BTD;
       block_forward(a, w, input, ctx, recompute_part(o.checkpointing));
@@ -447,6 +455,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   // tied: the head wrote the table's first gradient above; untied, the scatter adds to rows
   // a batch touches, so an overwritten table starts from zero
   if (o.overwrite_grads && !config_.tie_embeddings) ops::fill(dtable, 0.0);
+  if (config_.embedding_multiplier != 1.0) ops::scale(dx_BTD, config_.embedding_multiplier);
   ops::embedding_backward(dtable, dx_BTD.view({R, D}), ids_R);
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head

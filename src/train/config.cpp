@@ -171,6 +171,34 @@ const std::vector<KeyDef>& keys() {
           "slides, as Mistral); N >= 2, layers N-1, 2N-1, ... (counting from 0), the others sliding (Gemma 2: 2, "
           "Gemma 3: 6)",
           non_negative()),
+      key("model.no_rope_every", &C::model, &ModelSection::no_rope_every,
+          "NoPE layers (SmolLM3-style): 0, none (every layer rotates q and k); N >= 1, layers N-1, 2N-1, ... "
+          "(counting from 0) attend without rotary embeddings, the others with them (SmolLM3: 4). Exports as a "
+          "Hugging Face smollm3 model (its no_rope_layers)",
+          non_negative()),
+      key("model.embedding_multiplier", &C::model, &ModelSection::embedding_multiplier,
+          "Granite-style: the embeddings are multiplied by this after the lookup (Granite 3: 12); 1: none. Any of "
+          "the four Granite scalings set exports as a Hugging Face granite model",
+          positive()),
+      key("model.residual_multiplier", &C::model, &ModelSection::residual_multiplier,
+          "Granite-style: each sublayer's output (attention's o_proj, the MLP's down_proj) is multiplied by this "
+          "before it is added to the residual stream (Granite 3: 0.22); 1: none",
+          positive()),
+      key("model.attention_multiplier", &C::model, &ModelSection::attention_multiplier,
+          "Granite-style: the attention's softmax scale, in place of 1 / sqrt(head dim) (Granite 3: 0.015625); "
+          "0: 1 / sqrt(head dim)",
+          non_negative()),
+      key("model.logits_scaling", &C::model, &ModelSection::logits_scaling,
+          "Granite-style: the logits are divided by this (Granite 3 2B: 8); 1: none", positive()),
+      key("model.post_norms", &C::model, &ModelSection::post_norms,
+          "OLMo 2-style norms: each sublayer's RMSNorm on its output before the residual add (weights "
+          "post_attention_layernorm and post_feedforward_layernorm) instead of on its input (no input_layernorm). "
+          "With model.qk_norm_whole, exports as a Hugging Face olmo2 model; not with tensor parallelism"),
+      key("model.qk_norm_whole", &C::model, &ModelSection::qk_norm_whole,
+          "OLMo 2-style QK-norm: an RMSNorm over all of q's N x H values and all of k's M x H after their "
+          "projections, before rope, with weights self_attn.q_norm.weight [N x H] and self_attn.k_norm.weight "
+          "[M x H] and model.norm_eps as its epsilon (model.qk_norm is Qwen3's, per head: not both). Not with "
+          "tensor parallelism"),
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
@@ -771,6 +799,25 @@ void validate_sliding_window(const ModelSection& m) {
            "N >= 2, or set model.sliding_window = 0");
 }
 
+// The family keys (NoPE layers, Granite's scalings, OLMo 2's norms) shape a model built from
+// the shape keys; a preset's or a folder's shape has its own.
+void validate_family_keys(const ModelSection& m) {
+  if (m.preset.empty() && m.hf.empty()) return;
+  const char* from = m.preset.empty() ? "`model.hf`" : "`model.preset`";
+  const ModelSection plain;
+  auto unset = [&](bool same, const char* key) {
+    ST_CHECK(same, "`", key, "` is set, but ", from, " gives the model's shape (its config.json or preset decides "
+             "it); drop ", key);
+  };
+  unset(m.no_rope_every == plain.no_rope_every, "model.no_rope_every");
+  unset(m.embedding_multiplier == plain.embedding_multiplier, "model.embedding_multiplier");
+  unset(m.residual_multiplier == plain.residual_multiplier, "model.residual_multiplier");
+  unset(m.attention_multiplier == plain.attention_multiplier, "model.attention_multiplier");
+  unset(m.logits_scaling == plain.logits_scaling, "model.logits_scaling");
+  unset(m.post_norms == plain.post_norms, "model.post_norms");
+  unset(m.qk_norm_whole == plain.qk_norm_whole, "model.qk_norm_whole");
+}
+
 }  // namespace
 
 void validate(const JobConfig& c) {
@@ -789,6 +836,9 @@ void validate(const JobConfig& c) {
   ST_CHECK(m.n_heads % m.n_kv_heads == 0, "`model.n_kv_heads` (", m.n_kv_heads, ") must divide `model.n_heads` (",
            m.n_heads, ")");
   validate_sliding_window(m);
+  validate_family_keys(m);
+  ST_CHECK(!m.qk_norm || !m.qk_norm_whole, "`model.qk_norm` (per head, Qwen3) and `model.qk_norm_whole` (over all "
+           "heads, OLMo 2) both set; choose one");
   // with model.hf the shape comes from its config.json (checked when loaded)
   const std::optional<model::LlamaConfig> preset =
       m.preset.empty() ? std::nullopt : std::optional(model::preset_config(m.preset));

@@ -33,6 +33,13 @@ struct ModelSection {
   bool qk_norm = false;  // Qwen3's RMSNorm over each head's q and k
   int64_t sliding_window = 0;        // 0: every layer attends to all earlier positions
   int64_t full_attention_every = 0;  // with a window: 0 slides every layer; N: layers N-1, 2N-1, ... attend fully
+  int64_t no_rope_every = 0;         // SmolLM3's NoPE layers: 0, none; N: layers N-1, 2N-1, ... have no rope
+  double embedding_multiplier = 1.0;  // Granite's scalings (1, 1, 0, 1: plain Llama)
+  double residual_multiplier = 1.0;
+  double attention_multiplier = 0.0;  // 0: 1 / sqrt(head dim)
+  double logits_scaling = 1.0;
+  bool post_norms = false;     // OLMo 2's norms after each sublayer
+  bool qk_norm_whole = false;  // OLMo 2's RMSNorm over all of q and all of k
   double init_std = 0.02;
   std::string dtype = "auto";
 };

@@ -169,6 +169,24 @@ InspectReport inspect_report(const std::string& path) {
       r << fmt::format("  QK-norm: self_attn.q_norm.weight and self_attn.k_norm.weight [{}] in each block, before "
                        "rope, eps {}\n",
                        c.head_dim(), c.norm_eps);
+    if (c.qk_norm_whole)
+      r << fmt::format("  QK-norm over the whole q and k: self_attn.q_norm.weight [{}] and self_attn.k_norm.weight "
+                       "[{}] in each block, before rope, eps {}\n",
+                       c.q_dim(), c.kv_dim(), c.norm_eps);
+    if (c.post_norms)
+      r << "  norms after each sublayer: post_attention_layernorm on the attention's output and "
+           "post_feedforward_layernorm on the MLP's, before their residual adds (no input_layernorm)\n";
+    if (c.nope_layer_count() > 0) {
+      std::string layers;
+      for (int64_t l = 0; l < c.n_layers; ++l)
+        if (!c.uses_rope(l)) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
+      r << fmt::format("  no rope (NoPE) on layers {}: q and k attend unrotated there\n", layers);
+    }
+    if (c.granite_scaled())
+      r << fmt::format("  scalings: embeddings x {}, each sublayer's output x {} before its residual add, attention "
+                       "scale {}{}, logits / {}\n",
+                       c.embedding_multiplier, c.residual_multiplier, c.attention_scale(),
+                       c.attention_multiplier > 0 ? "" : " (1 / sqrt(head dim))", c.logits_scaling);
     // every tensor the model needs is present with the right shape
     const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
     for (const model::UnitLayout& u : layout.units())

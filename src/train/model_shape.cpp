@@ -2,6 +2,7 @@
 #include "train/model_shape.h"
 
 #include "core/error.h"
+#include "model/hf_config.h"
 #include "model/presets.h"
 #include "ops/rope.h"
 
@@ -48,8 +49,19 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.tie_embeddings = m.tie_embeddings;
   c.attention_bias = m.attention_bias;
   c.qk_norm = m.qk_norm;
+  c.qk_norm_whole = m.qk_norm_whole;
+  c.post_norms = m.post_norms;
+  c.embedding_multiplier = m.embedding_multiplier;
+  c.residual_multiplier = m.residual_multiplier;
+  c.attention_multiplier = m.attention_multiplier;
+  c.logits_scaling = m.logits_scaling;
+  c.nope_layers.clear();
+  if (m.no_rope_every > 0)
+    for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % m.no_rope_every == 0);
   c.init_std = m.init_std;
   set_sliding_window(m, c);
+  // checkpoints and exports record the model as a Hugging Face config.json
+  model::check_hf_family(c, "the `model.*` keys");
   return c;
 }
 

@@ -104,7 +104,16 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // QK-norm (model.qk_norm) keeps q and k as projected, before their norm, and the norm's f32
   // 1/rms of each head's row: what its backward reads, kept with q and k by every policy but
   // full recompute.
-  const int64_t per_token_qk_norm = c.qk_norm ? cb * (Q + M * H) + 4 * (N + M) : 0;
+  // OLMo 2's QK-norm over the whole q and k (model.qk_norm_whole) keeps the same q and k, with
+  // one 1/rms per token for each.
+  const int64_t per_token_qk_norm = c.qk_norm         ? cb * (Q + M * H) + 4 * (N + M)
+                                    : c.qk_norm_whole ? cb * (Q + M * H) + 4 * 2
+                                                      : 0;
+  // OLMo 2's norms after each sublayer (model.post_norms): the sublayers read x and x2 themselves
+  // (no norm outputs) and the block keeps the attention's and the MLP's outputs before their
+  // norms, two residual-stream tensors: the same per token as the norm outputs without
+  // checkpointing, but kept where pointwise and selective checkpointing drop the norms'.
+  const int64_t per_token_post_norms = c.post_norms ? cb * 2 * D : 0;
   const int64_t per_token_block =
       cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp + per_token_qk_norm;
   const int64_t tokens = in.micro_batch * in.seq_len;
@@ -119,8 +128,9 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // Pointwise checkpointing drops both norms' outputs and statistics and h; the backward
   // recomputes the norms before the block and h inside the SwiGLU backward.
   const int64_t per_token_pointwise_recomputed = cb * (2 * D + F) + 8 / tp;
-  const int64_t per_token_pointwise_kept = per_token_block - per_token_pointwise_recomputed;
-  const int64_t per_token_selective_kept = cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N + per_token_qk_norm;
+  const int64_t per_token_pointwise_kept = per_token_block - per_token_pointwise_recomputed + per_token_post_norms;
+  const int64_t per_token_selective_kept =
+      cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N + per_token_qk_norm + per_token_post_norms;
   const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8 / tp;
   const int64_t per_token_full_recomputed = per_token_block - cb * D / tp;
   switch (in.checkpointing) {

@@ -1,5 +1,6 @@
-// `shardtrain inspect` (tensors listed and checked against config.json, QK-norm shown, missing
-// tensors and pieces named), and what a resumed or fine-tuning run says about its tokenizer.
+// `shardtrain inspect` (tensors listed and checked against config.json, QK-norm and the SmolLM3,
+// Granite and OLMo 2 features shown, missing tensors and pieces named), and what a resumed or
+// fine-tuning run says about its tokenizer.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -85,6 +86,56 @@ TEST(Cli, InspectShowsQkNorm) {
   EXPECT_NE(missing.output.find("missing: model.layers.1.self_attn.q_norm.weight"), std::string::npos)
       << missing.output;
   fs::remove_all(dir);
+}
+
+// SmolLM3-, Granite- and OLMo 2-style models trained from the command line with their
+// `model.*` keys and exported: the folder's config.json names the family, and inspect shows
+// each family's feature and finds every weight the family needs.
+TEST(Cli, InspectShowsTheNewFamiliesFeatures) {
+  namespace fs = std::filesystem;
+  struct Family {
+    const char* keys;
+    const char* architecture;
+    std::vector<std::string> shown;
+  };
+  const std::vector<Family> families = {
+      {"--model.no_rope_every=2",
+       "SmolLM3ForCausalLM",
+       {"no rope on 1 of 2 layers", "no rope (NoPE) on layers 1: q and k attend unrotated there"}},
+      {"--model.embedding_multiplier=12 --model.residual_multiplier=0.22 --model.attention_multiplier=0.015625 "
+       "--model.logits_scaling=8",
+       "GraniteForCausalLM",
+       {"scaled (embedding x12, residual x0.22, attention x0.015625, logits /8)",
+        "scalings: embeddings x 12, each sublayer's output x 0.22 before its residual add, attention scale "
+        "0.015625, logits / 8"}},
+      {"--model.post_norms=true --model.qk_norm_whole=true",
+       "Olmo2ForCausalLM",
+       {"QK-norm over all heads, norms after each sublayer",
+        "QK-norm over the whole q and k: self_attn.q_norm.weight [40] and self_attn.k_norm.weight [20]",
+        "norms after each sublayer: post_attention_layernorm", "model.layers.1.post_feedforward_layernorm.weight"}},
+  };
+  for (const Family& f : families) {
+    SCOPED_TRACE(f.architecture);
+    const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_inspect_family_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    const Result trained = run_shardtrain(
+        std::string("train ") + f.keys +
+        " --model.dim=40 --model.n_layers=2 --model.n_heads=4 --model.n_kv_heads=2 --model.ffn_dim=52 "
+        "--model.max_seq_len=32 --training.seq_len=16 --training.batch_size=2 --training.steps=1 "
+        "--training.device=cpu --eval.batches=1 --sample.tokens=0 --logging.progress=off --logging.level=warn "
+        "--export.dtype=f32 --export.folder=" +
+        (dir / "hf").string() + " --run.output_dir=" + (dir / "run").string());
+    ASSERT_EQ(trained.status, 0) << trained.output;
+    std::ifstream config(dir / "hf" / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(config);
+    EXPECT_EQ(j.at("architectures"), nlohmann::json::array({f.architecture}));
+    const Result r = run_shardtrain("inspect " + (dir / "hf").string());
+    ASSERT_EQ(r.status, 0) << r.output;
+    for (const std::string& line : f.shown)
+      EXPECT_NE(r.output.find(line), std::string::npos) << line << "\n" << r.output;
+    EXPECT_NE(r.output.find("every parameter present with the expected shape"), std::string::npos) << r.output;
+    fs::remove_all(dir);
+  }
 }
 
 // `inspect` exits non-zero when what it reports cannot be loaded (a script checks a folder or

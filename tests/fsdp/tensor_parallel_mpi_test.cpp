@@ -55,6 +55,8 @@ struct ModelVariant {
   int64_t head_dim = 0;    // 0: dim / n_heads (4)
   bool qk_norm = false;    // Qwen3's per-head norms of q and k, their weights whole on every rank
   int64_t window = 0;      // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
+  bool nope = false;       // SmolLM3's NoPE layers: layer 1 without rope
+  bool granite = false;    // Granite's embedding, residual, attention and logits scalings
 };
 
 model::LlamaConfig small_config(int world, const ModelVariant& v) {
@@ -73,6 +75,13 @@ model::LlamaConfig small_config(int world, const ModelVariant& v) {
   if (v.window > 0) {
     c.sliding_window = v.window;
     c.sliding_layers = {true, false};
+  }
+  if (v.nope) c.nope_layers = {false, true};
+  if (v.granite) {
+    c.embedding_multiplier = 3.0;
+    c.residual_multiplier = 0.4;
+    c.attention_multiplier = 0.3;
+    c.logits_scaling = 2.5;
   }
   return c;
 }
@@ -96,15 +105,23 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
       {"heads of 6 (attention 72 wide in a width of 48)", false, true, false, model::ActivationCheckpointing::kNone, 0,
        false, 6},
       {"QK-norm", false, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, true},
-      {"QK-norm, separate projections, full checkpointing", true, false, true, model::ActivationCheckpointing::kFull,
-       0, false, 0, true},
+      {"QK-norm, separate projections, full checkpointing", true, false, true, model::ActivationCheckpointing::kFull, 0,
+       false, 0, true},
       {"QK-norm, heads of 6, biased, selective checkpointing", false, true, false,
        model::ActivationCheckpointing::kSelective, 0, false, 6, true},
       {"QK-norm, packed documents", false, false, false, model::ActivationCheckpointing::kPointwise, 0, true, 0, true},
       {"sliding window of 3 on layer 0", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, false,
        3},
-      {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull,
-       0, true, 0, false, 4},
+      {"sliding window of 4 on layer 0, packed documents", false, true, false, model::ActivationCheckpointing::kFull, 0,
+       true, 0, false, 4},
+      {"no rope on layer 1", true, false, false, model::ActivationCheckpointing::kNone, 0, false, 0, false, 0, true},
+      // (no k bias: without rope its gradient is zero, q·b the same for every key, and only rounding remains)
+      {"no rope on layer 1, packed documents, selective checkpointing", false, false, false,
+       model::ActivationCheckpointing::kSelective, 0, true, 0, false, 0, true},
+      {"Granite's scalings", false, true, false, model::ActivationCheckpointing::kNone, 0, false, 0, false, 0, false,
+       true},
+      {"Granite's scalings, full checkpointing, MLP by pieces", true, false, true,
+       model::ActivationCheckpointing::kFull, 5, false, 0, false, 0, false, true},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");
@@ -211,6 +228,16 @@ TEST(TensorParallel, RejectsWhatDoesNotSplit) {
   c.n_kv_heads = 1;
   EXPECT_TRUE(testing::throws_with([&] { (void)model::ModelLayout::llama(c, model::Mesh{1, w}, r); },
                                    "must divide the model's query heads (12), key/value heads (1)"));
+  // OLMo 2's QK-norm over the whole q and k needs every head, which the ranks split
+  c = small_config(w, {"plain"});
+  c.post_norms = c.qk_norm_whole = true;
+  if (w > 1) {
+    EXPECT_TRUE(testing::throws_with(
+        [&] {
+          (void)model::ModelLayout::llama(c, model::Mesh{1, w}, r);
+        },
+        "with OLMo 2's norms (QK-norm over the whole q and k"));
+  }
   c = small_config(w, {"plain"});
   const model::ModelLayout layout = model::ModelLayout::llama(c, model::Mesh{1, w}, r);
   fsdp::ShardedUnitStore store(layout, comm.get(), {}, Device::cpu(), &mesh.data_parallel());

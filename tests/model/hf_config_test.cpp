@@ -3,8 +3,11 @@
 // out through to_hf_config, and the errors for families shardtrain does not train. Qwen3
 // (QK-norm, heads of 128 in a width of 1024) both ways. Sliding windows as mistral, ministral,
 // qwen2 and qwen3 write them (transformers 4 and 5), their errors, and their way back out.
+// SmolLM3 (NoPE layers), Granite (its four scalings) and OLMo 2 (norms after each sublayer,
+// QK-norm over the whole q and k) both ways, and models that mix families refused.
 #include "model/hf_config.h"
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -290,6 +293,228 @@ TEST(HfConfig, BadHeadDimsAreNamed) {
   EXPECT_NE(e.find("m/config.json: `head_dim` must be an integer, found \"128\""), std::string::npos) << e;
 }
 
+// HuggingFaceTB/SmolLM3-3B's config.json as published (transformers 4 form): a NoPE layer
+// every fourth (no_rope_layers 1 = rope, 0 = none), tied embeddings.
+json smollm3_3b() {
+  json j = json::parse(R"({
+  "architectures": ["SmolLM3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": null, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 11008, "max_position_embeddings": 65536, "max_window_layers": 28,
+  "mlp_bias": false, "model_type": "smollm3", "no_rope_layer_interval": 4, "num_attention_heads": 16,
+  "num_hidden_layers": 36, "num_key_value_heads": 4, "pad_token_id": 128004, "pretraining_tp": 2,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 5000000.0, "sliding_window": null,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.54.0.dev0", "use_cache": false,
+  "use_sliding_window": false, "vocab_size": 128256})");
+  j["no_rope_layers"] = json::array();
+  for (int l = 0; l < 36; ++l) j["no_rope_layers"].push_back((l + 1) % 4 == 0 ? 0 : 1);
+  return j;
+}
+
+// ibm-granite/granite-3.0-2b-base's config.json as published (transformers 4 form).
+json granite_3_2b() {
+  return json::parse(R"({
+  "architectures": ["GraniteForCausalLM"], "attention_bias": false, "attention_dropout": 0.1,
+  "attention_multiplier": 0.015625, "bos_token_id": 0, "embedding_multiplier": 12.0, "eos_token_id": 0,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "logits_scaling": 8.0, "max_position_embeddings": 4096, "mlp_bias": false, "model_type": "granite",
+  "num_attention_heads": 32, "num_hidden_layers": 40, "num_key_value_heads": 8, "pad_token_id": 0,
+  "residual_multiplier": 0.22, "rms_norm_eps": 1e-05, "rope_scaling": null, "rope_theta": 10000.0,
+  "tie_word_embeddings": true, "torch_dtype": "bfloat16", "transformers_version": "4.46.0.dev0", "use_cache": true,
+  "vocab_size": 49155})");
+}
+
+// allenai/OLMo-2-0425-1B's config.json as published (transformers 4 form).
+json olmo2_1b() {
+  return json::parse(R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0, "eos_token_id": 100257,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+  "max_position_embeddings": 4096, "model_type": "olmo2", "num_attention_heads": 16, "num_hidden_layers": 16,
+  "num_key_value_heads": 16, "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 500000, "tie_word_embeddings": false, "torch_dtype": "float32", "transformers_version": "4.48.0",
+  "use_cache": true, "vocab_size": 100352})");
+}
+
+// transformers 5's form of a transformers 4 config: rope_parameters in place of rope_theta and
+// rope_scaling, dtype in place of torch_dtype.
+json five_form(json j) {
+  j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", j.at("rope_theta")}};
+  j.erase("rope_theta");
+  j.erase("rope_scaling");
+  j["dtype"] = j.at("torch_dtype");
+  j.erase("torch_dtype");
+  j["transformers_version"] = "5.0.0";
+  return j;
+}
+
+// Every key `published` has (but the token ids, which the tokenizer gives, use_cache, the
+// version and those listed) has its published value in `out`.
+void expect_published_keys(const json& out, const json& published, const std::vector<std::string>& skip = {}) {
+  for (const auto& [key, value] : published.items()) {
+    if (key == "bos_token_id" || key == "eos_token_id" || key == "pad_token_id" || key == "use_cache" ||
+        key == "transformers_version" || std::find(skip.begin(), skip.end(), key) != skip.end())
+      continue;
+    ASSERT_TRUE(out.contains(key)) << key;
+    EXPECT_EQ(out.at(key), value) << key;
+  }
+}
+
+TEST(HfConfig, SmolLM3NoRopeLayersOneUsesRopeZeroDoesNot) {
+  const LlamaConfig c = parse_hf_config(smollm3_3b(), "smollm3/config.json");
+  EXPECT_EQ(c.nope_layer_count(), 9);
+  EXPECT_TRUE(c.uses_rope(0));
+  EXPECT_TRUE(c.uses_rope(2));
+  EXPECT_FALSE(c.uses_rope(3));
+  EXPECT_FALSE(c.uses_rope(35));
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.rope.theta, 5e6);
+  EXPECT_EQ(c.sliding_window, 0);
+  EXPECT_NE(c.summary().find("no rope on 9 of 36 layers"), std::string::npos) << c.summary();
+  // 3,075,098,624: the model card's 3B
+  EXPECT_EQ(c.num_parameters(), 3'075'098'624);
+  // without the list, transformers builds it from no_rope_layer_interval (default 4); the
+  // transformers 5 form (and its default rope theta) reads the same
+  json j = smollm3_3b();
+  j.erase("no_rope_layers");
+  EXPECT_EQ(parse_hf_config(j, "m/config.json").summary(), c.summary());
+  j["no_rope_layer_interval"] = 3;
+  EXPECT_EQ(parse_hf_config(j, "m/config.json").nope_layer_count(), 12);
+  j.erase("no_rope_layer_interval");
+  j.erase("rope_theta");
+  EXPECT_EQ(parse_hf_config(j, "m/config.json").rope.theta, 2e6) << "SmolLM3Config's default_theta";
+  const LlamaConfig five = parse_hf_config(five_form(smollm3_3b()), "five/config.json");
+  EXPECT_EQ(five.summary(), c.summary());
+  EXPECT_EQ(to_hf_config(five, "bfloat16"), to_hf_config(c, "bfloat16"));
+}
+
+TEST(HfConfig, SmolLM3ExportsAsSmolLM3AndReadsBack) {
+  const LlamaConfig c = parse_hf_config(smollm3_3b(), "smollm3/config.json");
+  const json out = to_hf_config(c, "bfloat16");
+  EXPECT_EQ(out.at("architectures"), json::array({"SmolLM3ForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "smollm3");
+  expect_published_keys(out, smollm3_3b(), {"max_window_layers", "no_rope_layer_interval", "pretraining_tp"});
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.nope_layers, c.nope_layers);
+  EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
+  // every layer with rope: plain llama
+  LlamaConfig all = c;
+  all.nope_layers.assign(36, false);
+  EXPECT_EQ(to_hf_config(all, "bfloat16").at("model_type"), "llama");
+}
+
+TEST(HfConfig, BadSmolLM3ConfigsNameTheKeyAndValue) {
+  json j = smollm3_3b();
+  j["no_rope_layers"][5] = 2;
+  EXPECT_NE(error_of(j).find("m/config.json: `no_rope_layers[5]` = 2; expected 1 (the layer uses rope) or 0"),
+            std::string::npos)
+      << error_of(j);
+  j["no_rope_layers"] = json::array({1, 0});
+  EXPECT_NE(error_of(j).find("`no_rope_layers` must be a list of 0 / 1 with an entry for each of the 36 layers"),
+            std::string::npos)
+      << error_of(j);
+  j = smollm3_3b();
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  EXPECT_NE(error_of(j).find("a smollm3 sliding window"), std::string::npos) << error_of(j);
+  j = smollm3_3b();
+  j["attention_bias"] = true;
+  EXPECT_NE(error_of(j).find("`attention_bias` = true is not supported for smollm3"), std::string::npos);
+}
+
+TEST(HfConfig, GraniteReadsItsFourScalings) {
+  const LlamaConfig c = parse_hf_config(granite_3_2b(), "granite/config.json");
+  EXPECT_EQ(c.embedding_multiplier, 12.0);
+  EXPECT_EQ(c.residual_multiplier, 0.22);
+  EXPECT_EQ(c.attention_multiplier, 0.015625);
+  EXPECT_EQ(c.attention_scale(), 0.015625);  // not 1 / sqrt(64) = 0.125
+  EXPECT_EQ(c.logits_scaling, 8.0);
+  EXPECT_TRUE(c.granite_scaled());
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_NE(c.summary().find("scaled (embedding x12, residual x0.22, attention x0.015625, logits /8)"),
+            std::string::npos)
+      << c.summary();
+  // 2,533,531,648: the model card's 2.5B
+  EXPECT_EQ(c.num_parameters(), 2'533'531'648);
+  const LlamaConfig five = parse_hf_config(five_form(granite_3_2b()), "five/config.json");
+  EXPECT_EQ(to_hf_config(five, "bfloat16"), to_hf_config(c, "bfloat16"));
+  // transformers' defaults are 1.0 each: attention_multiplier 1 is a scale of 1, not 1/sqrt(H)
+  json j = granite_3_2b();
+  for (const char* k : {"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"})
+    j.erase(k);
+  const LlamaConfig d = parse_hf_config(j, "m/config.json");
+  EXPECT_EQ(d.attention_scale(), 1.0);
+  EXPECT_EQ(d.embedding_multiplier, 1.0);
+  EXPECT_EQ(to_hf_config(d, "bfloat16").at("model_type"), "granite");
+  j["logits_scaling"] = 0;
+  EXPECT_NE(error_of(j).find("`logits_scaling` (0) must all be > 0"), std::string::npos) << error_of(j);
+}
+
+TEST(HfConfig, GraniteExportsAsGraniteWithFloatScalingsAndReadsBack) {
+  json published = granite_3_2b();
+  const LlamaConfig c = parse_hf_config(published, "granite/config.json");
+  const json out = to_hf_config(c, "bfloat16");
+  EXPECT_EQ(out.at("architectures"), json::array({"GraniteForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "granite");
+  for (const char* k : {"embedding_multiplier", "residual_multiplier", "attention_multiplier", "logits_scaling"})
+    EXPECT_TRUE(out.at(k).is_number_float()) << k;  // transformers 5 checks that they are floats
+  expect_published_keys(out, published, {"attention_dropout"});
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
+}
+
+TEST(HfConfig, Olmo2HasNormsAfterEachSublayerAndWholeQkNorms) {
+  const LlamaConfig c = parse_hf_config(olmo2_1b(), "olmo2/config.json");
+  EXPECT_TRUE(c.post_norms);
+  EXPECT_TRUE(c.qk_norm_whole);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.tie_embeddings);
+  // per block: 2 norms of 2048, q/k/v/o 4 x [2048, 2048], q_norm and k_norm of 2048, the MLP
+  // 3 x [8192, 2048]; then the final norm, the embedding and the head
+  const int64_t block = 2 * 2048 + 4 * 2048 * 2048 + 2 * 2048 + 3 * 8192 * 2048;
+  EXPECT_EQ(c.num_parameters(), 16 * block + 2048 + 2 * 100352 * 2048);
+  // 1,484,916,736: the model card's 1B (1.5B with the embedding and the head)
+  EXPECT_EQ(c.num_parameters(), 1'484'916'736);
+  EXPECT_NE(c.summary().find("QK-norm over all heads, norms after each sublayer"), std::string::npos) << c.summary();
+  const ModelLayout layout = ModelLayout::llama(c, 1);
+  EXPECT_EQ(layout.locate("model.layers.3.self_attn.q_norm.weight").spec->shape, Shape({2048}));
+  EXPECT_EQ(layout.locate("model.layers.3.post_feedforward_layernorm.weight").spec->shape, Shape({2048}));
+  EXPECT_THROW(layout.locate("model.layers.3.input_layernorm.weight"), Error);
+  const LlamaConfig five = parse_hf_config(five_form(olmo2_1b()), "five/config.json");
+  EXPECT_EQ(to_hf_config(five, "float32"), to_hf_config(c, "float32"));
+}
+
+TEST(HfConfig, Olmo2ExportsAsOlmo2AndReadsBack) {
+  const LlamaConfig c = parse_hf_config(olmo2_1b(), "olmo2/config.json");
+  const json out = to_hf_config(c, "float32");
+  EXPECT_EQ(out.at("architectures"), json::array({"Olmo2ForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "olmo2");
+  expect_published_keys(out, olmo2_1b());
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_EQ(to_hf_config(back, "float32"), out);
+}
+
+// A model no single transformers family describes cannot be written as a config.json.
+TEST(HfConfig, MixedFamiliesAreRefusedOnTheWayOut) {
+  LlamaConfig c = parse_hf_config(olmo2_1b(), "olmo2/config.json");
+  c.logits_scaling = 2.0;
+  try {
+    (void)to_hf_config(c, "float32");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("combines features of several Hugging Face families (OLMo 2's norms, "
+                                         "Granite's scalings)"),
+              std::string::npos)
+        << e.what();
+  }
+  c.logits_scaling = 1.0;
+  c.qk_norm_whole = false;
+  EXPECT_THROW((void)to_hf_config(c, "float32"), Error);  // post_norms alone: no olmo2
+  c = parse_hf_config(granite_3_2b(), "granite/config.json");
+  c.head_dim_override = 128;
+  EXPECT_THROW((void)to_hf_config(c, "float32"), Error);
+}
+
 TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOnes) {
   json j = qwen3_0_6b();
   j["model_type"] = "qwen3_moe";
@@ -298,6 +523,10 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
   EXPECT_NE(e.find("mixture-of-experts"), std::string::npos) << e;
   EXPECT_NE(e.find("it trains llama (Llama 2, 3, 3.1, 3.2), mistral"), std::string::npos) << e;
   EXPECT_NE(e.find("qwen3 (dense, QK-norm, sliding-window layers too)"), std::string::npos) << e;
+  EXPECT_NE(e.find("smollm3 (NoPE layers), granite (Granite 3's embedding, residual, attention and logits "
+                   "scalings) and olmo2 (norms after each sublayer, QK-norm over the whole q and k)"),
+            std::string::npos)
+      << e;
   j["model_type"] = "gemma2";
   e = error_of(j);
   EXPECT_NE(e.find("`model_type` = \"gemma2\" is not supported"), std::string::npos) << e;

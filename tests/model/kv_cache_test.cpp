@@ -24,6 +24,9 @@ struct CacheCase {
   int64_t head_dim = 0;  // 0: dim / n_heads (6)
   bool qk_norm = false;  // Qwen3's norm of each head's q and k: the cache holds k normed, then rotated
   int64_t window = 0;    // > 0: a sliding window of this many positions on layers 0 and 2 (layer 1 full)
+  bool nope = false;     // SmolLM3's NoPE layers: layer 1 without rope (the cache holds its k unrotated)
+  bool granite = false;  // Granite's embedding, residual, attention and logits scalings
+  bool olmo2 = false;    // OLMo 2's norms after each sublayer and QK-norm over the whole q and k
 };
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
 
@@ -52,6 +55,14 @@ LlamaConfig small_config(const CacheCase& c) {
     cfg.sliding_window = c.window;
     cfg.sliding_layers = {true, false, true};
   }
+  if (c.nope) cfg.nope_layers = {false, true, false};
+  if (c.granite) {
+    cfg.embedding_multiplier = 3.0;
+    cfg.residual_multiplier = 0.4;
+    cfg.attention_multiplier = 0.3;
+    cfg.logits_scaling = 2.5;
+  }
+  cfg.post_norms = cfg.qk_norm_whole = c.olmo2;
   return cfg;
 }
 
@@ -122,7 +133,14 @@ INSTANTIATE_TEST_SUITE_P(
                       // older ones stay out of its attention there, not on the full layer
                       CacheCase{"gqa3_sliding_window5_f64", false, true, true, false, 2, DType::kF64, 0, false, 5},
                       CacheCase{"gqa3_sliding_window1_separate_projections_f32", true, false, false, true, 1,
-                                DType::kF32, 0, false, 1}),
+                                DType::kF32, 0, false, 1},
+                      CacheCase{"gqa3_nope_layer1_f64", true, false, false, false, 2, DType::kF64, 0, false, 0, true},
+                      CacheCase{"gqa3_granite_bias_f64", false, true, false, false, 2, DType::kF64, 0, false, 0, false,
+                                true},
+                      CacheCase{"gqa3_olmo2_f64", false, false, false, false, 2, DType::kF64, 0, false, 0, false, false,
+                                true},
+                      CacheCase{"gqa3_olmo2_separate_projections_f32", true, true, false, true, 1, DType::kF32, 0,
+                                false, 0, false, false, true}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 TEST(KvCache, TokensBeyondItsRoomAreAnErrorThatLeavesItAsItWas) {

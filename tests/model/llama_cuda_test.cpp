@@ -1,8 +1,10 @@
 // The model on a GPU in mixed precision (bf16 compute; f32 master weights, gradients and
 // AdamW state) against Hugging Face transformers' f32 reference for the recorded models
 // whose head dims cuDNN's attention takes (64 and 128, 32 beside a width of 64 in
-// mistral_head_dim and qwen3_qk_norm, 16 in the sliding-window cases): logits, loss, every
-// gradient and every parameter after one AdamW step, within bf16 error. Skips without a device or without the case's reference files.
+// mistral_head_dim and qwen3_qk_norm, 16 in the sliding-window cases and in smollm3_nope,
+// granite_scaled and olmo2_post_norms): logits, loss, every
+// gradient and every parameter after one AdamW step, within bf16 error. Skips without a device or without the case's
+// reference files.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -131,9 +133,10 @@ TEST_P(HfParityCuda, MixedPrecisionMatchesTransformers) {
               static_cast<long long>(total));
 }
 
-INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda, ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3",
-                                                                           "mistral_head_dim", "qwen3_qk_norm",
-                                                                           "mistral_sliding", "qwen2_window_layers"));
+INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda,
+                         ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3", "mistral_head_dim", "qwen3_qk_norm",
+                                           "mistral_sliding", "qwen2_window_layers", "smollm3_nope", "granite_scaled",
+                                           "olmo2_post_norms"));
 
 // A chunked MLP on the GPU (Llama::set_mlp_chunk_tokens; 192 token rows in pieces of 40, the
 // last of 32) under selective and full checkpointing, against the MLP at once: the same

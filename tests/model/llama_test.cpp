@@ -9,11 +9,14 @@
 
 #include "model/block.h"
 #include "model/llama.h"
+#include "ops/attention.h"
+#include "ops/elementwise.h"
+#include "ops/linear.h"
 #include "ops/rope.h"
 #include "testing/compare.h"
-#include "testing/packed_documents.h"
 #include "testing/gradcheck.h"
 #include "testing/model_shapes.h"
+#include "testing/packed_documents.h"
 
 namespace shardtrain::model {
 namespace {
@@ -25,6 +28,9 @@ struct TinyCase {
   int64_t head_dim = 0;  // 0: dim / n_heads
   bool qk_norm = false;  // Qwen3's RMSNorm of each head's q and k before rope
   int64_t window = 0;    // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
+  bool nope = false;     // SmolLM3's NoPE layers: layer 1 without rope
+  bool granite = false;  // Granite's embedding, residual, attention and logits scalings
+  bool olmo2 = false;    // OLMo 2's norms after each sublayer and QK-norm over the whole q and k
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -53,6 +59,14 @@ LlamaConfig tiny_config(const TinyCase& c) {
     cfg.sliding_window = c.window;
     cfg.sliding_layers = {true, false};
   }
+  if (c.nope) cfg.nope_layers = {false, true};
+  if (c.granite) {  // none a power of two, so that no scaling is exact by accident
+    cfg.embedding_multiplier = 3.0;
+    cfg.residual_multiplier = 0.4;
+    cfg.attention_multiplier = 0.3;
+    cfg.logits_scaling = 2.5;
+  }
+  cfg.post_norms = cfg.qk_norm_whole = c.olmo2;
   return cfg;
 }
 
@@ -101,7 +115,8 @@ TEST_P(LlamaGradient, MatchesFiniteDifferencesF64) {
 
 INSTANTIATE_TEST_SUITE_P(
     Tiny, LlamaGradient,
-    ::testing::Values(TinyCase{"gqa2_tied", 2, 1, true, false, false}, TinyCase{"mha_untied", 2, 2, false, false, false},
+    ::testing::Values(TinyCase{"gqa2_tied", 2, 1, true, false, false},
+                      TinyCase{"mha_untied", 2, 2, false, false, false},
                       TinyCase{"gqa3_bias_llama3rope", 3, 1, false, true, true},
                       // heads of a width of their own (Mistral-Nemo): attention wider (2 x 8 = 16)
                       // and narrower (3 x 2 = 6) than dim 12
@@ -112,7 +127,15 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyCase{"gqa2_qk_norm", 2, 1, true, false, false, 0, true},
                       TinyCase{"gqa3_qk_norm_bias_head_dim8", 3, 1, false, true, true, 8, true},
                       // a sliding window of 3 positions on the first layer, the second full
-                      TinyCase{"gqa2_sliding_window3", 2, 1, false, true, false, 0, false, 3}),
+                      TinyCase{"gqa2_sliding_window3", 2, 1, false, true, false, 0, false, 3},
+                      // SmolLM3: layer 1 a NoPE layer (q and k not rotated), layer 0 rotated
+                      TinyCase{"gqa2_nope_layer1", 2, 1, true, false, false, 0, false, 0, true},
+                      // Granite: embeddings, both sublayers' outputs, the scores and the logits scaled
+                      TinyCase{"gqa3_granite_bias", 3, 1, false, true, false, 0, false, 0, false, true},
+                      TinyCase{"gqa2_granite_tied_llama3rope", 2, 1, true, false, true, 0, false, 0, false, true},
+                      // OLMo 2: norms after the sublayers, q and k normed over all their heads
+                      TinyCase{"gqa2_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true},
+                      TinyCase{"gqa3_olmo2_bias_head_dim8", 3, 1, true, true, false, 8, false, 0, false, false, true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
@@ -206,29 +229,33 @@ TEST(Llama, StackedProjectionsEqualSeparateOnes) {
 // Selective and full checkpointing recompute exactly what the forward computed (the same
 // kernels on the same inputs), so loss and every gradient equal the run that keeps all.
 TEST(Llama, CheckpointingIsBitwiseEqual) {
-  for (const bool qk_norm : {false, true}) {
-  SCOPED_TRACE(qk_norm ? "QK-norm" : "no QK-norm");
-  const LlamaConfig cfg = tiny_config({"gqa", 2, 1, false, false, false, 0, qk_norm});
-  Tensor ids = Tensor::empty({3, 8}, DType::kI32);
-  Tensor targets = Tensor::empty({3, 8}, DType::kI32);
-  testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
-  testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
-  StepOptions o;
-  o.grad_scale = 1.0 / 24;
-  Llama a(cfg, DType::kF32);
-  a.init_random(5);
-  const LossSum la = a.forward_backward(ids, targets, o);
-  for (ActivationCheckpointing ac :
-       {ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
-    Llama b(cfg, DType::kF32);
-    b.init_random(5);
-    o.checkpointing = ac;
-    const LossSum lb = b.forward_backward(ids, targets, o);
-    EXPECT_EQ(la.loss_sum, lb.loss_sum) << checkpointing_name(ac);
-    for (size_t u = 0; u < a.layout().units().size(); ++u)
-      EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact))
-          << checkpointing_name(ac) << ", unit " << u;
-  }
+  for (const TinyCase& c :
+       {TinyCase{"gqa", 2, 1, false, false, false}, TinyCase{"gqa_qk_norm", 2, 1, false, false, false, 0, true},
+        TinyCase{"gqa_nope", 2, 1, false, false, false, 0, false, 0, true},
+        TinyCase{"gqa_granite", 2, 1, false, false, false, 0, false, 0, false, true},
+        TinyCase{"gqa_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true}}) {
+    SCOPED_TRACE(c.name);
+    const LlamaConfig cfg = tiny_config(c);
+    Tensor ids = Tensor::empty({3, 8}, DType::kI32);
+    Tensor targets = Tensor::empty({3, 8}, DType::kI32);
+    testing::fill_random_ints(ids, 8, 0, cfg.vocab_size);
+    testing::fill_random_ints(targets, 9, 0, cfg.vocab_size);
+    StepOptions o;
+    o.grad_scale = 1.0 / 24;
+    Llama a(cfg, DType::kF32);
+    a.init_random(5);
+    const LossSum la = a.forward_backward(ids, targets, o);
+    for (ActivationCheckpointing ac :
+         {ActivationCheckpointing::kPointwise, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+      Llama b(cfg, DType::kF32);
+      b.init_random(5);
+      o.checkpointing = ac;
+      const LossSum lb = b.forward_backward(ids, targets, o);
+      EXPECT_EQ(la.loss_sum, lb.loss_sum) << checkpointing_name(ac);
+      for (size_t u = 0; u < a.layout().units().size(); ++u)
+        EXPECT_TRUE(testing::all_close(a.unit_grads(u), b.unit_grads(u), testing::kExact))
+            << checkpointing_name(ac) << ", unit " << u;
+    }
   }
 }
 
@@ -240,55 +267,62 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
 // piece must overwrite, the others add) and whose second adds; evaluation too. Without
 // checkpointing the setting is ignored: bitwise the plain run.
 TEST(Llama, ChunkedMlpEqualsTheMlpAtOnce) {
-  for (bool stackable : {true, false}) {
-    SCOPED_TRACE(stackable ? "stacked gate|up" : "separate gate and up");
-    LlamaConfig cfg = stackable ? tiny_config({"gqa", 4, 2, false, false, true}) : tiny_config({"gqa", 2, 1, false, false, true});
-    if (stackable) cfg.dim = 256;  // head dim 64; gate and up a multiple of the parameter alignment: stacked
-    cfg.init_std = 0.05;
-    const int64_t B = 2, T = 7;
-    std::vector<Tensor> ids, targets;
-    for (int i = 0; i < 2; ++i) {
-      ids.push_back(Tensor::empty({B, T}, DType::kI32));
-      targets.push_back(Tensor::empty({B, T}, DType::kI32));
-      testing::fill_random_ints(ids.back(), 80 + i, 0, cfg.vocab_size);
-      testing::fill_random_ints(targets.back(), 90 + i, 0, cfg.vocab_size);
-    }
-    for (ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective,
-                                       ActivationCheckpointing::kFull}) {
-      SCOPED_TRACE(checkpointing_name(ac));
-      StepOptions o;
-      o.grad_scale = 1.0 / 28.0;
-      o.loss_chunk_tokens = 5;
-      o.checkpointing = ac;
-      Llama whole(cfg, DType::kF64), pieces(cfg, DType::kF64);
-      randomize(whole, 23);
-      randomize(pieces, 23);
-      pieces.set_mlp_chunk_tokens(5);
-      ASSERT_EQ(BlockWeights::view(whole.unit_params(1), whole.layout().units()[1], cfg).w_gate_up_2FD.defined(),
-                stackable);
-      for (size_t u = 0; u < whole.layout().units().size(); ++u) {
-        Tensor gw = whole.unit_grads(u), gp = pieces.unit_grads(u);
-        testing::fill_random(gw, 300 + u, 0.3, 1.0);
-        testing::fill_random(gp, 300 + u, 0.3, 1.0);
-      }
+  for (int family = 0; family < 3; ++family)
+    for (bool stackable : {true, false}) {
+      SCOPED_TRACE(std::string(stackable ? "stacked gate|up" : "separate gate and up") +
+                   (family == 1   ? ", Granite's scalings"
+                    : family == 2 ? ", OLMo 2's norms"
+                                  : ""));
+      TinyCase tc = stackable ? TinyCase{"gqa", 4, 2, false, false, true} : TinyCase{"gqa", 2, 1, false, false, true};
+      tc.granite = family == 1;
+      tc.olmo2 = family == 2;
+      LlamaConfig cfg = tiny_config(tc);
+      if (stackable) cfg.dim = 256;  // head dim 64; gate and up a multiple of the parameter alignment: stacked
+      cfg.init_std = 0.05;
+      const int64_t B = 2, T = 7;
+      std::vector<Tensor> ids, targets;
       for (int i = 0; i < 2; ++i) {
-        o.overwrite_grads = i == 0;
-        const LossSum a = whole.forward_backward(ids[i], targets[i], o);
-        const LossSum b = pieces.forward_backward(ids[i], targets[i], o);
-        if (ac == ActivationCheckpointing::kNone)
-          EXPECT_EQ(a.loss_sum, b.loss_sum);
-        else
-          EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-12 * std::abs(a.loss_sum));
+        ids.push_back(Tensor::empty({B, T}, DType::kI32));
+        targets.push_back(Tensor::empty({B, T}, DType::kI32));
+        testing::fill_random_ints(ids.back(), 80 + i, 0, cfg.vocab_size);
+        testing::fill_random_ints(targets.back(), 90 + i, 0, cfg.vocab_size);
       }
-      for (size_t u = 0; u < whole.layout().units().size(); ++u) {
-        const testing::Tolerance tol = ac == ActivationCheckpointing::kNone ? testing::kExact
-                                                                             : testing::Tolerance{1e-12, 1e-8, 1e-12};
-        EXPECT_TRUE(testing::all_close(pieces.unit_grads(u), whole.unit_grads(u), tol)) << "unit " << u;
+      for (ActivationCheckpointing ac :
+           {ActivationCheckpointing::kNone, ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+        SCOPED_TRACE(checkpointing_name(ac));
+        StepOptions o;
+        o.grad_scale = 1.0 / 28.0;
+        o.loss_chunk_tokens = 5;
+        o.checkpointing = ac;
+        Llama whole(cfg, DType::kF64), pieces(cfg, DType::kF64);
+        randomize(whole, 23);
+        randomize(pieces, 23);
+        pieces.set_mlp_chunk_tokens(5);
+        ASSERT_EQ(BlockWeights::view(whole.unit_params(1), whole.layout().units()[1], cfg).w_gate_up_2FD.defined(),
+                  stackable);
+        for (size_t u = 0; u < whole.layout().units().size(); ++u) {
+          Tensor gw = whole.unit_grads(u), gp = pieces.unit_grads(u);
+          testing::fill_random(gw, 300 + u, 0.3, 1.0);
+          testing::fill_random(gp, 300 + u, 0.3, 1.0);
+        }
+        for (int i = 0; i < 2; ++i) {
+          o.overwrite_grads = i == 0;
+          const LossSum a = whole.forward_backward(ids[i], targets[i], o);
+          const LossSum b = pieces.forward_backward(ids[i], targets[i], o);
+          if (ac == ActivationCheckpointing::kNone)
+            EXPECT_EQ(a.loss_sum, b.loss_sum);
+          else
+            EXPECT_NEAR(a.loss_sum, b.loss_sum, 1e-12 * std::abs(a.loss_sum));
+        }
+        for (size_t u = 0; u < whole.layout().units().size(); ++u) {
+          const testing::Tolerance tol =
+              ac == ActivationCheckpointing::kNone ? testing::kExact : testing::Tolerance{1e-12, 1e-8, 1e-12};
+          EXPECT_TRUE(testing::all_close(pieces.unit_grads(u), whole.unit_grads(u), tol)) << "unit " << u;
+        }
+        const LossSum ea = whole.evaluate(ids[1], targets[1], o), eb = pieces.evaluate(ids[1], targets[1], o);
+        EXPECT_NEAR(ea.loss_sum, eb.loss_sum, 1e-12 * std::abs(ea.loss_sum));
       }
-      const LossSum ea = whole.evaluate(ids[1], targets[1], o), eb = pieces.evaluate(ids[1], targets[1], o);
-      EXPECT_NEAR(ea.loss_sum, eb.loss_sum, 1e-12 * std::abs(ea.loss_sum));
     }
-  }
 }
 
 // Documents packed into rows (positions restarting at each one's first token) train as if each
@@ -665,6 +699,195 @@ TEST(LlamaConfig, SlidingWindowLayersAreCheckedCountedAndSummarised) {
   c.sliding_layers.clear();
   c.validate("model.");
   EXPECT_EQ(c.summary().find("sliding"), std::string::npos);
+}
+
+// One block's forward in f64 on random weights with the kept activations (no checkpointing),
+// for the family tests below.
+struct BlockRun {
+  LlamaConfig cfg;
+  Tensor flat, cos, sin, x;
+  BlockWeights w;
+  BlockActivations a;
+  static constexpr int64_t T = 5;
+  BlockRun(const LlamaConfig& c, bool rope = true) : cfg(c) {
+    const ModelLayout layout = ModelLayout::llama(cfg, 1);
+    const UnitLayout& unit = layout.units()[1];
+    flat = Tensor::empty({unit.numel}, DType::kF64);
+    testing::fill_random(flat, 51, 0.2, 1.0);
+    w = BlockWeights::view(flat, unit, cfg);
+    const int64_t H = cfg.head_dim();
+    cos = Tensor::empty({T, H / 2}, DType::kF64);
+    sin = Tensor::empty({T, H / 2}, DType::kF64);
+    ops::rope_table(cos, sin, H, cfg.rope);
+    x = Tensor::empty({1, T, cfg.dim}, DType::kF64);
+    testing::fill_random(x, 52, 0.0, 1.0);
+    block_forward(a, w, x, context(rope));
+  }
+  BlockContext context(bool rope) const {
+    BlockContext ctx;
+    ctx.config = &cfg;
+    ctx.batch = 1;
+    ctx.seq = T;
+    ctx.cos_TK = cos;
+    ctx.sin_TK = sin;
+    ctx.rope = rope;
+    return ctx;
+  }
+};
+
+// x_TI · weight_OIᵀ (+ bias) as a new [T, O] tensor.
+Tensor product(const Tensor& x_TI, const Tensor& weight_OI, const Tensor& bias_O = {}) {
+  Tensor y = Tensor::empty({x_TI.size(0), weight_OI.size(0)}, DType::kF64);
+  ops::linear_forward(y, contiguous(x_TI), weight_OI, bias_O);
+  return y;
+}
+
+// RMSNorm of each row of x [T, W] with `weight` [W], written out (eps inside the root).
+Tensor rms_rows(const Tensor& x_TW, const Tensor& weight_W, double eps) {
+  const Tensor x = contiguous(x_TW);
+  const int64_t T = x.size(0), W = x.size(1);
+  Tensor y = Tensor::empty({T, W}, DType::kF64);
+  for (int64_t t = 0; t < T; ++t) {
+    double ss = 0;
+    for (int64_t i = 0; i < W; ++i) ss += x.data<double>()[t * W + i] * x.data<double>()[t * W + i];
+    const double r = 1.0 / std::sqrt(ss / static_cast<double>(W) + eps);
+    for (int64_t i = 0; i < W; ++i)
+      y.data<double>()[t * W + i] = weight_W.data<double>()[i] * (x.data<double>()[t * W + i] * r);
+  }
+  return y;
+}
+
+// a + f · b, elementwise, as a new tensor of a's shape
+Tensor plus_scaled(const Tensor& a, double f, const Tensor& b) {
+  const Tensor ac = contiguous(a), bc = contiguous(b);
+  Tensor y = Tensor::empty(ac.shape(), DType::kF64);
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<double>()[i] = ac.data<double>()[i] + f * bc.data<double>()[i];
+  return y;
+}
+
+constexpr testing::Tolerance kF64Forward{1e-13, 1e-12, 1e-13};
+
+// SmolLM3's NoPE layer: q and k reach the attention as projected (no rotation); the same
+// block with rope rotates them.
+TEST(Block, NopeLayerLeavesQAndKUnrotated) {
+  const LlamaConfig cfg = tiny_config({"gqa2_nope", 2, 1, false, true, false, 0, false, 0, true});
+  const BlockRun nope(cfg, false), rope(cfg, true);
+  const int64_t T = BlockRun::T;
+  const Tensor xn1 = contiguous(nope.a.xn1_BTD).view({T, cfg.dim});
+  EXPECT_TRUE(testing::all_close(contiguous(nope.a.q_BTNH).view({T, cfg.q_dim()}),
+                                 product(xn1, nope.w.wq_QD, nope.w.bq_Q), kF64Forward));
+  EXPECT_TRUE(testing::all_close(contiguous(nope.a.k_BTMH).view({T, cfg.kv_dim()}),
+                                 product(xn1, nope.w.wk_KD, nope.w.bk_K), kF64Forward));
+  Tensor rotated = product(xn1, rope.w.wq_QD, rope.w.bq_Q).view({1, T, cfg.n_heads, cfg.head_dim()});
+  ops::rope_forward(rotated, rope.cos, rope.sin);
+  EXPECT_TRUE(testing::all_close(contiguous(rope.a.q_BTNH), rotated, kF64Forward));
+  EXPECT_FALSE(testing::all_close(contiguous(rope.a.q_BTNH), contiguous(nope.a.q_BTNH), {1e-3, 1e-3, 1e-3}));
+}
+
+// Granite's scalings inside the block: the scores scaled by attention_multiplier (not
+// 1/sqrt(H)), and each sublayer's output times residual_multiplier before its residual add.
+TEST(Block, GraniteScalesTheScoresAndEachSublayerOutput) {
+  const LlamaConfig cfg = tiny_config({"gqa3_granite", 3, 1, false, true, false, 0, false, 0, false, true});
+  const BlockRun b(cfg);
+  const int64_t T = BlockRun::T, D = cfg.dim;
+  Tensor attn = Tensor::empty(b.a.attn_BTNH.shape(), DType::kF64),
+         lse = Tensor::empty(b.a.lse_BNT.shape(), DType::kF64);
+  ops::attention_forward(attn, lse, b.a.q_BTNH, b.a.k_BTMH, b.a.v_BTMH, {.scale = 0.3});
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.attn_BTNH), attn, kF64Forward));
+  ops::attention_forward(attn, lse, b.a.q_BTNH, b.a.k_BTMH, b.a.v_BTMH, {});
+  EXPECT_FALSE(testing::all_close(contiguous(b.a.attn_BTNH), attn, {1e-3, 1e-3, 1e-3})) << "1/sqrt(H) instead";
+  const Tensor o = product(contiguous(b.a.attn_BTNH).view({T, cfg.q_dim()}), b.w.wo_DQ);
+  EXPECT_TRUE(
+      testing::all_close(contiguous(b.a.x2_BTD).view({T, D}), plus_scaled(b.x.view({T, D}), 0.4, o), kF64Forward));
+  const Tensor down = product(contiguous(b.a.h_BTF).view({T, cfg.ffn_dim}), b.w.w_down_DF);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.y_BTD).view({T, D}),
+                                 plus_scaled(contiguous(b.a.x2_BTD).view({T, D}), 0.4, down), kF64Forward));
+}
+
+// Granite's embedding and logits scalings through the whole model: the logits equal those
+// of the unscaled model whose embedding table holds the scaled rows, divided by
+// logits_scaling.
+TEST(Llama, GraniteScalesTheEmbeddingsAndTheLogits) {
+  LlamaConfig scaled = tiny_config({"granite", 2, 1, false, false, false});
+  scaled.embedding_multiplier = 3.0;
+  scaled.logits_scaling = 2.5;
+  LlamaConfig plain = scaled;
+  plain.embedding_multiplier = plain.logits_scaling = 1.0;
+  Llama a(scaled, DType::kF64), b(plain, DType::kF64);
+  randomize(a, 61);
+  randomize(b, 61);
+  Tensor table = b.param("model.embed_tokens.weight");
+  ops::scale(table, 3.0);
+  Tensor ids = Tensor::empty({2, 6}, DType::kI32);
+  testing::fill_random_ints(ids, 62, 0, scaled.vocab_size);
+  const Tensor want = b.logits(ids);
+  Tensor divided = contiguous(want);
+  ops::scale(divided, 1.0 / 2.5);
+  EXPECT_TRUE(testing::all_close(a.logits(ids), divided, kF64Forward));
+  EXPECT_NE(scaled.summary().find("scaled (embedding x3, residual x1, attention x0.408248, logits /2.5)"),
+            std::string::npos)
+      << scaled.summary();
+}
+
+// OLMo 2's block written out: q and k normed over all their heads before rope, no input
+// norms, and each sublayer's output normed before its residual add.
+TEST(Block, Olmo2NormsAfterEachSublayerAndOverTheWholeQAndK) {
+  const LlamaConfig cfg = tiny_config({"gqa3_olmo2", 3, 1, false, true, false, 0, false, 0, false, false, true});
+  const BlockRun b(cfg);
+  const int64_t T = BlockRun::T, D = cfg.dim, H = cfg.head_dim();
+  EXPECT_FALSE(b.w.attn_norm_D.defined());
+  EXPECT_EQ(b.w.q_norm_H.shape(), Shape({cfg.q_dim()}));
+  EXPECT_EQ(b.w.k_norm_H.shape(), Shape({cfg.kv_dim()}));
+  const Tensor x = b.x.view({T, D});
+  Tensor q = rms_rows(product(x, b.w.wq_QD, b.w.bq_Q), b.w.q_norm_H, cfg.norm_eps).view({1, T, cfg.n_heads, H});
+  Tensor k = rms_rows(product(x, b.w.wk_KD, b.w.bk_K), b.w.k_norm_H, cfg.norm_eps).view({1, T, cfg.n_kv_heads, H});
+  ops::rope_forward(q, b.cos, b.sin);
+  ops::rope_forward(k, b.cos, b.sin);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.q_BTNH), q, kF64Forward));
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.k_BTMH), k, kF64Forward));
+  const Tensor o = product(contiguous(b.a.attn_BTNH).view({T, cfg.q_dim()}), b.w.wo_DQ);
+  const Tensor x2 = plus_scaled(x, 1.0, rms_rows(o, b.w.ffn_norm_D, cfg.norm_eps));
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.x2_BTD).view({T, D}), x2, kF64Forward));
+  EXPECT_TRUE(
+      testing::all_close(contiguous(b.a.gate_BTF).view({T, cfg.ffn_dim}), product(x2, b.w.w_gate_FD), kF64Forward))
+      << "the MLP reads x2 itself";
+  const Tensor down = product(contiguous(b.a.h_BTF).view({T, cfg.ffn_dim}), b.w.w_down_DF);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.y_BTD).view({T, D}),
+                                 plus_scaled(x2, 1.0, rms_rows(down, b.w.post_ffn_norm_D, cfg.norm_eps)), kF64Forward));
+}
+
+// The families' weights in the layout and the parameter count: OLMo 2 swaps input_layernorm
+// for post_feedforward_layernorm and has [N·H] and [M·H] QK-norm weights, split with the heads.
+TEST(ModelLayout, Olmo2WeightsAndCount) {
+  LlamaConfig cfg = tiny_config({"olmo2", 2, 1, false, false, false, 8, false, 0, false, false, true});
+  LlamaConfig plain = cfg;
+  plain.post_norms = plain.qk_norm_whole = false;
+  EXPECT_EQ(cfg.num_parameters(), plain.num_parameters() + 2 * (2 * 8 + 8));
+  const ModelLayout l = ModelLayout::llama(cfg, 1);
+  EXPECT_EQ(l.locate("model.layers.1.self_attn.q_norm.weight").spec->shape, Shape({16}));
+  EXPECT_EQ(l.locate("model.layers.1.self_attn.k_norm.weight").spec->shape, Shape({8}));
+  EXPECT_EQ(l.locate("model.layers.1.post_feedforward_layernorm.weight").spec->init, ParamInit::kOnes);
+  EXPECT_THROW(l.locate("model.layers.1.input_layernorm.weight"), Error);
+  cfg.n_kv_heads = 2;
+  EXPECT_TRUE(testing::throws_with([&] { ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = 2}, 0); },
+                                   "`parallel.tensor_parallel` = 2 with OLMo 2's norms"));
+  EXPECT_NE(cfg.summary().find("QK-norm over all heads, norms after each sublayer"), std::string::npos)
+      << cfg.summary();
+  cfg.qk_norm = true;
+  EXPECT_TRUE(testing::throws_with([&] { cfg.validate("model."); }, "`model.qk_norm` (per head, Qwen3) and"));
+}
+
+TEST(LlamaConfig, NopeLayersOnePerLayer) {
+  LlamaConfig c = tiny_config({"nope", 2, 1, false, false, false, 0, false, 0, true});
+  EXPECT_TRUE(c.uses_rope(0));
+  EXPECT_FALSE(c.uses_rope(1));
+  EXPECT_EQ(c.nope_layer_count(), 1);
+  EXPECT_NE(c.summary().find("no rope on 1 of 2 layers"), std::string::npos) << c.summary();
+  c.nope_layers.push_back(true);
+  EXPECT_TRUE(testing::throws_with([&] { c.validate("model."); }, "`model.nope_layers` lists 3 layers"));
+  c = tiny_config({"granite", 2, 1, false, false, false});
+  c.logits_scaling = 0;
+  EXPECT_TRUE(testing::throws_with([&] { c.validate("model."); }, "`model.logits_scaling` must be > 0"));
 }
 
 TEST(LlamaConfig, CountsParametersAndRejectsBadShapes) {

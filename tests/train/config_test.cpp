@@ -218,6 +218,62 @@ TEST(Config, QkNormReachesTheModelAndComposesWithHeadDim) {
   EXPECT_NE(e.find("model.qk_norm"), std::string::npos) << e;
 }
 
+// The SmolLM3, Granite and OLMo 2 keys reach the model; they are off by default, refused
+// beside a preset or a folder (whose shape is its own), and a mix that no Hugging Face family
+// has is refused before training (checkpoints and exports write a config.json).
+TEST(Config, FamilyKeysReachTheModel) {
+  const model::LlamaConfig plain = llama_config(load_config("", {}).config.model, 258);
+  EXPECT_EQ(plain.nope_layer_count(), 0);
+  EXPECT_FALSE(plain.granite_scaled());
+  EXPECT_FALSE(plain.post_norms || plain.qk_norm_whole);
+  const model::LlamaConfig smol =
+      llama_config(load_config("", {"--model.no_rope_every=4", "--model.n_layers=8"}).config.model, 258);
+  EXPECT_EQ(smol.nope_layers, std::vector<bool>({false, false, false, true, false, false, false, true}));
+  const model::LlamaConfig granite =
+      llama_config(load_config("", {"--model.embedding_multiplier=12", "--model.residual_multiplier=0.22",
+                                    "--model.attention_multiplier=0.015625", "--model.logits_scaling=8"})
+                       .config.model,
+                   258);
+  EXPECT_EQ(granite.embedding_multiplier, 12.0);
+  EXPECT_EQ(granite.residual_multiplier, 0.22);
+  EXPECT_EQ(granite.attention_scale(), 0.015625);
+  EXPECT_EQ(granite.logits_scaling, 8.0);
+  const model::LlamaConfig olmo =
+      llama_config(load_config("", {"--model.post_norms=true", "--model.qk_norm_whole=true"}).config.model, 258);
+  EXPECT_TRUE(olmo.post_norms);
+  EXPECT_TRUE(olmo.qk_norm_whole);
+  EXPECT_EQ(olmo.num_parameters() - plain.num_parameters(), plain.n_layers * (plain.q_dim() + plain.kv_dim()));
+
+  std::string e = error_of("", {"--model.no_rope_every=4", "--model.preset=llama3.2-1b"});
+  EXPECT_NE(e.find("`model.no_rope_every` is set, but `model.preset` gives the model's shape"), std::string::npos) << e;
+  e = error_of("", {"--model.logits_scaling=8", "--model.hf=some/folder"});
+  EXPECT_NE(e.find("`model.logits_scaling` is set, but `model.hf` gives the model's shape"), std::string::npos) << e;
+  e = error_of("", {"--model.qk_norm=true", "--model.qk_norm_whole=true"});
+  EXPECT_NE(e.find("`model.qk_norm` (per head, Qwen3) and `model.qk_norm_whole` (over all heads, OLMo 2) both set"),
+            std::string::npos)
+      << e;
+  e = error_of("", {"--model.attention_multiplier=-1"});
+  EXPECT_NE(e.find("model.attention_multiplier"), std::string::npos) << e;
+  auto shape_error = [](std::vector<std::string> args) {
+    try {
+      (void)llama_config(load_config("", args).config.model, 258);
+    } catch (const Error& err) {
+      return std::string(err.what());
+    }
+    return std::string();
+  };
+  e = shape_error({"--model.post_norms=true"});
+  EXPECT_NE(e.find("the `model.*` keys: OLMo 2 has both norms after each sublayer (post_norms) and QK-norm over the "
+                   "whole q and k (qk_norm_whole)"),
+            std::string::npos)
+      << e;
+  e = shape_error({"--model.no_rope_every=2", "--model.logits_scaling=2"});
+  EXPECT_NE(e.find("combines features of several Hugging Face families (SmolLM3's NoPE layers, Granite's "
+                   "scalings)"),
+            std::string::npos)
+      << e;
+}
+
 TEST(Config, APresetGivesTheTrainedShape) {
   ModelSection m;
   m.preset = "llama3.2-1b";

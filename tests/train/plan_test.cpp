@@ -211,6 +211,37 @@ TEST(Plan, QkNormCountsItsWeightsAndTheActivationsItsBackwardReads) {
   }
 }
 
+// OLMo 2 (model.post_norms, model.qk_norm_whole): q_norm [N·H] and k_norm [M·H] per block in
+// the parameters, state and FLOPs; q and k before their norm with one f32 1/rms each per token
+// kept by every policy but full recompute; and the attention's and MLP's outputs before their
+// norms kept by pointwise and selective checkpointing (without checkpointing they take the
+// place of the norms' outputs, which are x and x2 themselves).
+TEST(Plan, Olmo2CountsItsNormsAndWhatItsBackwardReads) {
+  using model::ActivationCheckpointing;
+  for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                                           ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    SCOPED_TRACE(model::checkpointing_name(ac));
+    PlanInput in;
+    in.model = llama_8b();
+    in.gpu = false;
+    in.world_size = 2;
+    in.micro_batch = 2;
+    in.seq_len = 1024;
+    in.checkpointing = ac;
+    const MemoryPlan plain = plan_memory(in);
+    in.model.qk_norm_whole = in.model.post_norms = true;
+    const MemoryPlan olmo = plan_memory(in);
+    const int64_t L = 32, D = 4096, Q = 32 * 128, K = 8 * 128, tokens = 2 * 1024;
+    EXPECT_EQ(olmo.parameters - plain.parameters, L * (Q + K));
+    EXPECT_EQ(olmo.shard_elements - plain.shard_elements, L * (Q + K) / 2);
+    EXPECT_DOUBLE_EQ(olmo.flops_per_token - plain.flops_per_token, 6.0 * L * (Q + K));
+    const int64_t qk = ac == ActivationCheckpointing::kFull ? 0 : 4 * (Q + K) + 4 * 2;
+    const int64_t post =
+        ac == ActivationCheckpointing::kPointwise || ac == ActivationCheckpointing::kSelective ? 4 * 2 * D : 0;
+    EXPECT_EQ(olmo.activations_at_loss - plain.activations_at_loss, tokens * L * (qk + post));
+  }
+}
+
 TEST(Plan, ShardedStateScalesWithRanks) {
   PlanInput in;
   in.model = llama_8b();
