@@ -922,12 +922,21 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   attention.documents = ctx.documents;
   attention.window = ctx.window;
   attention.scale = ctx.config->attention_multiplier;
-  // the attention backward of sequences [b0, b1)
+  // the attention backward of sequences [b0, b1): FP8's where the forward was FP8's
+  const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
+  ST_ASSERT(!fp8 || ctx.fp8_attention_history_4.defined(), "the FP8 attention backward needs its layer's history");
   auto attend_backward = [&](int64_t b0, int64_t b1) {
     Tensor dq = dq_BTNH.slice(0, b0, b1), dk = dk_BTMH.slice(0, b0, b1), dv = dv_BTMH.slice(0, b0, b1);
-    ops::attention_backward(dq, dk, dv, dattn_BTNH.slice(0, b0, b1), a.q_BTNH.slice(0, b0, b1),
-                            a.k_BTMH.slice(0, b0, b1), a.v_BTMH.slice(0, b0, b1), a.attn_BTNH.slice(0, b0, b1),
-                            a.lse_BNT.slice(0, b0, b1), attention);
+    if (fp8) {
+      Tensor history = ctx.fp8_attention_history_4;
+      ops::attention_backward_fp8(dq, dk, dv, dattn_BTNH.slice(0, b0, b1), a.q_BTNH.slice(0, b0, b1),
+                                  a.k_BTMH.slice(0, b0, b1), a.v_BTMH.slice(0, b0, b1), a.attn_BTNH.slice(0, b0, b1),
+                                  a.lse_BNT.slice(0, b0, b1), history, ctx.fp8_attention_seed && b0 == 0, attention);
+    } else {
+      ops::attention_backward(dq, dk, dv, dattn_BTNH.slice(0, b0, b1), a.q_BTNH.slice(0, b0, b1),
+                              a.k_BTMH.slice(0, b0, b1), a.v_BTMH.slice(0, b0, b1), a.attn_BTNH.slice(0, b0, b1),
+                              a.lse_BNT.slice(0, b0, b1), attention);
+    }
   };
   const bool by_pieces = attention_by_pieces(ctx, d);
   if (sequence_split(ctx)) {

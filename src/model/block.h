@@ -157,12 +157,14 @@ struct BlockContext {
   // FP8 products for every linear of the block (q/k/v, o, gate/up, down), forward and both
   // backward products (training.fp8); off: products in the activations' dtype.
   ops::LinearFp8 fp8;
-  // The attention forward's two products in FP8 (training.fp8_attention;
-  // ops::attention_forward_fp8, which rounds q, k and v in place to the e4m3 values it reads);
-  // the backward stays attention_backward's, which does not match that forward (see
-  // ops/attention.h). Not with packed documents or a sliding window: those layers attend in the
-  // compute dtype.
+  // The attention in FP8 (training.fp8_attention): ops::attention_forward_fp8, which rounds q,
+  // k and v in place to the e4m3 values it reads, and its backward. Not with packed documents
+  // or a sliding window: those layers attend in the compute dtype.
   bool fp8_attention = false;
+  // With fp8_attention, in the backward: this layer's gradient history (f32 [4] on the device),
+  // and the attention backward is FP8's too (ops::attention_backward_fp8) where the forward was.
+  Tensor fp8_attention_history_4;
+  bool fp8_attention_seed = false;  // the layer's first FP8 backward (ops::attention_backward_fp8's seed)
   // Token rows of the residual stream on this rank (R).
   int64_t residual_rows() const;
 };

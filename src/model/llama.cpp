@@ -200,6 +200,16 @@ std::pair<int64_t, int64_t> Llama::residual_rows(int64_t batch, int64_t seq, Res
   return {tp_->rank() * count, count};
 }
 
+void Llama::set_fp8_attention(bool on) {
+  fp8_attention_ = on;
+  fp8_attention_history_L4_ = Tensor();
+  if (!on) return;
+  fp8_attention_history_L4_ =
+      Tensor::empty({config_.n_layers, 4}, DType::kF32, device_, "FP8 attention gradients' history");
+  ops::fill(fp8_attention_history_L4_, 0.0);
+  fp8_attention_seeded_.assign(static_cast<size_t>(config_.n_layers), false);
+}
+
 void Llama::set_mlp_chunk_tokens(int64_t tokens) {
   ST_CHECK(tokens >= 0, "MLP chunk: expected 0 (every token at once) or a positive number of tokens, found ", tokens);
   mlp_chunk_tokens_ = tokens;
@@ -438,6 +448,11 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     ctx.window = config_.window_of(l);
     ctx.rope = config_.uses_rope(l);
+    if (fp8_attention_history_L4_.defined()) {
+      ctx.fp8_attention_history_4 = fp8_attention_history_L4_.select(l);
+      ctx.fp8_attention_seed = !fp8_attention_seeded_[static_cast<size_t>(l)];
+      fp8_attention_seeded_[static_cast<size_t>(l)] = true;
+    }
     if (o.checkpointing != ActivationCheckpointing::kNone) {
       const Tensor input = a.x_BTD;
       block_forward(a, w, input, ctx, recompute_part(o.checkpointing));

@@ -143,7 +143,9 @@ class Llama {
   const ops::LinearFp8& fp8() const { return fp8_; }
   // The attention forward in FP8 (BlockContext::fp8_attention) in training and evaluation; the
   // decoding steps over a KV cache keep the activations' dtype.
-  void set_fp8_attention(bool on) { fp8_attention_ = on; }
+  // With it each layer keeps the largest gradients its FP8 attention backward has seen, from
+  // which the next backward scales its e4m3 gradients (ops::attention_backward_fp8).
+  void set_fp8_attention(bool on);
   bool fp8_attention() const { return fp8_attention_; }
   bool fp8_head() const { return head_fp8_.on(); }
   // Tensor parallelism (not owned; null: none): the store's block units are this rank's parts
@@ -233,6 +235,8 @@ class Llama {
   ops::LinearFp8 fp8_;
   ops::LinearFp8 head_fp8_;
   bool fp8_attention_ = false;
+  Tensor fp8_attention_history_L4_;  // f32 [L, 4] on the device (ops::attention_backward_fp8)
+  std::vector<bool> fp8_attention_seeded_;  // per layer: its history holds a backward's amaxes
   int64_t mlp_chunk_tokens_ = 0;
   PhaseTimes phase_times_;
   struct PhaseEvents;  // GPU: start, end of forward, end of backward

@@ -168,12 +168,11 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
 //      the half keeps the probabilities' rounding (at most 2^-4 of each) from overflowing.
 //   3. out_BTNH (bf16) is that e4m3 output dequantised; lse_BNT (f32) the log-sum-exp cuDNN
 //      forms from the rounded probabilities (within 2^-4 + T 2^-18 of the exact one).
-// The backward given these out and lse is not the gradient of either attention: its
+// attention_backward given these out and lse is not the gradient of either attention: its
 // probabilities, recomputed from lse without rounding, do not sum to one and do not make out, so
 // the softmax gradient's rows no longer sum to zero, and dq and dk gain a share of the mean key
 // and query (on real text at seq 2048, bf16 with this forward ended at 2.6 times bf16's
-// held-out loss, and with FP8 linears diverged). Training needs FP8's backward as well, whose
-// probabilities are rounded as the forward's.
+// held-out loss, and with FP8 linears diverged). attention_backward_fp8 is its backward.
 // Takes bf16 q, k, v on CUDA with S == T keys, the causal mask (or none), no packed documents
 // (an error otherwise), no sliding window, head dim a multiple of 16 up to 256; the backward
 // is attention_backward's (bf16). The CPU twin is the oracle: the same rounding of q, k and v,
@@ -192,6 +191,47 @@ namespace cuda {
 void attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Tensor& k_BTMH, Tensor& v_BTMH,
                            const AttentionOptions& options, Stream stream, Tensor* scales_4 = nullptr);
 }  // namespace cuda
+// FP8 attention backward: dq, dk, dv (bf16, overwrite, laid out as attention_backward's) from
+// cuDNN's FP8 backward, which recomputes the probabilities from q, k and lse and rounds them as
+// the forward did, so its gradients belong to the rounded forward (with the bf16 backward they
+// do not: see above). q, k, v, out and lse must be attention_forward_fp8's (q, k, v rounded by
+// it; out's codes come back exactly under v's output scale); dout is rounded to e4m3 under a
+// scale from its amax, dP = dout v^T and the gradients are e4m3 too, under scales from
+// history_4 (f32 [4] on the device, one per layer: the largest |dq|, |dk|, |dv| and |dP| of
+// earlier calls, 0 before the first; this call updates it to max(its own, history / 2)) with
+// two powers of two of headroom. With `seed` (a layer's first call) it runs twice: first under
+// scales from bounds that hold for any input, which are coarse (dk's counts every query and
+// loses most of dk to underflow) but give the history cuDNN's exact amaxes, then under the
+// history's. Hopper takes head dim 128 only. The CPU twin is the exact backward (cpu::attention_backward) over the same rounded
+// q, k, v; the CUDA gradients differ from it by the e4m3 rounding of P, dP, dout and the
+// gradients (bounded in the tests).
+namespace cuda {
+void attention_backward_fp8(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                            const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
+                            const Tensor& lse_BNT, Tensor& history_4, bool seed, const AttentionOptions& options,
+                            Stream stream);
+}  // namespace cuda
+
+inline void attention_backward_fp8(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                                   const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                                   const Tensor& out_BTNH, const Tensor& lse_BNT, [[maybe_unused]] Tensor& history_4,
+                                   [[maybe_unused]] bool seed, const AttentionOptions& options = {},
+                                   [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer(
+      "attention_backward_fp8", dq_BTNH.device(),
+      {2.5 * attention_forward_flops(q_BTNH, k_BTMH, options),
+       profile::bytes_of({&dq_BTNH, &dk_BTMH, &dv_BTMH, &dout_BTNH, &q_BTNH, &k_BTMH, &v_BTMH, &out_BTNH, &lse_BNT})});
+  if (q_BTNH.device().is_cpu())
+    return cpu::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
+                                   options);
+#ifdef SHARDTRAIN_WITH_CUDA
+  cuda::attention_backward_fp8(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
+                               history_4, seed, options, stream);
+#else
+  no_kernel("attention_backward_fp8", q_BTNH);
+#endif
+}
+
 // The probabilities' quantisation scale of the FP8 forward (a power of two: P in [0, 1] maps
 // into e4m3's [0, 256]).
 constexpr float kFp8AttentionProbScale = 256.0f;

@@ -90,8 +90,8 @@ bool Trainer::fp8_attention_choice(DType compute) const {
            cuda::device_name(device_.index), " has ", cc / 10, ".", cc % 10, ". Set `training.fp8_attention` = false");
 #endif
   const int64_t H = model_config_.head_dim();
-  ST_CHECK(H % 16 == 0 && H <= 256, key, " takes head dims that are multiples of 16 up to 256 (cuDNN's FP8 "
-           "attention), but the model's head dim is ", H, "; set `training.fp8_attention` = false");
+  ST_CHECK(H == 128, key, " takes a head dim of 128 (cuDNN's FP8 attention backward on Hopper), but the model's "
+           "head dim is ", H, "; set `training.fp8_attention` = false");
   return true;
 }
 

@@ -565,6 +565,144 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaFp8,
                                            Fp8Case{1, 1024, 32, 8, 128, true}, Fp8Case{1, 512, 4, 1, 128, false},
                                            Fp8Case{2, 200, 4, 2, 128, true}));
 
+// The FP8 backward against the exact backward (the CPU twin, f64) over the same rounded q, k, v
+// and the FP8 forward's out and lse, element by element within the bound e4m3 gives. Each
+// rounding moves its value by at most 2^-4 of it (a normal e4m3 number), or by a floor below
+// e4m3's normal range: dout, P, dP = dout v^T and the gradients. With A_ij = sum_h |dout_ih|
+// |v_jh| (>= |dP_ij|) and Dbar_i = sum_j P_ij A_ij (>= |D_i|, D_i = sum_j P_ij dP_ij), the
+// softmax gradient dS_ij = P_ij (dP_ij - D_i) moves by at most
+//   e_ij = 2^-4 P_ij (3 A_ij + Dbar_i) + 2^-18 (A_ij + Dbar_i) + 2^-16 P_ij max A
+// (dout's rounding in dP, dP's own, P's; the floors of P's codes under scale 256 and of dP's
+// under the scales of its history), so
+//   |dq_ih - ref| <= scale sum_j e_ij |k_jh| + 2^-4 |ref| + floor, dk alike over queries with
+//   |q_ih|, and |dv_jh - ref| <= sum_i (2^-3 P_ij + 2^-18) |dout_ih| + 2^-4 |ref| + floor,
+// the floor being the gradients' own (2^-14 of the largest, under two powers of two of headroom).
+// With `seed` (a layer's first call) the gradients' scales come from a first pass's amaxes;
+// the second call's from the history the first left.
+class AttentionCudaFp8Backward : public AttentionCudaFp8 {};
+
+struct Fp8BackwardBounds {
+  Tensor dq, dk, dv;  // f64, the bound of each element before the output rounding and floor
+};
+
+Fp8BackwardBounds fp8_backward_bounds(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
+                                      bool causal) {
+  const int64_t B = q.size(0), T = q.size(1), N = q.size(2), M = k.size(2), H = q.size(3), G = N / M;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(H));
+  Fp8BackwardBounds e{Tensor::zeros(q.shape(), DType::kF64), Tensor::zeros(k.shape(), DType::kF64),
+                      Tensor::zeros(k.shape(), DType::kF64)};
+  const double *qd = q.data<double>(), *kd = k.data<double>(), *vd = v.data<double>(), *od = dout.data<double>();
+  double *eq = e.dq.data<double>(), *ek = e.dk.data<double>(), *ev = e.dv.data<double>();
+  std::vector<double> S(static_cast<size_t>(T)), A(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n) {
+      const int64_t m = n / G;
+      for (int64_t i = 0; i < T; ++i) {
+        const double* qi = qd + ((b * T + i) * N + n) * H;
+        const double* oi = od + ((b * T + i) * N + n) * H;
+        const int64_t last = causal ? i : T - 1;
+        double top = -1e300, amax = 0;
+        for (int64_t j = 0; j <= last; ++j) {
+          const double* kj = kd + ((b * T + j) * M + m) * H;
+          const double* vj = vd + ((b * T + j) * M + m) * H;
+          double dot = 0, a = 0;
+          for (int64_t h = 0; h < H; ++h) {
+            dot += qi[h] * kj[h];
+            a += std::abs(oi[h]) * std::abs(vj[h]);
+          }
+          S[static_cast<size_t>(j)] = scale * dot;
+          A[static_cast<size_t>(j)] = a;
+          top = std::max(top, scale * dot);
+          amax = std::max(amax, a);
+        }
+        double sum = 0, dbar = 0;
+        for (int64_t j = 0; j <= last; ++j) sum += std::exp(S[static_cast<size_t>(j)] - top);
+        for (int64_t j = 0; j <= last; ++j) {
+          S[static_cast<size_t>(j)] = std::exp(S[static_cast<size_t>(j)] - top) / sum;  // P_ij
+          dbar += S[static_cast<size_t>(j)] * A[static_cast<size_t>(j)];
+        }
+        double* eqi = eq + ((b * T + i) * N + n) * H;
+        for (int64_t j = 0; j <= last; ++j) {
+          const double p = S[static_cast<size_t>(j)], a = A[static_cast<size_t>(j)];
+          const double ds = 0x1p-4 * p * (3 * a + dbar) + 0x1p-18 * (a + dbar) + 0x1p-16 * p * amax;
+          const double* kj = kd + ((b * T + j) * M + m) * H;
+          double* ekj = ek + ((b * T + j) * M + m) * H;
+          double* evj = ev + ((b * T + j) * M + m) * H;
+          for (int64_t h = 0; h < H; ++h) {
+            eqi[h] += scale * ds * std::abs(kj[h]);
+            ekj[h] += scale * ds * std::abs(qi[h]);
+            evj[h] += (0x1p-3 * p + 0x1p-18) * std::abs(oi[h]);
+          }
+        }
+      }
+    }
+  return e;
+}
+
+TEST_P(AttentionCudaFp8Backward, FollowsTheExactBackwardWithinTheFormatsBound) {
+  const Fp8Case c = GetParam();
+  const Device gpu = Device::cuda(0);
+  const int64_t E = c.N + 2 * c.M;
+  const uint64_t seed = static_cast<uint64_t>(c.T * 13 + c.N * 3 + c.H);
+  const Tensor stacked = rounded_f32({c.B, c.T, E, c.H}, DType::kBF16, seed, 0.1, 1.5);
+  const Tensor dout_host = rounded_f32({c.B, c.T, c.N, c.H}, DType::kBF16, seed + 1, 0.0, 0.01);
+  AttentionOptions o;
+  o.causal = c.causal;
+  Tensor qkv = to_device(to_dtype(stacked, DType::kBF16));
+  Tensor q = qkv.slice(2, 0, c.N), k = qkv.slice(2, c.N, c.N + c.M), v = qkv.slice(2, c.N + c.M, E);
+  Tensor out = Tensor::empty({c.B, c.T, c.N, c.H}, DType::kBF16, gpu),
+         lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
+  attention_forward_fp8(out, lse, q, k, v, o);
+  const Tensor dout = to_device(to_dtype(dout_host, DType::kBF16));
+
+  const Tensor q64 = to_dtype(to_host(contiguous(q)), DType::kF64), k64 = to_dtype(to_host(contiguous(k)), DType::kF64),
+               v64 = to_dtype(to_host(contiguous(v)), DType::kF64), dout64 = to_dtype(dout_host, DType::kF64);
+  Reference ref;
+  ref.out = to_dtype(to_host(out), DType::kF64);
+  ref.lse = to_dtype(to_host(lse), DType::kF64);
+  ref.dq = Tensor::empty(q64.shape(), DType::kF64);
+  ref.dk = Tensor::empty(k64.shape(), DType::kF64);
+  ref.dv = Tensor::empty(v64.shape(), DType::kF64);
+  cpu::attention_backward(ref.dq, ref.dk, ref.dv, dout64, q64, k64, v64, ref.out, ref.lse, o);
+  const Fp8BackwardBounds bounds = fp8_backward_bounds(q64, k64, v64, dout64, c.causal);
+
+  Tensor history = Tensor::empty({4}, DType::kF32, gpu);
+  fill(history, 0.0);
+  Tensor dqkv = Tensor::empty({c.B, c.T, E, c.H}, DType::kBF16, gpu);
+  Tensor dq = dqkv.slice(2, 0, c.N), dk = dqkv.slice(2, c.N, c.N + c.M), dv = dqkv.slice(2, c.N + c.M, E);
+  for (bool seed : {true, false}) {
+    SCOPED_TRACE(seed ? "a layer's first call (seed)" : "a later call (the history's scales)");
+    attention_backward_fp8(dq, dk, dv, dout, q, k, v, out, lse, history, seed, o);
+    for (auto [got, want, bound, name] :
+         {std::tuple{&dq, &ref.dq, &bounds.dq, "dq"}, std::tuple{&dk, &ref.dk, &bounds.dk, "dk"},
+          std::tuple{&dv, &ref.dv, &bounds.dv, "dv"}}) {
+      const Tensor g = to_dtype(to_host(contiguous(*got)), DType::kF64);
+      double largest = 0, diff = 0, norm = 0, worst = 0;
+      for (int64_t i = 0; i < g.numel(); ++i) largest = std::max(largest, std::abs(want->data<double>()[i]));
+      int64_t outside = 0;
+      for (int64_t i = 0; i < g.numel(); ++i) {
+        const double r = want->data<double>()[i], d = std::abs(g.data<double>()[i] - r);
+        const double allowed = bound->data<double>()[i] + 0x1p-4 * std::abs(r) + 0x1p-14 * largest;
+        outside += d > allowed;
+        worst = std::max(worst, d / allowed);
+        diff += d * d;
+        norm += r * r;
+      }
+      std::printf("FP8 backward, %s: %s relative error %.4f, the largest error %.3f of its bound\n",
+                  seed ? "seeded" : "later", name, std::sqrt(diff / norm), worst);
+      EXPECT_EQ(outside, 0) << name << ": elements outside the format's bound (the largest error " << worst
+                            << " of its bound)";
+    }
+    const Tensor h = to_host(history);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_TRUE(std::isfinite(h.data<float>()[i]) && h.data<float>()[i] > 0) << "history " << i;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaFp8Backward,
+                         ::testing::Values(Fp8Case{1, 128, 8, 2, 128, true}, Fp8Case{1, 1024, 32, 8, 128, true},
+                                           Fp8Case{1, 512, 4, 1, 128, false}, Fp8Case{2, 200, 4, 2, 128, true}));
+
 TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
   ST_REQUIRE_CUDA();
   const Device gpu = Device::cuda(0);

@@ -160,16 +160,27 @@ TEST(TrainerCuda, Fp8RecipesFollowTheBf16Curve) {
   const std::string corpus = write_corpus();
   JobConfig bf16_job = job(corpus, "cuda");
   bf16_job.model.vocab_size = 272;  // the byte tokenizer's 258 rows padded to 16 (the FP8 head multiplies over them)
-  const TrainSummary bf16 = Trainer(bf16_job).run();
-  ASSERT_EQ(bf16.steps.size(), 50u);
-  // "attention": the attention forward in FP8 alone (training.fp8_attention), and with tensorwise
+  const TrainSummary bf16_ref = Trainer(bf16_job).run();
+  ASSERT_EQ(bf16_ref.steps.size(), 50u);
+  // "attention": the attention in FP8 alone (training.fp8_attention), and with tensorwise; its
+  // backward takes heads of 128 (2 heads and 1 kv head in the width of 256), against bf16 so shaped
+  JobConfig bf16_h128_job = bf16_job;
+  bf16_h128_job.model.n_heads = 2;
+  bf16_h128_job.model.n_kv_heads = 1;
+  const TrainSummary bf16_h128 = Trainer(bf16_h128_job).run();
   for (const char* recipe : {"tensorwise", "rowwise", "blockwise", "tensorwise+head", "off+attention",
                              "tensorwise+attention"}) {
     const std::string name = recipe;
     JobConfig fp8_job = job(corpus, "cuda", "--training.fp8=" + name.substr(0, name.find('+')));
     fp8_job.training.fp8_head = name.ends_with("+head");  // the head's products too
-    fp8_job.training.fp8_attention = name.ends_with("+attention");
     fp8_job.model.vocab_size = 272;
+    const bool attention = name.ends_with("+attention");
+    if (attention) {
+      fp8_job.training.fp8_attention = true;
+      fp8_job.model.n_heads = 2;
+      fp8_job.model.n_kv_heads = 1;
+    }
+    const TrainSummary& bf16 = attention ? bf16_h128 : bf16_ref;
     const TrainSummary s = Trainer(fp8_job).run();
     ASSERT_EQ(s.steps.size(), 50u) << recipe;
     for (size_t i = 0; i < 50; i += 7)

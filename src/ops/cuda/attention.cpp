@@ -150,11 +150,60 @@ std::shared_ptr<fe::graph::Graph> fp8_forward_graph(const Problem& k, cudnnHandl
   return g;
 }
 
+// The FP8 backward (Problem::fp8 and backward): e4m3 q, k, v, out, dout and gradients, all
+// contiguous, every scale in device memory (the probabilities' the forward's value).
+std::shared_ptr<fe::graph::Graph> fp8_backward_graph(const Problem& k, cudnnHandle_t handle, const char* op) {
+  auto g = std::make_shared<fe::graph::Graph>();
+  g->set_io_data_type(fe::DataType_t::FP8_E4M3)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H, k.N * k.H);
+  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H, k.M * k.H);
+  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H, k.M * k.H);
+  auto o = bthd(*g, "o", kO, k.B, k.T, k.N, k.H, k.N * k.H);
+  auto dout = bthd(*g, "dout", kDO, k.B, k.T, k.N, k.H, k.N * k.H);
+  auto stats = g->tensor(fe::graph::Tensor_attributes()
+                             .set_name("stats")
+                             .set_uid(kStats)
+                             .set_data_type(fe::DataType_t::FLOAT));
+  set_stats_layout(*stats, k.B, k.N, k.T, false);
+  auto descale_q = device_scalar(*g, "descale_q", kDescaleQ);
+  auto descale_k = device_scalar(*g, "descale_k", kDescaleK);
+  auto descale_v = device_scalar(*g, "descale_v", kDescaleV);
+  auto descale_o = device_scalar(*g, "descale_o", kDescaleO);
+  auto descale_do = device_scalar(*g, "descale_do", kDescaleDO);
+  auto descale_dp = device_scalar(*g, "descale_dp", kDescaleDP);
+  auto scale_dp = device_scalar(*g, "scale_dp", kScaleDP);
+  auto scale_dq = device_scalar(*g, "scale_dq", kScaleDQ);
+  auto scale_dk = device_scalar(*g, "scale_dk", kScaleDK);
+  auto scale_dv = device_scalar(*g, "scale_dv", kScaleDV);
+  auto scale_s = device_scalar(*g, "scale_s", kScaleS);
+  auto descale_s = device_scalar(*g, "descale_s", kDescaleS);
+  auto attrs = fe::graph::SDPA_fp8_backward_attributes()
+                   .set_name("attention_backward_fp8")
+                   .set_attn_scale(static_cast<float>(k.scale))
+                   .set_causal_mask(k.causal);
+  auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] =
+      g->sdpa_fp8_backward(q, kk, v, o, dout, stats, descale_q, descale_k, descale_v, descale_o, descale_do,
+                           descale_s, descale_dp, scale_s, scale_dq, scale_dk, scale_dv, scale_dp, attrs);
+  set_bthd(dq, kDQ, k.B, k.T, k.N, k.H, k.N * k.H);
+  set_bthd(dk, kDK, k.B, k.T, k.M, k.H, k.M * k.H);
+  set_bthd(dv, kDV, k.B, k.T, k.M, k.H, k.M * k.H);
+  for (auto& t : {dq, dk, dv}) t->set_data_type(fe::DataType_t::FP8_E4M3);
+  for (auto [t, uid] : {std::pair{amax_dq, kAmaxDQ}, std::pair{amax_dk, kAmaxDK}, std::pair{amax_dv, kAmaxDV},
+                        std::pair{amax_dp, kAmaxDP}})
+    t->set_output(true).set_uid(uid).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
+        fe::DataType_t::FLOAT);
+  check(g->validate(), op, "graph validation");
+  check(g->build_operation_graph(handle), op, "operation graph");
+  return g;
+}
+
 }  // namespace
 
 std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_t handle, const char* op,
                                                   fe::AttentionImplementation_t implementation) {
-  if (k.fp8) return fp8_forward_graph(k, handle, op);
+  if (k.fp8) return k.backward ? fp8_backward_graph(k, handle, op) : fp8_forward_graph(k, handle, op);
   auto g = std::make_shared<fe::graph::Graph>();
   g->set_io_data_type(fe_type(k.dtype, op))
       .set_intermediate_data_type(fe::DataType_t::FLOAT)
@@ -425,23 +474,84 @@ void attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Te
   Tensor k8 = Tensor::empty(k_BTMH.shape(), DType::kF8E4M3, dev, "FP8 attention k", stream);
   Tensor v8 = Tensor::empty(v_BTMH.shape(), DType::kF8E4M3, dev, "FP8 attention v", stream);
   Tensor out8 = Tensor::empty(out_BTNH.shape(), DType::kF8E4M3, dev, "FP8 attention output", stream);
-  Tensor scales = Tensor::empty({kFp8AttentionScaleCount}, DType::kF32, dev, "FP8 attention scales", stream);
+  Tensor scales = Tensor::empty({kFp8Count}, DType::kF32, dev, "FP8 attention scales", stream);
   Tensor amax = Tensor::empty({2}, DType::kF32, dev, "FP8 attention amax", stream);
   fp8_attention_inputs(q8, k8, v8, scales, q_BTNH, k_BTMH, v_BTMH, stream);
   float* sc = scales.data<float>();
   std::unordered_map<int64_t, void*> ptrs = {
       {kQ, q8.raw_data()},           {kK, k8.raw_data()},           {kV, v8.raw_data()},
       {kO, out8.raw_data()},         {kStats, lse_BNT.raw_data()},  {kDescaleQ, sc + kFp8DescaleQ},
-      {kDescaleK, sc + kFp8DescaleK}, {kDescaleV, sc + kFp8DescaleV}, {kScaleO, sc + kFp8ScaleOut},
+      {kDescaleK, sc + kFp8DescaleK}, {kDescaleV, sc + kFp8DescaleV}, {kScaleO, sc + kFp8FactorOut},
       {kAmaxS, amax.data<float>()},  {kAmaxO, amax.data<float>() + 1}};
   run(key, ptrs, stream, op);
   fp8_attention_output(out_BTNH, out8, scales, stream);
   if (scales_4 != nullptr) {
     ST_CHECK(scales_4->dtype() == DType::kF32 && scales_4->numel() == 4 && scales_4->is_contiguous(), op,
              ": `scales_4` must be contiguous f32 [4], found ", scales_4->str());
-    Tensor first4 = scales.flat_range(0, 4);
+    Tensor first4 = scales.flat_range(kFp8DescaleQ, 4);
     copy(*scales_4, first4, stream);
   }
+}
+
+void attention_backward_fp8(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                            const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
+                            const Tensor& lse_BNT, Tensor& history_4, bool seed, const AttentionOptions& options,
+                            Stream stream) {
+  const char* op = "attention_backward_fp8";
+  ST_CHECK(options.documents == nullptr && options.window == 0, op,
+           ": the FP8 backward takes neither packed documents nor a sliding window; use attention_backward");
+  Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
+  Problem& p = key.problem;
+  ST_CHECK(p.dtype == DType::kBF16, op, ": the FP8 backward takes bf16 q, k and v, found ", q_BTNH.str());
+  ST_CHECK(p.H == 128, op, ": head dim ", p.H, " not supported by cuDNN's FP8 attention backward on Hopper (128)");
+  check_tensor(out_BTNH, op, "out_BTNH", DType::kBF16, q_BTNH.shape());
+  check_tensor(dout_BTNH, op, "dout_BTNH", DType::kBF16, q_BTNH.shape());
+  check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {p.B, p.N, p.T});
+  check_tensor(dq_BTNH, op, "dq_BTNH", DType::kBF16, q_BTNH.shape(), true);
+  check_tensor(dk_BTMH, op, "dk_BTMH", DType::kBF16, k_BTMH.shape(), true);
+  check_tensor(dv_BTMH, op, "dv_BTMH", DType::kBF16, k_BTMH.shape(), true);
+  p.fp8 = true;
+  p.deterministic = false;  // the FP8 backward has one algorithm
+  p.pitch_q = p.N * p.H;    // every e4m3 tensor is contiguous
+  p.pitch_k = p.pitch_v = p.M * p.H;
+  const Device dev = q_BTNH.device();
+  auto codes = [&](const Tensor& like, const char* what) {
+    return Tensor::empty(like.shape(), DType::kF8E4M3, dev, what, stream);
+  };
+  Tensor q8 = codes(q_BTNH, "FP8 attention q"), k8 = codes(k_BTMH, "FP8 attention k"),
+         v8 = codes(v_BTMH, "FP8 attention v"), out8 = codes(out_BTNH, "FP8 attention output"),
+         dout8 = codes(dout_BTNH, "FP8 attention output gradient"), dq8 = codes(q_BTNH, "FP8 attention dq"),
+         dk8 = codes(k_BTMH, "FP8 attention dk"), dv8 = codes(v_BTMH, "FP8 attention dv");
+  Tensor scales = Tensor::empty({kFp8Count}, DType::kF32, dev, "FP8 attention scales", stream);
+  Tensor amax = Tensor::empty({4}, DType::kF32, dev, "FP8 attention gradients' amax", stream);
+  if (seed)  // the first pass's scales from bounds
+    ST_CUDA_CHECK(cudaMemsetAsync(history_4.raw_data(), 0, history_4.nbytes(),
+                                  static_cast<cudaStream_t>(resolve(stream).handle)));
+  fp8_attention_backward_inputs(q8, k8, v8, out8, dout8, scales, q_BTNH, k_BTMH, v_BTMH, out_BTNH, dout_BTNH,
+                                history_4, p.scale, stream);
+  float* sc = scales.data<float>();
+  float* am = amax.data<float>();
+  std::unordered_map<int64_t, void*> ptrs = {
+      {kQ, q8.raw_data()},          {kK, k8.raw_data()},           {kV, v8.raw_data()},
+      {kO, out8.raw_data()},        {kDO, dout8.raw_data()},       {kStats, lse_BNT.raw_data()},
+      {kDQ, dq8.raw_data()},        {kDK, dk8.raw_data()},         {kDV, dv8.raw_data()},
+      {kDescaleQ, sc + kFp8DescaleQ}, {kDescaleK, sc + kFp8DescaleK}, {kDescaleV, sc + kFp8DescaleV},
+      {kDescaleO, sc + kFp8DescaleOut}, {kDescaleDO, sc + kFp8DescaleDOut}, {kDescaleDP, sc + kFp8DescaleDP},
+      {kScaleDP, sc + kFp8FactorDP}, {kScaleDQ, sc + kFp8FactorDQ}, {kScaleDK, sc + kFp8FactorDK},
+      {kScaleDV, sc + kFp8FactorDV}, {kAmaxDQ, am},                {kAmaxDK, am + 1},
+      {kAmaxDV, am + 2},            {kAmaxDP, am + 3},             {kScaleS, sc + kFp8FactorP},
+      {kDescaleS, sc + kFp8DescaleP}};
+  run(key, ptrs, stream, op);
+  if (seed) {  // again, under scales from the amaxes of the first pass
+    fp8_attention_update_history(history_4, amax, stream);
+    fp8_attention_backward_inputs(q8, k8, v8, out8, dout8, scales, q_BTNH, k_BTMH, v_BTMH, out_BTNH, dout_BTNH,
+                                  history_4, p.scale, stream);
+    run(key, ptrs, stream, op);
+  }
+  fp8_attention_gradient(dq_BTNH, dq8, scales, kFp8DescaleDQ, stream);
+  fp8_attention_gradient(dk_BTMH, dk8, scales, kFp8DescaleDK, stream);
+  fp8_attention_gradient(dv_BTMH, dv8, scales, kFp8DescaleDV, stream);
+  fp8_attention_update_history(history_4, amax, stream);
 }
 
 void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,

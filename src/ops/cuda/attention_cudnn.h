@@ -23,7 +23,11 @@ enum Uid : int64_t {
   kSeqLenQ, kSeqLenKV, kOffsetQ, kOffsetK, kOffsetV, kOffsetO, kOffsetStats,
   // the FP8 forward: dequantisation factors of q, k, v, the output's quantisation factor, and
   // the amaxes cuDNN writes of the probabilities and the output
-  kDescaleQ, kDescaleK, kDescaleV, kScaleO, kAmaxS, kAmaxO
+  kDescaleQ, kDescaleK, kDescaleV, kScaleO, kAmaxS, kAmaxO,
+  // and the FP8 backward's: the descales of out, dout and dP, the factors of dP and the
+  // gradients, and the amaxes cuDNN writes of the gradients and dP
+  kDescaleO, kDescaleDO, kDescaleDP, kScaleDP, kScaleDQ, kScaleDK, kScaleDV, kAmaxDQ, kAmaxDK, kAmaxDV, kAmaxDP,
+  kScaleS, kDescaleS
 };
 
 // One attention problem: [B, T, N, H] queries, [B, T, M, H] keys and values; in memory each
@@ -34,7 +38,8 @@ enum Uid : int64_t {
 // padding mask over their lengths, causal within each), and writes the statistics as
 // [B·T, N] (token-major, the ragged layout cuDNN takes for them). A sliding window is cuDNN's
 // diagonal band with `window` as its left bound: key j is seen by query i when j > i - window.
-// With fp8 (forward only) q, k, v and out are contiguous f8e4m3 (ops::attention_forward_fp8).
+// With fp8 q, k, v, out (and dout, dq, dk, dv) are contiguous f8e4m3
+// (ops::attention_forward_fp8, ops::attention_backward_fp8).
 struct Problem {
   bool backward;
   int64_t B, T, N, M, H;
