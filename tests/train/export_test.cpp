@@ -53,6 +53,21 @@ model::LlamaConfig export_reference(const std::string& out, int64_t max_shard_by
   return export_folder(testing::source_dir() + "/tests/model/hf_reference/" + name, out, max_shard_bytes);
 }
 
+nlohmann::json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return nlohmann::json::parse(in);
+}
+
+// Every tensor of `in` reads back from `back` bit for bit (as f32).
+void expect_same_tensors(const io::HfWeights& in, const io::HfWeights& back) {
+  for (const std::string& name : in.names()) {
+    const Tensor a = in.files().front()->read_as(name, DType::kF32);
+    Tensor b = Tensor::empty(a.shape(), DType::kF32);
+    back.read_range(name, 0, b);
+    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << name;
+  }
+}
+
 class ExportRoundTrip : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
@@ -66,12 +81,7 @@ TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
   EXPECT_TRUE(std::filesystem::exists(out + "/model.safetensors.index.json"));
   const io::HfWeights back(out);
   EXPECT_EQ(back.names(), in.names()) << "same tensor names (a tied head is not written)";
-  for (const std::string& name : in.names()) {
-    const Tensor a = in.files().front()->read_as(name, DType::kF32);
-    Tensor b = Tensor::empty(a.shape(), DType::kF32);
-    back.read_range(name, 0, b);
-    EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << name;
-  }
+  expect_same_tensors(in, back);
   const model::LlamaConfig c2 = model::load_hf_config(out + "/config.json");
   EXPECT_EQ(c2.summary(), c.summary());
   EXPECT_EQ(c2.rope.theta, c.rope.theta);
@@ -150,16 +160,8 @@ TEST(ExportRoundTrip, Qwen3TensorsAndConfigSurvive) {
 
     const io::HfWeights back(out);
     EXPECT_EQ(back.names(), in.names());
-    for (const std::string& name : in.names()) {
-      const Tensor a = in.files().front()->read_as(name, DType::kF32);
-      Tensor b = Tensor::empty(a.shape(), DType::kF32);
-      back.read_range(name, 0, b);
-      EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << name;
-    }
-    const nlohmann::json written = [&] {
-      std::ifstream f(out + "/config.json");
-      return nlohmann::json::parse(f);
-    }();
+    expect_same_tensors(in, back);
+    const nlohmann::json written = read_json(out + "/config.json");
     EXPECT_EQ(written.at("architectures"), nlohmann::json::array({"Qwen3ForCausalLM"}));
     EXPECT_EQ(written.at("model_type"), "qwen3");
     EXPECT_EQ(written.at("head_dim"), 16);
@@ -232,16 +234,8 @@ TEST(ExportRoundTrip, SmolLM3GraniteAndOlmo2TensorsAndConfigSurvive) {
     EXPECT_EQ(export_folder(src, out, 20000).summary(), c.summary());
     const io::HfWeights in(src), back(out);
     EXPECT_EQ(back.names(), in.names());
-    for (const std::string& name : in.names()) {
-      const Tensor a = in.files().front()->read_as(name, DType::kF32);
-      Tensor b = Tensor::empty(a.shape(), DType::kF32);
-      back.read_range(name, 0, b);
-      EXPECT_EQ(std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()), 0) << name;
-    }
-    const nlohmann::json written = [&] {
-      std::ifstream file(out + "/config.json");
-      return nlohmann::json::parse(file);
-    }();
+    expect_same_tensors(in, back);
+    const nlohmann::json written = read_json(out + "/config.json");
     EXPECT_EQ(written.at("architectures"), nlohmann::json::array({f.architecture}));
     EXPECT_EQ(written.at("model_type"), f.model_type);
     for (const auto& [key, value] : f.keys.items()) EXPECT_EQ(written.at(key), value) << key;
@@ -336,11 +330,6 @@ TEST(ExportSwap, ASymlinkOrAFileAsTheFolderFails) {
   EXPECT_TRUE(fs::is_empty(parent + "/real"));
   EXPECT_EQ(names_in(parent), (std::vector<std::string>{"file", "link", "real"}));
   fs::remove_all(parent);
-}
-
-nlohmann::json read_json(const std::string& path) {
-  std::ifstream in(path);
-  return nlohmann::json::parse(in);
 }
 
 std::string read_text(const std::string& path) {

@@ -115,19 +115,32 @@ std::shared_ptr<fe::graph::Tensor_attributes> device_scalar(fe::graph::Graph& g,
                       .set_data_type(fe::DataType_t::FLOAT));
 }
 
+// What the FP8 graphs share: e4m3 I/O with f32 math, and contiguous q, k, v with their descales.
+struct Fp8Graph {
+  std::shared_ptr<fe::graph::Graph> g;
+  std::shared_ptr<fe::graph::Tensor_attributes> q, k, v, descale_q, descale_k, descale_v;
+};
+
+Fp8Graph fp8_graph(const Problem& k) {
+  Fp8Graph f;
+  f.g = std::make_shared<fe::graph::Graph>();
+  fe::graph::Graph& g = *f.g;
+  g.set_io_data_type(fe::DataType_t::FP8_E4M3)
+      .set_intermediate_data_type(fe::DataType_t::FLOAT)
+      .set_compute_data_type(fe::DataType_t::FLOAT);
+  f.q = bthd(g, "q", kQ, k.B, k.T, k.N, k.H, k.N * k.H);
+  f.k = bthd(g, "k", kK, k.B, k.T, k.M, k.H, k.M * k.H);
+  f.v = bthd(g, "v", kV, k.B, k.T, k.M, k.H, k.M * k.H);
+  f.descale_q = device_scalar(g, "descale_q", kDescaleQ);
+  f.descale_k = device_scalar(g, "descale_k", kDescaleK);
+  f.descale_v = device_scalar(g, "descale_v", kDescaleV);
+  return f;
+}
+
 // The FP8 forward (Problem::fp8): e4m3 q, k, v and out, contiguous, with their scales in
 // device memory and the probabilities' fixed scale by value (ops::kFp8AttentionProbScale).
 std::shared_ptr<fe::graph::Graph> fp8_forward_graph(const Problem& k, cudnnHandle_t handle, const char* op) {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe::DataType_t::FP8_E4M3)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H, k.N * k.H);
-  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H, k.M * k.H);
-  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H, k.M * k.H);
-  auto descale_q = device_scalar(*g, "descale_q", kDescaleQ);
-  auto descale_k = device_scalar(*g, "descale_k", kDescaleK);
-  auto descale_v = device_scalar(*g, "descale_v", kDescaleV);
+  auto [g, q, kk, v, descale_q, descale_k, descale_v] = fp8_graph(k);
   auto scale_o = device_scalar(*g, "scale_o", kScaleO);
   auto scale_s = g->tensor(kFp8AttentionProbScale);
   auto descale_s = g->tensor(1.0f / kFp8AttentionProbScale);
@@ -153,13 +166,7 @@ std::shared_ptr<fe::graph::Graph> fp8_forward_graph(const Problem& k, cudnnHandl
 // The FP8 backward (Problem::fp8 and backward): e4m3 q, k, v, out, dout and gradients, all
 // contiguous, every scale in device memory (the probabilities' the forward's value).
 std::shared_ptr<fe::graph::Graph> fp8_backward_graph(const Problem& k, cudnnHandle_t handle, const char* op) {
-  auto g = std::make_shared<fe::graph::Graph>();
-  g->set_io_data_type(fe::DataType_t::FP8_E4M3)
-      .set_intermediate_data_type(fe::DataType_t::FLOAT)
-      .set_compute_data_type(fe::DataType_t::FLOAT);
-  auto q = bthd(*g, "q", kQ, k.B, k.T, k.N, k.H, k.N * k.H);
-  auto kk = bthd(*g, "k", kK, k.B, k.T, k.M, k.H, k.M * k.H);
-  auto v = bthd(*g, "v", kV, k.B, k.T, k.M, k.H, k.M * k.H);
+  auto [g, q, kk, v, descale_q, descale_k, descale_v] = fp8_graph(k);
   auto o = bthd(*g, "o", kO, k.B, k.T, k.N, k.H, k.N * k.H);
   auto dout = bthd(*g, "dout", kDO, k.B, k.T, k.N, k.H, k.N * k.H);
   auto stats = g->tensor(fe::graph::Tensor_attributes()
@@ -167,9 +174,6 @@ std::shared_ptr<fe::graph::Graph> fp8_backward_graph(const Problem& k, cudnnHand
                              .set_uid(kStats)
                              .set_data_type(fe::DataType_t::FLOAT));
   set_stats_layout(*stats, k.B, k.N, k.T, false);
-  auto descale_q = device_scalar(*g, "descale_q", kDescaleQ);
-  auto descale_k = device_scalar(*g, "descale_k", kDescaleK);
-  auto descale_v = device_scalar(*g, "descale_v", kDescaleV);
   auto descale_o = device_scalar(*g, "descale_o", kDescaleO);
   auto descale_do = device_scalar(*g, "descale_do", kDescaleDO);
   auto descale_dp = device_scalar(*g, "descale_dp", kDescaleDP);
