@@ -174,8 +174,8 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
 // and query (on real text at seq 2048, bf16 with this forward ended at 2.6 times bf16's
 // held-out loss, and with FP8 linears diverged). attention_backward_fp8 is its backward.
 // Takes bf16 q, k, v on CUDA with S == T keys, the causal mask (or none), no packed documents
-// (an error otherwise), no sliding window, head dim a multiple of 16 up to 256; the backward
-// is attention_backward's (bf16). The CPU twin is the oracle: the same rounding of q, k and v,
+// (an error otherwise), no sliding window, head dim a multiple of 16 up to 256 (the backward
+// takes 128 only). The CPU twin is the oracle: the same rounding of q, k and v,
 // exact attention over them, and the output rounded once to e4m3 at the same scale; cuDNN's
 // output differs from it by the probabilities' rounding (bounded in the tests).
 struct Fp8AttentionScales {
