@@ -201,7 +201,6 @@ std::pair<int64_t, int64_t> Llama::residual_rows(int64_t batch, int64_t seq, Res
 }
 
 void Llama::set_fp8_attention(bool on) {
-  fp8_attention_ = on;
   fp8_attention_history_L4_ = Tensor();
   if (!on) return;
   fp8_attention_history_L4_ =
@@ -229,7 +228,7 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
   ctx.sin_TK = sin_TK_;
   ctx.separate_projections = separate_projections_;
   ctx.fp8 = fp8_;
-  ctx.fp8_attention = fp8_attention_;
+  ctx.fp8_attention = fp8_attention_history_L4_.defined();
   return ctx;
 }
 

@@ -146,7 +146,6 @@ class Llama {
   // With it each layer keeps the largest gradients its FP8 attention backward has seen, from
   // which the next backward scales its e4m3 gradients (ops::attention_backward_fp8).
   void set_fp8_attention(bool on);
-  bool fp8_attention() const { return fp8_attention_; }
   bool fp8_head() const { return head_fp8_.on(); }
   // Tensor parallelism (not owned; null: none): the store's block units are this rank's parts
   // (ModelLayout with a tensor-parallel mesh), and every rank of `tp`'s group runs the same
@@ -234,8 +233,8 @@ class Llama {
   bool separate_projections_ = false;
   ops::LinearFp8 fp8_;
   ops::LinearFp8 head_fp8_;
-  bool fp8_attention_ = false;
-  Tensor fp8_attention_history_L4_;  // f32 [L, 4] on the device (ops::attention_backward_fp8)
+  // defined with FP8 attention: f32 [L, 4] on the device (ops::attention_backward_fp8)
+  Tensor fp8_attention_history_L4_;
   std::vector<bool> fp8_attention_seeded_;  // per layer: its history holds a backward's amaxes
   int64_t mlp_chunk_tokens_ = 0;
   PhaseTimes phase_times_;
