@@ -35,6 +35,7 @@ struct PlanInput {
   int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
   bool fp8 = false;                   // training.fp8 on: the blocks' products quantise their operands
   bool fp8_head = false;              // training.fp8_head: the head's products too
+  bool fp8_attention = false;         // training.fp8_attention: cuDNN's FP8 attention backward
   bool checkpoints = false;           // checkpoint.interval_steps > 0
   bool async_checkpoints = false;     // checkpoint.async
   int64_t checkpoint_interval = 0;    // checkpoint.interval_steps

@@ -660,6 +660,28 @@ TEST(Plan, ChunkedMlpBoundsTheBlockBackward) {
   EXPECT_EQ(plan_memory(in).mlp_chunk_tokens, T);
 }
 
+// FP8 attention (training.fp8_attention): cuDNN's FP8 backward asks for a workspace of 12 bytes
+// per query element (6.02 GiB measured at 131,072 tokens x 32 heads x 128) and holds the e4m3
+// codes of q, k, v, out, dout, dq, dk and dv beside it, so the attention moment grows by that
+// much over the bf16 backward's 8 bytes, and the automatic activation offload sees it.
+TEST(Plan, Fp8AttentionCountsItsBackwardWorkspace) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.micro_batch = 1;
+  in.seq_len = 131072;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  const MemoryPlan bf16 = plan_memory(in);
+  in.fp8_attention = true;
+  const MemoryPlan fp8 = plan_memory(in);
+  const int64_t T = 131072, q = T * 32 * 128, kv = T * 8 * 128;
+  EXPECT_EQ(fp8.in_attention_backward - bf16.in_attention_backward, 12 * q + 4 * q + 4 * kv - 8 * q);
+  EXPECT_GT(fp8.peak, bf16.peak);
+  in.gpu = false;  // the CPU has no cuDNN workspace either way
+  const MemoryPlan cpu = plan_memory(in);
+  in.fp8_attention = false;
+  EXPECT_EQ(cpu.in_attention_backward, plan_memory(in).in_attention_backward);
+}
+
 TEST(Plan, ActivationOffloadKeepsTwoBlocksOnTheGpu) {
   PlanInput in;
   in.model = llama_1b();  // 16 blocks
