@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
+#include "cli/command_table.h"
 #include "cli/commands.h"
 #include "core/allocator.h"
 #include "core/error.h"
@@ -55,7 +56,7 @@ int run_cache(const std::vector<std::string>& args) {
     else if (a == "--unused-days") {
       prune.unused_days = number_flag(a, value(), "cache");
       ST_CHECK(prune.unused_days >= 0, "cache: --unused-days takes a number of days, 0 or more; found ", prune.unused_days);
-    } else if (a.rfind("--", 0) == 0) ST_THROW("cache: unknown option `", a, "`");
+    } else if (a.rfind("--", 0) == 0) unknown_option("cache", a);
     else if (i == 0 && (a == "list" || a == "prune")) action = a;
     else ST_THROW("cache: unexpected argument `", a, "` (expected list or prune first, then options)");
   }

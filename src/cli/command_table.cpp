@@ -3,13 +3,16 @@
 #include "cli/command_table.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cstdint>
 #include <cstdio>
 
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "core/error.h"
 #include "core/log.h"
+#include "core/nearest_name.h"
 #include "train/config.h"
 
 namespace shardtrain::cli {
@@ -204,20 +207,6 @@ const std::vector<Command>& table() {
   return rows;
 }
 
-// Edits from `a` to `b` (insert, delete, replace, or swap two neighbours: the optimal string
-// alignment distance), for suggesting the command a typo meant.
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
-  for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
-  for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
-  for (size_t i = 1; i <= a.size(); ++i)
-    for (size_t j = 1; j <= b.size(); ++j) {
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1] ? 1 : 0)});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1]) d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  return d[a.size()][b.size()];
-}
-
 // A usage's lines after "  shardtrain ", its continuation lines (they start with a space) lined
 // up under them.
 std::string usage_lines(const std::string& usage) {
@@ -254,18 +243,44 @@ const Command* find_command(const std::string& name) {
 }
 
 const Command* nearest_command(const std::string& name) {
-  const Command* best = nullptr;
-  size_t best_d = SIZE_MAX;
-  for (const Command& c : table()) {
-    const size_t d = edit_distance(name, c.name);
-    if (d < best_d) {
-      best_d = d;
-      best = &c;
-    }
+  std::vector<std::string> names;
+  for (const Command& c : table()) names.emplace_back(c.name);
+  const std::string near = nearest_name(name, names);
+  return near.empty() ? nullptr : find_command(near);
+}
+
+std::vector<std::string> command_options(const Command& command) {
+  std::vector<std::string> options;
+  const std::string text = std::string(command.usage) + "\n" + command.details;
+  for (size_t i = text.find("--"); i != std::string::npos; i = text.find("--", i + 2)) {
+    size_t end = i + 2;
+    while (end < text.size() && (std::isalnum(static_cast<unsigned char>(text[end])) || text[end] == '-')) ++end;
+    if (end == i + 2 || (i > 0 && text[i - 1] != ' ' && text[i - 1] != '[' && text[i - 1] != '\n')) continue;
+    const std::string option = text.substr(i, end - i);
+    if (std::find(options.begin(), options.end(), option) == options.end()) options.push_back(option);
   }
-  // close enough to be a typo: two edits, or a third of the name
-  const size_t limit = std::max<size_t>(2, name.size() / 3);
-  return best_d <= limit ? best : nullptr;
+  return options;
+}
+
+void unknown_option(const std::string& command, const std::string& option) {
+  // the names other tools give the same thing
+  static const std::vector<std::pair<std::string, std::string>> aliases = {
+      {"--max-new-tokens", "--tokens"}, {"--max_new_tokens", "--tokens"}, {"--num-tokens", "--tokens"},
+      {"--temp", "--temperature"},      {"--topk", "--top-k"},             {"--topp", "--top-p"},
+  };
+  const Command* c = find_command(command);
+  std::string line = fmt::format("{}: unknown option `{}`", command, option);
+  std::string near;
+  const std::string name = option.substr(0, option.find('='));
+  if (c != nullptr) {
+    const std::vector<std::string> options = command_options(*c);
+    for (const auto& [alias, ours] : aliases)
+      if (name == alias && std::find(options.begin(), options.end(), ours) != options.end()) near = ours;
+    if (near.empty()) near = nearest_name(name, options);
+  }
+  if (!near.empty()) line += fmt::format("; did you mean `{}`?", near);
+  line += fmt::format(" (`shardtrain {} --help` lists its options)", command);
+  ST_THROW(line);
 }
 
 std::string overview() {

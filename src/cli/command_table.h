@@ -26,6 +26,14 @@ const Command* find_command(const std::string& name);
 // The command nearest to a mistyped `name` by edit distance, or nullptr when none is close.
 const Command* nearest_command(const std::string& name);
 
+// The options (`--name`) a command's usage and details name.
+std::vector<std::string> command_options(const Command& command);
+
+// Throws "COMMAND: unknown option `--x`; did you mean `--y`? (`shardtrain COMMAND --help` lists
+// its options)", the suggestion the nearest of the command's options, or the one other tools
+// call `option` (`--max-new-tokens` for generate's `--tokens`).
+[[noreturn]] void unknown_option(const std::string& command, const std::string& option);
+
 // `shardtrain help`: every command's usage and summary.
 std::string overview();
 

@@ -14,6 +14,7 @@
 #include <iostream>
 
 #include "cli/args.h"
+#include "cli/command_table.h"
 #include "core/allocator.h"
 #include "core/build_info.h"
 #include "core/host.h"
@@ -62,7 +63,7 @@ int run_tokenize(const std::vector<std::string>& args) {
     else if (a == "--field") field = value();
     else if (a == "--threads") threads = static_cast<int>(integer_flag(a, value(), "tokenize"));
     else if (a == "--files") files_at_once = static_cast<int>(integer_flag(a, value(), "tokenize"));
-    else if (a.rfind("--", 0) == 0) ST_THROW("tokenize: unknown option `", a, "`");
+    else if (a.rfind("--", 0) == 0) unknown_option("tokenize", a);
     else files.push_back(a);
   }
   ST_CHECK(!tokenizer_path.empty(), "tokenize: --tokenizer PATH is required (a tokenizer.json, its folder, or `byte`)");
@@ -130,7 +131,7 @@ int run_export(const std::vector<std::string>& args) {
     if (a == "--dtype") dtype = value();
     else if (a == "--max-shard-mb") o.max_shard_bytes = std::stoll(value()) * 1000 * 1000;
     else if (a == "--tokenizer") o.tokenizer_source = value();
-    else if (a.rfind("--", 0) == 0) ST_THROW("export: unknown option `", a, "`");
+    else if (a.rfind("--", 0) == 0) unknown_option("export", a);
     else paths.push_back(a);
   }
   ST_CHECK(paths.size() == 2, "export: expected CHECKPOINT and OUT, found ", paths.size(), " paths");
@@ -173,7 +174,7 @@ int run_generate(const std::vector<std::string>& args) {
     else if (a == "--chat") chat = true;
     else if (a == "--system") system = value();
     else if (a == "--conversation") conversation = value();
-    else if (a.rfind("--", 0) == 0) ST_THROW(cmd, ": unknown option `", a, "` (see `shardtrain help`)");
+    else if (a.rfind("--", 0) == 0) unknown_option(cmd, a);
     else paths.push_back(a);
   }
   ST_CHECK(paths.size() == 1, cmd, ": expected one MODEL (a Hugging Face folder or a training checkpoint), found ",
@@ -245,7 +246,7 @@ int run_inspect(const std::vector<std::string>& args) {
   bool verify = false;
   for (const std::string& a : args) {
     if (a == "--verify") verify = true;
-    else if (a.rfind("--", 0) == 0) ST_THROW("inspect: unknown option `", a, "` (expected PATH [--verify])");
+    else if (a.rfind("--", 0) == 0) unknown_option("inspect", a);
     else paths.push_back(a);
   }
   ST_CHECK(paths.size() == 1, "inspect: expected one PATH (a .safetensors file, a Hugging Face folder, a checkpoint "

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "cli/commands.h"
+#include "cli/command_table.h"
 #include "core/error.h"
 #include "train/plot.h"
 
@@ -25,7 +26,7 @@ int run_plot(const std::vector<std::string>& args) {
     else if (a == "--metrics") {
       o.metrics = train::parse_metric_names(value());
       o.require_all = true;  // named ones must be there
-    } else if (a.rfind("--", 0) == 0) ST_THROW("plot: unknown option `", a, "` (see `shardtrain plot --help`)");
+    } else if (a.rfind("--", 0) == 0) unknown_option("plot", a);
     else paths.push_back(a);
   }
   ST_CHECK(paths.size() == 1, "plot: expected one RUN_DIR (a run's folder holding metrics.jsonl) or metrics file, found ",

@@ -16,6 +16,7 @@
 #include <toml++/toml.h>
 
 #include "core/error.h"
+#include "core/nearest_name.h"
 #include "model/presets.h"
 
 namespace shardtrain::train {
@@ -577,18 +578,6 @@ const std::vector<KeyDef>& keys() {
       key("sample.seed", &C::sample, &SampleSection::seed, "seed of the sampler", non_negative()),
   };
   return table;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
 }
 
 const KeyDef& find_key(const std::string& name, const std::string& where) {

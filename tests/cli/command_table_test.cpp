@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cstdio>
 #include <string>
@@ -134,6 +135,37 @@ TEST(CommandTable, SuggestsTheCommandATypoMeant) {
   const Result help = run("help genrate");
   EXPECT_EQ(help.status, 2);
   EXPECT_NE(help.err.find("did you mean `generate`?"), std::string::npos) << help.err;
+}
+
+// A mistyped option gets the nearest of the command's own options (read from its help, so the
+// two cannot disagree), or the one another tool's name stands for, and where the options are.
+TEST(CommandTable, SuggestsTheOptionATypoMeant) {
+  const Command* generate = shardtrain::cli::find_command("generate");
+  ASSERT_NE(generate, nullptr);
+  const std::vector<std::string> options = shardtrain::cli::command_options(*generate);
+  for (const char* o : {"--prompt", "--tokens", "--temperature", "--top-k", "--top-p", "--seed", "--chat", "--system"})
+    EXPECT_NE(std::find(options.begin(), options.end(), o), options.end()) << o;
+  const auto message = [](const char* command, const char* option) {
+    try {
+      shardtrain::cli::unknown_option(command, option);
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message("generate", "--max-new-tokens")
+                .find("generate: unknown option `--max-new-tokens`; did you mean `--tokens`? (`shardtrain generate "
+                      "--help` lists its options)"),
+            std::string::npos);
+  EXPECT_NE(message("generate", "--temprature=0").find("did you mean `--temperature`?"), std::string::npos);
+  EXPECT_NE(message("export", "--dtpye").find("did you mean `--dtype`?"), std::string::npos);
+  const std::string far = message("export", "--frobnicate");
+  EXPECT_EQ(far.find("did you mean"), std::string::npos) << far;
+  EXPECT_NE(far.find("`shardtrain export --help` lists its options"), std::string::npos) << far;
+
+  const Result r = run("generate somewhere --max-new-tokens 40");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.err.find("did you mean `--tokens`?"), std::string::npos) << r.err;
 }
 
 }  // namespace
