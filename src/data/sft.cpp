@@ -268,7 +268,9 @@ const BpeTokenizer* chat_tokenizer(const std::string& path, const Tokenizer& tok
   if (o.format == SftFormat::kChat) {
     ST_CHECK(bpe != nullptr && bpe->has_chat_template(), "`data.format` = chat needs a tokenizer with a chat "
              "template (tokenizer_config.json's chat_template); `", path, "` would be read with ",
-             bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one: " + bpe->chat_template_problem());
+             bpe == nullptr ? "the byte-level tokenizer" : "a tokenizer without one: " + bpe->chat_template_problem(),
+             ". Fine-tune a model whose tokenizer_config.json has a `chat_template` (an instruct model's folder), or "
+             "write the examples as prompt/response pairs and use `data.format` = sft");
   }
   return bpe;
 }
