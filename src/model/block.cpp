@@ -394,10 +394,10 @@ std::pair<Tensor, Tensor> append_to_cache(const BlockActivations& a, const Block
   return {ctx.kv_keys_BSMH.slice(1, 0, S), ctx.kv_values_BSMH.slice(1, 0, S)};
 }
 
-// Each token's rope position with packed documents; undefined (position t) without.
+// Each token's rope position with packed documents or context parallelism; undefined
+// (position t) without.
 const Tensor& positions(const BlockContext& ctx) {
-  static const Tensor none;
-  return ctx.documents != nullptr ? ctx.documents->positions_BT : none;
+  return ctx.documents != nullptr ? ctx.documents->positions_BT : ctx.context_positions_BT;
 }
 
 // Whether attention_half runs rope and attention on each range of rows as soon as that
@@ -554,6 +554,8 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH,
                            {.scale = attention.scale, .window = ctx.window});
+  } else if (ctx.cp != nullptr) {
+    ring_attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention, *ctx.cp);
   } else if (!by_pieces) {
     attend_rows(0, d.B);
   }
@@ -952,7 +954,12 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     o_dw.fp8 = with_amax(ctx.fp8, a, BlockActivations::kAttn);
     ops::linear_backward(dattn_TQ, g.wo_DQ, none, dout_RD.view({BT, D}), a.attn_BTNH.view({BT, N * H}), w.wo_DQ, o_dw);
   }
-  if (!by_pieces) attend_backward(0, B);
+  if (ctx.cp != nullptr) {
+    ring_attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
+                            a.lse_BNT, attention, *ctx.cp);
+  } else if (!by_pieces) {
+    attend_backward(0, B);
+  }
   dattn_BTNH = dattn_TQ = Tensor();
   a.q_BTNH = a.k_BTMH = a.v_BTMH = a.attn_BTNH = a.lse_BNT = Tensor();
   // after rope's backward: the QK-norm's, turning dq and dk into the projections' gradients

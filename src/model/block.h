@@ -8,6 +8,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/layout.h"
 #include "model/tensor_parallel.h"
 #include "ops/attention.h"
@@ -154,6 +155,13 @@ struct BlockContext {
   // [rank·R, (rank + 1)·R) of the B·T rows (B, T row-major), R = B·T / size.
   TensorParallel* tp = nullptr;
   ResidualSplit residual = ResidualSplit::kSequence;
+  // Context parallelism (not owned; null: none): the T tokens of a row are this rank's two
+  // chunks of a longer sequence (model/context_parallel.h), the attention is the group's ring
+  // (ring_attention_forward / backward), and rope reads each token's true position from
+  // context_positions_BT (i32 [B, T] on the block's device). Not with tensor parallelism, packed
+  // documents, a sliding window, FP8 attention or a KV cache (the model refuses them).
+  ContextParallel* cp = nullptr;
+  Tensor context_positions_BT;
   // FP8 products for every linear of the block (q/k/v, o, gate/up, down), forward and both
   // backward products (training.fp8); off: products in the activations' dtype.
   ops::LinearFp8 fp8;

@@ -183,6 +183,9 @@ const char* checkpointing_name(ActivationCheckpointing c) {
 
 void Llama::set_tensor_parallel(TensorParallel* tp) {
   const int parts = tp != nullptr ? tp->size() : 1;
+  ST_CHECK(parts == 1 || cp_ == nullptr, "parallel.tensor_parallel = ", parts, " with parallel.context_parallel = ",
+           cp_ ? cp_->size() : 1, ": context parallelism does not combine with tensor parallelism yet; set one of "
+           "them to 1");
   ST_CHECK(layout_.mesh().tensor_parallel == parts, "tensor parallelism over ", parts,
            " ranks for a layout of parts for ", layout_.mesh().tensor_parallel);
   ST_CHECK(tp == nullptr || tp->rank() == layout_.tp_rank(), "tensor-parallel rank ", tp ? tp->rank() : 0,
@@ -200,7 +203,30 @@ std::pair<int64_t, int64_t> Llama::residual_rows(int64_t batch, int64_t seq, Res
   return {tp_->rank() * count, count};
 }
 
+void Llama::set_context_parallel(ContextParallel* cp) {
+  if (cp == nullptr || cp->size() == 1) {
+    cp_ = nullptr;
+    return;
+  }
+  const char* key = "parallel.context_parallel";
+  ST_CHECK(tp_ == nullptr, key, " = ", cp->size(), " with parallel.tensor_parallel = ", tp_ ? tp_->size() : 1,
+           ": context parallelism does not combine with tensor parallelism yet; set one of them to 1");
+  for (int64_t l = 0; l < config_.n_layers; ++l)
+    ST_CHECK(config_.window_of(l) == 0, key, " = ", cp->size(), ": layer ", l, " has a sliding window of ",
+             config_.window_of(l), " tokens, which the ring attention does not support yet; set ", key, " to 1");
+  ST_CHECK(!fp8_attention_history_L4_.defined(), key, " = ", cp->size(),
+           " with training.fp8_attention on: the ring attention runs in the compute dtype; turn one of them off");
+  cp_ = cp;
+}
+
+void Llama::refuse_context_parallel(const char* what) const {
+  ST_CHECK(cp_ == nullptr, what, " is not supported with context parallelism (parallel.context_parallel = ",
+           cp_ ? cp_->size() : 1, "): a rank holds only its chunks of each sequence; use a model without it");
+}
+
 void Llama::set_fp8_attention(bool on) {
+  ST_CHECK(!on || cp_ == nullptr, "training.fp8_attention with parallel.context_parallel = ", cp_ ? cp_->size() : 1,
+           ": the ring attention runs in the compute dtype; turn one of them off");
   fp8_attention_history_L4_ = Tensor();
   if (!on) return;
   fp8_attention_history_L4_ =
@@ -229,6 +255,16 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
   ctx.separate_projections = separate_projections_;
   ctx.fp8 = fp8_;
   ctx.fp8_attention = fp8_attention_history_L4_.defined();
+  if (cp_ != nullptr) {
+    // each local token's rope position in the whole sequence
+    ST_CHECK(documents == nullptr, "packed documents (a document mask) are not supported with context parallelism "
+             "(parallel.context_parallel = ", cp_->size(), ") yet; turn one of them off");
+    ST_CHECK(seq % 2 == 0 && seq * cp_->size() <= config_.max_seq_len, "context parallelism over ", cp_->size(),
+             " ranks: a rank's ", seq, " tokens must be its two chunks of a sequence of at most max_seq_len = ",
+             config_.max_seq_len, " tokens (", seq, " x ", cp_->size(), ")");
+    ctx.cp = cp_;
+    ctx.context_positions_BT = on_device(context_positions(batch, seq, cp_->size(), cp_->rank()));
+  }
   return ctx;
 }
 
@@ -241,6 +277,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   // the residual stream's rows on this rank: all B·T, or with sequence parallelism its share
   const auto [row0, R] = residual_rows(B, T, split);
   ST_ASSERT(cache == nullptr || documents == nullptr, "packed documents are not for a KV cache");
+  if (cache != nullptr) refuse_context_parallel("decoding over a KV cache");
   if (cache != nullptr) {
     ctx.fp8 = {};  // a decoding step's few rows gain nothing from FP8 products
     ctx.fp8_attention = false;
@@ -519,6 +556,7 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
 
 Tensor Llama::logits(const Tensor& ids_BT, const Tensor& positions_BT) {
   check_batch(ids_BT, config_, "logits");
+  refuse_context_parallel("logits()");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1);
   std::vector<BlockActivations> acts;
   Tensor final_rstd_T, final_in_TD;
@@ -573,6 +611,7 @@ void Llama::issue_decode(const Tensor& ids_B1, KvCache& cache, Tensor& logits_BV
 }
 
 void Llama::issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logits_BV, bool ids_checked_on_host) {
+  refuse_context_parallel("sampling (the last position's logits)");
   const int64_t B = ids_BT.size(0), T = ids_BT.size(1), D = config_.dim;
   ST_ASSERT(logits_BV.shape() == Shape({B, config_.vocab_size}) && logits_BV.dtype() == dtype_);
   std::vector<BlockActivations> acts;

@@ -14,6 +14,7 @@
 #include "model/activation_offload.h"
 #include "model/block.h"
 #include "model/config.h"
+#include "model/context_parallel.h"
 #include "model/kv_cache.h"
 #include "model/layout.h"
 #include "model/tensor_parallel.h"
@@ -155,6 +156,18 @@ class Llama {
   // and the KV cache's steps give every rank all the logits.
   void set_tensor_parallel(TensorParallel* tp);
   TensorParallel* tensor_parallel() const { return tp_; }
+  // Context parallelism (not owned; null or a group of one: none; model/context_parallel.h):
+  // forward_backward and evaluate take this rank's local tokens, [B, 2C] of each sequence of
+  // T = 2C · cp->size() tokens (context_shard of ids and targets), and every rank of the group
+  // calls them together with the same shapes. Rope uses the tokens' true positions in the
+  // whole sequence and the attention is the group's ring, so each rank gets the exact loss sum
+  // of its tokens (LossSum: the caller sums it and the token counts over the group) and its
+  // tokens' share of every parameter gradient (the store sums them: shard the units over the
+  // context group too). Throws, naming parallel.context_parallel, with tensor parallelism,
+  // sliding-window layers or FP8 attention; packed documents, logits(), last_logits() and the
+  // KV cache are refused while it is set.
+  void set_context_parallel(ContextParallel* cp);
+  ContextParallel* context_parallel() const { return cp_; }
   // The key/value heads this rank computes and caches (n_kv_heads / tensor-parallel size).
   int64_t kv_heads_per_rank() const { return config_.n_kv_heads / (tp_ != nullptr ? tp_->size() : 1); }
   // Token rows per piece of the MLP in blocks whose MLP keeps nothing for the backward
@@ -229,6 +242,8 @@ class Llama {
   std::unique_ptr<ResidentUnitStore> resident_;
   UnitStore* store_;
   TensorParallel* tp_ = nullptr;
+  ContextParallel* cp_ = nullptr;
+  void refuse_context_parallel(const char* what) const;  // throws, naming `what`, while cp_ is set
   Tensor cos_TK_, sin_TK_;
   bool separate_projections_ = false;
   ops::LinearFp8 fp8_;

@@ -300,4 +300,22 @@ inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH
 #endif
 }
 
+// Merges two attentions of the same queries over disjoint sets of keys into the attention over
+// their union (ring attention's step, model/context_parallel.h): with l = log(e^lse + e^part_lse),
+//   out = out · e^(lse − l) + part_out · e^(part_lse − l),   lse = l
+// per query row and head; out_BTNH and lse_BNT are updated in place (accumulate), part_out_BTNH
+// and part_lse_BNT are read. A row whose lse is −inf (no key yet) takes the part as it is. out
+// and part_out share a dtype (f32/f64 on the CPU), the lse tensors stats_dtype of it; the
+// math runs in f64 on the CPU. All contiguous; no aliasing. No CUDA kernel yet.
+namespace cpu {
+void attention_merge(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& part_out_BTNH, const Tensor& part_lse_BNT);
+}  // namespace cpu
+inline void attention_merge(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& part_out_BTNH,
+                            const Tensor& part_lse_BNT, [[maybe_unused]] Stream stream = {}) {
+  profile::ScopedTimer profile_timer("attention_merge", out_BTNH.device(),
+                                     {0, profile::bytes_of({&out_BTNH, &lse_BNT, &part_out_BTNH, &part_lse_BNT})});
+  if (out_BTNH.device().is_cpu()) return cpu::attention_merge(out_BTNH, lse_BNT, part_out_BTNH, part_lse_BNT);
+  no_kernel("attention_merge", out_BTNH);
+}
+
 }  // namespace shardtrain::ops

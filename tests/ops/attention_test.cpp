@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "ops/fp8.h"
 #include "ops/op_testing.h"
 #include "testing/packed_documents.h"
@@ -140,6 +141,47 @@ TEST(Attention, LastQueriesOverLongerKeys) {
   Tensor q = Tensor::zeros({1, 4, 2, 8}, DType::kF32), k = Tensor::zeros({1, 3, 2, 8}, DType::kF32);
   Tensor out = Tensor::zeros({1, 4, 2, 8}, DType::kF32), lse = Tensor::zeros({1, 2, 4}, DType::kF32);
   EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, k, k, {}); }, "3 key positions for 4 queries"));
+}
+
+// attention_merge: the attentions of the same queries over two disjoint sets of keys (here the
+// first S1 and the last S - S1 of S keys, no mask), merged by their log-sum-exp, are the
+// attention over all S keys against the naive f64 softmax; a row with lse -inf (no keys yet)
+// takes the part as it is, so merging into (0, -inf) copies. Ring attention's step.
+TEST(Attention, MergeOfDisjointKeysIsTheAttentionOverAll) {
+  const int64_t B = 2, T = 5, S = 19, N = 4, M = 2, H = 8;
+  const Tensor q64 = random_f64({B, T, N, H}, 31, 0.1, 0.8), k64 = random_f64({B, S, M, H}, 32, -0.1, 0.8),
+               v64 = random_f64({B, S, M, H}, 33, 0.2, 1.5);
+  Tensor ref, ref_lse;
+  naive_masked(ref, ref_lse, q64, k64, v64, [](int64_t, int64_t, int64_t) { return true; });
+  AttentionOptions o;
+  o.causal = false;
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    for (int64_t S1 : {T, int64_t{9}, S - T}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + " S1=" + std::to_string(S1));
+      const Tensor q = to_dtype(q64, dt), k = to_dtype(k64, dt), v = to_dtype(v64, dt);
+      // the parts: keys [0, S1) and [S1, S), each as its own key set (at least T keys each)
+      auto part = [&](int64_t k0, int64_t k1, Tensor& out, Tensor& lse) {
+        out = Tensor::empty(q.shape(), dt);
+        lse = Tensor::empty({B, N, T}, stats_dtype(dt));
+        attention_forward(out, lse, q, contiguous(k.slice(1, k0, k1)), contiguous(v.slice(1, k0, k1)), o);
+      };
+      Tensor out, lse, out2, lse2;
+      part(0, S1, out, lse);
+      part(S1, S, out2, lse2);
+      // into an empty accumulator: a copy
+      Tensor acc = Tensor::zeros(q.shape(), dt), acc_lse = Tensor::empty({B, N, T}, stats_dtype(dt));
+      fill(acc_lse, -INFINITY);
+      attention_merge(acc, acc_lse, out, lse);
+      EXPECT_EQ(std::memcmp(acc.raw_data(), out.raw_data(), out.nbytes()), 0);
+      EXPECT_EQ(std::memcmp(acc_lse.raw_data(), lse.raw_data(), lse.nbytes()), 0);
+      attention_merge(acc, acc_lse, out2, lse2);
+      EXPECT_TRUE(testing::all_close(acc, ref, testing::kCpuF32VsF64));
+      EXPECT_TRUE(testing::all_close(acc_lse, ref_lse, testing::kCpuF32VsF64));
+    }
+  }
+  Tensor a = Tensor::zeros({1, 4, 2, 8}, DType::kF32), l = Tensor::zeros({1, 2, 4}, DType::kF32);
+  const Tensor wrong = Tensor::zeros({1, 2, 3}, DType::kF32);
+  EXPECT_TRUE(throws_with([&] { attention_merge(a, l, a, wrong); }, "part_lse_BNT"));
 }
 
 // The KV cache step with its position in memory: the new rows land in the cache at the

@@ -312,5 +312,39 @@ void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& cache
                          contiguous(cache_v_BCMH.slice(1, 0, p + T)), options);
 }
 
+void attention_merge(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& part_out_BTNH, const Tensor& part_lse_BNT) {
+  const char* op = "attention_merge";
+  check_arg(out_BTNH, op, "out_BTNH");
+  ST_CHECK(out_BTNH.ndim() == 4, op, ": `out_BTNH` must be 4-D, found ", out_BTNH.str());
+  const int64_t B = out_BTNH.size(0), T = out_BTNH.size(1), N = out_BTNH.size(2), H = out_BTNH.size(3);
+  const DType dt = out_BTNH.dtype();
+  check_arg(part_out_BTNH, op, "part_out_BTNH", dt, out_BTNH.shape());
+  check_arg(lse_BNT, op, "lse_BNT", stats_dtype(dt), {B, N, T});
+  check_arg(part_lse_BNT, op, "part_lse_BNT", stats_dtype(dt), {B, N, T});
+  dispatch_real(out_BTNH, op, "out_BTNH", [&]<typename F>() {
+    using S = F;  // the CPU's stats dtype is the tensors' own
+    F* out = out_BTNH.data<F>();
+    const F* part = part_out_BTNH.data<F>();
+    S* lse = lse_BNT.data<S>();
+    const S* plse = part_lse_BNT.data<S>();
+#pragma omp parallel for collapse(2) schedule(static)
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t t = 0; t < T; ++t) {
+          S& l = lse[(b * N + n) * T + t];
+          const double a = static_cast<double>(l), p = static_cast<double>(plse[(b * N + n) * T + t]);
+          F* o = out + ((b * T + t) * N + n) * H;
+          const F* po = part + ((b * T + t) * N + n) * H;
+          if (p == -std::numeric_limits<double>::infinity()) continue;  // the part saw no key
+          const double m = std::max(a, p);
+          const double merged = m + std::log(std::exp(a - m) + std::exp(p - m));
+          const double wa = std::exp(a - merged), wp = std::exp(p - merged);
+          for (int64_t h = 0; h < H; ++h)
+            o[h] = static_cast<F>(wa * static_cast<double>(o[h]) + wp * static_cast<double>(po[h]));
+          l = static_cast<S>(merged);
+        }
+  });
+}
+
 }  // namespace cpu
 }  // namespace shardtrain::ops

@@ -1,0 +1,245 @@
+// Context parallelism's head-tail chunks and ring attention. Every block the ring computes is
+// one chunk of queries against one chunk of keys (C x C), on contiguous chunk-major copies, so
+// the same ops::attention_forward / attention_backward calls serve every pair.
+#include "model/context_parallel.h"
+
+#include <array>
+#include <utility>
+#include <vector>
+
+#include "ops/elementwise.h"
+
+namespace shardtrain::model {
+namespace {
+
+// The chunk of the whole sequence that local chunk `i` (0 or 1) of rank `rank` holds.
+int64_t global_chunk(int rank, int i, int degree) { return i == 0 ? rank : 2 * degree - 1 - rank; }
+
+// One block of the ring: local query chunk qi against chunk kj of the key/value block owned by
+// rank `owner`, causal on the diagonal.
+struct RingBlock {
+  int qi, kj;
+  bool causal;
+};
+
+// The blocks rank `rank` computes against the keys and values of rank `owner`: key chunks
+// before the query chunk in full, the same chunk causally, later ones not at all.
+std::vector<RingBlock> ring_blocks(int rank, int owner, int degree) {
+  std::vector<RingBlock> blocks;
+  for (int qi = 0; qi < 2; ++qi)
+    for (int kj = 0; kj < 2; ++kj) {
+      const int64_t gq = global_chunk(rank, qi, degree), gk = global_chunk(owner, kj, degree);
+      if (gk <= gq) blocks.push_back({qi, kj, gk == gq});
+    }
+  return blocks;
+}
+
+void check_ring_options(const ops::AttentionOptions& o, const char* op) {
+  ST_CHECK(o.causal, op, ": context parallelism computes causal attention only");
+  ST_CHECK(o.window == 0, op, ": a sliding window (", o.window,
+           " keys) is not supported with context parallelism; "
+           "set parallel.context_parallel to 1 for a model with sliding-window layers");
+  ST_CHECK(o.documents == nullptr, op,
+           ": packed documents are not supported with context parallelism; set "
+           "parallel.context_parallel to 1 or turn the document mask off");
+}
+
+// Local chunk i of x [B, L, ...] (tokens along dim `dim`), as a contiguous copy. A strided x
+// (heads sliced from a stacked q|k|v) is made contiguous first: a chunk of it is not one
+// uniform run of rows (copy's strided form).
+Tensor chunk_of(const Tensor& x, int i, int64_t C, int dim = 1) {
+  return contiguous(contiguous(x).slice(dim, i * C, (i + 1) * C));
+}
+
+// Writes the two chunks [B, C, ...] (tokens along dim `dim`) into x [B, 2C, ...] (x may be
+// strided, as chunk_of's input).
+void write_chunks(Tensor& x, const Tensor& chunk0, const Tensor& chunk1, int64_t C, int dim = 1) {
+  Tensor whole = x.is_contiguous() ? x : Tensor::empty(x.shape(), x.dtype(), x.device(), "ring output");
+  for (int i = 0; i < 2; ++i) {
+    Tensor dst = whole.slice(dim, i * C, (i + 1) * C);
+    copy(dst, i == 0 ? chunk0 : chunk1);
+  }
+  if (whole.raw_data() != x.raw_data()) copy(x, whole);
+}
+
+// Chunk-major packing of a rank's keys and values, [2 (k, v), 2 (chunk), B, C, M, H]: each
+// chunk of each a contiguous block, and the whole one buffer that travels in one exchange.
+Tensor pack_kv(const Tensor& k_BLMH, const Tensor& v_BLMH, int64_t C) {
+  const int64_t B = k_BLMH.size(0), M = k_BLMH.size(2), H = k_BLMH.size(3);
+  Tensor kv = Tensor::empty({2, 2, B, C, M, H}, k_BLMH.dtype(), k_BLMH.device(), "ring keys and values");
+  for (int which = 0; which < 2; ++which)
+    for (int i = 0; i < 2; ++i) {
+      Tensor dst = kv.select(which).select(i);
+      copy(dst, chunk_of(which == 0 ? k_BLMH : v_BLMH, i, C));
+    }
+  return kv;
+}
+
+int ring_next(const ContextParallel& cp) { return (cp.rank() + 1) % cp.size(); }
+int ring_prev(const ContextParallel& cp) { return (cp.rank() + cp.size() - 1) % cp.size(); }
+
+}  // namespace
+
+int64_t context_chunk_tokens(int64_t T, int degree) {
+  ST_CHECK(degree >= 1, "context parallelism: expected a degree of 1 or more, found ", degree);
+  ST_CHECK(T > 0 && T % (2 * degree) == 0, "context parallelism over ", degree, " ranks cuts a sequence into ",
+           2 * degree, " chunks; a sequence of ", T,
+           " tokens does not divide into them: make training.seq_len a "
+           "multiple of 2 x parallel.context_parallel = ",
+           2 * degree);
+  return T / (2 * degree);
+}
+
+Tensor context_shard(const Tensor& x, int degree, int rank, int dim) {
+  ST_CHECK(dim >= 0 && dim < x.ndim(), "context_shard: dimension ", dim, " of ", x.str());
+  ST_CHECK(rank >= 0 && rank < degree, "context_shard: rank ", rank, " outside a context group of ", degree);
+  const int64_t C = context_chunk_tokens(x.size(dim), degree);
+  Shape shape = x.shape();
+  shape[dim] = 2 * C;
+  Tensor out = Tensor::empty(shape, x.dtype(), x.device(), "context shard");
+  const Tensor src = contiguous(x);
+  for (int i = 0; i < 2; ++i) {
+    const int64_t g = global_chunk(rank, i, degree);
+    Tensor dst = out.slice(dim, i * C, (i + 1) * C);
+    copy(dst, src.slice(dim, g * C, (g + 1) * C));
+  }
+  return out;
+}
+
+Tensor context_unshard(const std::vector<Tensor>& parts, int dim) {
+  const int degree = static_cast<int>(parts.size());
+  ST_CHECK(degree >= 1, "context_unshard: no parts");
+  const Tensor& first = parts[0];
+  ST_CHECK(dim >= 0 && dim < first.ndim() && first.size(dim) % 2 == 0, "context_unshard: dimension ", dim, " of ",
+           first.str(), " is not a rank's two chunks");
+  const int64_t C = first.size(dim) / 2;
+  Shape shape = first.shape();
+  shape[dim] = 2 * C * degree;
+  Tensor out = Tensor::empty(shape, first.dtype(), first.device(), "context unshard");
+  for (int r = 0; r < degree; ++r) {
+    ST_CHECK(parts[static_cast<size_t>(r)].shape() == first.shape(), "context_unshard: part ", r, " is ",
+             parts[static_cast<size_t>(r)].str(), ", part 0 ", first.str());
+    for (int i = 0; i < 2; ++i) {
+      const int64_t g = global_chunk(r, i, degree);
+      Tensor dst = out.slice(dim, g * C, (g + 1) * C);
+      copy(dst, contiguous(parts[static_cast<size_t>(r)]).slice(dim, i * C, (i + 1) * C));
+    }
+  }
+  return out;
+}
+
+Tensor context_positions(int64_t B, int64_t L, int degree, int rank) {
+  ST_CHECK(L % 2 == 0, "context_positions: a rank's ", L, " tokens are not two chunks");
+  const int64_t C = L / 2;
+  Tensor pos = Tensor::empty({B, L}, DType::kI32, Device::cpu(), "context positions");
+  int32_t* p = pos.data<int32_t>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int i = 0; i < 2; ++i)
+      for (int64_t t = 0; t < C; ++t)
+        p[b * L + i * C + t] = static_cast<int32_t>(global_chunk(rank, i, degree) * C + t);
+  return pos;
+}
+
+void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
+                            const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp) {
+  const char* op = "ring_attention_forward";
+  check_ring_options(options, op);
+  ST_CHECK(q_BLNH.ndim() == 4 && k_BLMH.ndim() == 4 && q_BLNH.size(1) % 2 == 0, op,
+           ": expected q [B, L, N, H] and k [B, L, M, H] of a rank's two chunks, found ", q_BLNH.str(), " and ",
+           k_BLMH.str());
+  const int G = cp.size(), r = cp.rank();
+  const int64_t B = q_BLNH.size(0), C = q_BLNH.size(1) / 2, N = q_BLNH.size(2), H = q_BLNH.size(3);
+  const DType stats = lse_BNL.dtype();
+  const std::array<Tensor, 2> q = {chunk_of(q_BLNH, 0, C), chunk_of(q_BLNH, 1, C)};
+  // the running merged output and log-sum-exp of each query chunk (the first block's as it is)
+  std::array<Tensor, 2> acc_out, acc_lse;
+  Tensor kv = pack_kv(k_BLMH, v_BLMH, C);
+  Tensor kv_next = G > 1 ? Tensor::empty(kv.shape(), kv.dtype(), kv.device(), "ring keys and values") : Tensor();
+  for (int step = 0; step < G; ++step) {
+    const int owner = (r - step + G) % G;
+    // the block moves on to the next rank while this one attends to it
+    if (step + 1 < G) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
+    for (const RingBlock& blk : ring_blocks(r, owner, G)) {
+      ops::AttentionOptions o = options;
+      o.causal = blk.causal;
+      Tensor part = Tensor::empty({B, C, N, H}, q_BLNH.dtype(), q_BLNH.device(), "ring attention part");
+      Tensor part_lse = Tensor::empty({B, N, C}, stats, q_BLNH.device(), "ring attention part lse");
+      ops::attention_forward(part, part_lse, q[static_cast<size_t>(blk.qi)], kv.select(0).select(blk.kj),
+                             kv.select(1).select(blk.kj), o);
+      const size_t i = static_cast<size_t>(blk.qi);
+      if (!acc_out[i].defined()) {
+        acc_out[i] = std::move(part);
+        acc_lse[i] = std::move(part_lse);
+      } else {
+        ops::attention_merge(acc_out[i], acc_lse[i], part, part_lse);
+      }
+    }
+    if (step + 1 < G) {
+      cp.finish();
+      std::swap(kv, kv_next);
+    }
+  }
+  write_chunks(out_BLNH, acc_out[0], acc_out[1], C);
+  write_chunks(lse_BNL, acc_lse[0], acc_lse[1], C, 2);
+}
+
+void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, const Tensor& dout_BLNH,
+                             const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
+                             const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp) {
+  const char* op = "ring_attention_backward";
+  check_ring_options(options, op);
+  ST_CHECK(q_BLNH.ndim() == 4 && k_BLMH.ndim() == 4 && q_BLNH.size(1) % 2 == 0, op,
+           ": expected q [B, L, N, H] and k [B, L, M, H] of a rank's two chunks, found ", q_BLNH.str(), " and ",
+           k_BLMH.str());
+  const int G = cp.size(), r = cp.rank();
+  const int64_t C = q_BLNH.size(1) / 2;
+  const Device dev = q_BLNH.device();
+  std::array<Tensor, 2> q, dout, out, lse, dq;
+  for (int i = 0; i < 2; ++i) {
+    const size_t s = static_cast<size_t>(i);
+    q[s] = chunk_of(q_BLNH, i, C);
+    dout[s] = chunk_of(dout_BLNH, i, C);
+    out[s] = chunk_of(out_BLNH, i, C);
+    lse[s] = chunk_of(lse_BNL, i, C, 2);
+    dq[s] = Tensor::zeros(q[s].shape(), q_BLNH.dtype(), dev, "ring dq");
+  }
+  Tensor kv = pack_kv(k_BLMH, v_BLMH, C);
+  Tensor kv_next = G > 1 ? Tensor::empty(kv.shape(), kv.dtype(), dev, "ring keys and values") : Tensor();
+  // the gradient of the block in hand, [2 (dk, dv), 2 (chunk), B, C, M, H]: every rank adds its
+  // share as the block passes, and it travels one step behind the block itself
+  Tensor dkv = Tensor::zeros(kv.shape(), kv.dtype(), dev, "ring dk and dv");
+  Tensor dkv_next = Tensor::empty(kv.shape(), kv.dtype(), dev, "ring dk and dv");
+  const Shape kv_chunk = kv.select(0).select(0).shape();
+  Tensor dq_part = Tensor::empty(q[0].shape(), q_BLNH.dtype(), dev, "ring dq part");
+  Tensor dk_part = Tensor::empty(kv_chunk, kv.dtype(), dev, "ring dk part");
+  Tensor dv_part = Tensor::empty(kv_chunk, kv.dtype(), dev, "ring dv part");
+  for (int step = 0; step < G; ++step) {
+    const int owner = (r - step + G) % G;
+    if (step + 1 < G) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
+    for (const RingBlock& blk : ring_blocks(r, owner, G)) {
+      ops::AttentionOptions o = options;
+      o.causal = blk.causal;
+      const size_t i = static_cast<size_t>(blk.qi);
+      ops::attention_backward(dq_part, dk_part, dv_part, dout[i], q[i], kv.select(0).select(blk.kj),
+                              kv.select(1).select(blk.kj), out[i], lse[i], o);
+      ops::add(dq[i], dq[i], dq_part);
+      Tensor dk = dkv.select(0).select(blk.kj), dv = dkv.select(1).select(blk.kj);
+      ops::add(dk, dk, dk_part);
+      ops::add(dv, dv, dv_part);
+    }
+    if (step + 1 < G) {
+      cp.finish();
+      std::swap(kv, kv_next);
+    }
+    // this rank's share is in: the gradient moves on with its block (after the last step, home)
+    if (G > 1) {
+      cp.send_recv(dkv, ring_next(cp), dkv_next, ring_prev(cp));
+      std::swap(dkv, dkv_next);
+    }
+  }
+  write_chunks(dq_BLNH, dq[0], dq[1], C);
+  write_chunks(dk_BLMH, dkv.select(0).select(0), dkv.select(0).select(1), C);
+  write_chunks(dv_BLMH, dkv.select(1).select(0), dkv.select(1).select(1), C);
+}
+
+}  // namespace shardtrain::model

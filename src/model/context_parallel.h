@@ -1,0 +1,73 @@
+// Context parallelism: one sequence of T tokens split over the `size` ranks of a context group.
+// The sequence is cut into 2·size chunks of C = T / (2·size) tokens; rank r holds chunks r and
+// 2·size − 1 − r (head-tail, so every rank has the same causal work) as its local L = 2C
+// tokens, in that order. Attention is the only op that talks across the group: a ring that
+// passes the key/value blocks around and merges the partial results by their log-sum-exp
+// (Liu et al., Ring Attention; torchtitan's context parallelism). The model names only this
+// interface; fsdp/ makes one from a communicator (fsdp/context_parallel.h).
+// Letters: L = 2C, a rank's local tokens; C, a chunk's tokens.
+#pragma once
+
+#include <cstdint>
+
+#include "core/tensor.h"
+#include "ops/attention.h"
+
+namespace shardtrain::model {
+
+// The group's exchanges, on the compute stream.
+class ContextParallel {
+ public:
+  virtual ~ContextParallel() = default;
+  virtual int size() const = 0;
+  virtual int rank() const = 0;
+  // `send` to rank `to` while `recv` arrives from rank `from` (contiguous, equal sizes; each
+  // rank's `to` names a rank whose `from` names it).
+  virtual void send_recv(const Tensor& send, int to, Tensor& recv, int from) = 0;
+  // send_recv started beside the compute stream: later work runs while it moves, until
+  // finish() makes the compute stream wait for it. One at a time; `send` and `recv` are left
+  // alone until finish(). Where nothing runs beside (the CPU) it completes before returning.
+  virtual void start_send_recv(const Tensor& send, int to, Tensor& recv, int from) { send_recv(send, to, recv, from); }
+  virtual void finish() {}
+};
+
+// Tokens per chunk, C = T / (2·degree); throws, naming the lengths, unless 2·degree divides T.
+int64_t context_chunk_tokens(int64_t T, int degree);
+
+// Rank `rank`'s local tokens of x (any dtype, on the host or a device): along dimension `dim`
+// (the tokens, of length T), chunks rank and 2·degree − 1 − rank, in that order: length 2C
+// there, the other dimensions as x's. A new contiguous tensor. For ids, targets [B, T] (dim 1),
+// per-token tensors [B, T, ...] (dim 1) and [B, N, T] log-sum-exps (dim 2).
+Tensor context_shard(const Tensor& x, int degree, int rank, int dim = 1);
+// The inverse: the whole tensor from every rank's local part (parts[r] is rank r's, as
+// context_shard gives it).
+Tensor context_unshard(const std::vector<Tensor>& parts, int dim = 1);
+
+// The true positions (in the whole sequence of T = degree·L tokens) of rank `rank`'s local
+// tokens: i32 [B, L] on the host, each row r·C .. r·C + C − 1 then (2·degree − 1 − r)·C ..
+// (2·degree − r)·C − 1. Rope reads them (ops::rope_forward's positions).
+Tensor context_positions(int64_t B, int64_t L, int degree, int rank);
+
+// Ring attention over the group, causal over the whole sequence: out_BLNH (overwrites) and
+// lse_BNL (overwrites, stats_dtype) are, for this rank's local queries, what
+// ops::attention_forward gives over the whole sequence, at those queries' rows. q_BLNH,
+// k_BLMH, v_BLMH are this rank's local tokens (true-position rope already applied; may be
+// strided head slices). Every rank of the group calls it together with the same shapes.
+// Only the M key/value heads travel: size − 1 steps, each passing k and v one rank on while
+// this rank attends to the block it holds. Per pair of a local query chunk i and a key chunk
+// j: full attention when j < i, causal when j == i, nothing when j > i; the partial results
+// merge by their log-sum-exp (ops::attention_merge), in f32 or above. options: causal (must
+// be), scale and deterministic are used; no sliding window and no packed documents (an error).
+void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
+                            const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp);
+
+// Its backward: dq_BLNH, dk_BLMH, dv_BLMH (overwrite) from dout_BLNH and the forward's inputs
+// and merged out and lse. Each block's gradients come from ops::attention_backward given the
+// merged out and lse (so its probabilities are the block's share of the whole softmax); dq
+// adds up here, while dk and dv of a key block travel around the ring with it, gathering every
+// rank's share, and arrive back at their owner after `size` steps.
+void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, const Tensor& dout_BLNH,
+                             const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
+                             const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp);
+
+}  // namespace shardtrain::model
