@@ -306,16 +306,26 @@ inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH
 // per query row and head; out_BTNH and lse_BNT are updated in place (accumulate), part_out_BTNH
 // and part_lse_BNT are read. A row whose lse is −inf (no key yet) takes the part as it is. out
 // and part_out share a dtype (f32/f64 on the CPU), the lse tensors stats_dtype of it; the
-// math runs in f64 on the CPU. All contiguous; no aliasing. No CUDA kernel yet.
+// math runs in f64 on the CPU. On CUDA out and part_out are each f32, bf16 or f16 (an f32
+// accumulator may take bf16 parts), the lse tensors f32, the math f32. All contiguous; no
+// aliasing.
 namespace cpu {
 void attention_merge(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& part_out_BTNH, const Tensor& part_lse_BNT);
 }  // namespace cpu
+namespace cuda {
+void attention_merge(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& part_out_BTNH, const Tensor& part_lse_BNT,
+                     Stream stream);
+}  // namespace cuda
 inline void attention_merge(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& part_out_BTNH,
                             const Tensor& part_lse_BNT, [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("attention_merge", out_BTNH.device(),
                                      {0, profile::bytes_of({&out_BTNH, &lse_BNT, &part_out_BTNH, &part_lse_BNT})});
   if (out_BTNH.device().is_cpu()) return cpu::attention_merge(out_BTNH, lse_BNT, part_out_BTNH, part_lse_BNT);
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::attention_merge(out_BTNH, lse_BNT, part_out_BTNH, part_lse_BNT, stream);
+#else
   no_kernel("attention_merge", out_BTNH);
+#endif
 }
 
 }  // namespace shardtrain::ops

@@ -724,5 +724,38 @@ TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
   }
 }
 
+// attention_merge against its CPU twin (f64 on the same values): an f32 accumulator taking bf16
+// parts (a ring attention's), and bf16 into bf16; with rows whose accumulator is empty (-inf),
+// a row whose part is empty, and a row where both are.
+TEST(AttentionCudaMerge, MatchesTheCpuTwin) {
+  ST_REQUIRE_CUDA();
+  const int64_t B = 2, T = 37, N = 6, H = 72;
+  for (DType acc : {DType::kF32, DType::kBF16}) {
+    SCOPED_TRACE(dtype_name(acc));
+    const Tensor out = rounded_f32({B, T, N, H}, acc, 41, 0.0, 1.0);
+    const Tensor part = rounded_f32({B, T, N, H}, DType::kBF16, 42, 0.0, 1.0);
+    Tensor lse = rounded_f32({B, N, T}, DType::kF32, 43, 2.0, 3.0);
+    Tensor part_lse = rounded_f32({B, N, T}, DType::kF32, 44, 2.0, 3.0);
+    lse.data<float>()[0] = lse.data<float>()[T + 3] = -INFINITY;
+    part_lse.data<float>()[1] = -INFINITY;
+    lse.data<float>()[5] = part_lse.data<float>()[5] = -INFINITY;
+    Tensor ref = to_dtype(out, DType::kF64), ref_lse = to_dtype(lse, DType::kF64);
+    cpu::attention_merge(ref, ref_lse, to_dtype(part, DType::kF64), to_dtype(part_lse, DType::kF64));
+    Tensor out_d = to_device(to_dtype(out, acc)), lse_d = to_device(lse);
+    attention_merge(out_d, lse_d, to_device(to_dtype(part, DType::kBF16)), to_device(part_lse));
+    // f32 math, rounded once to the accumulator's dtype (bf16: half a unit in the last place)
+    const testing::Tolerance tol = acc == DType::kF32 ? testing::Tolerance{1e-6, 1e-5, 1e-6}
+                                                      : testing::Tolerance{2e-3, 1.0 / 256, 1e-6};
+    EXPECT_TRUE(all_close(to_host(out_d), ref, tol));
+    const Tensor merged_lse = to_host(lse_d);
+    EXPECT_TRUE(all_close(merged_lse, ref_lse, {1e-6, 1e-6, 1e-6}));
+    EXPECT_EQ(merged_lse.data<float>()[5], -INFINITY);
+    EXPECT_EQ(merged_lse.data<float>()[0], part_lse.data<float>()[0]);  // an empty accumulator takes the part
+  }
+  Tensor a = to_device(Tensor::zeros({1, 4, 2, 8}, DType::kF32)), l = to_device(Tensor::zeros({1, 2, 4}, DType::kF32));
+  const Tensor wrong = to_device(Tensor::zeros({1, 2, 3}, DType::kF32));
+  EXPECT_TRUE(testing::throws_with([&] { attention_merge(a, l, a, wrong); }, "log-sum-exps"));
+}
+
 }  // namespace
 }  // namespace shardtrain::ops
