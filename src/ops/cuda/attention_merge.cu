@@ -14,14 +14,14 @@ constexpr int kThreads = 256;
 constexpr int kRowsPerBlock = kThreads / 32;
 
 template <typename O, typename P>
-__global__ void merge_kernel(O* out, float* lse, const P* part, const float* part_lse, int64_t B, int64_t T,
-                             int64_t N, int64_t H) {
+__global__ void merge_kernel(O* out, float* lse, const P* part, const float* part_lse, int64_t B, int64_t T, int64_t N,
+                             int64_t H) {
   const int64_t rows = B * T * N;
   const int lane = threadIdx.x % 32;
   for (int64_t row = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32; row < rows;
        row += int64_t{gridDim.x} * kRowsPerBlock) {
     const int64_t b = row / (T * N), t = (row / N) % T, n = row % N;  // out's row order: [B, T, N]
-    const int64_t s = (b * N + n) * T + t;                              // lse's: [B, N, T]
+    const int64_t s = (b * N + n) * T + t;                            // lse's: [B, N, T]
     const float a = lse[s], p = part_lse[s];
     if (p == -INFINITY) continue;  // the part saw no key
     const float m = fmaxf(a, p);
