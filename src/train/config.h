@@ -80,7 +80,7 @@ struct TrainingSection {
   std::string fp8 = "off";                   // off | tensorwise | rowwise | blockwise (ops::Fp8Recipe)
   std::string fp8_gradients = "auto";        // auto | e4m3 | e5m2: the format of dy in FP8 products
   bool fp8_head = false;                     // with fp8: the head's products in FP8 too
-  bool fp8_attention = false;                // the attention forward's products in FP8 (GPU)
+  bool fp8_attention = false;                // attention's products in FP8, forward and backward (GPU)
   bool cuda_graph = true;  // one GPU: replay each micro-batch as a CUDA graph
   std::string time_limit;  // "3h50m", "90m", ...: stop and save before it (empty: none)
   bool deterministic = false;  // GPU: bitwise-repeatable steps (model::StepOptions::deterministic)
