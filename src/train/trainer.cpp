@@ -31,12 +31,7 @@
 #include "io/safetensors_writer.h"
 #include "model/hf_config.h"
 #include "dist/bootstrap.h"
-#ifdef SHARDTRAIN_WITH_MPI
-#include "dist/mpi_communicator.h"
-#endif
-#ifdef SHARDTRAIN_WITH_CUDA
-#include "dist/nccl_communicator.h"
-#endif
+#include "dist/world.h"
 #include "model/captured_step.h"
 #include "ops/attention.h"
 #include "ops/linear.h"
@@ -194,31 +189,12 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   log::info(fmt::format("shardtrain {} ({})", build_commit(), build_options()));
   LaunchPhases phases;
   if (comm_ == nullptr) {
-    // Several GPUs talk through NCCL (bootstrapped by MPI or a torchrun-style environment);
-    // CPU ranks through MPI.
-    const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
-#ifdef SHARDTRAIN_WITH_MPI
-    const bool by_mpi = dist::launched_by_mpi();
-#else
-    const bool by_mpi = false;
-#endif
-    const bool distributed = by_mpi || (env && env->world_size > 1);
-#ifdef SHARDTRAIN_WITH_CUDA
-    if (distributed && config_.training.device != "cpu" && cuda::device_count() > 0) {
-      int gpu = 0;
-      owned_comm_ = dist::make_nccl_world(config_.parallel.init_timeout_s, &gpu);
-      device_ = Device::cuda(gpu);
-    }
-#endif
-    if (!owned_comm_) {
-#ifdef SHARDTRAIN_WITH_MPI
-      if (by_mpi) owned_comm_ = dist::make_mpi_world();
-#endif
-      ST_CHECK(owned_comm_ || !distributed, "this process was started as rank ", env ? env->rank : 0, " of ",
-               env ? env->world_size : 1, " (", env ? env->launcher : "", "-style launch), but CPU ranks ",
-               "communicate through MPI: launch CPU runs with mpirun, or train on GPUs");
-      if (!owned_comm_) owned_comm_ = dist::make_single_rank();
-    }
+    dist::WorldOptions world_options;
+    world_options.use_gpus = config_.training.device != "cpu";
+    world_options.init_timeout_s = config_.parallel.init_timeout_s;
+    dist::World world = dist::make_world(world_options);
+    owned_comm_ = std::move(world.comm);
+    if (world.gpu_index >= 0) device_ = Device::cuda(world.gpu_index);
     comm_ = owned_comm_.get();
   }
   if (comm_->world_size() > 1) {
