@@ -1,5 +1,6 @@
 // The training loop: data, model, optimizer, schedule, evaluation, logs and metrics, and
-// a sample at the end. Every run is sharded: one rank, or N ranks under mpirun, each
+// a sample at the end. The job's set-up is train/job.h, one optimizer step train/step.h, the
+// figures train/report.h. Every run is sharded: one rank, or N ranks under mpirun, each
 // holding 1/N of the master weights, gradients and optimizer state (fsdp/).
 #pragma once
 
@@ -21,68 +22,19 @@
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
 #include "train/checkpoint.h"
-#include "train/plan.h"
-#include "train/stop_signals.h"
 #include "train/config.h"
+#include "train/job.h"
+#include "train/plan.h"
+#include "train/report.h"
+#include "train/step.h"
+#include "train/stop_signals.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {
 
 class Watchdog;     // train/watchdog.h
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;       // mean over the step's counted tokens
-  double lr = 0;
-  double grad_norm = 0;  // before clipping
-  double tokens_per_second = 0;
-  bool skipped_nonfinite = false;  // the loss or gradient norm was NaN or inf: no update (training.nonfinite_skips)
-};
-
-// The steps a run's rate covers (all but the first; with BenchMode all but its warm-up): their
-// totals, for `shardtrain bench`'s report.
-struct TimedSteps {
-  int64_t steps = 0;
-  double seconds = 0;  // their total
-  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;  // the phases (as the step log splits them)
-  double comm_wait_s = 0;     // the compute stream waiting on gathers and reductions (several GPUs)
-  double tokens_per_step = 0;  // the global batch
-  double mfu = 0;              // 0: the device's peak is unknown (or the CPU)
-  double flops_per_token = 0;  // torchtitan's, as MFU counts them
-  double peak_flops = 0;       // the device's dense bf16 peak
-  std::string fp8;             // training.fp8's recipe ("off": bf16 products)
-  bool fp8_head = false;       // training.fp8_head in effect: the head's products in FP8 too
-  double fp8_peak_flops = 0;   // with an FP8 recipe: the device's dense FP8 peak (0: unknown)
-  int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
-  int64_t planned_peak_bytes = 0;  // what `shardtrain plan` says of the run's GPU peak (0 on the CPU)
-  GpuActivity board;           // this rank's GPU over the timed steps (samples 0: no readings)
-};
-
-// What `shardtrain bench` changes in a job: no corpus (random tokens, data.source =
-// builtin:random), no weights read (model.hf gives the shape, the values are random), no
-// evaluation, checkpoint, resume, export, sample or metrics files, and the first
-// warmup_steps steps (plans, caches, a graph's capture) left out of the figures.
-struct BenchMode {
-  int64_t warmup_steps = 3;
-};
-
-struct TrainSummary {
-  TimedSteps timed;
-  int stopped_by_signal = 0;  // checkpoint.on_signal: the signal the run stopped for (saved, not finished), or 0
-  bool stopped_by_time_limit = false;  // training.time_limit: stopped and saved before the last step
-  std::vector<StepRecord> steps;
-  int64_t skipped_nonfinite = 0;  // steps skipped for a NaN or inf loss or gradient norm (training.nonfinite_skips)
-  std::vector<std::pair<int64_t, double>> evals;  // (step, held-out loss)
-  std::vector<std::pair<std::string, double>> last_eval_parts;  // the last evaluation's per-source losses (data.mix)
-  double seconds = 0;
-  double tokens_per_second = 0;  // over the whole run, evaluation excluded
-  std::string sample;
-  // checkpoint.resume found every step of training.steps done already: that checkpoint's step
-  // (nothing was trained or evaluated; the export is written again only when export.folder is
-  // missing or older than that checkpoint); -1 otherwise
-  int64_t already_complete_at = -1;
-};
 
 class Trainer {
  public:
@@ -122,6 +74,33 @@ class Trainer {
   Tensor positions_of(const Tensor& ids_BT) const;
 
  private:
+  // The constructor's phases (trainer.cpp), in order.
+  void open_communicator();
+  // checkpoint.resume's checkpoint, checked against the model `shape` (nullopt: none, or auto
+  // found none); `dir` receives its folder
+  std::optional<CheckpointInfo> find_resume_checkpoint(const model::LlamaConfig& shape, std::string* dir) const;
+  // the resumed checkpoint has done every step of training.steps: noted (complete_at_step_)
+  // and logged; nothing more is built
+  bool already_complete(const std::optional<CheckpointInfo>& resume_from, const std::string& dir);
+  void open_data(const model::LlamaConfig& shape, int dp_size);
+  void resolve_data_options();  // data.document_mask, and an evaluation batch where evaluation is on
+  void load_weights(const io::HfWeights* hf_weights);  // or random ones (training.seed)
+  void build_model(DType compute);                     // with its tensor parallelism, chunks and FP8
+  void log_sharding() const;
+
+  // run()'s pieces (trainer.cpp): what it keeps from step to step, one step, the end.
+  struct RunState;
+  struct StepResult;
+  OptimizerStepOptions optimizer_step_options();  // logs what the run's steps leave out (a graph, ...)
+  void log_training_plan(const optim::ScheduleConfig& schedule) const;
+  // An evaluation: the log line, the metrics (a mix's sources' losses as eval_loss/<name>), the summary.
+  Evaluation report_evaluation(int64_t step, const StopSignals* stop, RunState& run);
+  StepResult train_step(int64_t step, RunState& run);
+  // After a step's update: its figures, the evaluation and checkpoint due, the stop. True: stop now.
+  bool finish_step(int64_t step, StepResult& result, RunState& run);
+  TrainSummary finish_run(RunState& run);
+  void export_and_sample(TrainSummary& summary);
+
   std::string tokenizer_source() const;  // the tokenizer.json or its folder an export copies ("" if built in)
   // Creates every folder the run writes (run.output_dir, the checkpoint folder, the metrics
   // file's and TensorBoard's, export.folder) and probes each for writing, on the ranks that
