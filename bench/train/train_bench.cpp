@@ -21,7 +21,8 @@
 //
 //   train_bench [--shape 1b|8b] [--batch 4] [--accum 1] [--seq 4096] [--steps 10] [--warmup 3]
 //               [--ac none|pointwise|selective|full] [--layers 16] [--dim 2048] [--heads 32] [--kv-heads 8]
-//               [--head-dim 0 (dim / heads)] [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the trainer)]
+//               [--head-dim 0 (dim / heads)] [--ffn 8192] [--vocab 128256] [--untied] [--loss-chunk 0 (auto, as the
+//               trainer)]
 //               [--keep-gathered] [--compute-shards] [--reduce-bf16] [--gemm heuristic|timed] [--graph]
 //               [--zero-fill] [--deterministic] [--separate-projections] [--offload] [--offload-sync]
 //               [--offload-gpu-grads] [--offload-activations] [--offload-activation-blocks 0]
@@ -85,8 +86,8 @@
 #include "fsdp/sharded_store.h"
 #include "fsdp/tensor_parallel.h"
 #include "model/llama.h"
-#include "optim/adamw.h"
 #include "ops/linear.h"
+#include "optim/adamw.h"
 #include "optim/clip.h"
 #include "train/plan.h"
 #include "train/step.h"
@@ -106,10 +107,10 @@ struct Args {
   bool offload_activations = false, offload_sync = false, offload_gpu_grads = false;
   int64_t loss_chunk = 0;  // 0: the trainer's automatic choice
   int64_t mlp_chunk = -1;
-  int64_t documents = 0;  // tokens per packed document; 0: none
+  int64_t documents = 0;                  // tokens per packed document; 0: none
   int64_t offload_activation_blocks = 0;  // -1: the trainer's automatic choice; 0: every token at once
-  int64_t tp = 1;  // ranks per tensor-parallel group
-  int64_t replicate = 1;  // replicas of the sharded model (HSDP)
+  int64_t tp = 1;                         // ranks per tensor-parallel group
+  int64_t replicate = 1;                  // replicas of the sharded model (HSDP)
   std::string device = "cuda";
   std::string gemm = "heuristic";
 };
@@ -122,36 +123,60 @@ Args parse(int argc, char** argv) {
       ST_CHECK(i + 1 < argc, "train_bench: ", k, " needs a value");
       return argv[++i];
     };
-    if (k == "--batch") a.batch = std::stoll(next());
-    else if (k == "--accum") a.accum = std::stoll(next());
-    else if (k == "--seq") a.seq = std::stoll(next());
-    else if (k == "--steps") a.steps = std::stoll(next());
-    else if (k == "--warmup") a.warmup = std::stoll(next());
-    else if (k == "--layers") a.layers = std::stoll(next());
-    else if (k == "--dim") a.dim = std::stoll(next());
-    else if (k == "--heads") a.heads = std::stoll(next());
-    else if (k == "--kv-heads") a.kv_heads = std::stoll(next());
-    else if (k == "--head-dim") a.head_dim = std::stoll(next());
-    else if (k == "--ffn") a.ffn = std::stoll(next());
-    else if (k == "--vocab") a.vocab = std::stoll(next());
-    else if (k == "--loss-chunk") a.loss_chunk = std::stoll(next());
-    else if (k == "--mlp-chunk") a.mlp_chunk = std::stoll(next());
-    else if (k == "--offload-gpu-grads") a.offload_gpu_grads = true;
-    else if (k == "--offload-activation-blocks") a.offload_activation_blocks = std::stoll(next());
-    else if (k == "--untied") a.tied = false;
-    else if (k == "--tp") a.tp = std::stoll(next());
-    else if (k == "--replicate") a.replicate = std::stoll(next());
-    else if (k == "--reduce-bf16") a.reduce_bf16 = true;
-    else if (k == "--graph") a.graph = true;
-    else if (k == "--documents") a.documents = std::stoll(next());
-    else if (k == "--zero-fill") a.zero_fill = true;
-    else if (k == "--deterministic") a.deterministic = true;
-    else if (k == "--separate-projections") a.separate_projections = true;
+    if (k == "--batch")
+      a.batch = std::stoll(next());
+    else if (k == "--accum")
+      a.accum = std::stoll(next());
+    else if (k == "--seq")
+      a.seq = std::stoll(next());
+    else if (k == "--steps")
+      a.steps = std::stoll(next());
+    else if (k == "--warmup")
+      a.warmup = std::stoll(next());
+    else if (k == "--layers")
+      a.layers = std::stoll(next());
+    else if (k == "--dim")
+      a.dim = std::stoll(next());
+    else if (k == "--heads")
+      a.heads = std::stoll(next());
+    else if (k == "--kv-heads")
+      a.kv_heads = std::stoll(next());
+    else if (k == "--head-dim")
+      a.head_dim = std::stoll(next());
+    else if (k == "--ffn")
+      a.ffn = std::stoll(next());
+    else if (k == "--vocab")
+      a.vocab = std::stoll(next());
+    else if (k == "--loss-chunk")
+      a.loss_chunk = std::stoll(next());
+    else if (k == "--mlp-chunk")
+      a.mlp_chunk = std::stoll(next());
+    else if (k == "--offload-gpu-grads")
+      a.offload_gpu_grads = true;
+    else if (k == "--offload-activation-blocks")
+      a.offload_activation_blocks = std::stoll(next());
+    else if (k == "--untied")
+      a.tied = false;
+    else if (k == "--tp")
+      a.tp = std::stoll(next());
+    else if (k == "--replicate")
+      a.replicate = std::stoll(next());
+    else if (k == "--reduce-bf16")
+      a.reduce_bf16 = true;
+    else if (k == "--graph")
+      a.graph = true;
+    else if (k == "--documents")
+      a.documents = std::stoll(next());
+    else if (k == "--zero-fill")
+      a.zero_fill = true;
+    else if (k == "--deterministic")
+      a.deterministic = true;
+    else if (k == "--separate-projections")
+      a.separate_projections = true;
     else if (k == "--gemm") {
       a.gemm = next();
       ST_CHECK(a.gemm == "timed" || a.gemm == "heuristic", "train_bench: --gemm timed|heuristic, found ", a.gemm);
-    }
-    else if (k == "--shape") {
+    } else if (k == "--shape") {
       const std::string v = next();
       ST_CHECK(v == "1b" || v == "8b", "train_bench: --shape 1b|8b, found ", v);
       if (v == "8b") {  // Llama 3.1 8B: 32 layers, width 4096, FFN 14336, untied head
@@ -160,16 +185,22 @@ Args parse(int argc, char** argv) {
         a.ffn = 14336;
         a.tied = false;
       }
-    }
-    else if (k == "--keep-gathered") a.keep_gathered = true;
-    else if (k == "--compute-shards") a.compute_shards = true;
-    else if (k == "--offload") a.offload = true;
-    else if (k == "--offload-activations") a.offload_activations = true;
-    else if (k == "--offload-sync") a.offload_sync = true;
+    } else if (k == "--keep-gathered")
+      a.keep_gathered = true;
+    else if (k == "--compute-shards")
+      a.compute_shards = true;
+    else if (k == "--offload")
+      a.offload = true;
+    else if (k == "--offload-activations")
+      a.offload_activations = true;
+    else if (k == "--offload-sync")
+      a.offload_sync = true;
     else if (k == "--ac") {
       a.ac = model::parse_checkpointing(next(), "train_bench: --ac");
-    } else if (k == "--device") a.device = next();
-    else ST_THROW("train_bench: unknown option ", k, " (see the comment at the top of bench/train/train_bench.cpp)");
+    } else if (k == "--device")
+      a.device = next();
+    else
+      ST_THROW("train_bench: unknown option ", k, " (see the comment at the top of bench/train/train_bench.cpp)");
   }
   ST_CHECK(a.batch > 0 && a.accum > 0 && a.seq > 0 && a.steps > 0 && a.warmup >= 0,
            "train_bench: --batch, --accum, --seq and --steps must be positive, --warmup not negative");
@@ -249,22 +280,20 @@ std::string describe_setup(const Args& a, const BenchDevice& device, const model
                            const model::StepOptions& o, double init_seconds) {
   const int world = mesh.world().world_size();
   const int64_t dp = mesh.shape().data_parallel;
-  return detail::concat("# ", device.device_name, " x ", world,
-                     a.tp > 1 ? detail::concat(" (", dp, " data-parallel x ", a.tp, " tensor-parallel)") : "",
-                     a.replicate > 1 ? detail::concat(" in ", a.replicate, " replicas (HSDP)") : "", ", ",
-                     c.summary(), "; init ",
-                     init_seconds, " s; loss chunk ",
-                     o.loss_chunk_tokens, " tokens; MLP piece ",
-                     m.mlp_chunk_tokens() > 0 ? std::to_string(m.mlp_chunk_tokens()) + " tokens" : std::string("all"),
-                     " (with selective/full AC); GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
-                     a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "",
-                     a.separate_projections ? "; separate q/k/v and gate/up products" : "",
-                     a.offload ? detail::concat("; offloaded", a.offload_gpu_grads ? " (gradients on the GPU)" : "",
-                                                ": ", format_bytes(store.pinned_bytes()),
-                                                " page-locked host memory, AdamW on ", omp_get_max_threads(),
-                                                " host threads")
-                               : std::string(),
-                     a.offload_activations ? "; activations offloaded" : "", "\n");
+  return detail::concat(
+      "# ", device.device_name, " x ", world,
+      a.tp > 1 ? detail::concat(" (", dp, " data-parallel x ", a.tp, " tensor-parallel)") : "",
+      a.replicate > 1 ? detail::concat(" in ", a.replicate, " replicas (HSDP)") : "", ", ", c.summary(), "; init ",
+      init_seconds, " s; loss chunk ", o.loss_chunk_tokens, " tokens; MLP piece ",
+      m.mlp_chunk_tokens() > 0 ? std::to_string(m.mlp_chunk_tokens()) + " tokens" : std::string("all"),
+      " (with selective/full AC); GEMM algorithms ", a.gemm, a.graph ? "; CUDA graph" : "",
+      a.compute_shards ? "; compute shards" : "", a.deterministic ? "; deterministic" : "",
+      a.separate_projections ? "; separate q/k/v and gate/up products" : "",
+      a.offload ? detail::concat("; offloaded", a.offload_gpu_grads ? " (gradients on the GPU)" : "", ": ",
+                                 format_bytes(store.pinned_bytes()), " page-locked host memory, AdamW on ",
+                                 omp_get_max_threads(), " host threads")
+                : std::string(),
+      a.offload_activations ? "; activations offloaded" : "", "\n");
 }
 
 // The timed steps' totals.
@@ -297,8 +326,10 @@ void print_results(const Args& a, BenchDevice& device, const model::LlamaConfig&
   if (model::ActivationOffload* ao = m.activation_offload())
     say(detail::concat("# activations offloaded: ", format_bytes(ao->bytes_offloaded()),
                        " per micro-batch down and back up; ", format_bytes(ao->host_bytes()), " page-locked",
-                       a.graph ? "" : detail::concat("; the compute stream waited for the copies ",
-                                                     1e3 * offload_wait / n, " ms a timed step"), "\n"));
+                       a.graph ? ""
+                               : detail::concat("; the compute stream waited for the copies ", 1e3 * offload_wait / n,
+                                                " ms a timed step"),
+                       "\n"));
   if (profile::enabled() && rank == 0)
     std::printf("# per-op time over %lld steps (SHARDTRAIN_PROFILE=1: synchronised per op, so slower); roofline: "
                 "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time\n%s",
@@ -343,19 +374,19 @@ void print_results(const Args& a, BenchDevice& device, const model::LlamaConfig&
                   board.mean_power_w, board.mean_sm_mhz, board.power_capped, mj_per_token);
     gpu_fields = row;
   }
-  std::snprintf(row, sizeof row, "| %s | %s | %s | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n",
-                label.c_str(), model::checkpointing_name(a.ac), batch_text.c_str(), tps, 100 * mfu, peak_gib,
-                1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
+  std::snprintf(row, sizeof row, "| %s | %s | %s | %.0f | %.1f %% | %.1f | %.0f / %.0f / %.0f ms%s |\n", label.c_str(),
+                model::checkpointing_name(a.ac), batch_text.c_str(), tps, 100 * mfu, peak_gib, 1e3 * fwd / n,
+                1e3 * bwd / n, 1e3 * optim_s / n, wait_part.c_str());
   say(row);
-  std::snprintf(row, sizeof row,
-                "{\"engine\": \"shardtrain\", \"gpus\": %d, \"tp\": %lld, \"replicate\": %lld, \"ac\": \"%s\", \"batch\": %lld, "
-                "\"accum\": %lld, \"seq\": %lld, "
-                "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
-                "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f%s}\n",
-                world, static_cast<long long>(a.tp), static_cast<long long>(a.replicate), model::checkpointing_name(a.ac), static_cast<long long>(a.batch),
-                static_cast<long long>(a.accum),
-                static_cast<long long>(a.seq), tps,
-                mfu, peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed, gpu_fields.c_str());
+  std::snprintf(
+      row, sizeof row,
+      "{\"engine\": \"shardtrain\", \"gpus\": %d, \"tp\": %lld, \"replicate\": %lld, \"ac\": \"%s\", \"batch\": %lld, "
+      "\"accum\": %lld, \"seq\": %lld, "
+      "\"tokens_per_s\": %.1f, \"mfu\": %.4f, \"peak_gib\": %.2f, \"forward_ms\": %.2f, "
+      "\"backward_ms\": %.2f, \"optimizer_ms\": %.2f, \"comm_wait_fraction\": %.4f%s}\n",
+      world, static_cast<long long>(a.tp), static_cast<long long>(a.replicate), model::checkpointing_name(a.ac),
+      static_cast<long long>(a.batch), static_cast<long long>(a.accum), static_cast<long long>(a.seq), tps, mfu,
+      peak_gib, 1e3 * fwd / n, 1e3 * bwd / n, 1e3 * optim_s / n, comm_wait / timed, gpu_fields.c_str());
   say(row);
 }
 
@@ -377,8 +408,8 @@ int main(int argc, char** argv) try {
   ST_CHECK(a.tp >= 1 && world % a.tp == 0, "train_bench: --tp ", a.tp, " must divide the ", world, " ranks");
   ST_CHECK(a.replicate >= 1 && (world / a.tp) % a.replicate == 0, "train_bench: --replicate ", a.replicate,
            " must divide the ", world / a.tp, " data-parallel ranks");
-  const fsdp::DeviceMesh mesh(comm.get(), model::Mesh{world / static_cast<int>(a.tp), static_cast<int>(a.tp),
-                                                      static_cast<int>(a.replicate)});
+  const fsdp::DeviceMesh mesh(
+      comm.get(), model::Mesh{world / static_cast<int>(a.tp), static_cast<int>(a.tp), static_cast<int>(a.replicate)});
   const int64_t dp = mesh.shape().data_parallel;
   const model::ModelLayout layout = model::ModelLayout::llama(c, mesh.shape(), mesh.tp_rank());
   fsdp::ShardedUnitStore store(layout, mesh, sharding_options(a, compute), dev);
@@ -416,8 +447,7 @@ int main(int argc, char** argv) try {
   o.grad_scale = 1.0 / static_cast<double>(a.batch * a.accum * a.seq * dp);
   // per GPU and optimizer step (a tensor-parallel group's GPUs share their rank's tokens)
   const double tokens = static_cast<double>(a.batch * a.accum * a.seq) / static_cast<double>(a.tp);
-  say(describe_setup(a, device, c, mesh, store, m, o,
-                     std::chrono::duration<double>(Clock::now() - t_init).count()));
+  say(describe_setup(a, device, c, mesh, store, m, o, std::chrono::duration<double>(Clock::now() - t_init).count()));
   Tensor loss_total = Tensor::empty({1}, DType::kF64, Device::cpu(), "loss");
 
   if (a.graph) ST_CHECK(!dev.is_cpu() && world == 1, "train_bench: --graph needs one GPU");
@@ -449,8 +479,8 @@ int main(int argc, char** argv) try {
       }
     }
     const Clock::time_point t0 = Clock::now();
-    const train::ForwardBackward passes = optimizer_step.forward_backward(
-        ids, targets, o.grad_scale, [&positions](const Tensor&) { return positions; });
+    const train::ForwardBackward passes =
+        optimizer_step.forward_backward(ids, targets, o.grad_scale, [&positions](const Tensor&) { return positions; });
     const double step_fwd = passes.forward_s, step_bwd = passes.backward_s, step_issue = passes.host_issue_s;
     const Clock::time_point t1 = Clock::now();
     // as the trainer: offloaded, the norm from the sums of squares the GPU took as the gradients

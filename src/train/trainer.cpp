@@ -39,9 +39,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
 // training.time_limit counts from here: the process's start, as a job's wall-clock limit does
 const Clock::time_point g_process_start = Clock::now();
@@ -107,9 +105,13 @@ void Trainer::watch_io(std::string what) {
 
 std::unique_ptr<Watchdog> Trainer::make_watchdog() const {
   // every communicator of the mesh, once each, for errors NCCL finds on its own
-  const std::initializer_list<const dist::Communicator*> all = {
-      comm_, &mesh_->world(), &mesh_->tensor_parallel(), &mesh_->data_parallel(), &mesh_->replica(),
-      &mesh_->block_shards(), mesh_->across_replicas()};
+  const std::initializer_list<const dist::Communicator*> all = {comm_,
+                                                                &mesh_->world(),
+                                                                &mesh_->tensor_parallel(),
+                                                                &mesh_->data_parallel(),
+                                                                &mesh_->replica(),
+                                                                &mesh_->block_shards(),
+                                                                mesh_->across_replicas()};
   std::vector<const dist::Communicator*> comms;
   for (const dist::Communicator* c : all)
     if (c != nullptr && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
@@ -303,15 +305,15 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
   const int64_t B = training.batch_size, T = training.seq_len, accum = training.grad_accum_steps;
   StepResult result;
   if (step == run.timed_from && profile::enabled()) profile::reset_totals();  // the per-op table covers the timed steps
-  std::optional<profile::Region> step_region(std::in_place, "step", step);   // the step's own work
+  std::optional<profile::Region> step_region(std::in_place, "step", step);    // the step's own work
   if (watchdog_) {
     // the first step of a launch also plans, times GEMM algorithms and fills caches
     const bool first = step == run.first_step;
     const double limit = config_.parallel.timeout_s + (first ? config_.parallel.init_timeout_s : 0.0);
-    watchdog_->watch(fmt::format("step {}", step), limit,
-                     first ? fmt::format("parallel.timeout_s + parallel.init_timeout_s = {:g} s for the first step",
-                                         limit)
-                           : fmt::format("parallel.timeout_s = {:g}", limit));
+    watchdog_->watch(
+        fmt::format("step {}", step), limit,
+        first ? fmt::format("parallel.timeout_s + parallel.init_timeout_s = {:g} s for the first step", limit)
+              : fmt::format("parallel.timeout_s = {:g}", limit));
   }
   const Clock::time_point t0 = Clock::now();
   // This rank draws sequences dp_rank*B .. dp_rank*B + B-1 of each micro-batch of the global
@@ -342,8 +344,9 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
   if (run.time_limit > 0) {
     // this step so far, and the steps before (the first alone before there are more)
     const TimedSteps& timed = run.report.timed();
-    const double step_estimate = std::max(
-        seconds_since(t0), timed.steps > 0 ? timed.seconds / static_cast<double>(timed.steps) : run.report.train_seconds());
+    const double step_estimate =
+        std::max(seconds_since(t0),
+                 timed.steps > 0 ? timed.seconds / static_cast<double>(timed.steps) : run.report.train_seconds());
     const double save_estimate = run.last_save_seconds >= 0 ? run.last_save_seconds : step_estimate;
     totals[4] = seconds_since(g_process_start) + step_estimate + save_estimate > run.time_limit ? 1.0 : 0.0;
   }
@@ -361,9 +364,9 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
   const double clip = optim::clip_coefficient(result.grad_norm, training.max_grad_norm);  // applied inside the update
   // the norm and the loss are all-reduced: every rank skips alike (training.nonfinite_skips)
   result.skipped = run.nonfinite_skips.skip(step, result.loss, result.grad_norm);
-  result.eval_now = !bench_ && !result.stopping && config_.eval.enabled &&
-                    ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) ||
-                     step == training.steps);
+  result.eval_now =
+      !bench_ && !result.stopping && config_.eval.enabled &&
+      ((config_.eval.interval_steps > 0 && step % config_.eval.interval_steps == 0) || step == training.steps);
   const int64_t every = config_.checkpoint.interval_steps;
   result.checkpoint_now = (every > 0 && (step % every == 0 || step == training.steps)) || result.stopping;
   // complete within this step where an evaluation or a checkpoint follows
@@ -379,8 +382,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
   result.times.step_s = seconds_since(t0);
   result.times.comm_wait_s = store_->take_comm_wait_seconds();  // GPU: compute stood waiting on transfers
   // GPU, activation offload: compute stood waiting on the activations' copies (eager steps)
-  result.times.offload_wait_s =
-      model_->activation_offload() ? model_->activation_offload()->take_wait_seconds() : 0;
+  result.times.offload_wait_s = model_->activation_offload() ? model_->activation_offload()->take_wait_seconds() : 0;
   return result;
 }
 
@@ -391,7 +393,8 @@ bool Trainer::finish_step(int64_t step, StepResult& result, RunState& run) {
   Progress& progress = run.report.progress();
   if (step == run.first_step && run.step->model_options().offload_activations && model_->activation_offload())
     log::info(fmt::format("training.offload_activations: {} per micro-batch to host memory and back ({} "
-                          "page-locked)", format_bytes(model_->activation_offload()->bytes_offloaded()),
+                          "page-locked)",
+                          format_bytes(model_->activation_offload()->bytes_offloaded()),
                           format_bytes(model_->activation_offload()->host_bytes())));
   if (result.eval_now) {
     const profile::Region region("evaluation");
@@ -465,8 +468,8 @@ TrainSummary Trainer::finish_run(RunState& run) {
   const int64_t timed_steps = run.report.timed().steps;
   const std::string timed_part =
       timed_steps == 0 ? std::string()
-      : bench_         ? fmt::format(" (after {} warm-up step{})", bench_->warmup_steps, bench_->warmup_steps == 1 ? "" : "s")
-                       : std::string(" (after the first step)");
+      : bench_ ? fmt::format(" (after {} warm-up step{})", bench_->warmup_steps, bench_->warmup_steps == 1 ? "" : "s")
+               : std::string(" (after the first step)");
   TimedSteps& timed = summary.timed;
   timed.fp8 = std::string(ops::fp8_recipe_name(fp8_.recipe));
   timed.fp8_head = model_->fp8_head();

@@ -16,10 +16,10 @@
 
 #include "core/gpu_monitor.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "dist/communicator.h"
 #include "fsdp/sharded_store.h"
 #include "fsdp/tensor_parallel.h"
-#include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "optim/schedule.h"
@@ -34,7 +34,7 @@
 
 namespace shardtrain::train {
 
-class Watchdog;     // train/watchdog.h
+class Watchdog;  // train/watchdog.h
 
 class Trainer {
  public:
@@ -108,8 +108,8 @@ class Trainer {
   // what interrupted saves and exports left in the checkpoint and export folders (logged).
   // Collective; before any save of this run.
   void prepare_output_folders();
-  int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
-  int64_t mlp_chunk_tokens() const;      // training.mlp_chunk_tokens, or its automatic value (0: at once)
+  int64_t loss_chunk_tokens() const;  // training.loss_chunk_tokens, or its automatic value
+  int64_t mlp_chunk_tokens() const;   // training.mlp_chunk_tokens, or its automatic value (0: at once)
   // training.fp8 with its gradient format, after checking the device and model_config_'s widths.
   ops::LinearFp8 fp8_choice() const;
   // training.fp8_head: the head's recipe (fp8_'s) and its logits' gradient format: the chosen
@@ -126,7 +126,7 @@ class Trainer {
   // With training.offload_activations (only then called): the blocks to offload (0: none),
   // training.offload_activations_blocks with 0 (auto) decided by the plan and the GPU's memory.
   int64_t offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const;
-  int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
+  int64_t gpu_memory_bytes() const;  // the training GPU's memory (0 on the CPU)
   // Once the data is open: training.seq_len = 0 as `seq_len` chose it, training.epochs as
   // steps, schedule.warmup_fraction as warm-up steps, in config_; logs what was chosen.
   void resolve_run_shape(const AutoSeqLen& seq_len);
@@ -142,9 +142,9 @@ class Trainer {
   // and any page-locked memory exist.
   model::ActivationCheckpointing checkpointing_ = model::ActivationCheckpointing::kNone;
   bool compute_shards_ = false;
-  int64_t offload_blocks_ = 0;  // training.offload_activations: the blocks offloaded (0: none)
-  int64_t start_step_ = 1;  // > 1 after resuming
-  int64_t complete_at_step_ = -1;  // the resumed checkpoint's step when it finished the run (nothing built then)
+  int64_t offload_blocks_ = 0;       // training.offload_activations: the blocks offloaded (0: none)
+  int64_t start_step_ = 1;           // > 1 after resuming
+  int64_t complete_at_step_ = -1;    // the resumed checkpoint's step when it finished the run (nothing built then)
   std::string complete_checkpoint_;  // and that checkpoint's directory
   bool log_file_open_ = false;       // this trainer writes the log to the run folder's train.log
   // A finished run's export, written again from its last checkpoint when export.folder is

@@ -47,7 +47,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   const int dp_size = mesh_->shape().data_parallel;
   set_host_threads(config_, *comm_);
   ops::set_gemm_selection(config_.training.gemm_selection == "heuristic" ? ops::GemmSelection::kHeuristic
-                                                                          : ops::GemmSelection::kTimed);
+                                                                         : ops::GemmSelection::kTimed);
   JobModel job = open_job_model(config_, bench_.has_value(), comm_->rank());
   tokenizer_ = std::move(job.tokenizer);
   const model::LlamaConfig& mc = job.config;
@@ -62,8 +62,8 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   if (config_.training.epochs > 0 && already_complete(resume_from, resume_dir)) return;
   resolve_data_options();
   if (comm_->name() != "nccl") device_ = resolve_device(config_.training.device);
-  ST_CHECK(device_.is_cpu() || comm_->world_size() == 1 || comm_->name() == "nccl", "training on ",
-           comm_->world_size(), " GPUs needs the NCCL communicator, not `", comm_->name(), "`");
+  ST_CHECK(device_.is_cpu() || comm_->world_size() == 1 || comm_->name() == "nccl", "training on ", comm_->world_size(),
+           " GPUs needs the NCCL communicator, not `", comm_->name(), "`");
   const DType dtype = resolve_dtype(config_.model.dtype, device_);
   // Mixed precision: compute in `dtype`; master weights, gradients and optimizer state in f32.
   const DType master = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
@@ -76,29 +76,28 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   fp8_ = fp8_choice();
   checkpointing_ = checkpointing();
   compute_shards_ = compute_shards(checkpointing_);
-  if (config_.training.offload_activations) offload_blocks_ = offload_activation_blocks(checkpointing_, compute_shards_);
+  if (config_.training.offload_activations)
+    offload_blocks_ = offload_activation_blocks(checkpointing_, compute_shards_);
   if (device_.is_cuda() && (config_.parallel.offload || offload_blocks_ > 0)) {
     const PlanInput in = chosen_plan_input();
     const int64_t local_ranks = std::max(1, dist::local_ranks_from_env());  // ranks sharing this machine's memory
     const std::string problem = host_memory_problem(in, plan_memory(in), host_memory_bytes() / local_ranks);
-    ST_CHECK(problem.empty(), "host memory", local_ranks > 1 ? fmt::format(" ({} ranks on this machine)", local_ranks)
-                                                            : std::string(), ": ", problem);
+    ST_CHECK(problem.empty(), "host memory",
+             local_ranks > 1 ? fmt::format(" ({} ranks on this machine)", local_ranks) : std::string(), ": ", problem);
   }
   store_ = std::make_unique<fsdp::ShardedUnitStore>(*layout_, *mesh_, sharding, device_);
   phases.done(store_->offloaded() ? "shards (page-locked host memory)" : "shards");
   load_weights(job.hf_weights.get());
   phases.done(!config_.model.hf.empty() && !bench_ ? "weights read" : "weights initialised");
   build_model(dtype);
-  optimizer_ = std::make_unique<optim::AdamW>(*layout_, comm_->rank(),
-                                              adamw_config(config_.optimizer, store_->offloaded()), master,
-                                              store_->shard_device());
+  optimizer_ = std::make_unique<optim::AdamW>(
+      *layout_, comm_->rank(), adamw_config(config_.optimizer, store_->offloaded()), master, store_->shard_device());
   if (store_->offloaded())
-    log::info(fmt::format("parallel.offload: shards in {} of page-locked host memory, AdamW state in {} more{}; "
-                          "AdamW runs on the host ({} threads)",
-                          format_bytes(store_->pinned_bytes()),
-                          format_bytes(8 * layout_->total_numel() / mesh_->shape().replica_ranks()),
-                          config_.parallel.offload_gradients ? "" : "; gradient shards on the GPU",
-                          omp_get_max_threads()));
+    log::info(fmt::format(
+        "parallel.offload: shards in {} of page-locked host memory, AdamW state in {} more{}; "
+        "AdamW runs on the host ({} threads)",
+        format_bytes(store_->pinned_bytes()), format_bytes(8 * layout_->total_numel() / mesh_->shape().replica_ranks()),
+        config_.parallel.offload_gradients ? "" : "; gradient shards on the GPU", omp_get_max_threads()));
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
   phases.done("model and optimizer");
@@ -186,8 +185,7 @@ void Trainer::load_weights(const io::HfWeights* hf_weights) {
   const fsdp::ShardedUnitStore::ParamReader read = [&](const model::ParamSpec& p, int64_t first, Tensor& out) {
     const io::TensorInfo& t = w->get(p.name);
     ST_CHECK(Shape(t.shape.begin(), t.shape.end()) == p.full_shape, "`", config_.model.hf, "`: tensor `", p.name,
-             "` has shape ", Shape(t.shape.begin(), t.shape.end()).str(), ", config.json implies ",
-             p.full_shape.str());
+             "` has shape ", Shape(t.shape.begin(), t.shape.end()).str(), ", config.json implies ", p.full_shape.str());
     w->read_range(p.name, first, out);
   };
   if (config_.parallel.hf_load == "rank0")
@@ -196,8 +194,9 @@ void Trainer::load_weights(const io::HfWeights* hf_weights) {
     store_->load(read);
   size_t tensors = 0;
   for (const model::UnitLayout& unit : layout_->units()) tensors += unit.params.size();
-  log::info(fmt::format("loaded {} tensors from {} ({})", tensors, config_.model.hf,
-                        config_.parallel.hf_load == "rank0" ? "read by rank 0, sent unit by unit" : "each rank its ranges"));
+  log::info(
+      fmt::format("loaded {} tensors from {} ({})", tensors, config_.model.hf,
+                  config_.parallel.hf_load == "rank0" ? "read by rank 0, sent unit by unit" : "each rank its ranges"));
 }
 
 void Trainer::build_model(DType dtype) {
@@ -217,10 +216,11 @@ void Trainer::build_model(DType dtype) {
   }
   auto format = [](const ops::LinearFp8& f) { return f.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2"; };
   if (fp8_.on())
-    log::info(fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}{}",
-                          ops::fp8_recipe_name(fp8_.recipe), format(fp8_),
-                          head_fp8.on() ? fmt::format(", and the head (its gradient {})", format(head_fp8)) : "",
-                          device_.is_cpu() ? "; emulated on the CPU, exact but no faster" : ""));
+    log::info(
+        fmt::format("training.fp8 = {}: the blocks' linears multiply in FP8 (x and weights e4m3, gradients {}){}{}",
+                    ops::fp8_recipe_name(fp8_.recipe), format(fp8_),
+                    head_fp8.on() ? fmt::format(", and the head (its gradient {})", format(head_fp8)) : "",
+                    device_.is_cpu() ? "; emulated on the CPU, exact but no faster" : ""));
 }
 
 void Trainer::log_sharding() const {
@@ -232,9 +232,8 @@ void Trainer::log_sharding() const {
     shape = fmt::format(" as {} data-parallel x {} tensor-parallel (the group's rows moved by {})", m.data_parallel,
                         m.tensor_parallel, tensor_parallel_->exchange_route());
   if (m.replicate > 1)
-    shape += fmt::format("{} {} replicas of {} rank{} (gradients summed between replicas)",
-                         shape.empty() ? " as" : ",", m.replicate, m.replica_ranks(),
-                         m.replica_ranks() == 1 ? "" : "s");
+    shape += fmt::format("{} {} replicas of {} rank{} (gradients summed between replicas)", shape.empty() ? " as" : ",",
+                         m.replicate, m.replica_ranks(), m.replica_ranks() == 1 ? "" : "s");
   log::info(fmt::format("sharded over {} ranks ({}){}: {} parameter slots per rank, of {} in the model",
                         comm_->world_size(), comm_->name(), shape, slots, model_config_.num_parameters()));
 }
@@ -243,18 +242,20 @@ void Trainer::prepare_output_folders() {
   const int rank = comm_->rank();
   const std::filesystem::path out_dir(config_.run.output_dir);
   // a save happens at checkpoint.interval_steps, or when a signal or the time limit stops the run
-  const bool saves = config_.checkpoint.interval_steps > 0 || config_.checkpoint.on_signal ||
-                     !config_.training.time_limit.empty();
+  const bool saves =
+      config_.checkpoint.interval_steps > 0 || config_.checkpoint.on_signal || !config_.training.time_limit.empty();
   const std::string checkpoint_key = config_.checkpoint.dir.empty() ? "run.output_dir" : "checkpoint.dir";
   std::string error, overwritten;
   try {
     // another run's checkpoints or metrics here: resumed, started over, or refused
     if (config_.checkpoint.resume.empty()) {
       const std::vector<std::string> earlier = earlier_run(config_);
-      ST_CHECK(earlier.empty() || config_.run.overwrite, "`run.output_dir` = \"", config_.run.output_dir,
-               "\" holds another run (", fmt::format("{}", fmt::join(earlier, "; ")), "): resume it with "
-               "--checkpoint.resume=auto, start over with --run.overwrite=true (removes its checkpoints, metrics and log), "
-               "or choose another --run.output_dir");
+      ST_CHECK(
+          earlier.empty() || config_.run.overwrite, "`run.output_dir` = \"", config_.run.output_dir,
+          "\" holds another run (", fmt::format("{}", fmt::join(earlier, "; ")),
+          "): resume it with "
+          "--checkpoint.resume=auto, start over with --run.overwrite=true (removes its checkpoints, metrics and log), "
+          "or choose another --run.output_dir");
       if (!earlier.empty() && rank == 0)
         overwritten = fmt::format("run.overwrite: removed the earlier run in {}: {}", config_.run.output_dir,
                                   fmt::join(remove_earlier_run(config_), ", "));
@@ -284,8 +285,8 @@ void Trainer::prepare_output_folders() {
         std::string names;
         for (const std::string& n : removed) names += (names.empty() ? "" : ", ") + n;
         if (!removed.empty())
-          log::info(fmt::format("removed what interrupted {} left in {}: {}", checkpoints ? "saves" : "exports",
-                                folder, names));
+          log::info(fmt::format("removed what interrupted {} left in {}: {}", checkpoints ? "saves" : "exports", folder,
+                                names));
       }
     }
   } catch (const Error& e) {
@@ -296,7 +297,8 @@ void Trainer::prepare_output_folders() {
   failed.data<int64_t>()[0] = error.empty() ? 0 : 1;
   comm_->all_reduce(failed, dist::ReduceOp::kSum);
   ST_CHECK(error.empty(), error, "; every folder the run writes is checked before the first step");
-  ST_CHECK(failed.data<int64_t>()[0] == 0, failed.data<int64_t>()[0], " rank(s) found a folder the run writes not "
+  ST_CHECK(failed.data<int64_t>()[0] == 0, failed.data<int64_t>()[0],
+           " rank(s) found a folder the run writes not "
            "writable (their error names it)");
   // the run folder remembers the run: its config, and its log from here on (appended when resumed)
   if (rank == 0) {
