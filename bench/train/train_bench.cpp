@@ -262,16 +262,16 @@ model::LlamaConfig model_shape(const Args& a) {
 
 // The sharded store's options from the command line, as the trainer's parallel section sets them.
 fsdp::ShardingOptions sharding_options(const Args& a, DType compute) {
-  fsdp::ShardingOptions so;
-  so.compute_dtype = compute;
-  if (a.reduce_bf16) so.reduce_dtype = DType::kBF16;
-  so.reshard_after_forward = !a.keep_gathered;
-  so.compute_shards = a.compute_shards;
-  so.offload = a.offload;
-  so.offload_grads = !a.offload_gpu_grads;
+  fsdp::ShardingOptions options;
+  options.compute_dtype = compute;
+  if (a.reduce_bf16) options.reduce_dtype = DType::kBF16;
+  options.reshard_after_forward = !a.keep_gathered;
+  options.compute_shards = a.compute_shards;
+  options.offload = a.offload;
+  options.offload_grads = !a.offload_gpu_grads;
   ST_CHECK(a.offload || !a.offload_gpu_grads, "train_bench: --offload-gpu-grads goes with --offload");
   ST_CHECK(!a.offload || !a.graph, "train_bench: --offload runs eagerly (no --graph)");
-  return so;
+  return options;
 }
 
 // The first line of the output: the devices, the model, and the settings that change the step.
@@ -421,9 +421,9 @@ int main(int argc, char** argv) try {
   m.set_separate_projections(a.separate_projections);
   m.set_mlp_chunk_tokens(a.mlp_chunk >= 0 ? a.mlp_chunk
                                           : train::auto_mlp_chunk_tokens(!dev.is_cpu(), a.ffn, a.batch * a.seq));
-  optim::AdamWConfig oc;
-  oc.host_f32 = a.offload;
-  optim::AdamW opt(layout, rank, oc, DType::kF32, store.shard_device());
+  optim::AdamWConfig adamw_options;
+  adamw_options.host_f32 = a.offload;
+  optim::AdamW opt(layout, rank, adamw_options, DType::kF32, store.shard_device());
 
   std::vector<Tensor> ids, targets;  // [micro-batch]
   for (int64_t i = 0; i < a.accum; ++i) {

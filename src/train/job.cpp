@@ -192,4 +192,25 @@ optim::AdamWConfig adamw_config(const OptimizerSection& optimizer, bool host_f32
   return adamw;
 }
 
+ExportOptions export_options_of(const JobConfig& config, const std::string& tokenizer_source) {
+  ExportOptions options;
+  options.folder = config.export_.folder;
+  options.dtype = parse_dtype(config.export_.dtype, "export.dtype");
+  options.max_shard_bytes = config.export_.max_shard_mb * 1000 * 1000;
+  options.tokenizer_source = tokenizer_source;
+  return options;
+}
+
+SampleOptions sample_options_of(const SampleSection& sample, bool cuda_graph) {
+  SampleOptions options;
+  options.cuda_graph = cuda_graph;
+  options.prompt = sample.prompt;
+  options.tokens = sample.tokens;
+  options.temperature = sample.temperature;
+  options.top_k = sample.top_k;
+  options.top_p = sample.top_p;
+  options.seed = sample.seed;
+  return options;
+}
+
 }  // namespace shardtrain::train

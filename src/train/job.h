@@ -19,6 +19,8 @@
 #include "model/config.h"
 #include "optim/adamw.h"
 #include "train/config.h"
+#include "train/export.h"
+#include "train/generate.h"
 
 namespace shardtrain::train {
 
@@ -82,5 +84,11 @@ fsdp::ShardingOptions sharding_options(const JobConfig& config, Device device, D
 
 // The optimizer section as AdamW's options; `host_f32`: the update runs on the host (parallel.offload).
 optim::AdamWConfig adamw_config(const OptimizerSection& optimizer, bool host_f32);
+
+// The export section as export_hf's options; `tokenizer_source`: the tokenizer files to copy ("" if built in).
+ExportOptions export_options_of(const JobConfig& config, const std::string& tokenizer_source);
+
+// The sample section as generate's options; `cuda_graph`: the decode step may run as a CUDA graph.
+SampleOptions sample_options_of(const SampleSection& sample, bool cuda_graph);
 
 }  // namespace shardtrain::train

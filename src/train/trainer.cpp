@@ -490,27 +490,16 @@ TrainSummary Trainer::finish_run(RunState& run) {
 
 void Trainer::export_and_sample(TrainSummary& summary) {
   if (!config_.export_.folder.empty()) {
-    ExportOptions eo;
-    eo.folder = config_.export_.folder;
-    eo.dtype = parse_dtype(config_.export_.dtype, "export.dtype");
-    eo.max_shard_bytes = config_.export_.max_shard_mb * 1000 * 1000;
-    eo.tokenizer_source = tokenizer_source();
-    watch_io(fmt::format("the export to {}", eo.folder));
-    export_hf(*store_, model_->config(), *comm_, eo, &mesh_->tensor_parallel());
-    log::info(fmt::format("exported a Hugging Face folder to {} ({})", eo.folder, config_.export_.dtype));
+    const ExportOptions export_options = export_options_of(config_, tokenizer_source());
+    watch_io(fmt::format("the export to {}", export_options.folder));
+    export_hf(*store_, model_->config(), *comm_, export_options, &mesh_->tensor_parallel());
+    log::info(fmt::format("exported a Hugging Face folder to {} ({})", export_options.folder, config_.export_.dtype));
   }
   watchdog_.reset();  // the sample is not timed
   if (config_.sample.tokens > 0) {
-    SampleOptions o;
     // a graph of the decode step would capture the group's collectives: not with tensor parallelism
-    o.cuda_graph = mesh_->shape().tensor_parallel == 1;
-    o.prompt = config_.sample.prompt;
-    o.tokens = config_.sample.tokens;
-    o.temperature = config_.sample.temperature;
-    o.top_k = config_.sample.top_k;
-    o.top_p = config_.sample.top_p;
-    o.seed = config_.sample.seed;
-    summary.sample = generate(*model_, *tokenizer_, o);
+    const SampleOptions sample_options = sample_options_of(config_.sample, mesh_->shape().tensor_parallel == 1);
+    summary.sample = generate(*model_, *tokenizer_, sample_options);
     if (comm_->rank() == 0 && !bench_)
       io::write_file_atomic((std::filesystem::path(config_.run.output_dir) / kRunSampleFile).string(),
                             summary.sample + "\n");

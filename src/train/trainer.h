@@ -39,7 +39,8 @@ class Watchdog;  // train/watchdog.h
 class Trainer {
  public:
   // Loads the data and builds the model and optimizer; nothing is trained yet. Without a
-  // communicator, uses MPI when launched by mpirun/srun and a single rank otherwise.
+  // communicator, makes the launch's (dist::make_world: NCCL between GPUs, MPI under
+  // mpirun/srun, else a single rank).
   explicit Trainer(const JobConfig& config, dist::Communicator* comm = nullptr,
                    std::optional<BenchMode> bench = std::nullopt);
   ~Trainer();
