@@ -14,10 +14,7 @@
 #include "core/error.h"
 #include "core/gpu_monitor.h"
 #include "core/log.h"
-#include "dist/bootstrap.h"
-#ifdef SHARDTRAIN_WITH_MPI
-#include "dist/mpi_communicator.h"
-#endif
+#include "dist/world.h"
 #include "train/config.h"
 #include "train/launch_defaults.h"
 #include "train/trainer.h"
@@ -196,13 +193,7 @@ int run_bench(const std::vector<std::string>& args) {
     write_json(bench_json(row, warmup));
     return 0;
   }
-  const std::optional<dist::LaunchEnv> env = dist::launch_from_env();
-#ifdef SHARDTRAIN_WITH_MPI
-  const bool several = (env && env->world_size > 1) || dist::launched_by_mpi();
-#else
-  const bool several = env && env->world_size > 1;
-#endif
-  ST_CHECK(!several, "bench: --sweep runs its settings one after another in one process; launch one bench per "
+  ST_CHECK(!dist::launched_with_several_ranks(), "bench: --sweep runs its settings one after another in one process; launch one bench per "
            "setting on several ranks");
   // every combination, the last --sweep varying fastest; each setting checked before any runs
   std::vector<std::vector<std::string>> combos = {{}};

@@ -1,5 +1,6 @@
 // The training loop: data, model, optimizer, schedule, evaluation, logs and metrics, and
-// a sample at the end. Every run is sharded: one rank, or N ranks under mpirun, each
+// a sample at the end. The job's set-up is train/job.h, one optimizer step train/step.h, the
+// figures train/report.h. Every run is sharded: one rank, or N ranks under mpirun, each
 // holding 1/N of the master weights, gradients and optimizer state (fsdp/).
 #pragma once
 
@@ -15,79 +16,31 @@
 
 #include "core/gpu_monitor.h"
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 #include "dist/communicator.h"
 #include "fsdp/sharded_store.h"
 #include "fsdp/tensor_parallel.h"
-#include "data/tokenizer.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
+#include "optim/schedule.h"
 #include "train/checkpoint.h"
-#include "train/plan.h"
-#include "train/stop_signals.h"
 #include "train/config.h"
+#include "train/job.h"
+#include "train/plan.h"
+#include "train/report.h"
+#include "train/step.h"
+#include "train/stop_signals.h"
 #include "train/training_data.h"
 
 namespace shardtrain::train {
 
-class Watchdog;     // train/watchdog.h
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;       // mean over the step's counted tokens
-  double lr = 0;
-  double grad_norm = 0;  // before clipping
-  double tokens_per_second = 0;
-  bool skipped_nonfinite = false;  // the loss or gradient norm was NaN or inf: no update (training.nonfinite_skips)
-};
-
-// The steps a run's rate covers (all but the first; with BenchMode all but its warm-up): their
-// totals, for `shardtrain bench`'s report.
-struct TimedSteps {
-  int64_t steps = 0;
-  double seconds = 0;  // their total
-  double data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0;  // the phases (as the step log splits them)
-  double comm_wait_s = 0;     // the compute stream waiting on gathers and reductions (several GPUs)
-  double tokens_per_step = 0;  // the global batch
-  double mfu = 0;              // 0: the device's peak is unknown (or the CPU)
-  double flops_per_token = 0;  // torchtitan's, as MFU counts them
-  double peak_flops = 0;       // the device's dense bf16 peak
-  std::string fp8;             // training.fp8's recipe ("off": bf16 products)
-  bool fp8_head = false;       // training.fp8_head in effect: the head's products in FP8 too
-  double fp8_peak_flops = 0;   // with an FP8 recipe: the device's dense FP8 peak (0: unknown)
-  int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
-  int64_t planned_peak_bytes = 0;  // what `shardtrain plan` says of the run's GPU peak (0 on the CPU)
-  GpuActivity board;           // this rank's GPU over the timed steps (samples 0: no readings)
-};
-
-// What `shardtrain bench` changes in a job: no corpus (random tokens, data.source =
-// builtin:random), no weights read (model.hf gives the shape, the values are random), no
-// evaluation, checkpoint, resume, export, sample or metrics files, and the first
-// warmup_steps steps (plans, caches, a graph's capture) left out of the figures.
-struct BenchMode {
-  int64_t warmup_steps = 3;
-};
-
-struct TrainSummary {
-  TimedSteps timed;
-  int stopped_by_signal = 0;  // checkpoint.on_signal: the signal the run stopped for (saved, not finished), or 0
-  bool stopped_by_time_limit = false;  // training.time_limit: stopped and saved before the last step
-  std::vector<StepRecord> steps;
-  int64_t skipped_nonfinite = 0;  // steps skipped for a NaN or inf loss or gradient norm (training.nonfinite_skips)
-  std::vector<std::pair<int64_t, double>> evals;  // (step, held-out loss)
-  std::vector<std::pair<std::string, double>> last_eval_parts;  // the last evaluation's per-source losses (data.mix)
-  double seconds = 0;
-  double tokens_per_second = 0;  // over the whole run, evaluation excluded
-  std::string sample;
-  // checkpoint.resume found every step of training.steps done already: that checkpoint's step
-  // (nothing was trained or evaluated; the export is written again only when export.folder is
-  // missing or older than that checkpoint); -1 otherwise
-  int64_t already_complete_at = -1;
-};
+class Watchdog;  // train/watchdog.h
 
 class Trainer {
  public:
   // Loads the data and builds the model and optimizer; nothing is trained yet. Without a
-  // communicator, uses MPI when launched by mpirun/srun and a single rank otherwise.
+  // communicator, makes the launch's (dist::make_world: NCCL between GPUs, MPI under
+  // mpirun/srun, else a single rank).
   explicit Trainer(const JobConfig& config, dist::Communicator* comm = nullptr,
                    std::optional<BenchMode> bench = std::nullopt);
   ~Trainer();
@@ -122,6 +75,33 @@ class Trainer {
   Tensor positions_of(const Tensor& ids_BT) const;
 
  private:
+  // The constructor's phases (trainer.cpp), in order.
+  void open_communicator();
+  // checkpoint.resume's checkpoint, checked against the model `shape` (nullopt: none, or auto
+  // found none); `dir` receives its folder
+  std::optional<CheckpointInfo> find_resume_checkpoint(const model::LlamaConfig& shape, std::string* dir) const;
+  // the resumed checkpoint has done every step of training.steps: noted (complete_at_step_)
+  // and logged; nothing more is built
+  bool already_complete(const std::optional<CheckpointInfo>& resume_from, const std::string& dir);
+  void open_data(const model::LlamaConfig& shape, int dp_size);
+  void resolve_data_options();  // data.document_mask, and an evaluation batch where evaluation is on
+  void load_weights(const io::HfWeights* hf_weights);  // or random ones (training.seed)
+  void build_model(DType compute);                     // with its tensor parallelism, chunks and FP8
+  void log_sharding() const;
+
+  // run()'s pieces (trainer.cpp): what it keeps from step to step, one step, the end.
+  struct RunState;
+  struct StepResult;
+  OptimizerStepOptions optimizer_step_options();  // logs what the run's steps leave out (a graph, ...)
+  void log_training_plan(const optim::ScheduleConfig& schedule) const;
+  // An evaluation: the log line, the metrics (a mix's sources' losses as eval_loss/<name>), the summary.
+  Evaluation report_evaluation(int64_t step, const StopSignals* stop, RunState& run);
+  StepResult train_step(int64_t step, RunState& run);
+  // After a step's update: its figures, the evaluation and checkpoint due, the stop. True: stop now.
+  bool finish_step(int64_t step, StepResult& result, RunState& run);
+  TrainSummary finish_run(RunState& run);
+  void export_and_sample(TrainSummary& summary);
+
   std::string tokenizer_source() const;  // the tokenizer.json or its folder an export copies ("" if built in)
   // Creates every folder the run writes (run.output_dir, the checkpoint folder, the metrics
   // file's and TensorBoard's, export.folder) and probes each for writing, on the ranks that
@@ -129,8 +109,8 @@ class Trainer {
   // what interrupted saves and exports left in the checkpoint and export folders (logged).
   // Collective; before any save of this run.
   void prepare_output_folders();
-  int64_t loss_chunk_tokens() const;     // training.loss_chunk_tokens, or its automatic value
-  int64_t mlp_chunk_tokens() const;      // training.mlp_chunk_tokens, or its automatic value (0: at once)
+  int64_t loss_chunk_tokens() const;  // training.loss_chunk_tokens, or its automatic value
+  int64_t mlp_chunk_tokens() const;   // training.mlp_chunk_tokens, or its automatic value (0: at once)
   // training.fp8 with its gradient format, after checking the device and model_config_'s widths.
   ops::LinearFp8 fp8_choice() const;
   // training.fp8_head: the head's recipe (fp8_'s) and its logits' gradient format: the chosen
@@ -147,7 +127,7 @@ class Trainer {
   // With training.offload_activations (only then called): the blocks to offload (0: none),
   // training.offload_activations_blocks with 0 (auto) decided by the plan and the GPU's memory.
   int64_t offload_activation_blocks(model::ActivationCheckpointing checkpointing, bool compute_shards) const;
-  int64_t gpu_memory_bytes() const;    // the training GPU's memory (0 on the CPU)
+  int64_t gpu_memory_bytes() const;  // the training GPU's memory (0 on the CPU)
   // Once the data is open: training.seq_len = 0 as `seq_len` chose it, training.epochs as
   // steps, schedule.warmup_fraction as warm-up steps, in config_; logs what was chosen.
   void resolve_run_shape(const AutoSeqLen& seq_len);
@@ -163,9 +143,9 @@ class Trainer {
   // and any page-locked memory exist.
   model::ActivationCheckpointing checkpointing_ = model::ActivationCheckpointing::kNone;
   bool compute_shards_ = false;
-  int64_t offload_blocks_ = 0;  // training.offload_activations: the blocks offloaded (0: none)
-  int64_t start_step_ = 1;  // > 1 after resuming
-  int64_t complete_at_step_ = -1;  // the resumed checkpoint's step when it finished the run (nothing built then)
+  int64_t offload_blocks_ = 0;       // training.offload_activations: the blocks offloaded (0: none)
+  int64_t start_step_ = 1;           // > 1 after resuming
+  int64_t complete_at_step_ = -1;    // the resumed checkpoint's step when it finished the run (nothing built then)
   std::string complete_checkpoint_;  // and that checkpoint's directory
   bool log_file_open_ = false;       // this trainer writes the log to the run folder's train.log
   // A finished run's export, written again from its last checkpoint when export.folder is
