@@ -75,6 +75,12 @@ void write(Level l, std::string_view message) {
   }
 }
 
+void warn_shared(std::string_view message) {
+  const State& s = state();
+  if (s.rank > 0 && !s.all_ranks) return;
+  write(Level::kWarn, message);
+}
+
 void set_file(const std::string& path, bool append) {
   State& s = state();
   std::FILE* f = nullptr;

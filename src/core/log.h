@@ -24,5 +24,8 @@ inline void debug(std::string_view m) { write(Level::kDebug, m); }
 inline void info(std::string_view m) { write(Level::kInfo, m); }
 inline void warn(std::string_view m) { write(Level::kWarn, m); }
 inline void error(std::string_view m) { write(Level::kError, m); }
+// A warning every rank reaches alike (one about the job's settings): rank 0 prints it, as it
+// prints info lines, where warn prints on every rank.
+void warn_shared(std::string_view message);
 
 }  // namespace shardtrain::log

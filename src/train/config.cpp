@@ -773,6 +773,9 @@ void apply_fine_tuning_defaults(LoadedConfig& loaded) {
     c.training.epochs = kFineTuningEpochs;
     take("training.epochs");
   }
+  // stays true; the launch turns evaluation off (and says so) only where the held-out split
+  // has nothing to evaluate, as a small fine-tuning set's may not
+  if (unset({"eval.enabled"})) c.fine_tuning_defaults.emplace_back("eval.enabled");
 }
 
 namespace {

@@ -196,7 +196,8 @@ struct LoadedConfig {
 // The fine-tuning defaults, for a job with model.hf whose keys were not given (in a file or
 // an override): optimizer.lr 2e-5; schedule.warmup_fraction 0.03 (unless schedule.warmup_steps
 // is given); training.seq_len 0 (auto: train/launch_defaults.h); training.epochs 1 (unless
-// training.steps is given).
+// training.steps is given); eval.enabled off where the held-out split is empty (the launch
+// decides and logs it; the key's value stays true).
 constexpr double kFineTuningLr = 2e-5;
 constexpr double kFineTuningWarmupFraction = 0.03;
 constexpr double kFineTuningEpochs = 1;

@@ -168,6 +168,15 @@ void Trainer::resolve_data_options() {
     // fail only after the whole run, before its last checkpoint. (Examples evaluate a partial
     // batch; ranks past the split's end evaluate rows that count nothing.)
     const int64_t B = config_.training.batch_size, T = config_.training.seq_len;
+    const auto& defaulted = config_.fine_tuning_defaults;
+    if (data_->eval_batches(B, T) < 1 &&
+        std::find(defaulted.begin(), defaulted.end(), "eval.enabled") != defaulted.end()) {
+      config_.eval.enabled = false;
+      log::warn_shared("the held-out split has " + data_->held_out_size() +
+                ": evaluation is off (fine-tuning with eval.enabled not given); raise `data.val_fraction` or give "
+                "`data.eval_source` to evaluate");
+      return;
+    }
     ST_CHECK(data_->eval_batches(B, T) >= 1, "the held-out split has ", data_->held_out_size(),
              ", fewer than one evaluation batch (`training.batch_size` ", B, " sequences of `training.seq_len` ", T,
              " + 1 tokens); evaluation runs at least at the end of training: raise `data.val_fraction`, use more "

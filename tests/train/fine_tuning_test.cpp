@@ -57,15 +57,17 @@ TEST(FineTuningConfig, DefaultsApplyOnlyWithModelHfAndOnlyToKeysNotGiven) {
   EXPECT_DOUBLE_EQ(ft.config.training.epochs, 1);
   for (const char* k : {"optimizer.lr", "schedule.warmup_fraction", "training.seq_len", "training.epochs"})
     EXPECT_EQ(ft.sources.at(k), ValueSource::kFineTuning) << k;
-  EXPECT_EQ(ft.config.fine_tuning_defaults.size(), 4u);
+  // and eval.enabled, which stays true unless the held-out split turns out empty
+  EXPECT_EQ(ft.config.fine_tuning_defaults.size(), 5u);
+  EXPECT_TRUE(ft.config.eval.enabled);
   EXPECT_EQ(ft.sources.at("optimizer.beta2"), ValueSource::kDefault);  // no fine-tuning default of its own
 
   // given in a file or on the command line, a key keeps its value
   const std::string toml =
       (std::filesystem::temp_directory_path() / fmt::format("shardtrain_ft_given_{}.toml", ::getpid())).string();
   std::ofstream(toml) << "[optimizer]\nlr = 1e-4\n[training]\nsteps = 50\n";
-  const LoadedConfig given =
-      load_config(toml, {"--model.hf=models/some-llama", "--schedule.warmup_steps=7", "--training.seq_len=96"});
+  const LoadedConfig given = load_config(toml, {"--model.hf=models/some-llama", "--schedule.warmup_steps=7",
+                                                "--training.seq_len=96", "--eval.enabled=true"});
   EXPECT_DOUBLE_EQ(given.config.optimizer.lr, 1e-4);
   EXPECT_EQ(given.sources.at("optimizer.lr"), ValueSource::kFile);
   EXPECT_EQ(given.config.training.steps, 50);
@@ -422,23 +424,29 @@ TEST_F(FineTuning, HeldOutSmallerThanOneBatchIsEvaluatedWhole) {
 }
 
 // eval.enabled = false: no evaluation at all, so no held-out data is needed and metrics.jsonl
-// has no eval lines.
+// has no eval lines. Fine-tuning with eval.enabled not given does the same where the held-out
+// split is empty (a small set's share rounds to no example); given as true, it is an error.
 TEST_F(FineTuning, EvaluationOff) {
   const std::string hf = hf_folder();
   const std::vector<std::string> job = {"--model.hf=" + hf, "--data.source=" + examples(20), "--data.format=sft",
                                         "--data.val_fraction=0", "--training.seq_len=128", "--training.steps=3",
                                         "--training.batch_size=2", "--eval.interval_steps=1"};
-  const std::string needs = error_of([&] { Trainer t(load_config("", base(job)).config); });
+  std::vector<std::string> on = job;
+  on.push_back("--eval.enabled=true");
+  const std::string needs = error_of([&] { Trainer t(load_config("", base(on)).config); });
   EXPECT_NE(needs.find("or set `eval.enabled` = false"), std::string::npos) << needs;
 
   std::vector<std::string> off = job;
   off.push_back("--eval.enabled=false");
-  const TrainSummary s = Trainer(load_config("", base(off)).config).run();
-  EXPECT_EQ(s.steps.size(), 3u);
-  EXPECT_TRUE(s.evals.empty());
-  const std::vector<std::string> lines = metrics_lines();
-  EXPECT_EQ(lines.size(), 3u);
-  for (const std::string& line : lines) EXPECT_EQ(line.find("eval_loss"), std::string::npos) << line;
+  for (const std::vector<std::string>& args : {off, job}) {
+    const TrainSummary s = Trainer(load_config("", base(args)).config).run();
+    EXPECT_EQ(s.steps.size(), 3u);
+    EXPECT_TRUE(s.evals.empty());
+    const std::vector<std::string> lines = metrics_lines();
+    EXPECT_EQ(lines.size(), 3u);
+    for (const std::string& line : lines) EXPECT_EQ(line.find("eval_loss"), std::string::npos) << line;
+    std::filesystem::remove_all(dir_ / "run");
+  }
 }
 
 }  // namespace
