@@ -220,7 +220,7 @@ void Trainer::build_model(DType dtype) {
   model_->set_fp8(fp8_, head_fp8);
   if (fp8_attention_choice(dtype)) {
     model_->set_fp8_attention(true);
-    log::info(std::string("training.fp8_attention = true: the attention forward's products in FP8 e4m3 (cuDNN)") +
+    log::info(std::string("training.fp8_attention = true: attention's products in FP8 e4m3, forward and backward (cuDNN)") +
               (mc.sliding_layer_count() > 0 ? "; the sliding-window layers attend in bf16" : ""));
   }
   auto format = [](const ops::LinearFp8& f) { return f.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2"; };
