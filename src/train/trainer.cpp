@@ -223,9 +223,10 @@ void Trainer::log_training_plan(const optim::ScheduleConfig& schedule) const {
                         config_.optimizer.lr, config_.schedule.type, config_.schedule.warmup_steps, decay,
                         omp_get_max_threads(), omp_get_max_threads() == 1 ? "" : "s"));
   if (config_.schedule.warmup_steps > training.steps)
-    log::warn_shared(fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
-                          "optimizer.lr",
-                          config_.schedule.warmup_steps, training.steps));
+    log::warn_shared(
+        fmt::format("schedule.warmup_steps ({}) exceeds training.steps ({}): the learning rate never reaches "
+                    "optimizer.lr",
+                    config_.schedule.warmup_steps, training.steps));
 }
 
 Trainer::Evaluation Trainer::report_evaluation(int64_t step, const StopSignals* stop, RunState& run) {

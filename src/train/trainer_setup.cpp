@@ -172,9 +172,10 @@ void Trainer::resolve_data_options() {
     if (data_->eval_batches(B, T) < 1 &&
         std::find(defaulted.begin(), defaulted.end(), "eval.enabled") != defaulted.end()) {
       config_.eval.enabled = false;
-      log::warn_shared("the held-out split has " + data_->held_out_size() +
-                ": evaluation is off (fine-tuning with eval.enabled not given); raise `data.val_fraction` or give "
-                "`data.eval_source` to evaluate");
+      log::warn_shared(
+          "the held-out split has " + data_->held_out_size() +
+          ": evaluation is off (fine-tuning with eval.enabled not given); raise `data.val_fraction` or give "
+          "`data.eval_source` to evaluate");
       return;
     }
     ST_CHECK(data_->eval_batches(B, T) >= 1, "the held-out split has ", data_->held_out_size(),
@@ -220,8 +221,9 @@ void Trainer::build_model(DType dtype) {
   model_->set_fp8(fp8_, head_fp8);
   if (fp8_attention_choice(dtype)) {
     model_->set_fp8_attention(true);
-    log::info(std::string("training.fp8_attention = true: attention's products in FP8 e4m3, forward and backward (cuDNN)") +
-              (mc.sliding_layer_count() > 0 ? "; the sliding-window layers attend in bf16" : ""));
+    log::info(
+        std::string("training.fp8_attention = true: attention's products in FP8 e4m3, forward and backward (cuDNN)") +
+        (mc.sliding_layer_count() > 0 ? "; the sliding-window layers attend in bf16" : ""));
   }
   auto format = [](const ops::LinearFp8& f) { return f.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2"; };
   if (fp8_.on())
