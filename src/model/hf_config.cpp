@@ -327,9 +327,10 @@ void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
   const double scalar = get_double(j, "query_pre_attn_scalar", src, 256.0);
   ST_CHECK(scalar > 0, src, ": `query_pre_attn_scalar` must be > 0, found ", scalar);
   c.attention_multiplier = 1.0 / std::sqrt(scalar);
-  // the rope: global layers' (rope_theta, rope_scaling) and the sliding layers' base
-  c.rope.theta = 1000000.0;
-  c.rope_local_theta = 10000.0;
+  // the rope: global layers' (rope_theta, rope_scaling) and the sliding layers' base; in
+  // rope_parameters an entry's own rope_theta, else the top-level key, else transformers' default
+  c.rope.theta = get_double(j, "rope_theta", src, 1000000.0);
+  c.rope_local_theta = get_double(j, "rope_local_base_freq", src, 10000.0);
   if (const json* params = find(j, "rope_parameters")) {
     ST_CHECK(params->is_object(), src, ": `rope_parameters` must be an object, found ", params->dump());
     const json* full = find(*params, kFullLayer);
@@ -346,12 +347,11 @@ void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
       ST_CHECK(type == "default", src, ": `rope_parameters.sliding_attention.rope_type` = \"", type,
                "\" is not supported; Gemma 3's sliding layers use the default rope");
     }
-  } else {
-    c.rope.theta = get_double(j, "rope_theta", src, c.rope.theta);
-    if (const json* s = find(j, "rope_scaling")) parse_gemma3_scaling(*s, "rope_scaling", src, c);
+  } else if (const json* s = find(j, "rope_scaling")) {
+    parse_gemma3_scaling(*s, "rope_scaling", src, c);
   }
-  c.rope_local_theta = get_double(j, "rope_local_base_freq", src, c.rope_local_theta);
-  ST_CHECK(c.rope_local_theta > 0, src, ": `rope_local_base_freq` must be > 0, found ", c.rope_local_theta);
+  ST_CHECK(c.rope_local_theta > 0, src, ": the sliding layers' rope base (`rope_local_base_freq`) must be > 0, "
+           "found ", c.rope_local_theta);
   // sliding layers
   c.sliding_layers = parse_layer_types(j, c.n_layers, src);
   if (c.sliding_layers.empty()) {

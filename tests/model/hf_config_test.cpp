@@ -800,6 +800,14 @@ TEST(HfConfig, Gemma3TextLinearRopeScalingIsTheGlobalLayersOnly) {
   const LlamaConfig five = parse_hf_config(gemma3_small(true), "five/config.json");
   EXPECT_EQ(to_hf_config(five, "float32"), to_hf_config(c, "float32"));
   EXPECT_EQ(five.summary(), c.summary());
+  // rope_parameters without thetas of their own beside the top-level keys (as Hub configs
+  // updated for transformers 5 have them)
+  json top = gemma3_small(true);
+  top["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}}},
+                            {"sliding_attention", {{"rope_type", "default"}}}};
+  top["rope_theta"] = 1000000;
+  top["rope_local_base_freq"] = 10000;
+  EXPECT_EQ(to_hf_config(parse_hf_config(top, "top/config.json"), "float32"), to_hf_config(c, "float32"));
 }
 
 TEST(HfConfig, Gemma3TextExportsAsGemma3TextAndReadsBack) {
