@@ -101,6 +101,17 @@ CASES = {
              tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
         "gemma3_text",
     ),
+    # Gemma 2: Gemma 3's norms, GeGLU and scaled embeddings without QK-norm, one rope, the even
+    # layers sliding (4 positions), and the attention scores and logits soft-capped (at 2 and 3
+    # here, inside tanh's curve for these weights). The CPU tests only: the GPU refuses soft-capping.
+    "gemma2_softcap": (
+        dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+             num_hidden_layers=4, query_pre_attn_scalar=24, sliding_window=4,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+             attn_logit_softcapping=2.0, final_logit_softcapping=3.0, tie_word_embeddings=False,
+             max_position_embeddings=GREEDY_POSITIONS),
+        "gemma2",
+    ),
     # Sliding-window attention: Mistral v0.1's window on every layer (5 positions, under the
     # 13-token rows and the 200-id greedy prompt), and Qwen2's window on the layers from
     # max_window_layers on (here the second of two).
@@ -188,6 +199,13 @@ def build(overrides, arch):
                                                attn_logit_softcapping=None, final_logit_softcapping=None,
                                                pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
         model = transformers.Gemma3ForCausalLM(config)
+    elif arch == "gemma2":
+        common.pop("hidden_act")  # Gemma reads hidden_activation
+        common.pop("rope_scaling", None)
+        # no padding row (Gemma's default pad id is 0): its embedding row would get no gradient
+        config = transformers.Gemma2Config(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                                           pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
+        model = transformers.Gemma2ForCausalLM(config)
     elif arch == "qwen2":
         common.pop("rope_scaling", None)
         config = transformers.Qwen2Config(use_sliding_window=common.pop("use_sliding_window", False), **common)

@@ -491,6 +491,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   attention.documents = ctx.documents;
   attention.window = ctx.window;
   attention.scale = ctx.config->attention_multiplier;  // Granite's; 0: 1 / sqrt(H)
+  attention.softcap = ctx.config->attn_logit_softcapping;  // Gemma 2's; 0: none
   // the attention of sequences [b0, b1): in FP8 (which rounds q, k and v in place, for the
   // backward to read) where BlockContext::fp8_attention takes it
   const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
@@ -571,11 +572,12 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   if (ctx.kv_position_1.defined()) {
     Tensor keys_BCMH = ctx.kv_keys_BSMH, values_BCMH = ctx.kv_values_BSMH;
     ops::attention_forward_kv_cache(a.attn_BTNH, a.lse_BNT, keys_BCMH, values_BCMH, a.q_BTNH, a.k_BTMH, a.v_BTMH,
-                                    ctx.kv_position_1, {.scale = attention.scale, .window = ctx.window});
+                                    ctx.kv_position_1,
+                                    {.scale = attention.scale, .window = ctx.window, .softcap = attention.softcap});
   } else if (ctx.kv_keys_BSMH.defined()) {
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH,
-                           {.scale = attention.scale, .window = ctx.window});
+                           {.scale = attention.scale, .window = ctx.window, .softcap = attention.softcap});
   } else if (!by_pieces) {
     attend_rows(0, d.B);
   }
@@ -947,6 +949,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   attention.documents = ctx.documents;
   attention.window = ctx.window;
   attention.scale = ctx.config->attention_multiplier;
+  attention.softcap = ctx.config->attn_logit_softcapping;
   // the attention backward of sequences [b0, b1): FP8's where the forward was FP8's
   const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
   ST_ASSERT(!fp8 || ctx.fp8_attention_history_4.defined(), "the FP8 attention backward needs its layer's history");

@@ -41,7 +41,7 @@ double LlamaConfig::attention_scale() const {
 
 bool LlamaConfig::gemma_features() const {
   return norm_weight_offset != 0.0 || sandwich_norms || mlp_activation != ops::GluActivation::kSilu ||
-         scale_embeddings || rope_local_theta != 0.0;
+         scale_embeddings || rope_local_theta != 0.0 || soft_capped();
 }
 
 ops::RopeOptions LlamaConfig::rope_of(int64_t layer) const {
@@ -68,6 +68,10 @@ void LlamaConfig::validate_families(const std::string& p) const {
            norm_weight_offset);
   ST_CHECK(rope_local_theta >= 0, "`", p, "rope_local_theta` must be >= 0 (0: the sliding layers use rope_theta), found ",
            rope_local_theta);
+  ST_CHECK(attn_logit_softcapping >= 0, "`", p, "attn_logit_softcapping` must be >= 0 (0: none), found ",
+           attn_logit_softcapping);
+  ST_CHECK(final_logit_softcapping >= 0, "`", p, "final_logit_softcapping` must be >= 0 (0: none), found ",
+           final_logit_softcapping);
 }
 
 void LlamaConfig::validate_sliding_window(const std::string& p) const {
@@ -166,6 +170,8 @@ std::string LlamaConfig::summary() const {
   if (mlp_activation == ops::GluActivation::kGeluTanh) s << ", GeGLU (tanh GELU)";
   if (scale_embeddings) s << ", embeddings x sqrt(dim)";
   if (has_local_rope()) s << ", sliding layers' rope theta " << rope_local_theta;
+  if (attn_logit_softcapping > 0) s << ", attention scores soft-capped at " << attn_logit_softcapping;
+  if (final_logit_softcapping > 0) s << ", logits soft-capped at " << final_logit_softcapping;
   if (!nope_layers.empty() && nope_layer_count() > 0)
     s << ", no rope on " << nope_layer_count() << " of " << n_layers << " layers";
   if (gemma_features()) s << ", attention scale " << attention_scale();

@@ -76,6 +76,11 @@ struct LlamaConfig {
   ops::GluActivation mlp_activation = ops::GluActivation::kSilu;
   bool scale_embeddings = false;
   double rope_local_theta = 0.0;
+  // Gemma 2's soft-capping (0: none): the attention's scaled scores become
+  // attn_logit_softcapping · tanh(s / attn_logit_softcapping) before the softmax, and the logits
+  // final_logit_softcapping · tanh(z / final_logit_softcapping). CPU only.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
 
   // H
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : n_heads > 0 ? dim / n_heads : 0; }
@@ -96,8 +101,10 @@ struct LlamaConfig {
   bool granite_scaled() const;
   // The attention's softmax scale: attention_multiplier, or 1 / sqrt(H) when it is 0.
   double attention_scale() const;
-  // Whether any of Gemma 3's features is on.
+  // Whether any of Gemma's features (Gemma 2's and 3's) is on.
   bool gemma_features() const;
+  // Whether either soft-capping is on (Gemma 2; CPU only).
+  bool soft_capped() const { return attn_logit_softcapping > 0 || final_logit_softcapping > 0; }
   // The rope of layer `layer`: on a sliding layer with rope_local_theta, that base without
   // scaling; `rope` otherwise.
   ops::RopeOptions rope_of(int64_t layer) const;

@@ -92,7 +92,6 @@ struct UnsupportedFamily {
 };
 constexpr UnsupportedFamily kUnsupported[] = {
     {"gemma", "Gemma 1 configs (Gemma 3's text models, model_type gemma3_text, are supported)"},
-    {"gemma2", "attention and final logit soft-capping (attn_logit_softcapping, final_logit_softcapping)"},
     {"gemma3", "multimodal Gemma 3 (a vision tower); use a text-only checkpoint (model_type gemma3_text, "
                "Gemma3ForCausalLM, as google/gemma-3-1b-it)"},
     {"phi3", "fused qkv_proj and gate_up_proj tensors"},
@@ -106,12 +105,14 @@ constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sli
                                    "(Granite 3's embedding, residual, attention and logits scalings), olmo2 (norms "
                                    "after each sublayer, QK-norm over the whole q and k) and gemma3_text (Gemma 3's "
                                    "text models: (1 + weight) norms before and after each sublayer, GeGLU, scaled "
-                                   "embeddings, QK-norm, sliding layers with their own rope)";
+                                   "embeddings, QK-norm, sliding layers with their own rope) and gemma2 (Gemma 2: "
+                                   "the same without QK-norm, with soft-capped attention scores and logits, on the "
+                                   "CPU only)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
   if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2" ||
       model_type == "qwen3" || model_type == "smollm3" || model_type == "granite" || model_type == "olmo2" ||
-      model_type == "gemma3_text")
+      model_type == "gemma3_text" || model_type == "gemma2")
     return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
@@ -308,18 +309,17 @@ void parse_gemma3_scaling(const json& s, const char* where, const std::string& s
 // but each sliding_window_pattern-th) with rope_local_base_freq as their unscaled rope base,
 // global layers rope_theta with rope_scaling (default or linear). transformers 5 keys the rope
 // by layer type in rope_parameters. Soft-capping (Gemma 2's) is refused.
-void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
+// What Gemma 2 and Gemma 3 share: (1 + weight) norms before and after each sublayer, GeGLU
+// (gelu_pytorch_tanh), embeddings x sqrt(hidden_size), the softmax scale
+// query_pre_attn_scalar^-0.5, causal attention, no biases.
+void parse_gemma_common(const json& j, const std::string& model_type, const std::string& src, LlamaConfig& c) {
   if (const json* act = find(j, "hidden_activation"))
-    ST_CHECK(*act == "gelu_pytorch_tanh", src, ": `hidden_activation` = ", act->dump(),
-             " is not supported for gemma3_text; expected \"gelu_pytorch_tanh\"");
-  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
-    ST_CHECK(find(j, cap) == nullptr, src, ": `", cap, "` = ", j[cap].dump(),
-             " is not supported: shardtrain has no logit soft-capping; Gemma 3 leaves it null");
+    ST_CHECK(*act == "gelu_pytorch_tanh", src, ": `hidden_activation` = ", act->dump(), " is not supported for ",
+             model_type, "; expected \"gelu_pytorch_tanh\"");
   ST_CHECK(!get_bool(j, "use_bidirectional_attention", src, false), src,
            ": `use_bidirectional_attention` = true is not supported; shardtrain trains causal models");
-  ST_CHECK(!c.attention_bias, src, ": `attention_bias` = true is not supported for gemma3_text (its o_proj bias ",
-           "has no place in shardtrain's block); Gemma 3 has none");
-  c.qk_norm = true;
+  ST_CHECK(!c.attention_bias, src, ": `attention_bias` = true is not supported for ", model_type,
+           " (its o_proj bias has no place in shardtrain's block); Gemma has none");
   c.sandwich_norms = true;
   c.norm_weight_offset = 1.0;
   c.mlp_activation = ops::GluActivation::kGeluTanh;
@@ -327,6 +327,55 @@ void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
   const double scalar = get_double(j, "query_pre_attn_scalar", src, 256.0);
   ST_CHECK(scalar > 0, src, ": `query_pre_attn_scalar` must be > 0, found ", scalar);
   c.attention_multiplier = 1.0 / std::sqrt(scalar);
+}
+
+// A soft-capping key: its value, `fallback` when absent (transformers' default), 0 when null.
+double softcap_key(const json& j, const char* key, const std::string& src, double fallback) {
+  if (j.contains(key) && j[key].is_null()) return 0.0;
+  const double v = get_double(j, key, src, fallback);
+  ST_CHECK(v > 0, src, ": `", key, "` must be > 0 (or null for none), found ", v);
+  return v;
+}
+
+// The sliding layers from layer_types or, without it, every layer i with (i + 1) % pattern != 0
+// (Gemma 3's sliding_window_pattern, default 6; Gemma 2's even layers: pattern 2), and the window.
+void parse_gemma_sliding(const json& j, const std::string& src, int64_t default_pattern, LlamaConfig& c) {
+  c.sliding_layers = parse_layer_types(j, c.n_layers, src);
+  if (c.sliding_layers.empty()) {
+    const int64_t pattern = get_int(j, "sliding_window_pattern", src, &default_pattern);
+    ST_CHECK(pattern >= 1, src, ": `sliding_window_pattern` must be >= 1, found ", pattern);
+    for (int64_t l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern != 0);
+  }
+  bool any_sliding = false;
+  for (bool s : c.sliding_layers) any_sliding = any_sliding || s;
+  if (!any_sliding) {
+    c.sliding_layers.clear();
+    return;
+  }
+  ST_CHECK(find(j, "sliding_window") != nullptr || !j.contains("sliding_window"), src,
+           ": `sliding_window` is null but layers slide (`layer_types` / `sliding_window_pattern`); give its size");
+  c.sliding_window = window_size(j, src);
+}
+
+// Gemma 2 as transformers reads it: Gemma's common features (parse_gemma_common), attention
+// scores and logits soft-capped (attn_logit_softcapping 50, final_logit_softcapping 30 by
+// default; null: none), one rope for every layer, every even layer sliding (layer_types where
+// given).
+void parse_gemma2(const json& j, const std::string& src, LlamaConfig& c) {
+  parse_gemma_common(j, "gemma2", src, c);
+  c.attn_logit_softcapping = softcap_key(j, "attn_logit_softcapping", src, 50.0);
+  c.final_logit_softcapping = softcap_key(j, "final_logit_softcapping", src, 30.0);
+  parse_rope(j, src, c, 10000.0);
+  parse_gemma_sliding(j, src, 2, c);
+}
+
+void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
+  parse_gemma_common(j, "gemma3_text", src, c);
+  ST_CHECK(find(j, "attn_logit_softcapping") == nullptr, src, ": `attn_logit_softcapping` = ",
+           j["attn_logit_softcapping"].dump(), " is not supported for gemma3_text: transformers' Gemma 3 attention "
+           "does not apply it; Gemma 3 leaves it null");
+  c.final_logit_softcapping = softcap_key(j, "final_logit_softcapping", src, 0.0);
+  c.qk_norm = true;
   // the rope: global layers' (rope_theta, rope_scaling) and the sliding layers' base; in
   // rope_parameters an entry's own rope_theta, else the top-level key, else transformers' default
   c.rope.theta = get_double(j, "rope_theta", src, 1000000.0);
@@ -352,23 +401,7 @@ void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
   }
   ST_CHECK(c.rope_local_theta > 0, src, ": the sliding layers' rope base (`rope_local_base_freq`) must be > 0, "
            "found ", c.rope_local_theta);
-  // sliding layers
-  c.sliding_layers = parse_layer_types(j, c.n_layers, src);
-  if (c.sliding_layers.empty()) {
-    const int64_t default_pattern = 6;
-    const int64_t pattern = get_int(j, "sliding_window_pattern", src, &default_pattern);
-    ST_CHECK(pattern >= 1, src, ": `sliding_window_pattern` must be >= 1, found ", pattern);
-    for (int64_t l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern != 0);
-  }
-  bool any_sliding = false;
-  for (bool s : c.sliding_layers) any_sliding = any_sliding || s;
-  if (!any_sliding) {
-    c.sliding_layers.clear();
-    return;
-  }
-  ST_CHECK(find(j, "sliding_window") != nullptr || !j.contains("sliding_window"), src,
-           ": `sliding_window` is null but layers slide (`layer_types` / `sliding_window_pattern`); give its size");
-  c.sliding_window = window_size(j, src);
+  parse_gemma_sliding(j, src, 6, c);
 }
 
 // Whether every layer but each p-th slides, for some p >= 2 (transformers 4's
@@ -382,13 +415,15 @@ int64_t sliding_pattern(const LlamaConfig& c) {
   return 0;
 }
 
-// Gemma 3's text config.json (gemma3_text, Gemma3ForCausalLM): the keys transformers 4 reads
-// (rope_theta, rope_scaling, rope_local_base_freq, sliding_window_pattern when one fits) and
+// Gemma 3's text config.json (gemma3_text, Gemma3ForCausalLM) or, without QK-norm, Gemma 2's
+// (gemma2, Gemma2ForCausalLM): the keys transformers 4 reads (rope_theta, rope_scaling and
+// rope_local_base_freq, sliding_window_pattern when one fits; Gemma 2's soft-capping) and
 // layer_types, which transformers 4.53 and later read in its place.
-json to_gemma3_config(const LlamaConfig& c, const std::string& torch_dtype) {
+json to_gemma_config(const LlamaConfig& c, const std::string& torch_dtype) {
+  const bool gemma3 = c.qk_norm;
   json j;
-  j["architectures"] = {"Gemma3ForCausalLM"};
-  j["model_type"] = "gemma3_text";
+  j["architectures"] = {gemma3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"};
+  j["model_type"] = gemma3 ? "gemma3_text" : "gemma2";
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.ffn_dim;
@@ -413,19 +448,22 @@ json to_gemma3_config(const LlamaConfig& c, const std::string& torch_dtype) {
     j["query_pre_attn_scalar"] = scalar;
   }
   j["rope_theta"] = c.rope.theta;
-  if (c.rope.scaling.type == ops::RopeScalingType::kLinear) {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}};
-  } else {
-    j["rope_scaling"] = nullptr;
+  if (gemma3) {
+    if (c.rope.scaling.type == ops::RopeScalingType::kLinear) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+    j["rope_local_base_freq"] = c.rope_local_theta > 0 ? c.rope_local_theta : c.rope.theta;
   }
-  j["rope_local_base_freq"] = c.rope_local_theta > 0 ? c.rope_local_theta : c.rope.theta;
   j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : kDefaultSlidingWindow;
   json types = json::array();
   for (int64_t l = 0; l < c.n_layers; ++l) types.push_back(c.window_of(l) > 0 ? kSlidingLayer : kFullLayer);
   j["layer_types"] = types;
-  if (const int64_t p = sliding_pattern(c); p > 0) j["sliding_window_pattern"] = p;
-  j["attn_logit_softcapping"] = nullptr;
-  j["final_logit_softcapping"] = nullptr;
+  if (const int64_t p = sliding_pattern(c); p > 0 && gemma3) j["sliding_window_pattern"] = p;
+  auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
+  j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
   j["torch_dtype"] = torch_dtype;
   return j;
 }
@@ -435,19 +473,19 @@ json to_gemma3_config(const LlamaConfig& c, const std::string& torch_dtype) {
 void check_hf_family(const LlamaConfig& c, const std::string& what) {
   const bool olmo2 = c.post_norms || c.qk_norm_whole;
   const bool smollm3 = c.nope_layer_count() > 0;
-  const bool gemma3 = c.gemma_features();
-  // Gemma 3 has QK-norm and a softmax scale of its own (query_pre_attn_scalar)
-  const bool granite = gemma3 ? c.embedding_multiplier != 1.0 || c.residual_multiplier != 1.0 ||
-                                    c.logits_scaling != 1.0
-                              : c.granite_scaled();
-  const bool qwen3 = c.qk_norm && !gemma3;
+  const bool gemma = c.gemma_features();
+  // Gemma 3 has QK-norm and Gemma a softmax scale of its own (query_pre_attn_scalar)
+  const bool granite = gemma ? c.embedding_multiplier != 1.0 || c.residual_multiplier != 1.0 ||
+                                   c.logits_scaling != 1.0
+                             : c.granite_scaled();
+  const bool qwen3 = c.qk_norm && !gemma;
   std::string features;
   for (const auto& [has, name] :
        {std::pair{olmo2, "OLMo 2's norms"}, std::pair{smollm3, "SmolLM3's NoPE layers"},
         std::pair{granite, "Granite's scalings"}, std::pair{qwen3, "Qwen3's QK-norm"},
-        std::pair{gemma3, "Gemma 3's norms, GeGLU, scaled embeddings or sliding layers' rope"}})
+        std::pair{gemma, "Gemma's norms, GeGLU, scaled embeddings, sliding layers' rope or soft-capping"}})
     if (has) features += (features.empty() ? "" : ", ") + std::string(name);
-  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(qwen3) + int(gemma3) <= 1, what,
+  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(qwen3) + int(gemma) <= 1, what,
            ": the model combines features of several Hugging Face families (", features,
            "), which no single transformers model type has; keep one family's features");
   if (olmo2) {
@@ -463,15 +501,25 @@ void check_hf_family(const LlamaConfig& c, const std::string& what) {
   if (granite)
     ST_CHECK(c.sliding_window == 0 && !c.head_dim_decoupled(), what, ": granite (scaled embeddings, residuals, ",
              "attention and logits) has no sliding window and heads of hidden_size / num_attention_heads");
-  if (gemma3) {
+  if (gemma) {
     ST_CHECK(c.norm_weight_offset == 1.0 && c.sandwich_norms && c.mlp_activation == ops::GluActivation::kGeluTanh &&
-                 c.scale_embeddings && c.qk_norm,
-             what, ": Gemma 3 (gemma3_text) has all of (1 + weight) norms (norm_weight_offset = 1, found ",
-             c.norm_weight_offset, "), norms before and after each sublayer (sandwich_norms = ", c.sandwich_norms,
-             "), GeGLU (mlp_activation = gelu_tanh: ", c.mlp_activation == ops::GluActivation::kGeluTanh,
-             "), embeddings x sqrt(dim) (scale_embeddings = ", c.scale_embeddings, ") and per-head QK-norm (qk_norm = ",
-             c.qk_norm, "); set all of them (gemma3_text) or none");
-    ST_CHECK(!c.attention_bias, what, ": gemma3_text has no q/k/v biases here");
+                 c.scale_embeddings,
+             what, ": Gemma (gemma3_text with per-head QK-norm, gemma2 without) has all of (1 + weight) norms "
+             "(norm_weight_offset = 1, found ", c.norm_weight_offset, "), norms before and after each sublayer "
+             "(sandwich_norms = ", c.sandwich_norms, "), GeGLU (mlp_activation = gelu_tanh: ",
+             c.mlp_activation == ops::GluActivation::kGeluTanh, ") and embeddings x sqrt(dim) (scale_embeddings = ",
+             c.scale_embeddings, "); set all of them or none");
+    ST_CHECK(!c.attention_bias, what, ": Gemma has no q/k/v biases here");
+  }
+  if (gemma && !c.qk_norm) {  // Gemma 2
+    ST_CHECK(c.rope_local_theta == 0 || c.rope_local_theta == c.rope.theta || c.sliding_layer_count() == 0, what,
+             ": gemma2 has one rope for every layer; a sliding layers' rope of its own (rope_local_theta = ",
+             c.rope_local_theta, ") needs Gemma 3's QK-norm (gemma3_text)");
+    ST_CHECK(c.rope.scaling.type == ops::RopeScalingType::kNone, what, ": gemma2 has no rope scaling");
+  }
+  if (gemma && c.qk_norm) {  // Gemma 3
+    ST_CHECK(c.attn_logit_softcapping == 0, what, ": gemma3_text does not soft-cap its attention scores ",
+             "(transformers' Gemma 3 ignores attn_logit_softcapping); Gemma 2's soft-capping goes without QK-norm");
     ST_CHECK(c.rope_local_theta > 0 || c.sliding_layer_count() == 0 ||
                  c.rope.scaling.type == ops::RopeScalingType::kNone,
              what, ": gemma3_text's sliding layers never scale their rope; with rope scaling give them a base of ",
@@ -487,9 +535,9 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   ST_CHECK(mt && mt->is_string(), src, ": `model_type` is missing");
   const std::string model_type = mt->get<std::string>();
   check_model_type(model_type, src);
-  const bool gemma3 = model_type == "gemma3_text";
-  // Gemma reads hidden_activation (parse_gemma3), not hidden_act
-  if (const json* act = find(j, "hidden_act"); act != nullptr && !gemma3)
+  const bool gemma3 = model_type == "gemma3_text", gemma2 = model_type == "gemma2";
+  // Gemma reads hidden_activation (parse_gemma_common), not hidden_act
+  if (const json* act = find(j, "hidden_act"); act != nullptr && !gemma3 && !gemma2)
     ST_CHECK(*act == "silu", src, ": `hidden_act` = ", act->dump(), " is not supported; expected \"silu\"");
   ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
   const int64_t one = 1;
@@ -508,11 +556,12 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.n_heads = get_int(j, "num_attention_heads", src);
   c.n_kv_heads = get_int(j, "num_key_value_heads", src, &c.n_heads);
   c.ffn_dim = get_int(j, "intermediate_size", src);
-  const int64_t gemma3_positions = 131072;  // transformers' Gemma 3 default
-  c.max_seq_len = get_int(j, "max_position_embeddings", src, gemma3 ? &gemma3_positions : nullptr);
+  const int64_t gemma3_positions = 131072, gemma2_positions = 8192;  // transformers' defaults
+  c.max_seq_len = get_int(j, "max_position_embeddings", src,
+                          gemma3 ? &gemma3_positions : gemma2 ? &gemma2_positions : nullptr);
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   // transformers' default: tied for smollm3, untied for the others
-  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3" || gemma3);
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3" || gemma3 || gemma2);
   c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
   c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   // OLMo 2's q_norm / k_norm over the whole projections, and its norms after each sublayer
@@ -526,6 +575,8 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.init_std = get_double(j, "initializer_range", src, 0.02);
   if (gemma3) {
     parse_gemma3(j, src, c);
+  } else if (gemma2) {
+    parse_gemma2(j, src, c);
   } else {
     parse_rope(j, src, c, model_type == "smollm3" ? 2000000.0 : 10000.0);
     parse_sliding_window(j, model_type, src, c);
@@ -535,8 +586,8 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   if (find(j, "head_dim") != nullptr) {
     c.head_dim_override = get_int(j, "head_dim", src);
     ST_CHECK(c.head_dim_override > 0, src, ": `head_dim` must be > 0, found ", c.head_dim_override);
-  } else if (gemma3) {
-    c.head_dim_override = 256;  // transformers' Gemma 3 default, whatever hidden_size is
+  } else if (gemma3 || model_type == "gemma2") {
+    c.head_dim_override = 256;  // transformers' Gemma 2 and 3 default, whatever hidden_size is
   }
   with_context([&] { return src + ": checking the model shape"; }, [&] { c.validate(""); });
   return c;
@@ -552,7 +603,7 @@ LlamaConfig load_hf_config(const std::string& path) {
 
 json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   check_hf_family(c, "writing a Hugging Face config.json");
-  if (c.gemma_features()) return to_gemma3_config(c, torch_dtype);
+  if (c.gemma_features()) return to_gemma_config(c, torch_dtype);
   json j;
   // OLMo 2's norms: olmo2; NoPE layers: smollm3; Granite's scalings: granite; QK-norm: Qwen3
   // (with or without q/k/v biases); biases alone: Qwen2; else Llama

@@ -67,9 +67,21 @@ void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_
   }
 }
 
+namespace {
+
+// Gemma 2's soft-capping has CPU kernels only.
+void check_soft_capping_device(const LlamaConfig& c, Device device) {
+  ST_CHECK(!c.soft_capped() || device.is_cpu(), "the model soft-caps its attention scores (attn_logit_softcapping = ",
+           c.attn_logit_softcapping, ") or its logits (final_logit_softcapping = ", c.final_logit_softcapping,
+           "), which shardtrain runs on the CPU only, found ", device.str(), "; train it with training.device = cpu");
+}
+
+}  // namespace
+
 Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
     : config_(config), layout_(ModelLayout::llama(config, 1)), dtype_(dtype), device_(device) {
   config_.validate("model.");
+  check_soft_capping_device(config_, device_);
   resident_ = std::make_unique<ResidentUnitStore>(layout_, dtype, device);
   store_ = resident_.get();
   make_rope_tables();
@@ -78,6 +90,7 @@ Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
 Llama::Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* store, DType dtype, Device device)
     : config_(config), layout_(layout), dtype_(dtype), device_(device), store_(store) {
   config_.validate("model.");
+  check_soft_capping_device(config_, device_);
   make_rope_tables();
 }
 
@@ -453,6 +466,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ce.check_targets = false;  // checked on the host above
     ce.overwrite_dweight = o.overwrite_grads;  // the head's (tied: the table's) first gradient
     ce.fp8 = head_fp8_;
+    ce.logit_softcap = config_.final_logit_softcapping;  // Gemma 2's; 0: none
     {
       const profile::Region region("head and loss");
       ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
@@ -547,6 +561,7 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   ce.compute_grad = false;
   ce.check_targets = false;  // checked on the host above
   ce.fp8 = head_fp8_;
+  ce.logit_softcap = config_.final_logit_softcapping;
   ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head),
                             targets.view({B * T}).slice(0, row0, row0 + R), ce);
   release_head(Pass::kEval);
@@ -567,6 +582,7 @@ Tensor Llama::logits(const Tensor& ids_BT, const Tensor& positions_BT) {
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor logits_TV = Tensor::empty({B * T, config_.vocab_size}, dtype_, device_, "logits");
   ops::linear_forward(logits_TV, h_TD, head_weight(embed, head));
+  if (config_.final_logit_softcapping > 0) ops::softcap(logits_TV, config_.final_logit_softcapping);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
   return logits_TV;
@@ -626,6 +642,7 @@ void Llama::issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logi
     ops::cast(dst, h_TD.slice(0, b * T + T - 1, b * T + T));
   }
   ops::linear_forward(logits_BV, last_BD, head_weight(embed, head));
+  if (config_.final_logit_softcapping > 0) ops::softcap(logits_BV, config_.final_logit_softcapping);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
 }

@@ -222,6 +222,15 @@ const std::vector<KeyDef>& keys() {
           "Gemma 3-style: the sliding layers' rope base, without model.rope_scaling (the full layers keep "
           "model.rope_theta and its scaling; Gemma 3: 10000); 0: every layer uses model.rope_theta",
           non_negative()),
+      key("model.attn_logit_softcapping", &C::model, &ModelSection::attn_logit_softcapping,
+          "Gemma 2-style: the attention's scaled scores s become c x tanh(s / c) before the softmax for this c "
+          "(Gemma 2: 50); 0: none. CPU only (training.device = cpu). With Gemma's norms, GeGLU and scaled "
+          "embeddings and without model.qk_norm, exports as a Hugging Face gemma2 model",
+          non_negative()),
+      key("model.final_logit_softcapping", &C::model, &ModelSection::final_logit_softcapping,
+          "Gemma 2-style: the logits z become c x tanh(z / c) for this c, in the loss and in generation (Gemma 2: "
+          "30); 0: none. CPU only (training.device = cpu)",
+          non_negative()),
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
@@ -846,6 +855,8 @@ void validate_family_keys(const ModelSection& m) {
   unset(m.mlp_activation == plain.mlp_activation, "model.mlp_activation");
   unset(m.scale_embeddings == plain.scale_embeddings, "model.scale_embeddings");
   unset(m.rope_local_theta == plain.rope_local_theta, "model.rope_local_theta");
+  unset(m.attn_logit_softcapping == plain.attn_logit_softcapping, "model.attn_logit_softcapping");
+  unset(m.final_logit_softcapping == plain.final_logit_softcapping, "model.final_logit_softcapping");
 }
 
 }  // namespace

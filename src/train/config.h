@@ -45,6 +45,8 @@ struct ModelSection {
   std::string mlp_activation = "silu";  // the MLP gate's activation: silu, or gelu_tanh (Gemma's GeGLU)
   bool scale_embeddings = false;       // Gemma's embeddings x sqrt(dim)
   double rope_local_theta = 0.0;       // Gemma 3's sliding layers' rope base; 0: model.rope_theta
+  double attn_logit_softcapping = 0.0;   // Gemma 2's soft-capping of the attention scores; 0: none
+  double final_logit_softcapping = 0.0;  // and of the logits; 0: none
   double init_std = 0.02;
   std::string dtype = "auto";
 };

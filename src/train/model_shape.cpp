@@ -63,6 +63,8 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.mlp_activation = m.mlp_activation == "gelu_tanh" ? ops::GluActivation::kGeluTanh : ops::GluActivation::kSilu;
   c.scale_embeddings = m.scale_embeddings;
   c.rope_local_theta = m.rope_local_theta;
+  c.attn_logit_softcapping = m.attn_logit_softcapping;
+  c.final_logit_softcapping = m.final_logit_softcapping;
   c.nope_layers.clear();
   if (m.no_rope_every > 0)
     for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % m.no_rope_every == 0);

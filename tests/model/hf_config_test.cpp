@@ -536,11 +536,14 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
                    "3 (a vision tower); use a text-only checkpoint (model_type gemma3_text"),
             std::string::npos)
       << e;
-  j["model_type"] = "gemma2";
+  j["model_type"] = "phi3";
   e = error_of(j);
-  EXPECT_NE(e.find("`model_type` = \"gemma2\" is not supported"), std::string::npos) << e;
-  EXPECT_NE(e.find("soft-capping"), std::string::npos) << e;
-  EXPECT_NE(e.find("qwen2"), std::string::npos) << e;
+  EXPECT_NE(e.find("`model_type` = \"phi3\" is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find("fused qkv_proj"), std::string::npos) << e;
+  EXPECT_NE(e.find("and gemma2 (Gemma 2: the same without QK-norm, with soft-capped attention scores and logits, on "
+                   "the CPU only)"),
+            std::string::npos)
+      << e;
   j["model_type"] = "falcon";
   e = error_of(j);
   EXPECT_NE(e.find("`model_type` = \"falcon\" is not supported; shardtrain trains llama (Llama 2, 3, 3.1, 3.2), "
@@ -836,14 +839,16 @@ TEST(HfConfig, BadGemma3TextConfigsNameTheKeyAndValue) {
   json j = gemma3_small(false);
   j["attn_logit_softcapping"] = 50.0;
   std::string e = gemma_error_of(j);
-  EXPECT_NE(e.find("g/config.json: `attn_logit_softcapping` = 50.0 is not supported: shardtrain has no logit "
-                   "soft-capping"),
+  EXPECT_NE(e.find("g/config.json: `attn_logit_softcapping` = 50.0 is not supported for gemma3_text"),
             std::string::npos)
       << e;
+  EXPECT_NE(e.find("transformers' Gemma 3 attention does not apply it"), std::string::npos) << e;
   j = gemma3_small(false);
-  j["final_logit_softcapping"] = 30.0;
+  j["final_logit_softcapping"] = 30.0;  // transformers' Gemma 3 applies this one
+  EXPECT_EQ(parse_hf_config(j, "g/config.json").final_logit_softcapping, 30.0);
+  j["final_logit_softcapping"] = -1.0;
   e = gemma_error_of(j);
-  EXPECT_NE(e.find("`final_logit_softcapping` = 30.0 is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find("`final_logit_softcapping` must be > 0 (or null for none), found -1"), std::string::npos) << e;
   j = gemma3_small(false);
   j["hidden_activation"] = "gelu";
   e = gemma_error_of(j);
@@ -883,7 +888,7 @@ TEST(HfConfig, Gemma3TextFeaturesGoTogether) {
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("combines features of several Hugging Face families (Granite's scalings, "
-                                         "Gemma 3's"),
+                                         "Gemma's norms"),
               std::string::npos)
         << e.what();
   }
@@ -893,13 +898,90 @@ TEST(HfConfig, Gemma3TextFeaturesGoTogether) {
     (void)to_hf_config(c, "float32");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Gemma 3 (gemma3_text) has all of (1 + weight) norms"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("Gemma (gemma3_text with per-head QK-norm, gemma2 without) has all of (1 + "
+                                         "weight) norms"),
+              std::string::npos)
         << e.what();
     EXPECT_NE(std::string(e.what()).find("sandwich_norms = 0"), std::string::npos) << e.what();
   }
   c = parse_hf_config(gemma3_small(false), "gemma3/config.json");
   c.rope_local_theta = 0;  // the sliding layers would take the scaled rope, which transformers never gives them
   EXPECT_THROW((void)to_hf_config(c, "float32"), Error);
+}
+
+}  // namespace
+}  // namespace shardtrain::model
+
+namespace shardtrain::model {
+namespace {
+
+// google/gemma-2-2b's config.json as published (transformers 4 form).
+json gemma2_2b() {
+  return json::parse(R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+  "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+  "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+  "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+  "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000})");
+}
+
+TEST(HfConfig, Gemma2IsGemmaWithSoftCappingAndOneRope) {
+  const LlamaConfig c = parse_hf_config(gemma2_2b(), "gemma2/config.json");
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  EXPECT_EQ(c.mlp_activation, ops::GluActivation::kGeluTanh);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / 16);
+  EXPECT_FALSE(c.has_local_rope());
+  // the even layers slide
+  for (int64_t l = 0; l < 26; ++l) EXPECT_EQ(c.window_of(l), l % 2 == 0 ? 4096 : 0) << l;
+  // per block: 4 norms of 2304, q [2048, 2304], k and v [1024, 2304], o [2304, 2048], the MLP
+  // 3 x [9216, 2304]; then the final norm and the tied embedding: 2,614,341,888, gemma-2-2b's
+  const int64_t block = 4 * 2304 + 2048 * 2304 + 2 * 1024 * 2304 + 2304 * 2048 + 3 * 9216 * 2304;
+  EXPECT_EQ(c.num_parameters(), 26 * block + 2304 + 256000 * 2304);
+  EXPECT_EQ(c.num_parameters(), 2'614'341'888);
+  for (const char* part : {"attention scores soft-capped at 50", "logits soft-capped at 30"})
+    EXPECT_NE(c.summary().find(part), std::string::npos) << c.summary();
+  EXPECT_THROW(ModelLayout::llama(c, 1).locate("model.layers.0.self_attn.q_norm.weight"), Error);
+  // null soft-capping keys: none
+  json j = gemma2_2b();
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  const LlamaConfig uncapped = parse_hf_config(j, "gemma2/config.json");
+  EXPECT_FALSE(uncapped.soft_capped());
+  // the transformers 5 form: rope_parameters and layer_types
+  json five = five_form(gemma2_2b());
+  json types = json::array();
+  for (int l = 0; l < 26; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  five["layer_types"] = types;
+  EXPECT_EQ(to_hf_config(parse_hf_config(five, "five/config.json"), "float32"), to_hf_config(c, "float32"));
+}
+
+TEST(HfConfig, Gemma2ExportsAsGemma2AndReadsBack) {
+  const LlamaConfig c = parse_hf_config(gemma2_2b(), "gemma2/config.json");
+  const json out = to_hf_config(c, "float32");
+  EXPECT_EQ(out.at("architectures"), json::array({"Gemma2ForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "gemma2");
+  expect_published_keys(out, gemma2_2b(), {"cache_implementation", "hidden_act"});
+  EXPECT_FALSE(out.contains("rope_local_base_freq"));
+  EXPECT_FALSE(out.contains("sliding_window_pattern"));
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_EQ(to_hf_config(back, "float32"), out);
+  // Gemma 2 has one rope and no scaling; a Gemma 3 model soft-capping its attention has no family
+  LlamaConfig two_ropes = c;
+  two_ropes.rope_local_theta = 100.0;
+  EXPECT_THROW((void)to_hf_config(two_ropes, "float32"), Error);
+  LlamaConfig capped3 = parse_hf_config(gemma3_1b(), "gemma3/config.json");
+  capped3.attn_logit_softcapping = 50.0;
+  EXPECT_THROW((void)to_hf_config(capped3, "float32"), Error);
 }
 
 }  // namespace

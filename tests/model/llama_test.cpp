@@ -35,6 +35,10 @@ struct TinyCase {
   // sqrt(dim), a softmax scale of its own, layer 0 sliding (3 positions) with a rope base of its
   // own and layer 1 full with linear rope scaling
   bool gemma3 = false;
+  // Gemma 2: Gemma 3's norms, GeGLU and scaled embeddings without QK-norm, one rope, layer 0
+  // sliding, the attention scores soft-capped at 2 and the logits at 3 (both well inside tanh's
+  // curve here)
+  bool gemma2 = false;
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -83,6 +87,16 @@ LlamaConfig tiny_config(const TinyCase& c) {
     cfg.rope_local_theta = 10.0;
     cfg.rope.scaling.type = ops::RopeScalingType::kLinear;
     cfg.rope.scaling.factor = 2.0;
+  }
+  if (c.gemma2) {
+    cfg.norm_weight_offset = 1.0;
+    cfg.sandwich_norms = cfg.scale_embeddings = true;
+    cfg.mlp_activation = ops::GluActivation::kGeluTanh;
+    cfg.attention_multiplier = 0.3;
+    cfg.sliding_window = 3;
+    cfg.sliding_layers = {true, false};
+    cfg.attn_logit_softcapping = 2.0;
+    cfg.final_logit_softcapping = 3.0;
   }
   return cfg;
 }
@@ -157,7 +171,12 @@ INSTANTIATE_TEST_SUITE_P(
                       // (tied), both ropes
                       TinyCase{"gqa2_gemma3_tied_head_dim8", 2, 1, true, false, false, 8, false, 0, false, false,
                                false, true},
-                      TinyCase{"mha3_gemma3", 3, 3, false, false, false, 0, false, 0, false, false, false, true}),
+                      TinyCase{"mha3_gemma3", 3, 3, false, false, false, 0, false, 0, false, false, false, true},
+                      // Gemma 2: through both soft-caps
+                      TinyCase{"gqa2_gemma2_tied", 2, 1, true, false, false, 0, false, 0, false, false, false, false,
+                               true},
+                      TinyCase{"gqa3_gemma2_head_dim8", 3, 1, false, false, false, 8, false, 0, false, false, false,
+                               false, true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
@@ -256,7 +275,8 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
         TinyCase{"gqa_nope", 2, 1, false, false, false, 0, false, 0, true},
         TinyCase{"gqa_granite", 2, 1, false, false, false, 0, false, 0, false, true},
         TinyCase{"gqa_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true},
-        TinyCase{"gqa_gemma3", 2, 1, true, false, false, 0, false, 0, false, false, false, true}}) {
+        TinyCase{"gqa_gemma3", 2, 1, true, false, false, 0, false, 0, false, false, false, true},
+        TinyCase{"gqa_gemma2", 2, 1, true, false, false, 0, false, 0, false, false, false, false, true}}) {
     SCOPED_TRACE(c.name);
     const LlamaConfig cfg = tiny_config(c);
     Tensor ids = Tensor::empty({3, 8}, DType::kI32);
@@ -957,6 +977,39 @@ TEST(Llama, Gemma3ScalesTheEmbeddingsAndGivesSlidingLayersTheirRope) {
   EXPECT_EQ(local.scaling.type, ops::RopeScalingType::kNone);
   EXPECT_EQ(global.theta, 100.0);
   EXPECT_EQ(global.scaling.type, ops::RopeScalingType::kLinear);
+}
+
+// Gemma 2's final soft-capping: the logits are those of the uncapped model passed through
+// cap · tanh(z / cap), and the loss is the cross-entropy of those.
+TEST(Llama, Gemma2SoftCapsTheLogits) {
+  LlamaConfig capped = tiny_config({"gemma2", 2, 1, false, false, false, 0, false, 0, false, false, false, false, true});
+  LlamaConfig plain = capped;
+  plain.final_logit_softcapping = 0;
+  Llama a(capped, DType::kF64), b(plain, DType::kF64);
+  randomize(a, 81);
+  randomize(b, 81);
+  Tensor ids = Tensor::empty({2, 6}, DType::kI32);
+  testing::fill_random_ints(ids, 82, 0, capped.vocab_size);
+  Tensor want = contiguous(b.logits(ids));
+  for (int64_t i = 0; i < want.numel(); ++i) want.data<double>()[i] = 3.0 * std::tanh(want.data<double>()[i] / 3.0);
+  const Tensor got = a.logits(ids);
+  EXPECT_TRUE(testing::all_close(got, want, kF64Forward));
+  const int64_t V = capped.vocab_size;
+  Tensor want_last = Tensor::empty({2, V}, DType::kF64);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t c = 0; c < V; ++c) want_last.data<double>()[b * V + c] = want.data<double>()[(b * 6 + 5) * V + c];
+  EXPECT_TRUE(testing::all_close(a.last_logits(ids), want_last, kF64Forward));
+  Tensor targets = Tensor::empty({2, 6}, DType::kI32);
+  testing::fill_random_ints(targets, 83, 0, capped.vocab_size);
+  double loss = 0;
+  for (int64_t r = 0; r < 12; ++r) {
+    const double* z = want.data<double>() + r * capped.vocab_size;
+    double mx = z[0], sum = 0;
+    for (int64_t c = 1; c < capped.vocab_size; ++c) mx = std::max(mx, z[c]);
+    for (int64_t c = 0; c < capped.vocab_size; ++c) sum += std::exp(z[c] - mx);
+    loss += mx + std::log(sum) - z[targets.data<int32_t>()[r]];
+  }
+  EXPECT_NEAR(a.evaluate(ids, targets, {}).loss_sum, loss, 1e-10);
 }
 
 // Gemma's norms in the layout: four per block, every norm weight starting at 0 (it scales by

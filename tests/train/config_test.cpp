@@ -297,6 +297,21 @@ TEST(Config, Gemma3KeysReachTheModel) {
   EXPECT_EQ(model::to_hf_config(c, "float32").at("model_type"), "gemma3_text");
   const model::LlamaConfig plain = llama_config(load_config("", {}).config.model, 258);
   EXPECT_FALSE(plain.gemma_features());
+  // Gemma 2: without QK-norm and the sliding layers' rope, with soft-capping
+  const model::LlamaConfig two =
+      llama_config(load_config("", {"--model.norm_weight_offset=1", "--model.sandwich_norms=true",
+                                    "--model.mlp_activation=gelu_tanh", "--model.scale_embeddings=true",
+                                    "--model.attn_logit_softcapping=50", "--model.final_logit_softcapping=30",
+                                    "--model.sliding_window=64", "--model.full_attention_every=2"})
+                       .config.model,
+                   258);
+  EXPECT_EQ(two.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(two.final_logit_softcapping, 30.0);
+  EXPECT_EQ(model::to_hf_config(two, "float32").at("model_type"), "gemma2");
+  std::string e2 = error_of("", {"--model.final_logit_softcapping=30", "--model.hf=some/folder"});
+  EXPECT_NE(e2.find("`model.final_logit_softcapping` is set, but `model.hf` gives the model's shape"),
+            std::string::npos)
+      << e2;
 
   std::string e = error_of("", {"--model.sandwich_norms=true", "--model.preset=llama3.2-1b"});
   EXPECT_NE(e.find("`model.sandwich_norms` is set, but `model.preset` gives the model's shape"), std::string::npos)
@@ -312,7 +327,8 @@ TEST(Config, Gemma3KeysReachTheModel) {
     (void)llama_config(load_config("", {"--model.mlp_activation=gelu_tanh"}).config.model, 258);
     FAIL() << "expected an error";
   } catch (const Error& err) {
-    EXPECT_NE(std::string(err.what()).find("the `model.*` keys: Gemma 3 (gemma3_text) has all of (1 + weight) norms"),
+    EXPECT_NE(std::string(err.what()).find("the `model.*` keys: Gemma (gemma3_text with per-head QK-norm, gemma2 "
+                                           "without) has all of (1 + weight) norms"),
               std::string::npos)
         << err.what();
   }
