@@ -331,7 +331,7 @@ void parse_gemma_common(const json& j, const std::string& model_type, const std:
 
 // A soft-capping key: its value, `fallback` when absent (transformers' default), 0 when null.
 double softcap_key(const json& j, const char* key, const std::string& src, double fallback) {
-  if (j.contains(key) && j[key].is_null()) return 0.0;
+  if (find(j, key) == nullptr) return j.contains(key) ? 0.0 : fallback;  // null: none
   const double v = get_double(j, key, src, fallback);
   ST_CHECK(v > 0, src, ": `", key, "` must be > 0 (or null for none), found ", v);
   return v;

@@ -844,6 +844,8 @@ TEST(HfConfig, BadGemma3TextConfigsNameTheKeyAndValue) {
       << e;
   EXPECT_NE(e.find("transformers' Gemma 3 attention does not apply it"), std::string::npos) << e;
   j = gemma3_small(false);
+  j.erase("final_logit_softcapping");  // absent: none, as null
+  EXPECT_EQ(parse_hf_config(j, "g/config.json").final_logit_softcapping, 0.0);
   j["final_logit_softcapping"] = 30.0;  // transformers' Gemma 3 applies this one
   EXPECT_EQ(parse_hf_config(j, "g/config.json").final_logit_softcapping, 30.0);
   j["final_logit_softcapping"] = -1.0;
