@@ -201,7 +201,7 @@ InspectReport inspect_report(const std::string& path) {
       r << fmt::format("  no rope (NoPE) on layers {}: q and k attend unrotated there\n", layers);
     }
     if (c.gemma_features())
-      r << fmt::format("  attention scale {} (query_pre_attn_scalar {})\n", c.attention_scale(),
+      r << fmt::format("  attention scale {:.6g} (query_pre_attn_scalar {:.6g})\n", c.attention_scale(),
                        1.0 / (c.attention_scale() * c.attention_scale()));
     else if (c.granite_scaled())
       r << fmt::format("  scalings: embeddings x {}, each sublayer's output x {} before its residual add, attention "
