@@ -87,6 +87,31 @@ CASES = {
              tie_word_embeddings=False, max_position_embeddings=GREEDY_POSITIONS),
         "olmo2",
     ),
+    # Gemma 3's text model: (1 + w) norms before and after each sublayer, per-head QK-norm, GeGLU
+    # (gelu_pytorch_tanh), embeddings x sqrt(48) (not a power of two), a softmax scale of
+    # query_pre_attn_scalar^-0.5 (24, not the head dim), heads of 16 (64 wide in a width of 48),
+    # layers 0 and 2 sliding (4 positions) with their own rope base, layers 1 and 3 full with
+    # linear rope scaling, and a tied head. layer_types for transformers 4.53 and later,
+    # sliding_window_pattern (the same layers) for the earlier 4.5x.
+    "gemma3_text_small": (
+        dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+             num_hidden_layers=4, query_pre_attn_scalar=24, sliding_window=4, sliding_window_pattern=2,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+             rope_theta=10000.0, rope_local_base_freq=100.0, rope_scaling=dict(rope_type="linear", factor=2.0),
+             tie_word_embeddings=True, max_position_embeddings=GREEDY_POSITIONS),
+        "gemma3_text",
+    ),
+    # Gemma 2: Gemma 3's norms, GeGLU and scaled embeddings without QK-norm, one rope, the even
+    # layers sliding (4 positions), and the attention scores and logits soft-capped (at 2 and 3
+    # here, inside tanh's curve for these weights). The CPU tests only: the GPU refuses soft-capping.
+    "gemma2_softcap": (
+        dict(hidden_size=48, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+             num_hidden_layers=4, query_pre_attn_scalar=24, sliding_window=4,
+             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+             attn_logit_softcapping=2.0, final_logit_softcapping=3.0, tie_word_embeddings=False,
+             max_position_embeddings=GREEDY_POSITIONS),
+        "gemma2",
+    ),
     # Sliding-window attention: Mistral v0.1's window on every layer (5 positions, under the
     # 13-token rows and the 200-id greedy prompt), and Qwen2's window on the layers from
     # max_window_layers on (here the second of two).
@@ -167,6 +192,20 @@ def build(overrides, arch):
         # no padding row (OLMo 2's default pad id is 1): its embedding row would get no gradient
         config = transformers.Olmo2Config(attention_bias=False, pad_token_id=None, eos_token_id=None, **common)
         model = transformers.Olmo2ForCausalLM(config)
+    elif arch == "gemma3_text":
+        common.pop("hidden_act")  # Gemma reads hidden_activation
+        # no padding row (Gemma's default pad id is 0): its embedding row would get no gradient
+        config = transformers.Gemma3TextConfig(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                                               attn_logit_softcapping=None, final_logit_softcapping=None,
+                                               pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
+        model = transformers.Gemma3ForCausalLM(config)
+    elif arch == "gemma2":
+        common.pop("hidden_act")  # Gemma reads hidden_activation
+        common.pop("rope_scaling", None)
+        # no padding row (Gemma's default pad id is 0): its embedding row would get no gradient
+        config = transformers.Gemma2Config(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
+                                           pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
+        model = transformers.Gemma2ForCausalLM(config)
     elif arch == "qwen2":
         common.pop("rope_scaling", None)
         config = transformers.Qwen2Config(use_sliding_window=common.pop("use_sliding_window", False), **common)
@@ -181,12 +220,14 @@ def randomize(model, generator):
     # Every parameter random with a nonzero mean: no gradient is trivially zero. Models wider
     # than the first cases' 24 scale their matrices by sqrt(24 / fan-in), so activations and
     # attention scores stay in the same range (the first cases predate the scaling).
+    # Gemma's norms scale by 1 + weight: their weights random around 0 give the same scales.
     wide = model.config.hidden_size > 24
+    norm_offset = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     with torch.no_grad():
         for name, p in model.named_parameters():
             noise = torch.randn(p.shape, generator=generator, dtype=torch.float32)
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * noise)
+                p.copy_(norm_offset + 0.2 * noise)
             elif name.endswith(".bias"):
                 p.copy_(0.05 + 0.1 * noise)
             else:

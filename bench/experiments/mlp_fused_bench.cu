@@ -393,7 +393,7 @@ int main(int argc, char** argv) try {
   auto engine = [&] {
     ops::cuda::linear_forward(g0, x, wg, none, Stream{});
     ops::cuda::linear_forward(u0, x, wu, none, Stream{});
-    ops::cuda::swiglu_forward(h0, g0, u0, Tensor(), Stream{});
+    ops::cuda::swiglu_forward(h0, g0, u0, Tensor(), ops::GluActivation::kSilu, Stream{});
   };
   struct Run {
     const char* name;

@@ -97,7 +97,7 @@ int main(int argc, char** argv) try {
     };
   };
   // The pass reads gate/up and writes dgate/dup in place: the data drifts, the traffic does not.
-  auto pass = [&] { ops::cuda::swiglu_backward(gate, up, none, dh, gate, up, Tensor(), Stream{main_s}); };
+  auto pass = [&] { ops::cuda::swiglu_backward(gate, up, none, dh, gate, up, Tensor(), ops::GluActivation::kSilu, Stream{main_s}); };
 
   std::vector<std::unique_ptr<WeightGrad>> gemms;
   for (int k : targets) gemms.push_back(std::make_unique<WeightGrad>(lt, F, D, T, k));

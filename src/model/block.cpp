@@ -49,12 +49,15 @@ BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, cons
   w.k_norm_H = optional_view(flat, unit, n("self_attn.k_norm.weight"));
   w.wo_DQ = param_view(flat, unit, n("self_attn.o_proj.weight"));
   w.ffn_norm_D = param_view(flat, unit, n("post_attention_layernorm.weight"));
+  w.pre_ffn_norm_D = optional_view(flat, unit, n("pre_feedforward_layernorm.weight"));
   w.post_ffn_norm_D = optional_view(flat, unit, n("post_feedforward_layernorm.weight"));
   w.w_gate_FD = param_view(flat, unit, n("mlp.gate_proj.weight"));
   w.w_up_FD = param_view(flat, unit, n("mlp.up_proj.weight"));
   w.w_down_DF = param_view(flat, unit, n("mlp.down_proj.weight"));
   ST_ASSERT(config.post_norms ? w.post_ffn_norm_D.defined() && !w.attn_norm_D.defined() : w.attn_norm_D.defined(),
             "unit ", unit.name, ": its norms do not match the config's post_norms");
+  ST_ASSERT(!config.sandwich_norms || (w.pre_ffn_norm_D.defined() && w.post_ffn_norm_D.defined()), "unit ",
+            unit.name, ": its norms do not match the config's sandwich_norms");
   // the stacked projection: q, k, v (and their biases) back to back in the unit
   const ParamSpec* q = unit.find(n("self_attn.q_proj.weight"));
   const ParamSpec* k = unit.find(n("self_attn.k_proj.weight"));
@@ -104,9 +107,9 @@ void BlockActivations::release_for(ActivationCheckpointing checkpointing) {
 }
 
 std::vector<Tensor*> BlockActivations::tensors() {
-  return {&x_BTD,      &xn1_BTD,    &rstd1_BT,  &q_BTNH,  &k_BTMH,       &v_BTMH,       &q_raw_BTNH,  &k_raw_BTMH,
-          &q_rstd_BTN, &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD,       &attn_out_BTD, &mlp_out_BTD, &xn2_BTD,
-          &rstd2_BT,   &gate_BTF,   &up_BTF,    &h_BTF,   &gate_up_BT2F, &y_BTD};
+  return {&x_BTD,      &xn1_BTD,    &rstd1_BT,  &q_BTNH,  &k_BTMH,       &v_BTMH,       &q_raw_BTNH,    &k_raw_BTMH,
+          &q_rstd_BTN, &k_rstd_BTM, &attn_BTNH, &lse_BNT, &x2_BTD,       &attn_out_BTD, &post_rstd1_BT, &mlp_out_BTD,
+          &xn2_BTD,    &rstd2_BT,   &gate_BTF,  &up_BTF,  &h_BTF,        &gate_up_BT2F, &post_rstd2_BT, &y_BTD};
 }
 
 BlockPart recompute_part(ActivationCheckpointing checkpointing) {
@@ -284,12 +287,13 @@ bool gate_up_stacked(const BlockWeights& w, const BlockContext& ctx) {
 // xn = norm(x) over the residual stream's rows [R, D], with its f32 1/rms. The products that
 // take it need all rows: over_all_rows or all_rows. With `amax_1` defined (an FP8 amax slot,
 // BlockActivations::fp8_amax_S) the norm also writes the output's amax there.
-Tensor norm(Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, double eps, const char* name,
-            const char* rstd_name, const Tensor& amax_1 = {}) {
+Tensor norm(Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const Dims& d, const LlamaConfig& c,
+            const char* name, const char* rstd_name, const Tensor& amax_1 = {}) {
   Tensor xn_RD = like({d.R, d.D}, x_BTD, name);
   rstd_BT = Tensor::empty(d.R == d.BT ? Shape{d.B, d.T} : Shape{d.R}, d.stats, d.dev, rstd_name);
   Tensor rstd_R = rstd_BT.view({d.R});
-  ops::rmsnorm_forward(xn_RD, rstd_R, x_BTD.view({d.R, d.D}), weight_D, {.eps = eps, .amax_y_1 = amax_1});
+  ops::rmsnorm_forward(xn_RD, rstd_R, x_BTD.view({d.R, d.D}), weight_D,
+                       {.eps = c.norm_eps, .weight_offset = c.norm_weight_offset, .amax_y_1 = amax_1});
   return xn_RD;
 }
 
@@ -300,11 +304,12 @@ void norm_backward(Tensor& dx_RD, Tensor& dweight_D, const Tensor& dxn_RD, const
                    const Tensor& rstd_R, const Tensor& dresidual_RD, const BlockContext& ctx, bool overwrite) {
   if (!sequence_split(ctx)) {
     ops::rmsnorm_backward(dx_RD, dweight_D, dxn_RD, x_RD, weight_D, rstd_R, dresidual_RD,
-                          {.overwrite_dweight = overwrite});
+                          {.weight_offset = ctx.config->norm_weight_offset, .overwrite_dweight = overwrite});
     return;
   }
   Tensor part_D = Tensor::empty(dweight_D.shape(), dweight_D.dtype(), dweight_D.device(), "norm weight gradient");
-  ops::rmsnorm_backward(dx_RD, part_D, dxn_RD, x_RD, weight_D, rstd_R, dresidual_RD, {.overwrite_dweight = true});
+  ops::rmsnorm_backward(dx_RD, part_D, dxn_RD, x_RD, weight_D, rstd_R, dresidual_RD,
+                        {.weight_offset = ctx.config->norm_weight_offset, .overwrite_dweight = true});
   ctx.tp->all_reduce(part_D);
   if (overwrite) {
     copy(dweight_D, part_D);
@@ -323,15 +328,29 @@ Tensor product_rows(const Dims& d, const BlockContext& ctx, const Tensor& proto,
   return summed_rows(all_TD, ctx, d, "sublayer output (this rank's rows)");
 }
 
+// Whether each sublayer's output goes through a norm before the residual add: OLMo 2's
+// post_norms and Gemma's sandwich_norms.
+bool output_norms(const LlamaConfig& c) { return c.post_norms || c.sandwich_norms; }
+
+// The 1/rms of the norms after the attention and the MLP: rstd1 and rstd2 with post_norms
+// (no norms before), post_rstd1 and post_rstd2 with sandwich_norms.
+Tensor& attn_out_rstd(BlockActivations& a, const LlamaConfig& c) {
+  return c.sandwich_norms ? a.post_rstd1_BT : a.rstd1_BT;
+}
+Tensor& mlp_out_rstd(BlockActivations& a, const LlamaConfig& c) {
+  return c.sandwich_norms ? a.post_rstd2_BT : a.rstd2_BT;
+}
+
 // out = x + s(p) for the residual stream, p_RD a sublayer's output (this rank's rows), where s
-// scales by Granite's residual_multiplier and, with post_norms, first takes the RMSNorm of p
-// with `post_norm_D` (OLMo 2): p is then kept in `raw` and its 1/rms in `rstd`.
+// scales by Granite's residual_multiplier and, with output norms (output_norms), first takes
+// the RMSNorm of p with `post_norm_D` (OLMo 2, Gemma): p is then kept in `raw` and its 1/rms in
+// `rstd`.
 void add_sublayer(Tensor& out, Tensor& raw, Tensor& rstd, Tensor p_RD, const Tensor& x, const Tensor& post_norm_D,
                   const Dims& d, const BlockContext& ctx, const char* name) {
   const LlamaConfig& c = *ctx.config;
-  if (c.post_norms) {
+  if (output_norms(c)) {
     raw = p_RD.view(residual_shape(d));
-    p_RD = norm(rstd, raw, post_norm_D, d, c.norm_eps, "post norm", "post norm rstd");
+    p_RD = norm(rstd, raw, post_norm_D, d, c, "post norm", "post norm rstd");
   }
   if (c.residual_multiplier != 1.0) ops::scale(p_RD, c.residual_multiplier);  // rounded, then added (as torch)
   out = like(residual_shape(d), x, name);
@@ -344,7 +363,7 @@ void add_sublayer(Tensor& out, Tensor& raw, Tensor& rstd, Tensor p_RD, const Ten
 void sublayer_output(Tensor& out, Tensor& raw, Tensor& rstd, const Tensor& in_TK, const Tensor& weight_DK,
                      const Tensor& x, const Tensor& post_norm_D, const Dims& d, const BlockContext& ctx,
                      const ops::LinearFp8& fp8, const char* name) {
-  if (!ctx.config->post_norms && ctx.config->residual_multiplier == 1.0) {
+  if (!output_norms(*ctx.config) && ctx.config->residual_multiplier == 1.0) {
     residual_product(out, in_TK, weight_DK, x, d, ctx, fp8, name);
     return;
   }
@@ -361,11 +380,11 @@ void sublayer_output(Tensor& out, Tensor& raw, Tensor& rstd, const Tensor& in_TK
 Tensor sublayer_backward(const Tensor& dout_RD, Tensor& dpost_norm_D, const Tensor& raw, const Tensor& rstd,
                          const Tensor& post_norm_D, const Dims& d, const BlockContext& ctx, bool overwrite) {
   const LlamaConfig& c = *ctx.config;
-  if (!c.post_norms && c.residual_multiplier == 1.0) return dout_RD;
+  if (!output_norms(c) && c.residual_multiplier == 1.0) return dout_RD;
   Tensor ds_RD = like({d.R, d.D}, dout_RD, "sublayer output gradient");
   copy(ds_RD, dout_RD);
   if (c.residual_multiplier != 1.0) ops::scale(ds_RD, c.residual_multiplier);
-  if (!c.post_norms) return ds_RD;
+  if (!output_norms(c)) return ds_RD;
   Tensor dp_RD = like({d.R, d.D}, dout_RD, "sublayer output gradient (before its norm)");
   norm_backward(dp_RD, dpost_norm_D, ds_RD, raw.view({d.R, d.D}), post_norm_D, rstd.view({d.R}), Tensor(), ctx,
                 overwrite);
@@ -377,7 +396,7 @@ Tensor sublayer_backward(const Tensor& dout_RD, Tensor& dpost_norm_D, const Tens
 void post_norm_rstd(Tensor& rstd, const Tensor& raw, const Tensor& post_norm_D, const Dims& d,
                     const BlockContext& ctx) {
   ST_ASSERT(raw.defined(), "block_forward: recomputing a norm after its sublayer needs the kept sublayer output");
-  norm(rstd, raw, post_norm_D, d, ctx.config->norm_eps, "post norm (recomputed)", "post norm rstd");
+  norm(rstd, raw, post_norm_D, d, *ctx.config, "post norm (recomputed)", "post norm rstd");
 }
 
 // Writes the new tokens' k (after rope) and v into the cache at positions kv_position.. and
@@ -414,20 +433,21 @@ bool attention_by_pieces(const BlockContext& ctx, const Dims& d) {
 // `raw_BTXH` and replaced by its RMSNorm with `weight_H`, whose 1/rms goes to `rstd_BTX`. The
 // weight's width is a head's H (Qwen3: a norm per head) or all X·H of a token's heads (OLMo 2:
 // one norm over the whole projection, `rstd_BTX` then [B, T, 1]).
-void head_norm_forward(Tensor& x_BTXH, Tensor& raw_BTXH, Tensor& rstd_BTX, const Tensor& weight_H, double eps,
-                       int64_t b0, int64_t b1) {
+void head_norm_forward(Tensor& x_BTXH, Tensor& raw_BTXH, Tensor& rstd_BTX, const Tensor& weight_H,
+                       const LlamaConfig& c, int64_t b0, int64_t b1) {
+  const ops::RmsNormOptions options{.eps = c.norm_eps, .weight_offset = c.norm_weight_offset};
   Tensor x = x_BTXH.slice(0, b0, b1), raw = raw_BTXH.slice(0, b0, b1), rstd = rstd_BTX.slice(0, b0, b1);
   const int64_t H = weight_H.numel(), rows = x.numel() / H;
   copy(raw, x);
   Tensor rstd_rows = rstd.view({rows});
   if (x.is_contiguous()) {
     Tensor y = x.view({rows, H});
-    ops::rmsnorm_forward(y, rstd_rows, raw.view({rows, H}), weight_H, {.eps = eps});
+    ops::rmsnorm_forward(y, rstd_rows, raw.view({rows, H}), weight_H, options);
     return;
   }
   Tensor y = like(x.shape(), x, "normed heads");
   Tensor y_rows = y.view({rows, H});
-  ops::rmsnorm_forward(y_rows, rstd_rows, raw.view({rows, H}), weight_H, {.eps = eps});
+  ops::rmsnorm_forward(y_rows, rstd_rows, raw.view({rows, H}), weight_H, options);
   copy(x, y);
 }
 
@@ -446,7 +466,9 @@ void head_norm_backward(Tensor& dx_BTXH, Tensor& dweight_H, const Tensor& raw_BT
                                     : Tensor::empty(dweight_H.shape(), dweight_H.dtype(), dweight_H.device(),
                                                     "head norm weight gradient");
   ops::rmsnorm_backward(dx_rows, part_H, dy.view({rows, H}), raw_BTXH.view({rows, H}), weight_H,
-                        rstd_BTX.view({rows}), Tensor(), {.overwrite_dweight = overwrite || ctx.tp != nullptr});
+                        rstd_BTX.view({rows}), Tensor(),
+                        {.weight_offset = ctx.config->norm_weight_offset,
+                         .overwrite_dweight = overwrite || ctx.tp != nullptr});
   copy(dx_BTXH, dx);
   if (ctx.tp == nullptr) return;
   ctx.tp->all_reduce(part_H);
@@ -469,6 +491,7 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   attention.documents = ctx.documents;
   attention.window = ctx.window;
   attention.scale = ctx.config->attention_multiplier;  // Granite's; 0: 1 / sqrt(H)
+  attention.softcap = ctx.config->attn_logit_softcapping;  // Gemma 2's; 0: none
   // the attention of sequences [b0, b1): in FP8 (which rounds q, k and v in place, for the
   // backward to read) where BlockContext::fp8_attention takes it
   const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
@@ -497,8 +520,8 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   // QK-norm of sequences [b0, b1), before their rope (per head, or over all heads)
   auto norm_heads = [&](int64_t b0, int64_t b1) {
     if (!qk_norm) return;
-    head_norm_forward(a.q_BTNH, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, ctx.config->norm_eps, b0, b1);
-    head_norm_forward(a.k_BTMH, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, ctx.config->norm_eps, b0, b1);
+    head_norm_forward(a.q_BTNH, a.q_raw_BTNH, a.q_rstd_BTN, w.q_norm_H, *ctx.config, b0, b1);
+    head_norm_forward(a.k_BTMH, a.k_raw_BTMH, a.k_rstd_BTM, w.k_norm_H, *ctx.config, b0, b1);
   };
   Tensor xn1_TD;
   if (qkv_stacked(w, ctx)) {
@@ -549,19 +572,20 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
   if (ctx.kv_position_1.defined()) {
     Tensor keys_BCMH = ctx.kv_keys_BSMH, values_BCMH = ctx.kv_values_BSMH;
     ops::attention_forward_kv_cache(a.attn_BTNH, a.lse_BNT, keys_BCMH, values_BCMH, a.q_BTNH, a.k_BTMH, a.v_BTMH,
-                                    ctx.kv_position_1, {.scale = attention.scale, .window = ctx.window});
+                                    ctx.kv_position_1,
+                                    {.scale = attention.scale, .window = ctx.window, .softcap = attention.softcap});
   } else if (ctx.kv_keys_BSMH.defined()) {
     const auto [keys_BSMH, values_BSMH] = append_to_cache(a, ctx, d);
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH,
-                           {.scale = attention.scale, .window = ctx.window});
+                           {.scale = attention.scale, .window = ctx.window, .softcap = attention.softcap});
   } else if (ctx.cp != nullptr) {
     ring_attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention, *ctx.cp);
   } else if (!by_pieces) {
     attend_rows(0, d.B);
   }
 
-  sublayer_output(a.x2_BTD, a.attn_out_BTD, a.rstd1_BT, a.attn_BTNH.view({d.BT, d.N * d.H}), w.wo_DQ, x, w.ffn_norm_D,
-                  d, ctx, with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
+  sublayer_output(a.x2_BTD, a.attn_out_BTD, attn_out_rstd(a, *ctx.config), a.attn_BTNH.view({d.BT, d.N * d.H}),
+                  w.wo_DQ, x, w.ffn_norm_D, d, ctx, with_amax(ctx.fp8, a, BlockActivations::kAttn, false), "x2");
 }
 
 // The MLP's inner tensors for R token rows: gate and up (the halves of one stacked product
@@ -602,7 +626,7 @@ MlpRows mlp_products(const Tensor& xn2_RD, const BlockWeights& w, const BlockCon
   const int64_t R = xn2_RD.size(0);
   MlpRows m = mlp_tensors(R, xn2_RD, w, ctx, F, with_h);
   gate_up_products(m, xn2_RD, 0, R, w, ctx.fp8);
-  if (with_h) ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF);
+  if (with_h) ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF, {}, ctx.config->mlp_activation);
   return m;
 }
 
@@ -616,7 +640,7 @@ void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w,
     gate_up_products(m, in, first, end, w, with_amax(ctx.fp8, a, BlockActivations::kXn2));
   });
   a.xn2_BTD = xn2_TD.view({d.B, d.T, d.D});
-  ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF, a.fp8_amax(BlockActivations::kH));
+  ops::swiglu_forward(m.h_RF, m.gate_RF, m.up_RF, a.fp8_amax(BlockActivations::kH), ctx.config->mlp_activation);
   a.h_BTF = m.h_RF.view({d.B, d.T, d.F});
   if (m.gate_up_R2F.defined()) {
     a.gate_up_BT2F = m.gate_up_R2F.view({d.B, d.T, 2 * d.F});
@@ -639,7 +663,7 @@ int64_t mlp_piece_rows(const BlockContext& ctx, int64_t rows) {
 void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const int64_t C = mlp_piece_rows(ctx, d.BT);
   const Tensor xn2_TD = a.xn2_BTD.view({d.BT, d.D});
-  if (ctx.config->post_norms || ctx.config->residual_multiplier != 1.0) {
+  if (output_norms(*ctx.config) || ctx.config->residual_multiplier != 1.0) {
     // the MLP's output p piece by piece, then y = x2 + s(p) (add_sublayer)
     const Tensor p_RD = product_rows(d, ctx, a.x_BTD, [&](Tensor& out, int64_t first, int64_t end) {
       for (int64_t r0 = first; r0 < end; r0 += C) {
@@ -649,7 +673,7 @@ void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const Bloc
         ops::linear_forward(out_piece, m.h_RF, w.w_down_DF, Tensor(), ctx.fp8);
       }
     });
-    add_sublayer(a.y_BTD, a.mlp_out_BTD, a.rstd2_BT, p_RD, a.x2_BTD, w.post_ffn_norm_D, d, ctx, "y");
+    add_sublayer(a.y_BTD, a.mlp_out_BTD, mlp_out_rstd(a, *ctx.config), p_RD, a.x2_BTD, w.post_ffn_norm_D, d, ctx, "y");
     return;
   }
   a.y_BTD = like(residual_shape(d), a.x_BTD, "y");
@@ -692,7 +716,7 @@ struct MlpAmax {
 void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, const Tensor& xn2_RD, Tensor gate_up_R2F,
                        Tensor gate_RF, Tensor up_RF, Tensor h_RF, const BlockWeights& w,
                        const ops::LinearBackwardOptions& dw, const ops::LinearBackwardOptions& dw_dx,
-                       const MlpBackwardHooks& hooks = {}, const MlpAmax& amax = {}) {
+                       ops::GluActivation act, const MlpBackwardHooks& hooks = {}, const MlpAmax& amax = {}) {
   const int64_t R = gate_RF.size(0), F = gate_RF.size(1), D = xn2_RD.size(1);
   Tensor none;
   const ops::LinearBackwardOptions input_only{.fp8 = dw.fp8};  // the products' FP8 recipe, if any
@@ -718,7 +742,7 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
   Tensor h_out_RF = recompute_h ? h_RF : Tensor();
   // the amax of the stacked gradients is the gate|up product's dy's (apart, each has its own)
   const Tensor grads_amax = stacked ? amax.grads : Tensor();
-  ops::swiglu_backward(gate_RF, up_RF, h_out_RF, dh_RF, gate_RF, up_RF, grads_amax);
+  ops::swiglu_backward(gate_RF, up_RF, h_out_RF, dh_RF, gate_RF, up_RF, grads_amax, act);
   dh_RF = Tensor();
   ops::linear_backward(none, g.w_down_DF, none, dy_RD, h_RF, w.w_down_DF, with(dw, amax.h, Tensor()));
   h_RF = h_out_RF = Tensor();
@@ -752,7 +776,7 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
 
 void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_BTD, const BlockContext& ctx,
                    BlockPart part) {
-  const double eps = ctx.config->norm_eps;
+  const LlamaConfig& c = *ctx.config;
   const Dims d = dims_of(ctx, x_BTD);
   ST_ASSERT(x_BTD.numel() == d.R * d.D, "block input ", x_BTD.str(), " for ", d.R, " token rows of ", d.D);
   a.x_BTD = x_BTD;
@@ -770,7 +794,7 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   // norms' after them
   const Tensor xn1_RD =
       post ? x_BTD.view({d.R, d.D})
-           : norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, eps, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
+           : norm(a.rstd1_BT, x_BTD, w.attn_norm_D, d, c, "xn1", "rstd1", a.fp8_amax(BlockActivations::kXn1));
   if (part == BlockPart::kNormsAndMlp || part == BlockPart::kNorms) {
     ST_ASSERT(a.x2_BTD.defined() && a.attn_BTNH.defined(), "block_forward: recomputing the norms needs the kept "
               "attention half");
@@ -784,7 +808,8 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   }
   const Tensor xn2_RD =
       post ? a.x2_BTD.view({d.R, d.D})
-           : norm(a.rstd2_BT, a.x2_BTD, w.ffn_norm_D, d, eps, "xn2", "rstd2", a.fp8_amax(BlockActivations::kXn2));
+           : norm(a.rstd2_BT, a.x2_BTD, c.sandwich_norms ? w.pre_ffn_norm_D : w.ffn_norm_D, d, c, "xn2", "rstd2",
+                  a.fp8_amax(BlockActivations::kXn2));
   if (part == BlockPart::kNorms || ctx.mlp_chunk_tokens > 0)
     a.xn2_BTD = all_rows(xn2_RD, ctx, d, "xn2 (all rows)").view({d.B, d.T, d.D});
   if (part == BlockPart::kNorms) {
@@ -793,8 +818,8 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
     return;
   }
   // y is the next block's input, kept there: recomputation skips it, except that with
-  // post_norms the full recompute needs the MLP's output and its norm's 1/rms
-  const bool output = part == BlockPart::kAll || (post && part == BlockPart::kAllButOutput);
+  // output norms the full recompute needs the MLP's output and its norm's 1/rms
+  const bool output = part == BlockPart::kAll || (output_norms(c) && part == BlockPart::kAllButOutput);
   if (ctx.mlp_chunk_tokens > 0) {
     // a chunked MLP keeps none of its inner tensors: the backward recomputes them by pieces
     if (output) mlp_output_by_pieces(a, w, ctx, d);
@@ -803,7 +828,7 @@ void block_forward(BlockActivations& a, const BlockWeights& w, const Tensor& x_B
   mlp_inner(a, xn2_RD, w, ctx, d);
   if (!output) return;
 
-  sublayer_output(a.y_BTD, a.mlp_out_BTD, a.rstd2_BT, a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD,
+  sublayer_output(a.y_BTD, a.mlp_out_BTD, mlp_out_rstd(a, c), a.h_BTF.view({d.BT, d.F}), w.w_down_DF, a.x2_BTD,
                   w.post_ffn_norm_D, d, ctx, with_amax(ctx.fp8, a, BlockActivations::kH), "y");
   if (part != BlockPart::kAll) a.y_BTD = Tensor();
 }
@@ -816,8 +841,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   const Tensor dy_RD = dy_BTD.view({R, D});
   const bool post = ctx.config->post_norms;
   // the MLP's output gradient: dy, or through Granite's residual_multiplier and OLMo 2's norm
-  const Tensor dmlp_RD = sublayer_backward(dy_RD, g.post_ffn_norm_D, a.mlp_out_BTD, a.rstd2_BT, w.post_ffn_norm_D, d,
-                                           ctx, overwrite_grads);
+  const Tensor dmlp_RD = sublayer_backward(dy_RD, g.post_ffn_norm_D, a.mlp_out_BTD, mlp_out_rstd(a, *ctx.config),
+                                           w.post_ffn_norm_D, d, ctx, overwrite_grads);
   a.mlp_out_BTD = Tensor();
   Tensor none;
   // each parameter receives one gradient here: the first write replaces when asked to
@@ -861,7 +886,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
     const MlpAmax mlp_amax{a.fp8_amax(BlockActivations::kH), a.fp8_amax(BlockActivations::kXn2),
                            a.fp8_amax(BlockActivations::kGateUpGrads)};
     mlp_backward_rows(dxn2_TD, g, dy_TD, xn2_TD, std::move(gate_up), std::move(gate), std::move(up), std::move(h), w,
-                      dw, dw_dx, hooks, mlp_amax);
+                      dw, dw_dx, ctx.config->mlp_activation, hooks, mlp_amax);
     reserve.reset();
     if (sequence_split(ctx)) ctx.tp->finish();
   } else {
@@ -879,7 +904,8 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
       MlpRows m = mlp_products(xn2_piece, w, ctx, F, false);
       Tensor dxn2_piece = dxn2_TD.slice(0, r0, r1);
       mlp_backward_rows(dxn2_piece, g, dy_TD.slice(0, r0, r1), xn2_piece, std::move(m.gate_up_R2F),
-                        std::move(m.gate_RF), std::move(m.up_RF), Tensor(), w, piece_dw, piece_dw_dx);
+                        std::move(m.gate_RF), std::move(m.up_RF), Tensor(), w, piece_dw, piece_dw_dx,
+                        ctx.config->mlp_activation);
     }
   }
   dy_TD = Tensor();
@@ -888,16 +914,17 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   if (post) {
     ops::add(dx2_RD, dxn2_RD, dy_RD);  // the MLP read x2 itself
   } else {
-    norm_backward(dx2_RD, g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}), w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx,
-                  overwrite_grads);
+    const bool sandwich = ctx.config->sandwich_norms;  // the MLP's input norm: its own weight
+    norm_backward(dx2_RD, sandwich ? g.pre_ffn_norm_D : g.ffn_norm_D, dxn2_RD, a.x2_BTD.view({R, D}),
+                  sandwich ? w.pre_ffn_norm_D : w.ffn_norm_D, a.rstd2_BT.view({R}), dy_RD, ctx, overwrite_grads);
   }
   // read for the last time: freed before the attention's backward, the block's other peak
   dxn2_TD = dxn2_RD = xn2_TD = Tensor();
   a.xn2_BTD = a.rstd2_BT = a.x2_BTD = Tensor();
 
   // the attention's output gradient: dx2, or through Granite's residual_multiplier and OLMo 2's norm
-  const Tensor dout_RD =
-      sublayer_backward(dx2_RD, g.ffn_norm_D, a.attn_out_BTD, a.rstd1_BT, w.ffn_norm_D, d, ctx, overwrite_grads);
+  const Tensor dout_RD = sublayer_backward(dx2_RD, g.ffn_norm_D, a.attn_out_BTD, attn_out_rstd(a, *ctx.config),
+                                           w.ffn_norm_D, d, ctx, overwrite_grads);
   a.attn_out_BTD = Tensor();
   // Attention: x2 = x + o(attn); dx2 flows to x unchanged and through o_proj (over all rows:
   // with tensor parallelism gathered while this rank's rows make their part of dattn, and by
@@ -924,6 +951,7 @@ void block_backward(Tensor& dx_BTD, BlockWeights& g, const Tensor& dy_BTD, Block
   attention.documents = ctx.documents;
   attention.window = ctx.window;
   attention.scale = ctx.config->attention_multiplier;
+  attention.softcap = ctx.config->attn_logit_softcapping;
   // the attention backward of sequences [b0, b1): FP8's where the forward was FP8's
   const bool fp8 = ctx.fp8_attention && ctx.documents == nullptr && ctx.window == 0;
   ST_ASSERT(!fp8 || ctx.fp8_attention_history_4.defined(), "the FP8 attention backward needs its layer's history");

@@ -30,6 +30,9 @@ struct BlockWeights {
   // post_ffn_norm_D (`post_feedforward_layernorm`) the MLP's output norm
   Tensor ffn_norm_D;
   Tensor post_ffn_norm_D;
+  // LlamaConfig::sandwich_norms (Gemma): the MLP's input norm (`pre_feedforward_layernorm`);
+  // ffn_norm_D is then the attention's output norm, post_ffn_norm_D the MLP's; undefined without
+  Tensor pre_ffn_norm_D;
   Tensor w_gate_FD, w_up_FD, w_down_DF;
   // q, k and v's weights (and biases) as one [N·H + 2·M·H, D] matrix ([..] vector) when
   // they lie back to back in the unit, as shardtrain lays them out: one product makes all
@@ -74,8 +77,11 @@ struct BlockActivations {
   // residual stream's rows), whose 1/rms are rstd1 and rstd2; xn1 and xn2 are then x and x2
   // themselves (all rows)
   Tensor attn_out_BTD, mlp_out_BTD;
+  // LlamaConfig::sandwich_norms: the 1/rms of the norms after the attention and the MLP (the
+  // residual stream's rows; rstd1 and rstd2 are the norms' before them); undefined without
+  Tensor post_rstd1_BT, post_rstd2_BT;
   Tensor xn2_BTD, rstd2_BT;     // MLP-norm output (all rows) and its 1/rms
-  Tensor gate_BTF, up_BTF, h_BTF;  // h = silu(gate) * up
+  Tensor gate_BTF, up_BTF, h_BTF;  // h = act(gate) * up (LlamaConfig::mlp_activation)
   Tensor gate_up_BT2F;             // when stacked: one product, gate and up its halves (views)
   Tensor y_BTD;                 // block output
   // training.fp8 = tensorwise on a block whose products see all their rows at once (no tensor

@@ -39,6 +39,18 @@ double LlamaConfig::attention_scale() const {
   return attention_multiplier > 0 ? attention_multiplier : 1.0 / std::sqrt(static_cast<double>(head_dim()));
 }
 
+bool LlamaConfig::gemma_features() const {
+  return norm_weight_offset != 0.0 || sandwich_norms || mlp_activation != ops::GluActivation::kSilu ||
+         scale_embeddings || rope_local_theta != 0.0 || soft_capped();
+}
+
+ops::RopeOptions LlamaConfig::rope_of(int64_t layer) const {
+  if (rope_local_theta <= 0 || window_of(layer) == 0) return rope;
+  ops::RopeOptions local;
+  local.theta = rope_local_theta;
+  return local;
+}
+
 void LlamaConfig::validate_families(const std::string& p) const {
   ST_CHECK(nope_layers.empty() || static_cast<int64_t>(nope_layers.size()) == n_layers, "`", p, "nope_layers` lists ",
            nope_layers.size(), " layers for `", p, "n_layers` = ", n_layers,
@@ -50,6 +62,16 @@ void LlamaConfig::validate_families(const std::string& p) const {
   ST_CHECK(logits_scaling > 0, "`", p, "logits_scaling` must be > 0, found ", logits_scaling);
   ST_CHECK(!(qk_norm && qk_norm_whole), "`", p, "qk_norm` (per head, Qwen3) and `", p,
            "qk_norm_whole` (over all heads, OLMo 2) are both set; choose one");
+  ST_CHECK(!(post_norms && sandwich_norms), "`", p, "post_norms` (norms after each sublayer only, OLMo 2) and `", p,
+           "sandwich_norms` (norms before and after, Gemma) are both set; choose one");
+  ST_CHECK(norm_weight_offset >= 0, "`", p, "norm_weight_offset` must be >= 0 (Gemma: 1, others 0), found ",
+           norm_weight_offset);
+  ST_CHECK(rope_local_theta >= 0, "`", p, "rope_local_theta` must be >= 0 (0: the sliding layers use rope_theta), found ",
+           rope_local_theta);
+  ST_CHECK(attn_logit_softcapping >= 0, "`", p, "attn_logit_softcapping` must be >= 0 (0: none), found ",
+           attn_logit_softcapping);
+  ST_CHECK(final_logit_softcapping >= 0, "`", p, "final_logit_softcapping` must be >= 0 (0: none), found ",
+           final_logit_softcapping);
 }
 
 void LlamaConfig::validate_sliding_window(const std::string& p) const {
@@ -91,6 +113,8 @@ void LlamaConfig::validate(const std::string& p) const {
   ST_CHECK(init_std > 0, "`", p, "init_std` must be > 0, found ", init_std);
   validate_sliding_window(p);
   validate_families(p);
+  if (rope.scaling.type == ops::RopeScalingType::kLinear)
+    ST_CHECK(rope.scaling.factor >= 1, "`", p, "rope_scaling_factor` must be >= 1, found ", rope.scaling.factor);
   if (rope.scaling.type == ops::RopeScalingType::kLlama3) {
     ST_CHECK(rope.scaling.factor >= 1, "`", p, "rope_scaling_factor` must be >= 1, found ", rope.scaling.factor);
     ST_CHECK(rope.scaling.high_freq_factor > rope.scaling.low_freq_factor, "`", p,
@@ -108,6 +132,7 @@ int64_t LlamaConfig::num_non_embedding_parameters() const {
   if (qk_norm) block += 2 * head_dim();                          // q_norm, k_norm
   if (qk_norm_whole) block += q_dim() + kv_dim();                // q_norm, k_norm over all heads
   block += q_dim() * dim;                                        // o
+  if (sandwich_norms) block += 2 * dim;                           // pre- and post-norms both
   block += 3 * dim * ffn_dim;                                    // gate, up, down
   return n_layers * block + dim + vocab_size * dim;              // final norm + head
 }
@@ -140,9 +165,17 @@ std::string LlamaConfig::summary() const {
   if (qk_norm) s << ", QK-norm";
   if (qk_norm_whole) s << ", QK-norm over all heads";
   if (post_norms) s << ", norms after each sublayer";
+  if (sandwich_norms) s << ", norms before and after each sublayer";
+  if (norm_weight_offset != 0) s << ", norms scaled by (" << norm_weight_offset << " + weight)";
+  if (mlp_activation == ops::GluActivation::kGeluTanh) s << ", GeGLU (tanh GELU)";
+  if (scale_embeddings) s << ", embeddings x sqrt(dim)";
+  if (has_local_rope()) s << ", sliding layers' rope theta " << rope_local_theta;
+  if (attn_logit_softcapping > 0) s << ", attention scores soft-capped at " << attn_logit_softcapping;
+  if (final_logit_softcapping > 0) s << ", logits soft-capped at " << final_logit_softcapping;
   if (!nope_layers.empty() && nope_layer_count() > 0)
     s << ", no rope on " << nope_layer_count() << " of " << n_layers << " layers";
-  if (granite_scaled())
+  if (gemma_features()) s << ", attention scale " << attention_scale();
+  if (granite_scaled() && !gemma_features())
     s << ", scaled (embedding x" << embedding_multiplier << ", residual x" << residual_multiplier << ", attention x"
       << attention_scale() << ", logits /" << logits_scaling << ")";
   if (sliding_window > 0)

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "ops/rope.h"
+#include "ops/swiglu.h"
 
 namespace shardtrain::model {
 
@@ -61,6 +62,25 @@ struct LlamaConfig {
   // k's M·H (weights [N·H] and [M·H]) after their projections and before rope.
   bool post_norms = false;
   bool qk_norm_whole = false;
+  // Gemma 3's features (all off: Llama). norm_weight_offset: every RMSNorm (the blocks', the
+  // QK-norm's, the final one) scales by weight + offset, Gemma's 1 with weights initialised to
+  // 0 and stored as the checkpoint has them. sandwich_norms: a norm before and one after each
+  // sublayer (x2 = x + post_attn_norm(attn(input_norm(x))), y = x2 +
+  // post_ffn_norm(mlp(pre_ffn_norm(x2))); weights `input_layernorm`, `post_attention_layernorm`,
+  // `pre_feedforward_layernorm`, `post_feedforward_layernorm`). mlp_activation: the gate's
+  // activation (Gemma: the tanh-approximated GELU). scale_embeddings: the embeddings
+  // multiplied by sqrt(D) rounded to the compute dtype (transformers' normalizer). rope_local_theta:
+  // the sliding layers' rope base, without rope's scaling (0: every layer uses `rope`).
+  double norm_weight_offset = 0.0;
+  bool sandwich_norms = false;
+  ops::GluActivation mlp_activation = ops::GluActivation::kSilu;
+  bool scale_embeddings = false;
+  double rope_local_theta = 0.0;
+  // Gemma 2's soft-capping (0: none): the attention's scaled scores become
+  // attn_logit_softcapping · tanh(s / attn_logit_softcapping) before the softmax, and the logits
+  // final_logit_softcapping · tanh(z / final_logit_softcapping). CPU only.
+  double attn_logit_softcapping = 0.0;
+  double final_logit_softcapping = 0.0;
 
   // H
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : n_heads > 0 ? dim / n_heads : 0; }
@@ -81,6 +101,15 @@ struct LlamaConfig {
   bool granite_scaled() const;
   // The attention's softmax scale: attention_multiplier, or 1 / sqrt(H) when it is 0.
   double attention_scale() const;
+  // Whether any of Gemma's features (Gemma 2's and 3's) is on.
+  bool gemma_features() const;
+  // Whether either soft-capping is on (Gemma 2; CPU only).
+  bool soft_capped() const { return attn_logit_softcapping > 0 || final_logit_softcapping > 0; }
+  // The rope of layer `layer`: on a sliding layer with rope_local_theta, that base without
+  // scaling; `rope` otherwise.
+  ops::RopeOptions rope_of(int64_t layer) const;
+  // Whether some layers use another rope than `rope` (rope_local_theta with sliding layers).
+  bool has_local_rope() const { return rope_local_theta > 0 && sliding_layer_count() > 0; }
   // Throws Error naming the offending field (`prefix` + field name, e.g. "model.n_heads").
   void validate(const std::string& prefix) const;
   // Parameters in the model (a tied head counted once), and without the input embedding

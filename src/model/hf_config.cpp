@@ -2,6 +2,7 @@
 // rope_scaling) and the transformers 5 form (rope_parameters).
 #include "model/hf_config.h"
 
+#include <cmath>
 #include <fstream>
 #include <utility>
 #include <vector>
@@ -69,8 +70,13 @@ void parse_rope(const json& j, const std::string& src, LlamaConfig& c, double de
   if (const json* t = find(*scaling, "rope_type")) type = t->get<std::string>();
   else if (const json* t2 = find(*scaling, "type")) type = t2->get<std::string>();
   if (type == "default") return;
+  if (type == "linear") {
+    c.rope.scaling.type = ops::RopeScalingType::kLinear;
+    c.rope.scaling.factor = get_double(*scaling, "factor", src, 1.0);
+    return;
+  }
   ST_CHECK(type == "llama3", src, ": `", where, ".rope_type` = \"", type,
-           "\" is not supported; shardtrain supports default and llama3");
+           "\" is not supported; shardtrain supports default, linear and llama3");
   c.rope.scaling.type = ops::RopeScalingType::kLlama3;
   c.rope.scaling.factor = get_double(*scaling, "factor", src, 8.0);
   c.rope.scaling.low_freq_factor = get_double(*scaling, "low_freq_factor", src, 1.0);
@@ -85,9 +91,9 @@ struct UnsupportedFamily {
   const char* missing;
 };
 constexpr UnsupportedFamily kUnsupported[] = {
-    {"gemma", "GeGLU MLPs, embeddings scaled by sqrt(hidden_size) and (1 + weight) norms"},
-    {"gemma2", "logit soft-capping and norms after each sublayer"},
-    {"gemma3", "QK-norm and norms after each sublayer"},
+    {"gemma", "Gemma 1 configs (Gemma 3's text models, model_type gemma3_text, are supported)"},
+    {"gemma3", "multimodal Gemma 3 (a vision tower); use a text-only checkpoint (model_type gemma3_text, "
+               "Gemma3ForCausalLM, as google/gemma-3-1b-it)"},
     {"phi3", "fused qkv_proj and gate_up_proj tensors"},
     {"mixtral", "mixture-of-experts MLPs"},
     {"qwen2_moe", "mixture-of-experts MLPs"},
@@ -96,12 +102,17 @@ constexpr UnsupportedFamily kUnsupported[] = {
 constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sliding window, and a head_dim of its "
                                    "own as Mistral-Nemo's, are fine), ministral, qwen2 (sliding-window layers too), "
                                    "qwen3 (dense, QK-norm, sliding-window layers too), smollm3 (NoPE layers), granite "
-                                   "(Granite 3's embedding, residual, attention and logits scalings) and olmo2 (norms "
-                                   "after each sublayer, QK-norm over the whole q and k)";
+                                   "(Granite 3's embedding, residual, attention and logits scalings), olmo2 (norms "
+                                   "after each sublayer, QK-norm over the whole q and k) and gemma3_text (Gemma 3's "
+                                   "text models: (1 + weight) norms before and after each sublayer, GeGLU, scaled "
+                                   "embeddings, QK-norm, sliding layers with their own rope) and gemma2 (Gemma 2: "
+                                   "the same without QK-norm, with soft-capped attention scores and logits, on the "
+                                   "CPU only)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
   if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2" ||
-      model_type == "qwen3" || model_type == "smollm3" || model_type == "granite" || model_type == "olmo2")
+      model_type == "qwen3" || model_type == "smollm3" || model_type == "granite" || model_type == "olmo2" ||
+      model_type == "gemma3_text" || model_type == "gemma2")
     return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
@@ -278,17 +289,203 @@ void parse_granite(const json& j, const std::string& src, LlamaConfig& c) {
       c.logits_scaling, ") must all be > 0");
 }
 
+// A rope_scaling / rope_parameters entry for Gemma 3's global layers: default or linear.
+void parse_gemma3_scaling(const json& s, const char* where, const std::string& src, LlamaConfig& c) {
+  ST_CHECK(s.is_object(), src, ": `", where, "` must be an object, found ", s.dump());
+  std::string type = "default";
+  if (const json* t = find(s, "rope_type")) type = t->get<std::string>();
+  else if (const json* t2 = find(s, "type")) type = t2->get<std::string>();
+  if (type == "default") return;
+  ST_CHECK(type == "linear", src, ": `", where, "` rope type \"", type, "\" is not supported for gemma3_text; ",
+           "shardtrain supports default and linear there (Gemma 3's 4B and larger use linear, factor 8)");
+  c.rope.scaling.type = ops::RopeScalingType::kLinear;
+  c.rope.scaling.factor = get_double(s, "factor", src, 1.0);
+  ST_CHECK(c.rope.scaling.factor >= 1, src, ": `", where, ".factor` must be >= 1, found ", c.rope.scaling.factor);
+}
+
+// Gemma 3's text model as transformers reads it: (1 + weight) norms before and after each
+// sublayer, QK-norm per head, GeGLU (gelu_pytorch_tanh), embeddings x sqrt(hidden_size), the
+// softmax scale query_pre_attn_scalar^-0.5, sliding layers from layer_types (or every layer
+// but each sliding_window_pattern-th) with rope_local_base_freq as their unscaled rope base,
+// global layers rope_theta with rope_scaling (default or linear). transformers 5 keys the rope
+// by layer type in rope_parameters. Soft-capping (Gemma 2's) is refused.
+// What Gemma 2 and Gemma 3 share: (1 + weight) norms before and after each sublayer, GeGLU
+// (gelu_pytorch_tanh), embeddings x sqrt(hidden_size), the softmax scale
+// query_pre_attn_scalar^-0.5, causal attention, no biases.
+void parse_gemma_common(const json& j, const std::string& model_type, const std::string& src, LlamaConfig& c) {
+  if (const json* act = find(j, "hidden_activation"))
+    ST_CHECK(*act == "gelu_pytorch_tanh", src, ": `hidden_activation` = ", act->dump(), " is not supported for ",
+             model_type, "; expected \"gelu_pytorch_tanh\"");
+  ST_CHECK(!get_bool(j, "use_bidirectional_attention", src, false), src,
+           ": `use_bidirectional_attention` = true is not supported; shardtrain trains causal models");
+  ST_CHECK(!c.attention_bias, src, ": `attention_bias` = true is not supported for ", model_type,
+           " (its o_proj bias has no place in shardtrain's block); Gemma has none");
+  c.sandwich_norms = true;
+  c.norm_weight_offset = 1.0;
+  c.mlp_activation = ops::GluActivation::kGeluTanh;
+  c.scale_embeddings = true;
+  const double scalar = get_double(j, "query_pre_attn_scalar", src, 256.0);
+  ST_CHECK(scalar > 0, src, ": `query_pre_attn_scalar` must be > 0, found ", scalar);
+  c.attention_multiplier = 1.0 / std::sqrt(scalar);
+}
+
+// A soft-capping key: its value, `fallback` when absent (transformers' default), 0 when null.
+double softcap_key(const json& j, const char* key, const std::string& src, double fallback) {
+  if (find(j, key) == nullptr) return j.contains(key) ? 0.0 : fallback;  // null: none
+  const double v = get_double(j, key, src, fallback);
+  ST_CHECK(v > 0, src, ": `", key, "` must be > 0 (or null for none), found ", v);
+  return v;
+}
+
+// The sliding layers from layer_types or, without it, every layer i with (i + 1) % pattern != 0
+// (Gemma 3's sliding_window_pattern, default 6; Gemma 2's even layers: pattern 2), and the window.
+void parse_gemma_sliding(const json& j, const std::string& src, int64_t default_pattern, LlamaConfig& c) {
+  c.sliding_layers = parse_layer_types(j, c.n_layers, src);
+  if (c.sliding_layers.empty()) {
+    const int64_t pattern = get_int(j, "sliding_window_pattern", src, &default_pattern);
+    ST_CHECK(pattern >= 1, src, ": `sliding_window_pattern` must be >= 1, found ", pattern);
+    for (int64_t l = 0; l < c.n_layers; ++l) c.sliding_layers.push_back((l + 1) % pattern != 0);
+  }
+  bool any_sliding = false;
+  for (bool s : c.sliding_layers) any_sliding = any_sliding || s;
+  if (!any_sliding) {
+    c.sliding_layers.clear();
+    return;
+  }
+  ST_CHECK(find(j, "sliding_window") != nullptr || !j.contains("sliding_window"), src,
+           ": `sliding_window` is null but layers slide (`layer_types` / `sliding_window_pattern`); give its size");
+  c.sliding_window = window_size(j, src);
+}
+
+// Gemma 2 as transformers reads it: Gemma's common features (parse_gemma_common), attention
+// scores and logits soft-capped (attn_logit_softcapping 50, final_logit_softcapping 30 by
+// default; null: none), one rope for every layer, every even layer sliding (layer_types where
+// given).
+void parse_gemma2(const json& j, const std::string& src, LlamaConfig& c) {
+  parse_gemma_common(j, "gemma2", src, c);
+  c.attn_logit_softcapping = softcap_key(j, "attn_logit_softcapping", src, 50.0);
+  c.final_logit_softcapping = softcap_key(j, "final_logit_softcapping", src, 30.0);
+  parse_rope(j, src, c, 10000.0);
+  parse_gemma_sliding(j, src, 2, c);
+}
+
+void parse_gemma3(const json& j, const std::string& src, LlamaConfig& c) {
+  parse_gemma_common(j, "gemma3_text", src, c);
+  ST_CHECK(find(j, "attn_logit_softcapping") == nullptr, src, ": `attn_logit_softcapping` = ",
+           j["attn_logit_softcapping"].dump(), " is not supported for gemma3_text: transformers' Gemma 3 attention "
+           "does not apply it; Gemma 3 leaves it null");
+  c.final_logit_softcapping = softcap_key(j, "final_logit_softcapping", src, 0.0);
+  c.qk_norm = true;
+  // the rope: global layers' (rope_theta, rope_scaling) and the sliding layers' base; in
+  // rope_parameters an entry's own rope_theta, else the top-level key, else transformers' default
+  c.rope.theta = get_double(j, "rope_theta", src, 1000000.0);
+  c.rope_local_theta = get_double(j, "rope_local_base_freq", src, 10000.0);
+  if (const json* params = find(j, "rope_parameters")) {
+    ST_CHECK(params->is_object(), src, ": `rope_parameters` must be an object, found ", params->dump());
+    const json* full = find(*params, kFullLayer);
+    const json* sliding = find(*params, kSlidingLayer);
+    if (full == nullptr && sliding == nullptr) full = params;  // one entry for every layer
+    if (full != nullptr) {
+      c.rope.theta = get_double(*full, "rope_theta", src, c.rope.theta);
+      parse_gemma3_scaling(*full, "rope_parameters.full_attention", src, c);
+    }
+    if (sliding != nullptr) {
+      c.rope_local_theta = get_double(*sliding, "rope_theta", src, c.rope_local_theta);
+      std::string type = "default";
+      if (const json* t = find(*sliding, "rope_type")) type = t->get<std::string>();
+      ST_CHECK(type == "default", src, ": `rope_parameters.sliding_attention.rope_type` = \"", type,
+               "\" is not supported; Gemma 3's sliding layers use the default rope");
+    }
+  } else if (const json* s = find(j, "rope_scaling")) {
+    parse_gemma3_scaling(*s, "rope_scaling", src, c);
+  }
+  ST_CHECK(c.rope_local_theta > 0, src, ": the sliding layers' rope base (`rope_local_base_freq`) must be > 0, "
+           "found ", c.rope_local_theta);
+  parse_gemma_sliding(j, src, 6, c);
+}
+
+// Whether every layer but each p-th slides, for some p >= 2 (transformers 4's
+// sliding_window_pattern): p, or 0 when no pattern gives the layers.
+int64_t sliding_pattern(const LlamaConfig& c) {
+  for (int64_t p = 2; p <= c.n_layers + 1; ++p) {
+    bool match = true;
+    for (int64_t l = 0; l < c.n_layers && match; ++l) match = (c.window_of(l) > 0) == ((l + 1) % p != 0);
+    if (match) return p;
+  }
+  return 0;
+}
+
+// Gemma 3's text config.json (gemma3_text, Gemma3ForCausalLM) or, without QK-norm, Gemma 2's
+// (gemma2, Gemma2ForCausalLM): the keys transformers 4 reads (rope_theta, rope_scaling and
+// rope_local_base_freq, sliding_window_pattern when one fits; Gemma 2's soft-capping) and
+// layer_types, which transformers 4.53 and later read in its place.
+json to_gemma_config(const LlamaConfig& c, const std::string& torch_dtype) {
+  const bool gemma3 = c.qk_norm;
+  json j;
+  j["architectures"] = {gemma3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"};
+  j["model_type"] = gemma3 ? "gemma3_text" : "gemma2";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.ffn_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  j["head_dim"] = c.head_dim();
+  j["max_position_embeddings"] = c.max_seq_len;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["hidden_activation"] = "gelu_pytorch_tanh";
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["attention_bias"] = false;
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = c.init_std;
+  // the softmax scale as transformers takes it: query_pre_attn_scalar^-0.5 (an integer where
+  // it is one, as Gemma 3's 256)
+  const double scalar = 1.0 / (c.attention_scale() * c.attention_scale());
+  const double whole = std::round(scalar);
+  if (std::fabs(scalar - whole) <= 1e-9 * whole) {
+    j["query_pre_attn_scalar"] = static_cast<int64_t>(whole);
+  } else {
+    j["query_pre_attn_scalar"] = scalar;
+  }
+  j["rope_theta"] = c.rope.theta;
+  if (gemma3) {
+    if (c.rope.scaling.type == ops::RopeScalingType::kLinear) {
+      j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}};
+    } else {
+      j["rope_scaling"] = nullptr;
+    }
+    j["rope_local_base_freq"] = c.rope_local_theta > 0 ? c.rope_local_theta : c.rope.theta;
+  }
+  j["sliding_window"] = c.sliding_window > 0 ? c.sliding_window : kDefaultSlidingWindow;
+  json types = json::array();
+  for (int64_t l = 0; l < c.n_layers; ++l) types.push_back(c.window_of(l) > 0 ? kSlidingLayer : kFullLayer);
+  j["layer_types"] = types;
+  if (const int64_t p = sliding_pattern(c); p > 0 && gemma3) j["sliding_window_pattern"] = p;
+  auto cap = [](double v) { return v > 0 ? json(v) : json(nullptr); };
+  j["attn_logit_softcapping"] = cap(c.attn_logit_softcapping);
+  j["final_logit_softcapping"] = cap(c.final_logit_softcapping);
+  j["torch_dtype"] = torch_dtype;
+  return j;
+}
+
 }  // namespace
 
 void check_hf_family(const LlamaConfig& c, const std::string& what) {
   const bool olmo2 = c.post_norms || c.qk_norm_whole;
   const bool smollm3 = c.nope_layer_count() > 0;
-  const bool granite = c.granite_scaled();
+  const bool gemma = c.gemma_features();
+  // Gemma 3 has QK-norm and Gemma a softmax scale of its own (query_pre_attn_scalar)
+  const bool granite = gemma ? c.embedding_multiplier != 1.0 || c.residual_multiplier != 1.0 ||
+                                   c.logits_scaling != 1.0
+                             : c.granite_scaled();
+  const bool qwen3 = c.qk_norm && !gemma;
   std::string features;
-  for (const auto& [has, name] : {std::pair{olmo2, "OLMo 2's norms"}, std::pair{smollm3, "SmolLM3's NoPE layers"},
-                                  std::pair{granite, "Granite's scalings"}, std::pair{c.qk_norm, "Qwen3's QK-norm"}})
+  for (const auto& [has, name] :
+       {std::pair{olmo2, "OLMo 2's norms"}, std::pair{smollm3, "SmolLM3's NoPE layers"},
+        std::pair{granite, "Granite's scalings"}, std::pair{qwen3, "Qwen3's QK-norm"},
+        std::pair{gemma, "Gemma's norms, GeGLU, scaled embeddings, sliding layers' rope or soft-capping"}})
     if (has) features += (features.empty() ? "" : ", ") + std::string(name);
-  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(c.qk_norm) <= 1, what,
+  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(qwen3) + int(gemma) <= 1, what,
            ": the model combines features of several Hugging Face families (", features,
            "), which no single transformers model type has; keep one family's features");
   if (olmo2) {
@@ -304,6 +501,32 @@ void check_hf_family(const LlamaConfig& c, const std::string& what) {
   if (granite)
     ST_CHECK(c.sliding_window == 0 && !c.head_dim_decoupled(), what, ": granite (scaled embeddings, residuals, ",
              "attention and logits) has no sliding window and heads of hidden_size / num_attention_heads");
+  if (gemma) {
+    ST_CHECK(c.norm_weight_offset == 1.0 && c.sandwich_norms && c.mlp_activation == ops::GluActivation::kGeluTanh &&
+                 c.scale_embeddings,
+             what, ": Gemma (gemma3_text with per-head QK-norm, gemma2 without) has all of (1 + weight) norms "
+             "(norm_weight_offset = 1, found ", c.norm_weight_offset, "), norms before and after each sublayer "
+             "(sandwich_norms = ", c.sandwich_norms, "), GeGLU (mlp_activation = gelu_tanh: ",
+             c.mlp_activation == ops::GluActivation::kGeluTanh, ") and embeddings x sqrt(dim) (scale_embeddings = ",
+             c.scale_embeddings, "); set all of them or none");
+    ST_CHECK(!c.attention_bias, what, ": Gemma has no q/k/v biases here");
+  }
+  if (gemma && !c.qk_norm) {  // Gemma 2
+    ST_CHECK(c.rope_local_theta == 0 || c.rope_local_theta == c.rope.theta || c.sliding_layer_count() == 0, what,
+             ": gemma2 has one rope for every layer; a sliding layers' rope of its own (rope_local_theta = ",
+             c.rope_local_theta, ") needs Gemma 3's QK-norm (gemma3_text)");
+    ST_CHECK(c.rope.scaling.type == ops::RopeScalingType::kNone, what, ": gemma2 has no rope scaling");
+  }
+  if (gemma && c.qk_norm) {  // Gemma 3
+    ST_CHECK(c.attn_logit_softcapping == 0, what, ": gemma3_text does not soft-cap its attention scores ",
+             "(transformers' Gemma 3 ignores attn_logit_softcapping); Gemma 2's soft-capping goes without QK-norm");
+    ST_CHECK(c.rope_local_theta > 0 || c.sliding_layer_count() == 0 ||
+                 c.rope.scaling.type == ops::RopeScalingType::kNone,
+             what, ": gemma3_text's sliding layers never scale their rope; with rope scaling give them a base of ",
+             "their own (rope_local_theta)");
+    ST_CHECK(c.rope.scaling.type != ops::RopeScalingType::kLlama3, what,
+             ": gemma3_text takes default or linear rope scaling, not llama3");
+  }
 }
 
 LlamaConfig parse_hf_config(const json& j, const std::string& src) {
@@ -312,7 +535,9 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   ST_CHECK(mt && mt->is_string(), src, ": `model_type` is missing");
   const std::string model_type = mt->get<std::string>();
   check_model_type(model_type, src);
-  if (const json* act = find(j, "hidden_act"))
+  const bool gemma3 = model_type == "gemma3_text", gemma2 = model_type == "gemma2";
+  // Gemma reads hidden_activation (parse_gemma_common), not hidden_act
+  if (const json* act = find(j, "hidden_act"); act != nullptr && !gemma3 && !gemma2)
     ST_CHECK(*act == "silu", src, ": `hidden_act` = ", act->dump(), " is not supported; expected \"silu\"");
   ST_CHECK(!get_bool(j, "mlp_bias", src, false), src, ": `mlp_bias` = true is not supported");
   const int64_t one = 1;
@@ -331,10 +556,12 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.n_heads = get_int(j, "num_attention_heads", src);
   c.n_kv_heads = get_int(j, "num_key_value_heads", src, &c.n_heads);
   c.ffn_dim = get_int(j, "intermediate_size", src);
-  c.max_seq_len = get_int(j, "max_position_embeddings", src);
+  const int64_t gemma3_positions = 131072, gemma2_positions = 8192;  // transformers' defaults
+  c.max_seq_len = get_int(j, "max_position_embeddings", src,
+                          gemma3 ? &gemma3_positions : gemma2 ? &gemma2_positions : nullptr);
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   // transformers' default: tied for smollm3, untied for the others
-  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3");
+  c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3" || gemma3 || gemma2);
   c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
   c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   // OLMo 2's q_norm / k_norm over the whole projections, and its norms after each sublayer
@@ -346,13 +573,21 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
              ": `attention_bias` = true is not supported for smollm3; SmolLM3's "
              "projections have no biases");
   c.init_std = get_double(j, "initializer_range", src, 0.02);
-  parse_rope(j, src, c, model_type == "smollm3" ? 2000000.0 : 10000.0);
-  parse_sliding_window(j, model_type, src, c);
+  if (gemma3) {
+    parse_gemma3(j, src, c);
+  } else if (gemma2) {
+    parse_gemma2(j, src, c);
+  } else {
+    parse_rope(j, src, c, model_type == "smollm3" ? 2000000.0 : 10000.0);
+    parse_sliding_window(j, model_type, src, c);
+  }
   // transformers 4 and 5 both write head_dim at the top (null or absent: hidden_size /
   // num_attention_heads); a value of its own sets the projections' widths (Mistral-Nemo)
   if (find(j, "head_dim") != nullptr) {
     c.head_dim_override = get_int(j, "head_dim", src);
     ST_CHECK(c.head_dim_override > 0, src, ": `head_dim` must be > 0, found ", c.head_dim_override);
+  } else if (gemma3 || model_type == "gemma2") {
+    c.head_dim_override = 256;  // transformers' Gemma 2 and 3 default, whatever hidden_size is
   }
   with_context([&] { return src + ": checking the model shape"; }, [&] { c.validate(""); });
   return c;
@@ -368,6 +603,7 @@ LlamaConfig load_hf_config(const std::string& path) {
 
 json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   check_hf_family(c, "writing a Hugging Face config.json");
+  if (c.gemma_features()) return to_gemma_config(c, torch_dtype);
   json j;
   // OLMo 2's norms: olmo2; NoPE layers: smollm3; Granite's scalings: granite; QK-norm: Qwen3
   // (with or without q/k/v biases); biases alone: Qwen2; else Llama
@@ -421,6 +657,8 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
                          {"low_freq_factor", c.rope.scaling.low_freq_factor},
                          {"high_freq_factor", c.rope.scaling.high_freq_factor},
                          {"original_max_position_embeddings", c.rope.scaling.original_max_positions}};
+  } else if (c.rope.scaling.type == ops::RopeScalingType::kLinear) {
+    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}};
   } else {
     j["rope_scaling"] = nullptr;
   }

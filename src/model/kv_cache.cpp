@@ -18,9 +18,14 @@ KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DTy
   position_1_ = Tensor::empty({1}, DType::kI32, device, "kv cache position");
   cos_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache rope cos");
   sin_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache rope sin");
+  if (config.has_local_rope()) {
+    local_cos_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache sliding layers' rope cos");
+    local_sin_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache sliding layers' rope sin");
+  }
 }
 
-void KvCache::stage(const Tensor& cos_TK, const Tensor& sin_TK, Stream stream) {
+void KvCache::stage(const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& local_cos_TK,
+                    const Tensor& local_sin_TK, Stream stream) {
   ST_ASSERT(cos_TK.ndim() == 2 && cos_TK.size(0) > length_ && sin_TK.shape() == cos_TK.shape() &&
                 cos_TK.size(1) == cos_1K_.size(1),
             "KV cache: rope tables ", cos_TK.str(), " for position ", length_);
@@ -29,6 +34,11 @@ void KvCache::stage(const Tensor& cos_TK, const Tensor& sin_TK, Stream stream) {
   copy(position_1_, host_position_1_, stream);
   copy(cos_1K_, cos_TK.slice(0, length_, length_ + 1), stream);
   copy(sin_1K_, sin_TK.slice(0, length_, length_ + 1), stream);
+  ST_ASSERT(local_cos_TK.defined() == local_cos_1K_.defined(), "KV cache: the sliding layers' rope tables ",
+            local_cos_TK.defined() ? "given to a cache without room for them" : "missing");
+  if (!local_cos_1K_.defined()) return;
+  copy(local_cos_1K_, local_cos_TK.slice(0, length_, length_ + 1), stream);
+  copy(local_sin_1K_, local_sin_TK.slice(0, length_, length_ + 1), stream);
 }
 
 int64_t KvCache::bytes() const {

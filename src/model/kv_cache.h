@@ -43,18 +43,23 @@ class KvCache {
   // A one-token step that reads its position from memory, so that one CUDA graph serves every
   // position (Llama::issue_decode): stage() writes length() into position_1 (one i32 on the
   // cache's device) and rows length() of rope's tables cos_TK, sin_TK [max_seq_len, H/2] into
-  // rope_cos_1K, rope_sin_1K, stream-ordered; the step's blocks read those.
-  void stage(const Tensor& cos_TK, const Tensor& sin_TK, Stream stream = {});
+  // rope_cos_1K, rope_sin_1K, stream-ordered; the step's blocks read those. With a sliding
+  // layers' rope of their own (LlamaConfig::has_local_rope) the row of its tables
+  // local_cos_TK, local_sin_TK goes to rope_local_cos_1K, rope_local_sin_1K too.
+  void stage(const Tensor& cos_TK, const Tensor& sin_TK, const Tensor& local_cos_TK = {},
+             const Tensor& local_sin_TK = {}, Stream stream = {});
   const Tensor& position_1() const { return position_1_; }
   const Tensor& rope_cos_1K() const { return cos_1K_; }
   const Tensor& rope_sin_1K() const { return sin_1K_; }
+  const Tensor& rope_local_cos_1K() const { return local_cos_1K_; }
+  const Tensor& rope_local_sin_1K() const { return local_sin_1K_; }
 
  private:
   int64_t batch_, capacity_, length_ = 0;
   DType dtype_;
   Device device_;
   std::vector<Tensor> keys_, values_;  // [L] of [B, capacity, M, H]
-  Tensor position_1_, cos_1K_, sin_1K_;
+  Tensor position_1_, cos_1K_, sin_1K_, local_cos_1K_, local_sin_1K_;
   Tensor host_position_1_ = Tensor::empty({1}, DType::kI32, Device::cpu(), "kv cache position");
 };
 

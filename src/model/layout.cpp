@@ -89,10 +89,15 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   ST_CHECK(tp == 1 || (!c.qk_norm_whole && !c.post_norms), "`parallel.tensor_parallel` = ", tp,
            " with OLMo 2's norms (QK-norm over the whole q and k, whose heads the ranks split; norms after each "
            "sublayer) is not supported; train this model with parallel.tensor_parallel = 1");
+  ST_CHECK(tp == 1 || !c.sandwich_norms, "`parallel.tensor_parallel` = ", tp,
+           " with Gemma's norms before and after each sublayer is not supported; train this model with "
+           "parallel.tensor_parallel = 1");
   ModelLayout layout;
   layout.mesh_ = mesh;
   layout.tp_rank_ = tp_rank;
   const int64_t h = c.head_dim();
+  // norms scale by weight + offset: Gemma's (1 + w) weights start at 0, the others' at 1
+  const ParamInit norm_init = c.norm_weight_offset != 0 ? ParamInit::kZeros : ParamInit::kOnes;
 
   UnitLayout embed;
   embed.name = "embedding";
@@ -113,7 +118,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
     auto add = [&](const char* suffix, Shape full, ParamInit init, int dim) {
       add_param(b, block_param_name(l, suffix), full, init, dim, tp, t);
     };
-    if (!c.post_norms) add("input_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
+    if (!c.post_norms) add("input_layernorm.weight", {c.dim}, norm_init, kWhole);
     add("self_attn.q_proj.weight", {c.n_heads * h, c.dim}, ParamInit::kNormal, kRows);
     add("self_attn.k_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
     add("self_attn.v_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
@@ -124,20 +129,21 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
     }
     if (c.qk_norm) {
       // one [H] weight for every head: whole on each tensor-parallel rank
-      add("self_attn.q_norm.weight", {h}, ParamInit::kOnes, kWhole);
-      add("self_attn.k_norm.weight", {h}, ParamInit::kOnes, kWhole);
+      add("self_attn.q_norm.weight", {h}, norm_init, kWhole);
+      add("self_attn.k_norm.weight", {h}, norm_init, kWhole);
     }
     if (c.qk_norm_whole) {
       // one weight over all of q's (k's) values: split with their heads
-      add("self_attn.q_norm.weight", {c.n_heads * h}, ParamInit::kOnes, kRows);
-      add("self_attn.k_norm.weight", {c.n_kv_heads * h}, ParamInit::kOnes, kRows);
+      add("self_attn.q_norm.weight", {c.n_heads * h}, norm_init, kRows);
+      add("self_attn.k_norm.weight", {c.n_kv_heads * h}, norm_init, kRows);
     }
     add("self_attn.o_proj.weight", {c.dim, c.n_heads * h}, ParamInit::kNormal, kColumns);
-    add("post_attention_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
+    add("post_attention_layernorm.weight", {c.dim}, norm_init, kWhole);
+    if (c.sandwich_norms) add("pre_feedforward_layernorm.weight", {c.dim}, norm_init, kWhole);
     add("mlp.gate_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.up_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
     add("mlp.down_proj.weight", {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
-    if (c.post_norms) add("post_feedforward_layernorm.weight", {c.dim}, ParamInit::kOnes, kWhole);
+    if (c.post_norms || c.sandwich_norms) add("post_feedforward_layernorm.weight", {c.dim}, norm_init, kWhole);
     b.ranks = mesh.shard_groups();
     b.tp_part = tp > 1;
     layout.units_.push_back(std::move(b));
@@ -146,7 +152,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   UnitLayout head;
   head.name = "head";
   head.kind = UnitKind::kHead;
-  add_param(head, "model.norm.weight", {c.dim}, ParamInit::kOnes);
+  add_param(head, "model.norm.weight", {c.dim}, norm_init);
   if (!c.tie_embeddings) add_param(head, "lm_head.weight", {c.vocab_size, c.dim}, ParamInit::kNormal);
   layout.units_.push_back(std::move(head));
 

@@ -3,6 +3,7 @@
 #include "model/llama.h"
 
 #include <chrono>
+#include <cmath>
 
 #include "core/profile.h"
 #include "core/random.h"
@@ -66,9 +67,21 @@ void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_
   }
 }
 
+namespace {
+
+// Gemma 2's soft-capping has CPU kernels only.
+void check_soft_capping_device(const LlamaConfig& c, Device device) {
+  ST_CHECK(!c.soft_capped() || device.is_cpu(), "the model soft-caps its attention scores (attn_logit_softcapping = ",
+           c.attn_logit_softcapping, ") or its logits (final_logit_softcapping = ", c.final_logit_softcapping,
+           "), which shardtrain runs on the CPU only, found ", device.str(), "; train it with training.device = cpu");
+}
+
+}  // namespace
+
 Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
     : config_(config), layout_(ModelLayout::llama(config, 1)), dtype_(dtype), device_(device) {
   config_.validate("model.");
+  check_soft_capping_device(config_, device_);
   resident_ = std::make_unique<ResidentUnitStore>(layout_, dtype, device);
   store_ = resident_.get();
   make_rope_tables();
@@ -77,19 +90,41 @@ Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
 Llama::Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* store, DType dtype, Device device)
     : config_(config), layout_(layout), dtype_(dtype), device_(device), store_(store) {
   config_.validate("model.");
+  check_soft_capping_device(config_, device_);
   make_rope_tables();
 }
 
 void Llama::make_rope_tables() {
   // computed in f64 on the host, then rounded once to the model's dtype on its device
   const int64_t K = config_.head_dim() / 2;
-  Tensor cos = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope cos");
-  Tensor sin = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope sin");
-  ops::rope_table(cos, sin, config_.head_dim(), config_.rope);
-  cos_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope cos");
-  sin_TK_ = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope sin");
-  ops::cast(cos_TK_, cos);
-  ops::cast(sin_TK_, sin);
+  auto make = [&](Tensor& cos_TK, Tensor& sin_TK, const ops::RopeOptions& rope) {
+    Tensor cos = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope cos");
+    Tensor sin = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope sin");
+    ops::rope_table(cos, sin, config_.head_dim(), rope);
+    cos_TK = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope cos");
+    sin_TK = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope sin");
+    ops::cast(cos_TK, cos);
+    ops::cast(sin_TK, sin);
+  };
+  make(cos_TK_, sin_TK_, config_.rope);
+  // Gemma 3: the sliding layers' own base, unscaled
+  for (int64_t l = 0; l < config_.n_layers && config_.has_local_rope(); ++l)
+    if (config_.window_of(l) > 0) {
+      make(local_cos_TK_, local_sin_TK_, config_.rope_of(l));
+      break;
+    }
+}
+
+double Llama::embedding_scale() const {
+  double s = config_.embedding_multiplier;
+  if (config_.scale_embeddings) {
+    // transformers' normalizer: sqrt(D) as an f32 value, cast to the activations' dtype
+    const float root = static_cast<float>(std::sqrt(static_cast<double>(config_.dim)));
+    s *= dtype_ == DType::kBF16  ? static_cast<double>(bf16_to_float(float_to_bf16(root)))
+         : dtype_ == DType::kF16 ? static_cast<double>(f16_to_float(float_to_f16(root)))
+                                 : static_cast<double>(root);
+  }
+  return s;
 }
 
 Tensor Llama::on_device(const Tensor& host) const {
@@ -214,6 +249,8 @@ void Llama::set_context_parallel(ContextParallel* cp) {
   for (int64_t l = 0; l < config_.n_layers; ++l)
     ST_CHECK(config_.window_of(l) == 0, key, " = ", cp->size(), ": layer ", l, " has a sliding window of ",
              config_.window_of(l), " tokens, which the ring attention does not support yet; set ", key, " to 1");
+  ST_CHECK(config_.attn_logit_softcapping == 0, key, " = ", cp->size(), " with attention scores soft-capped at ",
+           config_.attn_logit_softcapping, " (Gemma 2): the ring attention does not soft-cap yet; set ", key, " to 1");
   ST_CHECK(!fp8_attention_history_L4_.defined(), key, " = ", cp->size(),
            " with training.fp8_attention on: the ring attention runs in the compute dtype; turn one of them off");
   cp_ = cp;
@@ -278,6 +315,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   const auto [row0, R] = residual_rows(B, T, split);
   ST_ASSERT(cache == nullptr || documents == nullptr, "packed documents are not for a KV cache");
   if (cache != nullptr) refuse_context_parallel("decoding over a KV cache");
+  Tensor local_cos = local_cos_TK_, local_sin = local_sin_TK_;  // the sliding layers' rope (Gemma 3)
   if (cache != nullptr) {
     ctx.fp8 = {};  // a decoding step's few rows gain nothing from FP8 products
     ctx.fp8_attention = false;
@@ -289,11 +327,18 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
       ctx.kv_position_1 = cache->position_1();
       ctx.cos_TK = cache->rope_cos_1K();
       ctx.sin_TK = cache->rope_sin_1K();
+      local_cos = cache->rope_local_cos_1K();
+      local_sin = cache->rope_local_sin_1K();
     } else {
       ctx.cos_TK = cos_TK_.slice(0, p, p + T);
       ctx.sin_TK = sin_TK_.slice(0, p, p + T);
+      if (local_cos_TK_.defined()) {
+        local_cos = local_cos_TK_.slice(0, p, p + T);
+        local_sin = local_sin_TK_.slice(0, p, p + T);
+      }
     }
   }
+  const Tensor global_cos = ctx.cos_TK, global_sin = ctx.sin_TK;
   Tensor x_BTD = Tensor::empty(R == B * T ? Shape{B, T, D} : Shape{R, D}, dtype_, device_, "embeddings");
   {
     const Tensor embed = store_->acquire_params(kEmbedUnit, pass);
@@ -301,8 +346,8 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     // ids are checked on the host (check_inputs) where the caller gave host ids
     ops::embedding_forward(x_TD, ids_BT.view({B * T}).slice(0, row0, row0 + R),
                            view(embed, kEmbedUnit, "model.embed_tokens.weight"), {}, !ids_checked_on_host);
-    // Granite: the embeddings scaled after the lookup, in the compute dtype (as transformers)
-    if (config_.embedding_multiplier != 1.0) ops::scale(x_TD, config_.embedding_multiplier);
+    // Granite, Gemma: the embeddings scaled after the lookup, in the compute dtype (as transformers)
+    if (embedding_scale() != 1.0) ops::scale(x_TD, embedding_scale());
     // a tied head needs the embedding again at the end of the forward
     if (!config_.tie_embeddings) store_->release_params(kEmbedUnit, pass);
   }
@@ -317,6 +362,9 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     }
     ctx.window = config_.window_of(l);
     ctx.rope = config_.uses_rope(l);
+    const bool local = local_cos.defined() && ctx.window > 0;
+    ctx.cos_TK = local ? local_cos : global_cos;
+    ctx.sin_TK = local ? local_sin : global_sin;
     {
       const profile::Region region("block forward", l);
       block_forward(a, BlockWeights::view(params, layout_.units()[u], config_), x_BTD, ctx);
@@ -335,7 +383,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   Tensor h_TD = Tensor::empty({R, D}, dtype_, device_, "final norm");
   final_rstd_T = Tensor::empty({R}, ops::stats_dtype(dtype_), device_, "final rstd");
   ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, view(head, head_unit(), "model.norm.weight"),
-                       {config_.norm_eps});
+                       {.eps = config_.norm_eps, .weight_offset = config_.norm_weight_offset});
   // Granite's logits / logits_scaling, as the head's input scaled by its inverse (exact for a
   // power of two, as Granite 3's 8 and 16; otherwise equal up to rounding)
   if (config_.logits_scaling != 1.0) ops::scale(h_TD, 1.0 / config_.logits_scaling);
@@ -457,6 +505,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ce.check_targets = false;  // checked on the host above
     ce.overwrite_dweight = o.overwrite_grads;  // the head's (tied: the table's) first gradient
     ce.fp8 = head_fp8_;
+    ce.logit_softcap = config_.final_logit_softcapping;  // Gemma 2's; 0: none
     {
       const profile::Region region("head and loss");
       ops::linear_cross_entropy(loss, dh_TD, dweight, h_TD, head_weight(embed, head), targets_R, ce);
@@ -466,7 +515,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     Tensor dx_TD = dx_BTD.view({R, D});
     Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
     ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), "model.norm.weight"),
-                          final_rstd_T, Tensor(), {.overwrite_dweight = o.overwrite_grads});
+                          final_rstd_T, Tensor(),
+                          {.weight_offset = config_.norm_weight_offset, .overwrite_dweight = o.overwrite_grads});
     store_->release_grads(head_unit());
     release_head(Pass::kBackward);  // the backward acquisition
     release_head(Pass::kForward);   // held since forward_hidden
@@ -484,6 +534,9 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     const BlockWeights w = BlockWeights::view(params, layout_.units()[u], config_);
     ctx.window = config_.window_of(l);
     ctx.rope = config_.uses_rope(l);
+    const bool local = local_cos_TK_.defined() && ctx.window > 0;  // the sliding layers' rope (Gemma 3)
+    ctx.cos_TK = local ? local_cos_TK_ : cos_TK_;
+    ctx.sin_TK = local ? local_sin_TK_ : sin_TK_;
     if (fp8_attention_history_L4_.defined()) {
       ctx.fp8_attention_history_4 = fp8_attention_history_L4_.select(l);
       ctx.fp8_attention_seed = !fp8_attention_seeded_[static_cast<size_t>(l)];
@@ -506,7 +559,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
   // tied: the head wrote the table's first gradient above; untied, the scatter adds to rows
   // a batch touches, so an overwritten table starts from zero
   if (o.overwrite_grads && !config_.tie_embeddings) ops::fill(dtable, 0.0);
-  if (config_.embedding_multiplier != 1.0) ops::scale(dx_BTD, config_.embedding_multiplier);
+  if (embedding_scale() != 1.0) ops::scale(dx_BTD, embedding_scale());
   ops::embedding_backward(dtable, dx_BTD.view({R, D}), ids_R);
   store_->release_grads(kEmbedUnit);
   if (config_.tie_embeddings) store_->release_grads(kEmbedUnit);  // also acquired for the head
@@ -547,6 +600,7 @@ LossSum Llama::evaluate(const Tensor& ids_BT, const Tensor& targets_BT, const St
   ce.compute_grad = false;
   ce.check_targets = false;  // checked on the host above
   ce.fp8 = head_fp8_;
+  ce.logit_softcap = config_.final_logit_softcapping;
   ops::linear_cross_entropy(loss, none_dh, none_dw, h_TD, head_weight(embed, head),
                             targets.view({B * T}).slice(0, row0, row0 + R), ce);
   release_head(Pass::kEval);
@@ -568,6 +622,7 @@ Tensor Llama::logits(const Tensor& ids_BT, const Tensor& positions_BT) {
   const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kEval) : Tensor();
   Tensor logits_TV = Tensor::empty({B * T, config_.vocab_size}, dtype_, device_, "logits");
   ops::linear_forward(logits_TV, h_TD, head_weight(embed, head));
+  if (config_.final_logit_softcapping > 0) ops::softcap(logits_TV, config_.final_logit_softcapping);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
   return logits_TV;
@@ -600,7 +655,9 @@ Tensor Llama::last_position_logits(const Tensor& ids_BT, KvCache* cache) {
   return logits_BV;
 }
 
-void Llama::stage_decode(KvCache& cache, Stream stream) { cache.stage(cos_TK_, sin_TK_, stream); }
+void Llama::stage_decode(KvCache& cache, Stream stream) {
+  cache.stage(cos_TK_, sin_TK_, local_cos_TK_, local_sin_TK_, stream);
+}
 
 void Llama::issue_decode(const Tensor& ids_B1, KvCache& cache, Tensor& logits_BV) {
   ST_CHECK(ids_B1.ndim() == 2 && ids_B1.size(1) == 1 && ids_B1.size(0) == cache.batch() &&
@@ -626,6 +683,7 @@ void Llama::issue_last_logits(const Tensor& ids_BT, KvCache* cache, Tensor& logi
     ops::cast(dst, h_TD.slice(0, b * T + T - 1, b * T + T));
   }
   ops::linear_forward(logits_BV, last_BD, head_weight(embed, head));
+  if (config_.final_logit_softcapping > 0) ops::softcap(logits_BV, config_.final_logit_softcapping);
   release_head(Pass::kEval);
   release_head(Pass::kEval);
 }

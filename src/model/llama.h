@@ -245,6 +245,11 @@ class Llama {
   ContextParallel* cp_ = nullptr;
   void refuse_context_parallel(const char* what) const;  // throws, naming `what`, while cp_ is set
   Tensor cos_TK_, sin_TK_;
+  // The sliding layers' rope tables (LlamaConfig::has_local_rope; undefined without).
+  Tensor local_cos_TK_, local_sin_TK_;
+  // What the embeddings are multiplied by after the lookup (Granite's embedding_multiplier,
+  // Gemma's sqrt(D) as transformers rounds it), 1 for neither.
+  double embedding_scale() const;
   bool separate_projections_ = false;
   ops::LinearFp8 fp8_;
   ops::LinearFp8 head_fp8_;

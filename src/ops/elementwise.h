@@ -13,6 +13,7 @@ void fill(Tensor& x, double value);
 void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std);
 void add(Tensor& out, const Tensor& a, const Tensor& b);
 void scale(Tensor& x, double factor);
+void softcap(Tensor& x, double cap);
 void cast(Tensor& out, const Tensor& in);
 void sum_squares(Tensor& out_1, const Tensor& x);
 }  // namespace cpu
@@ -73,6 +74,14 @@ inline void scale(Tensor& x, double factor, [[maybe_unused]] Stream stream = {})
 #else
   no_kernel("scale", x);
 #endif
+}
+
+// x = cap · tanh(x / cap) in place (Gemma 2's logit soft-capping). CPU only: CUDA refuses it.
+inline void softcap(Tensor& x, double cap) {
+  profile::ScopedTimer profile_timer("softcap", x.device(), {0, 2 * profile::bytes_of({&x})});
+  if (x.device().is_cpu()) return cpu::softcap(x, cap);
+  ST_THROW("softcap: soft-capped logits (`final_logit_softcapping`, Gemma 2) run on the CPU only, found ", x.str(),
+           "; run such a model with training.device = cpu");
 }
 
 // A cast whose input and output live on different devices (staged through a copy).

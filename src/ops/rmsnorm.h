@@ -1,5 +1,7 @@
 // RMSNorm as in HF LlamaRMSNorm: y = weight * (x * rsqrt(mean(x^2) + eps)), statistics in
-// f32 (f64 for f64 data); eps inside the square root.
+// f32 (f64 for f64 data); eps inside the square root. With a weight offset (Gemma's norms:
+// 1) the scale is weight + offset, added inside the op, so that stored weights stay as the
+// checkpoint has them (near 0, where bf16 keeps their precision).
 #pragma once
 
 #include "core/profile.h"
@@ -11,6 +13,9 @@ namespace shardtrain::ops {
 
 struct RmsNormOptions {
   double eps = 1e-5;
+  // y = (weight + weight_offset) * xhat. Nonzero (Gemma's 1), CUDA scales xhat in f32 and
+  // rounds once, as transformers' Gemma norm; at 0 it rounds xhat before the weight, as Llama's.
+  double weight_offset = 0;
   // When defined (i32 [1] on y's device, read as u32): the largest |y| written, as the bits of
   // its f32 value (ops/fp8.h's amax), is max-ed into it (it must start at a lower bound, such as
   // 0): a tensorwise FP8 product of y then needs no pass of its own for it.
@@ -18,6 +23,7 @@ struct RmsNormOptions {
 };
 
 struct RmsNormBackwardOptions {
+  double weight_offset = 0;  // the forward's (RmsNormOptions::weight_offset)
   // dweight_D overwritten instead of accumulated: the first gradient a micro-batch writes
   // into a buffer whose old contents are not wanted (no zero-fill needed before).
   bool overwrite_dweight = false;

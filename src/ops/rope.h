@@ -12,11 +12,12 @@
 
 namespace shardtrain::ops {
 
-enum class RopeScalingType { kNone, kLlama3 };
+enum class RopeScalingType { kNone, kLlama3, kLinear };
 
 // Llama 3.1 frequency scaling (HF `rope_type: llama3`): wavelengths longer than
 // original_max_positions / low_freq_factor are divided by `factor`, shorter than
 // original_max_positions / high_freq_factor are kept, and those between are interpolated.
+// Linear (HF `rope_type: linear`, position interpolation): every frequency divided by `factor`.
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   double factor = 8.0;

@@ -143,7 +143,9 @@ const std::vector<KeyDef>& keys() {
       key("model.norm_eps", &C::model, &ModelSection::norm_eps, "RMSNorm epsilon", positive()),
       key("model.rope_theta", &C::model, &ModelSection::rope_theta, "rotary base frequency", positive()),
       key("model.rope_scaling", &C::model, &ModelSection::rope_scaling,
-          "rotary frequency scaling: none, or llama3 (Llama 3.1)", one_of({"none", "llama3"})),
+          "rotary frequency scaling: none, llama3 (Llama 3.1), or linear (every frequency divided by "
+          "model.rope_scaling_factor, as Gemma 3's global layers)",
+          one_of({"none", "llama3", "linear"})),
       key("model.rope_scaling_factor", &C::model, &ModelSection::rope_scaling_factor,
           "llama3 scaling: factor", positive()),
       key("model.rope_low_freq_factor", &C::model, &ModelSection::rope_low_freq_factor,
@@ -200,6 +202,36 @@ const std::vector<KeyDef>& keys() {
           "projections, before rope, with weights self_attn.q_norm.weight [N x H] and self_attn.k_norm.weight "
           "[M x H] and model.norm_eps as its epsilon (model.qk_norm is Qwen3's, per head: not both). Not with "
           "tensor parallelism"),
+      key("model.norm_weight_offset", &C::model, &ModelSection::norm_weight_offset,
+          "Gemma-style norms: every RMSNorm (the blocks', the QK-norm's, the final one) scales by weight + this, "
+          "the weights initialised to 0 when it is not 0 (Gemma: 1, the (1 + weight) norm); 0: plain weights",
+          non_negative()),
+      key("model.sandwich_norms", &C::model, &ModelSection::sandwich_norms,
+          "Gemma-style norms: an RMSNorm before and one after each sublayer, the latter on its output before the "
+          "residual add (weights input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, "
+          "post_feedforward_layernorm); not with model.post_norms, nor with tensor parallelism"),
+      key("model.mlp_activation", &C::model, &ModelSection::mlp_activation,
+          "the MLP gate's activation: silu (SwiGLU, Llama) or gelu_tanh (GeGLU with the tanh-approximated GELU, "
+          "transformers' gelu_pytorch_tanh, Gemma)",
+          one_of({"silu", "gelu_tanh"})),
+      key("model.scale_embeddings", &C::model, &ModelSection::scale_embeddings,
+          "Gemma-style: the embeddings are multiplied by sqrt(model.dim) after the lookup, rounded to the compute "
+          "dtype as transformers does. With model.norm_weight_offset = 1, model.sandwich_norms, model.mlp_activation "
+          "= gelu_tanh and model.qk_norm, exports as a Hugging Face gemma3_text model (the softmax scale, "
+          "model.attention_multiplier, as its query_pre_attn_scalar)"),
+      key("model.rope_local_theta", &C::model, &ModelSection::rope_local_theta,
+          "Gemma 3-style: the sliding layers' rope base, without model.rope_scaling (the full layers keep "
+          "model.rope_theta and its scaling; Gemma 3: 10000); 0: every layer uses model.rope_theta",
+          non_negative()),
+      key("model.attn_logit_softcapping", &C::model, &ModelSection::attn_logit_softcapping,
+          "Gemma 2-style: the attention's scaled scores s become c x tanh(s / c) before the softmax for this c "
+          "(Gemma 2: 50); 0: none. CPU only (training.device = cpu). With Gemma's norms, GeGLU and scaled "
+          "embeddings and without model.qk_norm, exports as a Hugging Face gemma2 model",
+          non_negative()),
+      key("model.final_logit_softcapping", &C::model, &ModelSection::final_logit_softcapping,
+          "Gemma 2-style: the logits z become c x tanh(z / c) for this c, in the loss and in generation (Gemma 2: "
+          "30); 0: none. CPU only (training.device = cpu)",
+          non_negative()),
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
@@ -793,7 +825,7 @@ void validate_sliding_window(const ModelSection& m) {
            "N >= 2, or set model.sliding_window = 0");
 }
 
-// The family keys (NoPE layers, Granite's scalings, OLMo 2's norms) shape a model built from
+// The family keys (NoPE layers, Granite's scalings, OLMo 2's and Gemma's norms) shape a model built from
 // the shape keys; a preset's or a folder's shape has its own.
 void validate_family_keys(const ModelSection& m) {
   if (m.preset.empty() && m.hf.empty()) return;
@@ -810,6 +842,13 @@ void validate_family_keys(const ModelSection& m) {
   unset(m.logits_scaling == plain.logits_scaling, "model.logits_scaling");
   unset(m.post_norms == plain.post_norms, "model.post_norms");
   unset(m.qk_norm_whole == plain.qk_norm_whole, "model.qk_norm_whole");
+  unset(m.norm_weight_offset == plain.norm_weight_offset, "model.norm_weight_offset");
+  unset(m.sandwich_norms == plain.sandwich_norms, "model.sandwich_norms");
+  unset(m.mlp_activation == plain.mlp_activation, "model.mlp_activation");
+  unset(m.scale_embeddings == plain.scale_embeddings, "model.scale_embeddings");
+  unset(m.rope_local_theta == plain.rope_local_theta, "model.rope_local_theta");
+  unset(m.attn_logit_softcapping == plain.attn_logit_softcapping, "model.attn_logit_softcapping");
+  unset(m.final_logit_softcapping == plain.final_logit_softcapping, "model.final_logit_softcapping");
 }
 
 }  // namespace
@@ -833,6 +872,8 @@ void validate(const JobConfig& c) {
   validate_family_keys(m);
   ST_CHECK(!m.qk_norm || !m.qk_norm_whole, "`model.qk_norm` (per head, Qwen3) and `model.qk_norm_whole` (over all "
            "heads, OLMo 2) both set; choose one");
+  ST_CHECK(!m.post_norms || !m.sandwich_norms, "`model.post_norms` (norms after each sublayer only, OLMo 2) and "
+           "`model.sandwich_norms` (before and after, Gemma) both set; choose one");
   // with model.hf the shape comes from its config.json (checked when loaded)
   const std::optional<model::LlamaConfig> preset =
       m.preset.empty() ? std::nullopt : std::optional(model::preset_config(m.preset));

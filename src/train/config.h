@@ -40,6 +40,13 @@ struct ModelSection {
   double logits_scaling = 1.0;
   bool post_norms = false;     // OLMo 2's norms after each sublayer
   bool qk_norm_whole = false;  // OLMo 2's RMSNorm over all of q and all of k
+  double norm_weight_offset = 0.0;     // Gemma's (1 + w) norms: 1; 0, plain weights
+  bool sandwich_norms = false;         // Gemma's norms before and after each sublayer
+  std::string mlp_activation = "silu";  // the MLP gate's activation: silu, or gelu_tanh (Gemma's GeGLU)
+  bool scale_embeddings = false;       // Gemma's embeddings x sqrt(dim)
+  double rope_local_theta = 0.0;       // Gemma 3's sliding layers' rope base; 0: model.rope_theta
+  double attn_logit_softcapping = 0.0;   // Gemma 2's soft-capping of the attention scores; 0: none
+  double final_logit_softcapping = 0.0;  // and of the logits; 0: none
   double init_std = 0.02;
   std::string dtype = "auto";
 };

@@ -163,8 +163,13 @@ InspectReport inspect_report(const std::string& path) {
     const model::LlamaConfig c = model::load_hf_config(config.string());
     r << "\nconfig.json: " << c.summary() << "\n";
     r << fmt::format("  rope theta {}{}, max positions {}, norm eps {}\n", c.rope.theta,
-                     c.rope.scaling.type == ops::RopeScalingType::kLlama3 ? " with llama3 scaling" : "",
+                     c.rope.scaling.type == ops::RopeScalingType::kLlama3   ? " with llama3 scaling"
+                     : c.rope.scaling.type == ops::RopeScalingType::kLinear ? " with linear scaling"
+                                                                            : "",
                      c.max_seq_len, c.norm_eps);
+    if (c.has_local_rope())
+      r << fmt::format("  sliding layers' rope theta {} (unscaled); the full layers use the theta above\n",
+                       c.rope_local_theta);
     if (c.qk_norm)
       r << fmt::format("  QK-norm: self_attn.q_norm.weight and self_attn.k_norm.weight [{}] in each block, before "
                        "rope, eps {}\n",
@@ -176,13 +181,29 @@ InspectReport inspect_report(const std::string& path) {
     if (c.post_norms)
       r << "  norms after each sublayer: post_attention_layernorm on the attention's output and "
            "post_feedforward_layernorm on the MLP's, before their residual adds (no input_layernorm)\n";
+    if (c.sandwich_norms)
+      r << "  norms before and after each sublayer: input_layernorm and pre_feedforward_layernorm on the inputs, "
+           "post_attention_layernorm and post_feedforward_layernorm on the outputs before their residual adds\n";
+    if (c.norm_weight_offset != 0)
+      r << fmt::format("  every norm scales by ({} + weight)\n", c.norm_weight_offset);
+    if (c.mlp_activation == ops::GluActivation::kGeluTanh)
+      r << "  MLP: GeGLU, gelu (tanh approximation) on gate_proj times up_proj\n";
+    if (c.scale_embeddings) r << "  embeddings x sqrt(hidden_size) after the lookup\n";
+    if (c.attn_logit_softcapping > 0)
+      r << fmt::format("  attention scores soft-capped: {0} x tanh(s / {0}) before the softmax (CPU only)\n",
+                       c.attn_logit_softcapping);
+    if (c.final_logit_softcapping > 0)
+      r << fmt::format("  logits soft-capped: {0} x tanh(z / {0}) (CPU only)\n", c.final_logit_softcapping);
     if (c.nope_layer_count() > 0) {
       std::string layers;
       for (int64_t l = 0; l < c.n_layers; ++l)
         if (!c.uses_rope(l)) layers += (layers.empty() ? "" : ", ") + std::to_string(l);
       r << fmt::format("  no rope (NoPE) on layers {}: q and k attend unrotated there\n", layers);
     }
-    if (c.granite_scaled())
+    if (c.gemma_features())
+      r << fmt::format("  attention scale {:.6g} (query_pre_attn_scalar {:.6g})\n", c.attention_scale(),
+                       1.0 / (c.attention_scale() * c.attention_scale()));
+    else if (c.granite_scaled())
       r << fmt::format("  scalings: embeddings x {}, each sublayer's output x {} before its residual add, attention "
                        "scale {}{}, logits / {}\n",
                        c.embedding_multiplier, c.residual_multiplier, c.attention_scale(),

@@ -45,6 +45,9 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
     c.rope.scaling.low_freq_factor = m.rope_low_freq_factor;
     c.rope.scaling.high_freq_factor = m.rope_high_freq_factor;
     c.rope.scaling.original_max_positions = m.rope_original_max_positions;
+  } else if (m.rope_scaling == "linear") {
+    c.rope.scaling.type = ops::RopeScalingType::kLinear;
+    c.rope.scaling.factor = m.rope_scaling_factor;
   }
   c.tie_embeddings = m.tie_embeddings;
   c.attention_bias = m.attention_bias;
@@ -55,6 +58,13 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.residual_multiplier = m.residual_multiplier;
   c.attention_multiplier = m.attention_multiplier;
   c.logits_scaling = m.logits_scaling;
+  c.norm_weight_offset = m.norm_weight_offset;
+  c.sandwich_norms = m.sandwich_norms;
+  c.mlp_activation = m.mlp_activation == "gelu_tanh" ? ops::GluActivation::kGeluTanh : ops::GluActivation::kSilu;
+  c.scale_embeddings = m.scale_embeddings;
+  c.rope_local_theta = m.rope_local_theta;
+  c.attn_logit_softcapping = m.attn_logit_softcapping;
+  c.final_logit_softcapping = m.final_logit_softcapping;
   c.nope_layers.clear();
   if (m.no_rope_every > 0)
     for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % m.no_rope_every == 0);

@@ -114,8 +114,12 @@ MemoryPlan plan_memory(const PlanInput& in) {
   // norms, two residual-stream tensors: the same per token as the norm outputs without
   // checkpointing, but kept where pointwise and selective checkpointing drop the norms'.
   const int64_t per_token_post_norms = c.post_norms ? cb * 2 * D : 0;
-  const int64_t per_token_block =
-      cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp + per_token_qk_norm;
+  // Gemma's norms before and after each sublayer (model.sandwich_norms): besides the input
+  // norms' outputs, the attention's and the MLP's outputs before their norms and those norms'
+  // f32 1/rms, kept by every policy but full recompute.
+  const int64_t per_token_sandwich = c.sandwich_norms ? cb * 2 * D + 8 : 0;
+  const int64_t per_token_block = cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp +
+                                  per_token_qk_norm + per_token_sandwich;
   const int64_t tokens = in.micro_batch * in.seq_len;
   p.tokens_per_micro_batch = tokens;
   const int64_t rows = tokens / tp;                      // the residual stream's rows on a rank
@@ -130,7 +134,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int64_t per_token_pointwise_recomputed = cb * (2 * D + F) + 8 / tp;
   const int64_t per_token_pointwise_kept = per_token_block - per_token_pointwise_recomputed + per_token_post_norms;
   const int64_t per_token_selective_kept =
-      cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N + per_token_qk_norm + per_token_post_norms;
+      cb * (2 * Q + 2 * M * H) + cb * D / tp + 4 * N + per_token_qk_norm + per_token_post_norms + per_token_sandwich;
   const int64_t per_token_selective_recomputed = cb * (2 * D + 3 * F) + 8 / tp;
   const int64_t per_token_full_recomputed = per_token_block - cb * D / tp;
   switch (in.checkpointing) {

@@ -113,6 +113,22 @@ TEST(Cli, InspectShowsTheNewFamiliesFeatures) {
        {"QK-norm over all heads, norms after each sublayer",
         "QK-norm over the whole q and k: self_attn.q_norm.weight [40] and self_attn.k_norm.weight [20]",
         "norms after each sublayer: post_attention_layernorm", "model.layers.1.post_feedforward_layernorm.weight"}},
+      {"--model.norm_weight_offset=1 --model.sandwich_norms=true --model.mlp_activation=gelu_tanh "
+       "--model.scale_embeddings=true --model.qk_norm=true --model.attention_multiplier=0.125 "
+       "--model.sliding_window=4 --model.full_attention_every=2 --model.rope_local_theta=10000",
+       "Gemma3ForCausalLM",
+       {"norms before and after each sublayer, norms scaled by (1 + weight), GeGLU (tanh GELU), embeddings x "
+        "sqrt(dim), sliding layers' rope theta 10000",
+        "sliding layers' rope theta 10000 (unscaled)", "norms before and after each sublayer: input_layernorm and "
+        "pre_feedforward_layernorm", "every norm scales by (1 + weight)", "MLP: GeGLU",
+        "embeddings x sqrt(hidden_size)", "attention scale 0.125 (query_pre_attn_scalar 64)"}},
+      {"--model.norm_weight_offset=1 --model.sandwich_norms=true --model.mlp_activation=gelu_tanh "
+       "--model.scale_embeddings=true --model.attn_logit_softcapping=50 --model.final_logit_softcapping=30 "
+       "--model.sliding_window=4 --model.full_attention_every=2",
+       "Gemma2ForCausalLM",
+       {"attention scores soft-capped at 50, logits soft-capped at 30",
+        "attention scores soft-capped: 50 x tanh(s / 50) before the softmax (CPU only)",
+        "logits soft-capped: 30 x tanh(z / 30) (CPU only)"}},
   };
   for (const Family& f : families) {
     SCOPED_TRACE(f.architecture);

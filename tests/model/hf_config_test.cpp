@@ -4,10 +4,12 @@
 // (QK-norm, heads of 128 in a width of 1024) both ways. Sliding windows as mistral, ministral,
 // qwen2 and qwen3 write them (transformers 4 and 5), their errors, and their way back out.
 // SmolLM3 (NoPE layers), Granite (its four scalings) and OLMo 2 (norms after each sublayer,
-// QK-norm over the whole q and k) both ways, and models that mix families refused.
+// QK-norm over the whole q and k) both ways, and models that mix families refused. Gemma 3's
+// text models (gemma3_text) in both forms, with linear rope scaling, their refusals and export.
 #include "model/hf_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 #include <vector>
 
@@ -524,14 +526,24 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
   EXPECT_NE(e.find("it trains llama (Llama 2, 3, 3.1, 3.2), mistral"), std::string::npos) << e;
   EXPECT_NE(e.find("qwen3 (dense, QK-norm, sliding-window layers too)"), std::string::npos) << e;
   EXPECT_NE(e.find("smollm3 (NoPE layers), granite (Granite 3's embedding, residual, attention and logits "
-                   "scalings) and olmo2 (norms after each sublayer, QK-norm over the whole q and k)"),
+                   "scalings), olmo2 (norms after each sublayer, QK-norm over the whole q and k) and gemma3_text "
+                   "(Gemma 3's text models"),
             std::string::npos)
       << e;
-  j["model_type"] = "gemma2";
+  j["model_type"] = "gemma3";  // the multimodal wrapper
   e = error_of(j);
-  EXPECT_NE(e.find("`model_type` = \"gemma2\" is not supported"), std::string::npos) << e;
-  EXPECT_NE(e.find("soft-capping"), std::string::npos) << e;
-  EXPECT_NE(e.find("qwen2"), std::string::npos) << e;
+  EXPECT_NE(e.find("`model_type` = \"gemma3\" is not supported: shardtrain does not implement its multimodal Gemma "
+                   "3 (a vision tower); use a text-only checkpoint (model_type gemma3_text"),
+            std::string::npos)
+      << e;
+  j["model_type"] = "phi3";
+  e = error_of(j);
+  EXPECT_NE(e.find("`model_type` = \"phi3\" is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find("fused qkv_proj"), std::string::npos) << e;
+  EXPECT_NE(e.find("and gemma2 (Gemma 2: the same without QK-norm, with soft-capped attention scores and logits, on "
+                   "the CPU only)"),
+            std::string::npos)
+      << e;
   j["model_type"] = "falcon";
   e = error_of(j);
   EXPECT_NE(e.find("`model_type` = \"falcon\" is not supported; shardtrain trains llama (Llama 2, 3, 3.1, 3.2), "
@@ -672,6 +684,306 @@ TEST(HfConfig, Qwen3SlidingWindowsReadAsQwen2sAndSurviveExport) {
   e = error_of(j);
   EXPECT_NE(e.find("m/config.json: `layer_types` lists 1 layers but `num_hidden_layers` = 28"), std::string::npos)
       << e;
+}
+
+}  // namespace
+}  // namespace shardtrain::model
+
+namespace shardtrain::model {
+namespace {
+
+// google/gemma-3-1b-it's config.json as published (transformers 4 form).
+json gemma3_1b() {
+  return json::parse(R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+  "final_logit_softcapping": null, "head_dim": 256, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+  "initializer_range": 0.02, "intermediate_size": 6912, "max_position_embeddings": 32768,
+  "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+  "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": 512, "sliding_window_pattern": 6,
+  "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})");
+}
+
+// Its shape shrunk (8 layers: 5 sliding, one full, 2 sliding), a 4B-style linear rope scaling
+// on the global layers, in the transformers 4 form or, `five`, the transformers 5 form (the rope
+// keyed by layer type, layer_types in place of sliding_window_pattern).
+json gemma3_small(bool five) {
+  json j = gemma3_1b();
+  j["hidden_size"] = 64;
+  j["intermediate_size"] = 96;
+  j["num_hidden_layers"] = 8;
+  j["num_attention_heads"] = 4;
+  j["num_key_value_heads"] = 2;
+  j["head_dim"] = 16;
+  j["query_pre_attn_scalar"] = 24;
+  j["sliding_window"] = 4;
+  j["vocab_size"] = 300;
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 8.0}};
+  if (!five) return j;
+  for (const char* k : {"rope_scaling", "rope_theta", "rope_local_base_freq", "sliding_window_pattern"}) j.erase(k);
+  j["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1000000.0}}},
+                          {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 10000.0}}}};
+  json types = json::array();
+  for (int l = 0; l < 8; ++l) types.push_back(l == 5 ? "full_attention" : "sliding_attention");
+  j["layer_types"] = types;
+  j["dtype"] = j.at("torch_dtype");
+  j.erase("torch_dtype");
+  return j;
+}
+
+std::string gemma_error_of(const json& j) {
+  try {
+    (void)parse_hf_config(j, "g/config.json");
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(HfConfig, Gemma3TextHasItsNormsGegluScaledEmbeddingsAndTwoRopes) {
+  const LlamaConfig c = parse_hf_config(gemma3_1b(), "gemma3/config.json");
+  EXPECT_TRUE(c.qk_norm);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_FALSE(c.post_norms);
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  EXPECT_EQ(c.mlp_activation, ops::GluActivation::kGeluTanh);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_EQ(c.embedding_multiplier, 1.0);
+  EXPECT_TRUE(c.tie_embeddings);  // transformers' default for Gemma 3
+  EXPECT_EQ(c.head_dim(), 256);
+  EXPECT_TRUE(c.head_dim_decoupled());
+  EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / 16);
+  EXPECT_EQ(c.norm_eps, 1e-6);
+  EXPECT_EQ(c.sliding_window, 512);
+  // every sixth layer attends fully: 5, 11, 17, 23
+  for (int64_t l = 0; l < 26; ++l) EXPECT_EQ(c.window_of(l), (l + 1) % 6 == 0 ? 0 : 512) << l;
+  EXPECT_EQ(c.rope.theta, 1000000.0);
+  EXPECT_EQ(c.rope_of(0).theta, 10000.0);
+  EXPECT_EQ(c.rope_of(5).theta, 1000000.0);
+  EXPECT_TRUE(c.has_local_rope());
+  // per block: 4 norms of 1152, q [1024, 1152], k and v [256, 1152], o [1152, 1024], q_norm and
+  // k_norm of 256, the MLP 3 x [6912, 1152]; then the final norm and the tied embedding:
+  // 999,885,952, the model card's 1B
+  const int64_t block = 4 * 1152 + 1024 * 1152 + 2 * 256 * 1152 + 1152 * 1024 + 2 * 256 + 3 * 6912 * 1152;
+  EXPECT_EQ(c.num_parameters(), 26 * block + 1152 + 262144 * 1152);
+  EXPECT_EQ(c.num_parameters(), 999'885'952);
+  const std::string summary = c.summary();
+  for (const char* part : {"QK-norm", "norms before and after each sublayer", "norms scaled by (1 + weight)",
+                           "GeGLU (tanh GELU)", "embeddings x sqrt(dim)", "sliding layers' rope theta 10000",
+                           "sliding window 512 on 22 of 26 layers"})
+    EXPECT_NE(summary.find(part), std::string::npos) << part << " in " << summary;
+  EXPECT_EQ(summary.find("scaled (embedding"), std::string::npos) << summary;  // not Granite's
+  // the four norms, their weights starting at 0 (weight + 1 scales)
+  const ModelLayout layout = ModelLayout::llama(c, 1);
+  for (const char* norm : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                           "post_feedforward_layernorm"}) {
+    const ParamSpec* p = layout.locate(std::string("model.layers.3.") + norm + ".weight").spec;
+    EXPECT_EQ(p->shape, Shape({1152})) << norm;
+    EXPECT_EQ(p->init, ParamInit::kZeros) << norm;
+  }
+  EXPECT_EQ(layout.locate("model.layers.3.self_attn.q_norm.weight").spec->init, ParamInit::kZeros);
+  EXPECT_EQ(layout.locate("model.norm.weight").spec->init, ParamInit::kZeros);
+  EXPECT_THROW(layout.locate("lm_head.weight"), Error);
+}
+
+TEST(HfConfig, Gemma3TextLinearRopeScalingIsTheGlobalLayersOnly) {
+  const LlamaConfig c = parse_hf_config(gemma3_small(false), "gemma3/config.json");
+  EXPECT_EQ(c.rope.scaling.type, ops::RopeScalingType::kLinear);
+  EXPECT_EQ(c.rope.scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_of(5).scaling.type, ops::RopeScalingType::kLinear);   // the full layer
+  EXPECT_EQ(c.rope_of(4).scaling.type, ops::RopeScalingType::kNone);     // a sliding one
+  EXPECT_EQ(c.rope_of(4).theta, 10000.0);
+  EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / std::sqrt(24.0));
+  // linear scaling divides every frequency by the factor
+  const std::vector<double> plain = ops::rope_inv_frequencies(16, {.theta = 1000000.0, .scaling = {}});
+  const std::vector<double> scaled = ops::rope_inv_frequencies(16, c.rope);
+  for (size_t k = 0; k < plain.size(); ++k) EXPECT_DOUBLE_EQ(scaled[k], plain[k] / 8.0) << k;
+  // the transformers 5 form is the same model
+  const LlamaConfig five = parse_hf_config(gemma3_small(true), "five/config.json");
+  EXPECT_EQ(to_hf_config(five, "float32"), to_hf_config(c, "float32"));
+  EXPECT_EQ(five.summary(), c.summary());
+  // rope_parameters without thetas of their own beside the top-level keys (as Hub configs
+  // updated for transformers 5 have them)
+  json top = gemma3_small(true);
+  top["rope_parameters"] = {{"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}}},
+                            {"sliding_attention", {{"rope_type", "default"}}}};
+  top["rope_theta"] = 1000000;
+  top["rope_local_base_freq"] = 10000;
+  EXPECT_EQ(to_hf_config(parse_hf_config(top, "top/config.json"), "float32"), to_hf_config(c, "float32"));
+}
+
+TEST(HfConfig, Gemma3TextExportsAsGemma3TextAndReadsBack) {
+  for (const json& published : {gemma3_1b(), gemma3_small(false)}) {
+    const LlamaConfig c = parse_hf_config(published, "gemma3/config.json");
+    const json out = to_hf_config(c, "bfloat16");
+    EXPECT_EQ(out.at("architectures"), json::array({"Gemma3ForCausalLM"}));
+    EXPECT_EQ(out.at("model_type"), "gemma3_text");
+    expect_published_keys(out, published, {"cache_implementation"});
+    EXPECT_EQ(out.at("layer_types").size(), static_cast<size_t>(c.n_layers));
+    EXPECT_FALSE(out.contains("hidden_act"));
+    const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+    EXPECT_EQ(back.summary(), c.summary());
+    EXPECT_EQ(to_hf_config(back, "bfloat16"), out);
+  }
+  // layers no sliding_window_pattern gives: layer_types alone
+  LlamaConfig c = parse_hf_config(gemma3_small(false), "gemma3/config.json");
+  c.sliding_layers = {true, false, false, true, true, true, false, true};
+  const json out = to_hf_config(c, "float32");
+  EXPECT_FALSE(out.contains("sliding_window_pattern"));
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.sliding_layers, c.sliding_layers);
+}
+
+TEST(HfConfig, BadGemma3TextConfigsNameTheKeyAndValue) {
+  json j = gemma3_small(false);
+  j["attn_logit_softcapping"] = 50.0;
+  std::string e = gemma_error_of(j);
+  EXPECT_NE(e.find("g/config.json: `attn_logit_softcapping` = 50.0 is not supported for gemma3_text"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("transformers' Gemma 3 attention does not apply it"), std::string::npos) << e;
+  j = gemma3_small(false);
+  j.erase("final_logit_softcapping");  // absent: none, as null
+  EXPECT_EQ(parse_hf_config(j, "g/config.json").final_logit_softcapping, 0.0);
+  j["final_logit_softcapping"] = 30.0;  // transformers' Gemma 3 applies this one
+  EXPECT_EQ(parse_hf_config(j, "g/config.json").final_logit_softcapping, 30.0);
+  j["final_logit_softcapping"] = -1.0;
+  e = gemma_error_of(j);
+  EXPECT_NE(e.find("`final_logit_softcapping` must be > 0 (or null for none), found -1"), std::string::npos) << e;
+  j = gemma3_small(false);
+  j["hidden_activation"] = "gelu";
+  e = gemma_error_of(j);
+  EXPECT_NE(e.find("`hidden_activation` = \"gelu\" is not supported for gemma3_text; expected "
+                   "\"gelu_pytorch_tanh\""),
+            std::string::npos)
+      << e;
+  j = gemma3_small(false);
+  j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+  e = gemma_error_of(j);
+  EXPECT_NE(e.find("`rope_scaling` rope type \"yarn\" is not supported for gemma3_text; shardtrain supports "
+                   "default and linear"),
+            std::string::npos)
+      << e;
+  j = gemma3_small(true);
+  j["rope_parameters"]["sliding_attention"]["rope_type"] = "linear";
+  e = gemma_error_of(j);
+  EXPECT_NE(e.find("`rope_parameters.sliding_attention.rope_type` = \"linear\" is not supported"),
+            std::string::npos)
+      << e;
+  j = gemma3_small(false);
+  j["attention_bias"] = true;
+  e = gemma_error_of(j);
+  EXPECT_NE(e.find("`attention_bias` = true is not supported for gemma3_text"), std::string::npos) << e;
+  j = gemma3_small(false);
+  j["use_bidirectional_attention"] = true;
+  e = gemma_error_of(j);
+  EXPECT_NE(e.find("`use_bidirectional_attention` = true is not supported"), std::string::npos) << e;
+}
+
+// Gemma 3's features are one family: a part of them, or beside another family's, is refused.
+TEST(HfConfig, Gemma3TextFeaturesGoTogether) {
+  LlamaConfig c = parse_hf_config(gemma3_small(false), "gemma3/config.json");
+  c.logits_scaling = 2.0;
+  try {
+    (void)to_hf_config(c, "float32");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("combines features of several Hugging Face families (Granite's scalings, "
+                                         "Gemma's norms"),
+              std::string::npos)
+        << e.what();
+  }
+  c = parse_hf_config(gemma3_small(false), "gemma3/config.json");
+  c.sandwich_norms = false;
+  try {
+    (void)to_hf_config(c, "float32");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("Gemma (gemma3_text with per-head QK-norm, gemma2 without) has all of (1 + "
+                                         "weight) norms"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("sandwich_norms = 0"), std::string::npos) << e.what();
+  }
+  c = parse_hf_config(gemma3_small(false), "gemma3/config.json");
+  c.rope_local_theta = 0;  // the sliding layers would take the scaled rope, which transformers never gives them
+  EXPECT_THROW((void)to_hf_config(c, "float32"), Error);
+}
+
+}  // namespace
+}  // namespace shardtrain::model
+
+namespace shardtrain::model {
+namespace {
+
+// google/gemma-2-2b's config.json as published (transformers 4 form).
+json gemma2_2b() {
+  return json::parse(R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid", "eos_token_id": 1,
+  "final_logit_softcapping": 30.0, "head_dim": 256, "hidden_act": "gelu_pytorch_tanh",
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 2304, "initializer_range": 0.02,
+  "intermediate_size": 9216, "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+  "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0, "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06, "rope_theta": 10000.0, "sliding_window": 4096, "torch_dtype": "float32",
+  "transformers_version": "4.42.4", "use_cache": true, "vocab_size": 256000})");
+}
+
+TEST(HfConfig, Gemma2IsGemmaWithSoftCappingAndOneRope) {
+  const LlamaConfig c = parse_hf_config(gemma2_2b(), "gemma2/config.json");
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  EXPECT_EQ(c.mlp_activation, ops::GluActivation::kGeluTanh);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_TRUE(c.tie_embeddings);
+  EXPECT_EQ(c.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(c.final_logit_softcapping, 30.0);
+  EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / 16);
+  EXPECT_FALSE(c.has_local_rope());
+  // the even layers slide
+  for (int64_t l = 0; l < 26; ++l) EXPECT_EQ(c.window_of(l), l % 2 == 0 ? 4096 : 0) << l;
+  // per block: 4 norms of 2304, q [2048, 2304], k and v [1024, 2304], o [2304, 2048], the MLP
+  // 3 x [9216, 2304]; then the final norm and the tied embedding: 2,614,341,888, gemma-2-2b's
+  const int64_t block = 4 * 2304 + 2048 * 2304 + 2 * 1024 * 2304 + 2304 * 2048 + 3 * 9216 * 2304;
+  EXPECT_EQ(c.num_parameters(), 26 * block + 2304 + 256000 * 2304);
+  EXPECT_EQ(c.num_parameters(), 2'614'341'888);
+  for (const char* part : {"attention scores soft-capped at 50", "logits soft-capped at 30"})
+    EXPECT_NE(c.summary().find(part), std::string::npos) << c.summary();
+  EXPECT_THROW(ModelLayout::llama(c, 1).locate("model.layers.0.self_attn.q_norm.weight"), Error);
+  // null soft-capping keys: none
+  json j = gemma2_2b();
+  j["attn_logit_softcapping"] = nullptr;
+  j["final_logit_softcapping"] = nullptr;
+  const LlamaConfig uncapped = parse_hf_config(j, "gemma2/config.json");
+  EXPECT_FALSE(uncapped.soft_capped());
+  // the transformers 5 form: rope_parameters and layer_types
+  json five = five_form(gemma2_2b());
+  json types = json::array();
+  for (int l = 0; l < 26; ++l) types.push_back(l % 2 == 0 ? "sliding_attention" : "full_attention");
+  five["layer_types"] = types;
+  EXPECT_EQ(to_hf_config(parse_hf_config(five, "five/config.json"), "float32"), to_hf_config(c, "float32"));
+}
+
+TEST(HfConfig, Gemma2ExportsAsGemma2AndReadsBack) {
+  const LlamaConfig c = parse_hf_config(gemma2_2b(), "gemma2/config.json");
+  const json out = to_hf_config(c, "float32");
+  EXPECT_EQ(out.at("architectures"), json::array({"Gemma2ForCausalLM"}));
+  EXPECT_EQ(out.at("model_type"), "gemma2");
+  expect_published_keys(out, gemma2_2b(), {"cache_implementation", "hidden_act"});
+  EXPECT_FALSE(out.contains("rope_local_base_freq"));
+  EXPECT_FALSE(out.contains("sliding_window_pattern"));
+  const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+  EXPECT_EQ(back.summary(), c.summary());
+  EXPECT_EQ(to_hf_config(back, "float32"), out);
+  // Gemma 2 has one rope and no scaling; a Gemma 3 model soft-capping its attention has no family
+  LlamaConfig two_ropes = c;
+  two_ropes.rope_local_theta = 100.0;
+  EXPECT_THROW((void)to_hf_config(two_ropes, "float32"), Error);
+  LlamaConfig capped3 = parse_hf_config(gemma3_1b(), "gemma3/config.json");
+  capped3.attn_logit_softcapping = 50.0;
+  EXPECT_THROW((void)to_hf_config(capped3, "float32"), Error);
 }
 
 }  // namespace

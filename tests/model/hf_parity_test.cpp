@@ -2,8 +2,9 @@
 // tools/make_hf_reference.py (GQA/MHA, tied/untied, llama3 rope scaling, Qwen2 biases,
 // Mistral with a head_dim of its own, Qwen3's QK-norm, sliding windows: Mistral's on every layer
 // and Qwen2's from max_window_layers on, SmolLM3's NoPE layers, Granite's scalings, OLMo 2's
-// norms after each sublayer and whole-projection QK-norm; a case whose files are missing is
-// skipped),
+// norms after each sublayer and whole-projection QK-norm, Gemma 3's text model with its (1 + w)
+// norms before and after each sublayer, GeGLU, scaled embeddings and two ropes, Gemma 2's
+// soft-capped scores and logits; a case whose files are missing is skipped),
 // shardtrain loads config.json and model.safetensors and must reproduce transformers'
 // logits and loss (f32, relative 1e-5), every parameter gradient and every parameter after
 // one AdamW step from transformers' gradients (relative 1e-4).
@@ -104,7 +105,7 @@ INSTANTIATE_TEST_SUITE_P(Transformers, HfParity,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias", "mistral_gqa",
                                            "mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
                                            "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms"));
+                                           "olmo2_post_norms", "gemma3_text_small", "gemma2_softcap"));
 
 }  // namespace
 }  // namespace shardtrain::model

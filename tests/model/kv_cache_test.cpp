@@ -27,6 +27,11 @@ struct CacheCase {
   bool nope = false;     // SmolLM3's NoPE layers: layer 1 without rope (the cache holds its k unrotated)
   bool granite = false;  // Granite's embedding, residual, attention and logits scalings
   bool olmo2 = false;    // OLMo 2's norms after each sublayer and QK-norm over the whole q and k
+  // Gemma 3: (1 + w) norms before and after each sublayer, QK-norm, GeGLU, scaled embeddings, a
+  // window of 4 on layers 0 and 2 whose rope has a base of its own (the cache holds their k
+  // rotated by it), layer 1 full with linear rope scaling
+  bool gemma3 = false;
+  bool gemma2 = false;  // Gemma 2: the same without QK-norm and the second rope, soft-capped at 2 and 3
 };
 void PrintTo(const CacheCase& c, std::ostream* os) { *os << c.name; }
 
@@ -63,6 +68,27 @@ LlamaConfig small_config(const CacheCase& c) {
     cfg.logits_scaling = 2.5;
   }
   cfg.post_norms = cfg.qk_norm_whole = c.olmo2;
+  if (c.gemma3) {
+    cfg.norm_weight_offset = 1.0;
+    cfg.sandwich_norms = cfg.qk_norm = cfg.scale_embeddings = true;
+    cfg.mlp_activation = ops::GluActivation::kGeluTanh;
+    cfg.attention_multiplier = 0.3;
+    cfg.sliding_window = 4;
+    cfg.sliding_layers = {true, false, true};
+    cfg.rope_local_theta = 10.0;
+    cfg.rope.scaling.type = ops::RopeScalingType::kLinear;
+    cfg.rope.scaling.factor = 3.0;
+  }
+  if (c.gemma2) {
+    cfg.norm_weight_offset = 1.0;
+    cfg.sandwich_norms = cfg.scale_embeddings = true;
+    cfg.mlp_activation = ops::GluActivation::kGeluTanh;
+    cfg.attention_multiplier = 0.3;
+    cfg.sliding_window = 4;
+    cfg.sliding_layers = {true, false, true};
+    cfg.attn_logit_softcapping = 2.0;
+    cfg.final_logit_softcapping = 3.0;
+  }
   return cfg;
 }
 
@@ -140,7 +166,13 @@ INSTANTIATE_TEST_SUITE_P(
                       CacheCase{"gqa3_olmo2_f64", false, false, false, false, 2, DType::kF64, 0, false, 0, false, false,
                                 true},
                       CacheCase{"gqa3_olmo2_separate_projections_f32", true, true, false, true, 1, DType::kF32, 0,
-                                false, 0, false, false, true}),
+                                false, 0, false, false, true},
+                      CacheCase{"gqa3_gemma3_tied_head_dim8_f64", true, false, false, false, 2, DType::kF64, 8, false,
+                                0, false, false, false, true},
+                      CacheCase{"gqa3_gemma3_separate_projections_f32", false, false, false, true, 1, DType::kF32, 0,
+                                false, 0, false, false, false, true},
+                      CacheCase{"gqa3_gemma2_f64", true, false, false, false, 2, DType::kF64, 0, false, 0, false, false,
+                                false, false, true}),
     [](const ::testing::TestParamInfo<CacheCase>& i) { return std::string(i.param.name); });
 
 TEST(KvCache, TokensBeyondItsRoomAreAnErrorThatLeavesItAsItWas) {

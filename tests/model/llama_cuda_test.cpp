@@ -2,7 +2,7 @@
 // AdamW state) against Hugging Face transformers' f32 reference for the recorded models
 // whose head dims cuDNN's attention takes (64 and 128, 32 beside a width of 64 in
 // mistral_head_dim and qwen3_qk_norm, 16 in the sliding-window cases and in smollm3_nope,
-// granite_scaled and olmo2_post_norms): logits, loss, every
+// granite_scaled, olmo2_post_norms and gemma3_text_small): logits, loss, every
 // gradient and every parameter after one AdamW step, within bf16 error. Skips without a device or without the case's
 // reference files.
 #include <algorithm>
@@ -136,7 +136,7 @@ TEST_P(HfParityCuda, MixedPrecisionMatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda,
                          ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3", "mistral_head_dim", "qwen3_qk_norm",
                                            "mistral_sliding", "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms"));
+                                           "olmo2_post_norms", "gemma3_text_small"));
 
 // A chunked MLP on the GPU (Llama::set_mlp_chunk_tokens; 192 token rows in pieces of 40, the
 // last of 32) under selective and full checkpointing, against the MLP at once: the same

@@ -31,6 +31,14 @@ struct TinyCase {
   bool nope = false;     // SmolLM3's NoPE layers: layer 1 without rope
   bool granite = false;  // Granite's embedding, residual, attention and logits scalings
   bool olmo2 = false;    // OLMo 2's norms after each sublayer and QK-norm over the whole q and k
+  // Gemma 3: (1 + w) norms before and after each sublayer, per-head QK-norm, GeGLU, embeddings x
+  // sqrt(dim), a softmax scale of its own, layer 0 sliding (3 positions) with a rope base of its
+  // own and layer 1 full with linear rope scaling
+  bool gemma3 = false;
+  // Gemma 2: Gemma 3's norms, GeGLU and scaled embeddings without QK-norm, one rope, layer 0
+  // sliding, the attention scores soft-capped at 2 and the logits at 3 (both well inside tanh's
+  // curve here)
+  bool gemma2 = false;
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -67,6 +75,29 @@ LlamaConfig tiny_config(const TinyCase& c) {
     cfg.logits_scaling = 2.5;
   }
   cfg.post_norms = cfg.qk_norm_whole = c.olmo2;
+  if (c.gemma3) {
+    cfg.norm_weight_offset = 1.0;
+    cfg.sandwich_norms = true;
+    cfg.qk_norm = true;
+    cfg.mlp_activation = ops::GluActivation::kGeluTanh;
+    cfg.scale_embeddings = true;
+    cfg.attention_multiplier = 0.3;
+    cfg.sliding_window = 3;
+    cfg.sliding_layers = {true, false};
+    cfg.rope_local_theta = 10.0;
+    cfg.rope.scaling.type = ops::RopeScalingType::kLinear;
+    cfg.rope.scaling.factor = 2.0;
+  }
+  if (c.gemma2) {
+    cfg.norm_weight_offset = 1.0;
+    cfg.sandwich_norms = cfg.scale_embeddings = true;
+    cfg.mlp_activation = ops::GluActivation::kGeluTanh;
+    cfg.attention_multiplier = 0.3;
+    cfg.sliding_window = 3;
+    cfg.sliding_layers = {true, false};
+    cfg.attn_logit_softcapping = 2.0;
+    cfg.final_logit_softcapping = 3.0;
+  }
   return cfg;
 }
 
@@ -135,7 +166,17 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyCase{"gqa2_granite_tied_llama3rope", 2, 1, true, false, true, 0, false, 0, false, true},
                       // OLMo 2: norms after the sublayers, q and k normed over all their heads
                       TinyCase{"gqa2_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true},
-                      TinyCase{"gqa3_olmo2_bias_head_dim8", 3, 1, true, true, false, 8, false, 0, false, false, true}),
+                      TinyCase{"gqa3_olmo2_bias_head_dim8", 3, 1, true, true, false, 8, false, 0, false, false, true},
+                      // Gemma 3: every (1 + w) norm's weight, GeGLU's gate, the scaled embeddings
+                      // (tied), both ropes
+                      TinyCase{"gqa2_gemma3_tied_head_dim8", 2, 1, true, false, false, 8, false, 0, false, false,
+                               false, true},
+                      TinyCase{"mha3_gemma3", 3, 3, false, false, false, 0, false, 0, false, false, false, true},
+                      // Gemma 2: through both soft-caps
+                      TinyCase{"gqa2_gemma2_tied", 2, 1, true, false, false, 0, false, 0, false, false, false, false,
+                               true},
+                      TinyCase{"gqa3_gemma2_head_dim8", 3, 1, false, false, false, 8, false, 0, false, false, false,
+                               false, true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its
@@ -233,7 +274,9 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
        {TinyCase{"gqa", 2, 1, false, false, false}, TinyCase{"gqa_qk_norm", 2, 1, false, false, false, 0, true},
         TinyCase{"gqa_nope", 2, 1, false, false, false, 0, false, 0, true},
         TinyCase{"gqa_granite", 2, 1, false, false, false, 0, false, 0, false, true},
-        TinyCase{"gqa_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true}}) {
+        TinyCase{"gqa_olmo2", 2, 1, false, false, false, 0, false, 0, false, false, true},
+        TinyCase{"gqa_gemma3", 2, 1, true, false, false, 0, false, 0, false, false, false, true},
+        TinyCase{"gqa_gemma2", 2, 1, true, false, false, 0, false, 0, false, false, false, false, true}}) {
     SCOPED_TRACE(c.name);
     const LlamaConfig cfg = tiny_config(c);
     Tensor ids = Tensor::empty({3, 8}, DType::kI32);
@@ -267,15 +310,17 @@ TEST(Llama, CheckpointingIsBitwiseEqual) {
 // piece must overwrite, the others add) and whose second adds; evaluation too. Without
 // checkpointing the setting is ignored: bitwise the plain run.
 TEST(Llama, ChunkedMlpEqualsTheMlpAtOnce) {
-  for (int family = 0; family < 3; ++family)
+  for (int family = 0; family < 4; ++family)
     for (bool stackable : {true, false}) {
       SCOPED_TRACE(std::string(stackable ? "stacked gate|up" : "separate gate and up") +
                    (family == 1   ? ", Granite's scalings"
                     : family == 2 ? ", OLMo 2's norms"
+                    : family == 3 ? ", Gemma 3's norms and GeGLU"
                                   : ""));
       TinyCase tc = stackable ? TinyCase{"gqa", 4, 2, false, false, true} : TinyCase{"gqa", 2, 1, false, false, true};
       tc.granite = family == 1;
       tc.olmo2 = family == 2;
+      tc.gemma3 = family == 3;
       LlamaConfig cfg = tiny_config(tc);
       if (stackable) cfg.dim = 256;  // head dim 64; gate and up a multiple of the parameter alignment: stacked
       cfg.init_std = 0.05;
@@ -854,6 +899,141 @@ TEST(Block, Olmo2NormsAfterEachSublayerAndOverTheWholeQAndK) {
   const Tensor down = product(contiguous(b.a.h_BTF).view({T, cfg.ffn_dim}), b.w.w_down_DF);
   EXPECT_TRUE(testing::all_close(contiguous(b.a.y_BTD).view({T, D}),
                                  plus_scaled(x2, 1.0, rms_rows(down, b.w.post_ffn_norm_D, cfg.norm_eps)), kF64Forward));
+}
+
+// w + 1 (Gemma's norm scale), as a new f64 tensor.
+Tensor plus_one(const Tensor& w) {
+  Tensor y = contiguous(w);
+  for (int64_t i = 0; i < y.numel(); ++i) y.data<double>()[i] += 1.0;
+  return y;
+}
+
+// Gemma 3's block written out: (1 + w) norms on the inputs of both sublayers and on their
+// outputs before the residual adds, q and k normed per head with (1 + w) before rope, the
+// scores scaled by the attention multiplier, and h = gelu_tanh(gate) * up.
+TEST(Block, Gemma3NormsBeforeAndAfterEachSublayerAndGeglu) {
+  const LlamaConfig cfg =
+      tiny_config({"gqa3_gemma3", 3, 1, false, false, false, 0, false, 0, false, false, false, true});
+  const BlockRun b(cfg);
+  const int64_t T = BlockRun::T, D = cfg.dim, H = cfg.head_dim(), F = cfg.ffn_dim;
+  ASSERT_TRUE(b.w.attn_norm_D.defined() && b.w.pre_ffn_norm_D.defined() && b.w.post_ffn_norm_D.defined());
+  const double eps = cfg.norm_eps;
+  const Tensor x = b.x.view({T, D});
+  const Tensor xn1 = rms_rows(x, plus_one(b.w.attn_norm_D), eps);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.xn1_BTD).view({T, D}), xn1, kF64Forward));
+  Tensor q = rms_rows(product(xn1, b.w.wq_QD).view({T * cfg.n_heads, H}), plus_one(b.w.q_norm_H), eps)
+                 .view({1, T, cfg.n_heads, H});
+  Tensor k = rms_rows(product(xn1, b.w.wk_KD).view({T * cfg.n_kv_heads, H}), plus_one(b.w.k_norm_H), eps)
+                 .view({1, T, cfg.n_kv_heads, H});
+  ops::rope_forward(q, b.cos, b.sin);
+  ops::rope_forward(k, b.cos, b.sin);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.q_BTNH), q, kF64Forward));
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.k_BTMH), k, kF64Forward));
+  Tensor attn = Tensor::empty(b.a.attn_BTNH.shape(), DType::kF64), lse = Tensor::empty(b.a.lse_BNT.shape(), DType::kF64);
+  ops::attention_forward(attn, lse, b.a.q_BTNH, b.a.k_BTMH, b.a.v_BTMH, {.scale = 0.3});
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.attn_BTNH), attn, kF64Forward));
+  const Tensor o = product(contiguous(b.a.attn_BTNH).view({T, cfg.q_dim()}), b.w.wo_DQ);
+  const Tensor x2 = plus_scaled(x, 1.0, rms_rows(o, plus_one(b.w.ffn_norm_D), eps));
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.x2_BTD).view({T, D}), x2, kF64Forward));
+  const Tensor xn2 = rms_rows(x2, plus_one(b.w.pre_ffn_norm_D), eps);
+  const Tensor gate = product(xn2, b.w.w_gate_FD), up = product(xn2, b.w.w_up_FD);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.gate_BTF).view({T, F}), gate, kF64Forward));
+  Tensor h = Tensor::empty({T, F}, DType::kF64);
+  for (int64_t i = 0; i < T * F; ++i) {
+    const double g = gate.data<double>()[i];
+    h.data<double>()[i] =
+        0.5 * g * (1 + std::tanh(std::sqrt(2 / M_PI) * (g + 0.044715 * g * g * g))) * up.data<double>()[i];
+  }
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.h_BTF).view({T, F}), h, kF64Forward));
+  const Tensor down = product(h, b.w.w_down_DF);
+  EXPECT_TRUE(testing::all_close(contiguous(b.a.y_BTD).view({T, D}),
+                                 plus_scaled(x2, 1.0, rms_rows(down, plus_one(b.w.post_ffn_norm_D), eps)),
+                                 kF64Forward));
+}
+
+// Gemma 3's embeddings: multiplied by sqrt(dim) (rounded to f32, as transformers' normalizer)
+// after the lookup; the logits equal those of the unscaled model whose table holds the scaled
+// rows. The sliding layers' rope: another base than the full layers', unscaled.
+TEST(Llama, Gemma3ScalesTheEmbeddingsAndGivesSlidingLayersTheirRope) {
+  LlamaConfig scaled = tiny_config({"gemma3", 2, 1, false, false, false, 0, false, 0, false, false, false, true});
+  LlamaConfig plain = scaled;
+  plain.scale_embeddings = false;
+  Llama a(scaled, DType::kF64), b(plain, DType::kF64);
+  randomize(a, 71);
+  randomize(b, 71);
+  Tensor table = b.param("model.embed_tokens.weight");
+  ops::scale(table, static_cast<double>(static_cast<float>(std::sqrt(12.0))));
+  Tensor ids = Tensor::empty({2, 6}, DType::kI32);
+  testing::fill_random_ints(ids, 72, 0, scaled.vocab_size);
+  EXPECT_TRUE(testing::all_close(a.logits(ids), b.logits(ids), kF64Forward));
+  // a model whose sliding layer uses the full layers' (scaled) rope differs
+  LlamaConfig one_rope = scaled;
+  one_rope.rope_local_theta = 0;
+  Llama c(one_rope, DType::kF64);
+  randomize(c, 71);
+  EXPECT_FALSE(testing::all_close(a.logits(ids), c.logits(ids), {1e-6, 1e-6, 1e-6}));
+  const ops::RopeOptions local = scaled.rope_of(0), global = scaled.rope_of(1);
+  EXPECT_EQ(local.theta, 10.0);
+  EXPECT_EQ(local.scaling.type, ops::RopeScalingType::kNone);
+  EXPECT_EQ(global.theta, 100.0);
+  EXPECT_EQ(global.scaling.type, ops::RopeScalingType::kLinear);
+}
+
+// Gemma 2's final soft-capping: the logits are those of the uncapped model passed through
+// cap · tanh(z / cap), and the loss is the cross-entropy of those.
+TEST(Llama, Gemma2SoftCapsTheLogits) {
+  LlamaConfig capped = tiny_config({"gemma2", 2, 1, false, false, false, 0, false, 0, false, false, false, false, true});
+  LlamaConfig plain = capped;
+  plain.final_logit_softcapping = 0;
+  Llama a(capped, DType::kF64), b(plain, DType::kF64);
+  randomize(a, 81);
+  randomize(b, 81);
+  Tensor ids = Tensor::empty({2, 6}, DType::kI32);
+  testing::fill_random_ints(ids, 82, 0, capped.vocab_size);
+  Tensor want = contiguous(b.logits(ids));
+  for (int64_t i = 0; i < want.numel(); ++i) want.data<double>()[i] = 3.0 * std::tanh(want.data<double>()[i] / 3.0);
+  const Tensor got = a.logits(ids);
+  EXPECT_TRUE(testing::all_close(got, want, kF64Forward));
+  const int64_t V = capped.vocab_size;
+  Tensor want_last = Tensor::empty({2, V}, DType::kF64);
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t c = 0; c < V; ++c) want_last.data<double>()[b * V + c] = want.data<double>()[(b * 6 + 5) * V + c];
+  EXPECT_TRUE(testing::all_close(a.last_logits(ids), want_last, kF64Forward));
+  Tensor targets = Tensor::empty({2, 6}, DType::kI32);
+  testing::fill_random_ints(targets, 83, 0, capped.vocab_size);
+  double loss = 0;
+  for (int64_t r = 0; r < 12; ++r) {
+    const double* z = want.data<double>() + r * capped.vocab_size;
+    double mx = z[0], sum = 0;
+    for (int64_t c = 1; c < capped.vocab_size; ++c) mx = std::max(mx, z[c]);
+    for (int64_t c = 0; c < capped.vocab_size; ++c) sum += std::exp(z[c] - mx);
+    loss += mx + std::log(sum) - z[targets.data<int32_t>()[r]];
+  }
+  EXPECT_NEAR(a.evaluate(ids, targets, {}).loss_sum, loss, 1e-10);
+}
+
+// Gemma's norms in the layout: four per block, every norm weight starting at 0 (it scales by
+// 1 + w), refused under tensor parallelism, and counted.
+TEST(ModelLayout, Gemma3WeightsAndCount) {
+  LlamaConfig cfg = tiny_config({"gemma3", 2, 1, true, false, false, 8, false, 0, false, false, false, true});
+  LlamaConfig plain = cfg;
+  plain.sandwich_norms = false;
+  EXPECT_EQ(cfg.num_parameters(), plain.num_parameters() + 2 * 2 * 12);
+  const ModelLayout l = ModelLayout::llama(cfg, 1);
+  for (const char* name : {"model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight",
+                           "model.layers.1.pre_feedforward_layernorm.weight",
+                           "model.layers.1.post_feedforward_layernorm.weight", "model.layers.1.self_attn.q_norm.weight",
+                           "model.norm.weight"})
+    EXPECT_EQ(l.locate(name).spec->init, ParamInit::kZeros) << name;
+  Llama m(cfg, DType::kF64);
+  m.init_random(3);
+  const Tensor w = m.param("model.layers.0.pre_feedforward_layernorm.weight");
+  for (int64_t i = 0; i < w.numel(); ++i) EXPECT_EQ(w.data<double>()[i], 0.0);
+  cfg.n_kv_heads = 2;
+  EXPECT_TRUE(testing::throws_with([&] { ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = 2}, 0); },
+                                   "`parallel.tensor_parallel` = 2 with Gemma's norms before and after each sublayer"));
+  cfg.post_norms = true;
+  EXPECT_TRUE(testing::throws_with([&] { cfg.validate("model."); }, "`model.post_norms`"));
 }
 
 // The families' weights in the layout and the parameter count: OLMo 2 swaps input_layernorm

@@ -27,7 +27,8 @@ namespace {
 // the keys `sees(b, query position, key)` allows (f64).
 using Mask = std::function<bool(int64_t, int64_t, int64_t)>;
 using testing::to_dtype;
-void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Mask& sees) {
+void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const Mask& sees,
+                  double softcap = 0) {
   const int64_t B = q.size(0), T = q.size(1), N = q.size(2), H = q.size(3), S = k.size(1), M = k.size(2), G = N / M;
   const Tensor q64 = testing::to_f64(q), k64 = testing::to_f64(k), v64 = testing::to_f64(v);
   out = Tensor::empty(q.shape(), DType::kF64);
@@ -44,8 +45,9 @@ void naive_masked(Tensor& out, Tensor& lse, const Tensor& q, const Tensor& k, co
           for (int64_t h = 0; h < H; ++h)
             d += q64.data<double>()[((b * T + i) * N + n) * H + h] *
                  k64.data<double>()[((b * S + j) * M + n / G) * H + h];
-          s[static_cast<size_t>(j)] = d * scale;
-          mx = std::max(mx, d * scale);
+          const double sj = softcap > 0 ? softcap * std::tanh(d * scale / softcap) : d * scale;
+          s[static_cast<size_t>(j)] = sj;
+          mx = std::max(mx, sj);
         }
         double sum = 0;
         for (int64_t j = 0; j < S; ++j) sum += std::exp(s[static_cast<size_t>(j)] - mx);
@@ -247,6 +249,40 @@ TEST(Attention, BackwardMatchesFiniteDifferences) {
       return testing::dot(dout, out);
     });
   }
+}
+
+// Gemma 2's soft-capped scores (softcap · tanh(s / softcap) before the softmax): the forward
+// against the brute force with the cap, over as many keys as queries and over a longer cache,
+// and the backward against finite differences.
+TEST(Attention, SoftcappedScores) {
+  const int64_t B = 2, T = 6, N = 4, M = 2, H = 4;
+  // scores up to ~10 before the cap of 2: far into tanh's curve
+  Tensor q = random_f64({B, T, N, H}, 31, 0.5, 3.0), k = random_f64({B, T, M, H}, 32, -0.3, 3.0),
+         v = random_f64({B, T, M, H}, 33, 0.2, 1.5);
+  AttentionOptions o;
+  o.softcap = 2.0;
+  o.block_queries = 4;
+  o.block_keys = 3;
+  Tensor out = Tensor::empty(q.shape(), DType::kF64), lse = Tensor::empty({B, N, T}, DType::kF64);
+  cpu::attention_forward(out, lse, q, k, v, o);
+  Tensor want, want_lse;
+  naive_masked(want, want_lse, q, k, v, [](int64_t, int64_t position, int64_t j) { return j <= position; }, 2.0);
+  EXPECT_TRUE(testing::all_close(out, want, testing::kCpuF32VsF64));
+  EXPECT_TRUE(testing::all_close(lse, want_lse, testing::kCpuF32VsF64));
+  Tensor uncapped, uncapped_lse;
+  naive(uncapped, uncapped_lse, q, k, v, true);
+  EXPECT_FALSE(testing::all_close(out, uncapped, {1e-3, 1e-3, 1e-3})) << "the cap changes the output";
+  // the last 2 queries over all 6 keys (a KV cache's step)
+  Tensor out2 = Tensor::empty({B, 2, N, H}, DType::kF64), lse2 = Tensor::empty({B, N, 2}, DType::kF64);
+  cpu::attention_forward(out2, lse2, contiguous(q.slice(1, T - 2, T)), k, v, o);
+  EXPECT_TRUE(testing::all_close(out2, contiguous(want.slice(1, T - 2, T)), testing::kCpuF32VsF64));
+  const Tensor dout = random_f64(q.shape(), 34);
+  Tensor dq = random_f64(q.shape(), 35), dk = random_f64(k.shape(), 36), dv = random_f64(v.shape(), 37);
+  cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, o);
+  expect_gradients({{"q", &q, dq}, {"k", &k, dk}, {"v", &v, dv}}, [&] {
+    cpu::attention_forward(out, lse, q, k, v, o);
+    return testing::dot(dout, out);
+  });
 }
 
 // q, k, v as head slices of one stacked [B, T, N + 2M, H] tensor (the model's q|k|v product),

@@ -10,7 +10,7 @@
 namespace shardtrain::ops {
 namespace {
 
-double direct_loss(const Tensor& h, const Tensor& w, const Tensor& targets, int32_t ignore) {
+double direct_loss(const Tensor& h, const Tensor& w, const Tensor& targets, int32_t ignore, double softcap = 0) {
   const int64_t T = h.size(0), D = h.size(1), V = w.size(0);
   const Tensor h64 = testing::to_f64(h), w64 = testing::to_f64(w);
   double total = 0;
@@ -22,6 +22,7 @@ double direct_loss(const Tensor& h, const Tensor& w, const Tensor& targets, int3
     for (int64_t c = 0; c < V; ++c) {
       double s = 0;
       for (int64_t d = 0; d < D; ++d) s += h64.data<double>()[t * D + d] * w64.data<double>()[c * D + d];
+      if (softcap > 0) s = softcap * std::tanh(s / softcap);
       z[static_cast<size_t>(c)] = s;
       mx = std::max(mx, s);
     }
@@ -69,6 +70,26 @@ TEST(CrossEntropy, GradientsMatchFiniteDifferences_f64_T9_D6_V11) {
   Tensor dw_only = testing::to_f64(dw);
   for (int64_t i = 0; i < V * D; ++i) dw_only.data<double>()[i] -= dw0.data<double>()[i];
   expect_gradients({{"h", &h, dh}, {"weight", &w, dw_only}}, [&] { return direct_loss(h, w, targets, -100) / 8.0; });
+}
+
+// Gemma 2's soft-capped logits (logit_softcap · tanh(z / logit_softcap) before the softmax):
+// the loss against the capped full logits, the gradients against finite differences.
+TEST(CrossEntropy, SoftcappedLogits) {
+  const int64_t T = 9, D = 6, V = 11;
+  Tensor h = random_f64({T, D}, 41, 0.0, 2.0), w = random_f64({V, D}, 42, 0.0, 1.0);  // logits well past the cap
+  Tensor targets = Tensor::empty({T}, DType::kI32);
+  testing::fill_random_ints(targets, 43, 0, V);
+  targets.data<int32_t>()[3] = -100;
+  CrossEntropyOptions o;
+  o.grad_scale = 1.0 / 8.0;
+  o.chunk_tokens = 4;
+  o.logit_softcap = 1.5;
+  Tensor loss = Tensor::zeros({1}, DType::kF64);
+  Tensor dh = random_f64({T, D}, 44), dw = Tensor::zeros({V, D}, DType::kF64);
+  cpu::linear_cross_entropy(loss, dh, dw, h, w, targets, o);
+  EXPECT_NEAR(loss.data<double>()[0], direct_loss(h, w, targets, -100, 1.5), 1e-12);
+  EXPECT_GT(std::fabs(loss.data<double>()[0] - direct_loss(h, w, targets, -100)), 1e-3) << "the cap changes the loss";
+  expect_gradients({{"h", &h, dh}, {"weight", &w, dw}}, [&] { return direct_loss(h, w, targets, -100, 1.5) / 8.0; });
 }
 
 // overwrite_dweight: the first chunk's weight gradient replaces what the buffer held and the

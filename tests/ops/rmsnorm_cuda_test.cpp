@@ -81,6 +81,30 @@ TEST_P(RmsNormCuda, RmsNorm) {
   }
 }
 
+// Gemma's (1 + w) norm on the GPU against the CPU twin: forward (scaled in f32, rounded once),
+// dx and the weight's gradient, packed and element widths.
+TEST_P(RmsNormCuda, WeightOffset) {
+  const DType dt = GetParam();
+  for (auto [T, D] : {std::pair<int64_t, int64_t>{37, 67}, {256, 2048}, {19, 8200}}) {
+    Input x = random_input({T, D}, dt, 51, 0.3, 2.0), w = random_input({D}, dt, 52, 0.0, 0.2),
+          dy = random_input({T, D}, dt, 53);
+    Tensor y = Tensor::empty({T, D}, dt, Device::cuda(0)), rstd = Tensor::empty({T}, DType::kF32, Device::cuda(0));
+    rmsnorm_forward(y, rstd, to_device(x.host), to_device(w.host), {.eps = 1e-6, .weight_offset = 1.0});
+    Tensor y_ref = Tensor::empty({T, D}, DType::kF32), rstd_ref = Tensor::empty({T}, DType::kF32);
+    cpu::rmsnorm_forward(y_ref, rstd_ref, x.f32, w.f32, {.eps = 1e-6, .weight_offset = 1.0});
+    EXPECT_TRUE(matches(y, y_ref)) << "forward T=" << T << " D=" << D;
+    Tensor dx = Tensor::empty({T, D}, dt, Device::cuda(0)), dw = Tensor::empty({D}, DType::kF32, Device::cuda(0));
+    rmsnorm_backward(dx, dw, to_device(dy.host), to_device(x.host), to_device(w.host), rstd, Tensor(),
+                     {.weight_offset = 1.0, .overwrite_dweight = true});
+    Tensor dx_ref = Tensor::empty({T, D}, DType::kF32), dw_ref = Tensor::zeros({D}, DType::kF32);
+    cpu::rmsnorm_backward(dx_ref, dw_ref, dy.f32, x.f32, w.f32, rstd_ref, {.weight_offset = 1.0});
+    EXPECT_TRUE(matches(dx, dx_ref)) << "dx T=" << T << " D=" << D;
+    testing::Tolerance column_sum = cuda_tolerance(dt);
+    column_sum.atol = std::max(column_sum.atol, static_cast<double>(T) * 6e-8 * 16);
+    EXPECT_TRUE(all_close(to_host(dw), dw_ref, column_sum)) << "dweight T=" << T << " D=" << D;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, RmsNormCuda, ::testing::Values(DType::kF32, DType::kBF16), testing::dtype_param_name);
 
 }  // namespace

@@ -83,6 +83,32 @@ TEST(RmsNorm, OverwriteDweightEqualsAccumulatingOntoZeros) {
   }
 }
 
+// Gemma's (1 + w) norm: the weight offset is added inside the op, forward and backward; the
+// weight's gradient is the plain one (d/dw of (w + 1) xhat is xhat).
+TEST(RmsNorm, WeightOffsetScalesByWeightPlusOffset) {
+  const int64_t T = 9, D = 24;
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const Tensor x = testing::to_dtype(random_f64({T, D}, 41, 0.3, 2.0), dt);
+    const Tensor w = testing::to_dtype(random_f64({D}, 42, 0.0, 0.3), dt);  // near 0, as Gemma's
+    Tensor w_plus = Tensor::empty({D}, DType::kF64);
+    const Tensor w64 = testing::to_f64(w);
+    for (int64_t i = 0; i < D; ++i) w_plus.data<double>()[i] = w64.data<double>()[i] + 1.0;
+    Tensor y = Tensor::empty({T, D}, dt), rstd = Tensor::empty({T}, stats_dtype(dt));
+    cpu::rmsnorm_forward(y, rstd, x, w, {.eps = 1e-6, .weight_offset = 1.0});
+    EXPECT_TRUE(testing::all_close(y, direct(x, w_plus, 1e-6), testing::kCpuF32VsF64)) << dtype_name(dt);
+  }
+  Tensor x = random_f64({T, D}, 43, 0.3, 2.0), w = random_f64({D}, 44, 0.0, 0.3);
+  const Tensor dy = random_f64({T, D}, 45);
+  Tensor y = Tensor::empty({T, D}, DType::kF64), rstd = Tensor::empty({T}, DType::kF64);
+  cpu::rmsnorm_forward(y, rstd, x, w, {.eps = 1e-6, .weight_offset = 1.0});
+  Tensor dx = random_f64({T, D}, 46), dw = Tensor::zeros({D}, DType::kF64);
+  cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd, {.weight_offset = 1.0});
+  expect_gradients({{"x", &x, dx}, {"weight", &w, dw}}, [&] {
+    cpu::rmsnorm_forward(y, rstd, x, w, {.eps = 1e-6, .weight_offset = 1.0});
+    return testing::dot(dy, y);
+  });
+}
+
 TEST(RmsNorm, ErrorsNameTheArgument) {
   Tensor x = Tensor::zeros({4, 8}, DType::kF32), w = Tensor::zeros({9}, DType::kF32), y = Tensor::zeros({4, 8}, DType::kF32),
          r = Tensor::zeros({4}, DType::kF32);

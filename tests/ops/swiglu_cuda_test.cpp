@@ -115,6 +115,44 @@ TEST_P(SwiGluCuda, AmaxOfWhatItWrites) {
   }
 }
 
+// GeGLU (Gemma's gelu_pytorch_tanh gate) on the GPU against the CPU twin: element and row
+// kernels, the halves of a stacked tensor, h recomputed bitwise by the backward.
+TEST_P(SwiGluCuda, GeluTanh) {
+  const DType dt = GetParam();
+  const GluActivation gelu = GluActivation::kGeluTanh;
+  for (auto [T, F] : {std::pair<int64_t, int64_t>{37, 67}, {512, 8192}}) {
+    Input g = random_input({T, F}, dt, 61, 0.2, 3.0), u = random_input({T, F}, dt, 62), dh = random_input({T, F}, dt, 63);
+    Tensor h = Tensor::empty({T, F}, dt, Device::cuda(0));
+    swiglu_forward(h, to_device(g.host), to_device(u.host), Tensor(), gelu);
+    Tensor h_ref = Tensor::empty({T, F}, DType::kF32);
+    cpu::swiglu_forward(h_ref, g.f32, u.f32, {}, gelu);
+    EXPECT_TRUE(matches(h, h_ref)) << "forward T=" << T << " F=" << F;
+    Tensor dg = Tensor::empty({T, F}, dt, Device::cuda(0)), du = Tensor::empty({T, F}, dt, Device::cuda(0));
+    Tensor h2 = Tensor::empty({T, F}, dt, Device::cuda(0));
+    swiglu_backward(dg, du, h2, to_device(dh.host), to_device(g.host), to_device(u.host), Tensor(), gelu);
+    Tensor dg_ref = Tensor::empty({T, F}, DType::kF32), du_ref = Tensor::empty({T, F}, DType::kF32), no_h;
+    cpu::swiglu_backward(dg_ref, du_ref, no_h, dh.f32, g.f32, u.f32, {}, gelu);
+    EXPECT_TRUE(matches(dg, dg_ref)) << "dgate T=" << T << " F=" << F;
+    EXPECT_TRUE(matches(du, du_ref)) << "dup T=" << T << " F=" << F;
+    EXPECT_TRUE(all_close(to_host(h2), to_host(h), kExact)) << "recomputed h";
+  }
+  // gate and up as halves of one stacked product, gradients in place
+  const int64_t T = 37, F = 64;
+  const Input gu = random_input({T, 2 * F}, dt, 64, 0.2, 3.0), dh = random_input({T, F}, dt, 65);
+  const Tensor g32 = to_dtype(gu.f32.slice(1, 0, F), DType::kF32), u32 = to_dtype(gu.f32.slice(1, F, 2 * F), DType::kF32);
+  Tensor dev = to_device(gu.host), h = Tensor::empty({T, F}, dt, Device::cuda(0));
+  swiglu_forward(h, dev.slice(1, 0, F), dev.slice(1, F, 2 * F), Tensor(), gelu);
+  Tensor h_ref = Tensor::empty({T, F}, DType::kF32);
+  cpu::swiglu_forward(h_ref, g32, u32, {}, gelu);
+  EXPECT_TRUE(matches(h, h_ref)) << "stacked forward";
+  Tensor dg = dev.slice(1, 0, F), du = dev.slice(1, F, 2 * F), no_h;
+  swiglu_backward(dg, du, no_h, to_device(dh.host), dg, du, Tensor(), gelu);
+  Tensor dg_ref = Tensor::empty({T, F}, DType::kF32), du_ref = Tensor::empty({T, F}, DType::kF32);
+  cpu::swiglu_backward(dg_ref, du_ref, no_h, dh.f32, g32, u32, {}, gelu);
+  EXPECT_TRUE(matches(dg, dg_ref)) << "stacked dgate";
+  EXPECT_TRUE(matches(du, du_ref)) << "stacked dup";
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, SwiGluCuda, ::testing::Values(DType::kF32, DType::kBF16), testing::dtype_param_name);
 
 }  // namespace

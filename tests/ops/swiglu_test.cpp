@@ -1,4 +1,4 @@
-// CPU SwiGLU: forward against silu(g) * u in f64, backward against finite differences.
+// CPU SwiGLU and GeGLU: forward against act(g) * u in f64, backward against finite differences.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -34,6 +34,48 @@ TEST(SwiGlu, ForwardAndBackward) {
   Tensor h = Tensor::empty({T, F}, DType::kF64);
   expect_gradients({{"gate", &g, dg}, {"up", &u, du}}, [&] {
     cpu::swiglu_forward(h, g, u);
+    return testing::dot(dh, h);
+  });
+}
+
+// GeGLU (gelu_pytorch_tanh on the gate, Gemma's MLP): the forward against the formula in f64,
+// the backward against finite differences, and h recomputed bitwise by the backward.
+TEST(SwiGlu, GeluTanhForwardAndBackward) {
+  const GluActivation gelu = GluActivation::kGeluTanh;
+  for (DType dt : {DType::kF32, DType::kF64}) {
+    const int64_t T = 37, F = 67;
+    const Tensor g = testing::to_dtype(random_f64({T, F}, 21, 0.2, 3.0), dt), u = testing::to_dtype(random_f64({T, F}, 22), dt);
+    Tensor h = Tensor::empty({T, F}, dt);
+    cpu::swiglu_forward(h, g, u, {}, gelu);
+    Tensor ref = Tensor::empty({T, F}, DType::kF64);
+    const Tensor gr = testing::to_f64(g), ur = testing::to_f64(u);
+    for (int64_t i = 0; i < T * F; ++i) {
+      const double x = gr.data<double>()[i];
+      const double gelu_x = 0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+      ref.data<double>()[i] = gelu_x * ur.data<double>()[i];
+    }
+    EXPECT_TRUE(testing::all_close(h, ref, testing::kCpuF32VsF64)) << dtype_name(dt);
+    // not silu: the two activations differ on these gates
+    Tensor h_silu = Tensor::empty({T, F}, dt);
+    cpu::swiglu_forward(h_silu, g, u);
+    EXPECT_FALSE(testing::all_close(h_silu, ref, testing::kCpuF32VsF64)) << dtype_name(dt);
+    const Tensor dh = testing::to_dtype(random_f64({T, F}, 23), dt);
+    Tensor dg = Tensor::empty({T, F}, dt), du = Tensor::empty({T, F}, dt), no_h;
+    Tensor dg2 = Tensor::empty({T, F}, dt), du2 = Tensor::empty({T, F}, dt), h_again = Tensor::empty({T, F}, dt);
+    cpu::swiglu_backward(dg, du, no_h, dh, g, u, {}, gelu);
+    cpu::swiglu_backward(dg2, du2, h_again, dh, g, u, {}, gelu);
+    EXPECT_TRUE(testing::all_close(h_again, h, testing::kExact)) << dtype_name(dt);
+    EXPECT_TRUE(testing::all_close(dg2, dg, testing::kExact)) << dtype_name(dt);
+  }
+  const int64_t T = 5, F = 11;
+  Tensor g = random_f64({T, F}, 24, 0.2, 3.0), u = random_f64({T, F}, 25);
+  const Tensor dh = random_f64({T, F}, 26);
+  Tensor dg = random_f64({T, F}, 27), du = random_f64({T, F}, 28);  // garbage: overwritten
+  Tensor no_h;
+  cpu::swiglu_backward(dg, du, no_h, dh, g, u, {}, gelu);
+  Tensor h = Tensor::empty({T, F}, DType::kF64);
+  expect_gradients({{"gate", &g, dg}, {"up", &u, du}}, [&] {
+    cpu::swiglu_forward(h, g, u, {}, gelu);
     return testing::dot(dh, h);
   });
 }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "core/error.h"
+#include "model/hf_config.h"
 #include "testing/shared_data.h"
 #include "train/config.h"
 #include "train/model_shape.h"
@@ -272,6 +273,65 @@ TEST(Config, FamilyKeysReachTheModel) {
                    "scalings)"),
             std::string::npos)
       << e;
+}
+
+// Gemma 3's keys reach the model (with its linear rope scaling on the full layers and the
+// sliding layers' rope base), are refused beside a preset, and go together.
+TEST(Config, Gemma3KeysReachTheModel) {
+  const std::vector<std::string> gemma = {
+      "--model.norm_weight_offset=1",      "--model.sandwich_norms=true",   "--model.mlp_activation=gelu_tanh",
+      "--model.scale_embeddings=true",     "--model.qk_norm=true",          "--model.attention_multiplier=0.0625",
+      "--model.sliding_window=64",         "--model.full_attention_every=6", "--model.rope_local_theta=10000",
+      "--model.rope_theta=1000000",        "--model.rope_scaling=linear",   "--model.rope_scaling_factor=8",
+      "--model.n_layers=6"};
+  const model::LlamaConfig c = llama_config(load_config("", gemma).config.model, 258);
+  EXPECT_EQ(c.norm_weight_offset, 1.0);
+  EXPECT_TRUE(c.sandwich_norms);
+  EXPECT_EQ(c.mlp_activation, ops::GluActivation::kGeluTanh);
+  EXPECT_TRUE(c.scale_embeddings);
+  EXPECT_EQ(c.rope_local_theta, 10000.0);
+  EXPECT_EQ(c.rope.scaling.type, ops::RopeScalingType::kLinear);
+  EXPECT_EQ(c.rope.scaling.factor, 8.0);
+  EXPECT_EQ(c.rope_of(0).theta, 10000.0);
+  EXPECT_EQ(c.rope_of(5).theta, 1000000.0);
+  EXPECT_EQ(model::to_hf_config(c, "float32").at("model_type"), "gemma3_text");
+  const model::LlamaConfig plain = llama_config(load_config("", {}).config.model, 258);
+  EXPECT_FALSE(plain.gemma_features());
+  // Gemma 2: without QK-norm and the sliding layers' rope, with soft-capping
+  const model::LlamaConfig two =
+      llama_config(load_config("", {"--model.norm_weight_offset=1", "--model.sandwich_norms=true",
+                                    "--model.mlp_activation=gelu_tanh", "--model.scale_embeddings=true",
+                                    "--model.attn_logit_softcapping=50", "--model.final_logit_softcapping=30",
+                                    "--model.sliding_window=64", "--model.full_attention_every=2"})
+                       .config.model,
+                   258);
+  EXPECT_EQ(two.attn_logit_softcapping, 50.0);
+  EXPECT_EQ(two.final_logit_softcapping, 30.0);
+  EXPECT_EQ(model::to_hf_config(two, "float32").at("model_type"), "gemma2");
+  std::string e2 = error_of("", {"--model.final_logit_softcapping=30", "--model.hf=some/folder"});
+  EXPECT_NE(e2.find("`model.final_logit_softcapping` is set, but `model.hf` gives the model's shape"),
+            std::string::npos)
+      << e2;
+
+  std::string e = error_of("", {"--model.sandwich_norms=true", "--model.preset=llama3.2-1b"});
+  EXPECT_NE(e.find("`model.sandwich_norms` is set, but `model.preset` gives the model's shape"), std::string::npos)
+      << e;
+  e = error_of("", {"--model.mlp_activation=gelu"});
+  EXPECT_NE(e.find("model.mlp_activation"), std::string::npos) << e;
+  e = error_of("", {"--model.sandwich_norms=true", "--model.post_norms=true"});
+  EXPECT_NE(e.find("`model.post_norms` (norms after each sublayer only, OLMo 2) and `model.sandwich_norms` (before "
+                   "and after, Gemma) both set"),
+            std::string::npos)
+      << e;
+  try {
+    (void)llama_config(load_config("", {"--model.mlp_activation=gelu_tanh"}).config.model, 258);
+    FAIL() << "expected an error";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("the `model.*` keys: Gemma (gemma3_text with per-head QK-norm, gemma2 "
+                                           "without) has all of (1 + weight) norms"),
+              std::string::npos)
+        << err.what();
+  }
 }
 
 TEST(Config, APresetGivesTheTrainedShape) {

@@ -177,7 +177,7 @@ TEST(ExportRoundTrip, Qwen3TensorsAndConfigSurvive) {
   }
 }
 
-// A SmolLM3, Granite or OLMo 2 folder written by hand (config.json in the transformers 4 form,
+// A SmolLM3, Granite, OLMo 2, Gemma 3 or Gemma 2 folder written by hand (config.json in the transformers 4 form,
 // random f32 tensors under the names the family has) exports back bit for bit with its
 // family's config.json, which reads back as the same model.
 TEST(ExportRoundTrip, SmolLM3GraniteAndOlmo2TensorsAndConfigSurvive) {
@@ -196,6 +196,28 @@ TEST(ExportRoundTrip, SmolLM3GraniteAndOlmo2TensorsAndConfigSurvive) {
         {"logits_scaling", 8.0},
         {"attention_bias", true}}},
       {"Olmo2ForCausalLM", "olmo2", {{"attention_bias", false}, {"tie_word_embeddings", false}}},
+      // Gemma 3: sliding and full layers with two ropes, linear scaling on the full ones, its
+      // four norms per block and per-head QK-norm, tied
+      {"Gemma3ForCausalLM",
+       "gemma3_text",
+       {{"hidden_activation", "gelu_pytorch_tanh"},
+        {"head_dim", 16},
+        {"query_pre_attn_scalar", 24},
+        {"sliding_window", 8},
+        {"layer_types", {"sliding_attention", "sliding_attention", "full_attention"}},
+        {"rope_local_base_freq", 10000.0},
+        {"rope_scaling", {{"rope_type", "linear"}, {"factor", 8.0}}},
+        {"tie_word_embeddings", true}}},
+      // Gemma 2: the even layers sliding, both soft-caps, no QK-norm
+      {"Gemma2ForCausalLM",
+       "gemma2",
+       {{"hidden_activation", "gelu_pytorch_tanh"},
+        {"head_dim", 16},
+        {"query_pre_attn_scalar", 24},
+        {"sliding_window", 8},
+        {"attn_logit_softcapping", 50.0},
+        {"final_logit_softcapping", 30.0},
+        {"tie_word_embeddings", false}}},
   };
   for (const Family& f : families) {
     SCOPED_TRACE(f.model_type);
@@ -219,6 +241,7 @@ TEST(ExportRoundTrip, SmolLM3GraniteAndOlmo2TensorsAndConfigSurvive) {
                              {"torch_dtype", "float32"},
                              {"vocab_size", 67}};
     config.update(f.keys);
+    if (std::string(f.model_type).starts_with("gemma")) config.erase("hidden_act");  // Gemma reads hidden_activation
     std::ofstream(src + "/config.json") << config.dump(2);
     const model::LlamaConfig c = model::parse_hf_config(config, "in/config.json");
     std::vector<std::pair<std::string, Tensor>> tensors;

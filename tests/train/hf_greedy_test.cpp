@@ -2,6 +2,7 @@
 // by tools/make_hf_reference.py with a greedy continuation, shardtrain opens the folder in f32
 // and continues the same 200-id prompt with transformers' 32 ids, with its KV cache and without
 // it (testing/hf_greedy.h).
+#include <filesystem>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -14,7 +15,19 @@ namespace {
 
 class HfGreedy : public ::testing::TestWithParam<std::string> {};
 
+// Cases listed in tools/make_hf_reference.py whose folders are not committed yet: skipped
+// until they are (the others must be there).
+bool pending(const std::string& name) {
+  for (const char* p : {"gemma3_text_small", "gemma2_softcap"})
+    if (name == p) return !std::filesystem::exists(testing::hf_reference_dir(name) + "/reference.safetensors");
+  return false;
+}
+
 TEST_P(HfGreedy, ContinuesThePromptAsTransformers) {
+  if (pending(GetParam()))
+    GTEST_SKIP() << testing::hf_reference_dir(GetParam()) << " has no reference.safetensors yet; write it where "
+                 << "torch and transformers are installed: python3 tools/make_hf_reference.py --out "
+                 << "tests/model/hf_reference " << GetParam();
   const OpenedModel opened = open_model(testing::hf_reference_dir(GetParam()), DType::kF32, Device::cpu());
   testing::expect_greedy_as_transformers(*opened.model, GetParam());
 }
@@ -22,7 +35,7 @@ TEST_P(HfGreedy, ContinuesThePromptAsTransformers) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedy,
                          ::testing::Values("mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
                                            "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms"));
+                                           "olmo2_post_norms", "gemma3_text_small", "gemma2_softcap"));
 
 }  // namespace
 }  // namespace shardtrain::train

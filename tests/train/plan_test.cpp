@@ -242,6 +242,31 @@ TEST(Plan, Olmo2CountsItsNormsAndWhatItsBackwardReads) {
   }
 }
 
+// Gemma 3 (model.sandwich_norms): two more norms of D per block in the parameters, and the
+// attention's and the MLP's outputs before their norms with those norms' f32 1/rms kept per
+// token by every policy but full recompute.
+TEST(Plan, Gemma3CountsItsSandwichNorms) {
+  using model::ActivationCheckpointing;
+  for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
+                                           ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    SCOPED_TRACE(model::checkpointing_name(ac));
+    PlanInput in;
+    in.model = llama_8b();
+    in.gpu = false;
+    in.world_size = 2;
+    in.micro_batch = 2;
+    in.seq_len = 1024;
+    in.checkpointing = ac;
+    const MemoryPlan plain = plan_memory(in);
+    in.model.sandwich_norms = true;
+    const MemoryPlan gemma = plan_memory(in);
+    const int64_t L = 32, D = 4096, tokens = 2 * 1024;
+    EXPECT_EQ(gemma.parameters - plain.parameters, L * 2 * D);
+    const int64_t kept = ac == ActivationCheckpointing::kFull ? 0 : 4 * 2 * D + 8;
+    EXPECT_EQ(gemma.activations_at_loss - plain.activations_at_loss, tokens * L * kept);
+  }
+}
+
 TEST(Plan, ShardedStateScalesWithRanks) {
   PlanInput in;
   in.model = llama_8b();

@@ -134,6 +134,12 @@ double softmax_scale(const AttentionOptions& o, int64_t H) {
   return o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(H));
 }
 
+// A scaled score soft-capped (AttentionOptions::softcap > 0): cap · tanh(s / cap); s itself at 0.
+template <typename F>
+F capped(F s, double cap) {
+  return cap > 0 ? static_cast<F>(cap * std::tanh(static_cast<double>(s) / cap)) : s;
+}
+
 template <typename F>
 F dot(const F* a, const F* b, int64_t n) {
   F s = 0;
@@ -186,7 +192,8 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
                 if (j_end <= j_begin) continue;
                 F tile_max = -std::numeric_limits<F>::infinity();
                 for (int64_t j = j_begin; j < j_end; ++j) {
-                  const F sj = static_cast<F>(scale) * dot(qi, k + ((b * d.S + j) * d.M + kv) * d.H, d.H);
+                  const F sj =
+                      capped(static_cast<F>(scale) * dot(qi, k + ((b * d.S + j) * d.M + kv) * d.H, d.H), options.softcap);
                   s[static_cast<size_t>(j - k0)] = sj;
                   tile_max = std::max(tile_max, sj);
                 }
@@ -273,9 +280,14 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
                 const int64_t j_end = options.causal ? std::min(k1, i + 1) : k1;
                 for (int64_t j = std::max(k0, first[static_cast<size_t>(b * d.T + i)]); j < j_end; ++j) {
                   const int64_t koff = ((b * d.T + j) * d.M + kv) * d.H;
-                  const F p = std::exp(static_cast<F>(scale) * dot(q + qoff, k + koff, d.H) - l_i);
+                  const F raw = static_cast<F>(scale) * dot(q + qoff, k + koff, d.H);
+                  const F s = capped(raw, options.softcap);
+                  const F p = std::exp(s - l_i);
                   const F dp = dot(dout + qoff, v + koff, d.H);
-                  const F ds = p * (dp - delta[static_cast<size_t>(i)]) * static_cast<F>(scale);
+                  // through the cap: d(cap tanh(r / cap)) / dr = 1 - tanh^2 = 1 - (s / cap)^2
+                  const F slope = options.softcap > 0 ? static_cast<F>(1 - (s / options.softcap) * (s / options.softcap))
+                                                      : F(1);
+                  const F ds = p * (dp - delta[static_cast<size_t>(i)]) * slope * static_cast<F>(scale);
                   for (int64_t h = 0; h < d.H; ++h) {
                     dv[koff + h] += p * dout[qoff + h];
                     dq[qoff + h] += ds * k[koff + h];

@@ -76,6 +76,9 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
           if (o.compute_grad) std::fill_n(z, V, F(0));
           continue;
         }
+        const double cap = o.logit_softcap;
+        if (cap > 0)
+          for (int64_t c = 0; c < V; ++c) z[c] = static_cast<F>(cap * std::tanh(static_cast<double>(z[c]) / cap));
         double mx = z[0];
         for (int64_t c = 1; c < V; ++c) mx = std::max(mx, static_cast<double>(z[c]));
         double sum = 0;
@@ -83,8 +86,18 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
         const double lse = mx + std::log(sum);
         chunk_loss += lse - static_cast<double>(z[target]);
         if (o.compute_grad) {
-          for (int64_t c = 0; c < V; ++c) z[c] = static_cast<F>(o.grad_scale * std::exp(static_cast<double>(z[c]) - lse));
-          z[target] -= static_cast<F>(o.grad_scale);
+          if (cap > 0) {
+            // the capped logit's gradient, then through the cap: 1 - tanh^2 = 1 - (z / cap)^2
+            for (int64_t c = 0; c < V; ++c) {
+              const double zc = z[c];
+              const double g = o.grad_scale * (std::exp(zc - lse) - (c == target ? 1.0 : 0.0));
+              z[c] = static_cast<F>(g * (1 - (zc / cap) * (zc / cap)));
+            }
+          } else {
+            for (int64_t c = 0; c < V; ++c)
+              z[c] = static_cast<F>(o.grad_scale * std::exp(static_cast<double>(z[c]) - lse));
+            z[target] -= static_cast<F>(o.grad_scale);
+          }
         }
       }
       loss += chunk_loss;

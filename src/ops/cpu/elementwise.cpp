@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -95,6 +96,17 @@ void scale(Tensor& x, double factor) {
     const T f = static_cast<T>(factor);
 #pragma omp parallel for if (n > 65536)
     for (int64_t i = 0; i < n; ++i) p[i] *= f;
+  });
+}
+
+void softcap(Tensor& x, double cap) {
+  check_arg(x, "softcap", "x");
+  ST_CHECK(cap > 0, "softcap: the cap must be > 0, found ", cap);
+  const int64_t n = x.numel();
+  dispatch_real(x, "softcap", "x", [&]<typename T>() {
+    T* p = x.data<T>();
+#pragma omp parallel for if (n > 65536)
+    for (int64_t i = 0; i < n; ++i) p[i] = static_cast<T>(cap * std::tanh(static_cast<double>(p[i]) / cap));
   });
 }
 

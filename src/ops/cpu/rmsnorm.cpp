@@ -23,13 +23,14 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
     const F* w = weight_D.data<F>();
     F* y = y_TD.data<F>();
     F* rstd = rstd_T.data<F>();
+    const F off = static_cast<F>(options.weight_offset);
 #pragma omp parallel for if (T * D > 32768)
     for (int64_t t = 0; t < T; ++t) {
       double ss = 0;
       for (int64_t i = 0; i < D; ++i) ss += static_cast<double>(x[t * D + i]) * x[t * D + i];
       const F r = static_cast<F>(1.0 / std::sqrt(ss / static_cast<double>(D) + options.eps));
       rstd[t] = r;
-      for (int64_t i = 0; i < D; ++i) y[t * D + i] = w[i] * (x[t * D + i] * r);
+      for (int64_t i = 0; i < D; ++i) y[t * D + i] = (w[i] + off) * (x[t * D + i] * r);
     }
     if (options.amax_y_1.defined()) {
       // the largest |y| (as f32) as u32 bits, max-ed into the slot (ops/fp8.h's amax)
@@ -47,7 +48,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
   });
 }
 
-// With xhat = x r and g = dy w:  dx = r (g - xhat mean(g xhat)),  dweight += sum_t dy xhat.
+// With xhat = x r and g = dy (w + offset):  dx = r (g - xhat mean(g xhat)),  dweight += sum_t dy xhat.
 void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, const Tensor& x_TD,
                       const Tensor& weight_D, const Tensor& rstd_T, const RmsNormBackwardOptions& options) {
   const char* op = "rmsnorm_backward";
@@ -68,15 +69,16 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
     const F* rstd = rstd_T.data<F>();
     F* dx = dx_TD.data<F>();
     F* dw = dweight_D.data<F>();
+    const double off = options.weight_offset;
 #pragma omp parallel for if (T * D > 32768)
     for (int64_t t = 0; t < T; ++t) {
       const double r = rstd[t];
       double dot = 0;
-      for (int64_t i = 0; i < D; ++i) dot += static_cast<double>(dy[t * D + i]) * w[i] * x[t * D + i] * r;
+      for (int64_t i = 0; i < D; ++i) dot += static_cast<double>(dy[t * D + i]) * (w[i] + off) * x[t * D + i] * r;
       dot /= static_cast<double>(D);
       for (int64_t i = 0; i < D; ++i) {
         const double xhat = x[t * D + i] * r;
-        dx[t * D + i] = static_cast<F>(r * (static_cast<double>(dy[t * D + i]) * w[i] - xhat * dot));
+        dx[t * D + i] = static_cast<F>(r * (static_cast<double>(dy[t * D + i]) * (w[i] + off) - xhat * dot));
       }
     }
     // column sums in token order (deterministic), parallel over columns

@@ -13,6 +13,8 @@ std::vector<double> rope_inv_frequencies(int64_t head_dim, const RopeOptions& o)
   std::vector<double> inv(static_cast<size_t>(K));
   for (int64_t k = 0; k < K; ++k)
     inv[static_cast<size_t>(k)] = 1.0 / std::pow(o.theta, static_cast<double>(2 * k) / static_cast<double>(head_dim));
+  if (o.scaling.type == RopeScalingType::kLinear)
+    for (double& f : inv) f /= o.scaling.factor;
   if (o.scaling.type == RopeScalingType::kLlama3) {
     const RopeScaling& s = o.scaling;
     const double orig = static_cast<double>(s.original_max_positions);

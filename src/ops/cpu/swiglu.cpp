@@ -1,4 +1,4 @@
-// CPU SwiGLU: h = silu(gate) * up, computed in the data dtype with a double sigmoid.
+// CPU SwiGLU / GeGLU: h = act(gate) * up, computed in double and rounded to the data dtype.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -9,8 +9,22 @@
 namespace shardtrain::ops::cpu {
 namespace {
 
-// silu(g) * u in double; the forward and the backward's recompute share it, so bitwise equal.
-double silu_times(double g, double u) { return g / (1.0 + std::exp(-g)) * u; }
+constexpr double kGeluBeta = 0.7978845608028654;  // sqrt(2 / pi)
+constexpr double kGeluKappa = 0.044715;
+
+// act(g) * u in double; the forward and the backward's recompute share it, so bitwise equal.
+double act_times(double g, double u, GluActivation act) {
+  if (act == GluActivation::kGeluTanh) return 0.5 * g * (1.0 + std::tanh(kGeluBeta * (g + kGeluKappa * g * g * g))) * u;
+  return g / (1.0 + std::exp(-g)) * u;
+}
+
+// gelu_tanh(g) and its slope (1 + t) / 2 + g (1 - t^2) sqrt(2/pi) (1 + 3 0.044715 g^2) / 2,
+// t the tanh.
+void gelu_tanh_and_slope(double g, double& a, double& slope) {
+  const double t = std::tanh(kGeluBeta * (g + kGeluKappa * g * g * g));
+  a = 0.5 * g * (1.0 + t);
+  slope = 0.5 * (1.0 + t) + 0.5 * g * (1.0 - t * t) * kGeluBeta * (1.0 + 3.0 * kGeluKappa * g * g);
+}
 
 // [T, F] with rows a pitch apart (gate and up as halves of one stacked [T, 2F] product): the
 // pitch, after the device, dtype and shape checks.
@@ -49,7 +63,8 @@ uint32_t largest(const F_* v, int64_t rows, int64_t cols, int64_t pitch) {
 
 }  // namespace
 
-void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1) {
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1,
+                    GluActivation act) {
   const char* op = "swiglu_forward";
   const int64_t pg = pitch_of(gate_TF, op, "gate_TF", gate_TF), pu = pitch_of(up_TF, op, "up_TF", gate_TF),
                 ph = pitch_of(h_TF, op, "h_TF", gate_TF);
@@ -60,14 +75,14 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, co
     F_* h = h_TF.data<F_>();
 #pragma omp parallel for if (T * F > 65536)
     for (int64_t t = 0; t < T; ++t)
-      for (int64_t f = 0; f < F; ++f) h[t * ph + f] = static_cast<F_>(silu_times(g[t * pg + f], u[t * pu + f]));
+      for (int64_t f = 0; f < F; ++f) h[t * ph + f] = static_cast<F_>(act_times(g[t * pg + f], u[t * pu + f], act));
     if (amax_h_1.defined()) max_into(amax_h_1, largest(h, T, F, ph));
   });
 }
 
-// d silu(g) / dg = s (1 + g (1 - s)) with s = sigmoid(g).
+// dgate = dh up act'(gate), dup = dh act(gate).
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                     const Tensor& up_TF, const Tensor& amax_grads_1) {
+                     const Tensor& up_TF, const Tensor& amax_grads_1, GluActivation act) {
   const char* op = "swiglu_backward";
   const int64_t pg = pitch_of(gate_TF, op, "gate_TF", gate_TF), pu = pitch_of(up_TF, op, "up_TF", gate_TF),
                 pdh = pitch_of(dh_TF, op, "dh_TF", gate_TF), pdg = pitch_of(dgate_TF, op, "dgate_TF", gate_TF),
@@ -85,10 +100,17 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
     for (int64_t t = 0; t < T; ++t)
       for (int64_t f = 0; f < F; ++f) {
         const double gi = g[t * pg + f], ui = u[t * pu + f], d = dh[t * pdh + f];
-        const double s = 1.0 / (1.0 + std::exp(-gi));
-        if (h) h[t * ph + f] = static_cast<F_>(silu_times(gi, ui));
-        dg[t * pdg + f] = static_cast<F_>(d * ui * s * (1.0 + gi * (1.0 - s)));
-        du[t * pdu + f] = static_cast<F_>(d * gi * s);
+        if (h) h[t * ph + f] = static_cast<F_>(act_times(gi, ui, act));
+        if (act == GluActivation::kGeluTanh) {
+          double a, slope;
+          gelu_tanh_and_slope(gi, a, slope);
+          dg[t * pdg + f] = static_cast<F_>(d * ui * slope);
+          du[t * pdu + f] = static_cast<F_>(d * a);
+        } else {  // d silu(g) / dg = s (1 + g (1 - s)) with s = sigmoid(g)
+          const double s = 1.0 / (1.0 + std::exp(-gi));
+          dg[t * pdg + f] = static_cast<F_>(d * ui * s * (1.0 + gi * (1.0 - s)));
+          du[t * pdu + f] = static_cast<F_>(d * gi * s);
+        }
       }
     if (amax_grads_1.defined())
       max_into(amax_grads_1, std::max(largest(dg, T, F, pdg), largest(du, T, F, pdu)));

@@ -22,8 +22,8 @@ __device__ __forceinline__ void warp_amax(uint32_t* amax, uint32_t m) {
 }
 
 template <typename T>
-__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D, float eps,
-                                       uint32_t* amax) {
+__global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w, float off, int64_t rows, int64_t D,
+                                       float eps, uint32_t* amax) {
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= rows) return;  // a whole warp: a row is a warp's
@@ -37,10 +37,12 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
   const float r = rsqrtf(ss / static_cast<float>(D) + eps);
   if (lane == 0) rstd[row] = r;
   T* yr = y + row * D;
-  // as HF: normalise in f32, round to the storage dtype, then scale by the weight
+  // as HF: normalise in f32, round to the storage dtype, then scale by the weight; with a
+  // weight offset (Gemma's 1 + w) scaled in f32 and rounded once, as transformers' Gemma norm
   uint32_t m = 0;
   for (int64_t i = lane; i < D; i += 32) {
-    yr[i] = from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(to_f32(xr[i]) * r)));
+    const float xn = to_f32(xr[i]) * r;
+    yr[i] = off != 0.0f ? from_f32<T>(xn * (to_f32(w[i]) + off)) : from_f32<T>(to_f32(w[i]) * to_f32(from_f32<T>(xn)));
     m = max(m, magnitude_bits(to_f32(yr[i])));
   }
   if (amax != nullptr) warp_amax(amax, m);
@@ -49,8 +51,8 @@ __global__ void rmsnorm_forward_kernel(T* y, float* rstd, const T* x, const T* w
 // The same over 16-byte packs: lane l holds packs l, l + 32, ... of its row in registers
 // (kPacks per lane at most), so x is read from memory once.
 template <typename T, int kPacks>
-__global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, const T* w, int64_t rows, int64_t D,
-                                              float eps, uint32_t* amax) {
+__global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, const T* w, float off, int64_t rows,
+                                              int64_t D, float eps, uint32_t* amax) {
   constexpr int K = Pack<T>::kSize;
   const int64_t row = blockIdx.x * int64_t{kWarpsPerBlock} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -85,7 +87,9 @@ __global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, con
       Pack<T> out;
 #pragma unroll
       for (int k = 0; k < K; ++k) {  // as above: normalise, round, then scale
-        out.v[k] = from_f32<T>(to_f32(wv.v[k]) * to_f32(from_f32<T>(to_f32(xv[j].v[k]) * r)));
+        const float xn = to_f32(xv[j].v[k]) * r;
+        out.v[k] = off != 0.0f ? from_f32<T>(xn * (to_f32(wv.v[k]) + off))
+                               : from_f32<T>(to_f32(wv.v[k]) * to_f32(from_f32<T>(xn)));
         m = max(m, magnitude_bits(to_f32(out.v[k])));
       }
       yr[p] = out;
@@ -94,13 +98,13 @@ __global__ void rmsnorm_forward_packed_kernel(T* y, float* rstd, const T* x, con
   if (amax != nullptr) warp_amax(amax, m);
 }
 
-// dx = r (g - xhat mean(g xhat)), g = dy w; partial_dw[block, :] = sum over the block's rows of dy xhat.
+// dx = r (g - xhat mean(g xhat)), g = dy (w + off); partial_dw[block, :] = sum over the block's rows of dy xhat.
 // Each warp accumulates its own rows' dy·xhat into a private shared-memory row (a lane
 // always owns the same columns, so no synchronisation), in the same pass that writes dx;
 // the block then adds its warps' rows in warp order. Deterministic.
 template <typename T>
-__global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w, const float* rstd,
-                                        const T* dres, int64_t rows, int64_t D) {
+__global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w, float off,
+                                        const float* rstd, const T* dres, int64_t rows, int64_t D) {
   extern __shared__ float dw_shared[];  // [warps, D]
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   float* mine = dw_shared + warp * D;
@@ -110,13 +114,13 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, c
     const T* dyr = dy + row * D;
     const float r = rstd[row];
     float dot = 0;
-    for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * to_f32(w[i]) * to_f32(xr[i]);
+    for (int64_t i = lane; i < D; i += 32) dot += to_f32(dyr[i]) * (to_f32(w[i]) + off) * to_f32(xr[i]);
     dot = warp_sum(dot) * r / static_cast<float>(D);
     T* dxr = dx + row * D;
     for (int64_t i = lane; i < D; i += 32) {
       const float d = to_f32(dyr[i]);
       const float xhat = to_f32(xr[i]) * r;
-      dxr[i] = from_f32<T>(r * (d * to_f32(w[i]) - xhat * dot) + (dres ? to_f32(dres[row * D + i]) : 0.0f));
+      dxr[i] = from_f32<T>(r * (d * (to_f32(w[i]) + off) - xhat * dot) + (dres ? to_f32(dres[row * D + i]) : 0.0f));
       mine[i] += d * xhat;
     }
   }
@@ -133,7 +137,8 @@ __global__ void rmsnorm_backward_kernel(T* dx, float* partial_dw, const T* dy, c
 // so the lanes of a warp write consecutive words.
 template <typename T>
 __global__ void rmsnorm_backward_packed_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w,
-                                               const float* rstd, const T* dres, int64_t rows, int64_t D) {
+                                               float off, const float* rstd, const T* dres, int64_t rows,
+                                               int64_t D) {
   extern __shared__ float dw_shared[];  // [warps, D]
   constexpr int K = Pack<T>::kSize;
   const int warps = blockDim.x / 32, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -149,7 +154,7 @@ __global__ void rmsnorm_backward_packed_kernel(T* dx, float* partial_dw, const T
     for (int64_t p = lane; p < P; p += 32) {
       const Pack<T> xv = xr[p], dv = dyr[p], wv = wp[p];
 #pragma unroll
-      for (int k = 0; k < K; ++k) dot += to_f32(dv.v[k]) * to_f32(wv.v[k]) * to_f32(xv.v[k]);
+      for (int k = 0; k < K; ++k) dot += to_f32(dv.v[k]) * (to_f32(wv.v[k]) + off) * to_f32(xv.v[k]);
     }
     dot = warp_sum(dot) * r / static_cast<float>(D);
     Pack<T>* dxr = reinterpret_cast<Pack<T>*>(dx + row * D);
@@ -164,7 +169,7 @@ __global__ void rmsnorm_backward_packed_kernel(T* dx, float* partial_dw, const T
         const float d = to_f32(dv.v[k]);
         const float xhat = to_f32(xv.v[k]) * r;
         const float add = rr ? to_f32(rv.v[k]) : 0.0f;
-        out.v[k] = from_f32<T>(r * (d * to_f32(wv.v[k]) - xhat * dot) + add);
+        out.v[k] = from_f32<T>(r * (d * (to_f32(wv.v[k]) + off) - xhat * dot) + add);
         mine[k * P + p] += d * xhat;
       }
       dxr[p] = out;
@@ -189,7 +194,8 @@ __global__ void rmsnorm_backward_packed_kernel(T* dx, float* partial_dw, const T
 // (without it every row paid two dependent memory round trips: 74 % of copy bandwidth).
 template <typename T>
 __global__ void rmsnorm_backward_rows_kernel(T* dx, float* partial_dw, const T* dy, const T* x, const T* w,
-                                             const float* rstd, const T* dres, int64_t rows, int64_t D) {
+                                             float off, const float* rstd, const T* dres, int64_t rows,
+                                             int64_t D) {
   constexpr int K = Pack<T>::kSize;
   __shared__ float red[2][32];
   const int64_t P = D / K;
@@ -199,7 +205,7 @@ __global__ void rmsnorm_backward_rows_kernel(T* dx, float* partial_dw, const T* 
   if (active) {
     const Pack<T> wv = reinterpret_cast<const Pack<T>*>(w)[t];
 #pragma unroll
-    for (int k = 0; k < K; ++k) wf[k] = to_f32(wv.v[k]);
+    for (int k = 0; k < K; ++k) wf[k] = to_f32(wv.v[k]) + off;
   }
 #pragma unroll
   for (int k = 0; k < K; ++k) acc[k] = 0;
@@ -304,13 +310,14 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
     amax = static_cast<uint32_t*>(a.raw_data());
   }
   const int grid = static_cast<int>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
+  const float off = static_cast<float>(options.weight_offset);
   dispatch_float(x_TD.dtype(), "rmsnorm_forward", [&]<typename T>() {
     const int64_t lane_packs = (D / Pack<T>::kSize + 31) / 32;
     if (packable({&y_TD, &x_TD, &weight_D}, D, sizeof(T)) && lane_packs <= 16) {
       auto launch = [&]<int kPacks>() {
         rmsnorm_forward_packed_kernel<T, kPacks><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
             static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
-            static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps), amax);
+            static_cast<const T*>(weight_D.raw_data()), off, rows, D, static_cast<float>(options.eps), amax);
       };
       if (lane_packs <= 2) launch.template operator()<2>();
       else if (lane_packs <= 4) launch.template operator()<4>();
@@ -321,7 +328,7 @@ void rmsnorm_forward(Tensor& y_TD, Tensor& rstd_T, const Tensor& x_TD, const Ten
     }
     rmsnorm_forward_kernel<T><<<grid, kWarpsPerBlock * 32, 0, stream_of(s)>>>(
         static_cast<T*>(y_TD.raw_data()), rstd_T.data<float>(), static_cast<const T*>(x_TD.raw_data()),
-        static_cast<const T*>(weight_D.raw_data()), rows, D, static_cast<float>(options.eps), amax);
+        static_cast<const T*>(weight_D.raw_data()), off, rows, D, static_cast<float>(options.eps), amax);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
@@ -350,6 +357,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
   }
   Tensor partial;  // [grid, D] f32 column partials, one row per block
   int grid = 0;
+  const float off = static_cast<float>(options.weight_offset);
   dispatch_float(x_TD.dtype(), "rmsnorm_backward", [&]<typename T>() {
     std::initializer_list<const Tensor*> all = {&dx_TD, &dy_TD, &x_TD, &weight_D};
     const bool packed = packable(all, D, sizeof(T)) && (!residual || packable({&dresidual_TD}, D, sizeof(T)));
@@ -360,7 +368,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
       partial = Tensor::empty({grid, D}, DType::kF32, x_TD.device(), "rmsnorm dweight partials", s);
       rmsnorm_backward_rows_kernel<T><<<grid, threads, 0, stream_of(s)>>>(
           static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
-          static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(),
+          static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), off, rstd_T.data<float>(),
           residual ? static_cast<const T*>(dresidual_TD.raw_data()) : nullptr, rows, D);
       return;
     }
@@ -375,7 +383,7 @@ void rmsnorm_backward(Tensor& dx_TD, Tensor& dweight_D, const Tensor& dy_TD, con
                                                              static_cast<int>(smem)));
     kernel<<<grid, warps * 32, smem, stream_of(s)>>>(
         static_cast<T*>(dx_TD.raw_data()), partial.data<float>(), static_cast<const T*>(dy_TD.raw_data()),
-        static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), rstd_T.data<float>(),
+        static_cast<const T*>(x_TD.raw_data()), static_cast<const T*>(weight_D.raw_data()), off, rstd_T.data<float>(),
         residual ? static_cast<const T*>(dresidual_TD.raw_data()) : nullptr, rows, D);
   });
   ST_CUDA_CHECK_LAUNCH();

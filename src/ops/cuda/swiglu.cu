@@ -1,4 +1,5 @@
-// CUDA SwiGLU forward and backward, elementwise in f32; 16-byte packs when aligned.
+// CUDA SwiGLU (and GeGLU: the tanh-approximated GELU on the gate) forward and backward,
+// elementwise in f32; 16-byte packs when aligned. kAct: the GluActivation as an int.
 #include "ops/cuda/common.cuh"
 #include "ops/swiglu.h"
 
@@ -10,41 +11,71 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// silu(g) * u in f32; the forward and the backward's recompute of h share it (bitwise equal).
-__device__ __forceinline__ float silu_times(float g, float u) { return g / (1.0f + __expf(-g)) * u; }
+constexpr int kSilu = static_cast<int>(GluActivation::kSilu);
+constexpr int kGeluTanh = static_cast<int>(GluActivation::kGeluTanh);
+constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluKappa = 0.044715f;
 
-template <typename T>
+// act(g) * u in f32; the forward and the backward's recompute of h share it (bitwise equal).
+// silu(g) = g sigmoid(g); gelu_tanh(g) = g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) / 2.
+template <int kAct>
+__device__ __forceinline__ float act_times(float g, float u) {
+  if constexpr (kAct == kGeluTanh) {
+    return 0.5f * g * (1.0f + tanhf(kGeluBeta * (g + kGeluKappa * g * g * g))) * u;
+  } else {
+    return g / (1.0f + __expf(-g)) * u;
+  }
+}
+
+// dgate and dup of h = act(g) u from dh = d: dgate = d u act'(g), dup = d act(g).
+template <int kAct>
+__device__ __forceinline__ void act_backward(float g, float u, float d, float& dg, float& du) {
+  if constexpr (kAct == kGeluTanh) {
+    const float t = tanhf(kGeluBeta * (g + kGeluKappa * g * g * g));
+    const float a = 0.5f * g * (1.0f + t);
+    const float da = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * g * g);
+    dg = d * u * da;
+    du = d * a;
+  } else {  // d/dg [g s(g)] = s(g) (1 + g (1 - s(g)))
+    const float sig = 1.0f / (1.0f + __expf(-g));
+    dg = d * u * sig * (1.0f + g * (1.0f - sig));
+    du = d * g * sig;
+  }
+}
+
+template <typename T, int kAct>
 __global__ void swiglu_forward_kernel(T* h, const T* gate, const T* up, int64_t n, uint32_t* amax) {
   uint32_t m = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
-    h[i] = from_f32<T>(silu_times(to_f32(gate[i]), to_f32(up[i])));
+    h[i] = from_f32<T>(act_times<kAct>(to_f32(gate[i]), to_f32(up[i])));
     m = max(m, magnitude_bits(to_f32(h[i])));
   }
   if (amax != nullptr) block_amax(amax, m);
 }
 
-// d/dg [g s(g)] = s(g) (1 + g (1 - s(g))); dup = dh silu(g); h (when not null) recomputed.
-template <typename T>
+// act_backward's gradients; h (when not null) recomputed.
+template <typename T, int kAct>
 __global__ void swiglu_backward_kernel(T* dgate, T* dup, T* h, const T* dh, const T* gate, const T* up, int64_t n,
                                        uint32_t* amax) {
   uint32_t m = 0;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
     const float g = to_f32(gate[i]), u = to_f32(up[i]), d = to_f32(dh[i]);
-    const float sig = 1.0f / (1.0f + __expf(-g));
-    if (h) h[i] = from_f32<T>(silu_times(g, u));
-    dgate[i] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
-    dup[i] = from_f32<T>(d * g * sig);
+    float dg, du;
+    act_backward<kAct>(g, u, d, dg, du);
+    if (h) h[i] = from_f32<T>(act_times<kAct>(g, u));
+    dgate[i] = from_f32<T>(dg);
+    dup[i] = from_f32<T>(du);
     m = max(m, max(magnitude_bits(to_f32(dgate[i])), magnitude_bits(to_f32(dup[i]))));
   }
   if (amax != nullptr) block_amax(amax, m);
 }
 
-// h = silu(g) * u for one pack.
-template <typename T>
-__device__ __forceinline__ Pack<T> silu_times_pack(const Pack<T>& g, const Pack<T>& u) {
+// h = act(g) * u for one pack.
+template <typename T, int kAct>
+__device__ __forceinline__ Pack<T> act_times_pack(const Pack<T>& g, const Pack<T>& u) {
   Pack<T> out;
 #pragma unroll
-  for (int k = 0; k < Pack<T>::kSize; ++k) out.v[k] = from_f32<T>(silu_times(to_f32(g.v[k]), to_f32(u.v[k])));
+  for (int k = 0; k < Pack<T>::kSize; ++k) out.v[k] = from_f32<T>(act_times<kAct>(to_f32(g.v[k]), to_f32(u.v[k])));
   return out;
 }
 
@@ -59,17 +90,18 @@ __device__ __forceinline__ uint32_t pack_max(const Pack<T>& p) {
 
 // One pack of the backward: dgate, dup and (kWithH) h from dh, gate and up. No __restrict__:
 // dgate and dup may alias gate and up (every pack is loaded before its results are stored).
-template <typename T, bool kWithH>
+template <typename T, bool kWithH, int kAct>
 __device__ __forceinline__ uint32_t swiglu_backward_pack(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, int64_t i,
                                                          const Pack<T>& gp, const Pack<T>& upk, const Pack<T>& dp) {
   Pack<T> dg, du, hp;
 #pragma unroll
   for (int k = 0; k < Pack<T>::kSize; ++k) {
     const float g = to_f32(gp.v[k]), u = to_f32(upk.v[k]), d = to_f32(dp.v[k]);
-    const float sig = 1.0f / (1.0f + __expf(-g));
-    dg.v[k] = from_f32<T>(d * u * sig * (1.0f + g * (1.0f - sig)));
-    du.v[k] = from_f32<T>(d * g * sig);
-    if constexpr (kWithH) hp.v[k] = from_f32<T>(silu_times(g, u));
+    float dgf, duf;
+    act_backward<kAct>(g, u, d, dgf, duf);
+    dg.v[k] = from_f32<T>(dgf);
+    du.v[k] = from_f32<T>(duf);
+    if constexpr (kWithH) hp.v[k] = from_f32<T>(act_times<kAct>(g, u));
   }
   dgate[i] = dg;
   dup[i] = du;
@@ -85,7 +117,7 @@ struct Pitches {
   int64_t h, gate, up, dh, dgate, dup;  // in packs
 };
 
-template <typename T>
+template <typename T, int kAct>
 __global__ void swiglu_forward_rows(Pack<T>* __restrict__ h, const Pack<T>* __restrict__ gate,
                                     const Pack<T>* __restrict__ up, int64_t rows, int64_t row_packs, Pitches p,
                                     uint32_t* amax) {
@@ -97,13 +129,13 @@ __global__ void swiglu_forward_rows(Pack<T>* __restrict__ h, const Pack<T>* __re
       const int64_t r1 = r + gridDim.y;
       const Pack<T> g0 = gate[r * p.gate + c], u0 = up[r * p.up + c], g1 = gate[r1 * p.gate + c],
                     u1 = up[r1 * p.up + c];
-      const Pack<T> h0 = silu_times_pack(g0, u0), h1 = silu_times_pack(g1, u1);
+      const Pack<T> h0 = act_times_pack<T, kAct>(g0, u0), h1 = act_times_pack<T, kAct>(g1, u1);
       h[r * p.h + c] = h0;
       h[r1 * p.h + c] = h1;
       if (amax != nullptr) m = max(m, max(pack_max(h0), pack_max(h1)));
     }
     if (r < rows) {
-      const Pack<T> h0 = silu_times_pack(gate[r * p.gate + c], up[r * p.up + c]);
+      const Pack<T> h0 = act_times_pack<T, kAct>(gate[r * p.gate + c], up[r * p.up + c]);
       h[r * p.h + c] = h0;
       if (amax != nullptr) m = max(m, pack_max(h0));
     }
@@ -111,14 +143,14 @@ __global__ void swiglu_forward_rows(Pack<T>* __restrict__ h, const Pack<T>* __re
   if (amax != nullptr) block_amax(amax, m);
 }
 
-template <typename T, bool kWithH>
+template <typename T, bool kWithH, int kAct>
 __global__ void swiglu_backward_rows(Pack<T>* dgate, Pack<T>* dup, Pack<T>* h, const Pack<T>* dh, const Pack<T>* gate,
                                      const Pack<T>* up, int64_t rows, int64_t row_packs, Pitches p, uint32_t* amax) {
   const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   uint32_t m = 0;
   // swiglu_backward_pack writes pack i of dgate, dup and h: point them at row r's start
   auto one = [&](int64_t r, const Pack<T>& g, const Pack<T>& u, const Pack<T>& d) {
-    m = max(m, swiglu_backward_pack<T, kWithH>(dgate + r * p.dgate, dup + r * p.dup, kWithH ? h + r * p.h : h, c, g,
+    m = max(m, swiglu_backward_pack<T, kWithH, kAct>(dgate + r * p.dgate, dup + r * p.dup, kWithH ? h + r * p.h : h, c, g,
                                                u, d));
   };
   if (c < row_packs) {
@@ -181,26 +213,30 @@ uint32_t* amax_slot(const Tensor& amax_1, const Tensor& ref, const char* op) {
 
 }  // namespace
 
-void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1, Stream s) {
+void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, const Tensor& amax_h_1,
+                    GluActivation act, Stream s) {
   uint32_t* amax = amax_slot(amax_h_1, h_TF, "swiglu_forward");
   std::vector<RowLayout> l;
   const bool contiguous = check_all({&h_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_forward", &l);
   const int64_t n = h_TF.numel();
   if (n == 0) return;
+  const bool gelu = act == GluActivation::kGeluTanh;
   dispatch_float(h_TF.dtype(), "swiglu_forward", [&]<typename T>() {
     std::vector<int64_t> pp;
     // 16-byte rows, contiguous or not: the row kernel (its grid of row pairs moves ~10 % more
     // bytes per second than a grid-stride loop over the flat tensor, stream_energy_bench)
     if (pitches_in_packs(l, {&h_TF, &gate_TF, &up_TF}, gate_TF.size(1), sizeof(T), pp)) {
       const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
-      swiglu_forward_rows<T><<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
+      auto* kernel = gelu ? swiglu_forward_rows<T, kGeluTanh> : swiglu_forward_rows<T, kSilu>;
+      kernel<<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
           static_cast<Pack<T>*>(h_TF.raw_data()), static_cast<const Pack<T>*>(gate_TF.raw_data()),
           static_cast<const Pack<T>*>(up_TF.raw_data()), rows, row_packs, Pitches{pp[0], pp[1], pp[2], 0, 0, 0},
           amax);
       return;
     }
     ST_CHECK(contiguous, "swiglu_forward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
-    swiglu_forward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+    auto* kernel = gelu ? swiglu_forward_kernel<T, kGeluTanh> : swiglu_forward_kernel<T, kSilu>;
+    kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(h_TF.raw_data()), static_cast<const T*>(gate_TF.raw_data()),
         static_cast<const T*>(up_TF.raw_data()), n, amax);
   });
@@ -208,7 +244,7 @@ void swiglu_forward(Tensor& h_TF, const Tensor& gate_TF, const Tensor& up_TF, co
 }
 
 void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tensor& dh_TF, const Tensor& gate_TF,
-                     const Tensor& up_TF, const Tensor& amax_grads_1, Stream s) {
+                     const Tensor& up_TF, const Tensor& amax_grads_1, GluActivation act, Stream s) {
   uint32_t* amax = amax_slot(amax_grads_1, dh_TF, "swiglu_backward");
   std::vector<RowLayout> l;
   bool contiguous = check_all({&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF}, gate_TF, "swiglu_backward", &l);
@@ -216,6 +252,7 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
   if (with_h) contiguous = check_all({&h_TF}, gate_TF, "swiglu_backward", &l) && contiguous;
   const int64_t n = dh_TF.numel();
   if (n == 0) return;
+  const bool gelu = act == GluActivation::kGeluTanh;
   dispatch_float(dh_TF.dtype(), "swiglu_backward", [&]<typename T>() {
     std::vector<int64_t> pp;
     std::vector<const Tensor*> ts = {&dgate_TF, &dup_TF, &dh_TF, &gate_TF, &up_TF};
@@ -223,7 +260,8 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
     if (pitches_in_packs(l, ts, gate_TF.size(1), sizeof(T), pp)) {  // as in the forward
       const int64_t rows = gate_TF.size(0), row_packs = gate_TF.size(1) / Pack<T>::kSize;
       const Pitches p{with_h ? pp[5] : 0, pp[3], pp[4], pp[2], pp[0], pp[1]};
-      auto* kernel = with_h ? swiglu_backward_rows<T, true> : swiglu_backward_rows<T, false>;
+      auto* kernel = gelu ? (with_h ? swiglu_backward_rows<T, true, kGeluTanh> : swiglu_backward_rows<T, false, kGeluTanh>)
+                          : (with_h ? swiglu_backward_rows<T, true, kSilu> : swiglu_backward_rows<T, false, kSilu>);
       kernel<<<rows_grid(rows, row_packs), kThreads, 0, stream_of(s)>>>(
           static_cast<Pack<T>*>(dgate_TF.raw_data()), static_cast<Pack<T>*>(dup_TF.raw_data()),
           static_cast<Pack<T>*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const Pack<T>*>(dh_TF.raw_data()),
@@ -232,7 +270,8 @@ void swiglu_backward(Tensor& dgate_TF, Tensor& dup_TF, Tensor& h_TF, const Tenso
       return;
     }
     ST_CHECK(contiguous, "swiglu_backward: strided tensors need 16-byte aligned rows, found ", gate_TF.str());
-    swiglu_backward_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
+    auto* kernel = gelu ? swiglu_backward_kernel<T, kGeluTanh> : swiglu_backward_kernel<T, kSilu>;
+    kernel<<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(
         static_cast<T*>(dgate_TF.raw_data()), static_cast<T*>(dup_TF.raw_data()),
         static_cast<T*>(with_h ? h_TF.raw_data() : nullptr), static_cast<const T*>(dh_TF.raw_data()),
         static_cast<const T*>(gate_TF.raw_data()), static_cast<const T*>(up_TF.raw_data()), n, amax);
