@@ -100,4 +100,11 @@ void log_as_launched_rank() {
   if (r.world > 1) log::set_rank(r.rank, false);
 }
 
+UnknownOption::UnknownOption(std::string command, std::string option)
+    : Error(command + ": unknown option `" + option + "` (`shardtrain " + command + " --help` lists its options)"),
+      command_(std::move(command)),
+      option_(std::move(option)) {}
+
+void unknown_option(const std::string& command, const std::string& option) { throw UnknownOption(command, option); }
+
 }  // namespace shardtrain::cli

@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
+
 namespace shardtrain::cli {
 
 struct JobArgs {
@@ -18,6 +20,21 @@ struct JobArgs {
 // so `--training.deterministic job.toml` reads job.toml as the config file. An unknown key fails
 // here, with the nearest valid one.
 JobArgs parse_job_args(const std::vector<std::string>& args, const char* command);
+
+// A command's parser met an option it does not know. run_command_line (cli/command_table.h)
+// adds the nearest of the command's own options to the message.
+class UnknownOption : public Error {
+ public:
+  UnknownOption(std::string command, std::string option);
+  const std::string& command() const { return command_; }
+  const std::string& option() const { return option_; }
+
+ private:
+  std::string command_, option_;
+};
+// Throws UnknownOption: "COMMAND: unknown option `--x` (`shardtrain COMMAND --help` lists its
+// options)".
+[[noreturn]] void unknown_option(const std::string& command, const std::string& option);
 
 // The value of `flag` as an integer / a number, or an error naming the flag and the text.
 int64_t integer_flag(const std::string& flag, const std::string& text, const char* command);

@@ -6,7 +6,6 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/args.h"
-#include "cli/command_table.h"
 #include "cli/commands.h"
 #include "core/allocator.h"
 #include "core/error.h"

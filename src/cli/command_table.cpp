@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -262,7 +263,7 @@ std::vector<std::string> command_options(const Command& command) {
   return options;
 }
 
-void unknown_option(const std::string& command, const std::string& option) {
+std::string unknown_option_message(const std::string& command, const std::string& option) {
   // the names other tools give the same thing
   static const std::vector<std::pair<std::string, std::string>> aliases = {
       {"--max-new-tokens", "--tokens"}, {"--max_new_tokens", "--tokens"}, {"--num-tokens", "--tokens"},
@@ -279,8 +280,7 @@ void unknown_option(const std::string& command, const std::string& option) {
     if (near.empty()) near = nearest_name(name, options);
   }
   if (!near.empty()) line += fmt::format("; did you mean `{}`?", near);
-  line += fmt::format(" (`shardtrain {} --help` lists its options)", command);
-  ST_THROW(line);
+  return line + fmt::format(" (`shardtrain {} --help` lists its options)", command);
 }
 
 std::string overview() {
@@ -333,7 +333,11 @@ int run_command_line(const std::vector<std::string>& all) {
     std::fputs(command_help(*c).c_str(), stdout);
     return 0;
   }
-  return c->run(rest);
+  try {
+    return c->run(rest);
+  } catch (const UnknownOption& e) {
+    throw Error(unknown_option_message(e.command(), e.option()));
+  }
 }
 
 }  // namespace shardtrain::cli

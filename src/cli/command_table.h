@@ -29,10 +29,11 @@ const Command* nearest_command(const std::string& name);
 // The options (`--name`) a command's usage and details name.
 std::vector<std::string> command_options(const Command& command);
 
-// Throws "COMMAND: unknown option `--x`; did you mean `--y`? (`shardtrain COMMAND --help` lists
-// its options)", the suggestion the nearest of the command's options, or the one other tools
-// call `option` (`--max-new-tokens` for generate's `--tokens`).
-[[noreturn]] void unknown_option(const std::string& command, const std::string& option);
+// "COMMAND: unknown option `--x`; did you mean `--y`? (`shardtrain COMMAND --help` lists its
+// options)", the suggestion the nearest of the command's options, or the one other tools call
+// `option` (`--max-new-tokens` for generate's `--tokens`). run_command_line turns a parser's
+// cli::UnknownOption (cli/args.h) into this message.
+std::string unknown_option_message(const std::string& command, const std::string& option);
 
 // `shardtrain help`: every command's usage and summary.
 std::string overview();

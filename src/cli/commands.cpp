@@ -14,7 +14,6 @@
 #include <iostream>
 
 #include "cli/args.h"
-#include "cli/command_table.h"
 #include "core/allocator.h"
 #include "core/build_info.h"
 #include "core/host.h"

@@ -5,8 +5,8 @@
 
 #include <fmt/format.h>
 
+#include "cli/args.h"
 #include "cli/commands.h"
-#include "cli/command_table.h"
 #include "core/error.h"
 #include "train/plot.h"
 
