@@ -165,13 +165,27 @@ StepRates parse_calibration(const std::string& text, const std::string& path, co
   return r;
 }
 
-StepRates read_calibration(const std::string& path, const StepRates& defaults) {
+namespace {
+
+std::string read_text(const std::string& path) {
   std::ifstream f(path);
   ST_CHECK(f.good(), "plan: cannot read --calibration `", path,
            "`; give a JSON file of rates (see `shardtrain help plan`)");
   std::stringstream s;
   s << f.rdbuf();
-  return parse_calibration(s.str(), path, defaults);
+  return s.str();
+}
+
+}  // namespace
+
+StepRates read_calibration(const std::string& path, const StepRates& defaults) {
+  return parse_calibration(read_text(path), path, defaults);
+}
+
+std::string calibration_gpu(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_text(path), nullptr, false);
+  if (!j.is_object() || !j.contains("gpu") || !j["gpu"].is_string()) return "";  // parse_calibration says what is wrong
+  return j["gpu"].get<std::string>();
 }
 
 namespace {
@@ -321,11 +335,13 @@ StepTime model_step_time(const PlanInput& in, const StepRates& rates, const Mach
   const int shard_ranks = mesh.shard_groups();  // ranks a unit is sharded over (per tensor-parallel rank)
   const int replicas = in.replicate;
   const double n = shard_ranks;
-  // a shard group spans shard_ranks x tp consecutive ranks; within a node it is NVLink,
-  // across nodes each GPU's share of the node's network
+  // a shard group spans shard_ranks x tp consecutive ranks. Within a node a ring runs on
+  // NVLink; across nodes NCCL runs one ring per network card, each crossing a node's boundary
+  // once, so a GPU's share of a collective moves at the node's network bandwidth (or NVLink's,
+  // if lower): the ring cost (n-1)/n x bytes over min(NVLink, the node's network).
   auto link = [&](int64_t span) {
     return span <= machine.gpus_per_node ? machine.nvlink_bytes
-                                         : machine.inter_node_bytes / static_cast<double>(machine.gpus_per_node);
+                                         : std::min(machine.nvlink_bytes, machine.inter_node_bytes);
   };
   const double shard_link = link(static_cast<int64_t>(shard_ranks) * tp);
   const double replica_link = link(in.world_size);
@@ -473,25 +489,28 @@ std::string describe_step_time(const PlanInput& in, const StepRates& rates, cons
   if (t.matmul_fp8_s > 0)
     s += row("  matmul FP8", fmt::format("{} ({}) at {:.0f} TFLOP/s", ms(t.matmul_fp8_s), pct(t.matmul_fp8_s),
                                          rates.matmul_fp8 / 1e12));
+  // the attention kernels' rates at this sequence length (a full layer's)
   const bool fp8_att = in.fp8_attention && rates.attention_forward_fp8 > 0;
-  s += row("  attention", fmt::format("{} ({}) at {:.0f} / {:.0f} TFLOP/s forward / backward at {} tokens{}",
-                                      ms(t.attention_s), pct(t.attention_s),
-                                      (fp8_att ? rates.attention_forward_fp8 : rates.attention_forward_bf16) / 1e12,
-                                      (fp8_att ? rates.attention_backward_fp8 : rates.attention_backward_bf16) / 1e12,
-                                      fmt::group_digits(rates.attention_seq_len), fp8_att ? " (FP8)" : ""));
+  const double at = static_cast<double>(in.seq_len), cal = static_cast<double>(rates.attention_seq_len);
+  const double att_fwd = (fp8_att ? rates.attention_forward_fp8 : rates.attention_forward_bf16) *
+                         length_factor(at, kAttentionForwardT0) / length_factor(cal, kAttentionForwardT0);
+  const double att_bwd = (fp8_att ? rates.attention_backward_fp8 : rates.attention_backward_bf16) *
+                         length_factor(at, kAttentionBackwardT0) / length_factor(cal, kAttentionBackwardT0);
+  s += row("  attention", fmt::format("{} ({}) at {:.0f} / {:.0f} TFLOP/s forward / backward{}", ms(t.attention_s),
+                                      pct(t.attention_s), att_fwd / 1e12, att_bwd / 1e12, fp8_att ? " (FP8)" : ""));
   s += row("  memory-bound", fmt::format("{} ({}) at {:.0f} GB/s: norms, RoPE, SwiGLU, the loss's passes",
                                          ms(t.memory_s), pct(t.memory_s), rates.memory_bytes / 1e9));
   if (t.fp8_quantize_s > 0)
     s += row("  FP8 quantisation", fmt::format("{} ({}) at {:.0f} GB/s", ms(t.fp8_quantize_s), pct(t.fp8_quantize_s),
                                                rates.fp8_quantize_bytes / 1e9));
-  if (t.optimizer_s > 0)
-    s += row("  optimizer",
-             fmt::format("{} ({}): AdamW and the gradient norm on the GPU", ms(t.optimizer_s), pct(t.optimizer_s)));
   if (t.recompute_s > 0)
     s += row("  of which recompute", fmt::format("{} (activation checkpointing)", ms(t.recompute_s)));
   if (t.contention_s > 0)
     s += row("  beside collectives", fmt::format("{} ({}): compute slowed by the collectives' kernels",
                                                  ms(t.contention_s), pct(t.contention_s)));
+  if (t.optimizer_s > 0)
+    s += row("  optimizer",
+             fmt::format("{} ({}): AdamW and the gradient norm on the GPU", ms(t.optimizer_s), pct(t.optimizer_s)));
   if (t.comm_total_s > 0)
     s += row("  communication",
              fmt::format("{} exposed ({}) of {} on the links{}", ms(t.comm_exposed_s), pct(t.comm_exposed_s),
@@ -508,6 +527,12 @@ std::string describe_step_time(const PlanInput& in, const StepRates& rates, cons
              fmt::format("{} exposed ({}): host AdamW {} at {:.0f} GB/s per node, PCIe copies {} at {:.0f} GB/s",
                          ms(t.offload_exposed_s), pct(t.offload_exposed_s), ms(t.host_update_s),
                          machine.host_memory_bytes / 1e9, ms(t.pcie_s), machine.pcie_bytes / 1e9));
+  if (in.fp8 && rates.matmul_fp8 <= 0)
+    s += fmt::format("  training.fp8 needs FP8 tensor cores (H100, H200), which the {} lacks: planned at its bf16 "
+                     "rate\n",
+                     rates.gpu);
+  if (in.fp8_attention && rates.attention_forward_fp8 <= 0)
+    s += "  training.fp8_attention needs FP8 tensor cores: attention planned in bf16\n";
   return s;
 }
 

@@ -72,7 +72,9 @@ StepRates default_step_rates(const GpuSpec& gpu, int64_t head_dim);
 // An unknown field, a value that is not a positive number, or a "gpu" other than `defaults.gpu`
 // throws naming the file and the field.
 StepRates read_calibration(const std::string& path, const StepRates& defaults);
-// The same from the file's text (`path` only names it in errors).
+// The file's "gpu" field ("" without one), for `plan` to plan that GPU when --gpu is not given.
+std::string calibration_gpu(const std::string& path);
+// The same as read_calibration from the file's text (`path` only names it in errors).
 StepRates parse_calibration(const std::string& text, const std::string& path, const StepRates& defaults);
 
 // A step's predicted time, with its parts (seconds per step, every micro-batch counted).
