@@ -49,23 +49,45 @@ const std::vector<Command>& table() {
        "shardtrain print-config configs/llama3.1-8b-finetune.toml --training.steps 10",
        true},
       {"plan", run_plan,
-       "plan [CONFIG.toml] [--ranks N] [--ranks-per-machine M] [--gpu NAME] [--mfu X]\n"
-       "     [--section.key=value | --section.key value ...]",
+       "plan [CONFIG.toml] [--ranks N] [--ranks-per-machine M] [--gpu NAME] [--calibration FILE]\n"
+       "     [--gpus-per-node G] [--nvlink-gbps X] [--inter-node-gbps X] [--host-gbps X] [--pcie-gbps X]\n"
+       "     [--mfu X] [--section.key=value | --section.key value ...]",
        "memory per rank, FLOPs, step time and job duration of a job, without training",
        "Checks the job (config, model shape, mesh) and prints its memory per rank, the FLOPs per token,\n"
-       "whether it fits, and an estimated step time and job duration (FLOPs / (N x the GPU's peak x\n"
-       "MFU); communication is not modelled), without allocating or training. model.preset (e.g.\n"
-       "llama3.1-8b) plans a published model's shape with nothing downloaded; so does a model.hf\n"
-       "folder that is not there yet but carries such a model's usual name.\n"
+       "whether it fits, and a predicted step time and job duration, without allocating or training.\n"
+       "The step time is modelled op family by op family: the products at the GPU's measured matmul\n"
+       "rate (bf16 or FP8), attention at its measured rate for the sequence length, the streaming\n"
+       "passes (norms, RoPE, SwiGLU, the loss, quantisation, AdamW) as bytes over the memory\n"
+       "bandwidth, recomputation included; each block's gathers and reduce-scatters (and the tensor-\n"
+       "parallel exchanges, the replicas' all-reduce) on NVLink or the network, overlapped with the\n"
+       "compute but for the first gather and the last reduce-scatter; with parallel.offload the host\n"
+       "AdamW beside the next forward and the copies over PCIe. With --mfu X it is instead the step's\n"
+       "FLOPs / (N x the GPU's peak x X). model.preset (e.g. llama3.1-8b) plans a published model's\n"
+       "shape with nothing downloaded; so does a model.hf folder that is not there yet but carries\n"
+       "such a model's usual name.\n"
        "\n"
        "options:\n"
        "  --ranks N             the world size to plan for (default: the launch's, else 1)\n"
        "  --ranks-per-machine M ranks sharing one machine's host memory (default: the launch's local\n"
        "                        ranks, else all N)\n"
-       "  --gpu NAME            h100-sxm, h100-pcie, h200 or a100: the peak FLOP/s of the estimate\n"
-       "                        (default: the visible GPU, else h100-sxm; FP8 doubles Hopper's)\n"
-       "  --mfu X               the model FLOPs utilisation of the estimate, in (0, 1] (default 0.40,\n"
-       "                        assumed; `shardtrain bench` measures a job's)\n",
+       "  --gpu NAME            h100-sxm, h100-pcie, h200 or a100: the GPU of the time (default: the\n"
+       "                        calibration's, else the visible GPU, else h100-sxm)\n"
+       "  --calibration FILE    per-op-family rates measured on your GPU, JSON: {\"gpu\": \"h100-sxm\",\n"
+       "                        \"matmul_bf16_tflops\": 712, \"matmul_fp8_tflops\": 1305,\n"
+       "                        \"attention_forward_tflops\": 393, \"attention_backward_tflops\": 295,\n"
+       "                        \"attention_seq_len\": 4096, \"attention_forward_fp8_tflops\": 627,\n"
+       "                        \"attention_backward_fp8_tflops\": 471, \"memory_gbps\": 2680,\n"
+       "                        \"fp8_quantize_gbps\": 2010}, every field optional (default: the GPU's\n"
+       "                        measured defaults); the TFLOP/s and GB/s columns of a profiled run's\n"
+       "                        table (SHARDTRAIN_PROFILE=1 shardtrain bench ...): linear_backward,\n"
+       "                        fp8_product, attention_forward/backward(_fp8), swiglu_forward\n"
+       "  --gpus-per-node G     GPUs sharing a node's NVLink and host memory (default 8)\n"
+       "  --nvlink-gbps X       NVLink GB/s per GPU and direction, achieved (default 360)\n"
+       "  --inter-node-gbps X   network Gb/s per node and direction (default 3200: 8 x 400 Gb/s)\n"
+       "  --host-gbps X         host memory GB/s per node, for the offloaded AdamW (default 100)\n"
+       "  --pcie-gbps X         PCIe GB/s per GPU and direction (default 50)\n"
+       "  --mfu X               instead of the model: FLOPs / (N x peak x X), X in (0, 1]\n"
+       "                        (`shardtrain bench` measures a job's MFU)\n",
        "shardtrain plan configs/llama3.1-8b-finetune.toml --ranks 8",
        true},
       {"bench", run_bench,

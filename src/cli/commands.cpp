@@ -2,6 +2,7 @@
 #include "cli/commands.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -40,6 +41,7 @@
 #include "train/open_model.h"
 #include "train/plan.h"
 #include "train/run_folder.h"
+#include "train/step_model.h"
 #include "train/trainer.h"
 
 namespace shardtrain::cli {
@@ -269,12 +271,26 @@ int run_print_config(const std::vector<std::string>& args) {
 
 namespace {
 
-// `plan`'s time estimate: --gpu NAME, else the visible GPU when it is in the table, else an
-// H100 SXM; --mfu X, else the assumed figure. Each default says so.
-std::string plan_time(const train::PlanInput& in, const std::string& gpu_name, double mfu) {
+// `plan`'s time options.
+struct PlanTimeOptions {
+  std::string gpu;          // --gpu NAME ("": the calibration's, else the visible GPU, else h100-sxm)
+  double mfu = 0;           // --mfu X: the FLOPs / (ranks x peak x MFU) estimate instead of the model
+  std::string calibration;  // --calibration FILE
+  train::MachineSpec machine;
+};
+
+// `plan`'s time: the step-time model, or with --mfu X the FLOPs-over-peak estimate. The GPU:
+// --gpu NAME, else the calibration file's, else the visible GPU when it is in the table, else
+// an H100 SXM. Each default says so.
+std::string plan_time(const train::PlanInput& in, const PlanTimeOptions& o) {
   if (!in.gpu) return "time: not estimated for CPU runs (`shardtrain bench` measures a step)\n";
+  std::string gpu_name = o.gpu;
+  std::string gpu_note = gpu_name.empty() ? std::string() : std::string("--gpu");
+  if (gpu_name.empty() && !o.calibration.empty()) {
+    gpu_name = train::calibration_gpu(o.calibration);
+    if (!gpu_name.empty()) gpu_note = "the calibration's";
+  }
   const train::GpuSpec* gpu = gpu_name.empty() ? nullptr : &train::gpu_spec(gpu_name);
-  std::string gpu_note = gpu ? std::string("--gpu") : std::string();
 #ifdef SHARDTRAIN_WITH_CUDA
   if (!gpu && cuda::device_count() > 0) {
     const std::string name = cuda::device_name(0);
@@ -286,8 +302,12 @@ std::string plan_time(const train::PlanInput& in, const std::string& gpu_name, d
     gpu = &train::gpu_spec("h100-sxm");
     if (gpu_note.empty()) gpu_note = "no GPU visible: assumed; --gpu NAME names another";
   }
-  const std::string mfu_note = mfu > 0 ? "--mfu" : "assumed; --mfu X sets it, `shardtrain bench` measures a job's";
-  return train::describe_time(in, *gpu, mfu > 0 ? mfu : train::kAssumedMfu, gpu_note, mfu_note);
+  if (o.mfu > 0)
+    return train::describe_time(in, *gpu, o.mfu, gpu_note, "--mfu") +
+           "  (without --mfu, plan predicts the step from its op families, communication and offload)\n";
+  train::StepRates rates = train::default_step_rates(*gpu, in.model.head_dim());
+  if (!o.calibration.empty()) rates = train::read_calibration(o.calibration, rates);
+  return train::describe_step_time(in, rates, o.machine, gpu_note);
 }
 
 }  // namespace
@@ -295,17 +315,43 @@ std::string plan_time(const train::PlanInput& in, const std::string& gpu_name, d
 int run_plan(const std::vector<std::string>& args) {
   std::vector<std::string> rest;
   int ranks = 0, per_machine = 0;
-  std::string gpu_name;
-  double mfu = 0;
+  PlanTimeOptions time_options;
   for (size_t i = 0; i < args.size(); ++i) {
-    if (args[i] == "--gpu" || args[i] == "--mfu") {
-      ST_CHECK(i + 1 < args.size(), "plan: ", args[i], " needs a value");
-      if (args[i] == "--gpu") gpu_name = args[i + 1];
-      else mfu = number_flag(args[i], args[i + 1], "plan");
-      if (args[i] == "--mfu") ST_CHECK(mfu > 0 && mfu <= 1, "plan: --mfu must be in (0, 1], found ", args[i + 1],
-                                       " (a fraction of the peak: 0.4 is 40 %)");
-      if (args[i] == "--gpu") train::gpu_spec(gpu_name);  // an unknown name fails before any work
-      ++i;
+    const std::string& a = args[i];
+    auto value = [&]() -> const std::string& {
+      ST_CHECK(i + 1 < args.size(), "plan: ", a, " needs a value");
+      return args[++i];
+    };
+    // a bandwidth flag: a positive number in `unit`, kept in bytes/s
+    auto rate = [&](double* target, double bytes_per_unit, const char* unit) {
+      const std::string& v = value();
+      const double x = number_flag(a, v, "plan");
+      ST_CHECK(x > 0 && std::isfinite(x), "plan: ", a, " must be a positive number of ", unit, ", found ", v);
+      *target = x * bytes_per_unit;
+    };
+    if (a == "--gpu") {
+      time_options.gpu = value();
+      train::gpu_spec(time_options.gpu);  // an unknown name fails before any work
+    } else if (a == "--mfu") {
+      const std::string& v = value();
+      time_options.mfu = number_flag(a, v, "plan");
+      ST_CHECK(time_options.mfu > 0 && time_options.mfu <= 1, "plan: --mfu must be in (0, 1], found ", v,
+               " (a fraction of the peak: 0.4 is 40 %)");
+    } else if (a == "--calibration") {
+      time_options.calibration = value();
+    } else if (a == "--gpus-per-node") {
+      const std::string& v = value();
+      const int64_t g = integer_flag(a, v, "plan");
+      ST_CHECK(g >= 1 && g <= 1024, "plan: --gpus-per-node must be in [1, 1024], found ", v);
+      time_options.machine.gpus_per_node = static_cast<int>(g);
+    } else if (a == "--inter-node-gbps") {
+      rate(&time_options.machine.inter_node_bytes, 1e9 / 8, "Gb/s per node");
+    } else if (a == "--nvlink-gbps") {
+      rate(&time_options.machine.nvlink_bytes, 1e9, "GB/s per GPU");
+    } else if (a == "--host-gbps") {
+      rate(&time_options.machine.host_memory_bytes, 1e9, "GB/s per node");
+    } else if (a == "--pcie-gbps") {
+      rate(&time_options.machine.pcie_bytes, 1e9, "GB/s per GPU");
     } else if (args[i] == "--ranks" || args[i] == "--ranks-per-machine") {
       ST_CHECK(i + 1 < args.size(), "plan: ", args[i], " needs a number");
       const int64_t v = integer_flag(args[i], args[i + 1], "plan");
@@ -328,7 +374,7 @@ int run_plan(const std::vector<std::string>& args) {
   const train::PlannedModel planned = train::planned_model(job);
   train::PlanInput in = train::plan_input(job, planned.config, ranks);
   if (!planned.source.empty()) std::fputs((planned.source + "\n").c_str(), stdout);
-  const std::string time = plan_time(in, gpu_name, mfu);
+  const std::string time = plan_time(in, time_options);
   if (job.training.activation_checkpointing == "auto" && in.gpu) {
     std::fputs(train::describe_auto_checkpointing(in).c_str(), stdout);  // decided at launch, by the GPU
     std::fputs(time.c_str(), stdout);

@@ -475,6 +475,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.offload = job.parallel.offload;
   in.offload_grads = job.parallel.offload_gradients;
   in.reductions_in_flight = static_cast<int>(job.parallel.reductions_in_flight);
+  in.reduce_bf16 = job.parallel.reduce_dtype == "bf16";
   in.offload_activations = job.training.offload_activations;
   in.offload_activation_blocks = job.training.offload_activations_blocks;
   in.fp8 = job.training.fp8 != "off";

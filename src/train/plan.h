@@ -31,6 +31,7 @@ struct PlanInput {
   bool offload = false;               // parallel.offload (GPU): the shards and AdamW state in host memory
   bool offload_grads = true;          // parallel.offload_gradients: with offload, the gradient shards too
   int reductions_in_flight = 1;       // parallel.reductions_in_flight: block gradients still reducing
+  bool reduce_bf16 = false;           // parallel.reduce_dtype = "bf16": gradients reduce-scattered in bf16
   bool offload_activations = false;   // training.offload_activations (GPU): kept activations in host memory
   int64_t offload_activation_blocks = 0;  // training.offload_activations_blocks (0: all but the last two)
   bool fp8 = false;                   // training.fp8 on: the blocks' products quantise their operands

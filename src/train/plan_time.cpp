@@ -1,5 +1,6 @@
-// `plan`'s step time and job duration: a step's FLOPs over ranks x peak x MFU, with the GPUs'
-// datasheet peaks. Nothing here models communication; the MFU stands for all a step loses.
+// `plan --mfu X`'s step time and job duration: a step's FLOPs over ranks x peak x MFU, with the
+// GPUs' datasheet peaks. Nothing here models communication; the MFU stands for all a step loses.
+// Without --mfu, plan predicts the step with the model of step_model.h.
 #include <cmath>
 
 #include <fmt/format.h>

@@ -42,10 +42,40 @@ TEST(Cli, PlanOfShippedJobsNeedsNoDownloadAndGivesTheTime) {
        {"model shape: preset llama3.1-8b, as meta-llama/Llama-3.1-8B publishes it: `model.hf` = "
         "`models/Llama-3.1-8B` is not on this machine",
         "8030261248 parameters", "ranks: 8 (GPUs", "estimated peak", "checkpoints every 250 steps (checkpoint.async)",
-        "time (estimate: FLOPs / (ranks x peak x MFU); communication is not modelled)",
-        "131,072 (2 x 4096 tokens x 2 micro-batches x 8 data-parallel ranks)",
-        "40 % (assumed; --mfu X sets it, `shardtrain bench` measures a job's)", " for 2,000 steps"})
+        "time (model: each op family at its measured rate, communication and offload overlapped as the engine "
+        "does; `--mfu X` gives the FLOPs / (ranks x peak x MFU) estimate instead)",
+        "131,072 (2 x 4096 tokens x 2 micro-batches x 8 data-parallel ranks)", "tokens/s per GPU, MFU ",
+        "matmul bf16", "at 712 TFLOP/s", "attention", "communication", " exposed", " for 2,000 steps"})
     EXPECT_NE(r.output.find(said), std::string::npos) << said << " in\n" << r.output;
+  // --mfu X: the FLOPs-over-peak estimate, as before the model
+  const Result old = run_shardtrain("plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --mfu 0.4", in_empty);
+  EXPECT_EQ(old.status, 0) << old.output;
+  for (const char* said : {"time (estimate: FLOPs / (ranks x peak x MFU); communication is not modelled)",
+                           "40 % (--mfu)", "(without --mfu, plan predicts the step from its op families"})
+    EXPECT_NE(old.output.find(said), std::string::npos) << said << " in\n" << old.output;
+  EXPECT_EQ(old.output.find("time (model:"), std::string::npos) << old.output;
+  // the machine's links and host: a slower network across 2 nodes of 4 GPUs makes the step longer
+  auto step_of = [&](const std::string& flags) {
+    const Result p = run_shardtrain("plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --gpu h100-sxm " + flags,
+                                    in_empty);
+    EXPECT_EQ(p.status, 0) << p.output;
+    const size_t at = p.output.find("  step  ");
+    EXPECT_NE(at, std::string::npos) << p.output;
+    return at == std::string::npos ? std::string() : p.output.substr(at, p.output.find('\n', at) - at);
+  };
+  const std::string one_node = step_of("");
+  const std::string slow_network = step_of("--gpus-per-node 4 --inter-node-gbps 100");
+  EXPECT_NE(one_node, slow_network);
+  const Result bad_rate = run_shardtrain("plan --host-gbps -5");
+  EXPECT_EQ(bad_rate.status, 1);
+  EXPECT_NE(bad_rate.output.find("plan: --host-gbps must be a positive number of GB/s per node, found -5"),
+            std::string::npos)
+      << bad_rate.output;
+  const Result bad_calibration = run_shardtrain("plan --calibration /nonexistent/rates.json", in_empty);
+  EXPECT_EQ(bad_calibration.status, 1);
+  EXPECT_NE(bad_calibration.output.find("plan: cannot read --calibration `/nonexistent/rates.json`"),
+            std::string::npos)
+      << bad_calibration.output;
   const Result big = run_shardtrain("plan " + configs +
                                         "llama3.1-405b-64gpus.toml --ranks 64 --ranks-per-machine 8 --gpu h200 "
                                         "--mfu 0.35",
@@ -56,10 +86,17 @@ TEST(Cli, PlanOfShippedJobsNeedsNoDownloadAndGivesTheTime) {
         "35 % (--mfu)", "host memory per machine of 8 ranks"})
     EXPECT_NE(big.output.find(said), std::string::npos) << said << " in\n" << big.output;
   const Result a100 = run_shardtrain(
-      "plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --gpu a100 --training.fp8=rowwise", in_empty);
+      "plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --gpu a100 --training.fp8=rowwise --mfu 0.4", in_empty);
   EXPECT_EQ(a100.status, 0) << a100.output;
   EXPECT_NE(a100.output.find("312 TFLOP/s dense bf16 per GPU (A100; --gpu)"), std::string::npos) << a100.output;
   EXPECT_NE(a100.output.find("which the A100 lacks"), std::string::npos) << a100.output;
+  const Result a100_model = run_shardtrain(
+      "plan " + configs + "llama3.1-8b-finetune.toml --ranks 8 --gpu a100 --training.fp8=rowwise", in_empty);
+  EXPECT_EQ(a100_model.status, 0) << a100_model.output;
+  EXPECT_NE(a100_model.output.find("training.fp8 needs FP8 tensor cores (H100, H200), which the a100 lacks: planned at "
+                                   "its bf16 rate"),
+            std::string::npos)
+      << a100_model.output;
   const Result bad_gpu = run_shardtrain("plan --gpu v100");
   EXPECT_EQ(bad_gpu.status, 1);
   EXPECT_NE(
