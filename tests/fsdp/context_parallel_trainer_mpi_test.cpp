@@ -1,9 +1,10 @@
 // Context parallelism in the trainer under mpirun (2, 3 and 4 ranks): parallel.context_parallel
 // = n splits each sequence over groups of n consecutive ranks (at 4 also 2 context x 2 data
-// parallel), and the run trains as one rank with the whole global batch: the same losses and
-// gradient norms at every step and the same held-out loss (f32, 1e-5 relative), the same
-// tokens per step, at the job's length and at the shortest one (2n tokens). Every refusal
-// names its keys, and a context-parallel checkpoint resumes on one rank without it.
+// parallel, and that in 2 replicas), and the run trains as one rank with the whole global
+// batch: the same losses and gradient norms at every step and the same held-out loss (f32,
+// 1e-5 relative), the same tokens per step, at the job's length and at the shortest one (2n
+// tokens). Every refusal names its keys, and a context-parallel checkpoint resumes on one
+// rank without it.
 #include <unistd.h>
 
 #include <filesystem>
@@ -23,11 +24,17 @@
 namespace shardtrain {
 namespace {
 
-// Every context degree above 1 that divides `world`, with the data-parallel ranks beside it.
-std::vector<std::pair<int, int>> context_meshes(int world) {
-  std::vector<std::pair<int, int>> out;
+struct ContextMesh {
+  int cp, dp, replicate;
+};
+
+// Every context degree above 1 that divides `world`, with the data-parallel ranks beside it;
+// at 4 ranks also 2 x 2 as 2 replicas (HSDP: the units sharded inside each replica).
+std::vector<ContextMesh> context_meshes(int world) {
+  std::vector<ContextMesh> out;
   for (int cp = 2; cp <= world; ++cp)
-    if (world % cp == 0) out.emplace_back(cp, world / cp);
+    if (world % cp == 0) out.push_back({cp, world / cp, 1});
+  if (world == 4) out.push_back({2, 2, 2});
   return out;
 }
 
@@ -51,16 +58,20 @@ TEST(ContextParallelTrainer, MatchesOneRank) {
   const std::string corpus = corpus_file(comm->rank());
   const int64_t B = 2;
   auto single = dist::make_single_rank();
-  for (const auto& [cp, dp] : context_meshes(w)) {
+  for (const auto& [cp, dp, replicate] : context_meshes(w)) {
     for (const int64_t T : {int64_t{24}, int64_t{2 * cp}}) {  // the job's length, and the shortest: one token a chunk
-      SCOPED_TRACE("context " + std::to_string(cp) + " x data " + std::to_string(dp) + ", seq_len " +
+      SCOPED_TRACE("context " + std::to_string(cp) + " x data " + std::to_string(dp) + ", " +
+                   std::to_string(replicate) + " replica(s), seq_len " +
                    std::to_string(T) + ", rank " + std::to_string(comm->rank()));
       // one rank with the whole global batch: B sequences per data-parallel rank
       train::JobConfig one = context_job(corpus, B * dp, 1, T, w);
       one.run.output_dir += "_rank" + std::to_string(comm->rank());  // every rank runs it alone
       train::Trainer ref(one, single.get());
       const train::TrainSummary a = ref.run();
-      train::Trainer t(context_job(corpus, B, cp, T, w), comm.get());
+      train::JobConfig c = context_job(corpus, B, cp, T, w);
+      c.parallel.replicate = replicate;
+      train::Trainer t(c, comm.get());
+      EXPECT_EQ(t.mesh().shape().replicate, replicate);
       EXPECT_EQ(t.context_degree(), cp);
       EXPECT_EQ(t.data_ranks(), dp);
       EXPECT_EQ(t.data_rank(), comm->rank() / cp);
