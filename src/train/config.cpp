@@ -488,7 +488,8 @@ const std::vector<KeyDef>& keys() {
           "ranks that split each sequence (context parallelism, ring attention): consecutive ranks form groups of "
           "this many, each holding 2 of a sequence's 2n chunks (head and tail, so the causal work is even) and "
           "passing keys and values around the group in the attention; the groups draw different sequences, and "
-          "every rank shards the model (FSDP over all of them). It must divide the ranks, and 2n must divide "
+          "every rank shards the model (FSDP over all of them, or inside each replica with parallel.replicate). It "
+          "must divide the ranks, and 2n must divide "
           "training.seq_len; not with parallel.tensor_parallel, data.document_mask, training.fp8_attention or "
           "sliding-window layers. 1: off",
           positive()),
