@@ -11,8 +11,12 @@ class RingExchanges final : public model::ContextParallel {
   explicit RingExchanges(dist::Communicator* comm) : comm_(comm) {}
   int size() const override { return comm_->world_size(); }
   int rank() const override { return comm_->rank(); }
+  // On a GPU the exchange is ordered after the compute stream's work and the compute stream
+  // waits for it (Stream{}: the compute stream; NCCL's send and receive run on the
+  // communicator's own stream between the two), so the next block's attention reads what
+  // arrived.
   void send_recv(const Tensor& send, int to, Tensor& recv, int from) override {
-    comm_->send_recv(send, to, recv, from);
+    comm_->send_recv(send, to, recv, from, Stream{});
   }
 
  private:

@@ -75,6 +75,26 @@ Tensor pack_kv(const Tensor& k_BLMH, const Tensor& v_BLMH, int64_t C) {
   return kv;
 }
 
+// The dtype the ring adds up in: f32 for bf16 or f16 inputs (a GPU's), so that the merged
+// output, dq and the travelling dk and dv round once, at the end; else the inputs' own.
+DType accumulator_dtype(DType compute) { return compute == DType::kBF16 || compute == DType::kF16 ? DType::kF32 : compute; }
+
+// x in `dtype`: itself when it is already, else a cast copy.
+Tensor as_dtype(const Tensor& x, DType dtype, const char* name) {
+  if (x.dtype() == dtype) return x;
+  Tensor out = Tensor::empty(x.shape(), dtype, x.device(), name);
+  ops::cast(out, x);
+  return out;
+}
+
+// acc += part, acc in the accumulator dtype; a part in a narrower dtype is widened first
+// into `widened` (its shape, the accumulator's dtype).
+void accumulate(Tensor& acc, const Tensor& part, Tensor& widened) {
+  if (part.dtype() == acc.dtype()) return ops::add(acc, acc, part);
+  ops::cast(widened, part);
+  ops::add(acc, acc, widened);
+}
+
 int ring_next(const ContextParallel& cp) { return (cp.rank() + 1) % cp.size(); }
 int ring_prev(const ContextParallel& cp) { return (cp.rank() + cp.size() - 1) % cp.size(); }
 
@@ -150,6 +170,9 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
   const int G = cp.size(), r = cp.rank();
   const int64_t B = q_BLNH.size(0), C = q_BLNH.size(1) / 2, N = q_BLNH.size(2), H = q_BLNH.size(3);
   const DType stats = lse_BNL.dtype();
+  // the merged output in f32 where the parts are bf16 or f16 (ops::attention_merge takes an f32
+  // accumulator with narrower parts), rounded once at the end
+  const DType acc = accumulator_dtype(q_BLNH.dtype());
   const std::array<Tensor, 2> q = {chunk_of(q_BLNH, 0, C), chunk_of(q_BLNH, 1, C)};
   // the running merged output and log-sum-exp of each query chunk (the first block's as it is)
   std::array<Tensor, 2> acc_out, acc_lse;
@@ -168,7 +191,7 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
                              kv.select(1).select(blk.kj), o);
       const size_t i = static_cast<size_t>(blk.qi);
       if (!acc_out[i].defined()) {
-        acc_out[i] = std::move(part);
+        acc_out[i] = as_dtype(part, acc, "ring attention output");  // f32 from bf16 parts
         acc_lse[i] = std::move(part_lse);
       } else {
         ops::attention_merge(acc_out[i], acc_lse[i], part, part_lse);
@@ -179,7 +202,8 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
       std::swap(kv, kv_next);
     }
   }
-  write_chunks(out_BLNH, acc_out[0], acc_out[1], C);
+  write_chunks(out_BLNH, as_dtype(acc_out[0], out_BLNH.dtype(), "ring attention output"),
+               as_dtype(acc_out[1], out_BLNH.dtype(), "ring attention output"), C);
   write_chunks(lse_BNL, acc_lse[0], acc_lse[1], C, 2);
 }
 
@@ -194,6 +218,9 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
   const int G = cp.size(), r = cp.rank();
   const int64_t C = q_BLNH.size(1) / 2;
   const Device dev = q_BLNH.device();
+  // dq and the travelling dk and dv add up in f32 where the inputs are bf16 or f16 (each
+  // block's parts widened before they are added), rounded once at the end
+  const DType acc = accumulator_dtype(q_BLNH.dtype());
   std::array<Tensor, 2> q, dout, out, lse, dq;
   for (int i = 0; i < 2; ++i) {
     const size_t s = static_cast<size_t>(i);
@@ -201,18 +228,23 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
     dout[s] = chunk_of(dout_BLNH, i, C);
     out[s] = chunk_of(out_BLNH, i, C);
     lse[s] = chunk_of(lse_BNL, i, C, 2);
-    dq[s] = Tensor::zeros(q[s].shape(), q_BLNH.dtype(), dev, "ring dq");
+    dq[s] = Tensor::zeros(q[s].shape(), acc, dev, "ring dq");
   }
   Tensor kv = pack_kv(k_BLMH, v_BLMH, C);
   Tensor kv_next = G > 1 ? Tensor::empty(kv.shape(), kv.dtype(), dev, "ring keys and values") : Tensor();
   // the gradient of the block in hand, [2 (dk, dv), 2 (chunk), B, C, M, H]: every rank adds its
   // share as the block passes, and it travels one step behind the block itself
-  Tensor dkv = Tensor::zeros(kv.shape(), kv.dtype(), dev, "ring dk and dv");
-  Tensor dkv_next = Tensor::empty(kv.shape(), kv.dtype(), dev, "ring dk and dv");
+  Tensor dkv = Tensor::zeros(kv.shape(), acc, dev, "ring dk and dv");
+  Tensor dkv_next = Tensor::empty(kv.shape(), acc, dev, "ring dk and dv");
   const Shape kv_chunk = kv.select(0).select(0).shape();
   Tensor dq_part = Tensor::empty(q[0].shape(), q_BLNH.dtype(), dev, "ring dq part");
   Tensor dk_part = Tensor::empty(kv_chunk, kv.dtype(), dev, "ring dk part");
   Tensor dv_part = Tensor::empty(kv_chunk, kv.dtype(), dev, "ring dv part");
+  // the parts widened to the accumulators' dtype (bf16 or f16 inputs only)
+  const bool widen = acc != q_BLNH.dtype();
+  Tensor dq_wide = widen ? Tensor::empty(q[0].shape(), acc, dev, "ring dq part (f32)") : Tensor();
+  Tensor dk_wide = widen ? Tensor::empty(kv_chunk, acc, dev, "ring dk part (f32)") : Tensor();
+  Tensor dv_wide = widen ? Tensor::empty(kv_chunk, acc, dev, "ring dv part (f32)") : Tensor();
   for (int step = 0; step < G; ++step) {
     const int owner = (r - step + G) % G;
     if (step + 1 < G) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
@@ -222,10 +254,10 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
       const size_t i = static_cast<size_t>(blk.qi);
       ops::attention_backward(dq_part, dk_part, dv_part, dout[i], q[i], kv.select(0).select(blk.kj),
                               kv.select(1).select(blk.kj), out[i], lse[i], o);
-      ops::add(dq[i], dq[i], dq_part);
       Tensor dk = dkv.select(0).select(blk.kj), dv = dkv.select(1).select(blk.kj);
-      ops::add(dk, dk, dk_part);
-      ops::add(dv, dv, dv_part);
+      accumulate(dq[i], dq_part, dq_wide);
+      accumulate(dk, dk_part, dk_wide);
+      accumulate(dv, dv_part, dv_wide);
     }
     if (step + 1 < G) {
       cp.finish();
@@ -237,9 +269,10 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
       std::swap(dkv, dkv_next);
     }
   }
-  write_chunks(dq_BLNH, dq[0], dq[1], C);
-  write_chunks(dk_BLMH, dkv.select(0).select(0), dkv.select(0).select(1), C);
-  write_chunks(dv_BLMH, dkv.select(1).select(0), dkv.select(1).select(1), C);
+  auto narrow = [](const Tensor& x, const Tensor& like) { return as_dtype(x, like.dtype(), "ring gradient"); };
+  write_chunks(dq_BLNH, narrow(dq[0], dq_BLNH), narrow(dq[1], dq_BLNH), C);
+  write_chunks(dk_BLMH, narrow(dkv.select(0).select(0), dk_BLMH), narrow(dkv.select(0).select(1), dk_BLMH), C);
+  write_chunks(dv_BLMH, narrow(dkv.select(1).select(0), dv_BLMH), narrow(dkv.select(1).select(1), dv_BLMH), C);
 }
 
 }  // namespace shardtrain::model

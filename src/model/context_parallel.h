@@ -56,7 +56,8 @@ Tensor context_positions(int64_t B, int64_t L, int degree, int rank);
 // Only the M key/value heads travel: size − 1 steps, each passing k and v one rank on while
 // this rank attends to the block it holds. Per pair of a local query chunk i and a key chunk
 // j: full attention when j < i, causal when j == i, nothing when j > i; the partial results
-// merge by their log-sum-exp (ops::attention_merge), in f32 or above. options: causal (must
+// merge by their log-sum-exp (ops::attention_merge), in f32 or above: with bf16 or f16 inputs
+// (a GPU's) the merged output is an f32 accumulator, rounded once into out_BLNH. options: causal (must
 // be), scale and deterministic are used; no sliding window and no packed documents (an error).
 void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
                             const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp);
@@ -65,7 +66,9 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
 // and merged out and lse. Each block's gradients come from ops::attention_backward given the
 // merged out and lse (so its probabilities are the block's share of the whole softmax); dq
 // adds up here, while dk and dv of a key block travel around the ring with it, gathering every
-// rank's share, and arrive back at their owner after `size` steps.
+// rank's share, and arrive back at their owner after `size` steps. With bf16 or f16 inputs dq
+// and the travelling dk and dv add up in f32 (twice the bytes on the wire), rounded once at the
+// end; f32 and f64 inputs add up in their own dtype.
 void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, const Tensor& dout_BLNH,
                              const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
                              const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp);

@@ -17,6 +17,7 @@
 
 #include "core/error.h"
 #include "core/nearest_name.h"
+#include "model/context_parallel.h"
 #include "model/presets.h"
 
 namespace shardtrain::train {
@@ -515,6 +516,15 @@ const std::vector<KeyDef>& keys() {
           "parallel.tensor_parallel); that many is plain data parallelism (DDP: every rank holds the whole "
           "model). 1: FSDP over every rank",
           positive()),
+      key("parallel.context_parallel", &C::parallel, &ParallelSection::context_parallel,
+          "ranks that split each sequence (context parallelism, ring attention): consecutive ranks form groups of "
+          "this many, each holding 2 of a sequence's 2n chunks (head and tail, so the causal work is even) and "
+          "passing keys and values around the group in the attention; the groups draw different sequences, and "
+          "every rank shards the model (FSDP over all of them, or inside each replica with parallel.replicate). It "
+          "must divide the ranks, and 2n must divide "
+          "training.seq_len; not with parallel.tensor_parallel, data.document_mask, training.fp8_attention or "
+          "sliding-window layers. 1: off",
+          positive()),
       key("parallel.reshard_after_forward", &C::parallel, &ParallelSection::reshard_after_forward,
           "free each unit's gathered parameters after its forward (FSDP); false keeps them until the backward "
           "(ZeRO-2-like: fewer gathers, more memory)"),
@@ -893,6 +903,19 @@ void validate(const JobConfig& c) {
            c.training.gemm_selection, "\"): timed picks can differ between runs");
   ST_CHECK(m.rope_high_freq_factor > m.rope_low_freq_factor, "`model.rope_high_freq_factor` (",
            m.rope_high_freq_factor, ") must exceed `model.rope_low_freq_factor` (", m.rope_low_freq_factor, ")");
+  if (const int64_t cp = c.parallel.context_parallel; cp > 1) {
+    ST_CHECK(c.parallel.tensor_parallel == 1, "`parallel.context_parallel` (", cp, ") with `parallel.tensor_parallel` (",
+             c.parallel.tensor_parallel, "): context parallelism does not combine with tensor parallelism yet; set "
+             "one of them to 1");
+    // training.seq_len = 0 is chosen once the data is read, and checked again then
+    if (c.training.seq_len > 0) model::context_chunk_tokens(c.training.seq_len, static_cast<int>(cp));
+    ST_CHECK(c.data.document_mask != "on", "`parallel.context_parallel` (", cp,
+             ") with `data.document_mask` = on: the ring attention is causal over whole sequences and knows no "
+             "documents yet; set data.document_mask = off or parallel.context_parallel = 1");
+    ST_CHECK(!c.training.fp8_attention, "`parallel.context_parallel` (", cp,
+             ") with `training.fp8_attention` = true: the ring attention runs in the compute dtype; turn one of "
+             "them off");
+  }
   const int64_t tp = c.parallel.tensor_parallel;
   if (tp > 1) {
     ST_CHECK((c.training.batch_size * c.training.seq_len) % tp == 0, "`parallel.tensor_parallel` (", tp,

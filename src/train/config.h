@@ -131,6 +131,7 @@ struct LoggingSection {
 struct ParallelSection {
   int64_t tensor_parallel = 1;
   int64_t replicate = 1;  // HSDP: data-parallel replicas, each sharding a whole copy of the model
+  int64_t context_parallel = 1;  // ranks that split each sequence (ring attention); 1: off
   bool reshard_after_forward = true;
   bool keep_last_block_gathered = true;
   std::string compute_shards = "auto";

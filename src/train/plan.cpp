@@ -120,7 +120,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int64_t per_token_sandwich = c.sandwich_norms ? cb * 2 * D + 8 : 0;
   const int64_t per_token_block = cb * (2 * D + 2 * Q + 2 * M * H + 3 * F) + 4 * N + (cb * 2 * D + 8) / tp +
                                   per_token_qk_norm + per_token_sandwich;
-  const int64_t tokens = in.micro_batch * in.seq_len;
+  const int cp = in.context_parallel;
+  ST_CHECK(cp >= 1 && in.world_size % cp == 0, "`parallel.context_parallel` (", cp, ") must divide the ",
+           in.world_size, " ranks");
+  const int64_t tokens = in.micro_batch * (in.seq_len / cp);  // a rank's chunks of its sequences
   p.tokens_per_micro_batch = tokens;
   const int64_t rows = tokens / tp;                      // the residual stream's rows on a rank
   const int64_t stream = rows * D * cb;                  // one residual-stream tensor
@@ -190,6 +193,8 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int64_t block_grads = grads_aliased ? 0 : grads_alive * 4 * block_numel;
   p.block_grads = block_grads;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
+  // the ring's key/value blocks (in hand and arriving) and their gradients (f32 on a GPU)
+  if (cp > 1) p.ring_buffers = 2 * 2 * tokens * M * H * (cb + (in.gpu ? 4 : cb));
   p.in_backward = kept + temporaries + block_grads + blocks;
   if (in.fp8 && in.gpu) {
     // at the gate|up product's backward dh is gone and the FP8 copies of its output gradient
@@ -216,6 +221,7 @@ MemoryPlan plan_memory(const PlanInput& in) {
                               block_grads + blocks;
     p.in_backward = std::max(p.in_backward, p.in_attention_backward);
   }
+  p.in_backward += p.ring_buffers;
 
   const int64_t at_loss =
       p.gathered_at_loss + p.unit_grads_at_loss + p.activations_at_loss + p.loss_chunk + p.loss_chunk_fp8;
@@ -254,13 +260,21 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
   std::string shape = in.tensor_parallel > 1 ? fmt::format(" = {} data-parallel x {} tensor-parallel",
                                                            in.world_size / in.tensor_parallel, in.tensor_parallel)
                                              : std::string();
+  if (in.context_parallel > 1)
+    shape = fmt::format(" = {} data-parallel x {} context-parallel, every rank sharding the model",
+                        in.world_size / in.context_parallel, in.context_parallel);
   if (in.replicate > 1)
     shape += fmt::format("{} {} replicas of {} ranks", shape.empty() ? "," : ";", in.replicate,
                          in.world_size / in.replicate);
   s += fmt::format("ranks: {}{} ({}: {} compute, f32 master weights, gradients and AdamW state)\n", in.world_size,
                    shape, in.gpu ? "GPUs" : "CPUs", in.gpu ? "bf16" : "f32");
-  s += fmt::format("micro-batch per rank: {} x {} tokens; activation checkpointing: {}; loss chunk: {} tokens\n",
-                   in.micro_batch, in.seq_len, model::checkpointing_name(in.checkpointing), p.loss_chunk_tokens);
+  const std::string split =
+      in.context_parallel > 1
+          ? fmt::format(" (each sequence's {} split over {} ranks, ring attention)", in.seq_len, in.context_parallel)
+          : std::string();
+  s += fmt::format("micro-batch per rank: {} x {} tokens{}; activation checkpointing: {}; loss chunk: {} tokens\n",
+                   in.micro_batch, in.seq_len / in.context_parallel, split, model::checkpointing_name(in.checkpointing),
+                   p.loss_chunk_tokens);
   if (p.mlp_chunk_tokens < p.tokens_per_micro_batch)
     s += fmt::format("MLP in pieces of {} tokens (training.mlp_chunk_tokens)\n", p.mlp_chunk_tokens);
   s += fmt::format("memory per rank (estimate; {} parameters, {} padded elements per rank):\n",
@@ -305,6 +319,7 @@ std::string describe_plan(const PlanInput& in, const MemoryPlan& p) {
     s += row(in.gpu ? fmt::format("  of it f32 block gradients, 1 + {} reducing", in.reductions_in_flight)
                     : std::string("  of it the block's f32 gradient"),
              p.block_grads);
+  if (p.ring_buffers > 0) s += row("  of it the ring's kv blocks and gradients", p.ring_buffers);
   s += row(p.host > 0 ? "estimated GPU peak" : "estimated peak", p.peak);
   s += describe_checkpoint_memory(in, p);
   s += fmt::format("FLOPs per token: {:.3e} (6·N + 12·L·H·Q·T{}); per rank and micro-batch: {:.3e}\n",
@@ -461,6 +476,7 @@ PlanInput plan_input(const JobConfig& job, const model::LlamaConfig& model, int 
   in.world_size = world_size;
   in.tensor_parallel = static_cast<int>(job.parallel.tensor_parallel);
   in.replicate = static_cast<int>(job.parallel.replicate);
+  in.context_parallel = static_cast<int>(job.parallel.context_parallel);
   in.gpu = job.training.device != "cpu";
   in.micro_batch = job.training.batch_size;
   // 0 (auto): the longest a launch may choose (fine-tuning examples may make it shorter)

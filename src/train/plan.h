@@ -19,6 +19,9 @@ struct PlanInput {
   int world_size = 1;
   int tensor_parallel = 1;         // parallel.tensor_parallel: ranks per group (dividing world_size)
   int replicate = 1;               // parallel.replicate: replicas of the sharded model (HSDP)
+  // parallel.context_parallel: ranks splitting each sequence; a rank computes seq_len / this
+  // many tokens of each (the units stay sharded over every rank)
+  int context_parallel = 1;
   model::Mesh mesh() const { return {world_size / tensor_parallel, tensor_parallel, replicate}; }
   bool gpu = true;                 // compute dtype bf16 on a GPU, f32 on the CPU
   int64_t micro_batch = 1;         // sequences per rank and micro-batch (training.batch_size)
@@ -83,6 +86,10 @@ struct MemoryPlan {
   // Of in_backward: whole f32 block gradients on the GPU, the one being written and those still
   // in their reduce-scatter (parallel.reductions_in_flight; none where the backward writes the shards).
   int64_t block_grads = 0;
+  // Of in_backward, with context parallelism: the ring attention's key/value blocks (the one in
+  // hand and the one arriving, M heads of a rank's tokens each) and their travelling gradients
+  // (f32 on a GPU).
+  int64_t ring_buffers = 0;
   // training.fp8: the FP8 operands alive at the backward's largest product, the MLP's gate|up
   // (its output gradient's rows and columns, and xn2's columns: 4 F + D bytes a token row)
   int64_t fp8_operands = 0;

@@ -42,8 +42,9 @@ const GpuSpec* gpu_spec_for_device(const std::string& device_name) {
 TimeEstimate estimate_time(const PlanInput& in, const GpuSpec& gpu, double mfu) {
   ST_CHECK(mfu > 0 && mfu <= 1, "plan: --mfu must be in (0, 1], found ", mfu);
   TimeEstimate t;
-  // a tensor-parallel group shares its micro-batch: only the data-parallel ranks add tokens
-  const int64_t data_parallel = in.world_size / in.tensor_parallel;
+  // a tensor-parallel group shares its micro-batch, a context group its sequences: only the
+  // data-parallel ranks add tokens
+  const int64_t data_parallel = in.world_size / (in.tensor_parallel * in.context_parallel);
   t.tokens_per_step = in.micro_batch * in.seq_len * in.grad_accum_steps * data_parallel;
   t.flops_per_step = in.model.flops_per_token(in.seq_len) * static_cast<double>(t.tokens_per_step);
   t.peak_flops = gpu.bf16_flops * (in.fp8 && gpu.fp8 ? 2.0 : 1.0);
@@ -69,7 +70,7 @@ std::string format_job_duration(double seconds) {
 std::string describe_time(const PlanInput& in, const GpuSpec& gpu, double mfu, const std::string& gpu_note,
                           const std::string& mfu_note) {
   const TimeEstimate t = estimate_time(in, gpu, mfu);
-  const int64_t data_parallel = in.world_size / in.tensor_parallel;
+  const int64_t data_parallel = in.world_size / (in.tensor_parallel * in.context_parallel);
   auto row = [](const std::string& what, const std::string& value) { return fmt::format("  {:<18} {}\n", what, value); };
   std::string s = "time (estimate: FLOPs / (ranks x peak x MFU); communication is not modelled):\n";
   s += row("tokens per step",

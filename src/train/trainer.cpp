@@ -111,7 +111,9 @@ std::unique_ptr<Watchdog> Trainer::make_watchdog() const {
                                                                 &mesh_->data_parallel(),
                                                                 &mesh_->replica(),
                                                                 &mesh_->block_shards(),
-                                                                mesh_->across_replicas()};
+                                                                mesh_->across_replicas(),
+                                                                cp_groups_.group.get(),
+                                                                cp_groups_.across.get()};
   std::vector<const dist::Communicator*> comms;
   for (const dist::Communicator* c : all)
     if (c != nullptr && std::find(comms.begin(), comms.end(), c) == comms.end()) comms.push_back(c);
@@ -142,6 +144,9 @@ struct Trainer::RunState {
   RunReport report;
   const optim::ScheduleConfig schedule;
   std::vector<Tensor> ids, targets;  // [micro-batch]: B x T, this rank's rows of the global batch
+  // parallel.context_parallel: the rows drawn whole, B x T (ids and targets above then hold
+  // this rank's chunks of them, B x T / n)
+  Tensor whole_ids, whole_targets;
   std::unique_ptr<OptimizerStep> step;
   // [0]: counted tokens, then the loss sum; [1..3]: ranks that received SIGTERM, SIGUSR1, SIGINT;
   // [4]: ranks whose clock says training.time_limit leaves no room for another step and a save;
@@ -210,7 +215,7 @@ OptimizerStepOptions Trainer::optimizer_step_options() {
 
 void Trainer::log_training_plan(const optim::ScheduleConfig& schedule) const {
   const TrainingSection& training = config_.training;
-  const int64_t global_sequences = training.batch_size * training.grad_accum_steps * mesh_->shape().data_parallel;
+  const int64_t global_sequences = training.batch_size * training.grad_accum_steps * data_ranks();
   std::string decay;  // warmup-stable-decay: where the decay starts
   if (config_.schedule.decay_fraction < 1.0 && schedule.type != optim::ScheduleType::kConstant) {
     int64_t start = training.steps;
@@ -271,13 +276,17 @@ TrainSummary Trainer::run() {
   report_setup.first_step = start_step_;
   report_setup.timed_from = start_step_ + (bench_ ? bench_->warmup_steps : 1);
   report_setup.flops_per_token = model_->config().flops_per_token(T);
-  report_setup.tokens_per_step = static_cast<double>(B * T * training.grad_accum_steps * mesh_->shape().data_parallel);
+  report_setup.tokens_per_step = static_cast<double>(B * T * training.grad_accum_steps * data_ranks());
   RunState run(*this, report_setup);  // opens the metrics files
   run.step = std::make_unique<OptimizerStep>(*model_, *store_, *optimizer_, *mesh_, optimizer_step_options());
   run.report.set_offload_wait_shown(run.step->model_options().offload_activations && !run.step->graphed());
   for (int64_t m = 0; m < training.grad_accum_steps; ++m) {
     run.ids.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "ids"));
     run.targets.push_back(Tensor::empty({B, T}, DType::kI32, Device::cpu(), "targets"));
+  }
+  if (context_degree() > 1) {
+    run.whole_ids = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "ids");
+    run.whole_targets = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "targets");
   }
   log_training_plan(run.schedule);
   run.report.open_device();
@@ -303,7 +312,7 @@ TrainSummary Trainer::run() {
 
 Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
   const TrainingSection& training = config_.training;
-  const int64_t B = training.batch_size, T = training.seq_len, accum = training.grad_accum_steps;
+  const int64_t B = training.batch_size, accum = training.grad_accum_steps;
   StepResult result;
   if (step == run.timed_from && profile::enabled()) profile::reset_totals();  // the per-op table covers the timed steps
   std::optional<profile::Region> step_region(std::in_place, "step", step);    // the step's own work
@@ -317,18 +326,29 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
               : fmt::format("parallel.timeout_s = {:g}", limit));
   }
   const Clock::time_point t0 = Clock::now();
-  // This rank draws sequences dp_rank*B .. dp_rank*B + B-1 of each micro-batch of the global
-  // batch (the ranks of a tensor-parallel group draw the same ones).
+  // This rank draws sequences data_rank*B .. data_rank*B + B-1 of each micro-batch of the
+  // global batch (the ranks of a tensor-parallel group draw the same ones; those of a context
+  // group too, and each keeps its chunks of them).
   int64_t counted = 0;
   const int32_t ignore_index = run.step->model_options().ignore_index;
+  const int cp = context_degree();
   for (int64_t m = 0; m < accum; ++m) {
-    data_->fill_train(run.ids[m], run.targets[m], step, m, mesh_->dp_rank() * B);
+    Tensor& ids = cp > 1 ? run.whole_ids : run.ids[m];
+    Tensor& targets = cp > 1 ? run.whole_targets : run.targets[m];
+    data_->fill_train(ids, targets, step, m, data_rank() * B);
+    if (cp > 1) {
+      run.ids[m] = model::context_shard(ids, cp, context_parallel_->rank());
+      run.targets[m] = model::context_shard(targets, cp, context_parallel_->rank());
+    }
     const int32_t* t = run.targets[m].data<int32_t>();
-    for (int64_t i = 0; i < B * T; ++i) counted += t[i] != ignore_index;
+    for (int64_t i = 0; i < run.targets[m].numel(); ++i) counted += t[i] != ignore_index;
   }
   double* totals = run.totals.data<double>();
   totals[0] = static_cast<double>(counted);
-  mesh_->data_parallel().all_reduce(run.totals, dist::ReduceOp::kSum);  // a group's ranks share the batch
+  // a tensor-parallel group's ranks share the batch (the data-parallel group leaves them out);
+  // a context group's ranks count each their own chunks (without tensor parallelism the
+  // data-parallel group is every rank)
+  mesh_->data_parallel().all_reduce(run.totals, dist::ReduceOp::kSum);
   const double global_counted = totals[0];
   result.times.data_s = seconds_since(t0);
   const Clock::time_point t1 = Clock::now();
@@ -500,7 +520,11 @@ void Trainer::export_and_sample(TrainSummary& summary) {
   if (config_.sample.tokens > 0) {
     // a graph of the decode step would capture the group's collectives: not with tensor parallelism
     const SampleOptions sample_options = sample_options_of(config_.sample, mesh_->shape().tensor_parallel == 1);
+    // the sample decodes whole sequences over a KV cache: every rank of a context group
+    // decodes the same one alone, the ring set aside meanwhile
+    model_->set_context_parallel(nullptr);
     summary.sample = generate(*model_, *tokenizer_, sample_options);
+    model_->set_context_parallel(context_parallel_.get());
     if (comm_->rank() == 0 && !bench_)
       io::write_file_atomic((std::filesystem::path(config_.run.output_dir) / kRunSampleFile).string(),
                             summary.sample + "\n");

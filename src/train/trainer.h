@@ -18,6 +18,7 @@
 #include "data/dataset.h"
 #include "data/tokenizer.h"
 #include "dist/communicator.h"
+#include "fsdp/context_parallel.h"
 #include "fsdp/sharded_store.h"
 #include "fsdp/tensor_parallel.h"
 #include "model/llama.h"
@@ -56,6 +57,12 @@ class Trainer {
   dist::Communicator& comm() { return *comm_; }
   // The run's ranks as data-parallel x tensor-parallel (parallel.tensor_parallel).
   const fsdp::DeviceMesh& mesh() const { return *mesh_; }
+  // The ranks that draw different sequences, and this rank's index among them: the mesh's
+  // data-parallel ranks, or with parallel.context_parallel = n those over n (a context group
+  // shares its sequences, each rank its chunks of them).
+  int data_ranks() const { return cp_groups_.degree > 1 ? cp_groups_.data_ranks() : mesh_->shape().data_parallel; }
+  int data_rank() const { return cp_groups_.degree > 1 ? cp_groups_.data_rank() : mesh_->dp_rank(); }
+  int context_degree() const { return cp_groups_.degree; }
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
   Device device() const { return device_; }
   optim::AdamW& optimizer() { return *optimizer_; }
@@ -155,6 +162,10 @@ class Trainer {
   dist::Communicator* comm_;
   std::unique_ptr<fsdp::DeviceMesh> mesh_;
   std::unique_ptr<model::TensorParallel> tensor_parallel_;  // the model's group collectives (tp > 1)
+  // parallel.context_parallel: this rank's context group and the ranks of its place in every
+  // group (degree 1: groups of one, and every rank draws its own sequences)
+  fsdp::ContextGroups cp_groups_;
+  std::unique_ptr<model::ContextParallel> context_parallel_;  // the model's ring (degree > 1)
   std::unique_ptr<data::Tokenizer> tokenizer_;
   std::unique_ptr<data::TrainingData> data_;
   bool document_mask_ = false;  // data.document_mask resolved: batches carry their documents' positions

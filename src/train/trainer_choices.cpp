@@ -210,7 +210,7 @@ LaunchChoices resolve_run_shape(JobConfig& config, const AutoSeqLen& seq_len, co
 
 void Trainer::resolve_run_shape(const AutoSeqLen& seq_len) {
   const LaunchChoices choices =
-      train::resolve_run_shape(config_, seq_len, *data_, mesh_->shape().data_parallel);
+      train::resolve_run_shape(config_, seq_len, *data_, data_ranks());
   for (const std::string& line : launch_choice_lines(config_, choices)) log::info(line);
 }
 

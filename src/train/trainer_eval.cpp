@@ -1,5 +1,5 @@
 // The trainer's evaluation: the held-out loss over eval.batches global batches, each data-
-// parallel rank its part, and each source's of a mix (data.mix); with checkpoint.on_signal the
+// parallel rank its part (a context group's ranks each their chunks of it), and each source's of a mix (data.mix); with checkpoint.on_signal the
 // ranks agree before every batch whether to stop. The last global batch may be partial (a
 // rank's part past the split's end counts no token), so the loss is the sum over every counted
 // token divided by their number, whatever the batches held.
@@ -23,7 +23,9 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
   // Global eval batch i is W x B sequences over the W data-parallel ranks; rank r evaluates
   // its part i*W + r (a tensor-parallel group the same part, split by rows). Every rank runs
   // the same number of forwards, since units are gathered collectively.
-  const int64_t W = mesh_->shape().data_parallel;
+  // A context group evaluates its part together, each rank its chunks of every sequence.
+  const int64_t W = data_ranks();
+  const int cp = context_degree();
   const int64_t available = data_->eval_batches(B, T);
   // totals [loss, tokens] of the whole, then of each source of a mix
   const std::vector<std::string> parts = data_->eval_part_names();
@@ -48,14 +50,17 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
     if (watchdog_)
       watchdog_->watch(fmt::format("evaluation batch {} of {}", i + 1, batches), config_.parallel.timeout_s,
                        fmt::format("parallel.timeout_s = {:g}", config_.parallel.timeout_s));
-    const int64_t index = i * W + mesh_->dp_rank();
+    const int64_t index = i * W + data_rank();
     if (index < available) {
       data_->fill_eval(ids, targets, index);
     } else {  // this rank's part of the last global batch is past the split: it runs the forward with the others
       std::fill_n(ids.data<int32_t>(), B * T, 0);
       std::fill_n(targets.data<int32_t>(), B * T, model::StepOptions{}.ignore_index);
     }
-    const model::LossSum r = model_->evaluate(ids, targets, so, positions_of(ids));
+    const model::LossSum r =
+        cp > 1 ? model_->evaluate(model::context_shard(ids, cp, context_parallel_->rank()),
+                                  model::context_shard(targets, cp, context_parallel_->rank()), so)
+               : model_->evaluate(ids, targets, so, positions_of(ids));
     sums[0] += r.loss_sum;
     sums[1] += static_cast<double>(r.tokens);
     if (!parts.empty()) {

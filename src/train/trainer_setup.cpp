@@ -44,7 +44,12 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   phases.done("communicator");
   if (!bench_) prepare_output_folders();  // a bench writes no files
   mesh_ = make_mesh(config_, comm_);
-  const int dp_size = mesh_->shape().data_parallel;
+  // parallel.context_parallel: consecutive ranks split each sequence; the units stay sharded
+  // over every rank (the mesh's data-parallel ranks hold data x context), and the groups'
+  // places draw different sequences
+  if (config_.parallel.context_parallel > 1)
+    cp_groups_ = fsdp::split_context_groups(*comm_, static_cast<int>(config_.parallel.context_parallel));
+  const int dp_size = data_ranks();
   set_host_threads(config_, *comm_);
   ops::set_gemm_selection(config_.training.gemm_selection == "heuristic" ? ops::GemmSelection::kHeuristic
                                                                          : ops::GemmSelection::kTimed);
@@ -158,6 +163,11 @@ void Trainer::open_data(const model::LlamaConfig& shape, int dp_size) {
 
 void Trainer::resolve_data_options() {
   document_mask_ = resolve_document_mask(config_.data);
+  ST_CHECK(!document_mask_ || config_.parallel.context_parallel == 1, "`data.document_mask` = ",
+           config_.data.document_mask, " (on for packed fine-tuning examples) with `parallel.context_parallel` (",
+           config_.parallel.context_parallel,
+           "): the ring attention is causal over whole sequences and knows no documents yet; set "
+           "data.document_mask = off or parallel.context_parallel = 1");
   ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,
            "`data.document_mask` finds documents by their BOS token, and the tokenizer (`data.tokenizer` = ",
            config_.data.tokenizer, ") has none; set data.document_mask = off");
@@ -225,6 +235,10 @@ void Trainer::build_model(DType dtype) {
         std::string("training.fp8_attention = true: attention's products in FP8 e4m3, forward and backward (cuDNN)") +
         (mc.sliding_layer_count() > 0 ? "; the sliding-window layers attend in bf16" : ""));
   }
+  if (cp_groups_.degree > 1) {
+    context_parallel_ = fsdp::make_context_parallel(cp_groups_.group.get());
+    model_->set_context_parallel(context_parallel_.get());
+  }
   auto format = [](const ops::LinearFp8& f) { return f.gradient_format == DType::kF8E4M3 ? "e4m3" : "e5m2"; };
   if (fp8_.on())
     log::info(
@@ -242,6 +256,11 @@ void Trainer::log_sharding() const {
   if (m.tensor_parallel > 1)
     shape = fmt::format(" as {} data-parallel x {} tensor-parallel (the group's rows moved by {})", m.data_parallel,
                         m.tensor_parallel, tensor_parallel_->exchange_route());
+  if (cp_groups_.degree > 1)
+    shape = fmt::format(" as {} data-parallel x {} context-parallel (each sequence's {} tokens split over a group, "
+                        "{} per rank)",
+                        data_ranks(), cp_groups_.degree, config_.training.seq_len,
+                        config_.training.seq_len / cp_groups_.degree);
   if (m.replicate > 1)
     shape += fmt::format("{} {} replicas of {} rank{} (gradients summed between replicas)", shape.empty() ? " as" : ",",
                          m.replicate, m.replica_ranks(), m.replica_ranks() == 1 ? "" : "s");

@@ -126,6 +126,27 @@ TEST(Config, PresetsAreKnownNamesAndNotWithModelHf) {
     EXPECT_NE(help.find(name), std::string::npos) << name;
 }
 
+// parallel.context_parallel: checked against the keys it cannot run with before anything is
+// allocated, each error naming both keys.
+TEST(Config, ContextParallelismRefusesWhatTheRingCannotRun) {
+  EXPECT_EQ(error_of("", {"--parallel.context_parallel=2", "--training.seq_len=64"}), "");
+  std::string e = error_of("", {"--parallel.context_parallel=3", "--training.seq_len=64"});
+  EXPECT_NE(e.find("a sequence of 64 tokens does not divide into them: make training.seq_len a multiple of 2 x "
+                   "parallel.context_parallel = 6"),
+            std::string::npos)
+      << e;
+  e = error_of("", {"--parallel.context_parallel=2", "--parallel.tensor_parallel=2", "--training.seq_len=64"});
+  EXPECT_NE(e.find("`parallel.context_parallel` (2) with `parallel.tensor_parallel` (2)"), std::string::npos) << e;
+  e = error_of("", {"--parallel.context_parallel=2", "--data.document_mask=on", "--training.seq_len=64"});
+  EXPECT_NE(e.find("`parallel.context_parallel` (2) with `data.document_mask` = on"), std::string::npos) << e;
+  e = error_of("", {"--parallel.context_parallel=2", "--training.fp8_attention=true", "--training.seq_len=64"});
+  EXPECT_NE(e.find("`parallel.context_parallel` (2) with `training.fp8_attention` = true"), std::string::npos) << e;
+  e = error_of("", {"--parallel.context_parallel=0"});
+  EXPECT_NE(e.find("parallel.context_parallel"), std::string::npos) << e;
+  // 1 is off: none of these apply
+  EXPECT_EQ(error_of("", {"--data.document_mask=on", "--training.seq_len=63"}), "");
+}
+
 // model.head_dim: heads of a width of their own (Mistral-Nemo's shape), 0 for dim / n_heads.
 TEST(Config, HeadDimDecouplesTheHeadsFromTheWidth) {
   const std::vector<std::string> shape = {"--model.dim=100", "--model.n_heads=8", "--model.n_kv_heads=4"};

@@ -126,6 +126,47 @@ TEST(Plan, ADecoupledHeadDimSizesTheAttentionsActivations) {
   EXPECT_NE(text.find("head dim 160, decoupled: attention width 32 x 160 = 5120"), std::string::npos) << text;
 }
 
+// Context parallelism (parallel.context_parallel = 4 of 8 ranks): a rank computes a quarter of
+// each sequence, so its activations are those of a sequence of seq_len / 4 on the same mesh;
+// the block backward adds the ring's two key/value blocks and their f32 gradients; the FLOPs
+// per token stay the whole sequence's, the tokens per step count each token once, and the
+// plan names the degree.
+TEST(Plan, ContextParallelismPlansARanksShareOfEachSequence) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.gpu = true;
+  in.world_size = 8;
+  in.micro_batch = 1;
+  in.seq_len = 4 * 4096;
+  in.checkpointing = model::ActivationCheckpointing::kFull;
+  in.context_parallel = 4;
+  const MemoryPlan split = plan_memory(in);
+  PlanInput quarter = in;
+  quarter.context_parallel = 1;
+  quarter.seq_len = 4096;
+  const MemoryPlan local = plan_memory(quarter);
+  const int64_t tokens = 4096, M = 8, H = 128;
+  EXPECT_EQ(split.tokens_per_micro_batch, tokens);
+  EXPECT_EQ(split.activations_at_loss, local.activations_at_loss);
+  EXPECT_EQ(split.shard_elements, local.shard_elements) << "the units stay sharded over all 8 ranks";
+  EXPECT_EQ(split.ring_buffers, 2 * 2 * tokens * M * H * (2 + 4));
+  EXPECT_EQ(split.in_backward, local.in_backward + split.ring_buffers);
+  EXPECT_EQ(local.ring_buffers, 0);
+  EXPECT_DOUBLE_EQ(split.flops_per_token, in.model.flops_per_token(4 * 4096));
+  const std::string text = describe_plan(in, split);
+  EXPECT_NE(text.find("ranks: 8 = 2 data-parallel x 4 context-parallel"), std::string::npos) << text;
+  EXPECT_NE(text.find("micro-batch per rank: 1 x 4096 tokens (each sequence's 16384 split over 4 ranks"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("of it the ring's kv blocks and gradients"), std::string::npos) << text;
+  GpuSpec gpu;
+  gpu.bf16_flops = 1e15;
+  EXPECT_EQ(estimate_time(in, gpu, 0.5).tokens_per_step, 2 * 4 * 4096) << "2 data-parallel ranks' sequences";
+  // the plan of a job reads the key
+  JobConfig job = load_config("", {"--parallel.context_parallel=4", "--training.seq_len=128"}).config;
+  EXPECT_EQ(plan_input(job, in.model, 8).context_parallel, 4);
+}
+
 // Sliding-window layers: their attention FLOPs count T keys per token times the share of the
 // causal (query, key) pairs inside the window (sum over i of min(i + 1, W) of T (T + 1) / 2);
 // the plan says so, and the step time follows.
