@@ -17,17 +17,7 @@ class HfGreedy : public ::testing::TestWithParam<std::string> {};
 
 // Cases listed in tools/make_hf_reference.py whose folders are not committed yet: skipped
 // until they are (the others must be there).
-bool pending(const std::string& name) {
-  for (const char* p : {"gemma3_text_small", "gemma2_softcap"})
-    if (name == p) return !std::filesystem::exists(testing::hf_reference_dir(name) + "/reference.safetensors");
-  return false;
-}
-
 TEST_P(HfGreedy, ContinuesThePromptAsTransformers) {
-  if (pending(GetParam()))
-    GTEST_SKIP() << testing::hf_reference_dir(GetParam()) << " has no reference.safetensors yet; write it where "
-                 << "torch and transformers are installed: python3 tools/make_hf_reference.py --out "
-                 << "tests/model/hf_reference " << GetParam();
   const OpenedModel opened = open_model(testing::hf_reference_dir(GetParam()), DType::kF32, Device::cpu());
   testing::expect_greedy_as_transformers(*opened.model, GetParam());
 }
