@@ -16,12 +16,19 @@ constexpr int kGeluTanh = static_cast<int>(GluActivation::kGeluTanh);
 constexpr float kGeluBeta = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluKappa = 0.044715f;
 
+// (1 + tanh(z)) / 2 of gelu_tanh's z = sqrt(2/pi) (g + 0.044715 g^3), as the sigmoid of 2z: the
+// same value, without 1 + tanh(z) cancelling to 0 in f32 for a negative gate (below about -4),
+// where the f64 twin keeps its e^(2z).
+__device__ __forceinline__ float gelu_tanh_half(float g) {
+  return 1.0f / (1.0f + expf(-2.0f * kGeluBeta * (g + kGeluKappa * g * g * g)));
+}
+
 // act(g) * u in f32; the forward and the backward's recompute of h share it (bitwise equal).
 // silu(g) = g sigmoid(g); gelu_tanh(g) = g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3))) / 2.
 template <int kAct>
 __device__ __forceinline__ float act_times(float g, float u) {
   if constexpr (kAct == kGeluTanh) {
-    return 0.5f * g * (1.0f + tanhf(kGeluBeta * (g + kGeluKappa * g * g * g))) * u;
+    return g * gelu_tanh_half(g) * u;
   } else {
     return g / (1.0f + __expf(-g)) * u;
   }
@@ -31,9 +38,10 @@ __device__ __forceinline__ float act_times(float g, float u) {
 template <int kAct>
 __device__ __forceinline__ void act_backward(float g, float u, float d, float& dg, float& du) {
   if constexpr (kAct == kGeluTanh) {
-    const float t = tanhf(kGeluBeta * (g + kGeluKappa * g * g * g));
-    const float a = 0.5f * g * (1.0f + t);
-    const float da = 0.5f * (1.0f + t) + 0.5f * g * (1.0f - t * t) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * g * g);
+    // with s = (1 + t) / 2: (1 - t^2) / 2 = 2 s (1 - s)
+    const float half = gelu_tanh_half(g);
+    const float a = g * half;
+    const float da = half + 2.0f * g * half * (1.0f - half) * kGeluBeta * (1.0f + 3.0f * kGeluKappa * g * g);
     dg = d * u * da;
     du = d * a;
   } else {  // d/dg [g s(g)] = s(g) (1 + g (1 - s(g)))
