@@ -34,7 +34,12 @@ std::vector<RingBlock> ring_blocks(int rank, int owner, int degree) {
   return blocks;
 }
 
-void check_ring_options(const ops::AttentionOptions& o, const char* op) {
+// What both ring passes take: causal attention without windows or documents, over q and k of a
+// rank's two chunks.
+void check_ring_inputs(const ops::AttentionOptions& o, const Tensor& q_BLNH, const Tensor& k_BLMH, const char* op) {
+  ST_CHECK(q_BLNH.ndim() == 4 && k_BLMH.ndim() == 4 && q_BLNH.size(1) % 2 == 0, op,
+           ": expected q [B, L, N, H] and k [B, L, M, H] of a rank's two chunks, found ", q_BLNH.str(), " and ",
+           k_BLMH.str());
   ST_CHECK(o.causal, op, ": context parallelism computes causal attention only");
   ST_CHECK(o.window == 0, op, ": a sliding window (", o.window,
            " keys) is not supported with context parallelism; "
@@ -163,10 +168,7 @@ Tensor context_positions(int64_t B, int64_t L, int degree, int rank) {
 void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
                             const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp) {
   const char* op = "ring_attention_forward";
-  check_ring_options(options, op);
-  ST_CHECK(q_BLNH.ndim() == 4 && k_BLMH.ndim() == 4 && q_BLNH.size(1) % 2 == 0, op,
-           ": expected q [B, L, N, H] and k [B, L, M, H] of a rank's two chunks, found ", q_BLNH.str(), " and ",
-           k_BLMH.str());
+  check_ring_inputs(options, q_BLNH, k_BLMH, op);
   const int G = cp.size(), r = cp.rank();
   const int64_t B = q_BLNH.size(0), C = q_BLNH.size(1) / 2, N = q_BLNH.size(2), H = q_BLNH.size(3);
   const DType stats = lse_BNL.dtype();
@@ -211,10 +213,7 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
                              const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
                              const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp) {
   const char* op = "ring_attention_backward";
-  check_ring_options(options, op);
-  ST_CHECK(q_BLNH.ndim() == 4 && k_BLMH.ndim() == 4 && q_BLNH.size(1) % 2 == 0, op,
-           ": expected q [B, L, N, H] and k [B, L, M, H] of a rank's two chunks, found ", q_BLNH.str(), " and ",
-           k_BLMH.str());
+  check_ring_inputs(options, q_BLNH, k_BLMH, op);
   const int G = cp.size(), r = cp.rank();
   const int64_t C = q_BLNH.size(1) / 2;
   const Device dev = q_BLNH.device();
