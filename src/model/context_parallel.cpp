@@ -227,13 +227,15 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
     dout[s] = chunk_of(dout_BLNH, i, C);
     out[s] = chunk_of(out_BLNH, i, C);
     lse[s] = chunk_of(lse_BNL, i, C, 2);
-    dq[s] = Tensor::zeros(q[s].shape(), acc, dev, "ring dq");
+    dq[s] = Tensor::empty(q[s].shape(), acc, dev, "ring dq");
+    ops::fill(dq[s], 0.0);
   }
   Tensor kv = pack_kv(k_BLMH, v_BLMH, C);
   Tensor kv_next = G > 1 ? Tensor::empty(kv.shape(), kv.dtype(), dev, "ring keys and values") : Tensor();
   // the gradient of the block in hand, [2 (dk, dv), 2 (chunk), B, C, M, H]: every rank adds its
   // share as the block passes, and it travels one step behind the block itself
-  Tensor dkv = Tensor::zeros(kv.shape(), acc, dev, "ring dk and dv");
+  Tensor dkv = Tensor::empty(kv.shape(), acc, dev, "ring dk and dv");
+  ops::fill(dkv, 0.0);
   Tensor dkv_next = Tensor::empty(kv.shape(), acc, dev, "ring dk and dv");
   const Shape kv_chunk = kv.select(0).select(0).shape();
   Tensor dq_part = Tensor::empty(q[0].shape(), q_BLNH.dtype(), dev, "ring dq part");
