@@ -398,7 +398,10 @@ def pytorch(a):
             pos = pos_all[m][rows].to(device).long() if pos_all is not None else None
             for c in range(0, ids.shape[0], a.micro):
                 l = loss_sum(ids[c:c + a.micro], tg[c:c + a.micro], None if pos is None else pos[c:c + a.micro])
-                (l / counted).backward()
+                # FSDP2 averages the ranks' gradients (it divides their sum by the world size);
+                # the step's gradient is their sum over the counted tokens, so each rank's loss
+                # is scaled up by the world size
+                (l * world / counted).backward()
                 total += l.detach().double()
         dist.all_reduce(total)
         max_norm = recipe["max_grad_norm"] if recipe["max_grad_norm"] > 0 else float("inf")
