@@ -11,12 +11,17 @@
 #include "cli/args.h"
 #include "cli/commands.h"
 #include "core/allocator.h"
+#ifdef SHARDTRAIN_WITH_CUDA
+#include "core/cuda/device.h"
+#endif
 #include "core/error.h"
 #include "core/gpu_monitor.h"
 #include "core/log.h"
 #include "dist/world.h"
 #include "train/config.h"
 #include "train/launch_defaults.h"
+#include "train/plan.h"
+#include "train/step_model.h"
 #include "train/trainer.h"
 
 namespace shardtrain::cli {
@@ -32,6 +37,7 @@ struct BenchRow {
   int64_t batch_size = 0, seq_len = 0, accum = 0;
   double tokens_per_second = 0;
   train::TimedSteps t;
+  std::string gpu;  // plan's name of the run's GPU ("" on the CPU or for a GPU outside plan's table)
 };
 
 BenchRow run_one_bench(const train::JobConfig& c, int64_t warmup, const std::string& settings) {
@@ -51,6 +57,10 @@ BenchRow run_one_bench(const train::JobConfig& c, int64_t warmup, const std::str
   row.data_parallel = trainer.mesh().shape().data_parallel;
   row.tokens_per_second = s.tokens_per_second;
   row.t = s.timed;
+#ifdef SHARDTRAIN_WITH_CUDA
+  if (trainer.device().is_cuda())
+    if (const train::GpuSpec* g = train::gpu_spec_for_device(cuda::device_name(trainer.device().index))) row.gpu = g->name;
+#endif
   return row;
 }
 
@@ -131,11 +141,25 @@ nlohmann::ordered_json bench_json(const BenchRow& r, int64_t warmup) {
   return j;
 }
 
+// --calibration FILE: the profiled steps' rates in the form `plan --calibration` reads.
+void write_calibration(const std::string& path, const BenchRow& row, const train::JobConfig& c) {
+  const std::string text =
+      train::calibration_from_profile(row.t.ops, row.gpu, row.seq_len, c.training.fp8 != "off");
+  std::ofstream f(path);
+  f << text;
+  f.close();
+  ST_CHECK(f.good(), "bench: cannot write `", path, "` (--calibration)");
+  log::info(fmt::format("bench: wrote the profiled rates to {}{} (`shardtrain plan JOB --calibration {}`; the "
+                        "profile synchronises every op, so its rates are a little below an unprofiled step's)",
+                        path, row.gpu.empty() ? " without a \"gpu\" (not a GPU of plan's table)" : "", path));
+}
+
 }  // namespace
 
 int run_bench(const std::vector<std::string>& args) {
   int64_t steps = 10, warmup = 3;
   std::string json_path;
+  std::string calibration_path;  // --calibration FILE: plan's rates from the profiled steps
   std::vector<std::string> rest;
   // --sweep key=v1,v2: each setting in turn (several --sweep: every combination)
   std::vector<std::pair<std::string, std::vector<std::string>>> sweeps;
@@ -148,6 +172,7 @@ int run_bench(const std::vector<std::string>& args) {
     if (a == "--steps") steps = integer_flag(a, value(), "bench");
     else if (a == "--warmup") warmup = integer_flag(a, value(), "bench");
     else if (a == "--json") json_path = value();
+    else if (a == "--calibration") calibration_path = value();
     else if (a == "--sweep") {
       const std::string& v = value();
       const size_t eq = v.find('=');
@@ -186,11 +211,16 @@ int run_bench(const std::vector<std::string>& args) {
     f.close();
     ST_CHECK(f.good(), "bench: cannot write `", json_path, "` (--json)");
   };
+  ST_CHECK(calibration_path.empty() || sweeps.empty(), "bench: --calibration profiles one job; give it without "
+           "--sweep (one bench per setting)");
+  if (!calibration_path.empty()) profile::enable();  // before the trainer, which then runs the steps eagerly
   if (sweeps.empty()) {
-    const BenchRow row = run_one_bench(job_with({}), warmup, "");
+    const train::JobConfig c = job_with({});
+    const BenchRow row = run_one_bench(c, warmup, "");
     if (row.rank != 0) return 0;  // rank 0 reports
     std::fputs(bench_report(row, warmup).c_str(), stdout);
     write_json(bench_json(row, warmup));
+    if (!calibration_path.empty()) write_calibration(calibration_path, row, c);
     return 0;
   }
   ST_CHECK(!dist::launched_with_several_ranks(), "bench: --sweep runs its settings one after another in one process; launch one bench per "

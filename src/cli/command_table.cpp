@@ -78,9 +78,8 @@ const std::vector<Command>& table() {
        "                        \"attention_seq_len\": 4096, \"attention_forward_fp8_tflops\": 627,\n"
        "                        \"attention_backward_fp8_tflops\": 471, \"memory_gbps\": 2680,\n"
        "                        \"fp8_quantize_gbps\": 2010}, every field optional (default: the GPU's\n"
-       "                        measured defaults); the TFLOP/s and GB/s columns of a profiled run's\n"
-       "                        table (SHARDTRAIN_PROFILE=1 shardtrain bench ...): linear_backward,\n"
-       "                        fp8_product, attention_forward/backward(_fp8), swiglu_forward\n"
+       "                        measured defaults); `shardtrain bench JOB --calibration FILE` writes\n"
+       "                        one from a profiled run of the job on your GPU\n"
        "  --gpus-per-node G     GPUs sharing a node's NVLink and host memory (default 8)\n"
        "  --nvlink-gbps X       NVLink GB/s per GPU and direction, achieved (default 360)\n"
        "  --inter-node-gbps X   network Gb/s per node and direction (default 3200: 8 x 400 Gb/s)\n"
@@ -91,18 +90,21 @@ const std::vector<Command>& table() {
        "shardtrain plan configs/llama3.1-8b-finetune.toml --ranks 8",
        true},
       {"bench", run_bench,
-       "bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--sweep KEY=V1,V2,...]\n"
+       "bench [CONFIG.toml] [--steps N] [--warmup W] [--json FILE] [--calibration FILE]\n"
+       "      [--sweep KEY=V1,V2,...]\n"
        "      [--section.key=value | --section.key value ...]",
        "time the job's training step on random tokens",
        "Runs the job's training step on random tokens (with model.hf or model.preset: random weights\n"
        "of its shape) and\n"
        "reports tokens/s, MFU, the time by phase, peak memory and the GPU board; writes no files but\n"
-       "the --json one.\n"
+       "the --json and --calibration ones.\n"
        "\n"
        "options:\n"
        "  --steps N             timed steps (default 10)\n"
        "  --warmup W            warm-up steps before them (default 3, at least 1)\n"
        "  --json FILE           also write the figures to FILE as JSON\n"
+       "  --calibration FILE    profile the timed steps per op (as SHARDTRAIN_PROFILE=1) and write the\n"
+       "                        rates `plan --calibration FILE` reads: matmul, attention, memory passes\n"
        "  --sweep KEY=V1,V2,... run every combination of the values in turn and print one table;\n"
        "                        repeatable (one process only)\n",
        "shardtrain bench configs/llama3.2-1b-finetune.toml --steps 20 --sweep training.batch_size=1,2,4",

@@ -68,13 +68,17 @@ const std::string& trace_path() {
   return path;
 }
 
+std::atomic<bool> g_enabled_by_call{false};
+
 bool enabled() {
   static const bool on = [] {
     const char* v = std::getenv("SHARDTRAIN_PROFILE");
     return (v != nullptr && std::string(v) != "0" && std::string(v) != "") || !trace_path().empty();
   }();
-  return on;
+  return on || g_enabled_by_call.load(std::memory_order_relaxed);
 }
+
+void enable() { g_enabled_by_call.store(true, std::memory_order_relaxed); }
 
 Region::Region(const char* name, int64_t index) : name_(name), index_(index), on_(!trace_path().empty()) {
   if (on_) start_ = std::chrono::steady_clock::now();
@@ -163,6 +167,13 @@ ScopedTimer::~ScopedTimer() {
 void reset_totals() {
   std::lock_guard<std::mutex> lock(g_mutex);
   totals().clear();
+}
+
+std::vector<OpTotal> op_totals() {
+  std::lock_guard<std::mutex> lock(g_mutex);
+  std::vector<OpTotal> out;
+  for (const auto& [name, t] : totals()) out.push_back({name, t.calls, t.seconds, t.cost});
+  return out;
 }
 
 std::string report_and_reset() {

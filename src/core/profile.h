@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include <initializer_list>
 
@@ -17,6 +18,9 @@
 namespace shardtrain::profile {
 
 bool enabled();
+// Turns the per-op timer on as SHARDTRAIN_PROFILE=1 does (`bench --calibration`); before the
+// work it should time.
+void enable();
 
 // The least work of one op call: matrix-product FLOPs (2 per multiply-add) and the device
 // memory it must read and write once each.
@@ -78,6 +82,16 @@ const std::string& trace_path();
 // kept (the first ones); the file says how many were left out.
 constexpr size_t kMaxTraceEvents = 1000000;
 std::string write_trace(const std::string& path, int rank);
+
+// One op's totals so far: its calls, the time they took and their summed cost.
+struct OpTotal {
+  std::string name;
+  int64_t calls = 0;
+  double seconds = 0;
+  Cost cost;
+};
+// The totals so far, by name, left as they are (`shardtrain bench --calibration` reads them).
+std::vector<OpTotal> op_totals();
 
 // The totals so far as a table, sorted by time, then cleared: name, calls, ms, share, and
 // from the ops' costs the achieved TFLOP/s and GB/s and the roofline's share of the time

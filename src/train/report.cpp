@@ -265,6 +265,7 @@ void RunReport::finish(TrainSummary& summary, int64_t steps_done, const std::str
     log::info("SHARDTRAIN_PROFILE_TRACE: the run's ops and regions (step, block forward and backward, head and loss, "
               "optimizer) in " +
               profile::write_trace(profile::trace_path(), setup_.rank) + " (open it in ui.perfetto.dev)");
+  if (profile::enabled()) summary.timed.ops = profile::op_totals();
   if (profile::enabled() && setup_.rank == 0)
     log::info(fmt::format("per-op time {} (SHARDTRAIN_PROFILE=1: synchronised per op, so slower; roofline: "
                           "max(FLOPs / dense bf16 peak, bytes / memory bandwidth) as a share of the op's time)\n",

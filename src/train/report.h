@@ -14,6 +14,7 @@
 
 #include "core/device.h"
 #include "core/gpu_monitor.h"
+#include "core/profile.h"
 #include "train/metrics.h"
 
 namespace shardtrain::train {
@@ -44,6 +45,7 @@ struct TimedSteps {
   int64_t peak_device_bytes = 0, device_total_bytes = 0;  // this rank's GPU (0 on the CPU)
   int64_t planned_peak_bytes = 0;  // what `shardtrain plan` says of the run's GPU peak (0 on the CPU)
   GpuActivity board;               // this rank's GPU over the timed steps (samples 0: no readings)
+  std::vector<profile::OpTotal> ops;  // SHARDTRAIN_PROFILE=1: the per-op totals of the timed steps (else empty)
 };
 
 struct TrainSummary {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <initializer_list>
 #include <sstream>
 
 #include <fmt/format.h>
@@ -180,6 +181,47 @@ std::string read_text(const std::string& path) {
 
 StepRates read_calibration(const std::string& path, const StepRates& defaults) {
   return parse_calibration(read_text(path), path, defaults);
+}
+
+std::string calibration_from_profile(const std::vector<profile::OpTotal>& ops, const std::string& gpu, int64_t seq_len,
+                                     bool fp8_linears) {
+  // the summed cost and time of the rows named, where they ran
+  auto rows = [&](std::initializer_list<const char*> names) {
+    profile::OpTotal sum;
+    for (const profile::OpTotal& op : ops)
+      for (const char* n : names)
+        if (op.name == n && op.seconds > 0) {
+          sum.calls += op.calls;
+          sum.seconds += op.seconds;
+          sum.cost.flops += op.cost.flops;
+          sum.cost.bytes += op.cost.bytes;
+        }
+    return sum;
+  };
+  nlohmann::ordered_json j;
+  if (!gpu.empty()) j["gpu"] = gpu;
+  // rates to three significant digits (a GPU's 708 TFLOP/s, a CPU's 0.00412)
+  auto put = [&](const char* field, const profile::OpTotal& t, bool flops) {
+    const double amount = flops ? t.cost.flops * 1e-12 : t.cost.bytes * 1e-9;
+    if (t.calls == 0 || amount <= 0) return;
+    j[field] = std::stod(fmt::format("{:.3g}", amount / t.seconds));
+  };
+  if (!fp8_linears) put("matmul_bf16_tflops", rows({"linear_backward"}), true);
+  put("matmul_fp8_tflops", rows({"fp8_product"}), true);
+  const size_t before = j.size();
+  put("attention_forward_tflops", rows({"attention_forward"}), true);
+  put("attention_backward_tflops", rows({"attention_backward"}), true);
+  put("attention_forward_fp8_tflops", rows({"attention_forward_fp8"}), true);
+  put("attention_backward_fp8_tflops", rows({"attention_backward_fp8"}), true);
+  if (j.size() > before) j["attention_seq_len"] = seq_len;
+  put("memory_gbps",
+      rows({"swiglu_forward", "swiglu_backward", "rmsnorm_forward", "rmsnorm_backward", "adamw_step",
+            "adamw_step_multi"}),
+      false);
+  put("fp8_quantize_gbps", rows({"fp8_quantize"}), false);
+  ST_CHECK(j.size() > (gpu.empty() ? 0u : 1u), "bench --calibration: the profile holds none of the ops a calibration "
+           "is made from (linear_backward, attention_forward, ...); was the run profiled (SHARDTRAIN_PROFILE=1)?");
+  return j.dump(1) + "\n";
 }
 
 std::string calibration_gpu(const std::string& path) {

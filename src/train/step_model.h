@@ -27,6 +27,9 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
+
+#include "core/profile.h"
 
 #include "train/plan.h"
 
@@ -76,6 +79,16 @@ StepRates read_calibration(const std::string& path, const StepRates& defaults);
 std::string calibration_gpu(const std::string& path);
 // The same as read_calibration from the file's text (`path` only names it in errors).
 StepRates parse_calibration(const std::string& text, const std::string& path, const StepRates& defaults);
+
+// A calibration file's text (the format above) from a profiled run's per-op totals
+// (profile::op_totals(), SHARDTRAIN_PROFILE=1): each field from the rows plan's rates come from
+// (matmul_bf16_tflops from linear_backward, unless FP8 linears ran; matmul_fp8_tflops from
+// fp8_product; the attention fields from attention_forward, attention_backward and their _fp8
+// rows, at `seq_len`; memory_gbps from the SwiGLU, RMSNorm and AdamW rows together;
+// fp8_quantize_gbps from fp8_quantize). A field whose rows did not run is left out, so plan
+// keeps its default; "gpu" is left out when `gpu` is empty. Throws when no field can be made.
+std::string calibration_from_profile(const std::vector<profile::OpTotal>& ops, const std::string& gpu, int64_t seq_len,
+                                     bool fp8_linears);
 
 // A step's predicted time, with its parts (seconds per step, every micro-batch counted).
 struct StepTime {

@@ -114,6 +114,57 @@ TEST(Cli, BenchReportsTheStepAndWritesNothing) {
   fs::remove_all(dir);
 }
 
+// bench --calibration profiles the timed steps and writes the rates plan --calibration reads:
+// a CPU run's figures (no "gpu", since the CPU is not a GPU of plan's table) move plan's time.
+TEST(Cli, BenchWritesACalibrationThatPlanReads) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("shardtrain_cli_calibration_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string file = (dir / "rates.json").string();
+  const Result r = run_shardtrain("bench --steps 2 --warmup 1 --model.n_layers=1 --training.seq_len=64 --calibration " +
+                                  file);
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("bench: wrote the profiled rates to " + file), std::string::npos) << r.output;
+  std::ifstream in(file);
+  const nlohmann::json rates = nlohmann::json::parse(in);
+  EXPECT_FALSE(rates.contains("gpu")) << rates.dump();
+  for (const char* field : {"matmul_bf16_tflops", "attention_forward_tflops", "attention_backward_tflops",
+                            "memory_gbps"})
+    EXPECT_GT(rates.value(field, 0.0), 0.0) << field << " in " << rates.dump();
+  EXPECT_EQ(rates.at("attention_seq_len"), 64);
+  // a CPU's products are far slower than an H100's: the predicted step grows
+  const std::string plan = "plan --gpu h100-sxm --model.n_layers=2 --training.device=cuda --training.seq_len=256";
+  const Result by_default = run_shardtrain(plan);
+  const Result calibrated = run_shardtrain(plan + " --calibration " + file);
+  ASSERT_EQ(by_default.status, 0) << by_default.output;
+  ASSERT_EQ(calibrated.status, 0) << calibrated.output;
+  EXPECT_NE(calibrated.output.find("--calibration " + file + " over the defaults of the h100-sxm"), std::string::npos)
+      << calibrated.output;
+  // "  step    0.000108 s per step" or "18 min 34 s per step": the seconds
+  auto step_s = [](const std::string& out) {
+    const size_t at = out.find("\n  step ");
+    const size_t per = out.find(" per step", at);
+    if (at == std::string::npos || per == std::string::npos) return -1.0;
+    std::istringstream parts(out.substr(at + 8, per - at - 8));
+    const std::map<std::string, double> units = {{"ms", 1e-3}, {"s", 1}, {"min", 60}, {"h", 3600}, {"d", 86400}};
+    double seconds = 0, amount = 0;
+    std::string unit;
+    while (parts >> amount >> unit) {
+      if (!units.count(unit)) return -1.0;
+      seconds += amount * units.at(unit);
+    }
+    return seconds;
+  };
+  EXPECT_GT(step_s(by_default.output), 0.0) << by_default.output;
+  EXPECT_GT(step_s(calibrated.output), 10 * step_s(by_default.output)) << calibrated.output;
+  const Result sweep = run_shardtrain("bench --steps 1 --calibration " + file + " --sweep training.batch_size=1,2");
+  EXPECT_EQ(sweep.status, 1);
+  EXPECT_NE(sweep.output.find("--calibration profiles one job; give it without --sweep"), std::string::npos)
+      << sweep.output;
+  fs::remove_all(dir);
+}
+
 // `cache` lists a token cache a launch made, calls it stale once its source changes, and
 // prune removes it (after a dry run that removes nothing); a running build stays.
 TEST(Cli, CacheListsAndPrunesTheTokenCaches) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "testing/shared_data.h"
@@ -336,6 +337,48 @@ TEST(StepModel, CalibrationFileSetsTheRates) {
   EXPECT_EQ(calibration_gpu(path), "h200");
   EXPECT_DOUBLE_EQ(read_calibration(path, default_step_rates(gpu_spec("h200"), 128)).matmul_bf16, 700e12);
   std::remove(path.c_str());
+}
+
+// A profiled run's per-op totals become a calibration file that plan reads back.
+TEST(StepModel, CalibrationFromAProfile) {
+  const StepRates h100 = default_step_rates(gpu_spec("h100-sxm"), 128);
+  auto op = [](const char* name, double seconds, double flops, double bytes) {
+    return profile::OpTotal{name, 10, seconds, {flops, bytes}};
+  };
+  const std::vector<profile::OpTotal> ops = {
+      op("linear_backward", 2.0, 1416e12, 0),       // 708 TFLOP/s
+      op("linear_forward", 1.0, 300e12, 0),         // not a calibration row
+      op("attention_forward", 1.0, 393.4e12, 0),    // 393
+      op("attention_backward", 2.0, 590e12, 0),     // 295
+      op("swiglu_forward", 1.0, 0, 1000e9),         // the memory rows together:
+      op("rmsnorm_backward", 1.0, 0, 2000e9),       // 3,000 GB over 2 s, 1,500 GB/s
+      op("adamw_step_multi", 0.0, 0, 2400e9),       // (no time: left out)
+      op("fp8_quantize", 1.0, 0, 2190e9),
+  };
+  const std::string text = calibration_from_profile(ops, "h100-sxm", 8192, false);
+  EXPECT_EQ(nlohmann::json::parse(text),
+            nlohmann::json::parse(R"({"gpu": "h100-sxm", "matmul_bf16_tflops": 708, "attention_forward_tflops": 393,
+                                      "attention_backward_tflops": 295, "attention_seq_len": 8192,
+                                      "memory_gbps": 1500, "fp8_quantize_gbps": 2190})"))
+      << text;
+  const StepRates c = parse_calibration(text, "profiled.json", h100);
+  EXPECT_DOUBLE_EQ(c.matmul_bf16, 708e12);
+  EXPECT_DOUBLE_EQ(c.attention_backward_bf16, 295e12);
+  EXPECT_EQ(c.attention_seq_len, 8192);
+  EXPECT_DOUBLE_EQ(c.matmul_fp8, h100.matmul_fp8);  // no fp8_product row: the default stays
+  // with FP8 linears linear_backward mixes FP8 products: no bf16 rate from it; a CPU's rates
+  // keep three significant digits; no GPU name, no "gpu"
+  const std::string fp8 = calibration_from_profile(
+      {op("linear_backward", 1.0, 1000e12, 0), op("fp8_product", 3.0, 0.0123456e12, 0)}, "", 4096, true);
+  EXPECT_EQ(nlohmann::json::parse(fp8), nlohmann::json::parse(R"({"matmul_fp8_tflops": 0.00412})")) << fp8;
+  try {
+    calibration_from_profile({op("embedding_forward", 1.0, 0, 1e9)}, "h100-sxm", 4096, false);
+    ADD_FAILURE() << "a profile without the calibration's rows must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the profile holds none of the ops a calibration is made from"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // The printout names every part and where the rates come from.
