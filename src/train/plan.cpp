@@ -193,8 +193,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int64_t block_grads = grads_aliased ? 0 : grads_alive * 4 * block_numel;
   p.block_grads = block_grads;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
-  // the ring's key/value blocks (in hand and arriving) and their gradients (f32 on a GPU)
-  if (cp > 1) p.ring_buffers = 2 * 2 * tokens * M * H * (cb + (in.gpu ? 4 : cb));
+  // the ring's key/value blocks (in hand and arriving) and three of their gradients (f32 on a
+  // GPU): this rank's share of the block in hand, the gradient arriving beside it and the one
+  // leaving (model/context_parallel.h)
+  if (cp > 1) p.ring_buffers = 2 * tokens * M * H * (2 * cb + 3 * (in.gpu ? 4 : cb));
   p.in_backward = kept + temporaries + block_grads + blocks;
   if (in.fp8 && in.gpu) {
     // at the gate|up product's backward dh is gone and the FP8 copies of its output gradient

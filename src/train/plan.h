@@ -87,8 +87,8 @@ struct MemoryPlan {
   // in their reduce-scatter (parallel.reductions_in_flight; none where the backward writes the shards).
   int64_t block_grads = 0;
   // Of in_backward, with context parallelism: the ring attention's key/value blocks (the one in
-  // hand and the one arriving, M heads of a rank's tokens each) and their travelling gradients
-  // (f32 on a GPU).
+  // hand and the one arriving, M heads of a rank's tokens each) and three of their gradients
+  // (f32 on a GPU): this rank's share, the one arriving beside it and the one leaving.
   int64_t ring_buffers = 0;
   // training.fp8: the FP8 operands alive at the backward's largest product, the MLP's gate|up
   // (its output gradient's rows and columns, and xn2's columns: 4 F + D bytes a token row)

@@ -128,7 +128,7 @@ TEST(Plan, ADecoupledHeadDimSizesTheAttentionsActivations) {
 
 // Context parallelism (parallel.context_parallel = 4 of 8 ranks): a rank computes a quarter of
 // each sequence, so its activations are those of a sequence of seq_len / 4 on the same mesh;
-// the block backward adds the ring's two key/value blocks and their f32 gradients; the FLOPs
+// the block backward adds the ring's two key/value blocks and three f32 gradients; the FLOPs
 // per token stay the whole sequence's, the tokens per step count each token once, and the
 // plan names the degree.
 TEST(Plan, ContextParallelismPlansARanksShareOfEachSequence) {
@@ -149,7 +149,8 @@ TEST(Plan, ContextParallelismPlansARanksShareOfEachSequence) {
   EXPECT_EQ(split.tokens_per_micro_batch, tokens);
   EXPECT_EQ(split.activations_at_loss, local.activations_at_loss);
   EXPECT_EQ(split.shard_elements, local.shard_elements) << "the units stay sharded over all 8 ranks";
-  EXPECT_EQ(split.ring_buffers, 2 * 2 * tokens * M * H * (2 + 4));
+  // two bf16 key/value blocks and three f32 gradients of one, each [2 (k, v), 2 (chunk), C, M, H]
+  EXPECT_EQ(split.ring_buffers, 2 * tokens * M * H * (2 * 2 + 3 * 4));
   EXPECT_EQ(split.in_backward, local.in_backward + split.ring_buffers);
   EXPECT_EQ(local.ring_buffers, 0);
   EXPECT_DOUBLE_EQ(split.flops_per_token, in.model.flops_per_token(4 * 4096));
