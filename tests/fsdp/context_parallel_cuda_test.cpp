@@ -304,9 +304,10 @@ TEST(ContextParallelCuda, RingAttentionWithLateExchangesMatchesOneGpu) {
           const Tensor ref = model::context_shard(ref_all, degree, r, dim);
           const double err = rel_norm(ring_part, ref);
           if (ring_part.dtype() == DType::kF32) {
-            // f32 (and the log-sum-exps, f32 for bf16 too): the blocks' merges and sums
-            // against one pass, to f32's rounding
-            EXPECT_LT(err, 1e-5) << name;
+            // f32: the blocks' merges and sums against one pass, to f32's rounding; the
+            // log-sum-exps of bf16 inputs (cuDNN's, against the f32 kernel's) to the 1e-4 the
+            // attention's own GPU tests allow them
+            EXPECT_LT(err, dt == DType::kF32 ? 1e-5 : 1e-4) << name;
           } else {
             // bf16: each block's part is rounded to bf16 before the parts add up in f32, where
             // one GPU rounds once; a block read before it arrived would be off by O(1)
