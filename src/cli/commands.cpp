@@ -375,8 +375,21 @@ int run_plan(const std::vector<std::string>& args) {
   train::PlanInput in = train::plan_input(job, planned.config, ranks);
   if (!planned.source.empty()) std::fputs((planned.source + "\n").c_str(), stdout);
   const std::string time = plan_time(in, time_options);
-  if (job.training.activation_checkpointing == "auto" && in.gpu) {
+  // an 80 GB H100 as CUDA counts it
+  const int64_t h100 = static_cast<int64_t>(79.18 * (1 << 30));
+  const bool auto_checkpointing = job.training.activation_checkpointing == "auto";
+  // a sequence too long for one GPU: the context parallelism that splits it enough
+  const auto context_parallel_advice = [&] {
+    const train::ContextParallelChoice c = train::choose_context_parallel(in, h100, auto_checkpointing);
+    if (c.degree > 0)
+      std::fputs(fmt::format("on 80 GB H100s (79.18 GiB) the job {}\n",
+                             train::describe_context_parallel(in, c, auto_checkpointing))
+                     .c_str(),
+                 stdout);
+  };
+  if (auto_checkpointing && in.gpu) {
     std::fputs(train::describe_auto_checkpointing(in).c_str(), stdout);  // decided at launch, by the GPU
+    if (!train::choose_checkpointing(in, h100).fits) context_parallel_advice();
     std::fputs(time.c_str(), stdout);
     return 0;
   }
@@ -385,12 +398,12 @@ int run_plan(const std::vector<std::string>& args) {
   if (in.gpu) {
     // the trainer's own margin for its automatic choices; an 80 GB H100 as CUDA counts it
     const int64_t needs = plan.peak + train::checkpointing_reserve(plan.peak);
-    const int64_t h100 = static_cast<int64_t>(79.18 * (1 << 30));
     std::fputs(fmt::format("needs a GPU of at least {} (the peak, 2 GiB and 3 % to spare){}\n", format_bytes(needs),
                            needs > h100 ? "; more than an 80 GB H100 holds (79.18 GiB): " + train::gpu_memory_advice(in)
                                         : std::string())
                    .c_str(),
                stdout);
+    if (needs > h100) context_parallel_advice();
   }
   if (const int64_t host = plan.host + plan.host_activations + plan.host_checkpoint; host > 0 && per_machine > 1)
     std::fputs(fmt::format("host memory per machine of {} ranks: {} (this machine has {})\n", per_machine,

@@ -232,11 +232,15 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
   }
   Tensor kv = pack_kv(k_BLMH, v_BLMH, C);
   Tensor kv_next = G > 1 ? Tensor::empty(kv.shape(), kv.dtype(), dev, "ring keys and values") : Tensor();
-  // the gradient of the block in hand, [2 (dk, dv), 2 (chunk), B, C, M, H]: every rank adds its
-  // share as the block passes, and it travels one step behind the block itself
-  Tensor dkv = Tensor::empty(kv.shape(), acc, dev, "ring dk and dv");
-  ops::fill(dkv, 0.0);
-  Tensor dkv_next = Tensor::empty(kv.shape(), acc, dev, "ring dk and dv");
+  // The gradient of a key block, [2 (dk, dv), 2 (chunk), B, C, M, H], gathers every rank's
+  // share as it travels one step behind the block itself. At step s this rank adds its share
+  // of the block in hand into `mine` while the gradient of the same block, holding the shares
+  // of the ranks it has passed, arrives from the previous rank into `arrived`, and the sum of
+  // the last step (`total`) leaves for the next; once they are here, total = arrived + mine.
+  const auto dkv_buffer = [&] { return Tensor::empty(kv.shape(), acc, dev, "ring dk and dv"); };
+  Tensor mine = dkv_buffer();
+  Tensor total = G > 1 ? dkv_buffer() : Tensor();
+  Tensor arrived = G > 1 ? dkv_buffer() : Tensor();
   const Shape kv_chunk = kv.select(0).select(0).shape();
   Tensor dq_part = Tensor::empty(q[0].shape(), q_BLNH.dtype(), dev, "ring dq part");
   Tensor dk_part = Tensor::empty(kv_chunk, kv.dtype(), dev, "ring dk part");
@@ -248,27 +252,37 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
   Tensor dv_wide = widen ? Tensor::empty(kv_chunk, acc, dev, "ring dv part (f32)") : Tensor();
   for (int step = 0; step < G; ++step) {
     const int owner = (r - step + G) % G;
-    if (step + 1 < G) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
+    // the block moves on to the next rank, and the gradient of the last one after it, while
+    // this rank attends to the block in hand
+    const bool kv_moves = step + 1 < G, dkv_moves = step > 0;
+    if (kv_moves) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
+    if (dkv_moves) cp.start_send_recv(total, ring_next(cp), arrived, ring_prev(cp));
+    ops::fill(mine, 0.0);
     for (const RingBlock& blk : ring_blocks(r, owner, G)) {
       ops::AttentionOptions o = options;
       o.causal = blk.causal;
       const size_t i = static_cast<size_t>(blk.qi);
       ops::attention_backward(dq_part, dk_part, dv_part, dout[i], q[i], kv.select(0).select(blk.kj),
                               kv.select(1).select(blk.kj), out[i], lse[i], o);
-      Tensor dk = dkv.select(0).select(blk.kj), dv = dkv.select(1).select(blk.kj);
+      Tensor dk = mine.select(0).select(blk.kj), dv = mine.select(1).select(blk.kj);
       accumulate(dq[i], dq_part, dq_wide);
       accumulate(dk, dk_part, dk_wide);
       accumulate(dv, dv_part, dv_wide);
     }
-    if (step + 1 < G) {
-      cp.finish();
-      std::swap(kv, kv_next);
+    if (kv_moves || dkv_moves) cp.finish();
+    if (kv_moves) std::swap(kv, kv_next);
+    // this rank's share is in; at the first step (its own block) it is all the block has yet
+    if (dkv_moves) {
+      ops::add(total, arrived, mine);
+    } else {
+      std::swap(total, mine);
     }
-    // this rank's share is in: the gradient moves on with its block (after the last step, home)
-    if (G > 1) {
-      cp.send_recv(dkv, ring_next(cp), dkv_next, ring_prev(cp));
-      std::swap(dkv, dkv_next);
-    }
+  }
+  // the last block's gradient, now complete, goes home while this rank's own arrives
+  Tensor dkv = total;
+  if (G > 1) {
+    cp.send_recv(total, ring_next(cp), arrived, ring_prev(cp));
+    dkv = arrived;
   }
   auto narrow = [](const Tensor& x, const Tensor& like) { return as_dtype(x, like.dtype(), "ring gradient"); };
   write_chunks(dq_BLNH, narrow(dq[0], dq_BLNH), narrow(dq[1], dq_BLNH), C);

@@ -25,8 +25,12 @@ class ContextParallel {
   // rank's `to` names a rank whose `from` names it).
   virtual void send_recv(const Tensor& send, int to, Tensor& recv, int from) = 0;
   // send_recv started beside the compute stream: later work runs while it moves, until
-  // finish() makes the compute stream wait for it. One at a time; `send` and `recv` are left
-  // alone until finish(). Where nothing runs beside (the CPU) it completes before returning.
+  // finish() makes the compute stream wait for it. Several may be started before one finish()
+  // (the backward's keys and values and the gradient travelling behind them): they move one
+  // after another in the order started, which must be the same on every rank of the group, and
+  // finish() waits for all of them. Until finish(), each one's `send` is left alone (not
+  // written, not freed) and its `recv` neither read, written nor freed. Where nothing runs
+  // beside (the CPU) each completes before returning.
   virtual void start_send_recv(const Tensor& send, int to, Tensor& recv, int from) { send_recv(send, to, recv, from); }
   virtual void finish() {}
 };
@@ -68,7 +72,11 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
 // adds up here, while dk and dv of a key block travel around the ring with it, gathering every
 // rank's share, and arrive back at their owner after `size` steps. With bf16 or f16 inputs dq
 // and the travelling dk and dv add up in f32 (twice the bytes on the wire), rounded once at the
-// end; f32 and f64 inputs add up in their own dtype.
+// end; f32 and f64 inputs add up in their own dtype. Every exchange runs beside the attention
+// of a block: the keys and values of the next step, and the gradient gathered so far, which
+// arrives while this rank computes its own share of the block into an accumulator of its own
+// and is added to it once there (three key/value-sized accumulators; one exchange, bringing
+// each block's gradient home, follows the last step).
 void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, const Tensor& dout_BLNH,
                              const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
                              const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp);

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <numeric>
+#include <optional>
 
 #include <unistd.h>
 
@@ -193,8 +195,10 @@ MemoryPlan plan_memory(const PlanInput& in) {
   const int64_t block_grads = grads_aliased ? 0 : grads_alive * 4 * block_numel;
   p.block_grads = block_grads;
   const int64_t blocks = params_aliased ? 0 : cb * blocks_gathered * block_numel;  // as at the loss
-  // the ring's key/value blocks (in hand and arriving) and their gradients (f32 on a GPU)
-  if (cp > 1) p.ring_buffers = 2 * 2 * tokens * M * H * (cb + (in.gpu ? 4 : cb));
+  // the ring's key/value blocks (in hand and arriving) and three of their gradients (f32 on a
+  // GPU): this rank's share of the block in hand, the gradient arriving beside it and the one
+  // leaving (model/context_parallel.h)
+  if (cp > 1) p.ring_buffers = 2 * tokens * M * H * (2 * cb + 3 * (in.gpu ? 4 : cb));
   p.in_backward = kept + temporaries + block_grads + blocks;
   if (in.fp8 && in.gpu) {
     // at the gate|up product's backward dh is gone and the FP8 copies of its output gradient
@@ -449,6 +453,72 @@ std::string gpu_memory_advice(const PlanInput& in) {
     offer(waiting, "parallel.reductions_in_flight = 0, the backward then waiting for each block's reduce-scatter");
   }
   return s;
+}
+
+namespace {
+
+// 131072 as "131,072".
+std::string with_thousands(int64_t n) {
+  std::string digits = std::to_string(n), s;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0 && digits[i - 1] != '-') s += ',';
+    s += digits[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+ContextParallelChoice choose_context_parallel(const PlanInput& in, int64_t device_bytes, bool auto_checkpointing) {
+  ContextParallelChoice none;
+  // what the ring attention does not take (the config refuses them with a degree above 1)
+  if (!in.gpu || in.tensor_parallel > 1 || in.model.sliding_window > 0 || in.fp8_attention) return none;
+  // t as the trainer would run it on `device_bytes`: the lightest checkpointing that fits
+  // ("auto"), else full with the fewest offloaded blocks; t's own checkpointing otherwise
+  const auto fitted = [&](PlanInput t) -> std::optional<ContextParallelChoice> {
+    t = with_offloaded_blocks(t, 0);
+    if (auto_checkpointing) {
+      const CheckpointingChoice ac = choose_checkpointing(t, device_bytes);
+      t.checkpointing = ac.checkpointing;
+      if (ac.fits) return ContextParallelChoice{t.context_parallel, t, ac.plan};
+      t.checkpointing = model::ActivationCheckpointing::kFull;  // the least to carry over the bus
+    } else if (const MemoryPlan p = plan_memory(t); p.peak + checkpointing_reserve(p.peak) <= device_bytes) {
+      return ContextParallelChoice{t.context_parallel, t, p};
+    }
+    t.offload_activations = true;
+    if (const OffloadBlocksChoice o = choose_offload_blocks(t, device_bytes); o.fits)
+      return ContextParallelChoice{t.context_parallel, with_offloaded_blocks(t, o.blocks), o.plan};
+    return std::nullopt;
+  };
+  for (int d = in.context_parallel + 1; d <= kMaxContextParallel && 2 * d <= in.seq_len; ++d) {
+    if (in.seq_len % (2 * d) != 0) continue;
+    PlanInput t = in;
+    t.context_parallel = d;
+    t.world_size = std::lcm(in.world_size, d);  // the ranks themselves where d divides them
+    // where as many ranks fit without splitting the sequences, they are the answer, not this
+    PlanInput unsplit = t;
+    unsplit.context_parallel = in.context_parallel;
+    if (fitted(unsplit)) return none;
+    if (std::optional<ContextParallelChoice> c = fitted(t)) return *c;
+  }
+  return none;
+}
+
+std::string describe_context_parallel(const PlanInput& in, const ContextParallelChoice& c, bool auto_checkpointing) {
+  ST_ASSERT(c.degree > 1, "describe_context_parallel: no degree chosen");
+  const PlanInput& t = c.input;
+  std::vector<std::string> keys;
+  if (auto_checkpointing)
+    keys.push_back(
+        fmt::format("training.activation_checkpointing = \"{}\"", model::checkpointing_name(t.checkpointing)));
+  if (t.offload_activations)
+    keys.push_back(fmt::format("training.offload_activations = true ({} of {} blocks)", t.offload_activation_blocks,
+                               t.model.n_layers));
+  std::string s = fmt::format("fits with parallel.context_parallel = {}", c.degree);
+  if (t.world_size != in.world_size) s += fmt::format(" on {} ranks", t.world_size);
+  for (size_t i = 0; i < keys.size(); ++i) s += (i + 1 < keys.size() ? ", " : " and ") + keys[i];
+  return s + fmt::format(" (each rank holds {} tokens of each sequence's {}; peak {})",
+                         with_thousands(t.seq_len / c.degree), with_thousands(t.seq_len), format_bytes(c.plan.peak));
 }
 
 std::string describe_auto_checkpointing(PlanInput in) {

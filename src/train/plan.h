@@ -87,8 +87,8 @@ struct MemoryPlan {
   // in their reduce-scatter (parallel.reductions_in_flight; none where the backward writes the shards).
   int64_t block_grads = 0;
   // Of in_backward, with context parallelism: the ring attention's key/value blocks (the one in
-  // hand and the one arriving, M heads of a rank's tokens each) and their travelling gradients
-  // (f32 on a GPU).
+  // hand and the one arriving, M heads of a rank's tokens each) and three of their gradients
+  // (f32 on a GPU): this rank's share, the one arriving beside it and the one leaving.
   int64_t ring_buffers = 0;
   // training.fp8: the FP8 operands alive at the backward's largest product, the MLP's gate|up
   // (its output gradient's rows and columns, and xn2's columns: 4 F + D bytes a token row)
@@ -160,6 +160,28 @@ std::string host_memory_problem(const PlanInput& in, const MemoryPlan& plan, int
 // parallel.reductions_in_flight = 0 not already in `in` that lowers the peak, with the bytes it
 // takes off.
 std::string gpu_memory_advice(const PlanInput& in);
+
+// A job whose planned peak plus the reserve above exceeds `device_bytes`: the smallest
+// context-parallel degree above in.context_parallel (at most kMaxContextParallel, cutting each
+// sequence into 2 x degree chunks) with which it fits, each rank then holding seq_len / degree
+// tokens of each sequence. With `auto_checkpointing` the lightest policy that fits (as
+// choose_checkpointing), else in.checkpointing; where nothing fits without, the fewest blocks
+// of activation offload that do (full checkpointing then, for "auto"). The degree runs on
+// in.world_size ranks where it divides them, else on the least multiple of both. degree 0:
+// none fits; or as many ranks fit without splitting the sequences (more data-parallel ranks
+// are then the answer); or the job cannot split its sequences (the CPU, tensor parallelism,
+// sliding windows, training.fp8_attention).
+inline constexpr int kMaxContextParallel = 64;
+struct ContextParallelChoice {
+  int degree = 0;
+  PlanInput input;  // the job with that degree, its ranks, checkpointing and offload
+  MemoryPlan plan;
+};
+ContextParallelChoice choose_context_parallel(const PlanInput& in, int64_t device_bytes, bool auto_checkpointing);
+// The choice in a line: "fits with parallel.context_parallel = 4 on 4 ranks and
+// training.offload_activations = true (2 of 32 blocks) (each rank holds 131,072 tokens of each
+// sequence's 524,288; peak ...)"; with `auto_checkpointing` the policy too. c.degree must be one.
+std::string describe_context_parallel(const PlanInput& in, const ContextParallelChoice& c, bool auto_checkpointing);
 
 // For `plan` with "auto" checkpointing: each policy's planned peak and the GPU memory it needs.
 std::string describe_auto_checkpointing(PlanInput in);

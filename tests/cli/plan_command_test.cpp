@@ -121,6 +121,25 @@ TEST(Cli, PlanOfShippedJobsNeedsNoDownloadAndGivesTheTime) {
   std::filesystem::remove_all(empty);
 }
 
+// A sequence one 80 GB GPU cannot hold: plan names the context-parallel degree that splits it
+// enough, with the offload it takes, for a given checkpointing policy and for "auto"; a job that
+// fits is offered none.
+TEST(Cli, PlanNamesTheContextParallelismALongSequenceNeeds) {
+  const std::string job = "plan " + shardtrain::testing::source_dir() +
+                          "/configs/llama3.1-8b-finetune.toml --ranks 1 --training.batch_size=1 ";
+  const std::string advice = "on 80 GB H100s (79.18 GiB) the job fits with parallel.context_parallel = ";
+  for (const char* checkpointing : {"full", "auto"}) {
+    const Result r =
+        run_shardtrain(job + "--training.seq_len=524288 --training.activation_checkpointing=" + checkpointing);
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(advice), std::string::npos) << checkpointing << ":\n" << r.output;
+    EXPECT_NE(r.output.find("tokens of each sequence's 524,288; peak "), std::string::npos) << r.output;
+  }
+  const Result fits = run_shardtrain(job + "--training.seq_len=4096");
+  EXPECT_EQ(fits.status, 0) << fits.output;
+  EXPECT_EQ(fits.output.find("parallel.context_parallel = "), std::string::npos) << fits.output;
+}
+
 TEST(Cli, PlanReadsAHuggingFaceFolderAndTakesRanks) {
   const std::string hf = shardtrain::testing::source_dir() + "/tests/model/hf_reference/gqa4_llama3_rope";
   const Result r = run_shardtrain("plan --model.hf=" + hf + " --training.seq_len=16 --ranks 4");

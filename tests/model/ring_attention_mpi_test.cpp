@@ -4,6 +4,10 @@
 // backward the same dq, dk and dv (f32, relative 1e-5), with grouped kv heads, from the
 // shortest sequence the degree allows (one token per chunk, T = 2N) to chunks longer than a
 // tile, and on q, k, v given as head slices of one stacked tensor (as the model holds them).
+// Exchanges left in flight until finish() (as a GPU's are) give the same results bit for bit:
+// the forward starts its key/value exchanges, the backward those and the gradient's too.
+#include <algorithm>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -13,6 +17,7 @@
 #include "fsdp/context_parallel.h"
 #include "model/context_parallel.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "testing/compare.h"
 
 namespace shardtrain {
@@ -88,6 +93,87 @@ TEST(RingAttention, MatchesOneRankOverTheWholeSequence) {
         EXPECT_TRUE(testing::all_close(contiguous(ldv), model::context_shard(dv, degree, r), testing::kRanksF32))
             << "dv";
       }
+    }
+  }
+}
+
+// A group whose started exchanges move nothing until finish(): each `recv` is filled with NaN
+// at once and the exchange itself runs in finish(), reading `send` only then. A ring that read
+// a `recv` before finish(), or wrote a `send`, would see NaN or send what it wrote; the counts
+// say which exchanges were started rather than run at once.
+class DeferredExchanges final : public model::ContextParallel {
+ public:
+  explicit DeferredExchanges(model::ContextParallel& group) : group_(group) {}
+  int size() const override { return group_.size(); }
+  int rank() const override { return group_.rank(); }
+  void send_recv(const Tensor& send, int to, Tensor& recv, int from) override {
+    EXPECT_TRUE(pending_.empty()) << "an exchange run at once while started ones are in flight";
+    ++immediate;
+    group_.send_recv(send, to, recv, from);
+  }
+  void start_send_recv(const Tensor& send, int to, Tensor& recv, int from) override {
+    ops::fill(recv, std::numeric_limits<double>::quiet_NaN());
+    pending_.push_back({send, recv, to, from});
+    ++started;
+    most_in_flight = std::max(most_in_flight, static_cast<int>(pending_.size()));
+  }
+  void finish() override {
+    for (Pending& p : pending_) group_.send_recv(p.send, p.to, p.recv, p.from);
+    pending_.clear();
+  }
+  int immediate = 0, started = 0, most_in_flight = 0;
+
+ private:
+  struct Pending {
+    Tensor send, recv;
+    int to, from;
+  };
+  model::ContextParallel& group_;
+  std::vector<Pending> pending_;
+};
+
+TEST(RingAttention, ExchangesInFlightUntilFinishGiveTheSameResults) {
+  auto comm = dist::make_mpi_world();
+  for (int degree : degrees(comm->world_size())) {
+    fsdp::ContextGroups groups = fsdp::split_context_groups(*comm, degree);
+    auto cp = fsdp::make_context_parallel(groups.group.get());
+    const int r = cp->rank();
+    for (int64_t C : {int64_t{1}, int64_t{20}}) {
+      const int64_t B = 2, N = 4, M = 2, H = 8, L = 2 * C;
+      SCOPED_TRACE("degree " + std::to_string(degree) + ", C = " + std::to_string(C) + ", rank " + std::to_string(r));
+      const uint64_t seed = static_cast<uint64_t>(1000 + 100 * C + 10 * groups.data_rank() + r);
+      const Tensor q = random_tensor({B, L, N, H}, seed + 1, 0.1, 0.8);
+      const Tensor k = random_tensor({B, L, M, H}, seed + 2, -0.1, 0.8);
+      const Tensor v = random_tensor({B, L, M, H}, seed + 3, 0.2, 1.5);
+      const Tensor dout = random_tensor({B, L, N, H}, seed + 4, 0.05, 1.0);
+      ops::AttentionOptions o;
+      o.block_queries = 16;
+      o.block_keys = 16;
+      struct Result {
+        Tensor out, lse, dq, dk, dv;
+      };
+      const auto ring = [&](model::ContextParallel& group) {
+        Result x{Tensor::empty(q.shape(), DType::kF32), Tensor::empty({B, N, L}, DType::kF32),
+                 Tensor::empty(q.shape(), DType::kF32), Tensor::empty(k.shape(), DType::kF32),
+                 Tensor::empty(v.shape(), DType::kF32)};
+        model::ring_attention_forward(x.out, x.lse, q, k, v, o, group);
+        model::ring_attention_backward(x.dq, x.dk, x.dv, dout, q, k, v, x.out, x.lse, o, group);
+        return x;
+      };
+      const Result want = ring(*cp);
+      DeferredExchanges deferred(*cp);
+      const Result got = ring(deferred);
+      EXPECT_TRUE(testing::all_close(got.out, want.out, testing::kExact)) << "out";
+      EXPECT_TRUE(testing::all_close(got.lse, want.lse, testing::kExact)) << "lse";
+      EXPECT_TRUE(testing::all_close(got.dq, want.dq, testing::kExact)) << "dq";
+      EXPECT_TRUE(testing::all_close(got.dk, want.dk, testing::kExact)) << "dk";
+      EXPECT_TRUE(testing::all_close(got.dv, want.dv, testing::kExact)) << "dv";
+      // forward: degree - 1 key/value exchanges started; backward: as many again, and the
+      // gradient's degree - 1 one step behind them (two in flight at the steps between the
+      // first and the last), then its way home at once
+      EXPECT_EQ(deferred.started, 3 * (degree - 1));
+      EXPECT_EQ(deferred.immediate, 1);
+      EXPECT_EQ(deferred.most_in_flight, degree > 2 ? 2 : 1);
     }
   }
 }

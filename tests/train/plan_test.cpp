@@ -8,12 +8,14 @@
 
 #include "testing/model_shapes.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <string>
 
 #include "model/hf_config.h"
 #include "model/layout.h"
@@ -128,7 +130,7 @@ TEST(Plan, ADecoupledHeadDimSizesTheAttentionsActivations) {
 
 // Context parallelism (parallel.context_parallel = 4 of 8 ranks): a rank computes a quarter of
 // each sequence, so its activations are those of a sequence of seq_len / 4 on the same mesh;
-// the block backward adds the ring's two key/value blocks and their f32 gradients; the FLOPs
+// the block backward adds the ring's two key/value blocks and three f32 gradients; the FLOPs
 // per token stay the whole sequence's, the tokens per step count each token once, and the
 // plan names the degree.
 TEST(Plan, ContextParallelismPlansARanksShareOfEachSequence) {
@@ -149,7 +151,8 @@ TEST(Plan, ContextParallelismPlansARanksShareOfEachSequence) {
   EXPECT_EQ(split.tokens_per_micro_batch, tokens);
   EXPECT_EQ(split.activations_at_loss, local.activations_at_loss);
   EXPECT_EQ(split.shard_elements, local.shard_elements) << "the units stay sharded over all 8 ranks";
-  EXPECT_EQ(split.ring_buffers, 2 * 2 * tokens * M * H * (2 + 4));
+  // two bf16 key/value blocks and three f32 gradients of one, each [2 (k, v), 2 (chunk), C, M, H]
+  EXPECT_EQ(split.ring_buffers, 2 * tokens * M * H * (2 * 2 + 3 * 4));
   EXPECT_EQ(split.in_backward, local.in_backward + split.ring_buffers);
   EXPECT_EQ(local.ring_buffers, 0);
   EXPECT_DOUBLE_EQ(split.flops_per_token, in.model.flops_per_token(4 * 4096));
@@ -165,6 +168,80 @@ TEST(Plan, ContextParallelismPlansARanksShareOfEachSequence) {
   // the plan of a job reads the key
   JobConfig job = load_config("", {"--parallel.context_parallel=4", "--training.seq_len=128"}).config;
   EXPECT_EQ(plan_input(job, in.model, 8).context_parallel, 4);
+}
+
+// A sequence too long for one GPU: the 8B at 524,288 tokens fits no 80 GB GPU with any
+// checkpointing or activation offload, and plan names the smallest context-parallel degree
+// whose share of each sequence fits, with the offload it needs; no smaller degree fits with
+// any policy or offload. On 8 ranks the degree divides them and the run keeps its 8. A job
+// that more ranks alone make fit is offered no degree.
+TEST(Plan, ContextParallelismSplitsASequenceTooLongForOneGpu) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.gpu = true;
+  in.micro_batch = 1;
+  in.seq_len = 524288;
+  const int64_t gpu = static_cast<int64_t>(79.18 * (1 << 30));  // an H100 80GB as CUDA reports it
+  const auto fits = [&](const MemoryPlan& p) { return p.peak + checkpointing_reserve(p.peak) <= gpu; };
+  // the most one rank can drop: full checkpointing and every block but the last two offloaded
+  const auto lightest = [](PlanInput t) {
+    t.checkpointing = model::ActivationCheckpointing::kFull;
+    return plan_memory(with_offloaded_blocks(t, t.model.n_layers - 2));
+  };
+  ASSERT_FALSE(fits(lightest(in)));
+  for (const int world : {1, 8}) {
+    SCOPED_TRACE("world " + std::to_string(world));
+    in.world_size = world;
+    const ContextParallelChoice c = choose_context_parallel(in, gpu, true);
+    ASSERT_GE(c.degree, 2);
+    EXPECT_EQ(c.input.context_parallel, c.degree);
+    EXPECT_EQ(c.input.world_size, world == 1 ? c.degree : 8);
+    EXPECT_EQ(c.plan.tokens_per_micro_batch, 524288 / c.degree);
+    EXPECT_TRUE(fits(c.plan));
+    EXPECT_EQ(plan_memory(c.input).peak, c.plan.peak) << "the plan of the input named";
+    for (int d = 2; d < c.degree; d *= 2) {
+      PlanInput smaller = in;
+      smaller.context_parallel = d;
+      smaller.world_size = std::max(world, d);
+      EXPECT_FALSE(fits(lightest(smaller))) << "degree " << d << " fits too";
+    }
+    const std::string line = describe_context_parallel(in, c, true);
+    std::printf("8B x 524,288 on %d rank(s) of 80 GB: %s\n", world, line.c_str());
+    EXPECT_NE(line.find("fits with parallel.context_parallel = " + std::to_string(c.degree)), std::string::npos)
+        << line;
+    EXPECT_NE(line.find("training.activation_checkpointing = \"" +
+                        std::string(model::checkpointing_name(c.input.checkpointing)) + "\""),
+              std::string::npos)
+        << line;
+    EXPECT_EQ(line.find(" ranks") == std::string::npos, world == 8) << line;
+    if (c.input.offload_activations) {
+      EXPECT_NE(line.find("training.offload_activations = true (" + std::to_string(c.input.offload_activation_blocks) +
+                          " of 32 blocks)"),
+                std::string::npos)
+          << line;
+    }
+  }
+  // the job as given keeps its checkpointing when it is not "auto", and a job that cannot
+  // split its sequences is offered none
+  in.world_size = 1;
+  in.checkpointing = model::ActivationCheckpointing::kSelective;
+  const ContextParallelChoice selective = choose_context_parallel(in, gpu, false);
+  ASSERT_GE(selective.degree, 2);
+  EXPECT_EQ(selective.input.checkpointing, model::ActivationCheckpointing::kSelective);
+  EXPECT_EQ(describe_context_parallel(in, selective, false).find("activation_checkpointing"), std::string::npos);
+  // the 8B at 4096 tokens on one rank: its weights and AdamW state are what does not fit, and
+  // more data-parallel ranks shard them as well as a split sequence would
+  PlanInput short_sequence = in;
+  short_sequence.seq_len = 4096;
+  short_sequence.checkpointing = model::ActivationCheckpointing::kFull;
+  ASSERT_FALSE(fits(plan_memory(short_sequence)));
+  EXPECT_EQ(choose_context_parallel(short_sequence, gpu, true).degree, 0);
+  PlanInput windowed = in;
+  windowed.model.sliding_window = 4096;
+  EXPECT_EQ(choose_context_parallel(windowed, gpu, true).degree, 0);
+  PlanInput cpu = in;
+  cpu.gpu = false;
+  EXPECT_EQ(choose_context_parallel(cpu, gpu, true).degree, 0);
 }
 
 // Sliding-window layers: their attention FLOPs count T keys per token times the share of the
