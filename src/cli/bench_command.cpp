@@ -1,5 +1,6 @@
 // `shardtrain bench`: a job's training step timed on random tokens, once or over a sweep of
 // settings (train::BenchMode does the run; this file parses, reports and tabulates).
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
@@ -33,7 +34,7 @@ struct BenchRow {
   std::string settings;  // the sweep's key=value pairs ("" without a sweep)
   std::string error;     // the run failed (out of memory, a bad setting): its message
   std::string model, device;
-  int rank = 0, world = 1, data_parallel = 1;
+  int rank = 0, world = 1, data_parallel = 1, context_parallel = 1;
   int64_t batch_size = 0, seq_len = 0, accum = 0;
   double tokens_per_second = 0;
   train::TimedSteps t;
@@ -54,7 +55,9 @@ BenchRow run_one_bench(const train::JobConfig& c, int64_t warmup, const std::str
   row.device = trainer.device().str();
   row.rank = trainer.comm().rank();
   row.world = trainer.comm().world_size();
-  row.data_parallel = trainer.mesh().shape().data_parallel;
+  // the mesh's data-parallel ranks include a context group's, which hold parts of the same sequences
+  row.context_parallel = std::max<int>(1, static_cast<int>(c.parallel.context_parallel));
+  row.data_parallel = trainer.mesh().shape().data_parallel / row.context_parallel;
   row.tokens_per_second = s.tokens_per_second;
   row.t = s.timed;
 #ifdef SHARDTRAIN_WITH_CUDA
@@ -74,7 +77,11 @@ std::string bench_report(const BenchRow& r, int64_t warmup) {
   if (!r.settings.empty()) out += fmt::format("  settings     {}\n", r.settings);
   out += fmt::format("  batch        {} tokens per step ({} x {} tokens x {} micro-batch{}{})\n", t.tokens_per_step,
                      r.batch_size, r.seq_len, r.accum, r.accum == 1 ? "" : "es",
-                     world > 1 ? fmt::format(" x {} data-parallel rank{}", r.data_parallel, r.data_parallel == 1 ? "" : "s")
+                     world > 1 ? fmt::format(" x {} data-parallel rank{}{}", r.data_parallel, r.data_parallel == 1 ? "" : "s",
+                                             r.context_parallel > 1
+                                                 ? fmt::format(", each sequence over {} context-parallel ranks",
+                                                               r.context_parallel)
+                                                 : std::string())
                                : std::string());
   out += fmt::format("  throughput   {:.0f} tokens/s{}, {:.1f} ms per step (mean of {} steps after {} warm-up)\n",
                      r.tokens_per_second,

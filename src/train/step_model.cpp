@@ -282,7 +282,10 @@ StepTime model_step_time(const PlanInput& in, const StepRates& rates, const Mach
   const double D = static_cast<double>(c.dim), Q = static_cast<double>(c.q_dim()), KV = static_cast<double>(c.kv_dim());
   const double F = static_cast<double>(c.ffn_dim), V = static_cast<double>(c.vocab_size);
   const double T = static_cast<double>(in.seq_len);
-  const double tokens = static_cast<double>(in.micro_batch) * T;  // a rank's (a tensor-parallel group's) tokens
+  // context parallelism: a rank holds 1/cp of each sequence's tokens, and its queries attend to
+  // keys over the whole sequence (head-tail chunks: every rank 1/cp of the causal work)
+  const int cp = std::max(1, in.context_parallel);
+  const double tokens = static_cast<double>(in.micro_batch) * T / cp;  // a rank's (a tensor-parallel group's) tokens
   const double w = 1.0 / tp;                                      // a rank's share of a block's width
   const double micro = static_cast<double>(in.grad_accum_steps);
   const bool fp8 = in.fp8 && rates.matmul_fp8 > 0;
@@ -326,8 +329,16 @@ StepTime model_step_time(const PlanInput& in, const StepRates& rates, const Mach
   const double quant_weights = fp8 ? 4 * static_cast<double>(block_numel) : 0;  // per pass over a block
 
   StepTime s;
-  const int64_t data_parallel = in.world_size / tp;
+  const int64_t data_parallel = in.world_size / (tp * cp);  // the groups that draw different sequences
   s.tokens_per_step = in.micro_batch * in.seq_len * in.grad_accum_steps * data_parallel;
+  // the ring (context parallelism): cp - 1 exchanges of a rank's bf16 keys and values each
+  // forward (again in a full recompute), and in the backward those and the travelling f32
+  // dk and dv; on NVLink within a node, beside the attention of the block in hand
+  const double ring_bytes = 2 * KV * w * tokens * 2;  // k and v of a rank's tokens, bf16
+  const double ring_link = cp > 1 && cp <= machine.gpus_per_node ? machine.nvlink_bytes
+                                                                 : std::min(machine.nvlink_bytes, machine.inter_node_bytes);
+  const double ring_fwd_s = (cp - 1) * ring_bytes / ring_link;
+  const double ring_bwd_s = (cp - 1) * 3 * ring_bytes / ring_link;  // k, v (bf16) and dk, dv (f32)
 
   // ---- compute, per block and micro-batch
   std::vector<double> block_fwd_s(c.n_layers), block_bwd_s(c.n_layers);
@@ -336,11 +347,14 @@ StepTime model_step_time(const PlanInput& in, const StepRates& rates, const Mach
     const double keys = model::sliding_keys_per_token(c.window_of(l), in.seq_len);  // T, or T x the window's share
     const double att_fwd_flops = 2 * Q * w * keys * tokens;  // 4 Q per (query, key) pair, half the pairs causal
     const double att_bwd_flops = 2.5 * att_fwd_flops;        // five products against two
+    // the kernels' rate at the length of the blocks they see: the ring's are a rank's tokens
+    const double kernel_keys = keys / cp;
     const double fwd_rate =
-        att_fwd_rate * length_factor(keys, kAttentionForwardT0) / length_factor(cal_t, kAttentionForwardT0);
+        att_fwd_rate * length_factor(kernel_keys, kAttentionForwardT0) / length_factor(cal_t, kAttentionForwardT0);
     const double bwd_rate =
-        att_bwd_rate * length_factor(keys, kAttentionBackwardT0) / length_factor(cal_t, kAttentionBackwardT0);
-    const double att_fwd = att_fwd_flops / fwd_rate, att_bwd = att_bwd_flops / bwd_rate;
+        att_bwd_rate * length_factor(kernel_keys, kAttentionBackwardT0) / length_factor(cal_t, kAttentionBackwardT0);
+    const double att_fwd = std::max(att_fwd_flops / fwd_rate, ring_fwd_s);
+    const double att_bwd = std::max(att_bwd_flops / bwd_rate, ring_bwd_s);
     const double mm_f = tokens * block_fwd / mm_block, mm_r = tokens * block_recompute / mm_block;
     const double mm_b = 2 * mm_f;
     const double mem_f = tokens * mem_fwd / rates.memory_bytes, mem_r = tokens * mem_recompute / rates.memory_bytes;
@@ -502,7 +516,7 @@ StepTime model_step_time(const PlanInput& in, const StepRates& rates, const Mach
 std::string describe_step_time(const PlanInput& in, const StepRates& rates, const MachineSpec& machine,
                                const std::string& gpu_note) {
   const StepTime t = model_step_time(in, rates, machine);
-  const int64_t data_parallel = in.world_size / in.tensor_parallel;
+  const int64_t data_parallel = in.world_size / (in.tensor_parallel * std::max(1, in.context_parallel));
   auto row = [](const std::string& what, const std::string& value) {
     return fmt::format("  {:<20} {}\n", what, value);
   };

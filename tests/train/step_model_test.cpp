@@ -37,6 +37,11 @@ const std::string k8B128k =
     "--model.hf= --model.dim=4096 --model.n_layers=32 --model.n_heads=32 --model.n_kv_heads=8 "
     "--model.ffn_dim=14336 --model.vocab_size=128256 --model.tie_embeddings=false --model.max_seq_len=131072 "
     "--model.rope_theta=500000";
+// the context-parallel benchmark's model: the 1B's width, 4 blocks, bytes, one 32,768-token sequence
+const std::string kCp4Blocks =
+    "--model.dim=2048 --model.n_layers=4 --model.n_heads=16 --model.n_kv_heads=4 --model.ffn_dim=8192 "
+    "--model.max_seq_len=32768 --training.seq_len=32768 --training.batch_size=1 "
+    "--training.activation_checkpointing=full --training.device=cuda";
 // the 405B's width with 2 blocks under ZeRO-3 offload
 const std::string k405B2 =
     "--model.dim=16384 --model.n_layers=2 --model.n_heads=128 --model.n_kv_heads=8 --model.ffn_dim=53248 "
@@ -106,6 +111,12 @@ const std::vector<Measured>& measured_runs() {
        "h200", 1, 3645, "One H200: FP8 attention, forward and backward, at 131,072 tokens (2026-11-28)", 0,
        "the FP8 attention backward has no per-op measurement; its default rate (bf16 backward x the FP8 forward's 1.6x "
        "gain) is too high: a calibration with its measured rate is needed"},
+      // ---- context parallelism: a 4-block model of the 1B's width, one 32,768-token sequence
+      {"1B width, 4 blocks, full AC, 32,768 tokens, H200", "", kCp4Blocks, "h200", 1, 130001,
+       "Two H200s: context parallelism of 2 against one GPU at 32,768 tokens (2026-11-28)"},
+      {"1B width, 4 blocks, full AC, 32,768 tokens, context parallelism 2, 2 H200", "",
+       kCp4Blocks + " --parallel.context_parallel=2", "h200", 2, 110008,
+       "Two H200s: context parallelism of 2 against one GPU at 32,768 tokens (2026-11-28)"},
       // ---- the 8B shape on 2 and 4 GPUs
       {"8B bf16, full AC, batch 2, 2 H100", "",
        k8B + " --training.batch_size=2 --training.activation_checkpointing=full", "h100-sxm", 2, 8810,
@@ -337,6 +348,30 @@ TEST(StepModel, CalibrationFileSetsTheRates) {
   EXPECT_EQ(calibration_gpu(path), "h200");
   EXPECT_DOUBLE_EQ(read_calibration(path, default_step_rates(gpu_spec("h200"), 128)).matmul_bf16, 700e12);
   std::remove(path.c_str());
+}
+
+// Context parallelism: a sequence's tokens once per group (not once per rank), each rank 1/cp
+// of the work, and the ring's exchanges counted beside the attention (a slow link shows them).
+TEST(StepModel, ContextParallelismSplitsTheSequence) {
+  const std::string job = "llama3.1-8b-128k-one-gpu.toml";
+  const std::string keys = k8B128k + " --training.offload_activations_blocks=2";
+  const StepRates h200 = default_step_rates(gpu_spec("h200"), 128);
+  const StepTime one = model_step_time(input_of(job, keys, 1), h200, {});
+  const PlanInput two_in = input_of(job, keys + " --parallel.context_parallel=2", 2);
+  const StepTime two = model_step_time(two_in, h200, {});
+  EXPECT_EQ(one.tokens_per_step, 131072);
+  EXPECT_EQ(two.tokens_per_step, 131072) << "one sequence a step, split over the group";
+  EXPECT_LT(two.step_s, 0.6 * one.step_s);
+  EXPECT_GT(two.step_s, 0.4 * one.step_s);
+  EXPECT_NEAR(two.attention_s, one.attention_s / 2, 0.15 * one.attention_s)
+      << "each rank holds half the causal work (the kernels' shorter blocks run a little slower)";
+  MachineSpec slow;
+  slow.nvlink_bytes = 1e9;  // 1 GB/s: the ring's exchanges outlast the attention
+  EXPECT_GT(model_step_time(two_in, h200, slow).attention_s, 2 * two.attention_s);
+  EXPECT_NE(describe_step_time(two_in, h200, {}, "").find("131,072 (1 x 131072 tokens x 1 micro-batch x 1 "
+                                                          "data-parallel rank)"),
+            std::string::npos)
+      << describe_step_time(two_in, h200, {}, "");
 }
 
 // A profiled run's per-op totals become a calibration file that plan reads back.
