@@ -285,6 +285,19 @@ TEST(Plan, SlidingLayersCountTheKeysInsideTheirWindow) {
             }());
 }
 
+// The set-up the model-family tests compare with and without a feature: the 8B shape on 2
+// CPU ranks (f32 activations), 2 sequences of 1,024 tokens each, checkpointed by `ac`.
+PlanInput cpu_8b_two_ranks(model::ActivationCheckpointing ac) {
+  PlanInput in;
+  in.model = llama_8b();
+  in.gpu = false;
+  in.world_size = 2;
+  in.micro_batch = 2;
+  in.seq_len = 1024;
+  in.checkpointing = ac;
+  return in;
+}
+
 // QK-norm (model.qk_norm): two [H] weights per block in the parameters and the sharded state,
 // and per token and block q and k before their norm ([N·H] and [M·H] of a rank's heads, in
 // the compute dtype) with their norm's f32 1/rms per head row, kept by every checkpointing
@@ -295,14 +308,8 @@ TEST(Plan, QkNormCountsItsWeightsAndTheActivationsItsBackwardReads) {
     for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
                                              ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
       SCOPED_TRACE(std::string(model::checkpointing_name(ac)) + ", tensor parallel " + std::to_string(tp));
-      PlanInput in;
-      in.model = llama_8b();
-      in.gpu = false;  // f32 activations, as QK-norm runs on the CPU
-      in.world_size = 2;
+      PlanInput in = cpu_8b_two_ranks(ac);  // f32 activations, as QK-norm runs on the CPU
       in.tensor_parallel = tp;
-      in.micro_batch = 2;
-      in.seq_len = 1024;
-      in.checkpointing = ac;
       const MemoryPlan plain = plan_memory(in);
       in.model.qk_norm = true;
       const MemoryPlan qk = plan_memory(in);
@@ -339,13 +346,7 @@ TEST(Plan, Olmo2CountsItsNormsAndWhatItsBackwardReads) {
   for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
                                            ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
     SCOPED_TRACE(model::checkpointing_name(ac));
-    PlanInput in;
-    in.model = llama_8b();
-    in.gpu = false;
-    in.world_size = 2;
-    in.micro_batch = 2;
-    in.seq_len = 1024;
-    in.checkpointing = ac;
+    PlanInput in = cpu_8b_two_ranks(ac);
     const MemoryPlan plain = plan_memory(in);
     in.model.qk_norm_whole = in.model.post_norms = true;
     const MemoryPlan olmo = plan_memory(in);
@@ -368,13 +369,7 @@ TEST(Plan, Gemma3CountsItsSandwichNorms) {
   for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
                                            ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
     SCOPED_TRACE(model::checkpointing_name(ac));
-    PlanInput in;
-    in.model = llama_8b();
-    in.gpu = false;
-    in.world_size = 2;
-    in.micro_batch = 2;
-    in.seq_len = 1024;
-    in.checkpointing = ac;
+    PlanInput in = cpu_8b_two_ranks(ac);
     const MemoryPlan plain = plan_memory(in);
     in.model.sandwich_norms = true;
     const MemoryPlan gemma = plan_memory(in);
