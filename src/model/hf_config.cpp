@@ -616,8 +616,8 @@ void check_hf_family(const LlamaConfig& c, const std::string& what) {
   if (phi3)
     ST_CHECK(!c.attention_bias && (c.sliding_layer_count() == 0 || c.sliding_layer_count() == c.n_layers), what,
              ": phi3 (fused projections, LongRoPE, a partial rotary) has no q/k/v biases and slides every layer or ",
-             "none, found ", c.attention_bias ? "q/k/v biases" : "", c.attention_bias ? " and " : "",
-             c.sliding_layer_count(), " sliding layers of ", c.n_layers);
+             "none, found attention_bias = ", c.attention_bias, " and ", c.sliding_layer_count(), " of ", c.n_layers,
+             " layers sliding");
   if (phi3)
     ST_CHECK(c.rope.scaling.type == ops::RopeScalingType::kNone ||
                  c.rope.scaling.type == ops::RopeScalingType::kLongRope,
@@ -690,7 +690,10 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   // transformers' default: tied for smollm3, untied for the others
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3" || gemma3 || gemma2);
-  c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
+  // qwen2 always has q/k/v biases, phi3 never (its config's attention_bias, if any, is unused)
+  c.attention_bias = model_type == "qwen2"  ? true
+                     : model_type == "phi3" ? false
+                                            : get_bool(j, "attention_bias", src, false);
   c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   // OLMo 2's q_norm / k_norm over the whole projections, and its norms after each sublayer
   c.qk_norm_whole = c.post_norms = model_type == "olmo2";

@@ -1056,6 +1056,9 @@ TEST(HfConfig, Phi3LongRopeSlidingWindowAndFusedTensorsInBothForms) {
   EXPECT_EQ(plain.rope.scaling.type, ops::RopeScalingType::kNone);
   EXPECT_EQ(hf_fused_tensors(plain).size(), 4u);
   EXPECT_TRUE(hf_fused_tensors(parse_hf_config(small("llama", json::object()), "l/config.json")).empty());
+  // Phi-3 has no q/k/v biases whatever attention_bias says (transformers' Phi3Attention has none)
+  j["attention_bias"] = true;
+  EXPECT_FALSE(parse_hf_config(j, "phi3/config.json").attention_bias);
 }
 
 TEST(HfConfig, Phi4PartialRotaryAndGivenFactors) {
