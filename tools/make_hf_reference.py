@@ -112,6 +112,28 @@ CASES = {
              max_position_embeddings=GREEDY_POSITIONS),
         "gemma2",
     ),
+    # Phi-3: q, k and v in one qkv_proj tensor and gate and up in one gate_up_proj, LongRoPE
+    # (short factors up to original_max_position_embeddings = 16 positions, so the 13-token rows
+    # use them; long factors past it, so the greedy continuation does; cos and sin scaled by
+    # sqrt(1 + ln(256 / 16) / ln 16)), Phi-3-mini's fixed sliding window (5 positions here).
+    "phi3_longrope": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             tie_word_embeddings=False, sliding_window=5, original_max_position_embeddings=16,
+             rope_scaling=dict(type="longrope", short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                               long_factor=[1.0, 1.5, 2.2, 3.0, 4.5, 6.0, 9.0, 12.0]),
+             max_position_embeddings=GREEDY_POSITIONS),
+        "phi3",
+    ),
+    # Phi-4-mini: rope on the first three quarters of each head (partial_rotary_factor 0.75: 12
+    # of 16 dimensions, the rest passed through), LongRoPE over those 12, a tied head, no window.
+    "phi4_partial_rotary": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
+             tie_word_embeddings=True, partial_rotary_factor=0.75, original_max_position_embeddings=16,
+             rope_scaling=dict(type="longrope", short_factor=[1.0, 1.2, 1.5, 2.0, 2.7, 3.5],
+                               long_factor=[1.0, 2.0, 3.0, 5.0, 8.0, 13.0]),
+             max_position_embeddings=GREEDY_POSITIONS),
+        "phi3",
+    ),
     # Sliding-window attention: Mistral v0.1's window on every layer (5 positions, under the
     # 13-token rows and the 200-id greedy prompt), and Qwen2's window on the layers from
     # max_window_layers on (here the second of two).
@@ -206,6 +228,11 @@ def build(overrides, arch):
         config = transformers.Gemma2Config(hidden_activation="gelu_pytorch_tanh", attention_bias=False,
                                            pad_token_id=None, bos_token_id=None, eos_token_id=None, **common)
         model = transformers.Gemma2ForCausalLM(config)
+    elif arch == "phi3":
+        # no padding row (Phi-3's default pad id, 32000, lies outside these vocabularies)
+        config = transformers.Phi3Config(resid_pdrop=0.0, embd_pdrop=0.0, pad_token_id=None, bos_token_id=None,
+                                         eos_token_id=None, **common)
+        model = transformers.Phi3ForCausalLM(config)
     elif arch == "qwen2":
         common.pop("rope_scaling", None)
         config = transformers.Qwen2Config(use_sliding_window=common.pop("use_sliding_window", False), **common)

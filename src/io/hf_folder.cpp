@@ -46,7 +46,29 @@ HfWeights::HfWeights(const std::string& folder) : source_(folder) {
   for (const TensorInfo& t : files_.front()->tensors()) where_[t.name] = files_.front().get();
 }
 
+void HfWeights::add_view(const std::string& name, const std::string& of, int64_t offset,
+                         const std::vector<int64_t>& shape) {
+  const TensorInfo& whole = get(of);
+  int64_t numel = 1;
+  for (int64_t d : shape) numel *= d;
+  ST_CHECK(offset >= 0 && offset + numel <= whole.numel, "`", source_, "`: `", name, "` as ", numel,
+           " elements from element ", offset, " of `", of, "`, which has ", whole.numel);
+  ST_CHECK(where_.count(name) == 0, "`", source_, "`: `", name, "` is both a tensor of its own and a part of `", of,
+           "`; keep one of them");
+  View v;
+  v.of = of;
+  v.offset = offset;
+  v.info = whole;
+  v.info.name = name;
+  v.info.shape = shape;
+  v.info.numel = numel;
+  v.info.begin = whole.begin + offset * static_cast<int64_t>(whole.element_size);
+  v.info.end = v.info.begin + numel * static_cast<int64_t>(whole.element_size);
+  views_[name] = std::move(v);
+}
+
 const TensorInfo* HfWeights::find(const std::string& name) const {
+  if (auto v = views_.find(name); v != views_.end()) return &v->second.info;
   auto it = where_.find(name);
   return it == where_.end() ? nullptr : it->second->find(name);
 }
@@ -58,6 +80,11 @@ const TensorInfo& HfWeights::get(const std::string& name) const {
 }
 
 void HfWeights::read_range(const std::string& name, int64_t first, Tensor& out) const {
+  if (auto v = views_.find(name); v != views_.end()) {
+    ST_CHECK(first >= 0 && first + out.numel() <= v->second.info.numel, "`", source_, "`: elements [", first, ", ",
+             first + out.numel(), ") of `", name, "`, which has ", v->second.info.numel);
+    return read_range(v->second.of, v->second.offset + first, out);
+  }
   auto it = where_.find(name);
   ST_CHECK(it != where_.end(), "`", source_, "`: no tensor named `", name, "`");
   it->second->read_range(name, first, out);

@@ -21,7 +21,11 @@ class HfWeights {
   const TensorInfo* find(const std::string& name) const;
   const TensorInfo& get(const std::string& name) const;  // throws naming the folder and tensor
   void read_range(const std::string& name, int64_t first, Tensor& out) const;
+  // The tensors the files hold (views not listed).
   std::vector<std::string> names() const;
+  // Makes `name` a tensor of its own: `shape`'s elements from element `offset` of the file's
+  // tensor `of` (a contiguous run of it; both checked). find, get and read_range then know it.
+  void add_view(const std::string& name, const std::string& of, int64_t offset, const std::vector<int64_t>& shape);
   const std::vector<std::unique_ptr<SafetensorsFile>>& files() const { return files_; }
   const std::string& source() const { return source_; }
 
@@ -29,6 +33,12 @@ class HfWeights {
   std::string source_;
   std::vector<std::unique_ptr<SafetensorsFile>> files_;
   std::map<std::string, const SafetensorsFile*> where_;  // tensor -> file
+  struct View {
+    TensorInfo info;
+    std::string of;
+    int64_t offset = 0;
+  };
+  std::map<std::string, View> views_;
 };
 
 }  // namespace shardtrain::io

@@ -48,6 +48,7 @@ ops::RopeOptions LlamaConfig::rope_of(int64_t layer) const {
   if (rope_local_theta <= 0 || window_of(layer) == 0) return rope;
   ops::RopeOptions local;
   local.theta = rope_local_theta;
+  local.partial_rotary = rope.partial_rotary;
   return local;
 }
 
@@ -113,6 +114,29 @@ void LlamaConfig::validate(const std::string& p) const {
   ST_CHECK(init_std > 0, "`", p, "init_std` must be > 0, found ", init_std);
   validate_sliding_window(p);
   validate_families(p);
+  validate_rope(p);
+}
+
+void LlamaConfig::validate_rope(const std::string& p) const {
+  ST_CHECK(rope.partial_rotary > 0 && rope.partial_rotary <= 1, "`", p, "rotary_fraction` must be in (0, 1] (the ",
+           "share of each head that rope rotates; 1: all of it), found ", rope.partial_rotary);
+  const auto R = static_cast<int64_t>(static_cast<double>(head_dim()) * rope.partial_rotary);
+  ST_CHECK(R > 0 && R % 2 == 0, "`", p, "rotary_fraction` = ", rope.partial_rotary, " rotates int(", head_dim(),
+           " x ", rope.partial_rotary, ") = ", R, " dimensions of each head of ", head_dim(),
+           "; rope needs an even number > 0: choose a fraction that gives one");
+  if (rope.scaling.type == ops::RopeScalingType::kLongRope) {
+    const ops::RopeScaling& s = rope.scaling;
+    for (const auto& [factors, name] : {std::pair{&s.short_factor, "short_factor"}, {&s.long_factor, "long_factor"}}) {
+      ST_CHECK(static_cast<int64_t>(factors->size()) == R / 2, "LongRoPE's `", name, "` has ", factors->size(),
+               " entries, but heads rotating ", R, " dimensions (head dim ", head_dim(), ", rotary fraction ",
+               rope.partial_rotary, ") have ", R / 2, " frequencies; give one factor per frequency");
+      for (size_t k = 0; k < factors->size(); ++k)
+        ST_CHECK((*factors)[k] > 0, "LongRoPE's `", name, "[", k, "]` must be > 0, found ", (*factors)[k]);
+    }
+    ST_CHECK(s.original_max_positions > 0, "LongRoPE's `original_max_position_embeddings` must be > 0, found ",
+             s.original_max_positions);
+    ST_CHECK(s.attention_factor > 0, "LongRoPE's `attention_factor` must be > 0, found ", s.attention_factor);
+  }
   if (rope.scaling.type == ops::RopeScalingType::kLinear)
     ST_CHECK(rope.scaling.factor >= 1, "`", p, "rope_scaling_factor` must be >= 1, found ", rope.scaling.factor);
   if (rope.scaling.type == ops::RopeScalingType::kLlama3) {
@@ -170,6 +194,10 @@ std::string LlamaConfig::summary() const {
   if (mlp_activation == ops::GluActivation::kGeluTanh) s << ", GeGLU (tanh GELU)";
   if (scale_embeddings) s << ", embeddings x sqrt(dim)";
   if (has_local_rope()) s << ", sliding layers' rope theta " << rope_local_theta;
+  if (rope.scaling.type == ops::RopeScalingType::kLongRope)
+    s << ", LongRoPE (long factors past " << rope.scaling.original_max_positions << " positions)";
+  if (rope.partial_rotary != 1.0) s << ", rope on " << rotary_dim() << " of " << head_dim() << " dims";
+  if (fused_projections) s << ", fused qkv and gate_up";
   if (attn_logit_softcapping > 0) s << ", attention scores soft-capped at " << attn_logit_softcapping;
   if (final_logit_softcapping > 0) s << ", logits soft-capped at " << final_logit_softcapping;
   if (!nope_layers.empty() && nope_layer_count() > 0)

@@ -81,6 +81,11 @@ struct LlamaConfig {
   // final_logit_softcapping · tanh(z / final_logit_softcapping). CPU only.
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
+  // Phi-3's Hugging Face files: q, k and v in one `self_attn.qkv_proj.weight` [(N + 2M)·H, D]
+  // and gate and up in one `mlp.gate_up_proj.weight` [2F, D], split into shardtrain's
+  // parameters on load and joined again on export (the model itself is Llama's). With LongRoPE
+  // (rope.scaling) or a partial rotary (rope.partial_rotary), set or not, it exports as phi3.
+  bool fused_projections = false;
 
   // H
   int64_t head_dim() const { return head_dim_override > 0 ? head_dim_override : n_heads > 0 ? dim / n_heads : 0; }
@@ -103,6 +108,17 @@ struct LlamaConfig {
   double attention_scale() const;
   // Whether any of Gemma's features (Gemma 2's and 3's) is on.
   bool gemma_features() const;
+  // Whether the model exports as Hugging Face's phi3: fused projections, LongRoPE or a partial
+  // rotary.
+  bool phi3_features() const {
+    return fused_projections || rope.scaling.type == ops::RopeScalingType::kLongRope || rope.partial_rotary != 1.0;
+  }
+  // R, the rotated dimensions of each head: H, or int(H · rope.partial_rotary); K = R / 2 is
+  // the rope tables' width.
+  int64_t rotary_dim() const { return ops::rope_rotary_dim(head_dim(), rope); }
+  // Whether a sequence of `length` positions takes LongRoPE's long factors (length >
+  // rope.scaling.original_max_positions); false without LongRoPE.
+  bool rope_long(int64_t length) const { return ops::rope_long_factors(rope, length); }
   // Whether either soft-capping is on (Gemma 2; CPU only).
   bool soft_capped() const { return attn_logit_softcapping > 0 || final_logit_softcapping > 0; }
   // The rope of layer `layer`: on a sliding layer with rope_local_theta, that base without
@@ -126,6 +142,7 @@ struct LlamaConfig {
  private:
   void validate_sliding_window(const std::string& prefix) const;
   void validate_families(const std::string& prefix) const;
+  void validate_rope(const std::string& prefix) const;
 };
 
 }  // namespace shardtrain::model

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/layout.h"
 
 namespace shardtrain::model {
 namespace {
@@ -58,6 +59,40 @@ const json* rope_parameters(const json& j, const std::string& src) {
   return full != nullptr ? full : sliding;
 }
 
+// LongRoPE's factors (Phi-3) as transformers reads them: short_factor and long_factor from the
+// rope parameters; original_max_position_embeddings from them (transformers 5), else from the
+// top of config.json (4), else max_position_embeddings; the attention factor given, else
+// sqrt(1 + ln(factor) / ln(original)) for a factor above 1 (factor given, else
+// max_position_embeddings / original), else 1. Their lengths are checked with the head's shape
+// (LlamaConfig::validate).
+void parse_longrope(const json& j, const json& scaling, const char* where, const std::string& src, LlamaConfig& c) {
+  ops::RopeScaling& s = c.rope.scaling;
+  s.type = ops::RopeScalingType::kLongRope;
+  auto factors = [&](const char* key) {
+    const json* v = find(scaling, key);
+    ST_CHECK(v != nullptr && v->is_array(), src, ": `", where, ".", key, "` must be a list of numbers (LongRoPE's ",
+             "divisors of each rope frequency), found ", v != nullptr ? v->dump() : std::string("nothing"));
+    std::vector<double> out;
+    for (const json& e : *v) {
+      ST_CHECK(e.is_number(), src, ": `", where, ".", key, "` must hold numbers, found ", e.dump());
+      out.push_back(e.get<double>());
+    }
+    return out;
+  };
+  s.short_factor = factors("short_factor");
+  s.long_factor = factors("long_factor");
+  s.original_max_positions = find(scaling, "original_max_position_embeddings") != nullptr
+                                 ? get_int(scaling, "original_max_position_embeddings", src)
+                                 : get_int(j, "original_max_position_embeddings", src, &c.max_seq_len);
+  ST_CHECK(s.original_max_positions > 0, src, ": `original_max_position_embeddings` must be > 0, found ",
+           s.original_max_positions);
+  s.factor = get_double(scaling, "factor", src,
+                        static_cast<double>(c.max_seq_len) / static_cast<double>(s.original_max_positions));
+  const double orig = static_cast<double>(s.original_max_positions);
+  const double derived = s.factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(s.factor) / std::log(orig));
+  s.attention_factor = get_double(scaling, "attention_factor", src, derived);
+}
+
 void parse_rope(const json& j, const std::string& src, LlamaConfig& c, double default_theta) {
   // transformers 5: rope_parameters {rope_type, rope_theta, factor, ...}; 4: rope_theta + rope_scaling
   const json* params = rope_parameters(j, src);
@@ -75,8 +110,12 @@ void parse_rope(const json& j, const std::string& src, LlamaConfig& c, double de
     c.rope.scaling.factor = get_double(*scaling, "factor", src, 1.0);
     return;
   }
+  if (type == "longrope") {
+    parse_longrope(j, *scaling, where, src, c);
+    return;
+  }
   ST_CHECK(type == "llama3", src, ": `", where, ".rope_type` = \"", type,
-           "\" is not supported; shardtrain supports default, linear and llama3");
+           "\" is not supported; shardtrain supports default, linear, llama3 and longrope");
   c.rope.scaling.type = ops::RopeScalingType::kLlama3;
   c.rope.scaling.factor = get_double(*scaling, "factor", src, 8.0);
   c.rope.scaling.low_freq_factor = get_double(*scaling, "low_freq_factor", src, 1.0);
@@ -94,7 +133,6 @@ constexpr UnsupportedFamily kUnsupported[] = {
     {"gemma", "Gemma 1 configs (Gemma 3's text models, model_type gemma3_text, are supported)"},
     {"gemma3", "multimodal Gemma 3 (a vision tower); use a text-only checkpoint (model_type gemma3_text, "
                "Gemma3ForCausalLM, as google/gemma-3-1b-it)"},
-    {"phi3", "fused qkv_proj and gate_up_proj tensors"},
     {"mixtral", "mixture-of-experts MLPs"},
     {"qwen2_moe", "mixture-of-experts MLPs"},
     {"qwen3_moe", "mixture-of-experts MLPs and QK-norm"},
@@ -105,14 +143,15 @@ constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sli
                                    "(Granite 3's embedding, residual, attention and logits scalings), olmo2 (norms "
                                    "after each sublayer, QK-norm over the whole q and k) and gemma3_text (Gemma 3's "
                                    "text models: (1 + weight) norms before and after each sublayer, GeGLU, scaled "
-                                   "embeddings, QK-norm, sliding layers with their own rope) and gemma2 (Gemma 2: "
+                                   "embeddings, QK-norm, sliding layers with their own rope), gemma2 (Gemma 2: "
                                    "the same without QK-norm, with soft-capped attention scores and logits, on the "
-                                   "CPU only)";
+                                   "CPU only) and phi3 (Phi-3 and Phi-4-mini: fused qkv_proj and gate_up_proj, "
+                                   "LongRoPE, a partial rotary, a sliding window)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {
   if (model_type == "llama" || model_type == "mistral" || model_type == "ministral" || model_type == "qwen2" ||
       model_type == "qwen3" || model_type == "smollm3" || model_type == "granite" || model_type == "olmo2" ||
-      model_type == "gemma3_text" || model_type == "gemma2")
+      model_type == "gemma3_text" || model_type == "gemma2" || model_type == "phi3")
     return;
   for (const UnsupportedFamily& f : kUnsupported)
     ST_CHECK(model_type != f.model_type, src, ": `model_type` = \"", model_type,
@@ -157,6 +196,12 @@ int64_t window_size(const json& j, const std::string& src) {
 // one without it); qwen2 and qwen3 only with `use_sliding_window`, on the layers `layer_types`
 // marks or else on layers i >= `max_window_layers`. llama has none.
 void parse_sliding_window(const json& j, const std::string& model_type, const std::string& src, LlamaConfig& c) {
+  if (model_type == "phi3") {  // every layer slides when `sliding_window` is set (absent or null: none)
+    if (find(j, "sliding_window") == nullptr) return;
+    c.sliding_window = window_size(j, src);
+    c.sliding_layers.assign(static_cast<size_t>(c.n_layers), true);
+    return;
+  }
   if (model_type != "mistral" && model_type != "ministral" && model_type != "qwen2" && model_type != "qwen3") return;
   const std::vector<bool> types = parse_layer_types(j, c.n_layers, src);
   const bool window_key_null = j.contains("sliding_window") && j["sliding_window"].is_null();
@@ -287,6 +332,24 @@ void parse_granite(const json& j, const std::string& src, LlamaConfig& c) {
       src, ": Granite's `embedding_multiplier` (", c.embedding_multiplier, "), `residual_multiplier` (",
       c.residual_multiplier, "), `attention_multiplier` (", c.attention_multiplier, ") and `logits_scaling` (",
       c.logits_scaling, ") must all be > 0");
+}
+
+// Phi-3's own keys: the fused tensors; the partial rotary (`partial_rotary_factor` in the rope
+// parameters, transformers 5, or at the top of config.json; Phi-4-mini: 0.75); its dropouts,
+// which shardtrain does not apply, must be 0.
+void parse_phi3(const json& j, const std::string& src, LlamaConfig& c) {
+  c.fused_projections = true;
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) {
+    const double p = get_double(j, key, src, 0.0);
+    ST_CHECK(p == 0.0, src, ": `", key, "` = ", p,
+             " is not supported: shardtrain trains without dropout; set it to 0.0");
+  }
+  const json* params = rope_parameters(j, src);
+  const json* in_params = params != nullptr && params->is_object() ? find(*params, "partial_rotary_factor") : nullptr;
+  c.rope.partial_rotary = in_params != nullptr ? get_double(*params, "partial_rotary_factor", src, 1.0)
+                                               : get_double(j, "partial_rotary_factor", src, 1.0);
+  ST_CHECK(c.rope.partial_rotary > 0 && c.rope.partial_rotary <= 1, src,
+           ": `partial_rotary_factor` must be in (0, 1], found ", c.rope.partial_rotary);
 }
 
 // A rope_scaling / rope_parameters entry for Gemma 3's global layers: default or linear.
@@ -468,6 +531,59 @@ json to_gemma_config(const LlamaConfig& c, const std::string& torch_dtype) {
   return j;
 }
 
+// The rope_scaling entry transformers 4 reads (null: none): llama3's, linear's or LongRoPE's.
+// LongRoPE's holds just its type and factors, as Phi3Config validates it, unless the attention
+// factor differs from the one derived from max_position_embeddings (then it is written too).
+json rope_scaling_json(const LlamaConfig& c) {
+  const ops::RopeScaling& s = c.rope.scaling;
+  if (s.type == ops::RopeScalingType::kLlama3)
+    return {{"rope_type", "llama3"},
+            {"factor", s.factor},
+            {"low_freq_factor", s.low_freq_factor},
+            {"high_freq_factor", s.high_freq_factor},
+            {"original_max_position_embeddings", s.original_max_positions}};
+  if (s.type == ops::RopeScalingType::kLinear) return {{"rope_type", "linear"}, {"factor", s.factor}};
+  if (s.type != ops::RopeScalingType::kLongRope) return nullptr;
+  json r = {{"type", "longrope"}, {"short_factor", s.short_factor}, {"long_factor", s.long_factor}};
+  const double factor = static_cast<double>(c.max_seq_len) / static_cast<double>(s.original_max_positions);
+  const double derived =
+      factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(static_cast<double>(s.original_max_positions)));
+  if (s.attention_factor != derived) r["attention_factor"] = s.attention_factor;
+  return r;
+}
+
+// Phi-3's config.json (phi3, Phi3ForCausalLM) in the form transformers 4 reads and 5 accepts:
+// rope_theta, rope_scaling, original_max_position_embeddings (LongRoPE), partial_rotary_factor,
+// sliding_window (every layer, or null) and its dropouts at 0.
+json to_phi3_config(const LlamaConfig& c, const std::string& torch_dtype) {
+  json j;
+  j["architectures"] = {"Phi3ForCausalLM"};
+  j["model_type"] = "phi3";
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.dim;
+  j["intermediate_size"] = c.ffn_dim;
+  j["num_hidden_layers"] = c.n_layers;
+  j["num_attention_heads"] = c.n_heads;
+  j["num_key_value_heads"] = c.n_kv_heads;
+  if (c.head_dim_decoupled()) j["head_dim"] = c.head_dim();
+  j["max_position_embeddings"] = c.max_seq_len;
+  if (c.rope.scaling.type == ops::RopeScalingType::kLongRope)
+    j["original_max_position_embeddings"] = c.rope.scaling.original_max_positions;
+  j["rms_norm_eps"] = c.norm_eps;
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = c.tie_embeddings;
+  j["initializer_range"] = c.init_std;
+  j["rope_theta"] = c.rope.theta;
+  j["rope_scaling"] = rope_scaling_json(c);
+  j["partial_rotary_factor"] = c.rope.partial_rotary;
+  j["sliding_window"] = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  j["resid_pdrop"] = 0.0;
+  j["embd_pdrop"] = 0.0;
+  j["attention_dropout"] = 0.0;
+  j["torch_dtype"] = torch_dtype;
+  return j;
+}
+
 }  // namespace
 
 void check_hf_family(const LlamaConfig& c, const std::string& what) {
@@ -479,13 +595,15 @@ void check_hf_family(const LlamaConfig& c, const std::string& what) {
                                    c.logits_scaling != 1.0
                              : c.granite_scaled();
   const bool qwen3 = c.qk_norm && !gemma;
+  const bool phi3 = c.phi3_features();
   std::string features;
   for (const auto& [has, name] :
        {std::pair{olmo2, "OLMo 2's norms"}, std::pair{smollm3, "SmolLM3's NoPE layers"},
         std::pair{granite, "Granite's scalings"}, std::pair{qwen3, "Qwen3's QK-norm"},
-        std::pair{gemma, "Gemma's norms, GeGLU, scaled embeddings, sliding layers' rope or soft-capping"}})
+        std::pair{gemma, "Gemma's norms, GeGLU, scaled embeddings, sliding layers' rope or soft-capping"},
+        std::pair{phi3, "Phi-3's fused projections, LongRoPE or partial rotary"}})
     if (has) features += (features.empty() ? "" : ", ") + std::string(name);
-  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(qwen3) + int(gemma) <= 1, what,
+  ST_CHECK(int(olmo2) + int(smollm3) + int(granite) + int(qwen3) + int(gemma) + int(phi3) <= 1, what,
            ": the model combines features of several Hugging Face families (", features,
            "), which no single transformers model type has; keep one family's features");
   if (olmo2) {
@@ -495,6 +613,16 @@ void check_hf_family(const LlamaConfig& c, const std::string& what) {
              c.post_norms, ", qk_norm_whole = ", c.qk_norm_whole, "; set both (olmo2) or neither");
     ST_CHECK(c.sliding_window == 0, what, ": olmo2 has no sliding window");
   }
+  if (phi3)
+    ST_CHECK(!c.attention_bias && (c.sliding_layer_count() == 0 || c.sliding_layer_count() == c.n_layers), what,
+             ": phi3 (fused projections, LongRoPE, a partial rotary) has no q/k/v biases and slides every layer or ",
+             "none, found attention_bias = ", c.attention_bias, " and ", c.sliding_layer_count(), " of ", c.n_layers,
+             " layers sliding");
+  if (phi3)
+    ST_CHECK(c.rope.scaling.type == ops::RopeScalingType::kNone ||
+                 c.rope.scaling.type == ops::RopeScalingType::kLongRope,
+             what, ": phi3 (fused projections, LongRoPE, a partial rotary) takes LongRoPE or no rope scaling, not ",
+             c.rope.scaling.type == ops::RopeScalingType::kLlama3 ? "llama3" : "linear");
   if (smollm3)
     ST_CHECK(!c.attention_bias && c.sliding_window == 0, what, ": smollm3 (NoPE layers) has no q/k/v biases and no ",
              "sliding window here");
@@ -562,12 +690,16 @@ LlamaConfig parse_hf_config(const json& j, const std::string& src) {
   c.norm_eps = get_double(j, "rms_norm_eps", src, 1e-6);
   // transformers' default: tied for smollm3, untied for the others
   c.tie_embeddings = get_bool(j, "tie_word_embeddings", src, model_type == "smollm3" || gemma3 || gemma2);
-  c.attention_bias = model_type == "qwen2" ? true : get_bool(j, "attention_bias", src, false);
+  // qwen2 always has q/k/v biases, phi3 never (its config's attention_bias, if any, is unused)
+  c.attention_bias = model_type == "qwen2"  ? true
+                     : model_type == "phi3" ? false
+                                            : get_bool(j, "attention_bias", src, false);
   c.qk_norm = model_type == "qwen3";  // Qwen3's q_norm / k_norm
   // OLMo 2's q_norm / k_norm over the whole projections, and its norms after each sublayer
   c.qk_norm_whole = c.post_norms = model_type == "olmo2";
   if (model_type == "smollm3") parse_smollm3(j, src, c);
   if (model_type == "granite") parse_granite(j, src, c);
+  if (model_type == "phi3") parse_phi3(j, src, c);
   if (model_type == "smollm3")
     ST_CHECK(!c.attention_bias, src,
              ": `attention_bias` = true is not supported for smollm3; SmolLM3's "
@@ -604,6 +736,7 @@ LlamaConfig load_hf_config(const std::string& path) {
 json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   check_hf_family(c, "writing a Hugging Face config.json");
   if (c.gemma_features()) return to_gemma_config(c, torch_dtype);
+  if (c.phi3_features()) return to_phi3_config(c, torch_dtype);
   json j;
   // OLMo 2's norms: olmo2; NoPE layers: smollm3; Granite's scalings: granite; QK-norm: Qwen3
   // (with or without q/k/v biases); biases alone: Qwen2; else Llama
@@ -651,17 +784,7 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   }
   j["initializer_range"] = c.init_std;
   j["rope_theta"] = c.rope.theta;
-  if (c.rope.scaling.type == ops::RopeScalingType::kLlama3) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", c.rope.scaling.factor},
-                         {"low_freq_factor", c.rope.scaling.low_freq_factor},
-                         {"high_freq_factor", c.rope.scaling.high_freq_factor},
-                         {"original_max_position_embeddings", c.rope.scaling.original_max_positions}};
-  } else if (c.rope.scaling.type == ops::RopeScalingType::kLinear) {
-    j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", c.rope.scaling.factor}};
-  } else {
-    j["rope_scaling"] = nullptr;
-  }
+  j["rope_scaling"] = rope_scaling_json(c);
   if (smollm3) {
     json list = json::array();  // 1: the layer uses rope, 0: a NoPE layer
     for (int64_t l = 0; l < c.n_layers; ++l) list.push_back(c.uses_rope(l) ? 1 : 0);
@@ -679,6 +802,31 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   j["attention_dropout"] = 0.0;
   write_sliding_window(c, j);
   return j;
+}
+
+std::vector<FusedTensor> hf_fused_tensors(const LlamaConfig& c) {
+  std::vector<FusedTensor> out;
+  if (!c.phi3_features()) return out;
+  auto fused = [&](int64_t l, const char* name, std::vector<std::pair<const char*, int64_t>> parts) {
+    FusedTensor f;
+    f.name = block_param_name(l, name);
+    int64_t rows = 0;
+    for (const auto& [part, n] : parts) {
+      f.parts.push_back(block_param_name(l, part));
+      f.part_shapes.push_back({n, c.dim});
+      f.offsets.push_back(rows * c.dim);
+      rows += n;
+    }
+    f.shape = {rows, c.dim};
+    out.push_back(std::move(f));
+  };
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    fused(l, "self_attn.qkv_proj.weight",
+          {{"self_attn.q_proj.weight", c.q_dim()}, {"self_attn.k_proj.weight", c.kv_dim()},
+           {"self_attn.v_proj.weight", c.kv_dim()}});
+    fused(l, "mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", c.ffn_dim}, {"mlp.up_proj.weight", c.ffn_dim}});
+  }
+  return out;
 }
 
 }  // namespace shardtrain::model

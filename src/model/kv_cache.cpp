@@ -16,11 +16,11 @@ KvCache::KvCache(const LlamaConfig& config, int64_t batch, int64_t capacity, DTy
     values_.push_back(Tensor::empty(shape, dtype, device, "kv cache values"));
   }
   position_1_ = Tensor::empty({1}, DType::kI32, device, "kv cache position");
-  cos_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache rope cos");
-  sin_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache rope sin");
+  cos_1K_ = Tensor::empty({1, config.rotary_dim() / 2}, dtype, device, "kv cache rope cos");
+  sin_1K_ = Tensor::empty({1, config.rotary_dim() / 2}, dtype, device, "kv cache rope sin");
   if (config.has_local_rope()) {
-    local_cos_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache sliding layers' rope cos");
-    local_sin_1K_ = Tensor::empty({1, config.head_dim() / 2}, dtype, device, "kv cache sliding layers' rope sin");
+    local_cos_1K_ = Tensor::empty({1, config.rotary_dim() / 2}, dtype, device, "kv cache sliding layers' rope cos");
+    local_sin_1K_ = Tensor::empty({1, config.rotary_dim() / 2}, dtype, device, "kv cache sliding layers' rope sin");
   }
 }
 

@@ -96,17 +96,21 @@ Llama::Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* st
 
 void Llama::make_rope_tables() {
   // computed in f64 on the host, then rounded once to the model's dtype on its device
-  const int64_t K = config_.head_dim() / 2;
-  auto make = [&](Tensor& cos_TK, Tensor& sin_TK, const ops::RopeOptions& rope) {
+  // K: the frequencies of each head's rotated dimensions (all, or a partial rotary's share)
+  const int64_t K = config_.rotary_dim() / 2;
+  auto make = [&](Tensor& cos_TK, Tensor& sin_TK, const ops::RopeOptions& rope, bool long_factors = false) {
     Tensor cos = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope cos");
     Tensor sin = Tensor::empty({config_.max_seq_len, K}, DType::kF64, Device::cpu(), "rope sin");
-    ops::rope_table(cos, sin, config_.head_dim(), rope);
+    ops::rope_table(cos, sin, config_.head_dim(), rope, long_factors);
     cos_TK = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope cos");
     sin_TK = Tensor::empty({config_.max_seq_len, K}, dtype_, device_, "rope sin");
     ops::cast(cos_TK, cos);
     ops::cast(sin_TK, sin);
   };
   make(cos_TK_, sin_TK_, config_.rope);
+  // LongRoPE: its long factors for sequences past original_max_positions
+  if (config_.rope.scaling.type == ops::RopeScalingType::kLongRope)
+    make(long_cos_TK_, long_sin_TK_, config_.rope, true);
   // Gemma 3: the sliding layers' own base, unscaled
   for (int64_t l = 0; l < config_.n_layers && config_.has_local_rope(); ++l)
     if (config_.window_of(l) > 0) {
@@ -287,8 +291,10 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
   ctx.config = &config_;
   ctx.batch = batch;
   ctx.seq = seq;
-  ctx.cos_TK = cos_TK_;
-  ctx.sin_TK = sin_TK_;
+  // LongRoPE's factors follow the whole sequence's length (every context-parallel rank's share)
+  const int64_t length = cp_ != nullptr ? seq * cp_->size() : seq;
+  ctx.cos_TK = rope_cos(length);
+  ctx.sin_TK = rope_sin(length);
   ctx.separate_projections = separate_projections_;
   ctx.fp8 = fp8_;
   ctx.fp8_attention = fp8_attention_history_L4_.defined();
@@ -330,8 +336,9 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
       local_cos = cache->rope_local_cos_1K();
       local_sin = cache->rope_local_sin_1K();
     } else {
-      ctx.cos_TK = cos_TK_.slice(0, p, p + T);
-      ctx.sin_TK = sin_TK_.slice(0, p, p + T);
+      // LongRoPE: the long factors once the sequence, p + T positions, passes original_max_positions
+      ctx.cos_TK = rope_cos(p + T).slice(0, p, p + T);
+      ctx.sin_TK = rope_sin(p + T).slice(0, p, p + T);
       if (local_cos_TK_.defined()) {
         local_cos = local_cos_TK_.slice(0, p, p + T);
         local_sin = local_sin_TK_.slice(0, p, p + T);
@@ -524,6 +531,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
 
   BlockContext ctx = context(B, T, o.checkpointing, documents, split);
   ctx.deterministic = o.deterministic;
+  const Tensor global_cos = ctx.cos_TK, global_sin = ctx.sin_TK;  // the sequence's (LongRoPE: by its length)
   Tensor dprev_BTD = Tensor::empty(residual_shape, dtype_, device_, "dx");
   for (int64_t l = config_.n_layers - 1; l >= 0; --l) {
     const size_t u = static_cast<size_t>(l) + 1;
@@ -535,8 +543,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     ctx.window = config_.window_of(l);
     ctx.rope = config_.uses_rope(l);
     const bool local = local_cos_TK_.defined() && ctx.window > 0;  // the sliding layers' rope (Gemma 3)
-    ctx.cos_TK = local ? local_cos_TK_ : cos_TK_;
-    ctx.sin_TK = local ? local_sin_TK_ : sin_TK_;
+    ctx.cos_TK = local ? local_cos_TK_ : global_cos;
+    ctx.sin_TK = local ? local_sin_TK_ : global_sin;
     if (fp8_attention_history_L4_.defined()) {
       ctx.fp8_attention_history_4 = fp8_attention_history_L4_.select(l);
       ctx.fp8_attention_seed = !fp8_attention_seeded_[static_cast<size_t>(l)];
@@ -656,7 +664,9 @@ Tensor Llama::last_position_logits(const Tensor& ids_BT, KvCache* cache) {
 }
 
 void Llama::stage_decode(KvCache& cache, Stream stream) {
-  cache.stage(cos_TK_, sin_TK_, local_cos_TK_, local_sin_TK_, stream);
+  // the new token makes the sequence length() + 1 positions long (LongRoPE's choice of factors)
+  const int64_t length = cache.length() + 1;
+  cache.stage(rope_cos(length), rope_sin(length), local_cos_TK_, local_sin_TK_, stream);
 }
 
 void Llama::issue_decode(const Tensor& ids_B1, KvCache& cache, Tensor& logits_BV) {

@@ -245,6 +245,13 @@ class Llama {
   ContextParallel* cp_ = nullptr;
   void refuse_context_parallel(const char* what) const;  // throws, naming `what`, while cp_ is set
   Tensor cos_TK_, sin_TK_;
+  // LongRoPE's tables with its long factors, for sequences past its original_max_positions
+  // (cos_TK_ and sin_TK_ hold its short ones); undefined without LongRoPE.
+  Tensor long_cos_TK_, long_sin_TK_;
+  // The rope tables (every layer's but a local rope's) of a sequence of `length` positions:
+  // LongRoPE's long ones past its original_max_positions, else cos_TK_ and sin_TK_.
+  const Tensor& rope_cos(int64_t length) const { return config_.rope_long(length) ? long_cos_TK_ : cos_TK_; }
+  const Tensor& rope_sin(int64_t length) const { return config_.rope_long(length) ? long_sin_TK_ : sin_TK_; }
   // The sliding layers' rope tables (LlamaConfig::has_local_rope; undefined without).
   Tensor local_cos_TK_, local_sin_TK_;
   // What the embeddings are multiplied by after the lookup (Granite's embedding_multiplier,

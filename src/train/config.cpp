@@ -233,6 +233,12 @@ const std::vector<KeyDef>& keys() {
           "Gemma 2-style: the logits z become c x tanh(z / c) for this c, in the loss and in generation (Gemma 2: "
           "30); 0: none. CPU only (training.device = cpu)",
           non_negative()),
+      key("model.rotary_fraction", &C::model, &ModelSection::rotary_fraction,
+          "Phi-4-mini-style partial rotary: rope rotates the first int(H x this) dimensions of each head (an even "
+          "number; H the head dimension), the others pass through unrotated (Phi-4-mini: 0.75); 1: all of them. "
+          "Below 1, exports as a Hugging Face phi3 model (its partial_rotary_factor, q/k/v fused in qkv_proj and "
+          "gate/up in gate_up_proj)",
+          in_range_above(0.0, 1.0)),
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
@@ -859,6 +865,7 @@ void validate_family_keys(const ModelSection& m) {
   unset(m.rope_local_theta == plain.rope_local_theta, "model.rope_local_theta");
   unset(m.attn_logit_softcapping == plain.attn_logit_softcapping, "model.attn_logit_softcapping");
   unset(m.final_logit_softcapping == plain.final_logit_softcapping, "model.final_logit_softcapping");
+  unset(m.rotary_fraction == plain.rotary_fraction, "model.rotary_fraction");
 }
 
 }  // namespace

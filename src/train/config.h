@@ -47,6 +47,7 @@ struct ModelSection {
   double rope_local_theta = 0.0;       // Gemma 3's sliding layers' rope base; 0: model.rope_theta
   double attn_logit_softcapping = 0.0;   // Gemma 2's soft-capping of the attention scores; 0: none
   double final_logit_softcapping = 0.0;  // and of the logits; 0: none
+  double rotary_fraction = 1.0;          // Phi-4-mini's partial rotary: the share of each head rope rotates
   double init_std = 0.02;
   std::string dtype = "auto";
 };

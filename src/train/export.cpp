@@ -5,6 +5,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <utility>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -95,6 +97,12 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
   const int tp = layout.mesh().tensor_parallel;
   ST_ASSERT(tp == 1 || (tp_comm != nullptr && tp_comm->world_size() == tp), "export of a ", tp,
             "-way tensor-parallel model without its group's communicator");
+  // Phi-3's fused tensors: each part's rows go into its fused tensor, written once it is whole
+  const std::vector<model::FusedTensor> fused = model::hf_fused_tensors(config);
+  std::map<std::string, std::pair<size_t, size_t>> fused_part;  // part name -> (fused tensor, part)
+  for (size_t f = 0; f < fused.size(); ++f)
+    for (size_t i = 0; i < fused[f].parts.size(); ++i) fused_part[fused[f].parts[i]] = {f, i};
+  std::map<size_t, std::pair<Tensor, size_t>> filling;  // fused tensor -> (its rows so far, parts in)
   for (size_t u = 0; u < layout.units().size(); ++u) {
     const model::UnitLayout& unit = layout.units()[u];
     Tensor full = store.acquire_params(u, model::Pass::kEval);  // collective: every rank joins
@@ -124,10 +132,24 @@ void export_hf(fsdp::ShardedUnitStore& store, const model::LlamaConfig& config, 
           ops::cast(dst, src.flat_range(local_first, n));
         });
       }
-      shards->add(p.name, out);
+      const auto part = fused_part.find(p.name);
+      if (part == fused_part.end()) {
+        shards->add(p.name, out);
+        continue;
+      }
+      const model::FusedTensor& f = fused[part->second.first];
+      auto& [whole, parts_in] = filling[part->second.first];
+      if (!whole.defined()) whole = Tensor::empty(f.shape, o.dtype, Device::cpu(), "export fused");
+      Tensor rows = whole.view({f.shape.numel()}).flat_range(f.offsets[part->second.second], p.full_numel());
+      ops::cast(rows, flat);
+      if (++parts_in == f.parts.size()) {
+        shards->add(f.name, whole);
+        filling.erase(part->second.first);
+      }
     }
   }
   if (!writer) return;
+  ST_ASSERT(filling.empty(), "export: a fused tensor missing some of its parts");
   shards->finish();
   const char* torch_dtype = o.dtype == DType::kBF16 ? "bfloat16" : o.dtype == DType::kF16 ? "float16" : "float32";
   nlohmann::json hf_config = model::to_hf_config(config, torch_dtype);

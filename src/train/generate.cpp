@@ -38,6 +38,10 @@ class NextLogits {
     const int64_t n = static_cast<int64_t>(ids.size());
     Tensor logits;
     if (cache_ && n <= cache_->capacity()) {
+      // LongRoPE (Phi-3): keys cached with the short factors are recomputed with the long ones
+      // when the sequence first passes original_max_positions, as transformers' Phi-3 does
+      const model::LlamaConfig& c = model_.config();
+      if (cache_->length() > 0 && !c.rope_long(cache_->length()) && c.rope_long(n)) cache_->clear();
       const int64_t first = cache_->length();  // the positions the cache has not seen yet
       if (cuda_graph_ && n - first == 1) {  // one new token: the captured step
         if (!graph_) graph_ = std::make_unique<model::CapturedDecode>(model_, *cache_);

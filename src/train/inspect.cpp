@@ -17,6 +17,7 @@
 #include "model/hf_config.h"
 #include "model/layout.h"
 #include "train/checkpoint.h"
+#include "train/hf_fused.h"
 
 namespace shardtrain::train {
 
@@ -139,7 +140,7 @@ InspectReport inspect_report(const std::string& path) {
             c.problems};
   }
   std::ostringstream r;
-  const io::HfWeights w(path);
+  io::HfWeights w(path);
   int64_t total_bytes = 0, total_elements = 0;
   int missing = 0;
   for (const auto& f : w.files()) {
@@ -163,10 +164,23 @@ InspectReport inspect_report(const std::string& path) {
     const model::LlamaConfig c = model::load_hf_config(config.string());
     r << "\nconfig.json: " << c.summary() << "\n";
     r << fmt::format("  rope theta {}{}, max positions {}, norm eps {}\n", c.rope.theta,
-                     c.rope.scaling.type == ops::RopeScalingType::kLlama3   ? " with llama3 scaling"
-                     : c.rope.scaling.type == ops::RopeScalingType::kLinear ? " with linear scaling"
-                                                                            : "",
+                     c.rope.scaling.type == ops::RopeScalingType::kLlama3     ? " with llama3 scaling"
+                     : c.rope.scaling.type == ops::RopeScalingType::kLinear   ? " with linear scaling"
+                     : c.rope.scaling.type == ops::RopeScalingType::kLongRope ? " with LongRoPE scaling"
+                                                                              : "",
                      c.max_seq_len, c.norm_eps);
+    if (c.rope.scaling.type == ops::RopeScalingType::kLongRope)
+      r << fmt::format("  LongRoPE: short_factor for sequences of up to {} positions "
+                       "(original_max_position_embeddings), long_factor past them, {} each; cos and sin x {:.6g}\n",
+                       c.rope.scaling.original_max_positions, c.rotary_dim() / 2, c.rope.scaling.attention_factor);
+    if (c.rope.partial_rotary != 1.0)
+      r << fmt::format("  partial rotary: rope on the first {} of each head's {} dims (partial_rotary_factor {}), the "
+                       "other {} passed through\n",
+                       c.rotary_dim(), c.head_dim(), c.rope.partial_rotary, c.head_dim() - c.rotary_dim());
+    if (c.fused_projections)
+      r << fmt::format("  family phi3 (Phi-3, Phi-4-mini): q, k and v fused in self_attn.qkv_proj.weight [{}, {}], gate and up in "
+                       "mlp.gate_up_proj.weight [{}, {}]; read as q_proj, k_proj, v_proj, gate_proj and up_proj\n",
+                       c.q_dim() + 2 * c.kv_dim(), c.dim, 2 * c.ffn_dim, c.dim);
     if (c.has_local_rope())
       r << fmt::format("  sliding layers' rope theta {} (unscaled); the full layers use the theta above\n",
                        c.rope_local_theta);
@@ -208,7 +222,13 @@ InspectReport inspect_report(const std::string& path) {
                        "scale {}{}, logits / {}\n",
                        c.embedding_multiplier, c.residual_multiplier, c.attention_scale(),
                        c.attention_multiplier > 0 ? "" : " (1 / sqrt(head dim))", c.logits_scaling);
-    // every tensor the model needs is present with the right shape
+    // every tensor the model needs is present with the right shape (Phi-3's fused ones split)
+    try {
+      expose_fused_tensors(w, c);
+    } catch (const Error& e) {
+      r << "  " << e.what() << "\n";
+      ++missing;
+    }
     const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
     for (const model::UnitLayout& u : layout.units())
       for (const model::ParamSpec& p : u.params) {

@@ -16,6 +16,7 @@
 #include "data/byte_tokenizer.h"
 #include "dist/bootstrap.h"
 #include "model/hf_config.h"
+#include "train/hf_fused.h"
 #include "train/model_shape.h"
 #include "train/training_data.h"
 
@@ -139,8 +140,10 @@ JobModel open_job_model(const JobConfig& config, bool bench, int rank) {
              ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf`");
     if (bench)
       log::info(fmt::format("bench: the model's shape from `{}`, its weights random (not read)", config.model.hf));
-    else if (config.parallel.hf_load == "ranges" || rank == 0)  // rank0: the others never open it
+    else if (config.parallel.hf_load == "ranges" || rank == 0) {  // rank0: the others never open it
       job.hf_weights = std::make_unique<io::HfWeights>(config.model.hf);
+      expose_fused_tensors(*job.hf_weights, mc);  // Phi-3's qkv_proj and gate_up_proj, split
+    }
   } else {
     mc = llama_config(config.model, job.tokenizer->vocab_size());
     if (!config.model.preset.empty())

@@ -65,6 +65,8 @@ model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) 
   c.rope_local_theta = m.rope_local_theta;
   c.attn_logit_softcapping = m.attn_logit_softcapping;
   c.final_logit_softcapping = m.final_logit_softcapping;
+  c.rope.partial_rotary = m.rotary_fraction;
+  c.fused_projections = c.phi3_features();  // exported as phi3: its fused tensors
   c.nope_layers.clear();
   if (m.no_rope_every > 0)
     for (int64_t l = 0; l < c.n_layers; ++l) c.nope_layers.push_back((l + 1) % m.no_rope_every == 0);

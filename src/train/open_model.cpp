@@ -13,14 +13,16 @@
 #include "model/hf_config.h"
 #include "ops/elementwise.h"
 #include "train/checkpoint.h"
+#include "train/hf_fused.h"
 
 namespace shardtrain::train {
 namespace {
 
 namespace fs = std::filesystem;
 
-void read_hf_weights(OpenedModel& m) {
-  const io::HfWeights weights(m.path);
+void read_hf_weights(OpenedModel& m, const model::LlamaConfig& config) {
+  io::HfWeights weights(m.path);
+  expose_fused_tensors(weights, config);  // Phi-3's qkv_proj and gate_up_proj, split
   for (size_t u = 0; u < m.layout->units().size(); ++u)
     for (const model::ParamSpec& p : m.layout->units()[u].params) {
       const io::TensorInfo& t = weights.get(p.name);
@@ -98,7 +100,7 @@ OpenedModel open_model(const std::string& path, DType dtype, Device device) {
   const DType host_dtype = device.is_cpu() ? dtype : DType::kF32;
   m.store = std::make_unique<model::ResidentUnitStore>(*m.layout, host_dtype, Device::cpu(), false);
   if (m.source == ModelSource::kHuggingFace) {
-    with_context([&] { return fmt::format("reading the weights of `{}`", path); }, [&] { read_hf_weights(m); });
+    with_context([&] { return fmt::format("reading the weights of `{}`", path); }, [&] { read_hf_weights(m, config); });
   } else {
     load_checkpoint_params(info, *m.layout, m.store->params());
   }

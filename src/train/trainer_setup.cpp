@@ -105,6 +105,11 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
         config_.parallel.offload_gradients ? "" : "; gradient shards on the GPU", omp_get_max_threads()));
   log::info(fmt::format("model: {} ({} compute, {} master weights, on {})", mc.summary(), dtype_name(dtype),
                         dtype_name(master), device_.str()));
+  if (mc.rope.scaling.type == ops::RopeScalingType::kLongRope)
+    log::info(fmt::format("LongRoPE: training.seq_len {} {} original_max_position_embeddings {}: its {} factors",
+                          config_.training.seq_len, mc.rope_long(config_.training.seq_len) ? ">" : "<=",
+                          mc.rope.scaling.original_max_positions,
+                          mc.rope_long(config_.training.seq_len) ? "long" : "short"));
   phases.done("model and optimizer");
   if (resume_from) {
     const CheckpointInfo& info = *resume_from;

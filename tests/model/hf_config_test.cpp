@@ -6,6 +6,8 @@
 // SmolLM3 (NoPE layers), Granite (its four scalings) and OLMo 2 (norms after each sublayer,
 // QK-norm over the whole q and k) both ways, and models that mix families refused. Gemma 3's
 // text models (gemma3_text) in both forms, with linear rope scaling, their refusals and export.
+// Phi-3 (phi3: LongRoPE, a partial rotary, a sliding window, its fused tensors) in both forms,
+// its refusals and export.
 #include "model/hf_config.h"
 
 #include <algorithm>
@@ -17,6 +19,7 @@
 
 #include "core/error.h"
 #include "model/layout.h"
+#include "testing/shared_data.h"
 
 namespace shardtrain::model {
 namespace {
@@ -536,12 +539,13 @@ TEST(HfConfig, UnsupportedFamiliesNameTheTypeTheMissingFeatureAndTheSupportedOne
                    "3 (a vision tower); use a text-only checkpoint (model_type gemma3_text"),
             std::string::npos)
       << e;
-  j["model_type"] = "phi3";
+  j["model_type"] = "mixtral";
   e = error_of(j);
-  EXPECT_NE(e.find("`model_type` = \"phi3\" is not supported"), std::string::npos) << e;
-  EXPECT_NE(e.find("fused qkv_proj"), std::string::npos) << e;
-  EXPECT_NE(e.find("and gemma2 (Gemma 2: the same without QK-norm, with soft-capped attention scores and logits, on "
-                   "the CPU only)"),
+  EXPECT_NE(e.find("`model_type` = \"mixtral\" is not supported"), std::string::npos) << e;
+  EXPECT_NE(e.find("mixture-of-experts MLPs"), std::string::npos) << e;
+  EXPECT_NE(e.find("gemma2 (Gemma 2: the same without QK-norm, with soft-capped attention scores and logits, on "
+                   "the CPU only) and phi3 (Phi-3 and Phi-4-mini: fused qkv_proj and gate_up_proj, LongRoPE, a "
+                   "partial rotary, a sliding window)"),
             std::string::npos)
       << e;
   j["model_type"] = "falcon";
@@ -796,7 +800,9 @@ TEST(HfConfig, Gemma3TextLinearRopeScalingIsTheGlobalLayersOnly) {
   EXPECT_EQ(c.rope_of(4).theta, 10000.0);
   EXPECT_DOUBLE_EQ(c.attention_scale(), 1.0 / std::sqrt(24.0));
   // linear scaling divides every frequency by the factor
-  const std::vector<double> plain = ops::rope_inv_frequencies(16, {.theta = 1000000.0, .scaling = {}});
+  ops::RopeOptions unscaled;
+  unscaled.theta = 1000000.0;
+  const std::vector<double> plain = ops::rope_inv_frequencies(16, unscaled);
   const std::vector<double> scaled = ops::rope_inv_frequencies(16, c.rope);
   for (size_t k = 0; k < plain.size(); ++k) EXPECT_DOUBLE_EQ(scaled[k], plain[k] / 8.0) << k;
   // the transformers 5 form is the same model
@@ -984,6 +990,203 @@ TEST(HfConfig, Gemma2ExportsAsGemma2AndReadsBack) {
   LlamaConfig capped3 = parse_hf_config(gemma3_1b(), "gemma3/config.json");
   capped3.attn_logit_softcapping = 50.0;
   EXPECT_THROW((void)to_hf_config(capped3, "float32"), Error);
+}
+
+// Phi-3 as transformers 4 writes it: rope_theta, rope_scaling {type, short_factor,
+// long_factor} and original_max_position_embeddings at the top; 4 heads of 16 (8 frequencies).
+json phi3_small() {
+  return {{"architectures", {"Phi3ForCausalLM"}}, {"model_type", "phi3"}, {"vocab_size", 67}, {"hidden_size", 64},
+          {"intermediate_size", 96}, {"num_hidden_layers", 2}, {"num_attention_heads", 4},
+          {"num_key_value_heads", 2}, {"max_position_embeddings", 256}, {"original_max_position_embeddings", 16},
+          {"rms_norm_eps", 1e-5}, {"hidden_act", "silu"}, {"rope_theta", 10000.0}, {"sliding_window", 5},
+          {"resid_pdrop", 0.0}, {"embd_pdrop", 0.0}, {"attention_dropout", 0.0}, {"tie_word_embeddings", false},
+          {"rope_scaling",
+           {{"type", "longrope"},
+            {"short_factor", {1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8}},
+            {"long_factor", {1.0, 1.5, 2.2, 3.0, 4.5, 6.0, 9.0, 12.0}}}}};
+}
+
+std::string reference_config(const std::string& name) {
+  return testing::source_dir() + "/tests/model/hf_reference/" + name + "/config.json";
+}
+
+TEST(HfConfig, Phi3LongRopeSlidingWindowAndFusedTensorsInBothForms) {
+  const LlamaConfig four = parse_hf_config(phi3_small(), "phi3/config.json");
+  const LlamaConfig five = load_hf_config(reference_config("phi3_longrope"));  // transformers 5's rope_parameters
+  for (const LlamaConfig* c : {&four, &five}) {
+    EXPECT_TRUE(c->fused_projections);
+    EXPECT_TRUE(c->phi3_features());
+    EXPECT_EQ(c->rope.scaling.type, ops::RopeScalingType::kLongRope);
+    EXPECT_EQ(c->rope.scaling.original_max_positions, 16);
+    EXPECT_EQ(c->rope.scaling.short_factor, (std::vector<double>{1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8}));
+    EXPECT_EQ(c->rope.scaling.long_factor, (std::vector<double>{1.0, 1.5, 2.2, 3.0, 4.5, 6.0, 9.0, 12.0}));
+    // factor 256 / 16: sqrt(1 + ln 16 / ln 16)
+    EXPECT_DOUBLE_EQ(c->rope.scaling.attention_factor, std::sqrt(2.0));
+    EXPECT_EQ(c->rope.partial_rotary, 1.0);
+    EXPECT_EQ(c->rotary_dim(), 16);
+    EXPECT_EQ(c->rope.theta, 10000.0);
+    EXPECT_EQ(windows(*c), (std::vector<int64_t>{5, 5}));
+    EXPECT_FALSE(c->tie_embeddings);
+    EXPECT_FALSE(c->rope_long(16));
+    EXPECT_TRUE(c->rope_long(17));
+    EXPECT_NE(c->summary().find("LongRoPE (long factors past 16 positions), fused qkv and gate_up"),
+              std::string::npos)
+        << c->summary();
+  }
+  EXPECT_EQ(four.summary(), five.summary());
+  // the fused tensors: q, k, v rows of qkv_proj and gate, up rows of gate_up_proj
+  const std::vector<FusedTensor> fused = hf_fused_tensors(four);
+  ASSERT_EQ(fused.size(), 4u);
+  EXPECT_EQ(fused[0].name, "model.layers.0.self_attn.qkv_proj.weight");
+  EXPECT_EQ(fused[0].shape, Shape({64 + 2 * 32, 64}));
+  EXPECT_EQ(fused[0].parts, (std::vector<std::string>{"model.layers.0.self_attn.q_proj.weight",
+                                                      "model.layers.0.self_attn.k_proj.weight",
+                                                      "model.layers.0.self_attn.v_proj.weight"}));
+  EXPECT_EQ(fused[0].offsets, (std::vector<int64_t>{0, 64 * 64, 96 * 64}));
+  EXPECT_EQ(fused[3].name, "model.layers.1.mlp.gate_up_proj.weight");
+  EXPECT_EQ(fused[3].shape, Shape({192, 64}));
+  EXPECT_EQ(fused[3].part_shapes[1], Shape({96, 64}));
+  EXPECT_EQ(fused[3].offsets, (std::vector<int64_t>{0, 96 * 64}));
+  // no window when sliding_window is null or absent; a plain phi3 (no rope scaling) still fuses
+  json j = phi3_small();
+  j["sliding_window"] = nullptr;
+  j["rope_scaling"] = nullptr;
+  const LlamaConfig plain = parse_hf_config(j, "phi3/config.json");
+  EXPECT_EQ(plain.sliding_window, 0);
+  EXPECT_EQ(plain.rope.scaling.type, ops::RopeScalingType::kNone);
+  EXPECT_EQ(hf_fused_tensors(plain).size(), 4u);
+  EXPECT_TRUE(hf_fused_tensors(parse_hf_config(small("llama", json::object()), "l/config.json")).empty());
+  // Phi-3 has no q/k/v biases whatever attention_bias says (transformers' Phi3Attention has none)
+  j["attention_bias"] = true;
+  EXPECT_FALSE(parse_hf_config(j, "phi3/config.json").attention_bias);
+}
+
+TEST(HfConfig, Phi4PartialRotaryAndGivenFactors) {
+  const LlamaConfig five = load_hf_config(reference_config("phi4_partial_rotary"));
+  json j = phi3_small();  // transformers 4: partial_rotary_factor at the top
+  j["partial_rotary_factor"] = 0.75;
+  j["sliding_window"] = nullptr;
+  j["tie_word_embeddings"] = true;
+  j["rope_scaling"]["short_factor"] = {1.0, 1.2, 1.5, 2.0, 2.7, 3.5};
+  j["rope_scaling"]["long_factor"] = {1.0, 2.0, 3.0, 5.0, 8.0, 13.0};
+  const LlamaConfig four = parse_hf_config(j, "phi4/config.json");
+  for (const LlamaConfig* c : {&four, &five}) {
+    EXPECT_EQ(c->rope.partial_rotary, 0.75);
+    EXPECT_EQ(c->rotary_dim(), 12);
+    EXPECT_EQ(c->head_dim(), 16);
+    EXPECT_EQ(c->rope.scaling.short_factor.size(), 6u);
+    EXPECT_EQ(c->sliding_window, 0);
+    EXPECT_TRUE(c->tie_embeddings);
+    EXPECT_NE(c->summary().find("rope on 12 of 16 dims"), std::string::npos) << c->summary();
+  }
+  EXPECT_EQ(four.summary(), five.summary());
+  // a factor given: the attention factor derives from it; an attention factor given is taken
+  j["rope_scaling"]["factor"] = 4.0;
+  EXPECT_DOUBLE_EQ(parse_hf_config(j, "phi4/config.json").rope.scaling.attention_factor,
+                   std::sqrt(1.0 + std::log(4.0) / std::log(16.0)));
+  j["rope_scaling"]["attention_factor"] = 1.25;
+  EXPECT_EQ(parse_hf_config(j, "phi4/config.json").rope.scaling.attention_factor, 1.25);
+  j["rope_scaling"].erase("attention_factor");
+  j["rope_scaling"]["factor"] = 1.0;
+  EXPECT_EQ(parse_hf_config(j, "phi4/config.json").rope.scaling.attention_factor, 1.0);
+  // without original_max_position_embeddings anywhere: max_position_embeddings, factor 1
+  j["rope_scaling"].erase("factor");
+  j.erase("original_max_position_embeddings");
+  const LlamaConfig no_orig = parse_hf_config(j, "phi4/config.json");
+  EXPECT_EQ(no_orig.rope.scaling.original_max_positions, 256);
+  EXPECT_EQ(no_orig.rope.scaling.attention_factor, 1.0);
+}
+
+TEST(HfConfig, Phi3ExportsAsPhi3AndReadsBack) {
+  for (const char* name : {"phi3_longrope", "phi4_partial_rotary"}) {
+    const LlamaConfig c = load_hf_config(reference_config(name));
+    const json out = to_hf_config(c, "float32");
+    EXPECT_EQ(out.at("model_type"), "phi3") << name;
+    EXPECT_EQ(out.at("architectures"), json({"Phi3ForCausalLM"})) << name;
+    EXPECT_EQ(out.at("original_max_position_embeddings"), 16) << name;
+    // as Phi3Config validates it: type and the two lists only (the attention factor derives)
+    EXPECT_EQ(out.at("rope_scaling").size(), 3u) << out.dump();
+    EXPECT_EQ(out.at("rope_scaling").at("type"), "longrope");
+    EXPECT_EQ(out.at("partial_rotary_factor"), c.rope.partial_rotary);
+    for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) EXPECT_EQ(out.at(key), 0.0) << key;
+    const LlamaConfig back = parse_hf_config(out, "exported/config.json");
+    EXPECT_EQ(back.summary(), c.summary()) << name;
+    EXPECT_EQ(back.rope.scaling.short_factor, c.rope.scaling.short_factor);
+    EXPECT_EQ(back.rope.scaling.long_factor, c.rope.scaling.long_factor);
+    EXPECT_EQ(back.rope.scaling.attention_factor, c.rope.scaling.attention_factor);
+    EXPECT_EQ(back.rope.partial_rotary, c.rope.partial_rotary);
+    EXPECT_EQ(windows(back), windows(c));
+  }
+  const LlamaConfig c = load_hf_config(reference_config("phi3_longrope"));
+  EXPECT_EQ(to_hf_config(c, "float32").at("sliding_window"), 5);
+  LlamaConfig other = c;  // an attention factor of its own is written
+  other.rope.scaling.attention_factor = 1.1;
+  const json out = to_hf_config(other, "float32");
+  EXPECT_EQ(out.at("rope_scaling").at("attention_factor"), 1.1);
+  EXPECT_EQ(parse_hf_config(out, "o/config.json").rope.scaling.attention_factor, 1.1);
+  // a partial rotary alone (trained from scratch) is phi3 too, without LongRoPE
+  LlamaConfig partial = parse_hf_config(small("llama", json::object()), "l/config.json");
+  partial.rope.partial_rotary = 0.5;
+  partial.head_dim_override = 8;  // 4 heads of 8 in a width of 24: rope on 4 of each head's 8
+  const json p = to_hf_config(partial, "float32");
+  EXPECT_EQ(p.at("model_type"), "phi3");
+  EXPECT_TRUE(p.at("rope_scaling").is_null());
+  EXPECT_FALSE(p.contains("original_max_position_embeddings"));
+  EXPECT_EQ(parse_hf_config(p, "p/config.json").rotary_dim(), 4);
+  // other families' features with phi3's are refused
+  partial.qk_norm = true;
+  EXPECT_THROW(to_hf_config(partial, "float32"), Error);
+  partial.qk_norm = false;
+  partial.attention_bias = true;
+  EXPECT_THROW(to_hf_config(partial, "float32"), Error);
+  partial.attention_bias = false;
+  partial.rope.scaling.type = ops::RopeScalingType::kLlama3;
+  EXPECT_THROW(to_hf_config(partial, "float32"), Error);
+}
+
+TEST(HfConfig, BadPhi3ConfigsNameTheKeyAndValue) {
+  for (const char* key : {"resid_pdrop", "embd_pdrop", "attention_dropout"}) {
+    json j = phi3_small();
+    j[key] = 0.1;
+    const std::string e = error_of(j);
+    EXPECT_NE(e.find(std::string("m/config.json: `") + key + "` = 0.1 is not supported: shardtrain trains without "
+                     "dropout; set it to 0.0"),
+              std::string::npos)
+        << e;
+  }
+  json j = phi3_small();
+  j["rope_scaling"]["short_factor"] = {1.0, 2.0};
+  std::string e = error_of(j);
+  EXPECT_NE(e.find("LongRoPE's `short_factor` has 2 entries, but heads rotating 16 dimensions (head dim 16, rotary "
+                   "fraction 1) have 8 frequencies"),
+            std::string::npos)
+      << e;
+  EXPECT_NE(e.find("m/config.json"), std::string::npos) << e;
+  j = phi3_small();
+  j["partial_rotary_factor"] = 0.75;  // 12 dims: 6 frequencies, the lists have 8
+  e = error_of(j);
+  EXPECT_NE(e.find("heads rotating 12 dimensions (head dim 16, rotary fraction 0.75) have 6 frequencies"),
+            std::string::npos)
+      << e;
+  j = phi3_small();
+  j["rope_scaling"].erase("long_factor");
+  e = error_of(j);
+  EXPECT_NE(e.find("`rope_scaling.long_factor` must be a list of numbers"), std::string::npos) << e;
+  j = phi3_small();
+  j["rope_scaling"]["short_factor"][2] = "x";
+  e = error_of(j);
+  EXPECT_NE(e.find("`rope_scaling.short_factor` must hold numbers, found \"x\""), std::string::npos) << e;
+  j = phi3_small();
+  j["partial_rotary_factor"] = 0.7;  // int(16 x 0.7) = 11
+  e = error_of(j);
+  EXPECT_NE(e.find("rotates int(16 x 0.7) = 11 dimensions"), std::string::npos) << e;
+  j["partial_rotary_factor"] = 1.5;
+  e = error_of(j);
+  EXPECT_NE(e.find("`partial_rotary_factor` must be in (0, 1], found 1.5"), std::string::npos) << e;
+  j = phi3_small();
+  j["rope_scaling"]["type"] = "yarn";
+  e = error_of(j);
+  EXPECT_NE(e.find("shardtrain supports default, linear, llama3 and longrope"), std::string::npos) << e;
 }
 
 }  // namespace

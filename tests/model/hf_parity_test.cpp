@@ -4,7 +4,9 @@
 // and Qwen2's from max_window_layers on, SmolLM3's NoPE layers, Granite's scalings, OLMo 2's
 // norms after each sublayer and whole-projection QK-norm, Gemma 3's text model with its (1 + w)
 // norms before and after each sublayer, GeGLU, scaled embeddings and two ropes, Gemma 2's
-// soft-capped scores and logits; a case whose files are missing is skipped),
+// soft-capped scores and logits, Phi-3's LongRoPE (short factors for the 13-token rows) over
+// fused qkv_proj and gate_up_proj with a sliding window, Phi-4-mini's partial rotary; a case
+// whose files are missing is skipped),
 // shardtrain loads config.json and model.safetensors and must reproduce transformers'
 // logits and loss (f32, relative 1e-5), every parameter gradient and every parameter after
 // one AdamW step from transformers' gradients (relative 1e-4).
@@ -12,12 +14,15 @@
 
 #include <gtest/gtest.h>
 
+#include "io/hf_folder.h"
 #include "io/safetensors.h"
 #include "model/hf_config.h"
 #include "model/llama.h"
 #include "optim/adamw.h"
 #include "testing/compare.h"
+#include "testing/hf_reference.h"
 #include "testing/shared_data.h"
+#include "train/hf_fused.h"
 
 namespace shardtrain::model {
 namespace {
@@ -35,12 +40,14 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
                  << "python3 tools/make_hf_reference.py --out tests/model/hf_reference " << GetParam();
   const LlamaConfig config = load_hf_config(dir + "/config.json");
   Llama model(config, DType::kF32);
-  const io::SafetensorsFile weights(dir + "/model.safetensors");
+  io::HfWeights weights(dir);
+  train::expose_fused_tensors(weights, config);  // Phi-3's qkv_proj and gate_up_proj, split
   const io::SafetensorsFile ref(dir + "/reference.safetensors");
+  const testing::ParamReference params_ref(dir + "/reference.safetensors", config);
   for (const UnitLayout& u : model.layout().units())
     for (const ParamSpec& p : u.params) {
       Tensor dst = model.param(p.name);
-      weights.read(p.name, dst);
+      weights.read_range(p.name, 0, dst);
     }
 
   const Tensor ids64 = ref.read_as("input_ids", DType::kI64), targets64 = ref.read_as("targets", DType::kI64);
@@ -67,7 +74,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
 
   for (const UnitLayout& u : model.layout().units())
     for (const ParamSpec& p : u.params)
-      EXPECT_TRUE(testing::all_close(model.grad(p.name), ref.read_as("grad." + p.name, DType::kF32), kGrads))
+      EXPECT_TRUE(testing::all_close(model.grad(p.name), params_ref.read("grad." + p.name), kGrads))
           << "gradient of " << p.name;
 
   // torch.optim.AdamW(lr 1e-2, betas (0.9, 0.95), eps 1e-8, weight decay 0.1 on every parameter),
@@ -79,7 +86,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
   for (const UnitLayout& u : model.layout().units())
     for (const ParamSpec& p : u.params) {
       Tensor g = model.grad(p.name);
-      ref.read("grad." + p.name, g);
+      params_ref.read("grad." + p.name, g);
     }
   optim::AdamWConfig oc;
   oc.beta1 = 0.9;
@@ -97,7 +104,7 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
   opt.step(params, grads, 1e-2);
   for (const UnitLayout& u : model.layout().units())
     for (const ParamSpec& p : u.params)
-      EXPECT_TRUE(testing::all_close(model.param(p.name), ref.read_as("adamw." + p.name, DType::kF32), kGrads))
+      EXPECT_TRUE(testing::all_close(model.param(p.name), params_ref.read("adamw." + p.name), kGrads))
           << "parameter after AdamW: " << p.name;
 }
 
@@ -105,7 +112,8 @@ INSTANTIATE_TEST_SUITE_P(Transformers, HfParity,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias", "mistral_gqa",
                                            "mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
                                            "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms", "gemma3_text_small", "gemma2_softcap"));
+                                           "olmo2_post_norms", "gemma3_text_small", "gemma2_softcap",
+                                           "phi3_longrope", "phi4_partial_rotary"));
 
 }  // namespace
 }  // namespace shardtrain::model

@@ -2,9 +2,9 @@
 // AdamW state) against Hugging Face transformers' f32 reference for the recorded models
 // whose head dims cuDNN's attention takes (64 and 128, 32 beside a width of 64 in
 // mistral_head_dim and qwen3_qk_norm, 16 in the sliding-window cases and in smollm3_nope,
-// granite_scaled, olmo2_post_norms and gemma3_text_small): logits, loss, every
-// gradient and every parameter after one AdamW step, within bf16 error. Skips without a device or without the case's
-// reference files.
+// granite_scaled, olmo2_post_norms, gemma3_text_small, phi3_longrope and phi4_partial_rotary):
+// logits, loss, every gradient and every parameter after one AdamW step, within bf16 error.
+// Skips without a device or without the case's reference files.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -17,6 +17,7 @@
 
 #include "dist/communicator.h"
 #include "fsdp/sharded_store.h"
+#include "io/hf_folder.h"
 #include "io/safetensors.h"
 #include "model/hf_config.h"
 #include "model/llama.h"
@@ -25,8 +26,10 @@
 #include "testing/packed_documents.h"
 #include "testing/cuda_util.h"
 #include "testing/gpu_engine.h"
+#include "testing/hf_reference.h"
 #include "testing/model_shapes.h"
 #include "testing/shared_data.h"
+#include "train/hf_fused.h"
 
 namespace shardtrain::model {
 namespace {
@@ -58,8 +61,10 @@ void expect_as_transformers(const std::string& name, DType compute, const testin
   fsdp::ShardingOptions so;
   so.compute_dtype = compute;  // f32 master, gradients and reduction: the defaults
   fsdp::ShardedUnitStore store(layout, comm.get(), so, gpu);
-  const io::SafetensorsFile weights(dir + "/model.safetensors");
+  io::HfWeights weights(dir);
+  train::expose_fused_tensors(weights, config);  // Phi-3's qkv_proj and gate_up_proj, split
   const io::SafetensorsFile ref(dir + "/reference.safetensors");
+  const testing::ParamReference params_ref(dir + "/reference.safetensors", config);
   store.load([&](const ParamSpec& p, int64_t first, Tensor& out) { weights.read_range(p.name, first, out); });
   Llama model(config, layout, &store, compute, gpu);
 
@@ -94,7 +99,7 @@ void expect_as_transformers(const std::string& name, DType compute, const testin
   for (const UnitLayout& u : layout.units())
     for (const ParamSpec& p : u.params)
       EXPECT_TRUE(testing::all_close(host_view(store.grad_shards(), p.name),
-                                     ref.read_as("grad." + p.name, DType::kF32), backward))
+                                     params_ref.read("grad." + p.name), backward))
           << "gradient of " << p.name;
   if (compute != DType::kBF16) return;
 
@@ -121,7 +126,7 @@ void expect_as_transformers(const std::string& name, DType compute, const testin
   for (const UnitLayout& u : layout.units())
     for (const ParamSpec& p : u.params) {
       const Tensor got = testing::to_dtype(host_view(store.master_shards(), p.name), DType::kF64);
-      const Tensor want = testing::to_dtype(ref.read_as("adamw." + p.name, DType::kF32), DType::kF64);
+      const Tensor want = testing::to_dtype(params_ref.read("adamw." + p.name), DType::kF64);
       double worst = 0;
       for (int64_t i = 0; i < got.numel(); ++i) {
         const double d = std::abs(got.data<double>()[i] - want.data<double>()[i]);
@@ -150,7 +155,7 @@ TEST_P(HfParityCuda, F32MatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda,
                          ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3", "mistral_head_dim", "qwen3_qk_norm",
                                            "mistral_sliding", "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms"));
+                                           "olmo2_post_norms", "phi3_longrope", "phi4_partial_rotary"));
 
 // Gemma 3's bf16 run is held to the bf16 bound by every tensor but its QK-norm weights' gradients,
 // 16-element sums over every token and head that come out 3.0-3.7 % off in bf16 (bound 3 %;

@@ -39,6 +39,9 @@ struct TinyCase {
   // sliding, the attention scores soft-capped at 2 and the logits at 3 (both well inside tanh's
   // curve here)
   bool gemma2 = false;
+  // Phi-4-mini-style: rope on half of each head (4 of 8 dims; set head_dim 8) with LongRoPE from
+  // 4 original positions, so the 7-token rows take its long factors, and its attention factor
+  bool phi3 = false;
 };
 void PrintTo(const TinyCase& c, std::ostream* os) { *os << c.name; }
 
@@ -97,6 +100,14 @@ LlamaConfig tiny_config(const TinyCase& c) {
     cfg.sliding_layers = {true, false};
     cfg.attn_logit_softcapping = 2.0;
     cfg.final_logit_softcapping = 3.0;
+  }
+  if (c.phi3) {
+    cfg.rope.partial_rotary = 0.5;
+    cfg.rope.scaling.type = ops::RopeScalingType::kLongRope;
+    cfg.rope.scaling.original_max_positions = 4;
+    cfg.rope.scaling.short_factor = {1.0, 1.7};
+    cfg.rope.scaling.long_factor = {2.0, 3.5};
+    cfg.rope.scaling.attention_factor = 1.3;
   }
   return cfg;
 }
@@ -176,7 +187,10 @@ INSTANTIATE_TEST_SUITE_P(
                       TinyCase{"gqa2_gemma2_tied", 2, 1, true, false, false, 0, false, 0, false, false, false, false,
                                true},
                       TinyCase{"gqa3_gemma2_head_dim8", 3, 1, false, false, false, 8, false, 0, false, false, false,
-                               false, true}),
+                               false, true},
+                      // Phi-4-mini: rope on half of each head, LongRoPE's long factors, with a window
+                      TinyCase{.name = "gqa2_phi3_partial_longrope", .n_heads = 2, .n_kv_heads = 1, .tied = true,
+                               .bias = false, .llama3_rope = false, .head_dim = 8, .window = 3, .phi3 = true}),
     [](const ::testing::TestParamInfo<TinyCase>& i) { return std::string(i.param.name); });
 
 // StepOptions::overwrite_grads: the first micro-batch writes every gradient over whatever its

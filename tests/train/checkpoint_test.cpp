@@ -169,6 +169,52 @@ TEST(Checkpoint, ADecoupledHeadDimTrainsResumesExportsAndReloads) {
   EXPECT_TRUE(std::isfinite(t.steps.back().loss));
 }
 
+// A partial rotary (model.rotary_fraction = 0.8: rope on 8 of each head's 10 dims, as
+// Phi-4-mini's 0.75): training and resuming (bitwise the straight run), an export as Hugging
+// Face's phi3 (partial_rotary_factor; q, k, v in qkv_proj and gate, up in gate_up_proj) that
+// inspect reads, and fine-tuning from it, which loads exactly the trained weights.
+TEST(Checkpoint, APartialRotaryTrainsResumesExportsAsPhi3AndReloads) {
+  const std::string dir = fresh_dir("rotary_fraction");
+  JobConfig c = job(dir);
+  c.model.rotary_fraction = 0.8;
+  expect_resume_equals_straight_through(c, dir);
+
+  const std::string out = fresh_dir("rotary_fraction_export");
+  JobConfig c2 = job(out);
+  c2.model.rotary_fraction = 0.8;
+  Trainer straight(c2);
+  straight.run();
+  EXPECT_EQ(straight.model().config().rotary_dim(), 8);
+  ExportOptions o;
+  o.folder = out + "/hf";
+  o.dtype = DType::kF32;
+  export_checkpoint(out + "/checkpoints", o);
+  const nlohmann::json config = nlohmann::json::parse(std::ifstream(o.folder + "/config.json"));
+  EXPECT_EQ(config.at("model_type"), "phi3");
+  EXPECT_EQ(config.at("partial_rotary_factor"), 0.8);
+  const io::HfWeights w(o.folder);
+  EXPECT_EQ(w.get("model.layers.1.self_attn.qkv_proj.weight").shape, std::vector<int64_t>({40 + 2 * 20, 40}));
+  EXPECT_EQ(w.get("model.layers.1.mlp.gate_up_proj.weight").shape, std::vector<int64_t>({2 * 52, 40}));
+  EXPECT_EQ(w.find("model.layers.1.self_attn.q_proj.weight"), nullptr);
+  const InspectReport report = inspect_report(o.folder);
+  EXPECT_EQ(report.problems, 0) << report.text;
+  EXPECT_NE(report.text.find("partial rotary: rope on the first 8 of each head's 10 dims"), std::string::npos)
+      << report.text;
+
+  JobConfig tune = c2;
+  tune.model.rotary_fraction = 1.0;  // the shape keys give way to model.hf's config.json
+  tune.model.hf = o.folder;
+  tune.run.output_dir = out + "/tune";
+  tune.checkpoint.interval_steps = 0;
+  tune.training.steps = 2;
+  Trainer tuned(tune);
+  EXPECT_EQ(tuned.model().config().rotary_dim(), 8);
+  expect_same_masters(straight, tuned);
+  const TrainSummary t = tuned.run();
+  ASSERT_EQ(t.steps.size(), 2u);
+  EXPECT_TRUE(std::isfinite(t.steps.back().loss));
+}
+
 // checkpoint.async: the files written on a thread while training goes on are the synchronous
 // run's byte for byte, and resuming from them equals training straight through.
 TEST(Checkpoint, AsyncSavesTheSameFilesAndResumes) {

@@ -298,6 +298,38 @@ TEST(Config, FamilyKeysReachTheModel) {
 
 // Gemma 3's keys reach the model (with its linear rope scaling on the full layers and the
 // sliding layers' rope base), are refused beside a preset, and go together.
+// model.rotary_fraction: Phi-4-mini's partial rotary from scratch, exported as phi3; an odd
+// number of rotated dimensions, a fraction outside (0, 1] and the key beside model.hf refused.
+TEST(Config, RotaryFractionReachesTheModel) {
+  const model::LlamaConfig c =
+      llama_config(load_config("", {"--model.dim=64", "--model.n_heads=4", "--model.rotary_fraction=0.75"})
+                       .config.model,
+                   258);
+  EXPECT_EQ(c.rope.partial_rotary, 0.75);
+  EXPECT_EQ(c.rotary_dim(), 12);
+  EXPECT_TRUE(c.fused_projections);
+  const nlohmann::json hf = model::to_hf_config(c, "float32");
+  EXPECT_EQ(hf.at("model_type"), "phi3");
+  EXPECT_EQ(hf.at("partial_rotary_factor"), 0.75);
+  EXPECT_FALSE(llama_config(load_config("", {}).config.model, 258).fused_projections);
+  std::string e = error_of("", {"--model.rotary_fraction=0", "--model.dim=64", "--model.n_heads=4"});
+  EXPECT_NE(e.find("`model.rotary_fraction` must be in (0, 1], found 0"), std::string::npos) << e;
+  e = error_of("", {"--model.rotary_fraction=0.5", "--model.hf=some/folder"});
+  EXPECT_NE(e.find("`model.rotary_fraction` is set, but `model.hf` gives the model's shape"), std::string::npos) << e;
+  model::LlamaConfig odd = c;
+  odd.rope.partial_rotary = 0.625;  // 10 of 16: even, accepted
+  EXPECT_NO_THROW(odd.validate("model."));
+  odd.rope.partial_rotary = 0.5625;  // 9 of 16
+  try {
+    odd.validate("model.");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("`model.rotary_fraction` = 0.5625 rotates int(16 x 0.5625) = 9 dimensions"),
+              std::string::npos)
+        << x.what();
+  }
+}
+
 TEST(Config, Gemma3KeysReachTheModel) {
   const std::vector<std::string> gemma = {
       "--model.norm_weight_offset=1",      "--model.sandwich_norms=true",   "--model.mlp_activation=gelu_tanh",

@@ -24,6 +24,7 @@
 #include "testing/shared_data.h"
 #include "core/error.h"
 #include "train/export.h"
+#include "train/hf_fused.h"
 
 namespace shardtrain::train {
 namespace {
@@ -33,7 +34,8 @@ namespace {
 // any); returns its config.
 model::LlamaConfig export_folder(const std::string& src, const std::string& out, int64_t max_shard_bytes) {
   const model::LlamaConfig c = model::load_hf_config(src + "/config.json");
-  const io::HfWeights in(src);
+  io::HfWeights in(src);
+  expose_fused_tensors(in, c);  // Phi-3's qkv_proj and gate_up_proj, split
   auto comm = dist::make_single_rank();
   const model::ModelLayout layout = model::ModelLayout::llama(c, 1);
   fsdp::ShardedUnitStore store(layout, comm.get(), {});
@@ -88,11 +90,70 @@ TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
   EXPECT_EQ(c2.rope.scaling.type, c.rope.scaling.type);
   EXPECT_EQ(c2.rope.scaling.original_max_positions, c.rope.scaling.original_max_positions);
   EXPECT_EQ(c2.norm_eps, c.norm_eps);
+  // the family's config.json: Phi-3's written back as phi3, with its rope's factors
+  const nlohmann::json in_json = read_json(src + "/config.json"), out_json = read_json(out + "/config.json");
+  EXPECT_EQ(out_json.at("model_type"), in_json.at("model_type"));
+  EXPECT_EQ(c2.rope.scaling.short_factor, c.rope.scaling.short_factor);
+  EXPECT_EQ(c2.rope.scaling.long_factor, c.rope.scaling.long_factor);
+  EXPECT_EQ(c2.rope.scaling.attention_factor, c.rope.scaling.attention_factor);
+  EXPECT_EQ(c2.rope.partial_rotary, c.rope.partial_rotary);
+  EXPECT_EQ(c2.sliding_window, c.sliding_window);
+  std::filesystem::remove_all(out);
 }
 
 INSTANTIATE_TEST_SUITE_P(References, ExportRoundTrip,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias",
-                                           "mistral_sliding", "qwen2_window_layers"));
+                                           "mistral_sliding", "qwen2_window_layers", "phi3_longrope",
+                                           "phi4_partial_rotary"));
+
+// Phi-3's fused tensors whose shape config.json does not imply (here 4 kv heads where the
+// weights hold 2) are refused, naming the tensor, both shapes and the keys to check.
+TEST(ExportRoundTrip, MisshapenFusedTensorsAreNamed) {
+  const std::string src = testing::source_dir() + "/tests/model/hf_reference/phi3_longrope";
+  nlohmann::json j = read_json(src + "/config.json");
+  j["num_key_value_heads"] = 4;
+  const model::LlamaConfig c = model::parse_hf_config(j, "phi3/config.json");
+  io::HfWeights in(src);
+  try {
+    expose_fused_tensors(in, c);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("tensor `model.layers.0.self_attn.qkv_proj.weight` has shape [128, 64], but config.json implies "
+                     "[192, 64] (64 rows of model.layers.0.self_attn.q_proj.weight, 64 rows of "
+                     "model.layers.0.self_attn.k_proj.weight, 64 rows of model.layers.0.self_attn.v_proj.weight, each "
+                     "of hidden_size 64 columns)"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("phi3_longrope`"), std::string::npos) << m;
+  }
+  j = read_json(src + "/config.json");
+  j["intermediate_size"] = 80;
+  io::HfWeights in2(src);
+  try {
+    expose_fused_tensors(in2, model::parse_hf_config(j, "phi3/config.json"));
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("`model.layers.0.mlp.gate_up_proj.weight` has shape [192, 64], but "
+                                         "config.json implies [160, 64]"),
+              std::string::npos)
+        << e.what();
+  }
+  // the views read the fused tensor's rows: k_proj is rows 64..95 of qkv_proj
+  io::HfWeights in3(src);
+  expose_fused_tensors(in3, model::load_hf_config(src + "/config.json"));
+  EXPECT_EQ(in3.names(), in.names()) << "views are not listed";
+  const Tensor qkv = in3.files().front()->read_as("model.layers.1.self_attn.qkv_proj.weight", DType::kF32);
+  Tensor k = Tensor::empty({32, 64}, DType::kF32);
+  in3.read_range("model.layers.1.self_attn.k_proj.weight", 0, k);
+  EXPECT_EQ(std::memcmp(k.raw_data(), qkv.data<float>() + 64 * 64, k.nbytes()), 0);
+  Tensor up_tail = Tensor::empty({64}, DType::kF32);
+  in3.read_range("model.layers.1.mlp.up_proj.weight", 95 * 64, up_tail);
+  const Tensor gate_up = in3.files().front()->read_as("model.layers.1.mlp.gate_up_proj.weight", DType::kF32);
+  EXPECT_EQ(std::memcmp(up_tail.raw_data(), gate_up.data<float>() + 191 * 64, up_tail.nbytes()), 0);
+  Tensor past = Tensor::empty({65}, DType::kF32);
+  EXPECT_THROW(in3.read_range("model.layers.1.mlp.up_proj.weight", 95 * 64, past), Error);
+}
 
 // A Qwen3 folder as transformers writes one: config.json (transformers 4 form) and
 // model.safetensors of random f32 tensors under the Hugging Face names, q_norm and k_norm

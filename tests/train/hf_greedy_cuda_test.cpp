@@ -24,7 +24,7 @@ TEST_P(HfGreedyCuda, ContinuesThePromptAsTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedyCuda,
                          ::testing::Values("mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
-                                           "qwen2_window_layers"));
+                                           "qwen2_window_layers", "phi3_longrope", "phi4_partial_rotary"));
 
 }  // namespace
 }  // namespace shardtrain::train
