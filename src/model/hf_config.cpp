@@ -478,24 +478,31 @@ int64_t sliding_pattern(const LlamaConfig& c) {
   return 0;
 }
 
-// Gemma 3's text config.json (gemma3_text, Gemma3ForCausalLM) or, without QK-norm, Gemma 2's
-// (gemma2, Gemma2ForCausalLM): the keys transformers 4 reads (rope_theta, rope_scaling and
-// rope_local_base_freq, sliding_window_pattern when one fits; Gemma 2's soft-capping) and
-// layer_types, which transformers 4.53 and later read in its place.
-json to_gemma_config(const LlamaConfig& c, const std::string& torch_dtype) {
-  const bool gemma3 = c.qk_norm;
+// The fields every family's config.json writes alike: the architecture and model_type, and the
+// shape (vocabulary, width, FFN, layers, heads, context, norm epsilon).
+json config_shape(const LlamaConfig& c, const char* architecture, const char* model_type) {
   json j;
-  j["architectures"] = {gemma3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"};
-  j["model_type"] = gemma3 ? "gemma3_text" : "gemma2";
+  j["architectures"] = {architecture};
+  j["model_type"] = model_type;
   j["vocab_size"] = c.vocab_size;
   j["hidden_size"] = c.dim;
   j["intermediate_size"] = c.ffn_dim;
   j["num_hidden_layers"] = c.n_layers;
   j["num_attention_heads"] = c.n_heads;
   j["num_key_value_heads"] = c.n_kv_heads;
-  j["head_dim"] = c.head_dim();
   j["max_position_embeddings"] = c.max_seq_len;
   j["rms_norm_eps"] = c.norm_eps;
+  return j;
+}
+
+// Gemma 3's text config.json (gemma3_text, Gemma3ForCausalLM) or, without QK-norm, Gemma 2's
+// (gemma2, Gemma2ForCausalLM): the keys transformers 4 reads (rope_theta, rope_scaling and
+// rope_local_base_freq, sliding_window_pattern when one fits; Gemma 2's soft-capping) and
+// layer_types, which transformers 4.53 and later read in its place.
+json to_gemma_config(const LlamaConfig& c, const std::string& torch_dtype) {
+  const bool gemma3 = c.qk_norm;
+  json j = config_shape(c, gemma3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM", gemma3 ? "gemma3_text" : "gemma2");
+  j["head_dim"] = c.head_dim();
   j["hidden_activation"] = "gelu_pytorch_tanh";
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["attention_bias"] = false;
@@ -556,20 +563,10 @@ json rope_scaling_json(const LlamaConfig& c) {
 // rope_theta, rope_scaling, original_max_position_embeddings (LongRoPE), partial_rotary_factor,
 // sliding_window (every layer, or null) and its dropouts at 0.
 json to_phi3_config(const LlamaConfig& c, const std::string& torch_dtype) {
-  json j;
-  j["architectures"] = {"Phi3ForCausalLM"};
-  j["model_type"] = "phi3";
-  j["vocab_size"] = c.vocab_size;
-  j["hidden_size"] = c.dim;
-  j["intermediate_size"] = c.ffn_dim;
-  j["num_hidden_layers"] = c.n_layers;
-  j["num_attention_heads"] = c.n_heads;
-  j["num_key_value_heads"] = c.n_kv_heads;
+  json j = config_shape(c, "Phi3ForCausalLM", "phi3");
   if (c.head_dim_decoupled()) j["head_dim"] = c.head_dim();
-  j["max_position_embeddings"] = c.max_seq_len;
   if (c.rope.scaling.type == ops::RopeScalingType::kLongRope)
     j["original_max_position_embeddings"] = c.rope.scaling.original_max_positions;
-  j["rms_norm_eps"] = c.norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["initializer_range"] = c.init_std;
@@ -737,7 +734,6 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
   check_hf_family(c, "writing a Hugging Face config.json");
   if (c.gemma_features()) return to_gemma_config(c, torch_dtype);
   if (c.phi3_features()) return to_phi3_config(c, torch_dtype);
-  json j;
   // OLMo 2's norms: olmo2; NoPE layers: smollm3; Granite's scalings: granite; QK-norm: Qwen3
   // (with or without q/k/v biases); biases alone: Qwen2; else Llama
   const bool olmo2 = c.post_norms, smollm3 = c.nope_layer_count() > 0, granite = c.granite_scaled();
@@ -754,17 +750,8 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
                              : c.qk_norm        ? "Qwen3ForCausalLM"
                              : c.attention_bias ? "Qwen2ForCausalLM"
                                                 : "LlamaForCausalLM";
-  j["architectures"] = {architecture};
-  j["model_type"] = family;
-  j["vocab_size"] = c.vocab_size;
-  j["hidden_size"] = c.dim;
-  j["intermediate_size"] = c.ffn_dim;
-  j["num_hidden_layers"] = c.n_layers;
-  j["num_attention_heads"] = c.n_heads;
-  j["num_key_value_heads"] = c.n_kv_heads;
+  json j = config_shape(c, architecture, family);
   j["head_dim"] = c.head_dim();  // always written: transformers' default is hidden_size / heads
-  j["max_position_embeddings"] = c.max_seq_len;
-  j["rms_norm_eps"] = c.norm_eps;
   j["hidden_act"] = "silu";
   j["tie_word_embeddings"] = c.tie_embeddings;
   if (own_family) {
