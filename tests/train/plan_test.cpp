@@ -286,7 +286,12 @@ TEST(Plan, SlidingLayersCountTheKeysInsideTheirWindow) {
 }
 
 // The set-up the model-family tests compare with and without a feature: the 8B shape on 2
-// CPU ranks (f32 activations), 2 sequences of 1,024 tokens each, checkpointed by `ac`.
+// CPU ranks (f32 activations), 2 sequences of 1,024 tokens each, checkpointed by `ac`, one of
+// kEveryPolicy.
+constexpr model::ActivationCheckpointing kEveryPolicy[] = {
+    model::ActivationCheckpointing::kNone, model::ActivationCheckpointing::kPointwise,
+    model::ActivationCheckpointing::kSelective, model::ActivationCheckpointing::kFull};
+
 PlanInput cpu_8b_two_ranks(model::ActivationCheckpointing ac) {
   PlanInput in;
   in.model = llama_8b();
@@ -305,8 +310,7 @@ PlanInput cpu_8b_two_ranks(model::ActivationCheckpointing ac) {
 TEST(Plan, QkNormCountsItsWeightsAndTheActivationsItsBackwardReads) {
   using model::ActivationCheckpointing;
   for (const int tp : {1, 2}) {
-    for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
-                                             ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+    for (const model::ActivationCheckpointing ac : kEveryPolicy) {
       SCOPED_TRACE(std::string(model::checkpointing_name(ac)) + ", tensor parallel " + std::to_string(tp));
       PlanInput in = cpu_8b_two_ranks(ac);  // f32 activations, as QK-norm runs on the CPU
       in.tensor_parallel = tp;
@@ -343,8 +347,7 @@ TEST(Plan, QkNormCountsItsWeightsAndTheActivationsItsBackwardReads) {
 // place of the norms' outputs, which are x and x2 themselves).
 TEST(Plan, Olmo2CountsItsNormsAndWhatItsBackwardReads) {
   using model::ActivationCheckpointing;
-  for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
-                                           ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+  for (const model::ActivationCheckpointing ac : kEveryPolicy) {
     SCOPED_TRACE(model::checkpointing_name(ac));
     PlanInput in = cpu_8b_two_ranks(ac);
     const MemoryPlan plain = plan_memory(in);
@@ -366,8 +369,7 @@ TEST(Plan, Olmo2CountsItsNormsAndWhatItsBackwardReads) {
 // token by every policy but full recompute.
 TEST(Plan, Gemma3CountsItsSandwichNorms) {
   using model::ActivationCheckpointing;
-  for (const ActivationCheckpointing ac : {ActivationCheckpointing::kNone, ActivationCheckpointing::kPointwise,
-                                           ActivationCheckpointing::kSelective, ActivationCheckpointing::kFull}) {
+  for (const model::ActivationCheckpointing ac : kEveryPolicy) {
     SCOPED_TRACE(model::checkpointing_name(ac));
     PlanInput in = cpu_8b_two_ranks(ac);
     const MemoryPlan plain = plan_memory(in);
