@@ -113,6 +113,9 @@ TORCH_VARIANTS = {
     "pytorch-once": (["--rounding", "once"], "PyTorch, rope, RMSNorm and SwiGLU in f32"),
     "pytorch-fused": (["--rounding", "fused"], "PyTorch, as shardtrain rounds"),
     "pytorch-compile": (["--compile"], "PyTorch + torch.compile"),
+    # the precision reference for a bf16 job: f32 parameters, activations and gradients (TF32
+    # products, whose inputs keep 10 bits of mantissa against bf16's 7), compiled for speed
+    "pytorch-f32": (["--dtype", "f32", "--tf32", "--compile"], "PyTorch in f32 (TF32 products)"),
 }
 
 
@@ -280,7 +283,8 @@ def pytorch(a):
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cuda.matmul.allow_tf32 = a.tf32
+        torch.backends.cudnn.allow_tf32 = a.tf32
     torch.set_num_threads(a.threads or torch.get_num_threads())
 
     f = safe_open(a.batches, framework="pt")
@@ -516,7 +520,8 @@ def plot(a):
                                  gaps(curves["pytorch-order2"], curves["pytorch"]), "pytorch")
     for name, what in (("pytorch-f32head", "f32 logits"), ("pytorch-f32rope", "rope in f32"),
                        ("pytorch-once", "rope, RMSNorm and SwiGLU in f32"),
-                       ("pytorch-fused", "shardtrain's rounding"), ("pytorch-compile", "torch.compile")):
+                       ("pytorch-fused", "shardtrain's rounding"), ("pytorch-compile", "torch.compile"),
+                       ("pytorch-f32", "f32 (TF32 products), compiled")):
         if name in curves:
             lines += comparison_rows(f"against PyTorch with {what}", gaps(curves["shardtrain"], curves[name]), "both")
     for name in fp8:
@@ -537,7 +542,7 @@ def plot(a):
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 8.5), sharex=True, gridspec_kw={"height_ratios": [3, 2]})
     colours = {"shardtrain": "tab:blue", "pytorch": "tab:orange", "pytorch-order2": "tab:gray",
                "pytorch-f32head": "black", "pytorch-f32rope": "tab:cyan", "pytorch-once": "tab:olive",
-               "pytorch-fused": "tab:pink", "pytorch-compile": "tab:brown"}
+               "pytorch-fused": "tab:pink", "pytorch-compile": "tab:brown", "pytorch-f32": "black"}
     labels = {"shardtrain": "shardtrain", **{k: v[1] for k, v in TORCH_VARIANTS.items()}}
     for name, colour in zip(fp8, ("tab:green", "tab:red", "tab:purple", "tab:brown", "tab:pink", "gold")):
         colours[name] = colour
@@ -661,7 +666,7 @@ def main():
                    help="of shardtrain, pytorch, pytorch-order2 (PyTorch, batches in another order), "
                         "pytorch-f32head (PyTorch with f32 logits), pytorch-f32rope (rope in f32), pytorch-once "
                         "(rope, RMSNorm and SwiGLU in f32), pytorch-fused (and the residual adds), pytorch-compile "
-                        "(torch.compile per block); none: only the initial weights and the batches")
+                        "(torch.compile per block), pytorch-f32 (f32, TF32 products, compiled); none: only the initial weights and the batches")
     r.add_argument("--spread", action="store_true", help="PyTorch a second time, batches in another order")
     r.add_argument("--steps", type=int, default=0)
     r.add_argument("--fp8", default="", help="shardtrain again with these FP8 recipes (tensorwise,rowwise+head,...)")
@@ -682,6 +687,7 @@ def main():
     p.add_argument("--order-seed", type=int, default=0)
     p.add_argument("--head-f32", action="store_true", help="the embedding, final norm and head in f32 (f32 logits)")
     p.add_argument("--compile", action="store_true", help="torch.compile each block (before FSDP2 shards it)")
+    p.add_argument("--tf32", action="store_true", help="f32 products on a GPU in TF32 (with --dtype f32: speed)")
     p.add_argument("--rounding", choices=["hf", "rope", "once", "fused"], default="hf",
                    help="hf: transformers' bf16 ops as they are; rope: rope in f32, rounded once; once: rope, "
                         "RMSNorm and SwiGLU in f32, each rounded once; fused: those, and the output projections "
