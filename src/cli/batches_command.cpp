@@ -69,9 +69,10 @@ int run_batches(const std::vector<std::string>& args) {
            "`parallel.tensor_parallel` = 1 and `parallel.replicate` = 1 (its global batch is the same)");
 
   const std::unique_ptr<data::Tokenizer> tokenizer = train::make_tokenizer(config.data, config.model.hf);
-  const model::LlamaConfig mc =
-      config.model.hf.empty() ? train::llama_config(config.model, tokenizer->vocab_size())
-                              : model::load_hf_config((std::filesystem::path(config.model.hf) / "config.json").string());
+  model::LlamaConfig mc = config.model.hf.empty()
+                             ? train::llama_config(config.model, tokenizer->vocab_size())
+                             : model::load_hf_config((std::filesystem::path(config.model.hf) / "config.json").string());
+  if (!config.model.hf.empty()) train::extend_context(config.model, mc, "`model.hf` = `" + config.model.hf + "`");
   train::AutoSeqLen seq_len;
   seq_len.model_max_seq_len = mc.max_seq_len;
   const std::unique_ptr<data::TrainingData> data =

@@ -239,6 +239,20 @@ const std::vector<KeyDef>& keys() {
           "Below 1, exports as a Hugging Face phi3 model (its partial_rotary_factor, q/k/v fused in qkv_proj and "
           "gate/up in gate_up_proj)",
           in_range_above(0.0, 1.0)),
+      key("model.extend_context", &C::model, &ModelSection::extend_context,
+          "with model.hf or model.preset: train past the model's own context (its max_position_embeddings) on "
+          "sequences of up to this many tokens. The rotary table grows to this length, training.seq_len may reach "
+          "it, and checkpoints and the export's config.json give it as max_position_embeddings. The rotary "
+          "frequencies stay the model's unless model.rope_theta_scale changes them. Not for LongRoPE models "
+          "(Phi-3), whose factors depend on the context; 0: the model's own context",
+          non_negative()),
+      key("model.rope_theta_scale", &C::model, &ModelSection::rope_theta_scale,
+          "with model.hf or model.preset: the model's rotary base (rope_theta) multiplied by this factor, the "
+          "usual companion of model.extend_context (a larger base turns every rotary frequency slower, so that "
+          "positions past the trained context stay apart); llama3 scaling, when the model has it, applies on "
+          "top. Gemma 3's sliding layers keep their own base. The export's config.json gives the new "
+          "rope_theta; 1: the model's own",
+          positive()),
       key("model.init_std", &C::model, &ModelSection::init_std,
           "standard deviation of the normal init of weight matrices", positive()),
       key("model.dtype", &C::model, &ModelSection::dtype,
@@ -894,10 +908,15 @@ void validate(const JobConfig& c) {
   // with model.hf the shape comes from its config.json (checked when loaded)
   const std::optional<model::LlamaConfig> preset =
       m.preset.empty() ? std::nullopt : std::optional(model::preset_config(m.preset));
+  ST_CHECK(!m.preset.empty() || !m.hf.empty() || (m.extend_context == 0 && m.rope_theta_scale == 1.0),
+           "`model.extend_context` and `model.rope_theta_scale` change the context of `model.hf` or `model.preset`; "
+           "a model made by the shape keys has its context in `model.max_seq_len` and its rotary base in "
+           "`model.rope_theta`: set those instead");
   if (preset)
-    ST_CHECK(c.training.seq_len <= preset->max_seq_len, "`training.seq_len` (", c.training.seq_len,
-             ") exceeds the max_position_embeddings (", preset->max_seq_len, ") of `model.preset` = \"", m.preset,
-             "\"; shorten sequences");
+    ST_CHECK(c.training.seq_len <= std::max(preset->max_seq_len, m.extend_context), "`training.seq_len` (",
+             c.training.seq_len, ") exceeds the max_position_embeddings (", preset->max_seq_len,
+             ") of `model.preset` = \"", m.preset, "\"; shorten sequences, or train past the model's context with "
+             "`model.extend_context` (usually with `model.rope_theta_scale`)");
   else if (m.hf.empty())
     ST_CHECK(c.training.seq_len <= m.max_seq_len, "`training.seq_len` (", c.training.seq_len,
              ") exceeds `model.max_seq_len` (", m.max_seq_len, "); raise model.max_seq_len or shorten sequences");

@@ -48,6 +48,8 @@ struct ModelSection {
   double attn_logit_softcapping = 0.0;   // Gemma 2's soft-capping of the attention scores; 0: none
   double final_logit_softcapping = 0.0;  // and of the logits; 0: none
   double rotary_fraction = 1.0;          // Phi-4-mini's partial rotary: the share of each head rope rotates
+  int64_t extend_context = 0;            // model.hf / model.preset trained past its context; 0: its own
+  double rope_theta_scale = 1.0;         // model.hf / model.preset's rope_theta multiplied by this
   double init_std = 0.02;
   std::string dtype = "auto";
 };

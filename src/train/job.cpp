@@ -132,12 +132,15 @@ JobModel open_job_model(const JobConfig& config, bool bench, int rank) {
   model::LlamaConfig& mc = job.config;
   if (!config.model.hf.empty()) {
     mc = model::load_hf_config((std::filesystem::path(config.model.hf) / "config.json").string());
+    extend_context(config.model, mc, fmt::format("`model.hf` = `{}`", config.model.hf));
     ST_CHECK(hf_shape_only || job.tokenizer->vocab_size() <= mc.vocab_size, "`model.hf` = `", config.model.hf,
              "` has a vocabulary of ", mc.vocab_size, ", fewer than the ", job.tokenizer->vocab_size(), " tokens of ",
              tokenizer_choice.reason, "; name the model's own tokenizer with `data.tokenizer`, which takes ",
              kDataTokenizerValues);
     ST_CHECK(config.training.seq_len <= mc.max_seq_len, "`training.seq_len` (", config.training.seq_len,
-             ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf`");
+             ") exceeds the max_position_embeddings (", mc.max_seq_len, ") of `model.hf` = `", config.model.hf,
+             "`; shorten sequences, or train past the model's context with `model.extend_context` (usually with "
+             "`model.rope_theta_scale`)");
     if (bench)
       log::info(fmt::format("bench: the model's shape from `{}`, its weights random (not read)", config.model.hf));
     else if (config.parallel.hf_load == "ranges" || rank == 0) {  // rank0: the others never open it

@@ -1,6 +1,8 @@
 // The model's shape from a job's `model` section (model_shape.h).
 #include "train/model_shape.h"
 
+#include <fmt/format.h>
+
 #include "core/error.h"
 #include "model/hf_config.h"
 #include "model/presets.h"
@@ -18,12 +20,26 @@ void set_sliding_window(const ModelSection& m, model::LlamaConfig& c) {
   c.validate("model.");
 }
 
+void extend_context(const ModelSection& m, model::LlamaConfig& c, const std::string& what) {
+  if (m.extend_context > 0) {
+    ST_CHECK(c.rope.scaling.type != ops::RopeScalingType::kLongRope, "`model.extend_context` = ", m.extend_context,
+             ": ", what, " uses LongRoPE, whose short and long factors are fitted to its own context of ",
+             c.max_seq_len, " positions; drop model.extend_context");
+    ST_CHECK(m.extend_context >= c.max_seq_len, "`model.extend_context` = ", m.extend_context, " is shorter than ",
+             what, "'s own context (max_position_embeddings ", c.max_seq_len,
+             "); it only lengthens it: drop it, or give at least ", c.max_seq_len);
+    c.max_seq_len = m.extend_context;
+  }
+  c.rope.theta *= m.rope_theta_scale;
+}
+
 model::LlamaConfig llama_config(const ModelSection& m, int64_t tokenizer_vocab) {
   if (!m.preset.empty()) {
     model::LlamaConfig p = model::preset_config(m.preset);
     ST_CHECK(tokenizer_vocab <= p.vocab_size, "the tokenizer has ", tokenizer_vocab, " tokens but `model.preset` = \"",
              m.preset, "\" has a vocabulary of ", p.vocab_size, "; use that model's tokenizer (`data.tokenizer`)");
     set_sliding_window(m, p);
+    extend_context(m, p, fmt::format("`model.preset` = \"{}\"", m.preset));
     return p;
   }
   model::LlamaConfig c;

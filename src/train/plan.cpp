@@ -593,13 +593,17 @@ PlannedModel planned_model(const JobConfig& job) {
     const model::ModelPreset& p = *model::find_preset(job.model.preset);  // known: the config was validated
     model::LlamaConfig c = model::preset_config(p.name);
     set_sliding_window(job.model, c);
+    extend_context(job.model, c, fmt::format("`model.preset` = \"{}\"", p.name));
     return {c, fmt::format("model shape: preset {}, as {} publishes it", p.name, p.hf_repo)};
   }
   if (!hf.empty()) {
     std::error_code ec;
-    if (std::filesystem::exists(hf, ec))
-      return {model::load_hf_config((std::filesystem::path(hf) / "config.json").string()),
-              fmt::format("model shape: {}", (std::filesystem::path(hf) / "config.json").string())};
+    const std::string what = fmt::format("`model.hf` = `{}`", hf);
+    if (std::filesystem::exists(hf, ec)) {
+      model::LlamaConfig c = model::load_hf_config((std::filesystem::path(hf) / "config.json").string());
+      extend_context(job.model, c, what);
+      return {c, fmt::format("model shape: {}", (std::filesystem::path(hf) / "config.json").string())};
+    }
     // planning comes before the download: a folder named as a published model has its shape
     std::filesystem::path path = std::filesystem::path(hf).lexically_normal();
     if (path.filename().empty()) path = path.parent_path();  // "models/Llama-3.1-8B/"
@@ -608,7 +612,9 @@ PlannedModel planned_model(const JobConfig& job) {
     ST_CHECK(p != nullptr, "`model.hf` = `", hf, "` does not exist, and plan reads the model's shape from its "
              "config.json; download the model there, or plan with a built-in shape: --model.hf= "
              "--model.preset=NAME (NAME: ", model::preset_names(), ")");
-    return {model::preset_config(p->name),
+    model::LlamaConfig c = model::preset_config(p->name);
+    extend_context(job.model, c, what);
+    return {c,
             fmt::format("model shape: preset {}, as {} publishes it: `model.hf` = `{}` is not on this machine, and "
                         "`{}` names that model (plan reads the folder's own config.json once it is there; train "
                         "needs the folder)",

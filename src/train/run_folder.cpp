@@ -24,7 +24,7 @@ constexpr const char* kFixed[] = {
     "model.attention_bias", "model.qk_norm", "model.qk_norm_whole", "model.post_norms", "model.no_rope_every",
     "model.embedding_multiplier", "model.residual_multiplier", "model.attention_multiplier", "model.logits_scaling",
     "model.norm_weight_offset", "model.sandwich_norms", "model.mlp_activation", "model.scale_embeddings",
-    "model.attn_logit_softcapping", "model.final_logit_softcapping",
+    "model.attn_logit_softcapping", "model.final_logit_softcapping", "model.extend_context",
     "model.sliding_window", "model.full_attention_every", "data.source",
     "data.format", "data.text_field", "data.prompt_field", "data.response_field", "data.messages_field",
     "data.train_on_prompt", "data.packing", "data.document_mask", "data.tokenizer", "data.val_fraction", "data.mix",

@@ -296,6 +296,50 @@ TEST(Config, FamilyKeysReachTheModel) {
       << e;
 }
 
+// model.extend_context and model.rope_theta_scale lengthen a preset's context and scale its
+// rotary base (LongRoPE and a shorter context refused); beside the shape keys they are refused.
+TEST(Config, ExtendContextLengthensAPresetsContext) {
+  std::string e = error_of("", {"--model.preset=llama3.1-8b", "--training.seq_len=524288"});
+  EXPECT_NE(e.find("exceeds the max_position_embeddings (131072) of `model.preset` = \"llama3.1-8b\""),
+            std::string::npos) << e;
+  EXPECT_NE(e.find("`model.extend_context`"), std::string::npos) << e;
+  const JobConfig j = load_config("", {"--model.preset=llama3.1-8b", "--training.seq_len=524288",
+                                       "--model.extend_context=524288", "--model.rope_theta_scale=8"})
+                          .config;
+  const model::LlamaConfig c = llama_config(j.model, 128256);
+  EXPECT_EQ(c.max_seq_len, 524288);
+  EXPECT_DOUBLE_EQ(c.rope.theta, 8 * 500000.0);
+  EXPECT_EQ(c.rope.scaling.type, ops::RopeScalingType::kLlama3);  // kept: it applies on top
+  const nlohmann::json hf = model::to_hf_config(c, "bfloat16");
+  EXPECT_EQ(hf.at("max_position_embeddings"), 524288);
+  EXPECT_DOUBLE_EQ(hf.at("rope_theta").get<double>(), 4e6);
+
+  model::LlamaConfig longrope = c;
+  longrope.rope.scaling.type = ops::RopeScalingType::kLongRope;
+  try {
+    extend_context(j.model, longrope, "the folder");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("the folder uses LongRoPE"), std::string::npos) << x.what();
+  }
+  e = error_of("", {"--model.preset=llama3.1-8b", "--model.extend_context=4096", "--training.seq_len=2048"});
+  EXPECT_EQ(e, "");  // the preset is checked when its shape is made
+  try {
+    llama_config(load_config("", {"--model.preset=llama3.1-8b", "--model.extend_context=4096",
+                                  "--training.seq_len=2048"}).config.model, 128256);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("`model.extend_context` = 4096 is shorter than `model.preset` = "
+                                         "\"llama3.1-8b\"'s own context (max_position_embeddings 131072)"),
+              std::string::npos) << x.what();
+  }
+  for (const char* key : {"--model.extend_context=1024", "--model.rope_theta_scale=2"}) {
+    e = error_of("", {key});
+    EXPECT_NE(e.find("a model made by the shape keys has its context in `model.max_seq_len`"), std::string::npos)
+        << e;
+  }
+}
+
 // Gemma 3's keys reach the model (with its linear rope scaling on the full layers and the
 // sliding layers' rope base), are refused beside a preset, and go together.
 // model.rotary_fraction: Phi-4-mini's partial rotary from scratch, exported as phi3; an odd

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -447,6 +448,48 @@ TEST_F(FineTuning, EvaluationOff) {
     for (const std::string& line : lines) EXPECT_EQ(line.find("eval_loss"), std::string::npos) << line;
     std::filesystem::remove_all(dir_ / "run");
   }
+}
+
+// model.extend_context trains a folder past its own context (512 positions here) and exports the
+// longer context; model.rope_theta_scale scales its rotary base, which the loss shows and the
+// export records. Without the key, or with a shorter context, the job stops before any work.
+TEST_F(FineTuning, ExtendedContextTrainsPastTheModelsOwnAndExportsIt) {
+  const std::string hf = hf_folder();
+  std::string text;
+  for (int i = 0; text.size() < 24000; ++i) text += fmt::format("line {} of a long document, {}\n", i, i * 7919 % 1000);
+  const std::vector<std::string> job = {"--model.hf=" + hf, "--data.source=" + write("long.txt", text),
+                                        "--training.seq_len=1024", "--training.steps=2", "--training.batch_size=1",
+                                        "--eval.enabled=false", "--optimizer.lr=1e-3"};
+  const std::string refused = error_of([&] { Trainer t(load_config("", base(job)).config); });
+  EXPECT_NE(refused.find("exceeds the max_position_embeddings (512) of `model.hf`"), std::string::npos) << refused;
+  EXPECT_NE(refused.find("`model.extend_context`"), std::string::npos) << refused;
+
+  std::vector<std::string> shorter = job;
+  shorter.push_back("--model.extend_context=256");
+  const std::string short_error = error_of([&] { Trainer t(load_config("", base(shorter)).config); });
+  EXPECT_NE(short_error.find("is shorter than `model.hf`"), std::string::npos) << short_error;
+
+  auto run = [&](double theta_scale) {
+    std::vector<std::string> args = job;
+    args.push_back("--model.extend_context=1024");
+    args.push_back(fmt::format("--model.rope_theta_scale={}", theta_scale));
+    args.push_back("--export.folder=" + (dir_ / "export").string());
+    const TrainSummary s = Trainer(load_config("", base(args)).config).run();
+    std::ifstream in(dir_ / "export" / "config.json");
+    const std::string config((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::filesystem::remove_all(dir_ / "run");
+    std::filesystem::remove_all(dir_ / "export");
+    return std::pair(s, config);
+  };
+  const auto [plain, plain_config] = run(1.0);
+  const auto [scaled, scaled_config] = run(4.0);
+  ASSERT_EQ(plain.steps.size(), 2u);
+  ASSERT_EQ(scaled.steps.size(), 2u);
+  EXPECT_NE(plain_config.find("\"max_position_embeddings\": 1024"), std::string::npos) << plain_config;
+  EXPECT_NE(plain_config.find("\"rope_theta\": 10000.0"), std::string::npos) << plain_config;
+  EXPECT_NE(scaled_config.find("\"rope_theta\": 40000.0"), std::string::npos) << scaled_config;
+  // the same weights and tokens: a slower rotation changes every attention score past position 0
+  EXPECT_NE(plain.steps.front().loss, scaled.steps.front().loss);
 }
 
 }  // namespace
