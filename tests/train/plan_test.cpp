@@ -1039,6 +1039,7 @@ TEST(Plan, CheckpointMemoryIsSaidPlainly) {
 TEST(Plan, ShippedJobsPlanWithoutTheirModelFolders) {
   const std::pair<const char*, int64_t> jobs[] = {{"llama3.1-8b-finetune.toml", 8'030'261'248},
                                                   {"llama3.1-8b-128k-one-gpu.toml", 8'030'261'248},
+                                                  {"llama3.1-8b-512k-4gpus.toml", 8'030'261'248},
                                                   {"llama3.1-405b-64gpus.toml", 405'853'388'800},
                                                   {"llama2-70b-finetune-16gpus.toml", 68'976'648'192},
                                                   {"llama3.2-1b-finetune.toml", 1'235'814'400}};
@@ -1049,6 +1050,11 @@ TEST(Plan, ShippedJobsPlanWithoutTheirModelFolders) {
     EXPECT_EQ(m.config.num_parameters(), parameters) << file;
     EXPECT_NE(m.source.find("is not on this machine"), std::string::npos) << m.source;
   }
+  // the 512k job extends the published shape's context and rotary base
+  const PlannedModel extended =
+      planned_model(load_config(testing::source_dir() + "/configs/llama3.1-8b-512k-4gpus.toml", {}).config);
+  EXPECT_EQ(extended.config.max_seq_len, 524288);
+  EXPECT_DOUBLE_EQ(extended.config.rope.theta, 2e6);
   JobConfig other = load_config(testing::source_dir() + "/configs/llama3.1-8b-finetune.toml", {}).config;
   other.model.hf = "models/my-finetune";
   try {
