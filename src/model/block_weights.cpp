@@ -21,38 +21,38 @@ Tensor optional_view(const Tensor& flat, const UnitLayout& unit, const std::stri
 
 BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, const LlamaConfig& config) {
   const int64_t l = unit.layer;
-  auto n = [&](const char* suffix) { return block_param_name(l, suffix); };
+  auto n = [&](BlockParam p) { return block_param_name(l, p); };
   BlockWeights w;
-  w.attn_norm_D = optional_view(flat, unit, n("input_layernorm.weight"));  // none with post_norms
-  w.wq_QD = param_view(flat, unit, n("self_attn.q_proj.weight"));
-  w.wk_KD = param_view(flat, unit, n("self_attn.k_proj.weight"));
-  w.wv_KD = param_view(flat, unit, n("self_attn.v_proj.weight"));
-  w.bq_Q = optional_view(flat, unit, n("self_attn.q_proj.bias"));
-  w.bk_K = optional_view(flat, unit, n("self_attn.k_proj.bias"));
-  w.bv_K = optional_view(flat, unit, n("self_attn.v_proj.bias"));
-  w.q_norm_H = optional_view(flat, unit, n("self_attn.q_norm.weight"));
-  w.k_norm_H = optional_view(flat, unit, n("self_attn.k_norm.weight"));
-  w.wo_DQ = param_view(flat, unit, n("self_attn.o_proj.weight"));
-  w.ffn_norm_D = param_view(flat, unit, n("post_attention_layernorm.weight"));
-  w.pre_ffn_norm_D = optional_view(flat, unit, n("pre_feedforward_layernorm.weight"));
-  w.post_ffn_norm_D = optional_view(flat, unit, n("post_feedforward_layernorm.weight"));
-  w.w_gate_FD = param_view(flat, unit, n("mlp.gate_proj.weight"));
-  w.w_up_FD = param_view(flat, unit, n("mlp.up_proj.weight"));
-  w.w_down_DF = param_view(flat, unit, n("mlp.down_proj.weight"));
+  w.attn_norm_D = optional_view(flat, unit, n(BlockParam::kAttnNorm));  // none with post_norms
+  w.wq_QD = param_view(flat, unit, n(BlockParam::kQ));
+  w.wk_KD = param_view(flat, unit, n(BlockParam::kK));
+  w.wv_KD = param_view(flat, unit, n(BlockParam::kV));
+  w.bq_Q = optional_view(flat, unit, n(BlockParam::kQBias));
+  w.bk_K = optional_view(flat, unit, n(BlockParam::kKBias));
+  w.bv_K = optional_view(flat, unit, n(BlockParam::kVBias));
+  w.q_norm_H = optional_view(flat, unit, n(BlockParam::kQNorm));
+  w.k_norm_H = optional_view(flat, unit, n(BlockParam::kKNorm));
+  w.wo_DQ = param_view(flat, unit, n(BlockParam::kO));
+  w.ffn_norm_D = param_view(flat, unit, n(BlockParam::kFfnNorm));
+  w.pre_ffn_norm_D = optional_view(flat, unit, n(BlockParam::kPreFfnNorm));
+  w.post_ffn_norm_D = optional_view(flat, unit, n(BlockParam::kPostFfnNorm));
+  w.w_gate_FD = param_view(flat, unit, n(BlockParam::kGate));
+  w.w_up_FD = param_view(flat, unit, n(BlockParam::kUp));
+  w.w_down_DF = param_view(flat, unit, n(BlockParam::kDown));
   ST_ASSERT(config.post_norms ? w.post_ffn_norm_D.defined() && !w.attn_norm_D.defined() : w.attn_norm_D.defined(),
             "unit ", unit.name, ": its norms do not match the config's post_norms");
   ST_ASSERT(!config.sandwich_norms || (w.pre_ffn_norm_D.defined() && w.post_ffn_norm_D.defined()), "unit ",
             unit.name, ": its norms do not match the config's sandwich_norms");
   // the stacked projection: q, k, v (and their biases) back to back in the unit
-  const ParamSpec* q = unit.find(n("self_attn.q_proj.weight"));
-  const ParamSpec* k = unit.find(n("self_attn.k_proj.weight"));
-  const ParamSpec* v = unit.find(n("self_attn.v_proj.weight"));
+  const ParamSpec* q = unit.find(n(BlockParam::kQ));
+  const ParamSpec* k = unit.find(n(BlockParam::kK));
+  const ParamSpec* v = unit.find(n(BlockParam::kV));
   if (k->offset == q->offset + q->numel() && v->offset == k->offset + k->numel()) {
     const int64_t E = q->shape[0] + k->shape[0] + v->shape[0];
     w.wqkv_ED = flat.flat_range(q->offset, E * q->shape[1]).view({E, q->shape[1]});
-    const ParamSpec* bq = unit.find(n("self_attn.q_proj.bias"));
-    const ParamSpec* bk = unit.find(n("self_attn.k_proj.bias"));
-    const ParamSpec* bv = unit.find(n("self_attn.v_proj.bias"));
+    const ParamSpec* bq = unit.find(n(BlockParam::kQBias));
+    const ParamSpec* bk = unit.find(n(BlockParam::kKBias));
+    const ParamSpec* bv = unit.find(n(BlockParam::kVBias));
     if (bq != nullptr) {
       if (bk != nullptr && bv != nullptr && bk->offset == bq->offset + bq->numel() &&
           bv->offset == bk->offset + bk->numel()) {
@@ -62,8 +62,8 @@ BlockWeights BlockWeights::view(const Tensor& flat, const UnitLayout& unit, cons
       }
     }
   }
-  const ParamSpec* gate = unit.find(n("mlp.gate_proj.weight"));
-  const ParamSpec* up = unit.find(n("mlp.up_proj.weight"));
+  const ParamSpec* gate = unit.find(n(BlockParam::kGate));
+  const ParamSpec* up = unit.find(n(BlockParam::kUp));
   if (up->offset == gate->offset + gate->numel())
     w.w_gate_up_2FD = flat.flat_range(gate->offset, 2 * gate->numel()).view({2 * gate->shape[0], gate->shape[1]});
   return w;
