@@ -40,9 +40,6 @@ bool attention_by_pieces(const BlockContext& ctx, const Dims& d) {
 
 }  // namespace
 
-// q, k, v (rope applied), attention, and x2 = x + o(attn), from the attention norm's output
-// xn1_RD (this rank's rows; a.xn1_BTD receives all rows). With a KV cache the attention reads
-// the cached positions' keys and values too.
 void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeights& w, const BlockContext& ctx,
                     const Dims& d) {
   const Tensor& x = a.x_BTD;

@@ -57,7 +57,6 @@ int64_t mlp_piece_rows(const BlockContext& ctx, int64_t rows) {
   return ctx.mlp_chunk_tokens > 0 ? std::min(ctx.mlp_chunk_tokens, rows) : rows;
 }
 
-
 // Tensor parallelism's overlap inside the MLP's backward: how dh = dy · W_down is made (by
 // default one product of dy, every row at hand), and what runs once dxn2 is complete, before
 // gate's and up's weight gradients (a reduce-scatter of dxn2 started there overlaps them).
@@ -66,19 +65,18 @@ struct MlpBackwardHooks {
   std::function<void()> after_input_gradient;
 };
 
-// hooks.down_input_gradient, dy_RD is read only after that hook ran (it may fill it).
 // The amax slots the MLP's backward uses (BlockActivations::fp8_amax_S; undefined without): h's
 // and xn2's, ready from the forward, and the gate|up gradients', which the SwiGLU backward fills.
 struct MlpAmax {
   Tensor h, xn2, grads;
 };
 
-
 // The MLP's backward over some token rows: dxn2_RD (overwrites; allocated here when
 // undefined, after dh is freed) from dy_RD. gate and up (gate_up_R2F their stacked tensor,
 // when the gradient has the stacked weight too) are overwritten with their gradients; h,
 // when undefined, is recomputed by the SwiGLU backward for the down projection's weight
 // gradient. Weight gradients per `dw` (and `dw_dx` for the second product into dxn2). With
+// hooks.down_input_gradient, dy_RD is read only after that hook ran (it may fill it).
 void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, const Tensor& xn2_RD, Tensor gate_up_R2F,
                        Tensor gate_RF, Tensor up_RF, Tensor h_RF, const BlockWeights& w,
                        const ops::LinearBackwardOptions& dw, const ops::LinearBackwardOptions& dw_dx,
@@ -140,9 +138,6 @@ void mlp_backward_rows(Tensor& dxn2_RD, BlockWeights& g, const Tensor& dy_RD, co
 
 }  // namespace
 
-
-// gate, up and h = silu(gate) * up from the MLP norm's output xn2_RD (this rank's rows;
-// a.xn2_BTD receives all rows), kept in `a`.
 void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w, const BlockContext& ctx,
                const Dims& d) {
   MlpRows m = mlp_tensors(d.BT, xn2_RD, w, ctx, d.F, true);
@@ -163,10 +158,6 @@ void mlp_inner(BlockActivations& a, const Tensor& xn2_RD, const BlockWeights& w,
   }
 }
 
-
-// y = x2 + down(h) piece by piece: each piece's gate, up and h are dropped once its rows of
-// y (with tensor parallelism: of the partial sums, summed_product) are written, so the block
-// keeps none of them.
 void mlp_output_by_pieces(BlockActivations& a, const BlockWeights& w, const BlockContext& ctx, const Dims& d) {
   const int64_t C = mlp_piece_rows(ctx, d.BT);
   const Tensor xn2_TD = a.xn2_BTD.view({d.BT, d.D});

@@ -16,9 +16,6 @@ Tensor norm(Tensor& rstd_BT, const Tensor& x_BTD, const Tensor& weight_D, const 
   return xn_RD;
 }
 
-// The norm's backward over the residual stream's rows: dx (overwrites) = d(norm)/dx · dxn +
-// dresidual. With tensor parallelism the weight's gradient over this rank's rows is summed
-// over the group before it reaches `dweight` (every rank's copy then gets the same).
 void norm_backward(Tensor& dx_RD, Tensor& dweight_D, const Tensor& dxn_RD, const Tensor& x_RD, const Tensor& weight_D,
                    const Tensor& rstd_R, const Tensor& dresidual_RD, const BlockContext& ctx, bool overwrite) {
   if (!sequence_split(ctx)) {

@@ -25,15 +25,12 @@ Dims dims_of(const BlockContext& ctx, const Tensor& x_BTD) {
           c.ffn_dim / parts,  ops::stats_dtype(x_BTD.dtype()), x_BTD.device()};
 }
 
-// The shape of a residual-stream tensor: [B, T, D] when this rank holds every row.
 Shape residual_shape(const Dims& d) { return d.R == d.BT ? Shape{d.B, d.T, d.D} : Shape{d.R, d.D}; }
 
 bool sequence_split(const BlockContext& ctx) {
   return ctx.tp != nullptr && ctx.residual == ResidualSplit::kSequence;
 }
 
-// A product's input from the residual stream's rows [R, D]: all B·T rows [BT, D], gathered
-// over the group under sequence parallelism (Megatron's f / g-bar), else the rows themselves.
 Tensor all_rows(const Tensor& rows_RD, const BlockContext& ctx, const Dims& d, const char* name) {
   if (!sequence_split(ctx)) return rows_RD.view({d.BT, d.D});
   Tensor all_TD = Tensor::empty({d.BT, d.D}, rows_RD.dtype(), rows_RD.device(), name);
@@ -41,9 +38,6 @@ Tensor all_rows(const Tensor& rows_RD, const BlockContext& ctx, const Dims& d, c
   return all_TD;
 }
 
-// A row-parallel product's partial output over all rows [BT, D], summed over the group into
-// this rank's rows [R, D]: reduce-scattered under sequence parallelism, else all-reduced in
-// place (Megatron's g / f-bar). Without tensor parallelism the output itself.
 Tensor summed_rows(Tensor partial_TD, const BlockContext& ctx, const Dims& d, const char* name) {
   if (ctx.tp == nullptr) return partial_TD;
   if (!sequence_split(ctx)) {

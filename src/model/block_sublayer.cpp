@@ -36,8 +36,6 @@ void add_sublayer(Tensor& out, Tensor& raw, Tensor& rstd, Tensor p_RD, const Ten
   ops::add(out_RD, x.view({d.R, d.D}), p_RD);
 }
 
-// out = x + o(in) (residual_product, x added in the product's epilogue), or with Granite's
-// residual_multiplier or OLMo 2's post_norms x + s(o(in)) (add_sublayer).
 void sublayer_output(Tensor& out, Tensor& raw, Tensor& rstd, const Tensor& in_TK, const Tensor& weight_DK,
                      const Tensor& x, const Tensor& post_norm_D, const Dims& d, const BlockContext& ctx,
                      const ops::LinearFp8& fp8, const char* name) {
@@ -51,10 +49,6 @@ void sublayer_output(Tensor& out, Tensor& raw, Tensor& rstd, const Tensor& in_TK
   add_sublayer(out, raw, rstd, p_RD, x, post_norm_D, d, ctx, name);
 }
 
-// The backward of add_sublayer's s: the gradient of the sublayer's output p from out's dout_RD
-// (the residual stream's rows). With post_norms the norm weight's gradient goes to
-// `dpost_norm_D` (accumulated, or overwritten with `overwrite`). dout itself where s is the
-// identity.
 Tensor sublayer_backward(const Tensor& dout_RD, Tensor& dpost_norm_D, const Tensor& raw, const Tensor& rstd,
                          const Tensor& post_norm_D, const Dims& d, const BlockContext& ctx, bool overwrite) {
   const LlamaConfig& c = *ctx.config;
