@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "model/hf_names.h"
 #include "model/layout.h"
 
 namespace shardtrain::model {
@@ -794,25 +795,32 @@ json to_hf_config(const LlamaConfig& c, const std::string& torch_dtype) {
 std::vector<FusedTensor> hf_fused_tensors(const LlamaConfig& c) {
   std::vector<FusedTensor> out;
   if (!c.phi3_features()) return out;
-  auto fused = [&](int64_t l, const char* name, std::vector<std::pair<const char*, int64_t>> parts) {
-    FusedTensor f;
-    f.name = block_param_name(l, name);
-    int64_t rows = 0;
-    for (const auto& [part, n] : parts) {
-      f.parts.push_back(block_param_name(l, part));
-      f.part_shapes.push_back({n, c.dim});
-      f.offsets.push_back(rows * c.dim);
-      rows += n;
+  // each part's rows: q's, k's, v's, gate's or up's in the layout (the whole parameter)
+  auto part_rows = [&](BlockParam p) {
+    switch (p) {
+      case BlockParam::kQ: return c.q_dim();
+      case BlockParam::kK:
+      case BlockParam::kV: return c.kv_dim();
+      case BlockParam::kGate:
+      case BlockParam::kUp: return c.ffn_dim;
+      default: ST_THROW("a fused tensor holds q, k, v, gate or up, not ", block_param_suffix(p));
     }
-    f.shape = {rows, c.dim};
-    out.push_back(std::move(f));
   };
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    fused(l, "self_attn.qkv_proj.weight",
-          {{"self_attn.q_proj.weight", c.q_dim()}, {"self_attn.k_proj.weight", c.kv_dim()},
-           {"self_attn.v_proj.weight", c.kv_dim()}});
-    fused(l, "mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", c.ffn_dim}, {"mlp.up_proj.weight", c.ffn_dim}});
-  }
+  for (int64_t l = 0; l < c.n_layers; ++l)
+    for (const FusedBlockParam& fused : phi3_fused_params()) {
+      FusedTensor f;
+      f.name = block_tensor_name(l, fused.suffix);
+      int64_t rows = 0;
+      for (const BlockParam part : fused.parts) {
+        const int64_t n = part_rows(part);
+        f.parts.push_back(block_param_name(l, part));
+        f.part_shapes.push_back({n, c.dim});
+        f.offsets.push_back(rows * c.dim);
+        rows += n;
+      }
+      f.shape = {rows, c.dim};
+      out.push_back(std::move(f));
+    }
   return out;
 }
 

@@ -35,10 +35,6 @@ ParamSpec ParamSpec::part(int t) const {
   return p;
 }
 
-std::string block_param_name(int64_t layer, const char* suffix) {
-  return "model.layers." + std::to_string(layer) + "." + suffix;
-}
-
 const ParamSpec* UnitLayout::find(const std::string& name) const {
   for (const ParamSpec& p : params)
     if (p.name == name) return &p;
@@ -102,7 +98,7 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   UnitLayout embed;
   embed.name = "embedding";
   embed.kind = UnitKind::kEmbedding;
-  add_param(embed, "model.embed_tokens.weight", {c.vocab_size, c.dim}, ParamInit::kNormal);
+  add_param(embed, kEmbeddingName, {c.vocab_size, c.dim}, ParamInit::kNormal);
   layout.units_.push_back(std::move(embed));
 
   // Column-parallel products (q, k, v, gate, up) keep rows of their weights, row-parallel
@@ -115,35 +111,35 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
     b.name = "layers." + std::to_string(l);
     b.kind = UnitKind::kBlock;
     b.layer = l;
-    auto add = [&](const char* suffix, Shape full, ParamInit init, int dim) {
-      add_param(b, block_param_name(l, suffix), full, init, dim, tp, t);
+    auto add = [&](BlockParam param, Shape full, ParamInit init, int dim) {
+      add_param(b, block_param_name(l, param), full, init, dim, tp, t);
     };
-    if (!c.post_norms) add("input_layernorm.weight", {c.dim}, norm_init, kWhole);
-    add("self_attn.q_proj.weight", {c.n_heads * h, c.dim}, ParamInit::kNormal, kRows);
-    add("self_attn.k_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
-    add("self_attn.v_proj.weight", {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
+    if (!c.post_norms) add(BlockParam::kAttnNorm, {c.dim}, norm_init, kWhole);
+    add(BlockParam::kQ, {c.n_heads * h, c.dim}, ParamInit::kNormal, kRows);
+    add(BlockParam::kK, {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
+    add(BlockParam::kV, {c.n_kv_heads * h, c.dim}, ParamInit::kNormal, kRows);
     if (c.attention_bias) {
-      add("self_attn.q_proj.bias", {c.n_heads * h}, ParamInit::kZeros, kRows);
-      add("self_attn.k_proj.bias", {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
-      add("self_attn.v_proj.bias", {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
+      add(BlockParam::kQBias, {c.n_heads * h}, ParamInit::kZeros, kRows);
+      add(BlockParam::kKBias, {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
+      add(BlockParam::kVBias, {c.n_kv_heads * h}, ParamInit::kZeros, kRows);
     }
     if (c.qk_norm) {
       // one [H] weight for every head: whole on each tensor-parallel rank
-      add("self_attn.q_norm.weight", {h}, norm_init, kWhole);
-      add("self_attn.k_norm.weight", {h}, norm_init, kWhole);
+      add(BlockParam::kQNorm, {h}, norm_init, kWhole);
+      add(BlockParam::kKNorm, {h}, norm_init, kWhole);
     }
     if (c.qk_norm_whole) {
       // one weight over all of q's (k's) values: split with their heads
-      add("self_attn.q_norm.weight", {c.n_heads * h}, norm_init, kRows);
-      add("self_attn.k_norm.weight", {c.n_kv_heads * h}, norm_init, kRows);
+      add(BlockParam::kQNorm, {c.n_heads * h}, norm_init, kRows);
+      add(BlockParam::kKNorm, {c.n_kv_heads * h}, norm_init, kRows);
     }
-    add("self_attn.o_proj.weight", {c.dim, c.n_heads * h}, ParamInit::kNormal, kColumns);
-    add("post_attention_layernorm.weight", {c.dim}, norm_init, kWhole);
-    if (c.sandwich_norms) add("pre_feedforward_layernorm.weight", {c.dim}, norm_init, kWhole);
-    add("mlp.gate_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
-    add("mlp.up_proj.weight", {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
-    add("mlp.down_proj.weight", {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
-    if (c.post_norms || c.sandwich_norms) add("post_feedforward_layernorm.weight", {c.dim}, norm_init, kWhole);
+    add(BlockParam::kO, {c.dim, c.n_heads * h}, ParamInit::kNormal, kColumns);
+    add(BlockParam::kFfnNorm, {c.dim}, norm_init, kWhole);
+    if (c.sandwich_norms) add(BlockParam::kPreFfnNorm, {c.dim}, norm_init, kWhole);
+    add(BlockParam::kGate, {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
+    add(BlockParam::kUp, {c.ffn_dim, c.dim}, ParamInit::kNormal, kRows);
+    add(BlockParam::kDown, {c.dim, c.ffn_dim}, ParamInit::kNormal, kColumns);
+    if (c.post_norms || c.sandwich_norms) add(BlockParam::kPostFfnNorm, {c.dim}, norm_init, kWhole);
     b.ranks = mesh.shard_groups();
     b.tp_part = tp > 1;
     layout.units_.push_back(std::move(b));
@@ -152,8 +148,8 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   UnitLayout head;
   head.name = "head";
   head.kind = UnitKind::kHead;
-  add_param(head, "model.norm.weight", {c.dim}, norm_init);
-  if (!c.tie_embeddings) add_param(head, "lm_head.weight", {c.vocab_size, c.dim}, ParamInit::kNormal);
+  add_param(head, kFinalNormName, {c.dim}, norm_init);
+  if (!c.tie_embeddings) add_param(head, kHeadName, {c.vocab_size, c.dim}, ParamInit::kNormal);
   layout.units_.push_back(std::move(head));
 
   for (UnitLayout& u : layout.units_) {

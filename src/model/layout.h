@@ -14,6 +14,7 @@
 
 #include "core/tensor.h"
 #include "model/config.h"
+#include "model/hf_names.h"
 
 namespace shardtrain::model {
 
@@ -147,8 +148,5 @@ class ModelLayout {
   Mesh mesh_;
   int tp_rank_ = 0;
 };
-
-// The HF names of one block's parameters, in layout order (a table, not code paths).
-std::string block_param_name(int64_t layer, const char* suffix);
 
 }  // namespace shardtrain::model

@@ -15,6 +15,7 @@
 #include "io/safetensors.h"
 #include "io/parquet.h"
 #include "model/hf_config.h"
+#include "model/hf_names.h"
 #include "model/layout.h"
 #include "train/checkpoint.h"
 #include "train/hf_fused.h"
@@ -178,20 +179,21 @@ InspectReport inspect_report(const std::string& path) {
                        "other {} passed through\n",
                        c.rotary_dim(), c.head_dim(), c.rope.partial_rotary, c.head_dim() - c.rotary_dim());
     if (c.fused_projections)
-      r << fmt::format("  family phi3 (Phi-3, Phi-4-mini): q, k and v fused in self_attn.qkv_proj.weight [{}, {}], gate and up in "
-                       "mlp.gate_up_proj.weight [{}, {}]; read as q_proj, k_proj, v_proj, gate_proj and up_proj\n",
-                       c.q_dim() + 2 * c.kv_dim(), c.dim, 2 * c.ffn_dim, c.dim);
+      r << fmt::format("  family phi3 (Phi-3, Phi-4-mini): q, k and v fused in {} [{}, {}], gate and up in "
+                       "{} [{}, {}]; read as q_proj, k_proj, v_proj, gate_proj and up_proj\n",
+                       model::phi3_fused_params()[0].suffix, c.q_dim() + 2 * c.kv_dim(), c.dim,
+                       model::phi3_fused_params()[1].suffix, 2 * c.ffn_dim, c.dim);
     if (c.has_local_rope())
       r << fmt::format("  sliding layers' rope theta {} (unscaled); the full layers use the theta above\n",
                        c.rope_local_theta);
     if (c.qk_norm)
-      r << fmt::format("  QK-norm: self_attn.q_norm.weight and self_attn.k_norm.weight [{}] in each block, before "
-                       "rope, eps {}\n",
-                       c.head_dim(), c.norm_eps);
+      r << fmt::format("  QK-norm: {} and {} [{}] in each block, before rope, eps {}\n",
+                       model::block_param_suffix(model::BlockParam::kQNorm),
+                       model::block_param_suffix(model::BlockParam::kKNorm), c.head_dim(), c.norm_eps);
     if (c.qk_norm_whole)
-      r << fmt::format("  QK-norm over the whole q and k: self_attn.q_norm.weight [{}] and self_attn.k_norm.weight "
-                       "[{}] in each block, before rope, eps {}\n",
-                       c.q_dim(), c.kv_dim(), c.norm_eps);
+      r << fmt::format("  QK-norm over the whole q and k: {} [{}] and {} [{}] in each block, before rope, eps {}\n",
+                       model::block_param_suffix(model::BlockParam::kQNorm), c.q_dim(),
+                       model::block_param_suffix(model::BlockParam::kKNorm), c.kv_dim(), c.norm_eps);
     if (c.post_norms)
       r << "  norms after each sublayer: post_attention_layernorm on the attention's output and "
            "post_feedforward_layernorm on the MLP's, before their residual adds (no input_layernorm)\n";

@@ -106,6 +106,29 @@ INSTANTIATE_TEST_SUITE_P(References, ExportRoundTrip,
                                            "mistral_sliding", "qwen2_window_layers", "phi3_longrope",
                                            "phi4_partial_rotary"));
 
+// Every HF reference folder, each family's tensors as transformers names them (Gemma's four
+// norms, OLMo 2's, Qwen3's QK-norm, Phi-3's fused tensors, ...), loads under the names the
+// layout gives (model/hf_names.h) and exports back under the same names, bit for bit.
+TEST(ExportRoundTrip, EveryReferenceFolderKeepsItsTensorNames) {
+  namespace fs = std::filesystem;
+  int folders = 0;
+  for (const fs::directory_entry& e : fs::directory_iterator(testing::source_dir() + "/tests/model/hf_reference")) {
+    if (!fs::exists(e.path() / "model.safetensors")) continue;
+    const std::string name = e.path().filename().string();
+    SCOPED_TRACE(name);
+    const std::string out =
+        (fs::temp_directory_path() / ("shardtrain_export_names_" + std::to_string(::getpid()) + name)).string();
+    fs::remove_all(out);
+    export_reference(out, int64_t{1} << 30, name);
+    const io::HfWeights in(e.path().string()), back(out);
+    EXPECT_EQ(back.names(), in.names());
+    expect_same_tensors(in, back);
+    fs::remove_all(out);
+    ++folders;
+  }
+  EXPECT_GE(folders, 10);
+}
+
 // Phi-3's fused tensors whose shape config.json does not imply (here 4 kv heads where the
 // weights hold 2) are refused, naming the tensor, both shapes and the keys to check.
 TEST(ExportRoundTrip, MisshapenFusedTensorsAreNamed) {
