@@ -78,7 +78,7 @@ struct LlamaConfig {
   double rope_local_theta = 0.0;
   // Gemma 2's soft-capping (0: none): the attention's scaled scores become
   // attn_logit_softcapping · tanh(s / attn_logit_softcapping) before the softmax, and the logits
-  // final_logit_softcapping · tanh(z / final_logit_softcapping). CPU only.
+  // final_logit_softcapping · tanh(z / final_logit_softcapping).
   double attn_logit_softcapping = 0.0;
   double final_logit_softcapping = 0.0;
   // Phi-3's Hugging Face files: q, k and v in one `self_attn.qkv_proj.weight` [(N + 2M)·H, D]
@@ -119,7 +119,7 @@ struct LlamaConfig {
   // Whether a sequence of `length` positions takes LongRoPE's long factors (length >
   // rope.scaling.original_max_positions); false without LongRoPE.
   bool rope_long(int64_t length) const { return ops::rope_long_factors(rope, length); }
-  // Whether either soft-capping is on (Gemma 2; CPU only).
+  // Whether either soft-capping is on (Gemma 2).
   bool soft_capped() const { return attn_logit_softcapping > 0 || final_logit_softcapping > 0; }
   // The rope of layer `layer`: on a sliding layer with rope_local_theta, that base without
   // scaling; `rope` otherwise.

@@ -145,8 +145,8 @@ constexpr const char* kSupported = "llama (Llama 2, 3, 3.1, 3.2), mistral (a sli
                                    "after each sublayer, QK-norm over the whole q and k) and gemma3_text (Gemma 3's "
                                    "text models: (1 + weight) norms before and after each sublayer, GeGLU, scaled "
                                    "embeddings, QK-norm, sliding layers with their own rope), gemma2 (Gemma 2: "
-                                   "the same without QK-norm, with soft-capped attention scores and logits, on the "
-                                   "CPU only) and phi3 (Phi-3 and Phi-4-mini: fused qkv_proj and gate_up_proj, "
+                                   "the same without QK-norm, with soft-capped attention scores and logits) and "
+                                   "phi3 (Phi-3 and Phi-4-mini: fused qkv_proj and gate_up_proj, "
                                    "LongRoPE, a partial rotary, a sliding window)";
 
 void check_model_type(const std::string& model_type, const std::string& src) {

@@ -67,21 +67,9 @@ void init_param_range(Tensor& out, const ParamSpec& spec, int64_t first, uint64_
   }
 }
 
-namespace {
-
-// Gemma 2's soft-capping has CPU kernels only.
-void check_soft_capping_device(const LlamaConfig& c, Device device) {
-  ST_CHECK(!c.soft_capped() || device.is_cpu(), "the model soft-caps its attention scores (attn_logit_softcapping = ",
-           c.attn_logit_softcapping, ") or its logits (final_logit_softcapping = ", c.final_logit_softcapping,
-           "), which shardtrain runs on the CPU only, found ", device.str(), "; train it with training.device = cpu");
-}
-
-}  // namespace
-
 Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
     : config_(config), layout_(ModelLayout::llama(config, 1)), dtype_(dtype), device_(device) {
   config_.validate("model.");
-  check_soft_capping_device(config_, device_);
   resident_ = std::make_unique<ResidentUnitStore>(layout_, dtype, device);
   store_ = resident_.get();
   make_rope_tables();
@@ -90,7 +78,6 @@ Llama::Llama(const LlamaConfig& config, DType dtype, Device device)
 Llama::Llama(const LlamaConfig& config, const ModelLayout& layout, UnitStore* store, DType dtype, Device device)
     : config_(config), layout_(layout), dtype_(dtype), device_(device), store_(store) {
   config_.validate("model.");
-  check_soft_capping_device(config_, device_);
   make_rope_tables();
 }
 
@@ -268,6 +255,9 @@ void Llama::refuse_context_parallel(const char* what) const {
 void Llama::set_fp8_attention(bool on) {
   ST_CHECK(!on || cp_ == nullptr, "training.fp8_attention with parallel.context_parallel = ", cp_ ? cp_->size() : 1,
            ": the ring attention runs in the compute dtype; turn one of them off");
+  ST_CHECK(!on || config_.attn_logit_softcapping == 0, "training.fp8_attention with attention scores soft-capped at ",
+           config_.attn_logit_softcapping, " (model.attn_logit_softcapping, Gemma 2): the FP8 attention does not "
+           "soft-cap; turn training.fp8_attention off");
   fp8_attention_history_L4_ = Tensor();
   if (!on) return;
   fp8_attention_history_L4_ =

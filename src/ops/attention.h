@@ -56,8 +56,10 @@ struct AttentionOptions {
   // documents, the keys of its own document among those). 0: every key the masks allow.
   // On CUDA: cuDNN's diagonal band (bf16/f16), the exact f32 kernels and the KV-cache kernel.
   int64_t window = 0;
-  // > 0: the scaled scores soft-capped before the softmax, s -> softcap · tanh(s / softcap)
-  // (Gemma 2's attn_logit_softcapping). CPU only: CUDA refuses it.
+  // > 0: the scaled scores soft-capped before the masks and the softmax,
+  // s -> softcap · tanh(s / softcap) (Gemma 2's attn_logit_softcapping); the backward through
+  // the cap. On CUDA: cuDNN's flash attention through a score modifier (bf16/f16; not with
+  // packed documents of several per row, nor in FP8), the exact f32 kernels and the KV-cache kernel.
   double softcap = 0.0;
 };
 
@@ -153,8 +155,6 @@ inline void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q
                                       profile::bytes_of({&out_BTNH, &lse_BNT, &q_BTNH, &k_BTMH, &v_BTMH})});
   if (q_BTNH.device().is_cpu()) return cpu::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options);
 #ifdef SHARDTRAIN_WITH_CUDA
-  ST_CHECK(options.softcap == 0, "attention_forward: soft-capped scores (`attn_logit_softcapping`, Gemma 2) run on the CPU "
-           "only; train such a model with training.device = cpu");
   return cuda::attention_forward(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
 #else
   no_kernel("attention_forward", q_BTNH);
@@ -276,8 +276,6 @@ inline void attention_forward_kv_cache(Tensor& out_BTNH, Tensor& lse_BNT, Tensor
     return cpu::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
                                            position_1, options);
 #ifdef SHARDTRAIN_WITH_CUDA
-  ST_CHECK(options.softcap == 0, "attention_forward_kv_cache: soft-capped scores (`attn_logit_softcapping`, Gemma 2) run on the CPU "
-           "only; train such a model with training.device = cpu");
   return cuda::attention_forward_kv_cache(out_BTNH, lse_BNT, cache_k_BCMH, cache_v_BCMH, q_BTNH, k_BTMH, v_BTMH,
                                           position_1, options, stream);
 #else
@@ -300,8 +298,6 @@ inline void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH
     return cpu::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH,
                                    lse_BNT, options);
 #ifdef SHARDTRAIN_WITH_CUDA
-  ST_CHECK(options.softcap == 0, "attention_backward: soft-capped scores (`attn_logit_softcapping`, Gemma 2) run on the CPU "
-           "only; train such a model with training.device = cpu");
   return cuda::attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
                                   options, stream);
 #else

@@ -34,7 +34,8 @@ struct CrossEntropyOptions {
   // are not used). The softmax and loss math is unchanged.
   LinearFp8 fp8 = {};
   // > 0: the logits soft-capped before the softmax, z -> logit_softcap · tanh(z / logit_softcap)
-  // (Gemma 2's final_logit_softcapping), the gradient through the cap. CPU only: CUDA refuses it.
+  // (Gemma 2's final_logit_softcapping), held capped in the logits' dtype; the gradient through
+  // the cap, grad_scale · (softmax - onehot) · (1 - (capped / logit_softcap)^2).
   double logit_softcap = 0.0;
 };
 
@@ -83,8 +84,6 @@ inline void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dwei
   if (h_TD.device().is_cpu())
     return cpu::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options);
 #ifdef SHARDTRAIN_WITH_CUDA
-  ST_CHECK(options.logit_softcap == 0, "linear_cross_entropy: soft-capped logits (`final_logit_softcapping`, "
-           "Gemma 2) run on the CPU only; train such a model with training.device = cpu");
   return cuda::linear_cross_entropy(loss_sum_1, dh_TD, dweight_VD, h_TD, weight_VD, targets_T, options, stream);
 #else
   no_kernel("linear_cross_entropy", h_TD);

@@ -1,4 +1,4 @@
-// Small elementwise ops and reductions: fill, add, scale, cast, sum of squares.
+// Small elementwise ops and reductions: fill, add, scale, softcap, cast, sum of squares.
 // Any contiguous shape; all tensors of one call on one device.
 #pragma once
 
@@ -23,6 +23,7 @@ void fill(Tensor& x, double value, Stream stream);
 void fill_normal(Tensor& x, uint64_t seed, uint64_t key, int64_t first, double std, Stream stream);
 void add(Tensor& out, const Tensor& a, const Tensor& b, Stream stream);
 void scale(Tensor& x, double factor, Stream stream);
+void softcap(Tensor& x, double cap, Stream stream);
 void cast(Tensor& out, const Tensor& in, Stream stream);
 void sum_squares(Tensor& out_1, const Tensor& x, Stream stream);
 }  // namespace cuda
@@ -76,12 +77,16 @@ inline void scale(Tensor& x, double factor, [[maybe_unused]] Stream stream = {})
 #endif
 }
 
-// x = cap · tanh(x / cap) in place (Gemma 2's logit soft-capping). CPU only: CUDA refuses it.
-inline void softcap(Tensor& x, double cap) {
+// x = cap · tanh(x / cap) in place (Gemma 2's logit soft-capping), cap > 0, computed in f64 and
+// rounded once to x's dtype: f32 or f64 on the CPU; f32, f64, bf16 or f16 on CUDA.
+inline void softcap(Tensor& x, double cap, [[maybe_unused]] Stream stream = {}) {
   profile::ScopedTimer profile_timer("softcap", x.device(), {0, 2 * profile::bytes_of({&x})});
   if (x.device().is_cpu()) return cpu::softcap(x, cap);
-  ST_THROW("softcap: soft-capped logits (`final_logit_softcapping`, Gemma 2) run on the CPU only, found ", x.str(),
-           "; run such a model with training.device = cpu");
+#ifdef SHARDTRAIN_WITH_CUDA
+  return cuda::softcap(x, cap, stream);
+#else
+  no_kernel("softcap", x);
+#endif
 }
 
 // A cast whose input and output live on different devices (staged through a copy).

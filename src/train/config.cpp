@@ -226,12 +226,13 @@ const std::vector<KeyDef>& keys() {
           non_negative()),
       key("model.attn_logit_softcapping", &C::model, &ModelSection::attn_logit_softcapping,
           "Gemma 2-style: the attention's scaled scores s become c x tanh(s / c) before the softmax for this c "
-          "(Gemma 2: 50); 0: none. CPU only (training.device = cpu). With Gemma's norms, GeGLU and scaled "
+          "(Gemma 2: 50); 0: none. Not with training.fp8_attention, nor on CUDA with packed documents of several "
+          "per row. With Gemma's norms, GeGLU and scaled "
           "embeddings and without model.qk_norm, exports as a Hugging Face gemma2 model",
           non_negative()),
       key("model.final_logit_softcapping", &C::model, &ModelSection::final_logit_softcapping,
           "Gemma 2-style: the logits z become c x tanh(z / c) for this c, in the loss and in generation (Gemma 2: "
-          "30); 0: none. CPU only (training.device = cpu)",
+          "30); 0: none",
           non_negative()),
       key("model.rotary_fraction", &C::model, &ModelSection::rotary_fraction,
           "Phi-4-mini-style partial rotary: rope rotates the first int(H x this) dimensions of each head (an even "

@@ -206,10 +206,10 @@ InspectReport inspect_report(const std::string& path) {
       r << "  MLP: GeGLU, gelu (tanh approximation) on gate_proj times up_proj\n";
     if (c.scale_embeddings) r << "  embeddings x sqrt(hidden_size) after the lookup\n";
     if (c.attn_logit_softcapping > 0)
-      r << fmt::format("  attention scores soft-capped: {0} x tanh(s / {0}) before the softmax (CPU only)\n",
+      r << fmt::format("  attention scores soft-capped: {0} x tanh(s / {0}) before the softmax\n",
                        c.attn_logit_softcapping);
     if (c.final_logit_softcapping > 0)
-      r << fmt::format("  logits soft-capped: {0} x tanh(z / {0}) (CPU only)\n", c.final_logit_softcapping);
+      r << fmt::format("  logits soft-capped: {0} x tanh(z / {0})\n", c.final_logit_softcapping);
     if (c.nope_layer_count() > 0) {
       std::string layers;
       for (int64_t l = 0; l < c.n_layers; ++l)

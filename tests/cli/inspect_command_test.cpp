@@ -127,8 +127,8 @@ TEST(Cli, InspectShowsTheNewFamiliesFeatures) {
        "--model.sliding_window=4 --model.full_attention_every=2",
        "Gemma2ForCausalLM",
        {"attention scores soft-capped at 50, logits soft-capped at 30",
-        "attention scores soft-capped: 50 x tanh(s / 50) before the softmax (CPU only)",
-        "logits soft-capped: 30 x tanh(z / 30) (CPU only)"}},
+        "attention scores soft-capped: 50 x tanh(s / 50) before the softmax",
+        "logits soft-capped: 30 x tanh(z / 30)"}},
   };
   for (const Family& f : families) {
     SCOPED_TRACE(f.architecture);

@@ -2,8 +2,9 @@
 // AdamW state) against Hugging Face transformers' f32 reference for the recorded models
 // whose head dims cuDNN's attention takes (64 and 128, 32 beside a width of 64 in
 // mistral_head_dim and qwen3_qk_norm, 16 in the sliding-window cases and in smollm3_nope,
-// granite_scaled, olmo2_post_norms, gemma3_text_small, phi3_longrope and phi4_partial_rotary):
-// logits, loss, every gradient and every parameter after one AdamW step, within bf16 error.
+// granite_scaled, olmo2_post_norms, gemma3_text_small, phi3_longrope, phi4_partial_rotary and
+// gemma2_softcap, whose attention scores and logits are soft-capped): logits, loss, every
+// gradient and every parameter after one AdamW step, within bf16 error.
 // Skips without a device or without the case's reference files.
 #include <algorithm>
 #include <cmath>
@@ -155,7 +156,8 @@ TEST_P(HfParityCuda, F32MatchesTransformers) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParityCuda,
                          ::testing::Values("gpu_h64_gqa", "gpu_h128_tied_llama3", "mistral_head_dim", "qwen3_qk_norm",
                                            "mistral_sliding", "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms", "phi3_longrope", "phi4_partial_rotary"));
+                                           "olmo2_post_norms", "phi3_longrope", "phi4_partial_rotary",
+                                           "gemma2_softcap"));
 
 // Gemma 3's bf16 run is held to the bf16 bound by every tensor but its QK-norm weights' gradients,
 // 16-element sums over every token and head that come out 3.0-3.7 % off in bf16 (bound 3 %;

@@ -1026,6 +1026,27 @@ TEST(Llama, Gemma2SoftCapsTheLogits) {
   EXPECT_NEAR(a.evaluate(ids, targets, {}).loss_sum, loss, 1e-10);
 }
 
+// The FP8 attention does not soft-cap its scores: with Gemma 2's attn_logit_softcapping it is
+// refused by name (it would silently drop the cap), and without it accepted.
+TEST(Llama, Gemma2SoftCappedScoresRefuseTheFp8Attention) {
+  LlamaConfig capped = tiny_config({"gemma2", 2, 1, false, false, false, 0, false, 0, false, false, false, false, true});
+  Llama m(capped, DType::kF32);
+  try {
+    m.set_fp8_attention(true);
+    ADD_FAILURE() << "training.fp8_attention was accepted with soft-capped attention scores";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training.fp8_attention with attention scores soft-capped at 2"),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.attn_logit_softcapping"), std::string::npos) << e.what();
+  }
+  m.set_fp8_attention(false);  // off is always fine
+  LlamaConfig logits_only = capped;
+  logits_only.attn_logit_softcapping = 0;  // only the logits capped: the attention is plain
+  Llama n(logits_only, DType::kF32);
+  n.set_fp8_attention(true);
+}
+
 // Gemma's norms in the layout: four per block, every norm weight starting at 0 (it scales by
 // 1 + w), refused under tensor parallelism, and counted.
 TEST(ModelLayout, Gemma3WeightsAndCount) {

@@ -3,7 +3,8 @@
 // aligned lengths, forward output, log-sum-exp and all three input gradients (the default
 // and the deterministic backward), and the deterministic backward's bitwise repetition. The f32
 // kernels (f32 check runs) are held to f32 error on the same cases and on odd head dims, and
-// the KV-cache kernel (S > T keys) to the CPU twin's S > T forward. Skips without a device.
+// the KV-cache kernel (S > T keys) to the CPU twin's S > T forward; each also with soft-capped
+// scores (Gemma 2), cuDNN's through its score modifier. Skips without a device.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -32,12 +33,14 @@ using testing::to_host;
 struct Case {
   int64_t B, T, N, M, H;
   bool causal;
-  int64_t window = 0;  // a sliding window of this many keys (0: none)
+  int64_t window = 0;   // a sliding window of this many keys (0: none)
+  double softcap = 0;   // scores soft-capped at this value (Gemma 2; 0: none)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
   *os << "B" << c.B << "_T" << c.T << "_N" << c.N << "_M" << c.M << "_H" << c.H << (c.causal ? "_causal" : "_full");
   if (c.window > 0) *os << "_window" << c.window;
+  if (c.softcap > 0) *os << "_softcap" << c.softcap;
 }
 
 // Flash attention's bf16 error follows the size of the terms it sums, not of the result:
@@ -85,6 +88,7 @@ TEST_P(AttentionCuda, ForwardAndBackwardMatchCpu) {
   AttentionOptions o;
   o.causal = c.causal;
   o.window = c.window;
+  o.softcap = c.softcap;
 
   // CPU reference in f64 from exactly the values the device sees.
   const Reference ref = reference(q, k, v, dout, o);
@@ -166,6 +170,7 @@ TEST_P(AttentionCudaF32, MatchesCpuToF32Error) {
   AttentionOptions o;
   o.causal = c.causal;
   o.window = c.window;
+  o.softcap = c.softcap;
   const Reference ref = reference(q, k, v, dout, o);
 
   const Device gpu = Device::cuda(0);
@@ -203,6 +208,7 @@ TEST_P(AttentionCudaStacked, HeadSlicesMatchCpu) {
     AttentionOptions o;
     o.causal = c.causal;
     o.window = c.window;
+    o.softcap = c.softcap;
     const Reference ref = reference(q, k, v, dout, o);
     auto check = [&](const Tensor& device, const Tensor& ref64) {
       return dt == DType::kBF16 ? close(contiguous(device), ref64) : close_f32(contiguous(device), ref64);
@@ -225,7 +231,9 @@ TEST_P(AttentionCudaStacked, HeadSlicesMatchCpu) {
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaStacked,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{1, 2048, 32, 8, 64, true},
-                                           Case{2, 37, 4, 2, 64, true, 9}));
+                                           Case{2, 37, 4, 2, 64, true, 9},
+                                           // soft-capped scores (cuDNN's score modifier for bf16)
+                                           Case{2, 37, 4, 2, 64, true, 9, 2.0}, Case{2, 37, 4, 2, 64, true, 0, 2.0}));
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{2, 256, 8, 1, 64, true},
@@ -233,7 +241,15 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCuda,
                                            Case{1, 2048, 32, 8, 64, true},
                                            // sliding windows: a few keys, a tile's worth, most of the row
                                            Case{2, 37, 4, 2, 64, true, 5}, Case{1, 1031, 4, 2, 128, true, 256},
-                                           Case{1, 2048, 32, 8, 64, true, 1500}));
+                                           Case{1, 2048, 32, 8, 64, true, 1500},
+                                           // soft-capped scores (Gemma 2; a cap of 2 bends scores of about
+                                           // one, so a missing or misplaced cap shows): causal, with a
+                                           // sliding window, not causal, GQA and MHA, one token, head dim 256
+                                           // (Gemma 2's)
+                                           Case{2, 37, 4, 2, 64, true, 0, 2.0}, Case{2, 37, 4, 2, 64, true, 5, 2.0},
+                                           Case{1, 1031, 4, 2, 128, true, 256, 2.0}, Case{2, 70, 4, 1, 128, false, 0, 2.0},
+                                           Case{1, 130, 8, 8, 128, true, 0, 1.0}, Case{1, 1, 2, 1, 64, true, 0, 2.0},
+                                           Case{1, 300, 8, 4, 256, true, 64, 2.0}, Case{1, 300, 8, 4, 256, true, 0, 50.0}));
 INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
                          ::testing::Values(Case{1, 1, 2, 1, 64, true}, Case{2, 37, 4, 2, 64, true},
                                            Case{1, 130, 8, 8, 128, true}, Case{1, 1031, 4, 2, 128, true},
@@ -243,7 +259,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaF32,
                                            Case{1, 130, 8, 8, 128, true, 64},
                                            // two keys: with one, dq and dk are exactly zero (each query
                                            // sees only itself), and f32 residue has no scale to compare to
-                                           Case{2, 45, 6, 3, 20, true, 2}));
+                                           Case{2, 45, 6, 3, 20, true, 2},
+                                           // soft-capped scores, with and without a window, not causal
+                                           Case{2, 37, 4, 2, 64, true, 0, 2.0}, Case{2, 37, 4, 2, 64, true, 5, 2.0},
+                                           Case{2, 70, 4, 1, 128, false, 0, 1.0}));
 
 // Packed documents (cuDNN's ragged layout for bf16, the exact kernels for f32): q, k, v as
 // head slices of one stacked tensor (the model's layout) and contiguous, documents of one
@@ -331,11 +350,13 @@ struct CachedCase {
   int64_t B, T, S, N, M, H;
   bool causal;
   int64_t window = 0;  // a sliding window of this many keys (0: none)
+  double softcap = 0;  // scores soft-capped at this value (Gemma 2; 0: none)
 };
 void PrintTo(const CachedCase& c, std::ostream* os) {
   *os << "B" << c.B << "_T" << c.T << "_S" << c.S << "_N" << c.N << "_M" << c.M << "_H" << c.H
       << (c.causal ? "_causal" : "_full");
   if (c.window > 0) *os << "_window" << c.window;
+  if (c.softcap > 0) *os << "_softcap" << c.softcap;
 }
 class AttentionCudaCached : public ::testing::TestWithParam<CachedCase> {
  protected:
@@ -355,6 +376,7 @@ TEST_P(AttentionCudaCached, MatchesCpu) {
     AttentionOptions o;
     o.causal = c.causal;
     o.window = c.window;
+    o.softcap = c.softcap;
     Tensor out64 = Tensor::empty({c.B, c.T, c.N, c.H}, DType::kF64);
     Tensor lse64 = Tensor::empty({c.B, c.N, c.T}, DType::kF64);
     cpu::attention_forward(out64, lse64, to_dtype(stacked.slice(2, 0, c.N), DType::kF64),
@@ -381,7 +403,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, AttentionCudaCached,
                                            // sliding windows over the cache
                                            CachedCase{2, 5, 70, 8, 2, 128, true, 16},
                                            CachedCase{1, 1, 300, 4, 2, 64, true, 64},
-                                           CachedCase{1, 3, 300, 32, 8, 64, true, 100}));
+                                           CachedCase{1, 3, 300, 32, 8, 64, true, 100},
+                                           // soft-capped scores (Gemma 2's generation), with a window too
+                                           CachedCase{2, 5, 70, 8, 2, 128, true, 0, 2.0},
+                                           CachedCase{1, 1, 300, 4, 2, 256, true, 64, 2.0}));
 
 // The same cases as one KV cache step with its position in memory (p = S - T): the new k and
 // v (head slices of the stacked tensor) written into the cache rows p.., the rest untouched,
@@ -406,6 +431,7 @@ TEST_P(AttentionCudaCached, KvCacheStepWithThePositionInMemory) {
     Tensor out = Tensor::empty({c.B, c.T, c.N, c.H}, dt, gpu), lse = Tensor::empty({c.B, c.N, c.T}, DType::kF32, gpu);
     AttentionOptions window;
     window.window = c.window;
+    window.softcap = c.softcap;
     attention_forward_kv_cache(out, lse, kd, vd, qkv.slice(2, 0, c.N), qkv.slice(2, c.N, c.N + c.M),
                                qkv.slice(2, c.N + c.M, E), position_d, window);
     // the CPU twin on the host copies, in the same dtype
@@ -721,6 +747,39 @@ TEST(AttentionCudaErrors, F64AndOddBf16HeadDimAreNamed) {
     FAIL() << "head dim 60 did not throw";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("head dim 60"), std::string::npos) << e.what();
+  }
+}
+
+// Soft-capped scores where the CUDA attention does not take them say so: packed documents of
+// several per row (cuDNN's ragged layout) and the FP8 attention.
+TEST(AttentionCudaErrors, SoftCapWithRaggedDocumentsOrFp8IsNamed) {
+  ST_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  const int64_t B = 1, T = 8, N = 2, M = 1, H = 64;
+  // (the checks refuse before anything is read)
+  Tensor q = Tensor::empty({B, T, N, H}, DType::kBF16, gpu), k = Tensor::empty({B, T, M, H}, DType::kBF16, gpu);
+  Tensor v = Tensor::empty({B, T, M, H}, DType::kBF16, gpu), out = Tensor::empty({B, T, N, H}, DType::kBF16, gpu);
+  Tensor lse = Tensor::empty({B, N, T}, DType::kF32, gpu);
+  Tensor positions = Tensor::empty({B, T}, DType::kI32);
+  for (int64_t t = 0; t < T; ++t) positions.data<int32_t>()[t] = static_cast<int32_t>(t % 4);  // two documents
+  const PackedDocuments documents = pack_documents(positions, gpu);
+  AttentionOptions o;
+  o.softcap = 50.0;
+  o.documents = &documents;
+  try {
+    attention_forward(out, lse, q, k, v, o);
+    FAIL() << "packed documents with soft-capped scores did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("packed documents (2 in 1 rows) with attention scores soft-capped at 50"),
+              std::string::npos)
+        << e.what();
+  }
+  o.documents = nullptr;
+  try {
+    attention_forward_fp8(out, lse, q, k, v, o);
+    FAIL() << "the FP8 attention with soft-capped scores did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("nor soft-capped scores"), std::string::npos) << e.what();
   }
 }
 

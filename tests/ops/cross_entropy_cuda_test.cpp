@@ -1,5 +1,6 @@
 // CUDA fused linear + cross-entropy against the CPU twin: loss, dh (overwrite), dW
-// (accumulate), ignored targets, chunking, f32 and bf16; the FP8 head against the twin's.
+// (accumulate), ignored targets, chunking, f32 and bf16, soft-capped logits (Gemma 2); the FP8
+// head against the twin's.
 // Skips without a device.
 #include <algorithm>
 #include <cmath>
@@ -24,9 +25,11 @@ using testing::to_host;
 struct Case {
   int64_t T, D, V, chunk;
   DType dt;
+  double softcap = 0;  // logits soft-capped at this value (Gemma 2's final_logit_softcapping; 0: none)
 };
 void PrintTo(const Case& c, std::ostream* os) {
   *os << dtype_name(c.dt) << "_T" << c.T << "_D" << c.D << "_V" << c.V << "_chunk" << c.chunk;
+  if (c.softcap > 0) *os << "_softcap" << static_cast<int>(c.softcap * 10) << "tenths";
 }
 
 class CrossEntropyCuda : public ::testing::TestWithParam<Case> {
@@ -35,7 +38,7 @@ class CrossEntropyCuda : public ::testing::TestWithParam<Case> {
 };
 
 TEST_P(CrossEntropyCuda, MatchesCpu) {
-  const auto [T, D, V, chunk, dt] = GetParam();
+  const auto [T, D, V, chunk, dt, softcap] = GetParam();
   const Tensor h = testing::rounded_f32({T, D}, dt, 1, 0.05, 1.0), w = testing::rounded_f32({V, D}, dt, 2, 0.0, 0.05);
   Tensor targets = Tensor::empty({T}, DType::kI32);
   testing::fill_random_ints(targets, 3, 0, V);
@@ -45,6 +48,7 @@ TEST_P(CrossEntropyCuda, MatchesCpu) {
   CrossEntropyOptions o;
   o.grad_scale = 1.0 / static_cast<double>(counted);
   o.chunk_tokens = chunk;
+  o.logit_softcap = softcap;
 
   const Tensor dw0 = testing::rounded_f32({V, D}, DType::kF32, 4, 0.0, 1e-3);
   Tensor loss = Tensor::empty({1}, DType::kF32, Device::cuda(0));
@@ -166,7 +170,12 @@ TEST(CrossEntropyCudaFp8, Fp8HeadMatchesTheTwin) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CrossEntropyCuda,
                          ::testing::Values(Case{37, 64, 259, 16, DType::kF32}, Case{37, 64, 259, 1000, DType::kBF16},
                                            Case{1031, 512, 32003, 256, DType::kBF16},
-                                           Case{1024, 2048, 128256, 512, DType::kBF16}),
+                                           Case{1024, 2048, 128256, 512, DType::kBF16},
+                                           // soft-capped logits at caps the logits reach (tanh bends them),
+                                           // so a missing cap or a gradient without its derivative shows
+                                           Case{37, 64, 259, 16, DType::kF32, 0.5},
+                                           Case{37, 64, 259, 1000, DType::kBF16, 0.5},
+                                           Case{1031, 512, 32003, 256, DType::kBF16, 1.0}),
                          [](const ::testing::TestParamInfo<Case>& i) {
                            std::ostringstream s;
                            PrintTo(i.param, &s);

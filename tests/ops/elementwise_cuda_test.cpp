@@ -1,4 +1,4 @@
-// Elementwise ops, casts and the counter-based parameter init (fill_normal) on the GPU against
+// Elementwise ops (Gemma 2's softcap among them), casts and the counter-based parameter init (fill_normal) on the GPU against
 // the CPU twin, on random data in f32 and bf16, odd and aligned shapes. Skips without a
 // device.
 #include <gtest/gtest.h>
@@ -34,6 +34,10 @@ TEST_P(ElementwiseCuda, ElementwiseAndCast) {
     scale(out, -0.37);
     cpu::scale(ref, -0.37);
     EXPECT_TRUE(matches(out, ref)) << "scale n=" << n;
+    // Gemma 2's logit soft-cap, at a cap the values reach (tanh bends them)
+    softcap(out, 0.7);
+    cpu::softcap(ref, 0.7);
+    EXPECT_TRUE(matches(out, ref)) << "softcap n=" << n;
     Tensor sq = Tensor::empty({1}, DType::kF64, Device::cuda(0));
     fill(sq, 0.5);
     sum_squares(sq, da);

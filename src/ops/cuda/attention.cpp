@@ -11,7 +11,11 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <sstream>
+#include <string>
 #include <tuple>
+#include <type_traits>
 #include <unordered_map>
 
 #include "core/cuda/cuda_check.h"
@@ -95,6 +99,51 @@ void set_stats_layout(fe::graph::Tensor_attributes& t, int64_t B, int64_t N, int
     t.set_stride({N * T, 1, N, 1});
   else
     t.set_stride({N * T, T, 1, 1});
+}
+
+// The masks on forward or backward attributes. Without a soft-cap: cuDNN's own causal mask
+// and diagonal band (key j seen by query i when j > i - window). With one (Problem::softcap),
+// whose score modifier excludes cuDNN's built-in masks: the modifier caps the scaled scores,
+// s -> cap · tanh(s / cap), and then masks them itself with the same band, so the order is
+// the CPU twin's (scale, cap, masks, softmax); the backward's modifier bprop multiplies dS by
+// the cap's derivative 1 - tanh^2(s / cap) (cuDNN's Softcap keeps s / cap from the forward
+// modifier of the same graph for it). The masks are aligned top left: cuDNN's graph has as many
+// keys as queries.
+template <typename Attributes>
+void set_masks(Attributes& attrs, fe::graph::Graph& g, const Problem& k) {
+  if (k.softcap <= 0) {
+    attrs.set_causal_mask(k.causal);
+    if (k.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(k.window));
+    return;
+  }
+  namespace mods = fe::graph::attn::score_modifiers;
+  using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
+  auto cap = g.tensor(static_cast<float>(k.softcap));
+  auto softcap = std::make_shared<mods::Softcap>();
+  const bool causal = k.causal;
+  const std::optional<int64_t> left = k.window > 0 ? std::optional<int64_t>(k.window) : std::nullopt;
+  attrs.set_score_mod([softcap, cap, causal, left](std::shared_ptr<fe::graph::Graph> sub, TensorPtr s) {
+    TensorPtr capped = softcap->forward(sub, s, cap);
+    if (!causal) return capped;
+    return mods::sliding_window_mask(sub, capped, fe::DiagonalAlignment_t::TOP_LEFT, left, int64_t{0}, 0, 0, nullptr,
+                                     nullptr, nullptr, nullptr);
+  });
+  if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_backward_attributes>)
+    attrs.set_score_mod_bprop([softcap, cap](std::shared_ptr<fe::graph::Graph> sub, TensorPtr ds) {
+      return softcap->backward(sub, ds, cap);
+    });
+}
+
+// A stage's name for cuDNN's refusals; with soft-capped scores it also says what was asked of
+// cuDNN and what runs them elsewhere.
+std::string stage_name(const Problem& k, const char* stage) {
+  if (k.softcap <= 0) return stage;
+  std::ostringstream s;
+  s << stage << " for attention scores soft-capped at " << k.softcap << (k.causal ? ", causal" : ", not causal");
+  if (k.window > 0) s << ", sliding window of " << k.window << " keys";
+  s << " (a cuDNN score modifier; needs cuDNN 9.4 or newer on Hopper or newer). The exact f32 kernels take "
+       "this attention on any GPU (model.dtype = f32), and so does the CPU (training.device = cpu)";
+  return s.str();
 }
 
 }  // namespace
@@ -230,9 +279,8 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
                      .set_name("attention_forward")
                      .set_generate_stats(true)
                      .set_attn_scale(static_cast<float>(k.scale))
-                     .set_causal_mask(k.causal)
                      .set_implementation(implementation);
-    if (k.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(k.window));
+    set_masks(attrs, *g, k);
     if (ragged) r->set_lengths(attrs, k.B * k.T);
     auto [o, stats] = g->sdpa(q, kk, v, attrs);
     set_bthd(o, kO, B, T, k.N, k.H, k.N * k.H);
@@ -258,9 +306,8 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
     auto attrs = fe::graph::SDPA_backward_attributes()
                      .set_name("attention_backward")
                      .set_attn_scale(static_cast<float>(k.scale))
-                     .set_causal_mask(k.causal)
                      .set_deterministic_algorithm(k.deterministic);
-    if (k.window > 0) attrs.set_diagonal_band_left_bound(static_cast<int>(k.window));
+    set_masks(attrs, *g, k);
     if (ragged) r->set_lengths(attrs, k.B * k.T);
     auto [dq, dk, dv] = g->sdpa_backward(q, kk, v, o, dout, stats, attrs);
     set_bthd(dq, kDQ, B, T, k.N, k.H, k.pitch_q);  // the gradients lie as their inputs do
@@ -272,8 +319,8 @@ std::shared_ptr<fe::graph::Graph> operation_graph(const Problem& k, cudnnHandle_
       dv->set_ragged_offset(r->v);
     }
   }
-  check(g->validate(), op, "graph validation");
-  check(g->build_operation_graph(handle), op, "operation graph");
+  check(g->validate(), op, stage_name(k, "graph validation").c_str());
+  check(g->build_operation_graph(handle), op, stage_name(k, "operation graph").c_str());
   return g;
 }
 
@@ -326,9 +373,12 @@ PerDevice& per_device(int device) {
 Built build(const Key& k, cudnnHandle_t handle, const char* op) {
   Built b;
   b.graph = operation_graph(k.problem, handle, op);
-  check(b.graph->create_execution_plans({fe::HeurMode_t::A}), op, "plan search");
-  check(b.graph->check_support(handle), op, "support check (B, T, heads, head dim not supported?)");
-  check(b.graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), op, "plan build");
+  const Problem& p = k.problem;
+  check(b.graph->create_execution_plans({fe::HeurMode_t::A}), op, stage_name(p, "plan search").c_str());
+  check(b.graph->check_support(handle), op,
+        stage_name(p, "support check (B, T, heads, head dim not supported?)").c_str());
+  check(b.graph->build_plans(handle, fe::BuildPlanPolicy_t::HEURISTICS_CHOICE), op,
+        stage_name(p, "plan build").c_str());
   check(b.graph->get_workspace_size(b.workspace_bytes), op, "workspace query");
   return b;
 }
@@ -371,6 +421,8 @@ Key make_key(const Tensor& q, const Tensor& k, const Tensor& v, const AttentionO
            " keys) needs the causal mask and a positive size");
   // a window that holds every key is no window (one graph for both)
   p.window = o.window < p.T ? o.window : 0;
+  ST_CHECK(o.softcap >= 0, op, ": the soft-cap of the attention scores must be >= 0 (0: none), found ", o.softcap);
+  p.softcap = o.softcap;
   p.pitch_q = check_tensor(q, op, "q_BTNH", q.dtype(), q.shape(), true);
   p.pitch_k = check_tensor(k, op, "k_BTMH", q.dtype(), {p.B, p.T, p.M, p.H}, true);
   p.pitch_v = check_tensor(v, op, "v_BTMH", q.dtype(), {p.B, p.T, p.M, p.H}, true);
@@ -399,6 +451,10 @@ void set_documents(Problem& p, const AttentionOptions& o, const Tensor& q, const
   check_shape(d.segment_starts_S1, {d.capacity + 1}, op, "documents.segment_starts_S1");
   check_shape(d.segment_lengths_S, {d.capacity}, op, "documents.segment_lengths_S");
   ST_CHECK(d.longest >= 1 && d.longest <= p.T, op, ": documents of up to ", d.longest, " tokens in rows of ", p.T);
+  ST_CHECK(p.softcap == 0, op, ": packed documents (", d.count, " in ", p.B, " rows) with attention scores "
+           "soft-capped at ", p.softcap, " (Gemma 2) are not supported by the cuDNN attention (its ragged layout "
+           "and score modifier do not combine here); pack one document per row, or run with model.dtype = f32 "
+           "(exact kernels) or training.device = cpu");
   p.segments = d.capacity;
   p.segment_tokens = d.longest;
 }
@@ -459,8 +515,9 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
 void attention_forward_fp8(Tensor& out_BTNH, Tensor& lse_BNT, Tensor& q_BTNH, Tensor& k_BTMH, Tensor& v_BTMH,
                            const AttentionOptions& options, Stream stream, Tensor* scales_4) {
   const char* op = "attention_forward_fp8";
-  ST_CHECK(options.documents == nullptr && options.window == 0, op,
-           ": the FP8 forward takes neither packed documents nor a sliding window; use attention_forward");
+  ST_CHECK(options.documents == nullptr && options.window == 0 && options.softcap == 0, op,
+           ": the FP8 forward takes neither packed documents, a sliding window nor soft-capped scores; use "
+           "attention_forward");
   ST_CHECK(q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 && k_BTMH.size(1) == q_BTNH.size(1), op,
            ": expected q [B, T, N, H] and k [B, T, M, H] with as many keys as queries, found ", q_BTNH.str(),
            " and ", k_BTMH.str());
@@ -502,8 +559,9 @@ void attention_backward_fp8(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, c
                             const Tensor& lse_BNT, Tensor& history_4, bool seed, const AttentionOptions& options,
                             Stream stream) {
   const char* op = "attention_backward_fp8";
-  ST_CHECK(options.documents == nullptr && options.window == 0, op,
-           ": the FP8 backward takes neither packed documents nor a sliding window; use attention_backward");
+  ST_CHECK(options.documents == nullptr && options.window == 0 && options.softcap == 0, op,
+           ": the FP8 backward takes neither packed documents, a sliding window nor soft-capped scores; use "
+           "attention_backward");
   Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
   Problem& p = key.problem;
   ST_CHECK(p.dtype == DType::kBF16, op, ": the FP8 backward takes bf16 q, k and v, found ", q_BTNH.str());

@@ -31,6 +31,7 @@ struct Dims {
   bool causal;
   Layout q, k, v, out;
   int64_t window;  // sliding window: query t sees only its last `window` keys (0: none)
+  float softcap;   // > 0: the scaled scores soft-capped, s -> softcap · tanh(s / softcap) (0: none)
 };
 
 __device__ __forceinline__ float warp_sum(float v) {
@@ -60,7 +61,8 @@ __global__ void __launch_bounds__(kThreads)
     const E* k_row = k_seq + j * d.k.token;
     float s = 0;
     for (int64_t h = lane; h < d.H; h += 32) s += q_row[h] * to_f32(k_row[h]);
-    return d.scale * warp_sum(s);
+    s = d.scale * warp_sum(s);
+    return d.softcap > 0 ? d.softcap * tanhf(s / d.softcap) : s;  // capped after the scale, as on the CPU
   };
 
   // one pass per warp over its keys: running maximum, sum of exponentials and sum of p·v
@@ -147,6 +149,7 @@ Dims forward_dims(const Tensor& out_BTNH, const Tensor& lse_BNT, const Tensor& q
   ST_CHECK(H <= kMaxHeadDim, op, ": head dim ", H, " above the kernel's ", kMaxHeadDim);
   ST_CHECK(options.window >= 0 && (options.window == 0 || options.causal), op, ": a sliding window (",
            options.window, " keys) needs the causal mask and a positive size");
+  ST_CHECK(options.softcap >= 0, op, ": the soft-cap of the scores must be >= 0 (0: none), found ", options.softcap);
   ST_CHECK(out_BTNH.shape() == q_BTNH.shape() && lse_BNT.shape() == Shape({B, N, T}) &&
                lse_BNT.dtype() == DType::kF32 && lse_BNT.is_contiguous(),
            op, ": expected out ", q_BTNH.shape().str(), " and f32 lse [", B, ", ", N, ", ", T, "], found ",
@@ -157,7 +160,8 @@ Dims forward_dims(const Tensor& out_BTNH, const Tensor& lse_BNT, const Tensor& q
   return Dims{T, S, N, M, H,
               static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(H))),
               options.causal, layout_of(q_BTNH, op, "q_BTNH"), layout_of(k_BSMH, op, "keys"),
-              layout_of(v_BSMH, op, "values"), layout_of(out_BTNH, op, "out_BTNH"), options.window};
+              layout_of(v_BSMH, op, "values"), layout_of(out_BTNH, op, "out_BTNH"), options.window,
+              static_cast<float>(options.softcap)};
 }
 
 // fn<E>() for q's storage dtype (bf16, f16, f32); f64 has no kernel here.

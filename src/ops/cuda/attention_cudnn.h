@@ -39,7 +39,11 @@ enum Uid : int64_t {
 // [B·T, N] (token-major, the ragged layout cuDNN takes for them). A sliding window is cuDNN's
 // diagonal band with `window` as its left bound: key j is seen by query i when j > i - window.
 // With fp8 q, k, v, out (and dout, dq, dk, dv) are contiguous f8e4m3
-// (ops::attention_forward_fp8, ops::attention_backward_fp8).
+// (ops::attention_forward_fp8, ops::attention_backward_fp8). With softcap > 0 the scaled scores
+// are soft-capped, s -> softcap · tanh(s / softcap), before the causal mask and the window
+// (Gemma 2): cuDNN takes no built-in mask beside a score modifier, so the graph's modifier
+// applies the cap and then both masks itself, and the backward multiplies dS by the cap's
+// derivative 1 - tanh^2(s / softcap).
 struct Problem {
   bool backward;
   int64_t B, T, N, M, H;
@@ -52,9 +56,10 @@ struct Problem {
   int64_t segment_tokens = 0;  // and the tokens each may hold (PackedDocuments::longest)
   int64_t window = 0;  // sliding window: each query sees its last `window` keys (0: every causal key)
   bool fp8 = false;
+  double softcap = 0.0;  // > 0: the scaled scores soft-capped before the masks (0: none)
   auto tie() const {
     return std::tie(backward, B, T, N, M, H, dtype, causal, scale, deterministic, pitch_q, pitch_k, pitch_v,
-                    segments, segment_tokens, window, fp8);
+                    segments, segment_tokens, window, fp8, softcap);
   }
   bool operator<(const Problem& o) const { return tie() < o.tie(); }
 };

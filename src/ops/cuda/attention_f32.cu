@@ -3,7 +3,8 @@
 // only bf16/f16, so these are plain, exact kernels rather than fast ones: one block per
 // query row (forward, dq) or per key row (dk, dv), scores recomputed from q and k on every
 // pass, f32 throughout, no atomics, so results are bitwise reproducible. O(T^2 H) work per
-// head and O(T) memory: fine for check-sized runs, far too slow for long sequences.
+// head and O(T) memory: fine for check-sized runs, far too slow for long sequences. Soft-capped
+// scores (Gemma 2) are capped after the scale and before the masks' softmax, as on the CPU.
 #include "ops/cuda/attention_f32.h"
 
 #include <cmath>
@@ -15,13 +16,27 @@ namespace {
 
 constexpr int kThreads = 128;  // one row per block; also the tile of keys (or queries) per pass
 
+__device__ __forceinline__ float dot(const float* a, const float* b, int64_t H) {
+  float s = 0;
+  for (int64_t h = 0; h < H; ++h) s += a[h] * b[h];
+  return s;
+}
+
 struct Dims {
   int64_t B, T, N, M, H;
   float scale;
   bool causal;
   const int32_t* pos;  // packed documents: each token's position in its document (null: none)
   int64_t window;      // sliding window: a query sees its last `window` keys (0: none)
+  float softcap;       // > 0: the scaled scores soft-capped, s -> softcap · tanh(s / softcap) (0: none)
   __host__ __device__ int64_t group() const { return N / M; }
+  // The score of query row q and key row k: scaled, then soft-capped (the CPU twin's order).
+  __device__ float score(const float* q_row, const float* k_row) const {
+    const float s = scale * dot(q_row, k_row, H);
+    return softcap > 0 ? softcap * tanhf(s / softcap) : s;
+  }
+  // d(score) / d(scaled product) at a score s: the cap's derivative 1 - tanh^2 = 1 - (s / softcap)^2.
+  __device__ float slope(float s) const { return softcap > 0 ? 1.0f - (s / softcap) * (s / softcap) : 1.0f; }
   // The first key query t of row b sees: its document's first token, and within the window.
   __device__ int64_t first_key(int64_t b, int64_t t) const {
     const int64_t doc = pos != nullptr ? t - pos[b * T + t] : 0;
@@ -32,12 +47,6 @@ struct Dims {
 // The row offset of [b, t, head] in a [B, T, heads, H] tensor.
 __device__ __forceinline__ int64_t row(int64_t b, int64_t t, int64_t heads, int64_t head, int64_t T, int64_t H) {
   return ((b * T + t) * heads + head) * H;
-}
-
-__device__ __forceinline__ float dot(const float* a, const float* b, int64_t H) {
-  float s = 0;
-  for (int64_t h = 0; h < H; ++h) s += a[h] * b[h];
-  return s;
 }
 
 // A thread's share of a row of H values: h = threadIdx.x + i * kThreads for i < 4.
@@ -88,11 +97,11 @@ __global__ void forward_kernel(float* out, float* lse, const float* q, const flo
 
   float local_max = -INFINITY;
   for (int64_t j = first + threadIdx.x; j < keys; j += kThreads)
-    local_max = fmaxf(local_max, d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H));
+    local_max = fmaxf(local_max, d.score(q_row, k + row(b, j, d.M, m, d.T, d.H)));
   const float row_max = block_reduce<true>(local_max, scratch);
   float local_sum = 0;
   for (int64_t j = first + threadIdx.x; j < keys; j += kThreads)
-    local_sum += expf(d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H) - row_max);
+    local_sum += expf(d.score(q_row, k + row(b, j, d.M, m, d.T, d.H)) - row_max);
   const float row_lse = row_max + logf(block_reduce<false>(local_sum, scratch));
 
   // out[h] = sum_j p_j v[j, h], a tile of keys at a time: threads compute p for the tile,
@@ -101,7 +110,7 @@ __global__ void forward_kernel(float* out, float* lse, const float* q, const flo
   for (int64_t j0 = first; j0 < keys; j0 += kThreads) {
     const int64_t j = j0 + threadIdx.x;
     __syncthreads();
-    p_tile[threadIdx.x] = j < keys ? expf(d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H) - row_lse) : 0.0f;
+    p_tile[threadIdx.x] = j < keys ? expf(d.score(q_row, k + row(b, j, d.M, m, d.T, d.H)) - row_lse) : 0.0f;
     __syncthreads();
     const int64_t tile = min(static_cast<int64_t>(kThreads), keys - j0);
     add_weighted_rows(acc, p_tile, tile, v + row(b, j0, d.M, m, d.T, d.H), d.M * d.H, d.H);
@@ -140,8 +149,8 @@ __global__ void dq_kernel(float* dq, const float* q, const float* k, const float
     __syncthreads();
     float ds = 0;
     if (j < keys) {
-      const float p = expf(d.scale * dot(q_row, k + row(b, j, d.M, m, d.T, d.H), d.H) - row_lse);
-      ds = p * (dot(do_row, v + row(b, j, d.M, m, d.T, d.H), d.H) - row_delta);
+      const float s = d.score(q_row, k + row(b, j, d.M, m, d.T, d.H));
+      ds = expf(s - row_lse) * (dot(do_row, v + row(b, j, d.M, m, d.T, d.H), d.H) - row_delta) * d.slope(s);
     }
     ds_tile[threadIdx.x] = ds;
     __syncthreads();
@@ -175,8 +184,9 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* q, const float* k,
       float p = 0, ds = 0;
       if (i < d.T && d.first_key(b, i) <= j) {  // query i sees key j
         const int64_t stat = (b * d.N + n) * d.T + i;
-        p = expf(d.scale * dot(q + row(b, i, d.N, n, d.T, d.H), k_row, d.H) - lse[stat]);
-        ds = p * (dot(dout + row(b, i, d.N, n, d.T, d.H), v_row, d.H) - delta[stat]);
+        const float s = d.score(q + row(b, i, d.N, n, d.T, d.H), k_row);
+        p = expf(s - lse[stat]);
+        ds = p * (dot(dout + row(b, i, d.N, n, d.T, d.H), v_row, d.H) - delta[stat]) * d.slope(s);
       }
       p_tile[threadIdx.x] = p;
       ds_tile[threadIdx.x] = ds;
@@ -191,8 +201,11 @@ __global__ void dkv_kernel(float* dk, float* dv, const float* q, const float* k,
 }
 
 Dims dims_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
-  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal, nullptr, o.window};
+  Dims d{q.size(0), q.size(1), q.size(2), k.size(2), q.size(3), 0.0f, o.causal, nullptr, o.window,
+         static_cast<float>(o.softcap)};
   ST_CHECK(o.window == 0 || o.causal, "attention (f32 on CUDA): a sliding window needs the causal mask");
+  ST_CHECK(o.softcap >= 0, "attention (f32 on CUDA): the soft-cap of the scores must be >= 0 (0: none), found ",
+           o.softcap);
   if (o.documents != nullptr) d.pos = static_cast<const int32_t*>(o.documents->positions_BT.raw_data());
   d.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.H)));
   ST_CHECK(d.H <= 4 * kThreads, "attention (f32 on CUDA): head dim ", d.H, " above ", 4 * kThreads);

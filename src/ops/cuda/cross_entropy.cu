@@ -6,7 +6,9 @@
 // and dW (accumulate, or overwrite in the first chunk). With options.fp8 the three products
 // are the linear's FP8 forms (each chunk's operands quantised, then multiplied in FP8). A
 // block is 1024 threads and one runs per SM, so the rows in flight (132 x 256 KiB for
-// V = 128,256 in bf16 on an H100) stay in L2 for the second read.
+// V = 128,256 in bf16 on an H100) stay in L2 for the second read. Soft-capped logits (Gemma 2's
+// final_logit_softcapping) are capped in place before the softmax, and their gradient is taken
+// through the cap.
 // Row losses land in a per-token buffer summed in a fixed order: deterministic. Nothing is
 // read back to the host: targets outside [0, V) (not the ignore index) make the loss NaN
 // unless options.check_targets asks for a host-side error first.
@@ -52,13 +54,23 @@ __device__ __forceinline__ void online_add(float& mx, float& sum, const float (&
   for (int i = 0; i < n; ++i) sum += __expf(x[i] - mx);
 }
 
+// The gradient of a logit z (soft-capped already when cap > 0) with softmax probability
+// exp(z - lse): grad_scale * (p - onehot), and with a cap through it, times 1 - (z / cap)^2
+// (d(cap tanh(x / cap)) / dx at the capped value z).
+__device__ __forceinline__ float logit_grad(float z, float lse, bool is_target, float grad_scale, float cap) {
+  const float g = grad_scale * (__expf(z - lse) - (is_target ? 1.0f : 0.0f));
+  return cap > 0 ? g * (1.0f - (z / cap) * (z / cap)) : g;
+}
+
 // One block per row of the chunk: row_loss[r] = lse - z[target], and z overwritten with
-// grad_scale * (softmax(z) - onehot(target)) when compute_grad. kPacked: V a multiple of
+// grad_scale * (softmax(z) - onehot(target)) when compute_grad (with cap > 0, z holds the
+// soft-capped logits and the gradient is taken through the cap). kPacked: V a multiple of
 // the 16-byte pack and z 16-byte aligned.
 template <typename G, bool kPacked>
 __global__ void __launch_bounds__(kThreads) softmax_grad_kernel(G* logits, float* row_loss, const int32_t* targets,
                                                                int64_t V, int32_t ignore_index, float grad_scale,
-                                                               const float* grad_scale_device, bool compute_grad) {
+                                                               const float* grad_scale_device, bool compute_grad,
+                                                               float cap) {
   __shared__ float scratch[32];
   __shared__ float target_logit;
   constexpr int P = Pack<G>::kSize;
@@ -102,13 +114,13 @@ __global__ void __launch_bounds__(kThreads) softmax_grad_kernel(G* logits, float
 #pragma unroll
       for (int i = 0; i < P; ++i) {
         const int64_t c = j * P + i;
-        p.v[i] = from_f32<G>(grad_scale * (__expf(to_f32(p.v[i]) - lse) - (c == target ? 1.0f : 0.0f)));
+        p.v[i] = from_f32<G>(logit_grad(to_f32(p.v[i]), lse, c == target, grad_scale, cap));
       }
       zp[j] = p;
     }
   } else {
     for (int64_t c = threadIdx.x; c < V; c += blockDim.x)
-      z[c] = from_f32<G>(grad_scale * (__expf(to_f32(z[c]) - lse) - (c == target ? 1.0f : 0.0f)));
+      z[c] = from_f32<G>(logit_grad(to_f32(z[c]), lse, c == target, grad_scale, cap));
   }
   if (!valid && threadIdx.x == 0) z[0] = from_f32<G>(NAN);  // a bad target poisons the gradient too
 }
@@ -152,6 +164,7 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
   check_dtype(loss_sum_1, DType::kF32, op, "loss_sum_1");
   ST_CHECK(loss_sum_1.numel() == 1, op, ": `loss_sum_1` must hold 1 element");
   ST_CHECK(o.chunk_tokens > 0, op, ": chunk_tokens must be positive");
+  ST_CHECK(o.logit_softcap >= 0, op, ": logit_softcap must be >= 0 (0: none), found ", o.logit_softcap);
   if (o.grad_scale_device.defined()) {
     check_cuda_tensor(o.grad_scale_device, op, "grad_scale_device");
     check_dtype(o.grad_scale_device, DType::kF32, op, "grad_scale_device");
@@ -197,13 +210,16 @@ void linear_cross_entropy(Tensor& loss_sum_1, Tensor& dh_TD, Tensor& dweight_VD,
       linear_forward_fp8(z, h, weight_VD, none, none, o.fp8, s);
     else
       linear_forward(z, h, weight_VD, none, s);
+    // soft-capped logits (Gemma 2): capped in place in their dtype, as the CPU twin holds them
+    if (o.logit_softcap > 0) cuda::softcap(z, o.logit_softcap, s);
     dispatch_float(h_TD.dtype(), op, [&]<typename G>() {
       const bool packed = packable({&chunk}, V, sizeof(G));
       auto kernel = packed ? softmax_grad_kernel<G, true> : softmax_grad_kernel<G, false>;
       kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream_of(s)>>>(
           static_cast<G*>(chunk.raw_data()), row_loss.data<float>() + t0, targets_T.data<int32_t>() + t0, V,
           o.ignore_index, static_cast<float>(o.grad_scale),
-          o.grad_scale_device.defined() ? o.grad_scale_device.data<float>() : nullptr, o.compute_grad);
+          o.grad_scale_device.defined() ? o.grad_scale_device.data<float>() : nullptr, o.compute_grad,
+          static_cast<float>(o.logit_softcap));
     });
     ST_CUDA_CHECK_LAUNCH();
     if (o.compute_grad) {

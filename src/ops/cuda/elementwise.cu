@@ -1,4 +1,4 @@
-// CUDA elementwise ops: fill, add, scale, cast, and a deterministic sum of squares
+// CUDA elementwise ops: fill, add, scale, softcap, cast, and a deterministic sum of squares
 // (fixed per-block partials, then one block sums them in a fixed order; f64 accumulation).
 #include "core/random_math.h"
 #include "ops/cuda/common.cuh"
@@ -58,6 +58,21 @@ template <>
 __global__ void scale_kernel<double>(double* x, int64_t n, float factor) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
     x[i] *= static_cast<double>(factor);
+}
+
+// x = cap · tanh(x / cap), in f64 and rounded to T through f32 (the CPU twin's arithmetic for f32).
+template <typename T>
+__global__ void softcap_kernel(T* x, int64_t n, double cap) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x) {
+    const double y = cap * tanh(static_cast<double>(to_f32(x[i])) / cap);
+    x[i] = from_f32<T>(static_cast<float>(y));
+  }
+}
+
+template <>
+__global__ void softcap_kernel<double>(double* x, int64_t n, double cap) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n; i += int64_t{gridDim.x} * blockDim.x)
+    x[i] = cap * tanh(x[i] / cap);
 }
 
 // 8 values moved together: 16 bytes of bf16, 32 of f32 (two 16-byte loads or stores).
@@ -211,6 +226,17 @@ void scale(Tensor& x, double factor, Stream s) {
   dispatch_float(x.dtype(), "scale", [&]<typename T>() {
     scale_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(static_cast<T*>(x.raw_data()), n,
                                                                          static_cast<float>(factor));
+  });
+  ST_CUDA_CHECK_LAUNCH();
+}
+
+void softcap(Tensor& x, double cap, Stream s) {
+  check_cuda_tensor(x, "softcap", "x");
+  ST_CHECK(cap > 0, "softcap: the cap must be > 0, found ", cap);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  dispatch_float(x.dtype(), "softcap", [&]<typename T>() {
+    softcap_kernel<T><<<grid_for(n, kThreads), kThreads, 0, stream_of(s)>>>(static_cast<T*>(x.raw_data()), n, cap);
   });
   ST_CUDA_CHECK_LAUNCH();
 }
