@@ -20,6 +20,7 @@
 
 #include "core/cuda/cuda_check.h"
 #include "ops/attention.h"
+#include "ops/elementwise.h"
 #include "ops/cuda/attention_cached.h"
 #include "ops/cuda/attention_documents.h"
 #include "ops/cuda/attention_f32.h"
@@ -616,6 +617,36 @@ void attention_backward_fp8(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, c
   fp8_attention_update_history(history_4, amax, stream);
 }
 
+namespace {
+
+// Soft-capped scores (Gemma 2) in bf16 or f16: cuDNN 9's flash backward builds no plan for a
+// graph with a score modifier ("Attention score mod enabled and hence other subgraphs are
+// disabled", cuDNN 9.19, H200), though its forward does. The exact f32 kernels take the
+// backward on f32 copies of the contiguous inputs, against the forward's output and
+// statistics, and the gradients are rounded once: exact, and slower than flash attention.
+void attention_backward_capped(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
+                               const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH,
+                               const Tensor& out_BTNH, const Tensor& lse_BNT, const AttentionOptions& options,
+                               Stream stream) {
+  auto f32 = [&](const Tensor& t, const char* name) {
+    Tensor c = Tensor::empty(t.shape(), DType::kF32, t.device(), name, stream);
+    cast(c, t, stream);
+    return c;
+  };
+  const Tensor q = f32(q_BTNH, "soft-capped attention: f32 q"), k = f32(k_BTMH, "soft-capped attention: f32 k"),
+               v = f32(v_BTMH, "soft-capped attention: f32 v"), out = f32(out_BTNH, "soft-capped attention: f32 out"),
+               dout = f32(dout_BTNH, "soft-capped attention: f32 dout");
+  Tensor dq = Tensor::empty(q.shape(), DType::kF32, q.device(), "soft-capped attention: f32 dq", stream);
+  Tensor dk = Tensor::empty(k.shape(), DType::kF32, q.device(), "soft-capped attention: f32 dk", stream);
+  Tensor dv = Tensor::empty(v.shape(), DType::kF32, q.device(), "soft-capped attention: f32 dv", stream);
+  attention_backward_f32(dq, dk, dv, dout, q, k, v, out, lse_BNT, options, stream);
+  cast(dq_BTNH, dq, stream);
+  cast(dk_BTMH, dk, stream);
+  cast(dv_BTMH, dv, stream);
+}
+
+}  // namespace
+
 void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const Tensor& dout_BTNH,
                         const Tensor& q_BTNH, const Tensor& k_BTMH, const Tensor& v_BTMH, const Tensor& out_BTNH,
                         const Tensor& lse_BNT, const AttentionOptions& options, Stream stream) {
@@ -634,7 +665,8 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
   // kernels (and gradients laid out otherwise) work on contiguous copies, and so does cuDNN's
   // ragged backward (packed documents), whose workspace grows with the token pitch: 3.4 GiB for
   // the 1B shape's stacked q|k|v at batch 8, 0.8 GiB contiguous (H100, cuDNN 9.14)
-  if (p.T == 1 || p.dtype == DType::kF32 || !same_pitches || segments > 0)
+  const bool capped = p.softcap > 0;
+  if (p.T == 1 || p.dtype == DType::kF32 || capped || !same_pitches || segments > 0)
     if (!all_contiguous({&q_BTNH, &k_BTMH, &v_BTMH, &dq_BTNH, &dk_BTMH, &dv_BTMH}))
       return attention_backward_on_contiguous(
           dq_BTNH, dk_BTMH, dv_BTMH, q_BTNH, k_BTMH, v_BTMH, stream,
@@ -645,6 +677,8 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
   if (p.dtype == DType::kF32)
     return attention_backward_f32(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH, lse_BNT,
                                   options, stream);
+  if (capped) return attention_backward_capped(dq_BTNH, dk_BTMH, dv_BTMH, dout_BTNH, q_BTNH, k_BTMH, v_BTMH, out_BTNH,
+                                               lse_BNT, options, stream);
   std::unordered_map<int64_t, void*> ptrs = {
       {kQ, q_BTNH.raw_data()},   {kK, k_BTMH.raw_data()},     {kV, v_BTMH.raw_data()},
       {kO, out_BTNH.raw_data()}, {kDO, dout_BTNH.raw_data()}, {kStats, lse_BNT.raw_data()},
