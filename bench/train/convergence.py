@@ -503,10 +503,11 @@ def plot(a):
         path = os.path.join(a.out, f"{name}.jsonl")
         if os.path.exists(path):
             curves[name] = read(path)
-    for need in ("shardtrain", "pytorch"):
+    ref = a.reference
+    for need in ("shardtrain", ref):
         if need not in curves:
             sys.exit(f"convergence: no {need}.jsonl in {a.out}")
-    g = gaps(curves["shardtrain"], curves["pytorch"])
+    g = gaps(curves["shardtrain"], curves[ref])
     lines = [f"| figure | shardtrain | PyTorch | gap |", "|---|---|---|---|",
              f"| steps | {g['steps']} | {g['steps']} | |",
              f"| largest gap of the first {FIRST_STEPS} steps' losses | | | {g['first_max_rel']:.2e} |",
@@ -517,7 +518,7 @@ def plot(a):
         lines.append(f"| held-out loss at step {st} | {e1:.4f} | {e2:.4f} | {100 * gap:+.3f} % |")
     if "pytorch-order2" in curves:
         lines += comparison_rows("PyTorch, batches in another order, against PyTorch",
-                                 gaps(curves["pytorch-order2"], curves["pytorch"]), "pytorch")
+                                 gaps(curves["pytorch-order2"], curves[ref]), "pytorch")
     for name, what in (("pytorch-f32head", "f32 logits"), ("pytorch-f32rope", "rope in f32"),
                        ("pytorch-once", "rope, RMSNorm and SwiGLU in f32"),
                        ("pytorch-fused", "shardtrain's rounding"), ("pytorch-compile", "torch.compile"),
@@ -526,13 +527,13 @@ def plot(a):
             lines += comparison_rows(f"against PyTorch with {what}", gaps(curves["shardtrain"], curves[name]), "both")
     for name in fp8:
         label = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
-        lines += comparison_rows(label, gaps(curves[name], curves["pytorch"]), "shardtrain")
+        lines += comparison_rows(label, gaps(curves[name], curves[ref]), "shardtrain")
     table = "\n".join(lines)
     print(table)
     with open(os.path.join(a.out, "summary.md"), "w") as fh:
         fh.write(table + "\n")
     with open(os.path.join(a.out, "summary.json"), "w") as fh:
-        json.dump({"shardtrain_vs_pytorch": g, **({"spread": gaps(curves["pytorch-order2"], curves["pytorch"])}
+        json.dump({"shardtrain_vs_pytorch": g, **({"spread": gaps(curves["pytorch-order2"], curves[ref])}
                                                   if "pytorch-order2" in curves else {})}, fh, indent=1)
     if not a.png:
         return
@@ -549,7 +550,7 @@ def plot(a):
         labels[name] = "shardtrain, FP8 " + name[len("shardtrain-fp8-"):].replace("-head", " + head")
     window = max(1, min(50, g["steps"] // 20))
     for name, (steps, evals) in curves.items():
-        main = name in ("shardtrain", "pytorch")
+        main = name in ("shardtrain", ref)
         if main:  # the training loss of the two engines, faint; the held-out loss of every run
             xs = sorted(steps)
             top.plot(xs, smooth([steps[s] for s in xs], window), color=colours[name], linewidth=0.8, alpha=0.45,
@@ -558,8 +559,8 @@ def plot(a):
         top.plot(ev, [evals[s] for s in ev], "o-", color=colours[name], markersize=3.5,
                  linewidth=1.6 if main else 1.0, label=f"{labels[name]}, held-out loss")
     top.set_ylabel("loss (nats per token)")
-    ref_xs = sorted(curves["pytorch"][0])
-    ref_smooth = smooth([curves["pytorch"][0][x] for x in ref_xs], window)
+    ref_xs = sorted(curves[ref][0])
+    ref_smooth = smooth([curves[ref][0][x] for x in ref_xs], window)
     late = [v for _, ev in curves.values() for s, v in ev.items() if ev and s >= max(ev) // 4] + \
            [v for x, v in zip(ref_xs, ref_smooth) if x > g["steps"] // 4]
     if late:
@@ -568,7 +569,7 @@ def plot(a):
     top.legend(fontsize=7.5, ncol=2)
     top.grid(alpha=0.3)
     top.set_title(a.title, fontsize=10)
-    ref_s = curves["pytorch"][0]
+    ref_s = curves[ref][0]
     extent = 0.5
     for name in ("shardtrain", *[k for k in TORCH_VARIANTS if k != "pytorch"], *fp8):
         if name not in curves:
@@ -697,6 +698,8 @@ def main():
     q = sub.add_parser("plot")
     q.add_argument("--out", required=True)
     q.add_argument("--png")
+    q.add_argument("--reference", default="pytorch",
+                   help="the PyTorch run the others are held against (pytorch, or a variant such as pytorch-compile)")
     q.add_argument("--title", default="shardtrain and PyTorch (HF transformers + FSDP2), same init and batches")
     k = sub.add_parser("reference")
     k.add_argument("--from", required=True)
