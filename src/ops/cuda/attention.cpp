@@ -106,10 +106,10 @@ void set_stats_layout(fe::graph::Tensor_attributes& t, int64_t B, int64_t N, int
 // and diagonal band (key j seen by query i when j > i - window). With one (Problem::softcap),
 // whose score modifier excludes cuDNN's built-in masks: the modifier caps the scaled scores,
 // s -> cap · tanh(s / cap), and then masks them itself with the same band, so the order is
-// the CPU twin's (scale, cap, masks, softmax); the backward's modifier bprop multiplies dS by
-// the cap's derivative 1 - tanh^2(s / cap) (cuDNN's Softcap keeps s / cap from the forward
-// modifier of the same graph for it). The masks are aligned top left: cuDNN's graph has as many
-// keys as queries.
+// the CPU twin's (scale, cap, masks, softmax); the backward's modifier bprop would multiply dS
+// by the cap's derivative 1 - tanh^2(s / cap), but cuDNN 9.19 builds no backward plan with a
+// score modifier, so attention_backward sends capped scores to attention_backward_capped before
+// any graph is made. The masks are aligned top left: cuDNN's graph has as many keys as queries.
 template <typename Attributes>
 void set_masks(Attributes& attrs, fe::graph::Graph& g, const Problem& k) {
   if (k.softcap <= 0) {
