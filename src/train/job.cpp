@@ -91,6 +91,16 @@ DType resolve_dtype(const std::string& wanted, Device device) {
   return t;
 }
 
+void check_documents_with_capped_scores(const JobConfig& config, bool document_mask, Device device, DType dtype,
+                                        const model::LlamaConfig& model) {
+  ST_CHECK(!document_mask || device.is_cpu() || dtype == DType::kF32 || model.attn_logit_softcapping == 0,
+           "`data.document_mask` (", config.data.document_mask, ": packed documents attend only to themselves) with "
+           "attention scores soft-capped at ", model.attn_logit_softcapping, " (Gemma 2) in ", dtype_name(dtype),
+           " on a GPU: cuDNN's attention takes packed documents only without a cap; train one example per "
+           "sequence (data.packing = false), or set data.document_mask = off, model.dtype = f32 or "
+           "training.device = cpu");
+}
+
 std::unique_ptr<fsdp::DeviceMesh> make_mesh(const JobConfig& config, dist::Communicator* world_comm) {
   const int world = world_comm->world_size(), tp = static_cast<int>(config.parallel.tensor_parallel);
   const int replicate = static_cast<int>(config.parallel.replicate);

@@ -55,6 +55,11 @@ int local_rank();
 Device resolve_device(const std::string& wanted);
 // model.dtype: the compute dtype on `device` ("auto": f32 on the CPU, bf16 on a GPU).
 DType resolve_dtype(const std::string& wanted, Device device);
+// Refuses packed documents (data.document_mask on) beside soft-capped attention scores (Gemma 2)
+// in bf16 or f16 on a GPU, whose cuDNN attention takes documents only without a cap: at
+// launch, naming the keys that help.
+void check_documents_with_capped_scores(const JobConfig& config, bool document_mask, Device device, DType dtype,
+                                        const model::LlamaConfig& model);
 
 // The ranks as data-parallel x tensor-parallel, in replicas (parallel.tensor_parallel,
 // parallel.replicate), checked against the world's size.

@@ -70,6 +70,7 @@ Trainer::Trainer(const JobConfig& config, dist::Communicator* comm, std::optiona
   ST_CHECK(device_.is_cpu() || comm_->world_size() == 1 || comm_->name() == "nccl", "training on ", comm_->world_size(),
            " GPUs needs the NCCL communicator, not `", comm_->name(), "`");
   const DType dtype = resolve_dtype(config_.model.dtype, device_);
+  check_documents_with_capped_scores(config_, document_mask_, device_, dtype, mc);
   // Mixed precision: compute in `dtype`; master weights, gradients and optimizer state in f32.
   const DType master = dtype == DType::kF64 ? DType::kF64 : DType::kF32;
   layout_ = std::make_unique<model::ModelLayout>(model::ModelLayout::llama(mc, mesh_->shape(), mesh_->tp_rank()));

@@ -10,6 +10,7 @@
 #include "model/hf_config.h"
 #include "testing/shared_data.h"
 #include "train/config.h"
+#include "train/job.h"
 #include "train/model_shape.h"
 
 namespace shardtrain::train {
@@ -294,6 +295,28 @@ TEST(Config, FamilyKeysReachTheModel) {
                    "scalings)"),
             std::string::npos)
       << e;
+}
+
+// Packed documents beside soft-capped attention scores (Gemma 2) are refused at launch on a GPU
+// in bf16 or f16, naming the keys that help; on the CPU, in f32 or without a cap they are taken.
+TEST(Config, PackedDocumentsWithCappedScoresAreRefusedOnAGpuInBf16) {
+  JobConfig c = load_config("", {"--data.document_mask=on"}).config;
+  model::LlamaConfig capped;
+  capped.attn_logit_softcapping = 50;
+  try {
+    check_documents_with_capped_scores(c, true, Device::cuda(0), DType::kBF16, capped);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& x) {
+    EXPECT_NE(std::string(x.what()).find("`data.document_mask` (on: packed documents attend only to themselves) with "
+                                         "attention scores soft-capped at 50 (Gemma 2) in bf16 on a GPU"),
+              std::string::npos)
+        << x.what();
+    EXPECT_NE(std::string(x.what()).find("data.packing = false"), std::string::npos) << x.what();
+  }
+  EXPECT_NO_THROW(check_documents_with_capped_scores(c, true, Device::cpu(), DType::kF32, capped));
+  EXPECT_NO_THROW(check_documents_with_capped_scores(c, true, Device::cuda(0), DType::kF32, capped));
+  EXPECT_NO_THROW(check_documents_with_capped_scores(c, false, Device::cuda(0), DType::kBF16, capped));
+  EXPECT_NO_THROW(check_documents_with_capped_scores(c, true, Device::cuda(0), DType::kBF16, model::LlamaConfig{}));
 }
 
 // model.extend_context and model.rope_theta_scale lengthen a preset's context and scale its
