@@ -180,8 +180,8 @@ Tensor Llama::view(const Tensor& unit_buffer, size_t unit, const char* name) con
 }
 
 Tensor Llama::head_weight(const Tensor& embed_params, const Tensor& head_params) const {
-  return config_.tie_embeddings ? view(embed_params, kEmbedUnit, "model.embed_tokens.weight")
-                                : view(head_params, head_unit(), "lm_head.weight");
+  return config_.tie_embeddings ? view(embed_params, kEmbedUnit, kEmbeddingName)
+                                : view(head_params, head_unit(), kHeadName);
 }
 
 void Llama::release_head(Pass pass) {
@@ -342,7 +342,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
     Tensor x_TD = x_BTD.view({R, D});
     // ids are checked on the host (check_inputs) where the caller gave host ids
     ops::embedding_forward(x_TD, ids_BT.view({B * T}).slice(0, row0, row0 + R),
-                           view(embed, kEmbedUnit, "model.embed_tokens.weight"), {}, !ids_checked_on_host);
+                           view(embed, kEmbedUnit, kEmbeddingName), {}, !ids_checked_on_host);
     // Granite, Gemma: the embeddings scaled after the lookup, in the compute dtype (as transformers)
     if (embedding_scale() != 1.0) ops::scale(x_TD, embedding_scale());
     // a tied head needs the embedding again at the end of the forward
@@ -379,7 +379,7 @@ Tensor Llama::forward_hidden(const Tensor& ids_BT, std::vector<BlockActivations>
   final_in_TD = x_BTD.view({R, D});
   Tensor h_TD = Tensor::empty({R, D}, dtype_, device_, "final norm");
   final_rstd_T = Tensor::empty({R}, ops::stats_dtype(dtype_), device_, "final rstd");
-  ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, view(head, head_unit(), "model.norm.weight"),
+  ops::rmsnorm_forward(h_TD, final_rstd_T, final_in_TD, view(head, head_unit(), kFinalNormName),
                        {.eps = config_.norm_eps, .weight_offset = config_.norm_weight_offset});
   // Granite's logits / logits_scaling, as the head's input scaled by its inverse (exact for a
   // power of two, as Granite 3's 8 and 16; otherwise equal up to rounding)
@@ -491,8 +491,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     const Tensor embed = config_.tie_embeddings ? store_->acquire_params(kEmbedUnit, Pass::kBackward) : Tensor();
     Tensor dhead = store_->acquire_grads(head_unit(), o.overwrite_grads);
     Tensor dembed = config_.tie_embeddings ? store_->acquire_grads(kEmbedUnit, o.overwrite_grads) : Tensor();
-    Tensor dweight = config_.tie_embeddings ? view(dembed, kEmbedUnit, "model.embed_tokens.weight")
-                                            : view(dhead, head_unit(), "lm_head.weight");
+    Tensor dweight = config_.tie_embeddings ? view(dembed, kEmbedUnit, kEmbeddingName)
+                                            : view(dhead, head_unit(), kHeadName);
     Tensor dh_TD = Tensor::empty({R, D}, dtype_, device_, "dh");
     ops::CrossEntropyOptions ce;
     ce.ignore_index = o.ignore_index;
@@ -510,8 +510,8 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     h_TD = Tensor();
     if (config_.logits_scaling != 1.0) ops::scale(dh_TD, 1.0 / config_.logits_scaling);  // the head input's scale
     Tensor dx_TD = dx_BTD.view({R, D});
-    Tensor dnorm = view(dhead, head_unit(), "model.norm.weight");
-    ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), "model.norm.weight"),
+    Tensor dnorm = view(dhead, head_unit(), kFinalNormName);
+    ops::rmsnorm_backward(dx_TD, dnorm, dh_TD, final_in_TD, view(head, head_unit(), kFinalNormName),
                           final_rstd_T, Tensor(),
                           {.weight_offset = config_.norm_weight_offset, .overwrite_dweight = o.overwrite_grads});
     store_->release_grads(head_unit());
@@ -553,7 +553,7 @@ void Llama::issue_forward_backward(const Tensor& ids, const Tensor& targets, Ten
     std::swap(dx_BTD, dprev_BTD);
   }
   Tensor dembed = store_->acquire_grads(kEmbedUnit, o.overwrite_grads);
-  Tensor dtable = view(dembed, kEmbedUnit, "model.embed_tokens.weight");
+  Tensor dtable = view(dembed, kEmbedUnit, kEmbeddingName);
   // tied: the head wrote the table's first gradient above; untied, the scatter adds to rows
   // a batch touches, so an overwritten table starts from zero
   if (o.overwrite_grads && !config_.tie_embeddings) ops::fill(dtable, 0.0);
