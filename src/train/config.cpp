@@ -227,8 +227,8 @@ const std::vector<KeyDef>& keys() {
       key("model.attn_logit_softcapping", &C::model, &ModelSection::attn_logit_softcapping,
           "Gemma 2-style: the attention's scaled scores s become c x tanh(s / c) before the softmax for this c "
           "(Gemma 2: 50); 0: none. On a GPU in bf16 the backward of capped attention runs the exact f32 kernels "
-          "(slower than flash attention). Not with training.fp8_attention, nor on CUDA with packed documents of "
-          "several per row. With Gemma's norms, GeGLU and scaled embeddings and without model.qk_norm, exports as "
+          "(slower than flash attention). Not with training.fp8_attention, nor with data.document_mask in bf16 or "
+          "f16 on a GPU. With Gemma's norms, GeGLU and scaled embeddings and without model.qk_norm, exports as "
           "a Hugging Face gemma2 model",
           non_negative()),
       key("model.final_logit_softcapping", &C::model, &ModelSection::final_logit_softcapping,

@@ -15,7 +15,6 @@
 #include <sstream>
 #include <string>
 #include <tuple>
-#include <type_traits>
 #include <unordered_map>
 
 #include "core/cuda/cuda_check.h"
@@ -106,10 +105,9 @@ void set_stats_layout(fe::graph::Tensor_attributes& t, int64_t B, int64_t N, int
 // and diagonal band (key j seen by query i when j > i - window). With one (Problem::softcap),
 // whose score modifier excludes cuDNN's built-in masks: the modifier caps the scaled scores,
 // s -> cap · tanh(s / cap), and then masks them itself with the same band, so the order is
-// the CPU twin's (scale, cap, masks, softmax); the backward's modifier bprop would multiply dS
-// by the cap's derivative 1 - tanh^2(s / cap), but cuDNN 9.19 builds no backward plan with a
-// score modifier, so attention_backward sends capped scores to attention_backward_capped before
-// any graph is made. The masks are aligned top left: cuDNN's graph has as many keys as queries.
+// the CPU twin's (scale, cap, masks, softmax). Forward graphs only: cuDNN 9.19 builds no
+// backward plan with a score modifier, so attention_backward sends capped scores to
+// attention_backward_capped before any graph is made. The masks are aligned top left: cuDNN's graph has as many keys as queries.
 template <typename Attributes>
 void set_masks(Attributes& attrs, fe::graph::Graph& g, const Problem& k) {
   if (k.softcap <= 0) {
@@ -129,10 +127,6 @@ void set_masks(Attributes& attrs, fe::graph::Graph& g, const Problem& k) {
     return mods::sliding_window_mask(sub, capped, fe::DiagonalAlignment_t::TOP_LEFT, left, int64_t{0}, 0, 0, nullptr,
                                      nullptr, nullptr, nullptr);
   });
-  if constexpr (std::is_same_v<Attributes, fe::graph::SDPA_backward_attributes>)
-    attrs.set_score_mod_bprop([softcap, cap](std::shared_ptr<fe::graph::Graph> sub, TensorPtr ds) {
-      return softcap->backward(sub, ds, cap);
-    });
 }
 
 // A stage's name for cuDNN's refusals; with soft-capped scores it also says what was asked of
