@@ -128,6 +128,9 @@ const std::vector<Measured>& measured_runs() {
        "where they run through most of the step; here they take 0.1 % of it (130 ms of 160 s), and without that "
        "charge the model gives 819 tokens/s. Scaling the charge by the collectives' share of the step instead "
        "overshoots the FSDP runs at 4,096 tokens by up to 20 %: their contention is not proportional to link time"},
+      {"8B @ 1,048,576, context parallelism 4, 4 H200 (the first step)", "llama3.1-8b-128k-one-gpu.toml",
+       k8B128k + " --model.max_seq_len=1048576 --training.seq_len=1048576 --parallel.context_parallel=4", "h200", 4,
+       413, "Four H200s: Llama 3.1 8B on one 1,048,576-token sequence with context parallelism of 4 (2026-11-28)"},
       // ---- the 8B shape on 2 and 4 GPUs
       {"8B bf16, full AC, batch 2, 2 H100", "",
        k8B + " --training.batch_size=2 --training.activation_checkpointing=full", "h100-sxm", 2, 8810,
