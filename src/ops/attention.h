@@ -6,9 +6,11 @@
 // S: key positions, S >= T; the forward takes S > T (a KV cache's keys), on the CPU and CUDA.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
+#include <vector>
 
 #include "core/profile.h"
 #include "core/tensor.h"
@@ -42,6 +44,26 @@ PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream
 // bos_id: the position counts from 0 at every BOS token and at each row's first token.
 Tensor document_positions(const Tensor& ids_BT, int32_t bos_id);
 
+// A block of keys that lies wholly before its queries, seen in spans: in row b the first
+// queries[b] queries see every key from first_key[b] on, the other queries none (their output
+// 0, their log-sum-exp -inf, their gradients 0). The blocks off the diagonal of context
+// parallelism's ring under packed documents: only the document a chunk of queries starts in can
+// reach back into an earlier chunk of keys, and its queries are the chunk's first ones. Made by
+// key_spans.
+struct KeySpans {
+  std::vector<int64_t> queries;    // [B], 0 .. T
+  std::vector<int64_t> first_key;  // [B], 0 .. S (S: no key)
+  // On a CUDA device only (undefined on the CPU):
+  Tensor positions_BT;  // i32 [B, T]: t minus the first key query t sees (S for none), the exact kernels' form
+  Tensor lengths_2B;    // i32 [2, B]: each row's queries and keys seen (cuDNN's ragged lengths)
+  Tensor starts_2B1;    // i64 [2, B + 1]: b·T and b·S + first_key[b], then B·T and B·S (cuDNN's ragged offsets)
+};
+
+// Spans for a [B, T] block of queries against S keys (checked: 0 <= queries[b] <= T, 0 <=
+// first_key[b] <= S); on a CUDA `device` with their device form, copied on `stream`.
+KeySpans key_spans(std::vector<int64_t> queries, std::vector<int64_t> first_key, int64_t T, int64_t S,
+                   Device device, Stream stream = {});
+
 struct AttentionOptions {
   bool causal = true;
   double scale = 0.0;          // softmax scale; 0 means 1 / sqrt(H)
@@ -61,6 +83,9 @@ struct AttentionOptions {
   // the cap. On CUDA: cuDNN's flash attention through a score modifier (bf16/f16; not with
   // packed documents of several per row, nor in FP8), the exact f32 kernels and the KV-cache kernel.
   double softcap = 0.0;
+  // Not null: the keys are seen in spans (KeySpans), without the causal mask (causal must be
+  // off), packed documents or a window; as many keys as queries. Not owned.
+  const KeySpans* spans = nullptr;
 };
 
 // The (query, key) pairs a causal mask with a sliding window of `window` keys (0: none) lets
@@ -128,6 +153,13 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
 // sliding window those of the pairs inside it (causal_attention_pairs). S = keys.
 inline double attention_forward_flops(const Tensor& q_BTNH, const Tensor& k_BTMH, const AttentionOptions& options) {
   if (q_BTNH.ndim() != 4 || k_BTMH.ndim() != 4) return 0;  // the op's own checks report it
+  if (options.spans != nullptr) {  // each row's spanned queries against its keys from first_key on
+    double pairs = 0;
+    const KeySpans& s = *options.spans;
+    for (size_t b = 0; b < s.queries.size() && b < s.first_key.size(); ++b)
+      pairs += static_cast<double>(s.queries[b]) * static_cast<double>(std::max<int64_t>(0, k_BTMH.size(1) - s.first_key[b]));
+    return 4.0 * static_cast<double>(q_BTNH.size(2) * q_BTNH.size(3)) * pairs;
+  }
   const double d = 4.0 * static_cast<double>(q_BTNH.numel()) * static_cast<double>(k_BTMH.size(1));
   if (options.causal && options.window > 0) {
     const int64_t T = q_BTNH.size(1), S = k_BTMH.size(1);

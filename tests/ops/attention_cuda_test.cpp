@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -341,6 +342,73 @@ INSTANTIATE_TEST_SUITE_P(
                       DocumentsCase{32, 8, 64, {{1000, 24, 1024}, {1048, 1000}}},
                       // a sliding window inside documents longer and shorter than it
                       DocumentsCase{4, 2, 64, {{100, 1, 199}, {300}, {7, 50, 43, 200}}, 32}));
+
+// Key spans (context parallelism's blocks off the diagonal under packed documents): cuDNN's
+// ragged problem with the keys' offsets apart from the queries' in bf16, the exact kernels in
+// f32; rows whose first queries see the last keys, all of them, the last two, none (no queries,
+// or no keys), against the CPU twin, forward and both backward algorithms; the queries outside
+// the spans give output 0, log-sum-exp -inf and no gradient.
+TEST(AttentionCudaSpans, MatchCpu) {
+  ST_REQUIRE_CUDA();
+  const Device gpu = Device::cuda(0);
+  for (const auto& [T, H] : {std::pair<int64_t, int64_t>{200, 64}, {1024, 128}}) {
+    const int64_t N = 8, M = 2;
+    // (the last row's queries see two keys: with one, dk is exactly zero and f32's residue has no
+    // scale to compare to)
+    const std::vector<int64_t> queries = {T / 3, T, 0, 7, T}, first = {T / 2, 0, 0, T, T - 2};
+    const int64_t B = static_cast<int64_t>(queries.size());
+    const KeySpans cpu_spans = key_spans(queries, first, T, T, Device::cpu());
+    const KeySpans gpu_spans = key_spans(queries, first, T, T, gpu);
+    for (DType dt : {DType::kBF16, DType::kF32}) {
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", T = " + std::to_string(T));
+      const uint64_t seed = static_cast<uint64_t>(T + H);
+      const Tensor q = rounded_f32({B, T, N, H}, dt, seed, 0.0, 1.0), k = rounded_f32({B, T, M, H}, dt, seed + 1, 0.0, 1.0),
+                   v = rounded_f32({B, T, M, H}, dt, seed + 2, 0.0, 1.0),
+                   dout = rounded_f32({B, T, N, H}, dt, seed + 3, 0.0, 1.0);
+      AttentionOptions o;
+      o.causal = false;
+      o.spans = &cpu_spans;
+      Reference ref = reference(q, k, v, dout, o);
+      auto check = [&](const Tensor& device, const Tensor& ref64) {
+        return dt == DType::kBF16 ? close(device, ref64) : close_f32(device, ref64);
+      };
+      o.spans = &gpu_spans;
+      const Tensor qd = to_device(to_dtype(q, dt)), kd = to_device(to_dtype(k, dt)), vd = to_device(to_dtype(v, dt));
+      Tensor out = Tensor::empty(q.shape(), dt, gpu), lse = Tensor::empty({B, N, T}, DType::kF32, gpu);
+      fill(out, 7.0);  // what the spans leave out must be written
+      attention_forward(out, lse, qd, kd, vd, o);
+      EXPECT_TRUE(check(out, ref.out)) << "out";
+      // the rows that see no key: -inf on both sides, then compared as 0
+      Tensor got_lse = to_host(lse);
+      int64_t unseen = 0;
+      for (int64_t i = 0; i < got_lse.numel(); ++i) {
+        double& r = ref.lse.data<double>()[i];
+        float& g = got_lse.data<float>()[i];
+        if (std::isinf(r)) {
+          EXPECT_TRUE(std::isinf(g) && g < 0) << "lse element " << i << ": " << g;
+          ++unseen;
+          r = 0;
+          g = 0;
+        }
+      }
+      EXPECT_EQ(unseen, N * (T - T / 3 + T + T));
+      EXPECT_TRUE(all_close(got_lse, ref.lse, {1e-4, 1e-4, 1e-3})) << "lse";
+      Tensor dq = Tensor::empty(q.shape(), dt, gpu), dk = Tensor::empty(k.shape(), dt, gpu),
+             dv = Tensor::empty(v.shape(), dt, gpu);
+      for (bool deterministic : {false, true}) {
+        SCOPED_TRACE(deterministic ? "deterministic backward" : "default backward");
+        o.deterministic = deterministic;
+        fill(dq, 7.0);
+        fill(dk, 7.0);
+        fill(dv, 7.0);
+        attention_backward(dq, dk, dv, to_device(to_dtype(dout, dt)), qd, kd, vd, out, lse, o);
+        EXPECT_TRUE(check(dq, ref.dq)) << "dq";
+        EXPECT_TRUE(check(dk, ref.dk)) << "dk";
+        EXPECT_TRUE(check(dv, ref.dv)) << "dv";
+      }
+    }
+  }
+}
 
 // Over a KV cache: T new queries (head slices of a stacked q|k|v, as in the model) against S
 // keys that are the first S rows of a longer cache [B, capacity, M, H] (their sequences

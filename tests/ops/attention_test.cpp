@@ -4,7 +4,8 @@
 // over S > T keys (a KV cache) are the rows of the full S-query call, bit for bit. Packed
 // documents attend as separate sequences would; their positions and segments are checked.
 // Sliding windows (smaller than, equal to and larger than T; with documents; over a KV cache)
-// against a brute-force masked softmax, and their backward against finite differences.
+// against a brute-force masked softmax, and their backward against finite differences. Key
+// spans (context parallelism's blocks under documents) against the masked softmax too.
 #include <cmath>
 #include <functional>
 #include <cstring>
@@ -379,6 +380,56 @@ TEST(Attention, PackedDocumentsBackwardMatchesFiniteDifferences) {
     cpu::attention_forward(out, lse, q, k, v, o);
     return testing::dot(dout, out);
   });
+}
+
+// Key spans: row b's first queries[b] queries see the keys from first_key[b] on, against the
+// masked softmax; the other queries give output 0 and log-sum-exp -inf, and no gradient; the
+// backward against finite differences.
+TEST(Attention, KeySpansSeeTheirKeysOnly) {
+  const int64_t B = 4, T = 9, N = 4, M = 2, H = 6;
+  const std::vector<int64_t> queries = {5, 0, T, 3}, first = {3, 0, 0, T};  // rows 1 and 3 see nothing
+  Tensor q = random_f64({B, T, N, H}, 41, 0.1, 0.8), k = random_f64({B, T, M, H}, 42, -0.1, 0.8),
+         v = random_f64({B, T, M, H}, 43, 0.2, 1.5);
+  const Tensor dout = random_f64(q.shape(), 44);
+  const KeySpans spans = key_spans(queries, first, T, T, Device::cpu());
+  AttentionOptions o;
+  o.causal = false;
+  o.block_queries = 4;
+  o.block_keys = 2;
+  o.spans = &spans;
+  auto [out, lse, dq, dk, dv] = forward_and_backward(q, k, v, dout, o);
+  const auto sees = [&](int64_t b, int64_t i) { return i < queries[static_cast<size_t>(b)] && first[static_cast<size_t>(b)] < T; };
+  Tensor ref, ref_lse;
+  naive_masked(ref, ref_lse, q, k, v, [&](int64_t b, int64_t i, int64_t j) {
+    return sees(b, i) && j >= first[static_cast<size_t>(b)];
+  });
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t i = 0; i < T; ++i) {
+        SCOPED_TRACE("row " + std::to_string(b) + ", head " + std::to_string(n) + ", query " + std::to_string(i));
+        const double l = lse.data<double>()[(b * N + n) * T + i];
+        if (!sees(b, i)) {
+          EXPECT_EQ(l, -INFINITY);
+        } else {
+          EXPECT_NEAR(l, ref_lse.data<double>()[(b * N + n) * T + i], 1e-12);
+        }
+        for (int64_t h = 0; h < H; ++h) {
+          const int64_t e = ((b * T + i) * N + n) * H + h;
+          EXPECT_NEAR(out.data<double>()[e], sees(b, i) ? ref.data<double>()[e] : 0.0, 1e-12);
+          if (!sees(b, i)) {
+            EXPECT_EQ(dq.data<double>()[e], 0.0);
+          }
+        }
+      }
+  expect_gradients({{"q", &q, dq}, {"k", &k, dk}, {"v", &v, dv}}, [&] {
+    cpu::attention_forward(out, lse, q, k, v, o);
+    return testing::dot(dout, out);
+  });
+  // refused: with the causal mask, and bounds outside the block
+  o.causal = true;
+  EXPECT_TRUE(throws_with([&] { cpu::attention_forward(out, lse, q, k, v, o); }, "key spans take no causal mask"));
+  EXPECT_TRUE(throws_with([&] { (void)key_spans({T + 1}, {0}, T, T, Device::cpu()); }, "row 0 has 10 queries"));
+  EXPECT_TRUE(throws_with([&] { (void)key_spans({1}, {T + 1}, T, T, Device::cpu()); }, "row 0 sees keys from 10"));
 }
 
 // transformers' sliding-window mask: causal, and key j > position - window

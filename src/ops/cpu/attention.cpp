@@ -10,6 +10,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "ops/attention.h"
@@ -77,6 +78,50 @@ PackedDocuments pack_documents(const Tensor& positions_BT, Device device, Stream
   return d;
 }
 
+KeySpans key_spans(std::vector<int64_t> queries, std::vector<int64_t> first_key, int64_t T, int64_t S, Device device,
+                   Stream stream) {
+  const char* op = "key_spans";
+  const int64_t B = static_cast<int64_t>(queries.size());
+  ST_CHECK(B >= 1 && first_key.size() == queries.size(), op, ": expected one query count and one first key per row, "
+           "found ", queries.size(), " and ", first_key.size());
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    ST_CHECK(queries[i] >= 0 && queries[i] <= T, op, ": row ", b, " has ", queries[i], " queries seeing keys, of ", T);
+    ST_CHECK(first_key[i] >= 0 && first_key[i] <= S, op, ": row ", b, " sees keys from ", first_key[i], ", of ", S);
+  }
+  KeySpans spans;
+  spans.queries = std::move(queries);
+  spans.first_key = std::move(first_key);
+  if (device.is_cpu()) return spans;
+  Tensor positions = Tensor::empty({B, T}, DType::kI32, Device::cpu(), "key spans: positions");
+  Tensor lengths = Tensor::empty({2, B}, DType::kI32, Device::cpu(), "key spans: lengths");
+  Tensor starts = Tensor::empty({2, B + 1}, DType::kI64, Device::cpu(), "key spans: starts");
+  int32_t* pos = positions.data<int32_t>();
+  int32_t* len = lengths.data<int32_t>();
+  int64_t* st = starts.data<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    const size_t i = static_cast<size_t>(b);
+    const bool sees = spans.queries[i] > 0 && spans.first_key[i] < S;
+    for (int64_t t = 0; t < T; ++t)
+      pos[b * T + t] = static_cast<int32_t>(t - (sees && t < spans.queries[i] ? spans.first_key[i] : S));
+    len[b] = static_cast<int32_t>(sees ? spans.queries[i] : 0);
+    len[B + b] = static_cast<int32_t>(sees ? S - spans.first_key[i] : 0);
+    st[b] = b * T;
+    st[B + 1 + b] = b * S + (sees ? spans.first_key[i] : 0);
+  }
+  st[B] = B * T;
+  st[2 * B + 1] = B * S;
+  auto on_device = [&](const Tensor& host, const char* name) {
+    Tensor t = Tensor::empty(host.shape(), host.dtype(), device, name, stream);
+    copy(t, host, stream);
+    return t;
+  };
+  spans.positions_BT = on_device(positions, "key spans: positions");
+  spans.lengths_2B = on_device(lengths, "key spans: lengths");
+  spans.starts_2B1 = on_device(starts, "key spans: starts");
+  return spans;
+}
+
 namespace cpu {
 namespace {
 
@@ -107,6 +152,17 @@ std::vector<int64_t> first_keys(const AttentionOptions& o, const Dims& d, const 
   ST_CHECK(o.window >= 0, op, ": the sliding window must be >= 0 keys (0: none), found ", o.window);
   ST_CHECK(o.window == 0 || o.causal, op, ": a sliding window of ", o.window, " keys needs a causal mask");
   std::vector<int64_t> first(static_cast<size_t>(d.B * d.T), 0);
+  if (o.spans != nullptr) {
+    const KeySpans& sp = *o.spans;
+    ST_CHECK(!o.causal && o.documents == nullptr && o.window == 0 && d.S == d.T, op,
+             ": key spans take no causal mask, packed documents or window, and as many keys as queries");
+    ST_CHECK(static_cast<int64_t>(sp.queries.size()) == d.B && static_cast<int64_t>(sp.first_key.size()) == d.B, op,
+             ": key spans for ", sp.queries.size(), " rows, q has ", d.B);
+    for (int64_t i = 0; i < d.B * d.T; ++i) {
+      const size_t b = static_cast<size_t>(i / d.T);
+      first[static_cast<size_t>(i)] = i % d.T < sp.queries[b] ? sp.first_key[b] : d.S;
+    }
+  }
   if (o.documents != nullptr) {
     const Tensor& pos = o.documents->positions_BT;
     check_arg(pos, op, "documents.positions_BT", DType::kI32, {d.B, d.T});
@@ -216,8 +272,9 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
               const size_t r = static_cast<size_t>(i - q0);
               F* oi = out + ((b * d.T + i) * d.N + n) * d.H;
               const F* a = acc.data() + r * static_cast<size_t>(d.H);
-              for (int64_t h = 0; h < d.H; ++h) oi[h] = a[h] / l[r];
-              lse[(b * d.N + n) * d.T + i] = m[r] + std::log(l[r]);
+              // a row that saw no key (key spans): output 0, log-sum-exp -inf
+              for (int64_t h = 0; h < d.H; ++h) oi[h] = l[r] > 0 ? a[h] / l[r] : F(0);
+              lse[(b * d.N + n) * d.T + i] = l[r] > 0 ? m[r] + std::log(l[r]) : -std::numeric_limits<F>::infinity();
             }
           }
     }

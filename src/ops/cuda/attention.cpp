@@ -454,6 +454,58 @@ void set_documents(Problem& p, const AttentionOptions& o, const Tensor& q, const
   p.segment_tokens = d.longest;
 }
 
+// Key spans (options.spans): checks them against q and sets cuDNN's ragged problem, one
+// segment a row: its first queries against its last keys, no causal mask (left 0 for the f32
+// kernels, which read only the spans' positions).
+void set_spans(Problem& p, const AttentionOptions& o, const char* op) {
+  if (o.spans == nullptr) return;
+  const KeySpans& s = *o.spans;
+  ST_CHECK(!o.causal && o.documents == nullptr && p.window == 0, op,
+           ": key spans take no causal mask, packed documents or window");
+  ST_CHECK(p.softcap == 0, op, ": key spans with attention scores soft-capped at ", p.softcap,
+           " are not supported by the CUDA attention");
+  ST_CHECK(static_cast<int64_t>(s.queries.size()) == p.B && static_cast<int64_t>(s.first_key.size()) == p.B, op,
+           ": key spans for ", s.queries.size(), " rows, q has ", p.B);
+  ST_CHECK(s.positions_BT.defined() && s.lengths_2B.defined() && s.starts_2B1.defined(), op,
+           ": key spans without their device form (make them with key_spans for the CUDA device)");
+  check_tensor(s.positions_BT, op, "spans.positions_BT", DType::kI32, {p.B, p.T});
+  check_tensor(s.lengths_2B, op, "spans.lengths_2B", DType::kI32, {2, p.B});
+  check_tensor(s.starts_2B1, op, "spans.starts_2B1", DType::kI64, {2, p.B + 1});
+  if (p.dtype == DType::kF32) return;
+  p.segments = p.B;
+  p.segment_tokens = p.T;
+}
+
+// With key spans: each row's lengths and each tensor's element offsets into `pointers` (held
+// by `offsets`): the queries, out and statistics from the row's first token, the keys and
+// values from its first key; and cuDNN's token-major statistics buffer.
+Tensor add_spans(std::unordered_map<int64_t, void*>& pointers, Tensor& offsets, const Problem& p, const KeySpans& s,
+                 Stream stream) {
+  const Device device = s.positions_BT.device();
+  offsets = Tensor::empty({2, 5, p.B + 1}, DType::kI64, device, "attention span offsets", stream);
+  Tensor by_query = offsets.select(0), by_key = offsets.select(1);
+  ragged_offsets(by_query, s.starts_2B1.select(0), p.pitch_q, p.pitch_k, p.pitch_v, p.N, p.H, stream);
+  ragged_offsets(by_key, s.starts_2B1.select(1), p.pitch_q, p.pitch_k, p.pitch_v, p.N, p.H, stream);
+  const int64_t rows = p.B + 1;
+  int64_t* oq = static_cast<int64_t*>(by_query.raw_data());
+  int64_t* ok = static_cast<int64_t*>(by_key.raw_data());
+  pointers[kSeqLenQ] = s.lengths_2B.select(0).raw_data();
+  pointers[kSeqLenKV] = s.lengths_2B.select(1).raw_data();
+  pointers[kOffsetQ] = oq;
+  pointers[kOffsetK] = ok + rows;
+  pointers[kOffsetV] = ok + 2 * rows;
+  pointers[kOffsetO] = oq + 3 * rows;
+  pointers[kOffsetStats] = oq + 4 * rows;
+  Tensor stats = Tensor::empty({p.B * p.T, p.N}, DType::kF32, device, "attention statistics by token", stream);
+  pointers[kStats] = stats.raw_data();
+  return stats;
+}
+
+// Zeroes t on `stream` (the rows cuDNN's ragged problems leave alone).
+void zero(Tensor& t, Stream stream) {
+  ST_CUDA_CHECK(cudaMemsetAsync(t.raw_data(), 0, t.nbytes(), static_cast<cudaStream_t>(resolve(stream).handle)));
+}
+
 // With packed documents: the segments' lengths and each tensor's element offsets into
 // `pointers` (held by `offsets`), and cuDNN's token-major statistics buffer.
 Tensor add_segments(std::unordered_map<int64_t, void*>& pointers, Tensor& offsets, const Problem& p,
@@ -486,11 +538,12 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
     return x.ndim() == 4 && x.size(0) > 1 && x.stride(0) != x.size(1) * x.stride(1);
   };
   // (with packed documents make_key requires as many keys as queries)
-  if (options.documents == nullptr && q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 &&
+  if (options.documents == nullptr && options.spans == nullptr && q_BTNH.ndim() == 4 && k_BTMH.ndim() == 4 &&
       (k_BTMH.size(1) != q_BTNH.size(1) || cache_rows(k_BTMH) || cache_rows(v_BTMH)))
     return attention_forward_cached(out_BTNH, lse_BNT, q_BTNH, k_BTMH, v_BTMH, options, stream);
   Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, false, op);
   set_documents(key.problem, options, q_BTNH, op);
+  set_spans(key.problem, options, op);
   const int64_t segments = key.problem.segments;
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(lse_BNT, op, "lse_BNT", DType::kF32, {key.problem.B, key.problem.N, key.problem.T});
@@ -502,6 +555,13 @@ void attention_forward(Tensor& out_BTNH, Tensor& lse_BNT, const Tensor& q_BTNH, 
                                           {kStats, lse_BNT.raw_data()}};
   if (segments == 0) return run(key, p, stream, op);  // one document per row: plain causal
   Tensor offsets;
+  if (options.spans != nullptr) {  // the queries outside the spans: output 0, log-sum-exp -inf
+    Tensor stats = add_spans(p, offsets, key.problem, *options.spans, stream);
+    zero(out_BTNH, stream);
+    fill(stats, -INFINITY, stream);
+    run(key, p, stream, op);
+    return stats_to_heads(lse_BNT, stats, stream);
+  }
   const Tensor stats = add_segments(p, offsets, key.problem, *options.documents, stream);
   run(key, p, stream, op);
   stats_to_heads(lse_BNT, stats, stream);
@@ -647,6 +707,7 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
   const char* op = "attention_backward";
   Key key = make_key(q_BTNH, k_BTMH, v_BTMH, options, true, op);
   set_documents(key.problem, options, q_BTNH, op);
+  set_spans(key.problem, options, op);
   const int64_t segments = key.problem.segments;
   check_tensor(out_BTNH, op, "out_BTNH", q_BTNH.dtype(), q_BTNH.shape());
   check_tensor(dout_BTNH, op, "dout_BTNH", q_BTNH.dtype(), q_BTNH.shape());
@@ -679,7 +740,15 @@ void attention_backward(Tensor& dq_BTNH, Tensor& dk_BTMH, Tensor& dv_BTMH, const
       {kDQ, dq_BTNH.raw_data()}, {kDK, dk_BTMH.raw_data()},   {kDV, dv_BTMH.raw_data()}};
   if (segments == 0) return run(key, ptrs, stream, op);
   Tensor offsets;
-  Tensor stats = add_segments(ptrs, offsets, key.problem, *options.documents, stream);
+  Tensor stats;
+  if (options.spans != nullptr) {  // the rows outside the spans keep gradients of 0
+    stats = add_spans(ptrs, offsets, key.problem, *options.spans, stream);
+    zero(dq_BTNH, stream);
+    zero(dk_BTMH, stream);
+    zero(dv_BTMH, stream);
+  } else {
+    stats = add_segments(ptrs, offsets, key.problem, *options.documents, stream);
+  }
   stats_to_tokens(stats, lse_BNT, stream);
   run(key, ptrs, stream, op);
 }

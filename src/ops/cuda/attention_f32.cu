@@ -207,6 +207,8 @@ Dims dims_of(const Tensor& q, const Tensor& k, const AttentionOptions& o) {
   ST_CHECK(o.softcap >= 0, "attention (f32 on CUDA): the soft-cap of the scores must be >= 0 (0: none), found ",
            o.softcap);
   if (o.documents != nullptr) d.pos = static_cast<const int32_t*>(o.documents->positions_BT.raw_data());
+  // key spans in the same form: t minus the first key query t sees (T for none), not causal
+  if (o.spans != nullptr) d.pos = static_cast<const int32_t*>(o.spans->positions_BT.raw_data());
   d.scale = static_cast<float>(o.scale > 0 ? o.scale : 1.0 / std::sqrt(static_cast<double>(d.H)));
   ST_CHECK(d.H <= 4 * kThreads, "attention (f32 on CUDA): head dim ", d.H, " above ", 4 * kThreads);
   // rows run on grid x (up to 2^31 - 1); heads and batch on grid y and z (up to 65535)
