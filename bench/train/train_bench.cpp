@@ -479,8 +479,9 @@ int main(int argc, char** argv) try {
       }
     }
     const Clock::time_point t0 = Clock::now();
-    const train::ForwardBackward passes =
-        optimizer_step.forward_backward(ids, targets, o.grad_scale, [&positions](const Tensor&) { return positions; });
+    const train::ForwardBackward passes = optimizer_step.forward_backward(
+        ids, targets, o.grad_scale,
+        positions.defined() ? std::vector<Tensor>(static_cast<size_t>(a.accum), positions) : std::vector<Tensor>());
     const double step_fwd = passes.forward_s, step_bwd = passes.backward_s, step_issue = passes.host_issue_s;
     const Clock::time_point t1 = Clock::now();
     // as the trainer: offloaded, the norm from the sums of squares the GPU took as the gradients

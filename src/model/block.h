@@ -164,10 +164,12 @@ struct BlockContext {
   // Context parallelism (not owned; null: none): the T tokens of a row are this rank's two
   // chunks of a longer sequence (model/context_parallel.h), the attention is the group's ring
   // (ring_attention_forward / backward), and rope reads each token's true position from
-  // context_positions_BT (i32 [B, T] on the block's device). Not with tensor parallelism, packed
-  // documents, a sliding window, FP8 attention or a KV cache (the model refuses them).
+  // context_positions_BT (i32 [B, T] on the block's device). Packed documents come as
+  // context_documents (their positions are then context_positions_BT), not `documents`. Not
+  // with tensor parallelism, a sliding window, FP8 attention or a KV cache (the model refuses them).
   ContextParallel* cp = nullptr;
   Tensor context_positions_BT;
+  const ContextDocuments* context_documents = nullptr;
   // FP8 products for every linear of the block (q/k/v, o, gate/up, down), forward and both
   // backward products (training.fp8); off: products in the activations' dtype.
   ops::LinearFp8 fp8;

@@ -137,7 +137,8 @@ void attention_half(BlockActivations& a, const Tensor& xn1_RD, const BlockWeight
     ops::attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, keys_BSMH, values_BSMH,
                            {.scale = attention.scale, .window = ctx.window, .softcap = attention.softcap});
   } else if (ctx.cp != nullptr) {
-    ring_attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention, *ctx.cp);
+    ring_attention_forward(a.attn_BTNH, a.lse_BNT, a.q_BTNH, a.k_BTMH, a.v_BTMH, attention, *ctx.cp,
+                           ctx.context_documents);
   } else if (!by_pieces) {
     attend_rows(0, d.B);
   }
@@ -211,7 +212,7 @@ void attention_backward(QkvGradients& dqkv, BlockWeights& g, const Tensor& dout_
   }
   if (ctx.cp != nullptr) {
     ring_attention_backward(dq_BTNH, dk_BTMH, dv_BTMH, dattn_BTNH, a.q_BTNH, a.k_BTMH, a.v_BTMH, a.attn_BTNH,
-                            a.lse_BNT, attention, *ctx.cp);
+                            a.lse_BNT, attention, *ctx.cp, ctx.context_documents);
   } else if (!by_pieces) {
     attend_backward(0, B);
   }

@@ -3,7 +3,9 @@
 // the same ops::attention_forward / attention_backward calls serve every pair.
 #include "model/context_parallel.h"
 
+#include <algorithm>
 #include <array>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,7 @@ int64_t global_chunk(int rank, int i, int degree) { return i == 0 ? rank : 2 * d
 struct RingBlock {
   int qi, kj;
   bool causal;
+  int64_t gk;  // the key chunk in the whole sequence
 };
 
 // The blocks rank `rank` computes against the keys and values of rank `owner`: key chunks
@@ -29,14 +32,15 @@ std::vector<RingBlock> ring_blocks(int rank, int owner, int degree) {
   for (int qi = 0; qi < 2; ++qi)
     for (int kj = 0; kj < 2; ++kj) {
       const int64_t gq = global_chunk(rank, qi, degree), gk = global_chunk(owner, kj, degree);
-      if (gk <= gq) blocks.push_back({qi, kj, gk == gq});
+      if (gk <= gq) blocks.push_back({qi, kj, gk == gq, gk});
     }
   return blocks;
 }
 
-// What both ring passes take: causal attention without windows or documents, over q and k of a
-// rank's two chunks.
-void check_ring_inputs(const ops::AttentionOptions& o, const Tensor& q_BLNH, const Tensor& k_BLMH, const char* op) {
+// What both ring passes take: causal attention without windows, over q and k of a rank's two
+// chunks, packed documents (if any) as ContextDocuments of this rank.
+void check_ring_inputs(const ops::AttentionOptions& o, const Tensor& q_BLNH, const Tensor& k_BLMH, const char* op,
+                       const ContextDocuments* documents, const ContextParallel& cp) {
   ST_CHECK(q_BLNH.ndim() == 4 && k_BLMH.ndim() == 4 && q_BLNH.size(1) % 2 == 0, op,
            ": expected q [B, L, N, H] and k [B, L, M, H] of a rank's two chunks, found ", q_BLNH.str(), " and ",
            k_BLMH.str());
@@ -45,8 +49,30 @@ void check_ring_inputs(const ops::AttentionOptions& o, const Tensor& q_BLNH, con
            " keys) is not supported with context parallelism; "
            "set parallel.context_parallel to 1 for a model with sliding-window layers");
   ST_CHECK(o.documents == nullptr, op,
-           ": packed documents are not supported with context parallelism; set "
-           "parallel.context_parallel to 1 or turn the document mask off");
+           ": packed documents come to the ring as its ContextDocuments (context_documents), not as the "
+           "attention options' documents");
+  ST_CHECK(o.spans == nullptr, op, ": the ring makes its own key spans");
+  if (documents == nullptr) return;
+  ST_CHECK(documents->degree == cp.size() && documents->rank == cp.rank(), op, ": documents of rank ",
+           documents->rank, " of ", documents->degree, " for rank ", cp.rank(), " of ", cp.size());
+  ST_CHECK(documents->positions_BL.ndim() == 2 && documents->positions_BL.size(0) == q_BLNH.size(0) &&
+               documents->positions_BL.size(1) == q_BLNH.size(1),
+           op, ": documents of ", documents->positions_BL.str(), " for q ", q_BLNH.str());
+}
+
+// The options of one block: its causal mask, and with documents the diagonal's chunk documents
+// or the spans off it (`spans` holds them); false when no query of the block sees a key.
+bool block_options(ops::AttentionOptions& o, std::optional<ops::KeySpans>& spans, const RingBlock& blk,
+                   const ContextDocuments* documents, Device device) {
+  o.causal = blk.causal;
+  if (documents == nullptr) return true;
+  if (blk.causal) {
+    o.documents = &documents->chunks[static_cast<size_t>(blk.qi)];
+    return true;
+  }
+  spans = documents->spans(blk.qi, blk.gk, device);
+  o.spans = spans ? &*spans : nullptr;
+  return spans.has_value();
 }
 
 // Local chunk i of x [B, L, ...] (tokens along dim `dim`), as a contiguous copy. A strided x
@@ -165,10 +191,70 @@ Tensor context_positions(int64_t B, int64_t L, int degree, int rank) {
   return pos;
 }
 
+ContextDocuments context_documents(const Tensor& positions_BL, int degree, int rank, Device device) {
+  const char* op = "context_documents";
+  ST_CHECK(positions_BL.device().is_cpu() && positions_BL.dtype() == DType::kI32 && positions_BL.ndim() == 2 &&
+               positions_BL.is_contiguous() && positions_BL.size(1) % 2 == 0,
+           op, ": expected i32 [B, L] positions on the host, L a rank's two chunks, found ", positions_BL.str());
+  ST_CHECK(rank >= 0 && rank < degree, op, ": rank ", rank, " outside a context group of ", degree);
+  const int64_t B = positions_BL.size(0), L = positions_BL.size(1), C = L / 2;
+  ContextDocuments d;
+  d.degree = degree;
+  d.rank = rank;
+  d.chunk_tokens = C;
+  const int32_t* pos = positions_BL.data<int32_t>();
+  for (int i = 0; i < 2; ++i) {
+    const size_t ci = static_cast<size_t>(i);
+    const int64_t g0 = global_chunk(rank, i, degree) * C;  // the chunk's first token in the whole sequence
+    Tensor cut = Tensor::empty({B, C}, DType::kI32, Device::cpu(), "chunk document positions");
+    int32_t* c = cut.data<int32_t>();
+    d.lead[ci].assign(static_cast<size_t>(B), C);
+    d.start[ci].assign(static_cast<size_t>(B), 0);
+    for (int64_t b = 0; b < B; ++b) {
+      const int32_t* p = pos + b * L + i * C;
+      ST_CHECK(p[0] >= 0 && p[0] <= g0, op, ": row ", b, ": the token at ", g0,
+               " of the sequence has position ", p[0], " in its document, which would start before the sequence");
+      for (int64_t t = 0; t < C; ++t) {
+        ST_CHECK(t == 0 || p[t] == 0 || p[t] == p[t - 1] + 1, op, ": row ", b, ": position ", p[t], " at token ",
+                 g0 + t, " of the sequence neither starts a document (0) nor follows the one before it");
+        if (t > 0 && p[t] == 0 && d.lead[ci][static_cast<size_t>(b)] == C) d.lead[ci][static_cast<size_t>(b)] = t;
+        c[b * C + t] = std::min<int32_t>(p[t], static_cast<int32_t>(t));  // cut at the chunk's first token
+      }
+      d.start[ci][static_cast<size_t>(b)] = g0 - p[0];
+    }
+    d.chunks[ci] = ops::pack_documents(cut, device);
+  }
+  if (device.is_cpu()) {
+    d.positions_BL = positions_BL;
+  } else {
+    d.positions_BL = Tensor::empty(positions_BL.shape(), DType::kI32, device, "context document positions");
+    copy(d.positions_BL, positions_BL);
+  }
+  return d;
+}
+
+std::optional<ops::KeySpans> ContextDocuments::spans(int qi, int64_t gk, Device device, Stream stream) const {
+  const size_t ci = static_cast<size_t>(qi);
+  const int64_t C = chunk_tokens;
+  const size_t B = start[ci].size();
+  std::vector<int64_t> queries(B, 0), first(B, C);
+  bool any = false;
+  for (size_t b = 0; b < B; ++b) {
+    const int64_t k0 = start[ci][b] - gk * C;  // the document's first token, in the key chunk
+    if (k0 >= C) continue;                    // it starts after the key chunk: no query reaches back
+    queries[b] = lead[ci][b];
+    first[b] = std::max<int64_t>(0, k0);
+    any = true;
+  }
+  if (!any) return std::nullopt;
+  return ops::key_spans(std::move(queries), std::move(first), C, C, device, stream);
+}
+
 void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
-                            const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp) {
+                            const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp,
+                            const ContextDocuments* documents) {
   const char* op = "ring_attention_forward";
-  check_ring_inputs(options, q_BLNH, k_BLMH, op);
+  check_ring_inputs(options, q_BLNH, k_BLMH, op, documents, cp);
   const int G = cp.size(), r = cp.rank();
   const int64_t B = q_BLNH.size(0), C = q_BLNH.size(1) / 2, N = q_BLNH.size(2), H = q_BLNH.size(3);
   const DType stats = lse_BNL.dtype();
@@ -186,7 +272,8 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
     if (step + 1 < G) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
     for (const RingBlock& blk : ring_blocks(r, owner, G)) {
       ops::AttentionOptions o = options;
-      o.causal = blk.causal;
+      std::optional<ops::KeySpans> spans;
+      if (!block_options(o, spans, blk, documents, q_BLNH.device())) continue;
       Tensor part = Tensor::empty({B, C, N, H}, q_BLNH.dtype(), q_BLNH.device(), "ring attention part");
       Tensor part_lse = Tensor::empty({B, N, C}, stats, q_BLNH.device(), "ring attention part lse");
       ops::attention_forward(part, part_lse, q[static_cast<size_t>(blk.qi)], kv.select(0).select(blk.kj),
@@ -211,9 +298,10 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
 
 void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, const Tensor& dout_BLNH,
                              const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
-                             const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp) {
+                             const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp,
+                             const ContextDocuments* documents) {
   const char* op = "ring_attention_backward";
-  check_ring_inputs(options, q_BLNH, k_BLMH, op);
+  check_ring_inputs(options, q_BLNH, k_BLMH, op, documents, cp);
   const int G = cp.size(), r = cp.rank();
   const int64_t C = q_BLNH.size(1) / 2;
   const Device dev = q_BLNH.device();
@@ -260,7 +348,8 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
     ops::fill(mine, 0.0);
     for (const RingBlock& blk : ring_blocks(r, owner, G)) {
       ops::AttentionOptions o = options;
-      o.causal = blk.causal;
+      std::optional<ops::KeySpans> spans;
+      if (!block_options(o, spans, blk, documents, dev)) continue;
       const size_t i = static_cast<size_t>(blk.qi);
       ops::attention_backward(dq_part, dk_part, dv_part, dout[i], q[i], kv.select(0).select(blk.kj),
                               kv.select(1).select(blk.kj), out[i], lse[i], o);

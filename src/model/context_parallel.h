@@ -8,7 +8,10 @@
 // Letters: L = 2C, a rank's local tokens; C, a chunk's tokens.
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <optional>
+#include <vector>
 
 #include "core/tensor.h"
 #include "ops/attention.h"
@@ -52,6 +55,31 @@ Tensor context_unshard(const std::vector<Tensor>& parts, int dim = 1);
 // (2·degree − r)·C − 1. Rope reads them (ops::rope_forward's positions).
 Tensor context_positions(int64_t B, int64_t L, int degree, int rank);
 
+// Packed documents under context parallelism: what the ring needs of a rank's local tokens'
+// positions in their documents. A document may span chunks and ranks. Query t (at position g
+// in the whole sequence, its document's token p) sees the keys g - p .. g. On the diagonal
+// (a local chunk against itself) that is a chunk's own packed documents, the one it starts in
+// cut at its first token; off it (a chunk against an earlier one) only the document the query
+// chunk starts in can reach back, so the block is ops::KeySpans: its first `lead` queries see
+// the keys from that document's first token on.
+struct ContextDocuments {
+  Tensor positions_BL;                          // i32 [B, L] on the device: rope's positions
+  std::array<ops::PackedDocuments, 2> chunks;   // each local chunk's documents, on the device
+  std::array<std::vector<int64_t>, 2> lead;     // [chunk][b]: its first tokens in the document it starts in
+  std::array<std::vector<int64_t>, 2> start;    // [chunk][b]: that document's first token in the whole sequence
+  int degree = 1, rank = 0;
+  int64_t chunk_tokens = 0;  // C
+  // The spans of local query chunk qi against the keys of chunk gk of the whole sequence
+  // (before qi's); nullopt when no query sees any of its keys.
+  std::optional<ops::KeySpans> spans(int qi, int64_t gk, Device device, Stream stream = {}) const;
+};
+
+// From positions_BL (i32 [B, L] on the host: this rank's local tokens of the whole sequence's
+// document positions, context_shard of ops::document_positions), for `rank` of a group of
+// `degree`; checked: each chunk's positions step as documents' do, and none claims a start
+// before the sequence's.
+ContextDocuments context_documents(const Tensor& positions_BL, int degree, int rank, Device device);
+
 // Ring attention over the group, causal over the whole sequence: out_BLNH (overwrites) and
 // lse_BNL (overwrites, stats_dtype) are, for this rank's local queries, what
 // ops::attention_forward gives over the whole sequence, at those queries' rows. q_BLNH,
@@ -62,9 +90,11 @@ Tensor context_positions(int64_t B, int64_t L, int degree, int rank);
 // j: full attention when j < i, causal when j == i, nothing when j > i; the partial results
 // merge by their log-sum-exp (ops::attention_merge), in f32 or above: with bf16 or f16 inputs
 // (a GPU's) the merged output is an f32 accumulator, rounded once into out_BLNH. options: causal (must
-// be), scale and deterministic are used; no sliding window and no packed documents (an error).
+// be), scale and deterministic are used; no sliding window and no options.documents (an error):
+// packed documents come as `documents` (context_documents of this rank's tokens).
 void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
-                            const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp);
+                            const Tensor& v_BLMH, const ops::AttentionOptions& options, ContextParallel& cp,
+                            const ContextDocuments* documents = nullptr);
 
 // Its backward: dq_BLNH, dk_BLMH, dv_BLMH (overwrite) from dout_BLNH and the forward's inputs
 // and merged out and lse. Each block's gradients come from ops::attention_backward given the
@@ -79,6 +109,7 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
 // each block's gradient home, follows the last step).
 void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, const Tensor& dout_BLNH,
                              const Tensor& q_BLNH, const Tensor& k_BLMH, const Tensor& v_BLMH, const Tensor& out_BLNH,
-                             const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp);
+                             const Tensor& lse_BNL, const ops::AttentionOptions& options, ContextParallel& cp,
+                             const ContextDocuments* documents = nullptr);
 
 }  // namespace shardtrain::model

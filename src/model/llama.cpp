@@ -289,14 +289,19 @@ BlockContext Llama::context(int64_t batch, int64_t seq, ActivationCheckpointing 
   ctx.fp8 = fp8_;
   ctx.fp8_attention = fp8_attention_history_L4_.defined();
   if (cp_ != nullptr) {
-    // each local token's rope position in the whole sequence
-    ST_CHECK(documents == nullptr, "packed documents (a document mask) are not supported with context parallelism "
-             "(parallel.context_parallel = ", cp_->size(), ") yet; turn one of them off");
+    ST_ASSERT(documents == nullptr, "packed documents under context parallelism come as ContextDocuments");
     ST_CHECK(seq % 2 == 0 && seq * cp_->size() <= config_.max_seq_len, "context parallelism over ", cp_->size(),
              " ranks: a rank's ", seq, " tokens must be its two chunks of a sequence of at most max_seq_len = ",
              config_.max_seq_len, " tokens (", seq, " x ", cp_->size(), ")");
     ctx.cp = cp_;
-    ctx.context_positions_BT = on_device(context_positions(batch, seq, cp_->size(), cp_->rank()));
+    if (context_documents_) {  // each local token's rope position in its document
+      ST_CHECK(context_documents_->positions_BL.size(0) == batch && context_documents_->positions_BL.size(1) == seq,
+               "packed documents of ", context_documents_->positions_BL.str(), " for a batch of ", batch, " x ", seq);
+      ctx.context_documents = &*context_documents_;
+      ctx.context_positions_BT = context_documents_->positions_BL;
+    } else {  // each local token's rope position in the whole sequence
+      ctx.context_positions_BT = on_device(context_positions(batch, seq, cp_->size(), cp_->rank()));
+    }
   }
   return ctx;
 }
@@ -417,9 +422,14 @@ int64_t Llama::check_inputs(const Tensor& ids_BT, const Tensor& targets_BT, cons
   return count_targets(targets_BT, o.ignore_index, config_.vocab_size, what);
 }
 
-std::optional<ops::PackedDocuments> Llama::documents_of(const Tensor& ids_BT, const Tensor& positions_BT) const {
+std::optional<ops::PackedDocuments> Llama::documents_of(const Tensor& ids_BT, const Tensor& positions_BT) {
+  context_documents_.reset();
   if (!positions_BT.defined()) return std::nullopt;
   check_shape(positions_BT, ids_BT.shape(), "packed documents", "positions_BT");
+  if (cp_ != nullptr) {  // the ring's documents; the blocks find them in context_documents_
+    context_documents_ = context_documents(positions_BT, cp_->size(), cp_->rank(), device_);
+    return std::nullopt;
+  }
   return ops::pack_documents(positions_BT, device_);
 }
 

@@ -164,8 +164,10 @@ class Llama {
   // of its tokens (LossSum: the caller sums it and the token counts over the group) and its
   // tokens' share of every parameter gradient (the store sums them: shard the units over the
   // context group too). Throws, naming parallel.context_parallel, with tensor parallelism,
-  // sliding-window layers or FP8 attention; packed documents, logits(), last_logits() and the
-  // KV cache are refused while it is set.
+  // sliding-window layers or FP8 attention; logits(), last_logits() and the KV cache are
+  // refused while it is set. Packed documents (positions_BT) are this rank's local tokens of the
+  // whole sequences' document positions (context_shard of ops::document_positions): a document
+  // may span chunks and ranks.
   void set_context_parallel(ContextParallel* cp);
   ContextParallel* context_parallel() const { return cp_; }
   // The key/value heads this rank computes and caches (n_kv_heads / tensor-parallel size).
@@ -226,7 +228,9 @@ class Llama {
   // This rank's token rows [first, first + count) of a batch's B·T under `split`.
   std::pair<int64_t, int64_t> residual_rows(int64_t batch, int64_t seq, ResidualSplit split) const;
   // The documents of positions_BT (checked against ids_BT) on this device; none when undefined.
-  std::optional<ops::PackedDocuments> documents_of(const Tensor& ids_BT, const Tensor& positions_BT) const;
+  // Under context parallelism they are the ring's (context_documents_, which the blocks' context
+  // reads until the next call), and none is returned.
+  std::optional<ops::PackedDocuments> documents_of(const Tensor& ids_BT, const Tensor& positions_BT);
   void make_rope_tables();
   Tensor on_device(const Tensor& host) const;  // a copy on the model's device (or host itself)
   Tensor view(const Tensor& unit_buffer, size_t unit, const char* name) const;
@@ -243,6 +247,7 @@ class Llama {
   UnitStore* store_;
   TensorParallel* tp_ = nullptr;
   ContextParallel* cp_ = nullptr;
+  std::optional<ContextDocuments> context_documents_;  // packed documents under cp_ (documents_of)
   void refuse_context_parallel(const char* what) const;  // throws, naming `what`, while cp_ is set
   Tensor cos_TK_, sin_TK_;
   // LongRoPE's tables with its long factors, for sequences past its original_max_positions

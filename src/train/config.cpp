@@ -544,8 +544,8 @@ const std::vector<KeyDef>& keys() {
           "passing keys and values around the group in the attention; the groups draw different sequences, and "
           "every rank shards the model (FSDP over all of them, or inside each replica with parallel.replicate). It "
           "must divide the ranks, and 2n must divide "
-          "training.seq_len; not with parallel.tensor_parallel, data.document_mask, training.fp8_attention or "
-          "sliding-window layers. 1: off",
+          "training.seq_len. With data.document_mask a packed document may span the chunks and ranks. Not with "
+          "parallel.tensor_parallel, training.fp8_attention, sliding-window layers or soft-capped attention. 1: off",
           positive()),
       key("parallel.reshard_after_forward", &C::parallel, &ParallelSection::reshard_after_forward,
           "free each unit's gathered parameters after its forward (FSDP); false keeps them until the backward "
@@ -937,9 +937,6 @@ void validate(const JobConfig& c) {
              "one of them to 1");
     // training.seq_len = 0 is chosen once the data is read, and checked again then
     if (c.training.seq_len > 0) model::context_chunk_tokens(c.training.seq_len, static_cast<int>(cp));
-    ST_CHECK(c.data.document_mask != "on", "`parallel.context_parallel` (", cp,
-             ") with `data.document_mask` = on: the ring attention is causal over whole sequences and knows no "
-             "documents yet; set data.document_mask = off or parallel.context_parallel = 1");
     ST_CHECK(!c.training.fp8_attention, "`parallel.context_parallel` (", cp,
              ") with `training.fp8_attention` = true: the ring attention runs in the compute dtype; turn one of "
              "them off");

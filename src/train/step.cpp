@@ -33,7 +33,7 @@ OptimizerStep::~OptimizerStep() {
 }
 
 ForwardBackward OptimizerStep::forward_backward(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
-                                                double grad_scale, const PositionsOf& positions_of) {
+                                                double grad_scale, const std::vector<Tensor>& positions) {
   if (writes_.zero_shards) store_.zero_grad_shards();
   model_options_.grad_scale = grad_scale;
   ForwardBackward result;
@@ -44,7 +44,7 @@ ForwardBackward OptimizerStep::forward_backward(const std::vector<Tensor>& ids, 
     result.loss_sum += captured_ ? captured_->run(ids[micro_batch], targets[micro_batch], grad_scale).loss_sum
                                  : model_
                                        .forward_backward(ids[micro_batch], targets[micro_batch], model_options_,
-                                                         positions_of ? positions_of(ids[micro_batch]) : Tensor())
+                                                         positions.empty() ? Tensor() : positions[micro_batch])
                                        .loss_sum;
     result.forward_s += model_.last_phase_times().forward_s;
     result.backward_s += model_.last_phase_times().backward_s;

@@ -56,14 +56,13 @@ class OptimizerStep {
   // The first micro-batch's gradient writes (model::gradient_writes).
   const model::GradientWrites& gradient_writes() const { return writes_; }
 
-  // The documents' positions of a micro-batch's ids_BT (data.document_mask); an undefined
-  // tensor where there are none.
-  using PositionsOf = std::function<Tensor(const Tensor& ids_BT)>;
   // Forward and backward of every micro-batch (ids[m], targets[m]: i32 host tensors of B x T),
   // the gradients scaled by `grad_scale` (1 / the tokens counted in the global batch) and
   // reduced into the gradient shards; the replicas exchange theirs after the last micro-batch.
+  // positions[m] (data.document_mask; empty: none): each token's position in its document, as
+  // model::Llama::forward_backward takes them.
   ForwardBackward forward_backward(const std::vector<Tensor>& ids, const std::vector<Tensor>& targets,
-                                   double grad_scale, const PositionsOf& positions_of = {});
+                                   double grad_scale, const std::vector<Tensor>& positions = {});
   // The global L2 norm of the step's gradients, before clipping (collective over the mesh's
   // world). Copies of a gradient (a tensor-parallel group's replicated parameters, the
   // replicas' shards) count once; offloaded with one micro-batch, from the sums of squares the

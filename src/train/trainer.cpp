@@ -147,6 +147,9 @@ struct Trainer::RunState {
   // parallel.context_parallel: the rows drawn whole, B x T (ids and targets above then hold
   // this rank's chunks of them, B x T / n)
   Tensor whole_ids, whole_targets;
+  // data.document_mask: [micro-batch] each token's position in its document (of the whole
+  // rows, and with context parallelism this rank's chunks of them); empty without
+  std::vector<Tensor> positions;
   std::unique_ptr<OptimizerStep> step;
   // [0]: counted tokens, then the loss sum; [1..3]: ranks that received SIGTERM, SIGUSR1, SIGINT;
   // [4]: ranks whose clock says training.time_limit leaves no room for another step and a save;
@@ -336,6 +339,11 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
     Tensor& ids = cp > 1 ? run.whole_ids : run.ids[m];
     Tensor& targets = cp > 1 ? run.whole_targets : run.targets[m];
     data_->fill_train(ids, targets, step, m, data_rank() * B);
+    if (document_mask_) {  // from the whole rows: a document may span the context group's chunks
+      if (run.positions.size() < static_cast<size_t>(accum)) run.positions.resize(static_cast<size_t>(accum));
+      run.positions[static_cast<size_t>(m)] = cp > 1 ? model::context_shard(positions_of(ids), cp, context_parallel_->rank())
+                                                     : positions_of(ids);
+    }
     if (cp > 1) {
       run.ids[m] = model::context_shard(ids, cp, context_parallel_->rank());
       run.targets[m] = model::context_shard(targets, cp, context_parallel_->rank());
@@ -353,8 +361,7 @@ Trainer::StepResult Trainer::train_step(int64_t step, RunState& run) {
   result.times.data_s = seconds_since(t0);
   const Clock::time_point t1 = Clock::now();
   // the gradient of the mean loss over the global batch
-  const ForwardBackward passes = run.step->forward_backward(run.ids, run.targets, 1.0 / global_counted,
-                                                            [this](const Tensor& ids) { return positions_of(ids); });
+  const ForwardBackward passes = run.step->forward_backward(run.ids, run.targets, 1.0 / global_counted, run.positions);
   result.times.forward_s = passes.forward_s;
   result.times.backward_s = passes.backward_s;
   if (after_backward_) after_backward_(step);

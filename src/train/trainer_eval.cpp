@@ -59,7 +59,9 @@ Trainer::Evaluation Trainer::evaluate(const StopSignals* stop) {
     }
     const model::LossSum r =
         cp > 1 ? model_->evaluate(model::context_shard(ids, cp, context_parallel_->rank()),
-                                  model::context_shard(targets, cp, context_parallel_->rank()), so)
+                                  model::context_shard(targets, cp, context_parallel_->rank()), so,
+                                  document_mask_ ? model::context_shard(positions_of(ids), cp, context_parallel_->rank())
+                                                 : Tensor())
                : model_->evaluate(ids, targets, so, positions_of(ids));
     sums[0] += r.loss_sum;
     sums[1] += static_cast<double>(r.tokens);

@@ -169,11 +169,6 @@ void Trainer::open_data(const model::LlamaConfig& shape, int dp_size) {
 
 void Trainer::resolve_data_options() {
   document_mask_ = resolve_document_mask(config_.data);
-  ST_CHECK(!document_mask_ || config_.parallel.context_parallel == 1, "`data.document_mask` = ",
-           config_.data.document_mask, " (on for packed fine-tuning examples) with `parallel.context_parallel` (",
-           config_.parallel.context_parallel,
-           "): the ring attention is causal over whole sequences and knows no documents yet; set "
-           "data.document_mask = off or parallel.context_parallel = 1");
   ST_CHECK(!document_mask_ || tokenizer_->bos_id() >= 0,
            "`data.document_mask` finds documents by their BOS token, and the tokenizer (`data.tokenizer` = ",
            config_.data.tokenizer, ") has none; set data.document_mask = off");

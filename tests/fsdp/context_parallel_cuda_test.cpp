@@ -6,7 +6,8 @@
 // Ring attention on a GPU with its exchanges late: a group of 2 and of 4 ranks as threads, each
 // with its own compute stream, whose started exchanges are copies on a side stream held back
 // behind other work until finish(), gives, at each rank's tokens, one GPU's attention over the
-// whole sequence and its dq, dk and dv (f32 and bf16). Skips without a device.
+// whole sequence and its dq, dk and dv (f32 and bf16), also with packed documents that span
+// chunks and ranks (the blocks off the diagonal as key spans). Skips without a device.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -16,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "ops/elementwise.h"
 #include "testing/compare.h"
 #include "testing/cuda_util.h"
+#include "testing/packed_documents.h"
 
 namespace shardtrain {
 namespace {
@@ -210,8 +213,9 @@ struct RankResult {
 };
 
 // Each rank's ring attention, forward and backward, on a thread with its own compute stream.
+// positions_BT (i32 on the host, the whole rows; undefined: none): packed documents.
 std::vector<RankResult> thread_ring(int degree, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& dout,
-                                    const ops::AttentionOptions& o) {
+                                    const ops::AttentionOptions& o, const Tensor& positions_BT = {}) {
   ThreadHub hub(degree);
   std::vector<RankResult> results(static_cast<size_t>(degree));
   std::vector<std::exception_ptr> errors(static_cast<size_t>(degree));
@@ -229,11 +233,15 @@ std::vector<RankResult> thread_ring(int degree, const Tensor& q, const Tensor& k
                      lv = model::context_shard(v, degree, r), ldout = model::context_shard(dout, degree, r);
         const Device gpu = q.device();
         const int64_t B = q.size(0), L = lq.size(1), N = q.size(2);
+        std::optional<model::ContextDocuments> docs;
+        if (positions_BT.defined())
+          docs = model::context_documents(model::context_shard(positions_BT, degree, r), degree, r, gpu);
+        const model::ContextDocuments* d = docs ? &*docs : nullptr;
         Tensor out = Tensor::empty(lq.shape(), q.dtype(), gpu), lse = Tensor::empty({B, N, L}, DType::kF32, gpu);
         Tensor dq = Tensor::empty(lq.shape(), q.dtype(), gpu), dk = Tensor::empty(lk.shape(), q.dtype(), gpu),
                dv = Tensor::empty(lv.shape(), q.dtype(), gpu);
-        model::ring_attention_forward(out, lse, lq, lk, lv, o, ring);
-        model::ring_attention_backward(dq, dk, dv, ldout, lq, lk, lv, out, lse, o, ring);
+        model::ring_attention_forward(out, lse, lq, lk, lv, o, ring, d);
+        model::ring_attention_backward(dq, dk, dv, ldout, lq, lk, lv, out, lse, o, ring, d);
         RankResult& res = results[static_cast<size_t>(r)];
         res = {to_host(out), to_host(lse), to_host(dq), to_host(dk), to_host(dv)};
       } catch (...) {
@@ -272,12 +280,26 @@ RankResult one_gpu(const Tensor& q, const Tensor& k, const Tensor& v, const Tens
   return {to_host(out), to_host(lse), to_host(dq), to_host(dk), to_host(dv)};
 }
 
+// Documents that span chunks and ranks, and documents that start at a chunk's first token.
+Tensor spanning_documents(int64_t T, int64_t C) {
+  std::vector<std::vector<int64_t>> rows(2);
+  for (int64_t t = 0, i = 0; t < T; ++i) {  // lengths C + 5, 1, 2C + 7, repeated
+    const int64_t len = std::min(std::vector<int64_t>{C + 5, 1, 2 * C + 7}[static_cast<size_t>(i % 3)], T - t);
+    rows[0].push_back(len);
+    t += len;
+  }
+  for (int64_t t = 0; t < T; t += C) rows[1].push_back(C);
+  return testing::document_positions(rows);
+}
+
 TEST(ContextParallelCuda, RingAttentionWithLateExchangesMatchesOneGpu) {
   ST_REQUIRE_CUDA();
+  for (bool documents : {false, true})
   for (DType dt : {DType::kF32, DType::kBF16}) {
     for (int degree : {2, 4}) {
       const int64_t B = 2, N = 8, M = 2, H = 64, C = 96, T = 2 * degree * C;
-      SCOPED_TRACE(std::string(dtype_name(dt)) + ", degree " + std::to_string(degree) + ", T = " + std::to_string(T));
+      SCOPED_TRACE(std::string(dtype_name(dt)) + ", degree " + std::to_string(degree) + ", T = " + std::to_string(T) +
+                   (documents ? ", packed documents" : ""));
       const uint64_t seed = static_cast<uint64_t>(T + degree);
       // f32 values that `dt` holds exactly: the f32 reference and the `dt` run see the same inputs
       const Tensor q = to_device(testing::rounded_f32({B, T, N, H}, dt, seed + 1, 0.1, 0.8));
@@ -293,9 +315,14 @@ TEST(ContextParallelCuda, RingAttentionWithLateExchangesMatchesOneGpu) {
       const Tensor qd = in_dtype(q), kd = in_dtype(k), vd = in_dtype(v), doutd = in_dtype(dout);
       ops::AttentionOptions o;
       o.deterministic = true;
-      const RankResult f32 = one_gpu(q, k, v, dout, o);        // the reference
-      const RankResult whole = one_gpu(qd, kd, vd, doutd, o);  // one GPU in `dt`
-      const std::vector<RankResult> ring = thread_ring(degree, qd, kd, vd, doutd, o);
+      const Tensor positions = documents ? spanning_documents(T, C) : Tensor();
+      const std::optional<ops::PackedDocuments> whole_documents =
+          documents ? std::optional<ops::PackedDocuments>(ops::pack_documents(positions, q.device())) : std::nullopt;
+      ops::AttentionOptions one = o;
+      one.documents = whole_documents ? &*whole_documents : nullptr;
+      const RankResult f32 = one_gpu(q, k, v, dout, one);        // the reference
+      const RankResult whole = one_gpu(qd, kd, vd, doutd, one);  // one GPU in `dt`
+      const std::vector<RankResult> ring = thread_ring(degree, qd, kd, vd, doutd, o, positions);
       for (int r = 0; r < degree; ++r) {
         SCOPED_TRACE("rank " + std::to_string(r));
         const RankResult& got = ring[static_cast<size_t>(r)];

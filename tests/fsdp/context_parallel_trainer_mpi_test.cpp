@@ -3,10 +3,11 @@
 // parallel, and that in 2 replicas), and the run trains as one rank with the whole global
 // batch: the same losses and gradient norms at every step and the same held-out loss (f32,
 // 1e-5 relative), the same tokens per step, at the job's length and at the shortest one (2n
-// tokens). Every refusal names its keys, and a context-parallel checkpoint resumes on one
-// rank without it.
+// tokens), with packed documents spanning the chunks as without. Every refusal names its keys,
+// and a context-parallel checkpoint resumes on one rank without it.
 #include <unistd.h>
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -40,6 +41,17 @@ std::vector<ContextMesh> context_meshes(int world) {
 
 std::string corpus_file(int rank) { return testing::mesh_corpus_file("cp", rank); }
 
+// Documents of 5 to 15 bytes, so that a sequence of 24 tokens packs several, and they span
+// the chunks of a context group.
+std::string short_documents_file(int rank) {
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            ("shardtrain_cp_documents_" + std::to_string(::getpid()) + "_" + std::to_string(rank) + ".txt"))
+                               .string();
+  std::ofstream out(path);
+  for (int i = 0; i < 600; ++i) out << "D" << i << std::string(static_cast<size_t>(i * 7 % 11), 'x') << ".\n\n";
+  return path;
+}
+
 // The mesh tests' job with `cp` ranks to a sequence of `seq_len` tokens, in a run folder of
 // this test's `world` ranks.
 train::JobConfig context_job(const std::string& corpus, int64_t batch_size, int cp, int64_t seq_len, int world) {
@@ -52,23 +64,36 @@ train::JobConfig context_job(const std::string& corpus, int64_t batch_size, int 
   return c;
 }
 
+// With packed documents (data.document_mask = on, on a corpus of short documents) as without:
+// a document that spans chunks and ranks attends as on one rank.
 TEST(ContextParallelTrainer, MatchesOneRank) {
   auto comm = dist::make_mpi_world();
   const int w = comm->world_size();
-  const std::string corpus = corpus_file(comm->rank());
+  const std::string corpus = corpus_file(comm->rank()), documents = short_documents_file(comm->rank());
   const int64_t B = 2;
   auto single = dist::make_single_rank();
+  for (const bool masked : {false, true})
   for (const auto& [cp, dp, replicate] : context_meshes(w)) {
     for (const int64_t T : {int64_t{24}, int64_t{2 * cp}}) {  // the job's length, and the shortest: one token a chunk
       SCOPED_TRACE("context " + std::to_string(cp) + " x data " + std::to_string(dp) + ", " +
-                   std::to_string(replicate) + " replica(s), seq_len " +
-                   std::to_string(T) + ", rank " + std::to_string(comm->rank()));
+                   std::to_string(replicate) + " replica(s), seq_len " + std::to_string(T) +
+                   (masked ? ", packed documents" : "") + ", rank " + std::to_string(comm->rank()));
+      const std::string& text = masked ? documents : corpus;
+      const std::string mask = masked ? "on" : "off";
       // one rank with the whole global batch: B sequences per data-parallel rank
-      train::JobConfig one = context_job(corpus, B * dp, 1, T, w);
+      train::JobConfig one = context_job(text, B * dp, 1, T, w);
+      one.data.document_mask = mask;
       one.run.output_dir += "_rank" + std::to_string(comm->rank());  // every rank runs it alone
       train::Trainer ref(one, single.get());
       const train::TrainSummary a = ref.run();
-      train::JobConfig c = context_job(corpus, B, cp, T, w);
+      if (masked && T == 24) {  // the mask matters: without it the same run learns otherwise
+        train::JobConfig unmasked = one;
+        unmasked.data.document_mask = "off";
+        const train::TrainSummary u = train::Trainer(unmasked, single.get()).run();
+        EXPECT_GT(std::abs(u.steps.back().loss - a.steps.back().loss), 1e-3 * a.steps.back().loss);
+      }
+      train::JobConfig c = context_job(text, B, cp, T, w);
+      c.data.document_mask = mask;
       c.parallel.replicate = replicate;
       train::Trainer t(c, comm.get());
       EXPECT_EQ(t.mesh().shape().replicate, replicate);
@@ -87,6 +112,33 @@ TEST(ContextParallelTrainer, MatchesOneRank) {
     }
   }
   std::filesystem::remove(corpus);
+  std::filesystem::remove(documents);
+}
+
+// Packed fine-tuning examples (data.format = sft, whose document mask is on by auto) train
+// under context parallelism as on one rank.
+TEST(ContextParallelTrainer, PackedExamplesTrainAsOnOneRank) {
+  auto comm = dist::make_mpi_world();
+  const int w = comm->world_size();
+  const std::string examples = std::filesystem::temp_directory_path().string() + "/shardtrain_cp_examples_" +
+                               std::to_string(::getpid()) + "_" + std::to_string(comm->rank()) + ".jsonl";
+  {
+    std::ofstream out(examples);
+    for (int i = 0; i < 60; ++i)
+      out << "{\"prompt\": \"Q" << i << ": \", \"response\": \"A" << i % 5 << " and " << i << ".\"}\n";
+  }
+  auto single = dist::make_single_rank();
+  train::JobConfig one = context_job(examples, 2, 1, 24, w);
+  one.data.format = "sft";
+  one.run.output_dir += "_sft_rank" + std::to_string(comm->rank());
+  const train::TrainSummary a = train::Trainer(one, single.get()).run();
+  train::JobConfig c = context_job(examples, 2, w, 24, w);
+  c.data.format = "sft";
+  c.run.output_dir += "_sft";
+  train::Trainer t(c, comm.get());
+  ASSERT_NE(t.model().context_parallel(), nullptr);
+  testing::expect_same_curves(a, t.run(), 1e-5, 0.5);
+  std::filesystem::remove(examples);
 }
 
 // A run with a sample at its end decodes on every rank as one rank would: the ring is set
@@ -124,25 +176,6 @@ TEST(ContextParallelTrainer, RefusesWhatItCannotRun) {
     EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(c, comm.get()); },
                                      "`parallel.context_parallel` (2) with `parallel.tensor_parallel` (2)"));
   }
-  // packed documents: asked for, and chosen by auto for packed fine-tuning examples
-  train::JobConfig documents = context_job(corpus, 2, w, 24, w);
-  documents.data.document_mask = "on";
-  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(documents, comm.get()); },
-                                   "with `data.document_mask` = on"));
-  const std::string examples = std::filesystem::temp_directory_path().string() + "/shardtrain_cp_examples_" +
-                               std::to_string(::getpid()) + "_" + std::to_string(comm->rank()) + ".jsonl";
-  {
-    std::ofstream out(examples);
-    for (int i = 0; i < 60; ++i)
-      out << "{\"prompt\": \"Q" << i << ": \", \"response\": \"A" << i % 5 << " and " << i << ".\"}\n";
-  }
-  train::JobConfig sft = context_job(examples, 2, w, 24, w);
-  sft.data.format = "sft";
-  EXPECT_TRUE(testing::throws_with([&] { train::Trainer t(sft, comm.get()); },
-                                   "`data.document_mask` = auto (on for packed fine-tuning examples) with "
-                                   "`parallel.context_parallel` (" +
-                                       std::to_string(w) + ")"));
-  std::filesystem::remove(examples);
   // FP8 attention
   train::JobConfig fp8 = context_job(corpus, 2, w, 24, w);
   fp8.training.fp8_attention = true;

@@ -1,8 +1,10 @@
 // Context parallelism's chunks on one process: a rank's local tokens are chunks r and
 // 2N - 1 - r of each sequence (head-tail), context_unshard inverts context_shard exactly for
 // any dimension, the true positions are the shard of 0 .. T - 1, lengths that do not cut into
-// 2N chunks are refused naming the key, and the model refuses what the ring does not support.
+// 2N chunks are refused naming the key, packed documents give the ring each chunk's first
+// document and its spans, and the model refuses what the ring does not support.
 #include <numeric>
+#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -11,6 +13,7 @@
 #include "model/llama.h"
 #include "model/tensor_parallel.h"
 #include "testing/compare.h"
+#include "testing/packed_documents.h"
 
 namespace shardtrain {
 namespace {
@@ -77,6 +80,50 @@ TEST(ContextShard, UnshardInvertsShardAndPositionsAreTheTrueOnes) {
   }
 }
 
+// Documents of 4, 10 and 10 tokens over 2 ranks (chunks of 6): each local chunk's first
+// document, where it starts in the whole sequence, the chunk's own documents cut at its first
+// token, and the spans of every earlier key chunk its first document reaches back into.
+TEST(ContextDocuments, LeadStartAndSpans) {
+  const Tensor positions = testing::document_positions({{4, 10, 10}});
+  const model::ContextDocuments r0 =
+      model::context_documents(model::context_shard(positions, 2, 0), 2, 0, Device::cpu());
+  const model::ContextDocuments r1 =
+      model::context_documents(model::context_shard(positions, 2, 1), 2, 1, Device::cpu());
+  // rank 0: chunks 0 (tokens 0-5: documents at 0 and 4) and 3 (18-23: inside the one from 14)
+  EXPECT_EQ(r0.lead[0], std::vector<int64_t>{4});
+  EXPECT_EQ(r0.start[0], std::vector<int64_t>{0});
+  EXPECT_EQ(r0.lead[1], std::vector<int64_t>{6});
+  EXPECT_EQ(r0.start[1], std::vector<int64_t>{14});
+  // rank 1: chunks 1 (6-11, inside the one from 4) and 2 (12-17: its end, then the one from 14)
+  EXPECT_EQ(r1.lead[0], std::vector<int64_t>{6});
+  EXPECT_EQ(r1.start[0], std::vector<int64_t>{4});
+  EXPECT_EQ(r1.lead[1], std::vector<int64_t>{2});
+  EXPECT_EQ(r1.start[1], std::vector<int64_t>{4});
+  // the diagonal: chunk 2's positions cut at its first token
+  const int32_t* cut = r1.chunks[1].positions_BT.data<int32_t>();
+  EXPECT_EQ(std::vector<int32_t>(cut, cut + 6), (std::vector<int32_t>{0, 1, 0, 1, 2, 3}));
+  EXPECT_EQ(r1.chunks[1].count, 2);
+  auto spans = [](const model::ContextDocuments& d, int qi, int64_t gk) {
+    const std::optional<ops::KeySpans> s = d.spans(qi, gk, Device::cpu());
+    return s ? std::vector<int64_t>{s->queries[0], s->first_key[0]} : std::vector<int64_t>{};
+  };
+  EXPECT_EQ(spans(r0, 1, 2), (std::vector<int64_t>{6, 2}));  // chunk 3 against chunk 2: keys 14-17
+  EXPECT_EQ(spans(r0, 1, 1), std::vector<int64_t>{});        // nothing of chunk 1
+  EXPECT_EQ(spans(r0, 1, 0), std::vector<int64_t>{});
+  EXPECT_EQ(spans(r1, 0, 0), (std::vector<int64_t>{6, 4}));  // chunk 1 against chunk 0: keys 4-5
+  EXPECT_EQ(spans(r1, 1, 1), (std::vector<int64_t>{2, 0}));  // chunk 2's first 2 against all of chunk 1
+  EXPECT_EQ(spans(r1, 1, 0), (std::vector<int64_t>{2, 4}));
+  // positions that do not step as documents do, and a document before the sequence
+  Tensor bad = model::context_shard(positions, 2, 1);
+  bad.data<int32_t>()[2] = 7;
+  EXPECT_TRUE(throws_with([&] { (void)model::context_documents(bad, 2, 1, Device::cpu()); },
+                          "position 7 at token 8 of the sequence neither starts a document"));
+  Tensor early = model::context_shard(positions, 2, 1);
+  early.data<int32_t>()[0] = 9;
+  EXPECT_TRUE(throws_with([&] { (void)model::context_documents(early, 2, 1, Device::cpu()); },
+                          "the token at 6 of the sequence has position 9"));
+}
+
 TEST(ContextShard, LengthsThatDoNotCutAreRefused) {
   EXPECT_TRUE(throws_with([] { (void)model::context_shard(iota_BT(1, 10), 3, 0); },
                           "make training.seq_len a multiple of 2 x parallel.context_parallel = 6"));
@@ -123,9 +170,12 @@ TEST(ContextParallelModel, RefusesWhatTheRingDoesNotSupport) {
   testing::fill_random_ints(long_targets, 6, 0, 31);
   EXPECT_TRUE(
       throws_with([&] { (void)m.forward_backward(long_ids, long_targets, {}); }, "max_seq_len = 16 tokens (10 x 2)"));
+  // packed documents are checked before any exchange: rank 0's first token opens the sequence
   Tensor positions = Tensor::zeros({1, 8}, DType::kI32);
+  positions.data<int32_t>()[0] = 1;
   EXPECT_TRUE(throws_with([&] { (void)m.forward_backward(ids, targets, {}, positions); },
-                          "packed documents (a document mask) are not supported with context parallelism"));
+                          "the token at 0 of the sequence has position 1 in its document, which would start before "
+                          "the sequence"));
   EXPECT_TRUE(throws_with([&] { (void)m.logits(ids); }, "logits() is not supported with context parallelism"));
   EXPECT_TRUE(throws_with([&] { (void)m.last_logits(ids); }, "sampling (the last position's logits)"));
   // a group of one is no context parallelism: the model runs as before

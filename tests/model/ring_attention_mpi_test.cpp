@@ -4,6 +4,7 @@
 // backward the same dq, dk and dv (f32, relative 1e-5), with grouped kv heads, from the
 // shortest sequence the degree allows (one token per chunk, T = 2N) to chunks longer than a
 // tile, and on q, k, v given as head slices of one stacked tensor (as the model holds them).
+// Packed documents spanning chunks and ranks give what one rank's attention with them gives.
 // Exchanges left in flight until finish() (as a GPU's are) give the same results bit for bit:
 // the forward starts its key/value exchanges, the backward those and the gradient's too.
 #include <algorithm>
@@ -19,6 +20,7 @@
 #include "ops/attention.h"
 #include "ops/elementwise.h"
 #include "testing/compare.h"
+#include "testing/packed_documents.h"
 
 namespace shardtrain {
 namespace {
@@ -93,6 +95,76 @@ TEST(RingAttention, MatchesOneRankOverTheWholeSequence) {
         EXPECT_TRUE(testing::all_close(contiguous(ldv), model::context_shard(dv, degree, r), testing::kRanksF32))
             << "dv";
       }
+    }
+  }
+}
+
+// Rows of documents of the given lengths, repeated until the row is full (the last cut short).
+std::vector<int64_t> repeated_lengths(const std::vector<int64_t>& pattern, int64_t T) {
+  std::vector<int64_t> lengths;
+  for (int64_t t = 0, i = 0; t < T; ++i) {
+    const int64_t len = std::min(pattern[static_cast<size_t>(i) % pattern.size()], T - t);
+    lengths.push_back(len);
+    t += len;
+  }
+  return lengths;
+}
+
+// Packed documents through the ring: documents that span chunks and ranks, that start exactly
+// at a chunk's first token, of one token, and one over a whole row, give each rank's tokens
+// what one rank's attention with the same documents over the whole sequence gives (f32,
+// relative 1e-5), forward and backward, from one token a chunk up.
+TEST(RingAttention, PackedDocumentsMatchOneRank) {
+  auto comm = dist::make_mpi_world();
+  for (int degree : degrees(comm->world_size())) {
+    fsdp::ContextGroups groups = fsdp::split_context_groups(*comm, degree);
+    auto cp = fsdp::make_context_parallel(groups.group.get());
+    const int r = cp->rank();
+    for (int64_t C : {int64_t{1}, int64_t{3}, int64_t{70}}) {
+      const int64_t N = 4, M = 2, H = 8, T = 2 * degree * C;
+      const std::vector<std::vector<int64_t>> rows = {
+          repeated_lengths({C + 1, 1, 2 * C + 3}, T),  // across chunks, and of one token
+          repeated_lengths({C}, T),                    // each starting at a chunk's first token
+          repeated_lengths({T}, T),                    // one over the whole row
+          repeated_lengths({3 * C - 1, 2}, T)};
+      const int64_t B = static_cast<int64_t>(rows.size());
+      SCOPED_TRACE("degree " + std::to_string(degree) + ", T = " + std::to_string(T) + ", rank " + std::to_string(r));
+      const uint64_t seed = static_cast<uint64_t>(500 + 100 * C + 10 * groups.data_rank());
+      const Tensor q = random_tensor({B, T, N, H}, seed + 1, 0.1, 0.8);
+      const Tensor k = random_tensor({B, T, M, H}, seed + 2, -0.1, 0.8);
+      const Tensor v = random_tensor({B, T, M, H}, seed + 3, 0.2, 1.5);
+      const Tensor dout = random_tensor({B, T, N, H}, seed + 4, 0.05, 1.0);
+      const Tensor positions = testing::document_positions(rows);
+      const ops::PackedDocuments whole = ops::pack_documents(positions, Device::cpu());
+      ops::AttentionOptions o;
+      o.block_queries = 16;
+      o.block_keys = 16;
+      ops::AttentionOptions with_documents = o;
+      with_documents.documents = &whole;
+      Tensor out = Tensor::empty(q.shape(), DType::kF32), lse = Tensor::empty({B, N, T}, DType::kF32);
+      ops::attention_forward(out, lse, q, k, v, with_documents);
+      Tensor dq = Tensor::empty(q.shape(), DType::kF32), dk = Tensor::empty(k.shape(), DType::kF32),
+             dv = Tensor::empty(v.shape(), DType::kF32);
+      ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, with_documents);
+
+      const model::ContextDocuments docs =
+          model::context_documents(model::context_shard(positions, degree, r), degree, r, Device::cpu());
+      const Tensor lq = model::context_shard(q, degree, r), lk = model::context_shard(k, degree, r),
+                   lv = model::context_shard(v, degree, r), ldout = model::context_shard(dout, degree, r);
+      Tensor lout = Tensor::empty(lq.shape(), DType::kF32), llse = Tensor::empty({B, N, 2 * C}, DType::kF32);
+      model::ring_attention_forward(lout, llse, lq, lk, lv, o, *cp, &docs);
+      EXPECT_TRUE(testing::all_close(lout, model::context_shard(out, degree, r), testing::kRanksF32)) << "out";
+      EXPECT_TRUE(testing::all_close(llse, model::context_shard(lse, degree, r, 2), testing::kRanksF32)) << "lse";
+      Tensor ldq = Tensor::empty(lq.shape(), DType::kF32), ldk = Tensor::empty(lk.shape(), DType::kF32),
+             ldv = Tensor::empty(lv.shape(), DType::kF32);
+      model::ring_attention_backward(ldq, ldk, ldv, ldout, lq, lk, lv, lout, llse, o, *cp, &docs);
+      EXPECT_TRUE(testing::all_close(ldq, model::context_shard(dq, degree, r), testing::kRanksF32)) << "dq";
+      EXPECT_TRUE(testing::all_close(ldk, model::context_shard(dk, degree, r), testing::kRanksF32)) << "dk";
+      EXPECT_TRUE(testing::all_close(ldv, model::context_shard(dv, degree, r), testing::kRanksF32)) << "dv";
+      // the documents matter: without them the same ring gives another output
+      Tensor plain = Tensor::empty(lq.shape(), DType::kF32), plain_lse = Tensor::empty({B, N, 2 * C}, DType::kF32);
+      model::ring_attention_forward(plain, plain_lse, lq, lk, lv, o, *cp);
+      EXPECT_FALSE(testing::all_close(plain, lout, testing::kRanksF32));
     }
   }
 }
