@@ -192,6 +192,22 @@ def step_2d(model, ids, labels):
     return loss.full_tensor() if hasattr(loss, "full_tensor") else loss
 
 
+# The published config.json of the models shardtrain has as model.preset (their shape keys).
+PUBLISHED = {
+    "qwen3-1.7b": dict(model_type="qwen3", hidden_act="silu", vocab_size=151936, hidden_size=2048,
+                       intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8,
+                       head_dim=128, max_position_embeddings=40960, max_window_layers=28, rms_norm_eps=1e-6,
+                       rope_scaling=None, rope_theta=1000000, sliding_window=None, use_sliding_window=False,
+                       tie_word_embeddings=True, attention_bias=False, initializer_range=0.02),
+    "gemma3-1b": dict(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh", vocab_size=262144,
+                      hidden_size=1152, intermediate_size=6912, num_hidden_layers=26, num_attention_heads=4,
+                      num_key_value_heads=1, head_dim=256, max_position_embeddings=32768, query_pre_attn_scalar=256,
+                      rms_norm_eps=1e-6, rope_local_base_freq=10000, rope_scaling=None, rope_theta=1000000,
+                      sliding_window=512, sliding_window_pattern=6, attn_logit_softcapping=None,
+                      final_logit_softcapping=None, attention_bias=False, initializer_range=0.02),
+}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batch", type=int, default=4)
@@ -204,9 +220,10 @@ def main():
                    help="FSDP2 CPUOffloadPolicy: shards and AdamW state in host memory, AdamW on the CPU")
     p.add_argument("--offload-activations", action="store_true",
                    help="with --ac full: checkpointed block inputs in pinned host memory (save_on_cpu)")
-    p.add_argument("--shape", choices=["1b", "8b", "405b", "tiny"], default="1b",
+    p.add_argument("--shape", choices=["1b", "8b", "405b", "qwen3-1.7b", "gemma3-1b", "tiny"], default="1b",
                    help="Llama 3.2 1B (tied), Llama 3.1 8B or 405B (untied) dimensions (405b: with --layers, "
-                        "built on the meta device and initialised shard by shard); tiny for --device cpu checks")
+                        "built on the meta device and initialised shard by shard); Qwen3 1.7B or Gemma 3 1B "
+                        "(their published config.json, as shardtrain's model.preset); tiny for --device cpu checks")
     p.add_argument("--tp", type=int, default=1, help="GPUs per tensor-parallel group (torchtitan's 2-D plan)")
     p.add_argument("--replicate", type=int, default=1,
                    help="HSDP: fully_shard on a (replicate, shard) mesh of this many replicas (torchtitan's "
@@ -243,16 +260,22 @@ def main():
              num_key_value_heads=8, tie_word_embeddings=False) if a.shape == "405b" else \
         dict(hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=8,
              num_key_value_heads=4, tie_word_embeddings=True)
-    if a.layers:
-        dims["num_hidden_layers"] = a.layers
-    cfg = transformers.LlamaConfig(vocab_size=128256 if a.shape != "tiny" else 1024, max_position_embeddings=a.seq,
-                                   rope_theta=500000.0, rms_norm_eps=1e-5, **dims)
+    if a.shape in PUBLISHED:  # read as a download's config.json is
+        published = dict(PUBLISHED[a.shape])
+        if a.layers:
+            published["num_hidden_layers"] = a.layers
+        cfg = transformers.AutoConfig.for_model(**published)
+    else:
+        if a.layers:
+            dims["num_hidden_layers"] = a.layers
+        cfg = transformers.LlamaConfig(vocab_size=128256 if a.shape != "tiny" else 1024, max_position_embeddings=a.seq,
+                                       rope_theta=500000.0, rms_norm_eps=1e-5, **dims)
     cfg._attn_implementation = "sdpa"
     # the 405B's width does not fit a GPU (or a host) whole: built on the meta device, sharded,
     # then made and initialised shard by shard, as torchtitan does
     meta = a.shape == "405b"
     with torch.device("meta") if meta else dev:
-        model = transformers.LlamaForCausalLM(cfg)
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
     dp_mesh = None
     if a.tp > 1:
         dp_mesh = parallelize_2d(model, a.tp, world, a.device)
@@ -290,8 +313,15 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())  # DTensor numel: the whole parameter
     # N without the input embedding; the tied head shares that matrix and counts once
     non_embed = n_params if cfg.tie_word_embeddings else n_params - cfg.vocab_size * cfg.hidden_size
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    flops_per_token = 6 * non_embed + 12 * cfg.num_hidden_layers * head_dim * cfg.num_attention_heads * a.seq
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    # attention as shardtrain counts it: 12·H·Q·T per causal layer, a sliding layer's share of the
+    # causal (query, key) pairs that its window keeps
+    T, window = a.seq, getattr(cfg, "sliding_window", None) or 0
+    types = getattr(cfg, "layer_types", None) or ["full_attention"] * cfg.num_hidden_layers
+    def pairs(w):
+        return T * (T + 1) / 2 if w <= 0 or T <= w else w * (w + 1) / 2 + (T - w) * w
+    attention = sum(pairs(window if t == "sliding_attention" else 0) / (T * (T + 1) / 2) for t in types)
+    flops_per_token = 6 * non_embed + 12 * attention * head_dim * cfg.num_attention_heads * a.seq
     name = torch.cuda.get_device_name(local) if cuda else "cpu"
     peak = 756e12 if ("H100" in name and "PCIe" in name) else 989e12 if ("H100" in name or "H200" in name) else 0
     say = print if rank == 0 else (lambda *x, **k: None)

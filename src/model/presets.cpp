@@ -78,6 +78,27 @@ constexpr const char* kLlama2_70b = R"({
   "max_position_embeddings": 4096, "rms_norm_eps": 1e-05, "rope_theta": 10000.0, "rope_scaling": null,
   "tie_word_embeddings": false, "pretraining_tp": 1, "initializer_range": 0.02})";
 
+// Qwen3 1.7B: QK-norm, head dim 128 (16 query and 8 key/value heads over a width of 2048),
+// rope_theta 1000000 without scaling, 40960 positions, vocabulary 151936, the head tied.
+constexpr const char* kQwen3_1_7b = R"({
+  "model_type": "qwen3", "hidden_act": "silu", "vocab_size": 151936, "hidden_size": 2048,
+  "intermediate_size": 6144, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+  "head_dim": 128, "max_position_embeddings": 40960, "max_window_layers": 28, "rms_norm_eps": 1e-06,
+  "rope_scaling": null, "rope_theta": 1000000, "sliding_window": null, "use_sliding_window": false,
+  "tie_word_embeddings": true, "attention_bias": false, "initializer_range": 0.02})";
+
+// Gemma 3 1B (text): GeGLU with tanh GELU, norms before and after each sublayer, QK-norm, head
+// dim 256 (4 query heads, 1 key/value head over a width of 1152), five of every six layers
+// sliding over 512 keys with rope base 10000, the others global with 1000000, 32768 positions,
+// vocabulary 262144, the head tied.
+constexpr const char* kGemma3_1b = R"({
+  "model_type": "gemma3_text", "hidden_activation": "gelu_pytorch_tanh", "vocab_size": 262144,
+  "hidden_size": 1152, "intermediate_size": 6912, "num_hidden_layers": 26, "num_attention_heads": 4,
+  "num_key_value_heads": 1, "head_dim": 256, "max_position_embeddings": 32768, "query_pre_attn_scalar": 256,
+  "rms_norm_eps": 1e-06, "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": 512, "sliding_window_pattern": 6, "attn_logit_softcapping": null,
+  "final_logit_softcapping": null, "attention_bias": false, "initializer_range": 0.02})";
+
 std::string lower(std::string s) {
   std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
   return s;
@@ -104,6 +125,8 @@ const std::vector<ModelPreset>& model_presets() {
       {"llama2-7b", "meta-llama/Llama-2-7b-hf", {"Llama-2-7b-hf", "Llama-2-7b-chat-hf"}, kLlama2_7b},
       {"llama2-13b", "meta-llama/Llama-2-13b-hf", {"Llama-2-13b-hf", "Llama-2-13b-chat-hf"}, kLlama2_13b},
       {"llama2-70b", "meta-llama/Llama-2-70b-hf", {"Llama-2-70b-hf", "Llama-2-70b-chat-hf"}, kLlama2_70b},
+      {"qwen3-1.7b", "Qwen/Qwen3-1.7B", {"Qwen3-1.7B", "Qwen3-1.7B-Base"}, kQwen3_1_7b},
+      {"gemma3-1b", "google/gemma-3-1b-pt", {"gemma-3-1b-pt", "gemma-3-1b-it"}, kGemma3_1b},
   };
   return table;
 }

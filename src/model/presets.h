@@ -1,4 +1,4 @@
-// Built-in shapes of published Llama models (`model.preset`): each is the shape-bearing part
+// Built-in shapes of published models (`model.preset`: Llama, Qwen3, Gemma 3): each is the shape-bearing part
 // of the model's Hugging Face config.json, read by parse_hf_config, so a preset gives exactly
 // the LlamaConfig that model.hf pointing at a download of that model would.
 #pragma once

@@ -118,7 +118,8 @@ const std::vector<KeyDef>& keys() {
           "the model.* shape keys"),
       key("model.preset", &C::model, &ModelSection::preset,
           "a published model's shape, as its Hugging Face config.json gives it: llama3.2-1b, llama3.2-3b, "
-          "llama3.1-8b, llama3.1-70b, llama3.1-405b, llama2-7b, llama2-13b or llama2-70b. It replaces the model.* "
+          "llama3.1-8b, llama3.1-70b, llama3.1-405b, llama2-7b, llama2-13b, llama2-70b, qwen3-1.7b or gemma3-1b. It "
+          "replaces the model.* "
           "shape keys as model.hf's config.json would, without weights: train and bench start from random weights "
           "of that shape, plan needs nothing downloaded. Not together with model.hf (whose config.json gives the "
           "shape); empty: the shape keys, or model.hf",

@@ -19,10 +19,12 @@ struct Published {
   double rope_theta;
   double rope_factor;  // llama3 scaling from 8192 positions (low 1, high 4); 0: none
   bool tied;
+  double eps = 1e-5;
 };
 
-// From each model's config.json on the Hugging Face hub (meta-llama/...); parameter counts
-// as the models' safetensors hold them.
+// From each model's config.json on the Hugging Face hub (meta-llama/..., Qwen/Qwen3-1.7B,
+// google/gemma-3-1b-pt); Llama's parameter counts as the models' safetensors hold them, Qwen3's
+// and Gemma 3's from their shapes with the tied head counted once.
 const Published kPublished[] = {
     {"llama3.2-1b", 1'235'814'400, 2048, 16, 32, 8, 8192, 128256, 131072, 500000, 32, true},
     {"llama3.2-3b", 3'212'749'824, 3072, 28, 24, 8, 8192, 128256, 131072, 500000, 32, true},
@@ -32,6 +34,8 @@ const Published kPublished[] = {
     {"llama2-7b", 6'738'415'616, 4096, 32, 32, 32, 11008, 32000, 4096, 10000, 0, false},
     {"llama2-13b", 13'015'864'320, 5120, 40, 40, 40, 13824, 32000, 4096, 10000, 0, false},
     {"llama2-70b", 68'976'648'192, 8192, 80, 64, 8, 28672, 32000, 4096, 10000, 0, false},
+    {"qwen3-1.7b", 1'720'574'976, 2048, 28, 16, 8, 6144, 151936, 40960, 1000000, 0, true, 1e-6},
+    {"gemma3-1b", 999'885'952, 1152, 26, 4, 1, 6912, 262144, 32768, 1000000, 0, true, 1e-6},
 };
 
 TEST(Presets, EachHasItsPublishedShape) {
@@ -49,7 +53,7 @@ TEST(Presets, EachHasItsPublishedShape) {
     EXPECT_EQ(c.max_seq_len, m.positions);
     EXPECT_EQ(c.tie_embeddings, m.tied);
     EXPECT_FALSE(c.attention_bias);
-    EXPECT_EQ(c.norm_eps, 1e-5);
+    EXPECT_EQ(c.norm_eps, m.eps);
     EXPECT_EQ(c.init_std, 0.02);
     EXPECT_EQ(c.rope.theta, m.rope_theta);
     if (m.rope_factor > 0) {
@@ -62,6 +66,16 @@ TEST(Presets, EachHasItsPublishedShape) {
       EXPECT_EQ(c.rope.scaling.type, ops::RopeScalingType::kNone);
     }
   }
+  // the features beside the shape: Qwen3's QK-norm and 128-wide heads; Gemma 3's too, and its
+  // sliding layers (five of six over 512 keys, base 10000) and sandwich norms
+  const LlamaConfig q = preset_config("qwen3-1.7b");
+  EXPECT_EQ(q.head_dim(), 128);
+  EXPECT_EQ(q.sliding_window, 0);
+  const LlamaConfig g = preset_config("gemma3-1b");
+  EXPECT_EQ(g.head_dim(), 256);
+  EXPECT_EQ(g.sliding_window, 512);
+  ASSERT_EQ(g.sliding_layers.size(), 26u);
+  for (size_t l = 0; l < 26; ++l) EXPECT_EQ(g.sliding_layers[l], (l + 1) % 6 != 0) << "layer " << l;
 }
 
 class PresetFiles : public testing::TempFolderTest {};
@@ -98,7 +112,8 @@ TEST(Presets, AnUnknownNameListsTheValidOnes) {
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("`model.preset` = \"llama3-8b\" is not a built-in model shape; the presets are llama3.2-1b, "
-                     "llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b, llama2-7b, llama2-13b, llama2-70b"),
+                     "llama3.2-3b, llama3.1-8b, llama3.1-70b, llama3.1-405b, llama2-7b, llama2-13b, llama2-70b, qwen3-1.7b, "
+                     "gemma3-1b"),
               std::string::npos)
         << m;
   }
@@ -112,7 +127,8 @@ TEST(Presets, DownloadFoldersAreKnownByTheirNames) {
       {"Llama-3.1-8B", "llama3.1-8b"},           {"meta-llama-3.1-8b-instruct", "llama3.1-8b"},
       {"Llama-3.1-405B", "llama3.1-405b"},       {"Llama-3.2-1B-Instruct", "llama3.2-1b"},
       {"Llama-2-70b-hf", "llama2-70b"},          {"Llama-2-13b-chat-hf", "llama2-13b"},
-      {"llama3.1-70b", "llama3.1-70b"},
+      {"llama3.1-70b", "llama3.1-70b"},          {"Qwen3-1.7B", "qwen3-1.7b"},
+      {"gemma-3-1b-it", "gemma3-1b"},
   };
   for (const auto& [folder, preset] : named) {
     const ModelPreset* p = preset_for_folder_name(folder);
