@@ -271,6 +271,7 @@ def main():
         cfg = transformers.LlamaConfig(vocab_size=128256 if a.shape != "tiny" else 1024, max_position_embeddings=a.seq,
                                        rope_theta=500000.0, rms_norm_eps=1e-5, **dims)
     cfg._attn_implementation = "sdpa"
+    cfg.use_cache = False  # training: no KV cache (its per-layer state also makes torch.compile recompile)
     # the 405B's width does not fit a GPU (or a host) whole: built on the meta device, sharded,
     # then made and initialised shard by shard, as torchtitan does
     meta = a.shape == "405b"
@@ -345,7 +346,7 @@ def main():
         if a.tp > 1:
             loss = step_2d(model, ids, labels)
         else:
-            loss = model(input_ids=ids, labels=labels).loss
+            loss = model(input_ids=ids, labels=labels, use_cache=False).loss
             loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
