@@ -142,6 +142,13 @@ CASES = {
              tie_word_embeddings=False, sliding_window=5, max_position_embeddings=GREEDY_POSITIONS),
         "mistral",
     ),
+    # Ministral: Mistral with layer types, here a sliding first layer (window 5) and a full second
+    "ministral_layers": (
+        dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=96,
+             tie_word_embeddings=False, sliding_window=5, layer_types=["sliding_attention", "full_attention"],
+             max_position_embeddings=GREEDY_POSITIONS),
+        "ministral",
+    ),
     "qwen2_window_layers": (
         dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, intermediate_size=96,
              tie_word_embeddings=False, use_sliding_window=True, sliding_window=4, max_window_layers=1,
@@ -194,6 +201,10 @@ def build(overrides, arch):
         common.pop("rope_scaling", None)
         config = transformers.MistralConfig(sliding_window=common.pop("sliding_window", None), **common)
         model = transformers.MistralForCausalLM(config)
+    elif arch == "ministral":
+        common.pop("rope_scaling", None)
+        config = transformers.MinistralConfig(**common)
+        model = transformers.MinistralForCausalLM(config)
     elif arch == "qwen3":
         common.pop("rope_scaling", None)
         config = transformers.Qwen3Config(use_sliding_window=False, attention_bias=False, **common)

@@ -111,9 +111,9 @@ TEST_P(HfParity, LogitsLossGradientsAndAdamWStep) {
 INSTANTIATE_TEST_SUITE_P(Transformers, HfParity,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias", "mistral_gqa",
                                            "mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
-                                           "qwen2_window_layers", "smollm3_nope", "granite_scaled",
-                                           "olmo2_post_norms", "gemma3_text_small", "gemma2_softcap",
-                                           "phi3_longrope", "phi4_partial_rotary"));
+                                           "ministral_layers", "qwen2_window_layers", "smollm3_nope",
+                                           "granite_scaled", "olmo2_post_norms", "gemma3_text_small",
+                                           "gemma2_softcap", "phi3_longrope", "phi4_partial_rotary"));
 
 }  // namespace
 }  // namespace shardtrain::model

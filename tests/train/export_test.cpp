@@ -103,8 +103,8 @@ TEST_P(ExportRoundTrip, TensorsAndConfigSurvive) {
 
 INSTANTIATE_TEST_SUITE_P(References, ExportRoundTrip,
                          ::testing::Values("gqa_untied", "mha_tied", "gqa4_llama3_rope", "qwen2_bias",
-                                           "mistral_sliding", "qwen2_window_layers", "phi3_longrope",
-                                           "phi4_partial_rotary"));
+                                           "mistral_sliding", "ministral_layers", "qwen2_window_layers",
+                                           "phi3_longrope", "phi4_partial_rotary"));
 
 // Every HF reference folder, each family's tensors as transformers names them (Gemma's four
 // norms, OLMo 2's, Qwen3's QK-norm, Phi-3's fused tensors, ...), loads under the names the

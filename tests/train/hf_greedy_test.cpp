@@ -24,7 +24,7 @@ TEST_P(HfGreedy, ContinuesThePromptAsTransformers) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Transformers, HfGreedy,
-                         ::testing::Values("mistral_head_dim", "qwen3_qk_norm", "mistral_sliding",
+                         ::testing::Values("mistral_head_dim", "qwen3_qk_norm", "mistral_sliding", "ministral_layers",
                                            "qwen2_window_layers", "smollm3_nope", "granite_scaled",
                                            "olmo2_post_norms", "gemma3_text_small", "gemma2_softcap",
                                            "phi3_longrope", "phi4_partial_rotary"));
