@@ -82,12 +82,9 @@ ModelLayout ModelLayout::llama(const LlamaConfig& c, const Mesh& mesh, int tp_ra
   ST_CHECK(c.n_heads % tp == 0 && c.n_kv_heads % tp == 0 && c.ffn_dim % tp == 0, "`parallel.tensor_parallel` = ",
            tp, " must divide the model's query heads (", c.n_heads, "), key/value heads (", c.n_kv_heads,
            ") and FFN width (", c.ffn_dim, ")");
-  ST_CHECK(tp == 1 || (!c.qk_norm_whole && !c.post_norms), "`parallel.tensor_parallel` = ", tp,
-           " with OLMo 2's norms (QK-norm over the whole q and k, whose heads the ranks split; norms after each "
-           "sublayer) is not supported; train this model with parallel.tensor_parallel = 1");
-  ST_CHECK(tp == 1 || !c.sandwich_norms, "`parallel.tensor_parallel` = ", tp,
-           " with Gemma's norms before and after each sublayer is not supported; train this model with "
-           "parallel.tensor_parallel = 1");
+  ST_CHECK(tp == 1 || !c.qk_norm_whole, "`parallel.tensor_parallel` = ", tp,
+           " with OLMo 2's QK-norm over the whole q and k (whose heads the ranks split) is not supported; train "
+           "this model with parallel.tensor_parallel = 1");
   ModelLayout layout;
   layout.mesh_ = mesh;
   layout.tp_rank_ = tp_rank;

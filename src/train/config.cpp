@@ -198,7 +198,7 @@ const std::vector<KeyDef>& keys() {
       key("model.post_norms", &C::model, &ModelSection::post_norms,
           "OLMo 2-style norms: each sublayer's RMSNorm on its output before the residual add (weights "
           "post_attention_layernorm and post_feedforward_layernorm) instead of on its input (no input_layernorm). "
-          "With model.qk_norm_whole, exports as a Hugging Face olmo2 model; not with tensor parallelism"),
+          "With model.qk_norm_whole, exports as a Hugging Face olmo2 model"),
       key("model.qk_norm_whole", &C::model, &ModelSection::qk_norm_whole,
           "OLMo 2-style QK-norm: an RMSNorm over all of q's N x H values and all of k's M x H after their "
           "projections, before rope, with weights self_attn.q_norm.weight [N x H] and self_attn.k_norm.weight "
@@ -211,7 +211,7 @@ const std::vector<KeyDef>& keys() {
       key("model.sandwich_norms", &C::model, &ModelSection::sandwich_norms,
           "Gemma-style norms: an RMSNorm before and one after each sublayer, the latter on its output before the "
           "residual add (weights input_layernorm, post_attention_layernorm, pre_feedforward_layernorm, "
-          "post_feedforward_layernorm); not with model.post_norms, nor with tensor parallelism"),
+          "post_feedforward_layernorm); not with model.post_norms"),
       key("model.mlp_activation", &C::model, &ModelSection::mlp_activation,
           "the MLP gate's activation: silu (SwiGLU, Llama) or gelu_tanh (GeGLU with the tanh-approximated GELU, "
           "transformers' gelu_pytorch_tanh, Gemma)",

@@ -4,7 +4,8 @@
 // gradient, held-out loss, logits, the KV cache's steps); the trainer on a data-parallel x
 // tensor-parallel mesh against one rank with the whole batch (f32, 1e-5), with checkpoints
 // that cross meshes, HF loading and export. With QK-norm the heads' norms are local and their
-// weights, whole on every rank, get the group's summed gradient.
+// weights, whole on every rank, get the group's summed gradient; so do Gemma's norms around each
+// sublayer and OLMo 2-style norms after them (with Gemma 2's soft caps too).
 #include <unistd.h>
 
 #include <filesystem>
@@ -57,6 +58,9 @@ struct ModelVariant {
   int64_t window = 0;      // > 0: a sliding window of this many positions on layer 0 (layer 1 full)
   bool nope = false;       // SmolLM3's NoPE layers: layer 1 without rope
   bool granite = false;    // Granite's embedding, residual, attention and logits scalings
+  bool gemma = false;      // Gemma 3's norms around each sublayer ((1 + w), QK-norm), GeGLU, scaled embeddings
+  bool caps = false;       // with gemma: Gemma 2's soft-capped attention scores and logits
+  bool post_norms = false; // OLMo 2's norms after each sublayer (per-head QK-norm beside them)
 };
 
 model::LlamaConfig small_config(int world, const ModelVariant& v) {
@@ -83,6 +87,18 @@ model::LlamaConfig small_config(int world, const ModelVariant& v) {
     c.attention_multiplier = 0.3;
     c.logits_scaling = 2.5;
   }
+  if (v.gemma) {
+    c.norm_weight_offset = 1.0;
+    c.sandwich_norms = true;
+    c.mlp_activation = ops::GluActivation::kGeluTanh;
+    c.scale_embeddings = true;
+    c.attention_multiplier = 0.35;  // query_pre_attn_scalar^-1/2 of its own
+  }
+  if (v.caps) {
+    c.attn_logit_softcapping = 2.0;
+    c.final_logit_softcapping = 3.0;
+  }
+  c.post_norms = v.post_norms;
   return c;
 }
 
@@ -122,6 +138,20 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
        true},
       {"Granite's scalings, full checkpointing, MLP by pieces", true, false, true,
        model::ActivationCheckpointing::kFull, 5, false, 0, false, 0, false, true},
+      {.name = "Gemma 3's norms, GeGLU and QK-norm, sliding layer 0", .tie = true, .qk_norm = true, .window = 4,
+       .gemma = true},
+      {.name = "Gemma 3's norms, full checkpointing, MLP by pieces, packed documents",
+       .separate = true,
+       .checkpointing = model::ActivationCheckpointing::kFull,
+       .mlp_chunk = 5,
+       .documents = true,
+       .qk_norm = true,
+       .gemma = true},
+      {.name = "Gemma 2's soft caps, selective checkpointing", .tie = true,
+       .checkpointing = model::ActivationCheckpointing::kSelective, .gemma = true, .caps = true},
+      {.name = "OLMo 2's norms after each sublayer", .bias = true, .qk_norm = true, .post_norms = true},
+      {.name = "OLMo 2's norms, pointwise checkpointing", .checkpointing = model::ActivationCheckpointing::kPointwise,
+       .post_norms = true},
   };
   for (const ModelVariant& v : variants) {
     SCOPED_TRACE(std::string(v.name) + ", " + std::to_string(w) + " ranks");
@@ -129,11 +159,22 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
     model::Llama ref(c, DType::kF64);
     ref.init_random(5);
     ref.zero_grads();
-    if (v.qk_norm) {  // away from their initial ones, so that each head's scale matters
+    // the norms' weights away from their initial ones, so that each one's scale matters
+    const bool norms_moved = v.qk_norm || v.gemma || v.post_norms;
+    if (v.qk_norm) {
       for (int l = 0; l < c.n_layers; ++l)
         for (const char* which : {"q_norm", "k_norm"}) {
           Tensor weight = ref.param(fmt::format("model.layers.{}.self_attn.{}.weight", l, which));
           testing::fill_random(weight, 40 + l, 1.0, 0.5);
+        }
+    }
+    if (v.gemma || v.post_norms) {
+      std::vector<const char*> norms = {"post_attention_layernorm", "post_feedforward_layernorm"};
+      if (v.gemma) norms.push_back("pre_feedforward_layernorm");
+      for (int l = 0; l < c.n_layers; ++l)
+        for (size_t i = 0; i < norms.size(); ++i) {
+          Tensor weight = ref.param(fmt::format("model.layers.{}.{}.weight", l, norms[i]));
+          testing::fill_random(weight, static_cast<uint64_t>(60 + 10 * l) + i, v.gemma ? 0.0 : 1.0, 0.5);
         }
     }
     const model::ModelLayout layout = model::ModelLayout::llama(c, shape, r);
@@ -141,7 +182,7 @@ TEST(TensorParallel, ModelMatchesOneRankInF64) {
     so.compute_dtype = so.grad_dtype = so.master_dtype = so.reduce_dtype = DType::kF64;
     fsdp::ShardedUnitStore store(layout, comm.get(), so, Device::cpu(), &mesh.data_parallel());
     store.init_random(5, c.init_std);
-    if (v.qk_norm)  // the resident model's weights, its norms' changed ones included
+    if (norms_moved)  // the resident model's weights, its norms' changed ones included
       store.load([&](const model::ParamSpec& p, int64_t first, Tensor& dst) {
         copy(dst, ref.param(p.name).view({p.full_numel()}).flat_range(first, dst.numel()));
       });
@@ -236,7 +277,7 @@ TEST(TensorParallel, RejectsWhatDoesNotSplit) {
         [&] {
           (void)model::ModelLayout::llama(c, model::Mesh{1, w}, r);
         },
-        "with OLMo 2's norms (QK-norm over the whole q and k"));
+        "with OLMo 2's QK-norm over the whole q and k"));
   }
   c = small_config(w, {"plain"});
   const model::ModelLayout layout = model::ModelLayout::llama(c, model::Mesh{1, w}, r);
