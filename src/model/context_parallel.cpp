@@ -61,18 +61,16 @@ void check_ring_inputs(const ops::AttentionOptions& o, const Tensor& q_BLNH, con
 }
 
 // The options of one block: its causal mask, and with documents the diagonal's chunk documents
-// or the spans off it (`spans` holds them); false when no query of the block sees a key.
-bool block_options(ops::AttentionOptions& o, std::optional<ops::KeySpans>& spans, const RingBlock& blk,
-                   const ContextDocuments* documents, Device device) {
+// or the spans off it; false when no query of the block sees a key.
+bool block_options(ops::AttentionOptions& o, const RingBlock& blk, const ContextDocuments* documents) {
   o.causal = blk.causal;
   if (documents == nullptr) return true;
   if (blk.causal) {
     o.documents = &documents->chunks[static_cast<size_t>(blk.qi)];
     return true;
   }
-  spans = documents->spans(blk.qi, blk.gk, device);
-  o.spans = spans ? &*spans : nullptr;
-  return spans.has_value();
+  o.spans = documents->spans(blk.qi, blk.gk);
+  return o.spans != nullptr;
 }
 
 // Local chunk i of x [B, L, ...] (tokens along dim `dim`), as a contiguous copy. A strided x
@@ -223,6 +221,21 @@ ContextDocuments context_documents(const Tensor& positions_BL, int degree, int r
       d.start[ci][static_cast<size_t>(b)] = g0 - p[0];
     }
     d.chunks[ci] = ops::pack_documents(cut, device);
+    // the spans against each earlier chunk: only the document the chunk starts in reaches back
+    for (int64_t gk = 0; gk < global_chunk(rank, i, degree); ++gk) {
+      std::vector<int64_t> queries(static_cast<size_t>(B), 0), first(static_cast<size_t>(B), C);
+      bool any = false;
+      for (size_t b = 0; b < static_cast<size_t>(B); ++b) {
+        const int64_t k0 = d.start[ci][b] - gk * C;  // the document's first token, in the key chunk
+        if (k0 >= C) continue;                      // it starts after the key chunk
+        queries[b] = d.lead[ci][b];
+        first[b] = std::max<int64_t>(0, k0);
+        any = true;
+      }
+      d.key_spans[ci].push_back(any ? std::optional<ops::KeySpans>(ops::key_spans(std::move(queries),
+                                                                                   std::move(first), C, C, device))
+                                    : std::nullopt);
+    }
   }
   if (device.is_cpu()) {
     d.positions_BL = positions_BL;
@@ -233,21 +246,12 @@ ContextDocuments context_documents(const Tensor& positions_BL, int degree, int r
   return d;
 }
 
-std::optional<ops::KeySpans> ContextDocuments::spans(int qi, int64_t gk, Device device, Stream stream) const {
-  const size_t ci = static_cast<size_t>(qi);
-  const int64_t C = chunk_tokens;
-  const size_t B = start[ci].size();
-  std::vector<int64_t> queries(B, 0), first(B, C);
-  bool any = false;
-  for (size_t b = 0; b < B; ++b) {
-    const int64_t k0 = start[ci][b] - gk * C;  // the document's first token, in the key chunk
-    if (k0 >= C) continue;                    // it starts after the key chunk: no query reaches back
-    queries[b] = lead[ci][b];
-    first[b] = std::max<int64_t>(0, k0);
-    any = true;
-  }
-  if (!any) return std::nullopt;
-  return ops::key_spans(std::move(queries), std::move(first), C, C, device, stream);
+const ops::KeySpans* ContextDocuments::spans(int qi, int64_t gk) const {
+  const auto& by_key = key_spans[static_cast<size_t>(qi)];
+  ST_ASSERT(gk >= 0 && gk < static_cast<int64_t>(by_key.size()), "key chunk ", gk, " is not before query chunk ",
+            qi, "'s");
+  const std::optional<ops::KeySpans>& s = by_key[static_cast<size_t>(gk)];
+  return s ? &*s : nullptr;
 }
 
 void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_BLNH, const Tensor& k_BLMH,
@@ -272,8 +276,7 @@ void ring_attention_forward(Tensor& out_BLNH, Tensor& lse_BNL, const Tensor& q_B
     if (step + 1 < G) cp.start_send_recv(kv, ring_next(cp), kv_next, ring_prev(cp));
     for (const RingBlock& blk : ring_blocks(r, owner, G)) {
       ops::AttentionOptions o = options;
-      std::optional<ops::KeySpans> spans;
-      if (!block_options(o, spans, blk, documents, q_BLNH.device())) continue;
+      if (!block_options(o, blk, documents)) continue;
       Tensor part = Tensor::empty({B, C, N, H}, q_BLNH.dtype(), q_BLNH.device(), "ring attention part");
       Tensor part_lse = Tensor::empty({B, N, C}, stats, q_BLNH.device(), "ring attention part lse");
       ops::attention_forward(part, part_lse, q[static_cast<size_t>(blk.qi)], kv.select(0).select(blk.kj),
@@ -348,8 +351,7 @@ void ring_attention_backward(Tensor& dq_BLNH, Tensor& dk_BLMH, Tensor& dv_BLMH, 
     ops::fill(mine, 0.0);
     for (const RingBlock& blk : ring_blocks(r, owner, G)) {
       ops::AttentionOptions o = options;
-      std::optional<ops::KeySpans> spans;
-      if (!block_options(o, spans, blk, documents, dev)) continue;
+      if (!block_options(o, blk, documents)) continue;
       const size_t i = static_cast<size_t>(blk.qi);
       ops::attention_backward(dq_part, dk_part, dv_part, dout[i], q[i], kv.select(0).select(blk.kj),
                               kv.select(1).select(blk.kj), out[i], lse[i], o);

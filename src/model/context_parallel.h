@@ -69,9 +69,12 @@ struct ContextDocuments {
   std::array<std::vector<int64_t>, 2> start;    // [chunk][b]: that document's first token in the whole sequence
   int degree = 1, rank = 0;
   int64_t chunk_tokens = 0;  // C
-  // The spans of local query chunk qi against the keys of chunk gk of the whole sequence
-  // (before qi's); nullopt when no query sees any of its keys.
-  std::optional<ops::KeySpans> spans(int qi, int64_t gk, Device device, Stream stream = {}) const;
+  // [chunk][gk]: the key spans of local chunk `chunk` against chunk gk of the whole sequence, for
+  // every gk before the chunk's own, made once on the device (every layer and both passes read
+  // them); nullopt where no query sees any of gk's keys.
+  std::array<std::vector<std::optional<ops::KeySpans>>, 2> key_spans;
+  // key_spans[qi][gk], or null when no query sees a key (gk must lie before qi's chunk).
+  const ops::KeySpans* spans(int qi, int64_t gk) const;
 };
 
 // From positions_BL (i32 [B, L] on the host: this rank's local tokens of the whole sequence's

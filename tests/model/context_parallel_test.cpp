@@ -4,7 +4,6 @@
 // 2N chunks are refused naming the key, packed documents give the ring each chunk's first
 // document and its spans, and the model refuses what the ring does not support.
 #include <numeric>
-#include <optional>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -104,8 +103,8 @@ TEST(ContextDocuments, LeadStartAndSpans) {
   EXPECT_EQ(std::vector<int32_t>(cut, cut + 6), (std::vector<int32_t>{0, 1, 0, 1, 2, 3}));
   EXPECT_EQ(r1.chunks[1].count, 2);
   auto spans = [](const model::ContextDocuments& d, int qi, int64_t gk) {
-    const std::optional<ops::KeySpans> s = d.spans(qi, gk, Device::cpu());
-    return s ? std::vector<int64_t>{s->queries[0], s->first_key[0]} : std::vector<int64_t>{};
+    const ops::KeySpans* s = d.spans(qi, gk);
+    return s != nullptr ? std::vector<int64_t>{s->queries[0], s->first_key[0]} : std::vector<int64_t>{};
   };
   EXPECT_EQ(spans(r0, 1, 2), (std::vector<int64_t>{6, 2}));  // chunk 3 against chunk 2: keys 14-17
   EXPECT_EQ(spans(r0, 1, 1), std::vector<int64_t>{});        // nothing of chunk 1
