@@ -1064,9 +1064,14 @@ TEST(ModelLayout, Gemma3WeightsAndCount) {
   m.init_random(3);
   const Tensor w = m.param("model.layers.0.pre_feedforward_layernorm.weight");
   for (int64_t i = 0; i < w.numel(); ++i) EXPECT_EQ(w.data<double>()[i], 0.0);
+  // tensor parallelism: the four norms whole on each rank, the projections split
   cfg.n_kv_heads = 2;
-  EXPECT_TRUE(testing::throws_with([&] { ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = 2}, 0); },
-                                   "`parallel.tensor_parallel` = 2 with Gemma's norms before and after each sublayer"));
+  const ModelLayout part = ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = 2}, 1);
+  EXPECT_EQ(part.locate("model.layers.1.pre_feedforward_layernorm.weight").spec->shape, Shape({cfg.dim}));
+  EXPECT_EQ(part.locate("model.layers.1.post_feedforward_layernorm.weight").spec->shape, Shape({cfg.dim}));
+  EXPECT_EQ(part.locate("model.layers.1.self_attn.q_norm.weight").spec->shape, Shape({cfg.head_dim()}));
+  EXPECT_EQ(part.locate("model.layers.1.self_attn.q_proj.weight").spec->shape,
+            Shape({cfg.n_heads * cfg.head_dim() / 2, cfg.dim}));
   cfg.post_norms = true;
   EXPECT_TRUE(testing::throws_with([&] { cfg.validate("model."); }, "`model.post_norms`"));
 }
@@ -1085,7 +1090,7 @@ TEST(ModelLayout, Olmo2WeightsAndCount) {
   EXPECT_THROW(l.locate("model.layers.1.input_layernorm.weight"), Error);
   cfg.n_kv_heads = 2;
   EXPECT_TRUE(testing::throws_with([&] { ModelLayout::llama(cfg, Mesh{.data_parallel = 1, .tensor_parallel = 2}, 0); },
-                                   "`parallel.tensor_parallel` = 2 with OLMo 2's norms"));
+                                   "`parallel.tensor_parallel` = 2 with OLMo 2's QK-norm over the whole q and k"));
   EXPECT_NE(cfg.summary().find("QK-norm over all heads, norms after each sublayer"), std::string::npos)
       << cfg.summary();
   cfg.qk_norm = true;
